@@ -1,0 +1,1 @@
+//! Shared helpers for the kerntun benches (packet fixtures, netns harness).

@@ -1,0 +1,1 @@
+//! NAT table of the system netstack (placeholder; the NAT helper replaces this file).
