@@ -1,0 +1,276 @@
+//! The Internet checksum (RFC 1071) as partial sums, and the RFC 1624
+//! incremental update used by the in-place NAT rewrite.
+//!
+//! A *partial sum* is a `u32` holding a ones' complement sum that has been
+//! folded to at most 16 bits but not complemented. Partial sums of
+//! even-length pieces may simply be added (up to 2^16 of them fit in a `u32`)
+//! and are folded and complemented once at the end ([`finish`]); this is the
+//! "defer the carries" trick of RFC 1071 section 2(C). Only the last piece of
+//! a message may have odd length (RFC 1071 4.1 pads it with a zero byte).
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use super::{IpInfo, protocol};
+
+/// Partial sum of `data` taken as big-endian 16-bit words.
+///
+/// Byte order independence (RFC 1071 2(B)) lets us add 32-bit words into a
+/// 64-bit accumulator: 2^16 is congruent to 1 modulo 0xFFFF, so a 32-bit
+/// word counts as the sum of its two halves, and 2^32 additions cannot
+/// overflow the accumulator.
+#[inline]
+pub fn sum_bytes(data: &[u8]) -> u32 {
+    let mut acc: u64 = 0;
+    let mut words = data.chunks_exact(4);
+    for w in &mut words {
+        acc += u64::from(u32::from_be_bytes([w[0], w[1], w[2], w[3]]));
+    }
+    // 0 to 3 trailing bytes; an odd last byte is the high half of a word
+    // whose low half is zero (RFC 1071 4.1).
+    let mut tail = [0u8; 4];
+    for (t, b) in tail.iter_mut().zip(words.remainder()) {
+        *t = *b;
+    }
+    acc += u64::from(u32::from_be_bytes(tail));
+    fold64(acc)
+}
+
+/// Folds a 64-bit accumulator to a 16-bit-wide partial sum (end-around carry).
+#[inline]
+const fn fold64(mut acc: u64) -> u32 {
+    while acc > 0xffff {
+        acc = (acc & 0xffff) + (acc >> 16);
+    }
+    acc as u32
+}
+
+/// Folds a partial sum to 16 bits with end-around carry. Two rounds are
+/// enough: the first leaves at most 0x1FFFE, the second at most 0xFFFF.
+#[inline]
+pub const fn fold(sum: u32) -> u16 {
+    let s = (sum & 0xffff) + (sum >> 16);
+    let s = (s & 0xffff) + (s >> 16);
+    s as u16
+}
+
+/// Folds and complements: the value to store in a checksum field.
+#[inline]
+pub const fn finish(sum: u32) -> u16 {
+    !fold(sum)
+}
+
+/// The `~m + m'` term of RFC 1624 eqn. 3 for every 16-bit word replaced
+/// when `old` becomes `new` (same even length), as one partial sum.
+///
+/// `~m` summed over the words equals the complement of their folded sum
+/// (negation is complement in ones' complement arithmetic), so this costs
+/// two sums, not one per word.
+#[inline]
+pub fn replaced(old: &[u8], new: &[u8]) -> u32 {
+    u32::from(!fold(sum_bytes(old))) + sum_bytes(new)
+}
+
+/// RFC 1624 eqn. 3: `HC' = ~(~HC + ~m + m')`, with `delta` the accumulated
+/// `~m + m'` of all replaced words (see [`replaced`]), folded once.
+///
+/// Eqn. 3 (unlike eqn. 2 of RFC 1141) never turns a correct checksum into
+/// the wrong zero; it yields 0xFFFF only when every term is zero. The one
+/// representation issue left is the transport protocols' own: see
+/// [`nonzero`].
+#[inline]
+pub const fn update(checksum: u16, delta: u32) -> u16 {
+    !fold(!checksum as u32 + delta)
+}
+
+/// TCP and UDP write a computed checksum of 0x0000 as 0xFFFF, its other
+/// ones' complement representation: for UDP a transmitted zero means "no
+/// checksum" (RFC 768, RFC 8200 8.1); for TCP both verify, and the design
+/// keeps one rule for both so a rewrite never emits 0x0000.
+#[inline]
+pub const fn nonzero(checksum: u16) -> u16 {
+    if checksum == 0 { 0xffff } else { checksum }
+}
+
+/// Partial sum of the IPv4 pseudo-header (RFC 793 3.1 / RFC 9293 3.1,
+/// RFC 768): source, destination, zero, protocol, transport length.
+#[inline]
+pub fn pseudo_header_v4(src: Ipv4Addr, dst: Ipv4Addr, protocol: u8, len: u16) -> u32 {
+    sum_bytes(&src.octets()) + sum_bytes(&dst.octets()) + u32::from(protocol) + u32::from(len)
+}
+
+/// Partial sum of the IPv6 pseudo-header (RFC 8200 8.1): source,
+/// destination, 32-bit upper-layer length, 24 zero bits, next header.
+#[inline]
+pub fn pseudo_header_v6(src: &Ipv6Addr, dst: &Ipv6Addr, next_header: u8, len: u32) -> u32 {
+    sum_bytes(&src.octets())
+        + sum_bytes(&dst.octets())
+        + (len >> 16)
+        + (len & 0xffff)
+        + u32::from(next_header)
+}
+
+/// Offset of the checksum field inside the transport header of `protocol`,
+/// for the four protocols whose checksum this module knows.
+pub fn checksum_offset(protocol: u8) -> Option<usize> {
+    match protocol {
+        protocol::TCP => Some(16),
+        protocol::UDP => Some(6),
+        protocol::ICMP | protocol::ICMPV6 => Some(2),
+        _ => None,
+    }
+}
+
+/// Partial sum over the transport segment of `ip` (checksum field included
+/// as stored) plus its pseudo-header, and the stored field. `None` if the
+/// protocol has no known checksum, the segment is too short to hold the
+/// field, `ip` does not fit `buf`, or ICMP is carried by the wrong family.
+fn transport_sum(buf: &[u8], ip: &IpInfo) -> Option<(u32, u16)> {
+    let field = checksum_offset(ip.protocol)?;
+    let seg = buf.get(ip.l4_offset..ip.len)?;
+    let stored = seg.get(field..field + 2)?;
+    let stored = u16::from_be_bytes([stored[0], stored[1]]);
+    let len = u32::try_from(seg.len()).ok()?;
+    let pseudo = match (ip.src, ip.dst, ip.protocol) {
+        // ICMPv4 has no pseudo-header (RFC 792); ICMPv6 does (RFC 4443 2.3).
+        (IpAddr::V4(_), IpAddr::V4(_), protocol::ICMP) => 0,
+        (IpAddr::V4(s), IpAddr::V4(d), p) if p != protocol::ICMPV6 => {
+            pseudo_header_v4(s, d, p, u16::try_from(len).ok()?)
+        }
+        (IpAddr::V6(s), IpAddr::V6(d), p) if p != protocol::ICMP => {
+            pseudo_header_v6(&s, &d, p, len)
+        }
+        _ => return None,
+    };
+    Some((pseudo + sum_bytes(seg), stored))
+}
+
+/// The checksum the transport header of `ip` should carry, computed over
+/// the whole segment as if its checksum field were zero. TCP and UDP results
+/// go through [`nonzero`]. Costs a pass over the payload: tests, the RST and
+/// UDP builders, and fuzzing use it, never the rewrite.
+pub fn compute_transport_checksum(buf: &[u8], ip: &IpInfo) -> Option<u16> {
+    let (sum, stored) = transport_sum(buf, ip)?;
+    // Adding ~field removes the stored field from the sum (ones' complement
+    // subtraction), which is the sum "with the field zeroed".
+    let c = finish(sum + u32::from(!stored));
+    Some(match ip.protocol {
+        protocol::TCP | protocol::UDP => nonzero(c),
+        _ => c,
+    })
+}
+
+/// Writes [`compute_transport_checksum`] into the packet. Returns false (and
+/// writes nothing) when it cannot be computed.
+pub fn fill_transport_checksum(buf: &mut [u8], ip: &IpInfo) -> bool {
+    let Some(c) = compute_transport_checksum(buf, ip) else {
+        return false;
+    };
+    let Some(field) = checksum_offset(ip.protocol) else {
+        return false;
+    };
+    match buf.get_mut(ip.l4_offset + field..ip.l4_offset + field + 2) {
+        Some(f) => {
+            f.copy_from_slice(&c.to_be_bytes());
+            true
+        }
+        None => false,
+    }
+}
+
+/// Whether the transport checksum of `ip` verifies: the sum over
+/// pseudo-header and segment, checksum included, folds to 0xFFFF (RFC 1071
+/// "the result will be all 1 bits"). A zero UDP checksum over IPv4 means the
+/// sender computed none (RFC 768) and verifies; over IPv6 it is invalid
+/// (RFC 8200 8.1). False when the checksum cannot be computed.
+pub fn verify_transport_checksum(buf: &[u8], ip: &IpInfo) -> bool {
+    match transport_sum(buf, ip) {
+        Some((_, 0)) if ip.protocol == protocol::UDP && ip.src.is_ipv4() => true,
+        Some((sum, _)) => fold(sum) == 0xffff,
+        None => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::packet::testutil::{Rng, reference_sum};
+    use proptest::prelude::*;
+
+    #[test]
+    fn rfc1071_example() {
+        // RFC 1071 3: bytes 00 01 f2 03 f4 f5 f6 f7 sum to ddf2 (folded).
+        let data = [0x00, 0x01, 0xf2, 0x03, 0xf4, 0xf5, 0xf6, 0xf7];
+        assert_eq!(fold(sum_bytes(&data)), 0xddf2);
+        assert_eq!(finish(sum_bytes(&data)), !0xddf2);
+    }
+
+    #[test]
+    fn odd_lengths_pad_low_byte() {
+        assert_eq!(fold(sum_bytes(&[0xab])), 0xab00);
+        assert_eq!(fold(sum_bytes(&[0x01, 0x02, 0x03])), 0x0102 + 0x0300);
+        assert_eq!(sum_bytes(&[]), 0);
+    }
+
+    #[test]
+    fn fold_bounds() {
+        assert_eq!(fold(0), 0);
+        assert_eq!(fold(0xffff), 0xffff);
+        assert_eq!(fold(0x1_0000), 1);
+        assert_eq!(fold(0x1_fffe), 0xffff);
+        assert_eq!(fold(u32::MAX), 0xffff);
+    }
+
+    proptest! {
+        #[test]
+        fn sum_matches_reference(data in proptest::collection::vec(any::<u8>(), 0..2000)) {
+            prop_assert_eq!(fold(sum_bytes(&data)), reference_sum(&data));
+        }
+
+        #[test]
+        fn partial_sums_add(a in proptest::collection::vec(any::<u16>(), 0..300),
+                            b in proptest::collection::vec(any::<u8>(), 0..300)) {
+            let a: Vec<u8> = a.iter().flat_map(|w| w.to_be_bytes()).collect();
+            let whole: Vec<u8> = a.iter().chain(b.iter()).copied().collect();
+            prop_assert_eq!(fold(sum_bytes(&a) + sum_bytes(&b)), fold(sum_bytes(&whole)));
+        }
+    }
+
+    /// RFC 1624 eqn. 3 over random messages and random replacements agrees
+    /// with recomputing from scratch, including the all-ones corner.
+    #[test]
+    fn incremental_matches_full() {
+        let mut rng = Rng::new(0x1624);
+        for _ in 0..20_000 {
+            let len = 2 * rng.below(40) + 2;
+            let mut msg: Vec<u8> = (0..len).map(|_| rng.byte()).collect();
+            if rng.below(8) == 0 {
+                // Messages that sum to 0xFFFF exercise the zero result.
+                msg.iter_mut().for_each(|b| *b = 0xff);
+            }
+            let hc = finish(sum_bytes(&msg));
+            let at = 2 * rng.below(len / 2);
+            let n = 2 * (1 + rng.below((len - at) / 2));
+            let new: Vec<u8> = (0..n).map(|_| rng.byte()).collect();
+            let delta = replaced(&msg[at..at + n], &new);
+            msg[at..at + n].copy_from_slice(&new);
+            let full = finish(sum_bytes(&msg));
+            let inc = update(hc, delta);
+            if msg.iter().all(|&b| b == 0) {
+                // The only disagreement: a message of zeros sums to +0,
+                // whose complement a full computation writes as 0xFFFF while
+                // eqn. 3 (nonzero terms) yields the equivalent 0x0000.
+                assert_eq!((inc, full), (0, 0xffff));
+            } else {
+                // Otherwise they agree exactly, not just modulo the zeros.
+                assert_eq!(inc, full, "msg {msg:02x?}");
+            }
+        }
+    }
+
+    #[test]
+    fn nonzero_maps_only_zero() {
+        assert_eq!(nonzero(0), 0xffff);
+        assert_eq!(nonzero(1), 1);
+        assert_eq!(nonzero(0xffff), 0xffff);
+    }
+}

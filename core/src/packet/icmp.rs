@@ -1,0 +1,294 @@
+//! ICMP / ICMPv6 echo view (RFC 792, RFC 4443 4.1-4.2) and the in-place
+//! echo reply.
+
+use super::checksum::{replaced, update};
+use super::{DEFAULT_TTL, IpInfo, Reject, ipv4, ipv6, protocol};
+
+/// Field offsets of an echo request/reply, identical in ICMP (RFC 792) and
+/// ICMPv6 (RFC 4443 4.1).
+pub(crate) mod field {
+    use std::ops::Range;
+
+    pub const TYPE: usize = 0;
+    pub const CODE: usize = 1;
+    /// Type and code together: the word the reply rewrites.
+    pub const TYPE_CODE: Range<usize> = 0..2;
+    pub const CHECKSUM: Range<usize> = 2..4;
+    pub const IDENT: Range<usize> = 4..6;
+    pub const SEQ: Range<usize> = 6..8;
+}
+
+/// Length of the echo header (type, code, checksum, identifier, sequence).
+pub const ECHO_HEADER_LEN: usize = field::SEQ.end;
+
+/// ICMP message types used here.
+pub mod types {
+    /// ICMPv4 echo reply (RFC 792).
+    pub const ECHO_REPLY_V4: u8 = 0;
+    /// ICMPv4 echo request (RFC 792).
+    pub const ECHO_REQUEST_V4: u8 = 8;
+    /// ICMPv6 echo request (RFC 4443 4.1).
+    pub const ECHO_REQUEST_V6: u8 = 128;
+    /// ICMPv6 echo reply (RFC 4443 4.2).
+    pub const ECHO_REPLY_V6: u8 = 129;
+}
+
+/// A read/write view of an ICMP echo header over a buffer (the ICMP
+/// message).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IcmpPacket<T> {
+    buffer: T,
+}
+
+impl<T: AsRef<[u8]>> IcmpPacket<T> {
+    /// Wraps a buffer without checks. Only for buffers this crate sized
+    /// itself (at least [`ECHO_HEADER_LEN`] bytes); accessors panic
+    /// otherwise.
+    pub const fn new_unchecked(buffer: T) -> Self {
+        IcmpPacket { buffer }
+    }
+
+    /// Wraps an untrusted message after checking the 8-byte echo header is
+    /// present.
+    pub fn new_checked(buffer: T) -> Result<Self, Reject> {
+        if buffer.as_ref().len() < ECHO_HEADER_LEN {
+            return Err(Reject::IcmpTruncated);
+        }
+        Ok(IcmpPacket { buffer })
+    }
+
+    pub fn into_inner(self) -> T {
+        self.buffer
+    }
+
+    fn read_u16(&self, r: std::ops::Range<usize>) -> u16 {
+        let b = &self.buffer.as_ref()[r];
+        u16::from_be_bytes([b[0], b[1]])
+    }
+
+    pub fn msg_type(&self) -> u8 {
+        self.buffer.as_ref()[field::TYPE]
+    }
+
+    pub fn code(&self) -> u8 {
+        self.buffer.as_ref()[field::CODE]
+    }
+
+    pub fn checksum(&self) -> u16 {
+        self.read_u16(field::CHECKSUM)
+    }
+
+    pub fn ident(&self) -> u16 {
+        self.read_u16(field::IDENT)
+    }
+
+    pub fn seq(&self) -> u16 {
+        self.read_u16(field::SEQ)
+    }
+}
+
+impl<T: AsRef<[u8]> + AsMut<[u8]>> IcmpPacket<T> {
+    pub fn set_msg_type(&mut self, v: u8) {
+        self.buffer.as_mut()[field::TYPE] = v;
+    }
+
+    pub fn set_checksum(&mut self, v: u16) {
+        self.buffer.as_mut()[field::CHECKSUM].copy_from_slice(&v.to_be_bytes());
+    }
+}
+
+/// Turns an ICMPv4 echo request (type 8, code 0) or ICMPv6 echo request
+/// (type 128, code 0) into its reply in place and returns the length to
+/// write back (`ip.len`).
+///
+/// Addresses are swapped and the type becomes 0 / 129; identifier,
+/// sequence and data stay, as RFC 792 and RFC 4443 4.2 require. The ICMP
+/// checksum is updated incrementally (RFC 1624 eqn. 3) for the type word
+/// only: ICMPv4 has no pseudo-header, and the ICMPv6 pseudo-header (RFC 4443
+/// 2.3) sums both addresses, which a swap leaves unchanged. TTL / hop limit
+/// is reset to 64; the IPv4 header checksum takes the TTL word's delta (the
+/// address swap again leaves it unchanged). IPv4 options and IPv6 extension
+/// headers are kept as they are.
+///
+/// `Err(UnsupportedProtocol)` if `ip` is not ICMP of the packet's family,
+/// `Err(IcmpTruncated)` below 8 bytes, `Err(IcmpNotEchoRequest)` for any
+/// other message. The caller checks the destination is the gateway.
+pub fn echo_reply_in_place(buf: &mut [u8], ip: &IpInfo) -> Result<usize, Reject> {
+    let pkt = buf.get_mut(..ip.len).ok_or(Reject::BufferTooSmall)?;
+    let version = pkt.first().map(|b| b >> 4);
+    let (hdr, msg) = pkt
+        .split_at_mut_checked(ip.l4_offset)
+        .ok_or(Reject::IcmpTruncated)?;
+    let (want_proto, request, reply) = match version {
+        Some(4) => (protocol::ICMP, types::ECHO_REQUEST_V4, types::ECHO_REPLY_V4),
+        Some(6) => (
+            protocol::ICMPV6,
+            types::ECHO_REQUEST_V6,
+            types::ECHO_REPLY_V6,
+        ),
+        _ => return Err(Reject::BadVersion),
+    };
+    if ip.protocol != want_proto {
+        return Err(Reject::UnsupportedProtocol);
+    }
+    let icmp = msg
+        .first_chunk_mut::<ECHO_HEADER_LEN>()
+        .ok_or(Reject::IcmpTruncated)?;
+    let view = IcmpPacket::new_unchecked(&*icmp);
+    if view.msg_type() != request || view.code() != 0 {
+        return Err(Reject::IcmpNotEchoRequest);
+    }
+    let old_sum = view.checksum();
+    // Check the IP header fits before writing anything.
+    match version {
+        Some(4) => {
+            let h = hdr
+                .first_chunk_mut::<{ ipv4::HEADER_LEN }>()
+                .ok_or(Reject::Ipv4BadHeaderLength)?;
+            let ttl_word = [DEFAULT_TTL, h[ipv4::field::PROTOCOL]];
+            let delta = replaced(&h[ipv4::field::TTL..=ipv4::field::PROTOCOL], &ttl_word);
+            h[ipv4::field::TTL] = DEFAULT_TTL;
+            let (s, d) = h[ipv4::field::ADDRS].split_at_mut(4);
+            s.swap_with_slice(d);
+            let mut v = ipv4::Ipv4Packet::new_unchecked(h);
+            let hc = update(v.checksum(), delta);
+            v.set_checksum(hc);
+        }
+        _ => {
+            let h = hdr
+                .first_chunk_mut::<{ ipv6::HEADER_LEN }>()
+                .ok_or(Reject::Ipv6Truncated)?;
+            h[ipv6::field::HOP_LIMIT] = DEFAULT_TTL;
+            let (s, d) = h[ipv6::field::ADDRS].split_at_mut(16);
+            s.swap_with_slice(d);
+        }
+    }
+    let delta = replaced(&icmp[field::TYPE_CODE], &[reply, 0]);
+    let mut v = IcmpPacket::new_unchecked(icmp);
+    v.set_msg_type(reply);
+    v.set_checksum(update(old_sum, delta));
+    Ok(ip.len)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::packet::checksum::{compute_transport_checksum, verify_transport_checksum};
+    use crate::packet::testutil::*;
+    use crate::packet::{Ipv4Packet, parse_ip};
+
+    fn check_reply(req: &[u8]) {
+        let ip = parse_ip(req).expect("valid");
+        assert!(verify_transport_checksum(req, &ip));
+        let mut b = req.to_vec();
+        b.extend_from_slice(&[0xee; 3]); // trailing bytes stay untouched
+        let n = echo_reply_in_place(&mut b, &ip).expect("echo request");
+        assert_eq!(n, req.len());
+        assert_eq!(b[n..], [0xee; 3]);
+        let rip = parse_ip(&b[..n]).expect("reply valid");
+        assert_eq!((rip.src, rip.dst), (ip.dst, ip.src));
+        assert_eq!((rip.l4_offset, rip.protocol), (ip.l4_offset, ip.protocol));
+        // The incremental checksum equals a full recomputation.
+        assert!(verify_transport_checksum(&b[..n], &rip));
+        let stored = IcmpPacket::new_unchecked(&b[rip.l4_offset..]).checksum();
+        assert_eq!(Some(stored), compute_transport_checksum(&b[..n], &rip));
+        let v = IcmpPacket::new_unchecked(&b[rip.l4_offset..]);
+        let q = IcmpPacket::new_unchecked(&req[ip.l4_offset..]);
+        assert_eq!((v.code(), v.ident(), v.seq()), (0, q.ident(), q.seq()));
+        assert_eq!(b[rip.l4_offset + 8..n], req[ip.l4_offset + 8..]);
+        if ip.src.is_ipv4() {
+            assert_eq!(v.msg_type(), types::ECHO_REPLY_V4);
+            let h = Ipv4Packet::new_unchecked(&b[..]);
+            assert_eq!(h.ttl(), 64);
+            assert!(h.verify_checksum());
+        } else {
+            assert_eq!(v.msg_type(), types::ECHO_REPLY_V6);
+            assert_eq!(b[7], 64);
+        }
+    }
+
+    #[test]
+    fn echo_replies_verify() {
+        let mut rng = Rng::new(792);
+        for i in 0..500 {
+            let len = rng.below(200);
+            let data: Vec<u8> = (0..len).map(|_| rng.byte()).collect();
+            let src = format!("10.{}.{}.{}", rng.byte(), rng.byte(), rng.byte());
+            let mut v4 = icmp_echo_v4(&src, "198.18.0.1", types::ECHO_REQUEST_V4, &data);
+            v4[8] = rng.byte(); // any incoming TTL
+            fix_ipv4_header_checksum(&mut v4);
+            check_reply(&v4);
+            let src6 = format!("fd00::{:x}:{:x}", rng.byte(), i);
+            let ext: &[ExtHdr] = if i % 3 == 0 {
+                &[ExtHdr::DestOpts { units: 1 }]
+            } else {
+                &[]
+            };
+            let mut v6 = icmp_echo_v6(&src6, "fd00::1", ext, types::ECHO_REQUEST_V6, &data);
+            v6[7] = rng.byte();
+            check_reply(&v6);
+        }
+    }
+
+    #[test]
+    fn only_echo_requests() {
+        for (t, code) in [(0u8, 0u8), (3, 1), (8, 1), (13, 0)] {
+            let mut p = icmp_echo_v4("10.0.0.9", "198.18.0.1", t, b"x");
+            p[21] = code;
+            let ip = parse_ip(&p).expect("valid");
+            assert_eq!(
+                echo_reply_in_place(&mut p, &ip),
+                Err(Reject::IcmpNotEchoRequest),
+                "{t}/{code}"
+            );
+        }
+        for t in [129u8, 1, 135, 8] {
+            let mut p = icmp_echo_v6("fd00::9", "fd00::1", &[], t, b"x");
+            let ip = parse_ip(&p).expect("valid");
+            assert_eq!(
+                echo_reply_in_place(&mut p, &ip),
+                Err(Reject::IcmpNotEchoRequest),
+                "{t}"
+            );
+        }
+        // ICMPv4 inside IPv6 and a non-ICMP packet.
+        let mut p = ipv6_packet(
+            "fd00::9",
+            "fd00::1",
+            &[],
+            protocol::ICMP,
+            &[8, 0, 0, 0, 0, 0, 0, 0],
+        );
+        let ip = parse_ip(&p).expect("valid");
+        assert_eq!(
+            echo_reply_in_place(&mut p, &ip),
+            Err(Reject::UnsupportedProtocol)
+        );
+        let mut p = udp_v4("10.0.0.9:1", "198.18.0.1:2", b"");
+        let ip = parse_ip(&p).expect("valid");
+        assert_eq!(
+            echo_reply_in_place(&mut p, &ip),
+            Err(Reject::UnsupportedProtocol)
+        );
+    }
+
+    #[test]
+    fn truncated_at_every_length() {
+        for p in [
+            icmp_echo_v4("10.0.0.9", "198.18.0.1", 8, b""),
+            icmp_echo_v6("fd00::9", "fd00::1", &[], 128, b""),
+        ] {
+            let l4 = parse_ip(&p).expect("valid").l4_offset;
+            for n in 0..ECHO_HEADER_LEN {
+                let mut cut = set_ip_len(&p, l4 + n);
+                let ip = parse_ip(&cut).expect("ip valid");
+                let before = cut.clone();
+                assert_eq!(
+                    echo_reply_in_place(&mut cut, &ip),
+                    Err(Reject::IcmpTruncated)
+                );
+                assert_eq!(cut, before, "nothing written on error");
+            }
+        }
+    }
+}

@@ -1,0 +1,796 @@
+//! TCP header view (RFC 9293 3.1), the in-place NAT rewrite, and the RST
+//! reply.
+
+use std::net::{IpAddr, SocketAddr};
+
+use super::checksum::{self, nonzero, replaced, update};
+use super::{IpInfo, Reject, ipv4, ipv6, protocol};
+
+/// Field offsets of the TCP header (RFC 9293 3.1).
+pub(crate) mod field {
+    use std::ops::Range;
+
+    pub const SRC_PORT: Range<usize> = 0..2;
+    pub const DST_PORT: Range<usize> = 2..4;
+    /// Both ports: the words a NAT rewrite replaces.
+    pub const PORTS: Range<usize> = 0..4;
+    pub const SEQ: Range<usize> = 4..8;
+    pub const ACK: Range<usize> = 8..12;
+    /// Data offset in 32-bit words (high nibble).
+    pub const DATA_OFF: usize = 12;
+    pub const FLAGS: usize = 13;
+    pub const WINDOW: Range<usize> = 14..16;
+    pub const CHECKSUM: Range<usize> = 16..18;
+    pub const URGENT: Range<usize> = 18..20;
+}
+
+/// Length of a TCP header without options (data offset 5).
+pub const HEADER_LEN: usize = field::URGENT.end;
+
+/// Control bits, the flags octet of RFC 9293 3.1 (CWR and ECE from RFC 3168).
+pub mod flags {
+    pub const FIN: u8 = 0x01;
+    pub const SYN: u8 = 0x02;
+    pub const RST: u8 = 0x04;
+    pub const PSH: u8 = 0x08;
+    pub const ACK: u8 = 0x10;
+    pub const URG: u8 = 0x20;
+    pub const ECE: u8 = 0x40;
+    pub const CWR: u8 = 0x80;
+}
+
+/// A read/write view of a TCP header over a buffer (the transport segment).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TcpPacket<T> {
+    buffer: T,
+}
+
+impl<T: AsRef<[u8]>> TcpPacket<T> {
+    /// Wraps a buffer without checks. Only for buffers this crate sized
+    /// itself (at least [`HEADER_LEN`] bytes); accessors panic otherwise.
+    pub const fn new_unchecked(buffer: T) -> Self {
+        TcpPacket { buffer }
+    }
+
+    /// Wraps an untrusted segment (exactly the IP payload) after checking
+    /// the 20-byte header is present and 5 <= data offset <= segment length
+    /// in words. After this no accessor can panic.
+    pub fn new_checked(buffer: T) -> Result<Self, Reject> {
+        let b = buffer.as_ref();
+        let Some(hdr) = b.first_chunk::<HEADER_LEN>() else {
+            return Err(Reject::TcpTruncated);
+        };
+        let header_len = TcpPacket::new_unchecked(hdr).header_len();
+        if header_len < HEADER_LEN || header_len > b.len() {
+            return Err(Reject::TcpBadDataOffset);
+        }
+        Ok(TcpPacket { buffer })
+    }
+
+    pub fn into_inner(self) -> T {
+        self.buffer
+    }
+
+    fn read_u16(&self, r: std::ops::Range<usize>) -> u16 {
+        let b = &self.buffer.as_ref()[r];
+        u16::from_be_bytes([b[0], b[1]])
+    }
+
+    fn read_u32(&self, r: std::ops::Range<usize>) -> u32 {
+        let b = &self.buffer.as_ref()[r];
+        u32::from_be_bytes([b[0], b[1], b[2], b[3]])
+    }
+
+    pub fn src_port(&self) -> u16 {
+        self.read_u16(field::SRC_PORT)
+    }
+
+    pub fn dst_port(&self) -> u16 {
+        self.read_u16(field::DST_PORT)
+    }
+
+    pub fn seq_number(&self) -> u32 {
+        self.read_u32(field::SEQ)
+    }
+
+    pub fn ack_number(&self) -> u32 {
+        self.read_u32(field::ACK)
+    }
+
+    /// Header length in bytes (data offset * 4).
+    pub fn header_len(&self) -> usize {
+        usize::from(self.buffer.as_ref()[field::DATA_OFF] >> 4) * 4
+    }
+
+    pub fn flags(&self) -> u8 {
+        self.buffer.as_ref()[field::FLAGS]
+    }
+
+    pub fn window(&self) -> u16 {
+        self.read_u16(field::WINDOW)
+    }
+
+    pub fn checksum(&self) -> u16 {
+        self.read_u16(field::CHECKSUM)
+    }
+
+    pub fn urgent(&self) -> u16 {
+        self.read_u16(field::URGENT)
+    }
+}
+
+impl<T: AsRef<[u8]> + AsMut<[u8]>> TcpPacket<T> {
+    fn write(&mut self, r: std::ops::Range<usize>, v: &[u8]) {
+        self.buffer.as_mut()[r].copy_from_slice(v);
+    }
+
+    pub fn set_src_port(&mut self, v: u16) {
+        self.write(field::SRC_PORT, &v.to_be_bytes());
+    }
+
+    pub fn set_dst_port(&mut self, v: u16) {
+        self.write(field::DST_PORT, &v.to_be_bytes());
+    }
+
+    pub fn set_seq_number(&mut self, v: u32) {
+        self.write(field::SEQ, &v.to_be_bytes());
+    }
+
+    pub fn set_ack_number(&mut self, v: u32) {
+        self.write(field::ACK, &v.to_be_bytes());
+    }
+
+    /// Sets the data offset from a header length in bytes (a multiple of 4)
+    /// and clears the reserved bits.
+    pub fn set_header_len(&mut self, len: usize) {
+        self.buffer.as_mut()[field::DATA_OFF] = (((len / 4) as u8) & 0x0f) << 4;
+    }
+
+    pub fn set_flags(&mut self, v: u8) {
+        self.buffer.as_mut()[field::FLAGS] = v;
+    }
+
+    pub fn set_window(&mut self, v: u16) {
+        self.write(field::WINDOW, &v.to_be_bytes());
+    }
+
+    pub fn set_checksum(&mut self, v: u16) {
+        self.write(field::CHECKSUM, &v.to_be_bytes());
+    }
+
+    pub fn set_urgent(&mut self, v: u16) {
+        self.write(field::URGENT, &v.to_be_bytes());
+    }
+}
+
+/// Summary of a validated TCP header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TcpInfo {
+    pub src_port: u16,
+    pub dst_port: u16,
+    pub seq: u32,
+    pub ack: u32,
+    /// The flags octet; see [`flags`].
+    pub flags: u8,
+    /// Header length in bytes, options included.
+    pub header_len: usize,
+    pub payload_len: usize,
+}
+
+impl TcpInfo {
+    /// SYN set and ACK clear: a connection request (or its retransmit),
+    /// never part of an established flow.
+    pub fn is_syn_only(&self) -> bool {
+        self.flags & (flags::SYN | flags::ACK) == flags::SYN
+    }
+}
+
+/// Validates the TCP header of the packet `ip` describes: at least 20
+/// bytes, data offset >= 5 and within `ip.len`.
+#[inline]
+pub fn parse_tcp(buf: &[u8], ip: &IpInfo) -> Result<TcpInfo, Reject> {
+    if ip.protocol != protocol::TCP {
+        return Err(Reject::UnsupportedProtocol);
+    }
+    let seg = buf.get(ip.l4_offset..ip.len).ok_or(Reject::TcpTruncated)?;
+    let t = TcpPacket::new_checked(seg)?;
+    let header_len = t.header_len();
+    Ok(TcpInfo {
+        src_port: t.src_port(),
+        dst_port: t.dst_port(),
+        seq: t.seq_number(),
+        ack: t.ack_number(),
+        flags: t.flags(),
+        header_len,
+        payload_len: seg.len() - header_len,
+    })
+}
+
+/// Rewrites source and destination address and port of a TCP packet in
+/// place: the NAT step, in both directions.
+///
+/// Checksums are updated with RFC 1624 eqn. 3: the `~m + m'` terms of every
+/// replaced 16-bit word (IPv4: 4 address words and 2 ports; IPv6: 16
+/// address words and 2 ports; the addresses are in the TCP pseudo-header,
+/// RFC 9293 3.1 / RFC 8200 8.1) are accumulated unfolded and folded once.
+/// The IPv4 header checksum takes the same address delta. A TCP checksum
+/// that comes out 0 is written as 0xFFFF. Nothing past the TCP checksum is
+/// read or written, so the cost does not depend on the payload.
+///
+/// `ip` must come from [`super::parse_ip`] on this buffer and
+/// [`parse_tcp`] must have succeeded; a mismatching `ip` is an error, not a
+/// panic. `Err(FamilyMismatch)` if `src`/`dst` are not both of the packet's
+/// family; nothing is written on error.
+#[inline]
+pub fn rewrite_tcp(
+    buf: &mut [u8],
+    ip: &IpInfo,
+    src: SocketAddr,
+    dst: SocketAddr,
+) -> Result<(), Reject> {
+    let pkt = buf.get_mut(..ip.len).ok_or(Reject::BufferTooSmall)?;
+    let (hdr, seg) = pkt
+        .split_at_mut_checked(ip.l4_offset)
+        .ok_or(Reject::TcpTruncated)?;
+    let tcp = seg
+        .first_chunk_mut::<HEADER_LEN>()
+        .ok_or(Reject::TcpTruncated)?;
+    let addr_delta = match (src.ip(), dst.ip(), hdr.first().map(|b| b >> 4)) {
+        (IpAddr::V4(s), IpAddr::V4(d), Some(4)) => {
+            let h = hdr
+                .first_chunk_mut::<{ ipv4::HEADER_LEN }>()
+                .ok_or(Reject::Ipv4BadHeaderLength)?;
+            let mut new = [0u8; 8];
+            new[..4].copy_from_slice(&s.octets());
+            new[4..].copy_from_slice(&d.octets());
+            let delta = replaced(&h[ipv4::field::ADDRS], &new);
+            h[ipv4::field::ADDRS].copy_from_slice(&new);
+            let c = &mut h[ipv4::field::CHECKSUM];
+            let hc = update(u16::from_be_bytes([c[0], c[1]]), delta);
+            c.copy_from_slice(&hc.to_be_bytes());
+            delta
+        }
+        (IpAddr::V6(s), IpAddr::V6(d), Some(6)) => {
+            let h = hdr
+                .first_chunk_mut::<{ ipv6::HEADER_LEN }>()
+                .ok_or(Reject::Ipv6Truncated)?;
+            let mut new = [0u8; 32];
+            new[..16].copy_from_slice(&s.octets());
+            new[16..].copy_from_slice(&d.octets());
+            let delta = replaced(&h[ipv6::field::ADDRS], &new);
+            h[ipv6::field::ADDRS].copy_from_slice(&new);
+            delta
+        }
+        _ => return Err(Reject::FamilyMismatch),
+    };
+    let mut ports = [0u8; 4];
+    ports[..2].copy_from_slice(&src.port().to_be_bytes());
+    ports[2..].copy_from_slice(&dst.port().to_be_bytes());
+    let delta = addr_delta + replaced(&tcp[field::PORTS], &ports);
+    tcp[field::PORTS].copy_from_slice(&ports);
+    let c = &mut tcp[field::CHECKSUM];
+    let tc = nonzero(update(u16::from_be_bytes([c[0], c[1]]), delta));
+    c.copy_from_slice(&tc.to_be_bytes());
+    Ok(())
+}
+
+/// Builds, in place over the packet that triggered it, a TCP RST answering
+/// `tcp`, following RFC 9293 3.10.7.1 (a segment reaching a CLOSED port):
+///
+/// * if the segment had ACK: `<SEQ=SEG.ACK><CTL=RST>`;
+/// * otherwise `<SEQ=0><ACK=SEG.SEQ+SEG.LEN><CTL=RST,ACK>`, where SEG.LEN
+///   counts the payload plus one for SYN and one for FIN.
+///
+/// Addresses and ports are swapped; headers are minimal (IPv4 20 bytes, DF,
+/// or IPv6 40 bytes without extension headers; TCP 20 bytes, window 0),
+/// TTL / hop limit 64, checksums computed in full. Returns the new length
+/// (40 or 60), or 0 (nothing to send) if the segment itself carries RST (a
+/// reset is never answered, RFC 9293 3.10.7.1), the addresses in `ip` are
+/// of mixed families, or `buf` is too short.
+pub fn tcp_rst_reply(buf: &mut [u8], ip: &IpInfo, tcp: &TcpInfo) -> usize {
+    if tcp.flags & flags::RST != 0 {
+        return 0;
+    }
+    let (seq, ack, ctl) = if tcp.flags & flags::ACK != 0 {
+        (tcp.ack, 0, flags::RST)
+    } else {
+        let seg_len = (tcp.payload_len as u32)
+            .wrapping_add(u32::from(tcp.flags & flags::SYN != 0))
+            .wrapping_add(u32::from(tcp.flags & flags::FIN != 0));
+        (0, tcp.seq.wrapping_add(seg_len), flags::RST | flags::ACK)
+    };
+    let emit_tcp = |t: &mut [u8; HEADER_LEN], pseudo: u32| {
+        let mut p = TcpPacket::new_unchecked(&mut *t);
+        p.set_src_port(tcp.dst_port);
+        p.set_dst_port(tcp.src_port);
+        p.set_seq_number(seq);
+        p.set_ack_number(ack);
+        p.set_header_len(HEADER_LEN);
+        p.set_flags(ctl);
+        p.set_window(0);
+        p.set_checksum(0);
+        p.set_urgent(0);
+        let c = nonzero(checksum::finish(pseudo + checksum::sum_bytes(&t[..])));
+        TcpPacket::new_unchecked(t).set_checksum(c);
+    };
+    const TCP_LEN: u16 = HEADER_LEN as u16;
+    match (ip.src, ip.dst) {
+        (IpAddr::V4(s), IpAddr::V4(d)) => {
+            const LEN: usize = ipv4::HEADER_LEN + HEADER_LEN;
+            let Some((h, rest)) = buf.split_first_chunk_mut::<{ ipv4::HEADER_LEN }>() else {
+                return 0;
+            };
+            let Some(t) = rest.first_chunk_mut::<HEADER_LEN>() else {
+                return 0;
+            };
+            ipv4::emit_header(h, d, s, protocol::TCP, TCP_LEN);
+            emit_tcp(t, checksum::pseudo_header_v4(d, s, protocol::TCP, TCP_LEN));
+            LEN
+        }
+        (IpAddr::V6(s), IpAddr::V6(d)) => {
+            const LEN: usize = ipv6::HEADER_LEN + HEADER_LEN;
+            let Some((h, rest)) = buf.split_first_chunk_mut::<{ ipv6::HEADER_LEN }>() else {
+                return 0;
+            };
+            let Some(t) = rest.first_chunk_mut::<HEADER_LEN>() else {
+                return 0;
+            };
+            ipv6::emit_header(h, &d, &s, protocol::TCP, TCP_LEN);
+            emit_tcp(
+                t,
+                checksum::pseudo_header_v6(&d, &s, protocol::TCP, u32::from(TCP_LEN)),
+            );
+            LEN
+        }
+        _ => 0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::packet::checksum::{compute_transport_checksum, verify_transport_checksum};
+    use crate::packet::testutil::*;
+    use crate::packet::{Ipv4Packet, is_downlink, parse_ip};
+    use proptest::prelude::*;
+    use std::net::{Ipv4Addr, Ipv6Addr, SocketAddrV4, SocketAddrV6};
+
+    fn sa(s: &str) -> SocketAddr {
+        s.parse().expect("socket address")
+    }
+
+    /// Rewrites `pkt` to `src -> dst` and checks every checksum against a
+    /// full recomputation, and the result against a packet built from
+    /// scratch with the new tuple.
+    fn check_rewrite(pkt: &[u8], src: SocketAddr, dst: SocketAddr) -> Vec<u8> {
+        let mut out = pkt.to_vec();
+        let ip = parse_ip(&out).expect("valid ip");
+        parse_tcp(&out, &ip).expect("valid tcp");
+        rewrite_tcp(&mut out, &ip, src, dst).expect("rewrite");
+        let ip2 = parse_ip(&out).expect("still valid ip");
+        assert_eq!((ip2.src, ip2.dst), (src.ip(), dst.ip()));
+        assert_eq!((ip2.l4_offset, ip2.len), (ip.l4_offset, ip.len));
+        let t = parse_tcp(&out, &ip2).expect("still valid tcp");
+        assert_eq!((t.src_port, t.dst_port), (src.port(), dst.port()));
+        let stored = TcpPacket::new_unchecked(&out[ip2.l4_offset..]).checksum();
+        assert_eq!(Some(stored), compute_transport_checksum(&out, &ip2));
+        assert!(verify_transport_checksum(&out, &ip2));
+        if src.is_ipv4() {
+            let v = Ipv4Packet::new_unchecked(&out[..]);
+            assert!(v.verify_checksum());
+            let mut full = out.clone();
+            Ipv4Packet::new_unchecked(&mut full[..]).fill_checksum();
+            assert_eq!(full[10..12], out[10..12], "ipv4 header checksum");
+        }
+        // Everything but addresses, ports and checksums is untouched.
+        let mut expect = pkt.to_vec();
+        let (a, b) = if src.is_ipv4() { (12, 20) } else { (8, 40) };
+        expect[a..b].copy_from_slice(&out[a..b]);
+        let l4 = ip.l4_offset;
+        expect[l4..l4 + 4].copy_from_slice(&out[l4..l4 + 4]);
+        expect[l4 + 16..l4 + 18].copy_from_slice(&out[l4 + 16..l4 + 18]);
+        if src.is_ipv4() {
+            expect[10..12].copy_from_slice(&out[10..12]);
+        }
+        assert_eq!(expect, out);
+        out
+    }
+
+    fn arb_v4() -> impl Strategy<Value = SocketAddr> {
+        (any::<u32>(), any::<u16>())
+            .prop_map(|(a, p)| SocketAddrV4::new(Ipv4Addr::from(a), p).into())
+    }
+
+    fn arb_v6() -> impl Strategy<Value = SocketAddr> {
+        (any::<u128>(), any::<u16>())
+            .prop_map(|(a, p)| SocketAddrV6::new(Ipv6Addr::from(a), p, 0, 0).into())
+    }
+
+    fn arb_ext() -> impl Strategy<Value = Vec<ExtHdr>> {
+        proptest::collection::vec(
+            prop_oneof![
+                (0u8..4).prop_map(|units| ExtHdr::HopByHop { units }),
+                (0u8..4).prop_map(|units| ExtHdr::DestOpts { units }),
+                Just(ExtHdr::Routing { segments_left: 0 }),
+                (1u8..8).prop_map(|w| ExtHdr::Ah { words: w * 2 }),
+            ],
+            0..4,
+        )
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2000))]
+
+        /// Incremental update vs full recomputation, IPv4.
+        #[test]
+        fn rewrite_v4_matches_full(
+            from in (arb_v4(), arb_v4()),
+            to in (arb_v4(), arb_v4()),
+            seq in any::<u32>(), ack in any::<u32>(), fl in any::<u8>(),
+            opts in 0usize..11,
+            payload in proptest::collection::vec(any::<u8>(), 0..300),
+        ) {
+            let options = vec![1u8; opts * 4]; // NOPs
+            let p = tcp_v4(&from.0.to_string(), &from.1.to_string(), seq, ack, fl, &options, &payload);
+            check_rewrite(&p, to.0, to.1);
+        }
+
+        /// Incremental update vs full recomputation, IPv6 (starting from a
+        /// correct checksum), with extension-header chains.
+        #[test]
+        fn rewrite_v6_matches_full(
+            from in (arb_v6(), arb_v6()),
+            to in (arb_v6(), arb_v6()),
+            ext in arb_ext(),
+            seq in any::<u32>(), fl in any::<u8>(),
+            payload in proptest::collection::vec(any::<u8>(), 0..300),
+        ) {
+            let p = tcp_v6(&from.0.to_string(), &from.1.to_string(), &ext, seq, 0, fl, &[], &payload);
+            let ip = parse_ip(&p).expect("valid");
+            prop_assert!(verify_transport_checksum(&p, &ip));
+            check_rewrite(&p, to.0, to.1);
+        }
+
+        /// Rewriting there and back restores the original bytes.
+        #[test]
+        fn rewrite_round_trip(
+            from in (arb_v6(), arb_v6()),
+            to in (arb_v6(), arb_v6()),
+            payload in proptest::collection::vec(any::<u8>(), 0..64),
+        ) {
+            let p = tcp_v6(&from.0.to_string(), &from.1.to_string(), &[], 1, 2, flags::ACK, &[], &payload);
+            let mut b = p.clone();
+            let ip = parse_ip(&b).expect("valid");
+            rewrite_tcp(&mut b, &ip, to.0, to.1).expect("rewrite");
+            let ip = parse_ip(&b).expect("valid");
+            rewrite_tcp(&mut b, &ip, from.0, from.1).expect("rewrite back");
+            prop_assert_eq!(b, p);
+        }
+    }
+
+    /// A rewrite whose checksum comes out as 0x0000 writes 0xFFFF instead.
+    #[test]
+    fn zero_checksum_written_as_ffff() {
+        for (src, dst, nsrc, ndst) in [
+            (
+                "10.0.0.9:12345",
+                "1.1.1.1:443",
+                "198.18.0.2:10001",
+                "198.18.0.1:40000",
+            ),
+            (
+                "[fd00::9]:12345",
+                "[2001:db8::1]:443",
+                "[fd00::2]:10001",
+                "[fd00::1]:40000",
+            ),
+        ] {
+            // Two payload bytes are chosen so the rewritten packet's
+            // checksum, computed in full, is exactly 0x0000.
+            let mk = |adj: u16| {
+                if src.starts_with('[') {
+                    tcp_v6(src, dst, &[], 1, 0, flags::SYN, &[], &adj.to_be_bytes())
+                } else {
+                    tcp_v4(src, dst, 1, 0, flags::SYN, &[], &adj.to_be_bytes())
+                }
+            };
+            let mut probe = mk(0);
+            let ip = parse_ip(&probe).expect("valid");
+            rewrite_tcp(&mut probe, &ip, sa(nsrc), sa(ndst)).expect("rewrite");
+            let ip2 = parse_ip(&probe).expect("valid");
+            let raw = raw_tcp_checksum(&probe, &ip2);
+            // Adding `raw` to the payload makes the rewritten sum 0xFFFF,
+            // whose complement is 0.
+            let p = mk(raw);
+            let mut out = p.clone();
+            let ip = parse_ip(&out).expect("valid");
+            rewrite_tcp(&mut out, &ip, sa(nsrc), sa(ndst)).expect("rewrite");
+            let ip2 = parse_ip(&out).expect("valid");
+            assert_eq!(raw_tcp_checksum(&out, &ip2), 0, "constructed the zero case");
+            let l4 = ip2.l4_offset;
+            assert_eq!(out[l4 + 16..l4 + 18], [0xff, 0xff]);
+            assert!(verify_transport_checksum(&out, &ip2));
+        }
+    }
+
+    /// Uplink rewrite to the NAT tuple, then the kernel's reply rewritten
+    /// back, give exactly the packets built from scratch.
+    #[test]
+    fn downlink_restore() {
+        for (client, server, nat, gw) in [
+            (
+                "10.0.0.9:12345",
+                "1.1.1.1:443",
+                "198.18.0.2:10001",
+                "198.18.0.1:40000",
+            ),
+            (
+                "[fd00::9]:12345",
+                "[2606:4700::1111]:443",
+                "[fd00::2]:10001",
+                "[fd00::1]:40000",
+            ),
+        ] {
+            let (client, server, nat, gw) = (sa(client), sa(server), sa(nat), sa(gw));
+            let build = |s: SocketAddr, d: SocketAddr, seq, ack, fl, payload: &[u8]| {
+                if s.is_ipv4() {
+                    tcp_v4(
+                        &s.to_string(),
+                        &d.to_string(),
+                        seq,
+                        ack,
+                        fl,
+                        &[2, 4, 5, 0xb4],
+                        payload,
+                    )
+                } else {
+                    tcp_v6(
+                        &s.to_string(),
+                        &d.to_string(),
+                        &[],
+                        seq,
+                        ack,
+                        fl,
+                        &[2, 4, 5, 0xa0],
+                        payload,
+                    )
+                }
+            };
+            // Uplink SYN from the app.
+            let mut up = build(client, server, 1000, 0, flags::SYN, b"");
+            let ip = parse_ip(&up).expect("valid");
+            let t = parse_tcp(&up, &ip).expect("valid");
+            assert!(t.is_syn_only());
+            assert!(!is_downlink(&ip, &t, gw.ip(), nat.ip(), gw.port()));
+            rewrite_tcp(&mut up, &ip, nat, gw).expect("uplink");
+            assert_eq!(up, build(nat, gw, 1000, 0, flags::SYN, b""));
+            // The kernel listener's SYN-ACK, and a data segment.
+            for (fl, payload) in [
+                (flags::SYN | flags::ACK, &b""[..]),
+                (flags::ACK | flags::PSH, b"HTTP/1.1 200 OK\r\n"),
+            ] {
+                let mut down = build(gw, nat, 5000, 1001, fl, payload);
+                let ip = parse_ip(&down).expect("valid");
+                let t = parse_tcp(&down, &ip).expect("valid");
+                assert!(is_downlink(&ip, &t, gw.ip(), nat.ip(), gw.port()));
+                rewrite_tcp(&mut down, &ip, server, client).expect("downlink");
+                assert_eq!(down, build(server, client, 5000, 1001, fl, payload));
+            }
+        }
+    }
+
+    #[test]
+    fn rewrite_rejects_other_family_and_stale_info() {
+        let p = tcp_v4("10.0.0.9:1", "10.0.0.1:2", 0, 0, flags::SYN, &[], b"");
+        let ip = parse_ip(&p).expect("valid");
+        let mut b = p.clone();
+        assert_eq!(
+            rewrite_tcp(&mut b, &ip, sa("10.0.0.1:1"), sa("[::1]:2")),
+            Err(Reject::FamilyMismatch)
+        );
+        assert_eq!(
+            rewrite_tcp(&mut b, &ip, sa("[::1]:1"), sa("[::1]:2")),
+            Err(Reject::FamilyMismatch)
+        );
+        assert_eq!(b, p, "nothing written on error");
+        // An `IpInfo` that does not fit this buffer.
+        let mut short = p[..30].to_vec();
+        assert_eq!(
+            rewrite_tcp(&mut short, &ip, sa("10.0.0.1:1"), sa("10.0.0.2:2")),
+            Err(Reject::BufferTooSmall)
+        );
+        let bad = IpInfo {
+            l4_offset: 30,
+            ..ip
+        };
+        assert_eq!(
+            rewrite_tcp(&mut b, &bad, sa("10.0.0.1:1"), sa("10.0.0.2:2")),
+            Err(Reject::TcpTruncated)
+        );
+        let bad = IpInfo {
+            l4_offset: 8,
+            len: 28,
+            ..ip
+        };
+        assert_eq!(
+            rewrite_tcp(&mut b, &bad, sa("10.0.0.1:1"), sa("10.0.0.2:2")),
+            Err(Reject::Ipv4BadHeaderLength)
+        );
+    }
+
+    #[test]
+    fn parse_fields_and_options() {
+        let p = tcp_v4(
+            "10.0.0.9:12345",
+            "1.1.1.1:443",
+            0xdead_beef,
+            0x0102_0304,
+            flags::ACK | flags::PSH | flags::ECE,
+            &[1, 1, 1, 1, 1, 1, 1, 1],
+            b"abc",
+        );
+        let ip = parse_ip(&p).expect("valid");
+        let t = parse_tcp(&p, &ip).expect("valid");
+        assert_eq!(
+            t,
+            TcpInfo {
+                src_port: 12345,
+                dst_port: 443,
+                seq: 0xdead_beef,
+                ack: 0x0102_0304,
+                flags: flags::ACK | flags::PSH | flags::ECE,
+                header_len: 28,
+                payload_len: 3,
+            }
+        );
+        assert!(!t.is_syn_only());
+        let v = TcpPacket::new_checked(&p[20..]).expect("valid");
+        assert_eq!(v.window(), 65535);
+        assert_eq!(v.urgent(), 0);
+    }
+
+    /// Every cut of the TCP header (IP length adjusted so the IP layer is
+    /// consistent) is `TcpTruncated`; every bad data offset is rejected.
+    #[test]
+    fn truncated_and_bad_data_offset() {
+        for p in [
+            tcp_v4("10.0.0.9:1", "10.0.0.1:2", 0, 0, flags::SYN, &[], b""),
+            tcp_v6(
+                "[fd00::9]:1",
+                "[fd00::1]:2",
+                &[ExtHdr::DestOpts { units: 0 }],
+                0,
+                0,
+                flags::SYN,
+                &[],
+                b"",
+            ),
+        ] {
+            let l4 = parse_ip(&p).expect("valid").l4_offset;
+            for n in 0..HEADER_LEN {
+                let cut = set_ip_len(&p, l4 + n);
+                let ip = parse_ip(&cut).expect("ip still valid");
+                assert_eq!(
+                    parse_tcp(&cut, &ip),
+                    Err(Reject::TcpTruncated),
+                    "tcp len {n}"
+                );
+            }
+            for doff in (0..5u8).chain(6..16) {
+                let mut b = p.clone();
+                b[l4 + 12] = doff << 4;
+                let ip = parse_ip(&b).expect("valid");
+                assert_eq!(
+                    parse_tcp(&b, &ip),
+                    Err(Reject::TcpBadDataOffset),
+                    "doff {doff}"
+                );
+            }
+        }
+        let u = udp_v4("10.0.0.9:1", "10.0.0.1:2", b"");
+        let ip = parse_ip(&u).expect("valid");
+        assert_eq!(parse_tcp(&u, &ip), Err(Reject::UnsupportedProtocol));
+    }
+
+    fn check_rst(trigger: &[u8], want_seq: u32, want_ack: u32, want_flags: u8) {
+        let ip = parse_ip(trigger).expect("valid");
+        let t = parse_tcp(trigger, &ip).expect("valid");
+        let mut b = trigger.to_vec();
+        let n = tcp_rst_reply(&mut b, &ip, &t);
+        let want_len = if ip.src.is_ipv4() { 40 } else { 60 };
+        assert_eq!(n, want_len);
+        let out = &b[..n];
+        let rip = parse_ip(out).expect("rst ip valid");
+        assert_eq!((rip.src, rip.dst, rip.len), (ip.dst, ip.src, n));
+        assert_eq!(rip.l4_offset, want_len - 20);
+        if ip.src.is_ipv4() {
+            let v = Ipv4Packet::new_unchecked(out);
+            assert!(v.verify_checksum());
+            assert_eq!(v.ttl(), 64);
+        } else {
+            assert_eq!(out[7], 64);
+        }
+        let rt = parse_tcp(out, &rip).expect("rst tcp valid");
+        assert_eq!((rt.src_port, rt.dst_port), (t.dst_port, t.src_port));
+        assert_eq!((rt.seq, rt.ack, rt.flags), (want_seq, want_ack, want_flags));
+        assert_eq!((rt.header_len, rt.payload_len), (20, 0));
+        assert_eq!(TcpPacket::new_unchecked(&out[rip.l4_offset..]).window(), 0);
+        assert!(verify_transport_checksum(out, &rip));
+    }
+
+    #[test]
+    fn rst_reply_fields_and_checksums() {
+        for (c, s) in [
+            ("10.0.0.9:12345", "1.1.1.1:443"),
+            ("[fd00::9]:12345", "[2001:db8::1]:443"),
+        ] {
+            let build = |seq, ack, fl, payload: &[u8]| {
+                if c.starts_with('[') {
+                    tcp_v6(
+                        c,
+                        s,
+                        &[ExtHdr::HopByHop { units: 0 }],
+                        seq,
+                        ack,
+                        fl,
+                        &[1, 1, 1, 1],
+                        payload,
+                    )
+                } else {
+                    tcp_v4(c, s, seq, ack, fl, &[1, 1, 1, 1], payload)
+                }
+            };
+            // SYN: no ACK -> <SEQ=0><ACK=SEG.SEQ+1><CTL=RST,ACK>.
+            check_rst(
+                &build(1000, 0, flags::SYN, b""),
+                0,
+                1001,
+                flags::RST | flags::ACK,
+            );
+            // Payload without ACK, plus FIN; sequence wraps.
+            check_rst(
+                &build(u32::MAX - 1, 0, flags::FIN, b"abcd"),
+                0,
+                3,
+                flags::RST | flags::ACK,
+            );
+            // ACK set -> <SEQ=SEG.ACK><CTL=RST>.
+            check_rst(
+                &build(5, 777, flags::ACK | flags::PSH, b"data"),
+                777,
+                0,
+                flags::RST,
+            );
+            check_rst(&build(5, 9, flags::SYN | flags::ACK, b""), 9, 0, flags::RST);
+            // A reset is never answered.
+            let p = build(5, 9, flags::RST | flags::ACK, b"");
+            let ip = parse_ip(&p).expect("valid");
+            let t = parse_tcp(&p, &ip).expect("valid");
+            assert_eq!(tcp_rst_reply(&mut p.clone(), &ip, &t), 0);
+        }
+    }
+
+    #[test]
+    fn rst_reply_short_buffer_is_zero() {
+        let p = tcp_v6(
+            "[fd00::9]:1",
+            "[fd00::1]:2",
+            &[],
+            0,
+            0,
+            flags::SYN,
+            &[],
+            b"",
+        );
+        let ip = parse_ip(&p).expect("valid");
+        let t = parse_tcp(&p, &ip).expect("valid");
+        for n in 0..60 {
+            assert_eq!(tcp_rst_reply(&mut p[..n].to_vec(), &ip, &t), 0, "len {n}");
+        }
+        let mixed = IpInfo {
+            dst: "10.0.0.1".parse().expect("addr"),
+            ..ip
+        };
+        assert_eq!(tcp_rst_reply(&mut p.clone(), &mixed, &t), 0);
+    }
+}
