@@ -1,1 +1,0 @@
-//! NAT table of the system netstack (placeholder; the NAT helper replaces this file).
