@@ -7,12 +7,36 @@
 //! * [`nat`]: the system netstack's NAT table (64 shards, HalfOpen / Active /
 //!   Closing, generations, budgets). Time is passed in.
 //!
-//! Everything that touches descriptors lives in `sys` modules; `unsafe` is
-//! denied everywhere else.
+//! * [`Engine`]: the system netstack on a TUN device: drivers, kernel
+//!   listener, dispatcher, direct outbound, UDP flows, statistics.
+//!
+//! Everything that touches raw descriptors lives in `sys` modules; `unsafe`
+//! is denied everywhere else.
 #![deny(unsafe_code)]
 
+pub mod budget;
+pub mod config;
+mod driver;
+mod engine;
 pub mod nat;
+pub mod outbound;
 pub mod packet;
+pub mod relay;
+pub mod rules;
+pub mod stats;
+#[allow(unsafe_code)]
+mod sys;
+mod system;
+pub mod tun;
+mod udp;
+
+pub use budget::MemoryPressure;
+pub use config::Config;
+pub use driver::DriverKind;
+pub use engine::{Engine, StartError};
+pub use outbound::Protect;
+pub use stats::StatsSnapshot;
+pub use tun::TunSource;
 
 /// The crate version, as reported by the CLI and the FFI.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

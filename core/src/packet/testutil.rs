@@ -567,8 +567,12 @@ mod tests {
             if write {
                 std::fs::write(&path, &p).expect("write corpus file");
             }
-            let committed = std::fs::read(&path)
-                .unwrap_or_else(|e| panic!("{}: {e} (regenerate with KERNTUN_WRITE_CORPUS=1)", path.display()));
+            let committed = std::fs::read(&path).unwrap_or_else(|e| {
+                panic!(
+                    "{}: {e} (regenerate with KERNTUN_WRITE_CORPUS=1)",
+                    path.display()
+                )
+            });
             assert_eq!(committed, p, "{name} drifted from the generator");
         }
     }

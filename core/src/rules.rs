@@ -1,0 +1,169 @@
+//! Routing rules: the first rule whose every condition matches a flow's
+//! destination decides its outbound. Evaluated once per connection at SYN time
+//! (and once per UDP flow), never per packet.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::str::FromStr;
+
+use ipnet::IpNet;
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+/// What happens to a matching flow.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Action {
+    /// Connect from this host, bypassing the TUN.
+    #[default]
+    Direct,
+    /// Refuse: TCP gets an RST at SYN time, UDP datagrams are dropped and counted.
+    Reject,
+}
+
+/// An inclusive destination port range, written `443` or `8000-8999`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PortRange {
+    pub start: u16,
+    pub end: u16,
+}
+
+impl FromStr for PortRange {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let parse = |p: &str| {
+            p.trim()
+                .parse::<u16>()
+                .map_err(|e| format!("bad port {p:?}: {e}"))
+        };
+        let (start, end) = match s.split_once('-') {
+            Some((a, b)) => (parse(a)?, parse(b)?),
+            None => {
+                let p = parse(s)?;
+                (p, p)
+            }
+        };
+        if start > end {
+            return Err(format!("port range {s:?} is empty (start > end)"));
+        }
+        Ok(PortRange { start, end })
+    }
+}
+
+impl fmt::Display for PortRange {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.start == self.end {
+            write!(f, "{}", self.start)
+        } else {
+            write!(f, "{}-{}", self.start, self.end)
+        }
+    }
+}
+
+impl Serialize for PortRange {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for PortRange {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Num(u16),
+            Text(String),
+        }
+        match Raw::deserialize(d)? {
+            Raw::Num(p) => Ok(PortRange { start: p, end: p }),
+            Raw::Text(t) => t.parse().map_err(serde::de::Error::custom),
+        }
+    }
+}
+
+/// One rule. Absent conditions match everything.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Rule {
+    /// Destination network.
+    #[serde(default)]
+    pub cidr: Option<IpNet>,
+    /// Destination ports.
+    #[serde(default)]
+    pub ports: Option<PortRange>,
+    pub action: Action,
+}
+
+impl Rule {
+    fn matches(&self, dst: &SocketAddr) -> bool {
+        self.cidr.is_none_or(|n| n.contains(&dst.ip()))
+            && self
+                .ports
+                .is_none_or(|p| (p.start..=p.end).contains(&dst.port()))
+    }
+}
+
+/// The first matching rule's action, or [`Action::Direct`].
+pub fn decide(rules: &[Rule], dst: &SocketAddr) -> Action {
+    rules
+        .iter()
+        .find(|r| r.matches(dst))
+        .map_or(Action::Direct, |r| r.action)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sa(s: &str) -> SocketAddr {
+        s.parse().expect("addr")
+    }
+
+    #[test]
+    fn first_match_wins_and_default_is_direct() {
+        let rules = vec![
+            Rule {
+                cidr: Some("198.19.9.0/24".parse().expect("net")),
+                ports: Some("80-90".parse().expect("ports")),
+                action: Action::Reject,
+            },
+            Rule {
+                cidr: Some("198.19.0.0/16".parse().expect("net")),
+                ports: None,
+                action: Action::Direct,
+            },
+            Rule {
+                cidr: None,
+                ports: Some("25".parse().expect("ports")),
+                action: Action::Reject,
+            },
+        ];
+        assert_eq!(decide(&rules, &sa("198.19.9.1:85")), Action::Reject);
+        assert_eq!(decide(&rules, &sa("198.19.9.1:443")), Action::Direct);
+        assert_eq!(decide(&rules, &sa("1.2.3.4:25")), Action::Reject);
+        assert_eq!(decide(&rules, &sa("[fd00::1]:25")), Action::Reject);
+        assert_eq!(decide(&rules, &sa("[fd00::1]:26")), Action::Direct);
+        assert_eq!(decide(&[], &sa("1.2.3.4:1")), Action::Direct);
+    }
+
+    #[test]
+    fn port_range_parse_errors_are_clear() {
+        assert!(
+            "9-1"
+                .parse::<PortRange>()
+                .expect_err("empty")
+                .contains("empty")
+        );
+        assert!(
+            "x".parse::<PortRange>()
+                .expect_err("bad")
+                .contains("bad port")
+        );
+        assert_eq!(
+            "1-65535".parse::<PortRange>(),
+            Ok(PortRange {
+                start: 1,
+                end: 65535
+            })
+        );
+    }
+}

@@ -1,0 +1,439 @@
+//! Engine statistics: relaxed atomic counters shared by every task, and a
+//! plain snapshot for the CLI and the FFI.
+//!
+//! The TUN driver does not touch these atomics per packet: it counts into a
+//! [`LocalCounters`] and commits every 64 packets, or when 100 ms have passed,
+//! or before it goes back to sleep, so an idle tunnel never wakes up to
+//! publish zeros.
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use crate::packet::Reject;
+
+/// Drops decided by the engine (parse rejections are counted by [`Reject`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum EngineDrop {
+    /// A downlink packet whose NAT port has no mapping (never forwarded with a wrong tuple).
+    NoMapping,
+    /// A non-SYN uplink segment for a flow the table does not know.
+    StrayTcp,
+    /// NAT entry budget exhausted.
+    NatTableFull,
+    /// No free NAT port within the probe bound.
+    NatNoFreePort,
+    /// A SYN retransmit while the outbound connect is still in progress.
+    SynWhileConnecting,
+    /// ICMP other than an echo request to the gateway.
+    IcmpUnhandled,
+    /// A packet of an address family the engine has no address for.
+    FamilyDisabled,
+    /// UDP datagram dropped because the flow's socket buffer was full.
+    UdpSendFull,
+    /// UDP datagram that could not be sent (socket error).
+    UdpSendError,
+    /// UDP datagram refused by the rules.
+    UdpRejected,
+    /// UDP flow could not be opened (socket/protect/bind failure).
+    UdpOpenFailed,
+    /// A batched read that failed as a whole (e.g. too many GSO segments).
+    TunReadBatch,
+    /// A packet the TUN refused to take.
+    TunWrite,
+}
+
+impl EngineDrop {
+    pub const COUNT: usize = 13;
+    pub const ALL: [EngineDrop; Self::COUNT] = [
+        EngineDrop::NoMapping,
+        EngineDrop::StrayTcp,
+        EngineDrop::NatTableFull,
+        EngineDrop::NatNoFreePort,
+        EngineDrop::SynWhileConnecting,
+        EngineDrop::IcmpUnhandled,
+        EngineDrop::FamilyDisabled,
+        EngineDrop::UdpSendFull,
+        EngineDrop::UdpSendError,
+        EngineDrop::UdpRejected,
+        EngineDrop::UdpOpenFailed,
+        EngineDrop::TunReadBatch,
+        EngineDrop::TunWrite,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EngineDrop::NoMapping => "no_mapping",
+            EngineDrop::StrayTcp => "stray_tcp",
+            EngineDrop::NatTableFull => "nat_table_full",
+            EngineDrop::NatNoFreePort => "nat_no_free_port",
+            EngineDrop::SynWhileConnecting => "syn_while_connecting",
+            EngineDrop::IcmpUnhandled => "icmp_unhandled",
+            EngineDrop::FamilyDisabled => "family_disabled",
+            EngineDrop::UdpSendFull => "udp_send_full",
+            EngineDrop::UdpSendError => "udp_send_error",
+            EngineDrop::UdpRejected => "udp_rejected",
+            EngineDrop::UdpOpenFailed => "udp_open_failed",
+            EngineDrop::TunReadBatch => "tun_read_batch",
+            EngineDrop::TunWrite => "tun_write",
+        }
+    }
+}
+
+/// Shared counters. All relaxed: they are statistics, not synchronisation.
+#[derive(Debug, Default)]
+pub struct Stats {
+    pub packets_up: AtomicU64,
+    pub bytes_up: AtomicU64,
+    pub packets_down: AtomicU64,
+    pub bytes_down: AtomicU64,
+    pub icmp_echo_replies: AtomicU64,
+    pub tcp_sessions_active: AtomicU64,
+    pub tcp_sessions_total: AtomicU64,
+    pub tcp_bytes_up: AtomicU64,
+    pub tcp_bytes_down: AtomicU64,
+    pub tcp_rejected_by_rule: AtomicU64,
+    pub tcp_connect_failed: AtomicU64,
+    pub admission_refused: AtomicU64,
+    pub accept_errors: AtomicU64,
+    pub accept_foreign_peer: AtomicU64,
+    pub accept_unknown_port: AtomicU64,
+    pub udp_flows_active: AtomicU64,
+    pub udp_flows_total: AtomicU64,
+    pub udp_flows_evicted: AtomicU64,
+    pub udp_packets_up: AtomicU64,
+    pub udp_bytes_up: AtomicU64,
+    pub udp_packets_down: AtomicU64,
+    pub udp_bytes_down: AtomicU64,
+    pub tun_reads: AtomicU64,
+    pub tun_read_packets: AtomicU64,
+    pub tun_read_max_batch: AtomicU64,
+    pub tun_writes: AtomicU64,
+    pub rejects: [AtomicU64; Reject::COUNT],
+    pub drops: [AtomicU64; EngineDrop::COUNT],
+}
+
+impl Stats {
+    pub fn drop(&self, why: EngineDrop) {
+        self.drops[why as usize].fetch_add(1, Relaxed);
+    }
+
+    pub fn add(counter: &AtomicU64, n: u64) {
+        counter.fetch_add(n, Relaxed);
+    }
+}
+
+/// Per-driver counts, committed to [`Stats`] in batches.
+#[derive(Debug)]
+pub struct LocalCounters {
+    pub packets_up: u64,
+    pub bytes_up: u64,
+    pub packets_down: u64,
+    pub bytes_down: u64,
+    pub icmp_echo_replies: u64,
+    pub udp_packets_up: u64,
+    pub udp_bytes_up: u64,
+    pub reads: u64,
+    pub read_packets: u64,
+    pub max_batch: u64,
+    pub writes: u64,
+    pub rejects: [u64; Reject::COUNT],
+    pub drops: [u64; EngineDrop::COUNT],
+    pending: u64,
+    last_commit: Instant,
+}
+
+/// Commit after this many packets (DESIGN.md part 10)...
+const COMMIT_PACKETS: u64 = 64;
+/// ...or after this long, whichever comes first.
+const COMMIT_INTERVAL: Duration = Duration::from_millis(100);
+
+impl LocalCounters {
+    pub fn new(now: Instant) -> Self {
+        Self {
+            packets_up: 0,
+            bytes_up: 0,
+            packets_down: 0,
+            bytes_down: 0,
+            icmp_echo_replies: 0,
+            udp_packets_up: 0,
+            udp_bytes_up: 0,
+            reads: 0,
+            read_packets: 0,
+            max_batch: 0,
+            writes: 0,
+            rejects: [0; Reject::COUNT],
+            drops: [0; EngineDrop::COUNT],
+            pending: 0,
+            last_commit: now,
+        }
+    }
+
+    #[inline]
+    pub fn reject(&mut self, why: Reject) {
+        self.rejects[why.index()] += 1;
+    }
+
+    #[inline]
+    pub fn drop(&mut self, why: EngineDrop) {
+        self.drops[why as usize] += 1;
+    }
+
+    /// Record one read of `packets` packets; commits when a threshold is met.
+    #[inline]
+    pub fn read_done(&mut self, packets: u64, stats: &Stats, now: Instant) {
+        self.reads += 1;
+        self.read_packets += packets;
+        self.max_batch = self.max_batch.max(packets);
+        self.pending += packets;
+        if self.pending >= COMMIT_PACKETS || now.duration_since(self.last_commit) >= COMMIT_INTERVAL
+        {
+            self.commit(stats, now);
+        }
+    }
+
+    /// Publish and reset. Called by the thresholds and before the driver sleeps.
+    pub fn commit(&mut self, stats: &Stats, now: Instant) {
+        if self.pending == 0 && self.reads == 0 {
+            return;
+        }
+        let add = |c: &AtomicU64, v: &mut u64| {
+            if *v != 0 {
+                c.fetch_add(*v, Relaxed);
+                *v = 0;
+            }
+        };
+        add(&stats.packets_up, &mut self.packets_up);
+        add(&stats.bytes_up, &mut self.bytes_up);
+        add(&stats.packets_down, &mut self.packets_down);
+        add(&stats.bytes_down, &mut self.bytes_down);
+        add(&stats.icmp_echo_replies, &mut self.icmp_echo_replies);
+        add(&stats.udp_packets_up, &mut self.udp_packets_up);
+        add(&stats.udp_bytes_up, &mut self.udp_bytes_up);
+        add(&stats.tun_reads, &mut self.reads);
+        add(&stats.tun_read_packets, &mut self.read_packets);
+        add(&stats.tun_writes, &mut self.writes);
+        stats.tun_read_max_batch.fetch_max(self.max_batch, Relaxed);
+        for (c, v) in stats.rejects.iter().zip(self.rejects.iter_mut()) {
+            add(c, v);
+        }
+        for (c, v) in stats.drops.iter().zip(self.drops.iter_mut()) {
+            add(c, v);
+        }
+        self.pending = 0;
+        self.last_commit = now;
+    }
+
+    /// Whether anything is waiting to be committed.
+    pub fn is_dirty(&self) -> bool {
+        self.pending != 0 || self.reads != 0
+    }
+}
+
+/// NAT entries by state.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct NatSnapshot {
+    pub half_open: u64,
+    pub active: u64,
+    pub closing: u64,
+}
+
+/// A point-in-time copy of everything the engine counts.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct StatsSnapshot {
+    pub stack: &'static str,
+    pub driver: &'static str,
+    pub memory_pressure: &'static str,
+    pub uptime_ms: u64,
+    pub packets_up: u64,
+    pub bytes_up: u64,
+    pub packets_down: u64,
+    pub bytes_down: u64,
+    pub icmp_echo_replies: u64,
+    pub tcp_sessions_active: u64,
+    pub tcp_sessions_total: u64,
+    pub tcp_bytes_up: u64,
+    pub tcp_bytes_down: u64,
+    pub tcp_rejected_by_rule: u64,
+    pub tcp_connect_failed: u64,
+    pub admission_limit: u64,
+    pub admission_refused: u64,
+    pub accept_errors: u64,
+    pub accept_foreign_peer: u64,
+    pub accept_unknown_port: u64,
+    pub udp_flows_active: u64,
+    pub udp_flows_total: u64,
+    pub udp_flows_evicted: u64,
+    pub udp_packets_up: u64,
+    pub udp_bytes_up: u64,
+    pub udp_packets_down: u64,
+    pub udp_bytes_down: u64,
+    pub nat: NatSnapshot,
+    pub tun_reads: u64,
+    pub tun_read_packets: u64,
+    pub tun_read_max_batch: u64,
+    pub tun_writes: u64,
+    /// Non-zero drop counters, by reason name (parse rejections and engine drops).
+    pub drops: Vec<(&'static str, u64)>,
+}
+
+impl StatsSnapshot {
+    /// Total of all drop reasons.
+    pub fn total_drops(&self) -> u64 {
+        self.drops.iter().map(|(_, n)| n).sum()
+    }
+
+    /// The count for one drop reason name (0 when absent).
+    pub fn drop_count(&self, name: &str) -> u64 {
+        self.drops
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map_or(0, |(_, v)| *v)
+    }
+}
+
+impl Stats {
+    /// Copy the counters (the caller fills stack, driver, pressure, NAT and uptime).
+    pub fn snapshot(&self) -> StatsSnapshot {
+        let g = |c: &AtomicU64| c.load(Relaxed);
+        let mut drops = Vec::new();
+        for r in Reject::ALL {
+            let n = g(&self.rejects[r.index()]);
+            if n != 0 {
+                drops.push((r.as_str(), n));
+            }
+        }
+        for d in EngineDrop::ALL {
+            let n = g(&self.drops[d as usize]);
+            if n != 0 {
+                drops.push((d.as_str(), n));
+            }
+        }
+        StatsSnapshot {
+            packets_up: g(&self.packets_up),
+            bytes_up: g(&self.bytes_up),
+            packets_down: g(&self.packets_down),
+            bytes_down: g(&self.bytes_down),
+            icmp_echo_replies: g(&self.icmp_echo_replies),
+            tcp_sessions_active: g(&self.tcp_sessions_active),
+            tcp_sessions_total: g(&self.tcp_sessions_total),
+            tcp_bytes_up: g(&self.tcp_bytes_up),
+            tcp_bytes_down: g(&self.tcp_bytes_down),
+            tcp_rejected_by_rule: g(&self.tcp_rejected_by_rule),
+            tcp_connect_failed: g(&self.tcp_connect_failed),
+            admission_refused: g(&self.admission_refused),
+            accept_errors: g(&self.accept_errors),
+            accept_foreign_peer: g(&self.accept_foreign_peer),
+            accept_unknown_port: g(&self.accept_unknown_port),
+            udp_flows_active: g(&self.udp_flows_active),
+            udp_flows_total: g(&self.udp_flows_total),
+            udp_flows_evicted: g(&self.udp_flows_evicted),
+            udp_packets_up: g(&self.udp_packets_up),
+            udp_bytes_up: g(&self.udp_bytes_up),
+            udp_packets_down: g(&self.udp_packets_down),
+            udp_bytes_down: g(&self.udp_bytes_down),
+            tun_reads: g(&self.tun_reads),
+            tun_read_packets: g(&self.tun_read_packets),
+            tun_read_max_batch: g(&self.tun_read_max_batch),
+            tun_writes: g(&self.tun_writes),
+            drops,
+            ..Default::default()
+        }
+    }
+}
+
+/// At most one warning per interval (DESIGN.md part 10: one per 5 s), with a
+/// count of what was suppressed in between. Lock-free.
+#[derive(Debug)]
+pub struct WarnLimiter {
+    epoch: Instant,
+    interval_ms: u64,
+    /// Milliseconds since `epoch` of the last emitted warning, plus one (0 = never).
+    last: AtomicU64,
+    suppressed: AtomicU64,
+}
+
+impl WarnLimiter {
+    pub fn new(interval: Duration) -> Self {
+        Self {
+            epoch: Instant::now(),
+            interval_ms: interval.as_millis() as u64,
+            last: AtomicU64::new(0),
+            suppressed: AtomicU64::new(0),
+        }
+    }
+
+    /// Emit `msg` unless a warning went out less than the interval ago.
+    /// Returns whether it was emitted.
+    pub fn warn(&self, msg: std::fmt::Arguments<'_>) -> bool {
+        let now = self.epoch.elapsed().as_millis() as u64 + 1;
+        let last = self.last.load(Relaxed);
+        if last != 0 && now.saturating_sub(last) < self.interval_ms {
+            self.suppressed.fetch_add(1, Relaxed);
+            return false;
+        }
+        if self
+            .last
+            .compare_exchange(last, now, Relaxed, Relaxed)
+            .is_err()
+        {
+            self.suppressed.fetch_add(1, Relaxed);
+            return false;
+        }
+        let suppressed = self.suppressed.swap(0, Relaxed);
+        tracing::warn!("{msg} ({suppressed} similar warnings suppressed)");
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn local_counters_commit_in_batches() {
+        let stats = Stats::default();
+        let t0 = Instant::now();
+        let mut local = LocalCounters::new(t0);
+        for _ in 0..63 {
+            local.packets_up += 1;
+            local.read_done(1, &stats, t0);
+        }
+        assert_eq!(
+            stats.packets_up.load(Relaxed),
+            0,
+            "below 64 packets and 100 ms"
+        );
+        local.packets_up += 1;
+        local.read_done(1, &stats, t0);
+        assert_eq!(stats.packets_up.load(Relaxed), 64);
+        local.packets_up += 1;
+        local.read_done(1, &stats, t0 + Duration::from_millis(100));
+        assert_eq!(stats.packets_up.load(Relaxed), 65, "100 ms elapsed");
+        assert!(!local.is_dirty());
+    }
+
+    #[test]
+    fn warnings_are_rate_limited() {
+        let w = WarnLimiter::new(Duration::from_secs(5));
+        assert!(w.warn(format_args!("first")));
+        assert!(!w.warn(format_args!("second")));
+        assert!(!w.warn(format_args!("third")));
+        assert_eq!(w.suppressed.load(Relaxed), 2);
+    }
+
+    #[test]
+    fn drop_names_are_unique() {
+        let mut names: Vec<_> = EngineDrop::ALL.iter().map(|d| d.as_str()).collect();
+        names.extend(Reject::ALL.iter().map(|r| r.as_str()));
+        let n = names.len();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), n);
+        for (i, d) in EngineDrop::ALL.iter().enumerate() {
+            assert_eq!(*d as usize, i);
+        }
+    }
+}

@@ -1,0 +1,511 @@
+//! The system netstack: kerntun does not implement TCP. Each TCP packet read
+//! from the TUN is rewritten in place (source NAT) and written back, so the
+//! kernel's own TCP accepts it on a listener bound to the gateway address; the
+//! accepted socket's peer port is the NAT port, which the NAT table maps back
+//! to the app's original 5-tuple (DESIGN.md parts 4-5).
+//!
+//! Connect-first: a new connection's SYN is routed by the rules and held
+//! while the outbound connects. Only when the outbound answers is the SYN
+//! rewritten and handed to the kernel; if the outbound refuses or times out,
+//! the app receives an RST answering its SYN. The app therefore sees the same
+//! thing a real network would show it (`ECONNREFUSED`, not a connection that
+//! opens and then dies), which keeps happy-eyeballs and fallback logic in apps
+//! working. A SYN retransmitted while the connect is pending is absorbed.
+
+use std::collections::HashMap;
+use std::io;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use socket2::{Domain, Protocol, Socket, Type};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+
+use crate::budget::{Admission, Budget, OwnedPermit};
+use crate::nat::{FlowKey, NatError, NatGuard, NatTable, Uplink};
+use crate::outbound::{SocketFactory, reset_on_close};
+use crate::packet::{self, Disposition, IpInfo, TcpInfo};
+use crate::relay;
+use crate::rules::{self, Action, Rule};
+use crate::stats::{EngineDrop, LocalCounters, Stats, WarnLimiter};
+use crate::tun::{HEADROOM, Tun};
+use crate::udp::UdpTable;
+
+/// Engine phases. Draining: sessions reset their connections and accept
+/// loops end, while the driver keeps running so the kernel's RSTs are still
+/// translated and reach the apps. Stopped: everything ends.
+pub(crate) const RUNNING: u8 = 0;
+pub(crate) const DRAINING: u8 = 1;
+pub(crate) const STOPPED: u8 = 2;
+
+/// Gateway, NAT address and listener port of one address family.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct FamilyAddrs {
+    pub gateway: IpAddr,
+    pub nat: IpAddr,
+    pub listen_port: u16,
+}
+
+/// An outbound connection waiting for the kernel to accept the app's side.
+#[derive(Debug)]
+pub(crate) enum Pending {
+    /// The outbound connect is in flight; the app's SYN is held.
+    Connecting,
+    /// Connected; the SYN went to the kernel. Expires if never accepted.
+    Ready {
+        out: TcpStream,
+        permit: OwnedPermit,
+        since: Instant,
+    },
+}
+
+/// State shared by the driver, the accept loops, connect tasks and sessions.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    pub nat: Arc<NatTable>,
+    pub tun: Tun,
+    pub factory: SocketFactory,
+    pub rules: Vec<Rule>,
+    pub budget: Budget,
+    pub admission: Arc<Admission>,
+    pub stats: Stats,
+    pub warn: WarnLimiter,
+    pub pending: Mutex<HashMap<u16, Pending>>,
+    pub v4: Option<FamilyAddrs>,
+    pub v6: Option<FamilyAddrs>,
+    pub mtu: u16,
+    pub udp_idle: Duration,
+    pub half_open_timeout: Duration,
+    /// Lifecycle phase ([`RUNNING`], [`DRAINING`], [`STOPPED`]) watched by every loop.
+    pub stop: watch::Sender<u8>,
+    pub fatal: Mutex<Option<String>>,
+}
+
+impl Shared {
+    /// Record a fatal error (the first one wins) and stop the engine's loops.
+    pub fn fail(&self, what: String) {
+        tracing::error!("kerntun stopping: {what}");
+        self.fatal.lock().get_or_insert(what);
+        self.stop.send_replace(STOPPED);
+    }
+}
+
+/// The per-packet processing function shared by every driver. Owns the UDP
+/// flow table so the uplink datagram path takes no locks.
+#[derive(Debug)]
+pub(crate) struct Processor {
+    pub shared: Arc<Shared>,
+    pub local: LocalCounters,
+    pub udp: UdpTable,
+    /// The clock reading for the current batch (one `Instant::now()` per read).
+    pub now: Instant,
+    last_ip: Option<IpInfo>,
+}
+
+impl Processor {
+    pub fn new(shared: Arc<Shared>) -> Self {
+        let now = Instant::now();
+        Self {
+            udp: UdpTable::new(shared.clone(), now),
+            shared,
+            local: LocalCounters::new(now),
+            now,
+            last_ip: None,
+        }
+    }
+
+    /// Process one packet in place. The driver acts on the result:
+    /// `WriteBack(n)` -> write `buf[..n]` to the TUN, `ForwardUdp` -> call
+    /// [`Processor::forward_udp`] with the same buffer, `Done` -> nothing.
+    #[inline]
+    pub fn process(&mut self, buf: &mut [u8]) -> Disposition {
+        let ip = match packet::parse_ip(buf) {
+            Ok(ip) => ip,
+            Err(r) => {
+                self.local.reject(r);
+                return Disposition::Done;
+            }
+        };
+        match ip.protocol {
+            6 => self.tcp(buf, &ip),
+            17 => {
+                self.last_ip = Some(ip);
+                Disposition::ForwardUdp
+            }
+            1 | 58 => self.icmp(buf, &ip),
+            _ => {
+                self.local.reject(packet::Reject::UnsupportedProtocol);
+                Disposition::Done
+            }
+        }
+    }
+
+    /// The datagram path for a packet `process` answered `ForwardUdp` for.
+    pub fn forward_udp(&mut self, buf: &[u8]) {
+        if let Some(ip) = self.last_ip.take() {
+            self.udp.handle(buf, &ip, self.now, &mut self.local);
+        }
+    }
+
+    fn family(&self, addr: IpAddr) -> Option<FamilyAddrs> {
+        match addr {
+            IpAddr::V4(_) => self.shared.v4,
+            IpAddr::V6(_) => self.shared.v6,
+        }
+    }
+
+    fn icmp(&mut self, buf: &mut [u8], ip: &IpInfo) -> Disposition {
+        let is_gateway = self.family(ip.dst).is_some_and(|f| f.gateway == ip.dst);
+        if is_gateway && let Ok(n) = packet::echo_reply_in_place(buf, ip) {
+            self.local.icmp_echo_replies += 1;
+            return Disposition::WriteBack(n);
+        }
+        self.local.drop(EngineDrop::IcmpUnhandled);
+        Disposition::Done
+    }
+
+    fn tcp(&mut self, buf: &mut [u8], ip: &IpInfo) -> Disposition {
+        let tcp = match packet::parse_tcp(buf, ip) {
+            Ok(t) => t,
+            Err(r) => {
+                self.local.reject(r);
+                return Disposition::Done;
+            }
+        };
+        let Some(fam) = self.family(ip.dst) else {
+            self.local.drop(EngineDrop::FamilyDisabled);
+            return Disposition::Done;
+        };
+        let nat = &self.shared.nat;
+        if packet::is_downlink(ip, &tcp, fam.gateway, fam.nat, fam.listen_port) {
+            let Some(key) = nat.downlink(tcp.dst_port, self.now) else {
+                self.local.drop(EngineDrop::NoMapping);
+                return Disposition::Done;
+            };
+            return match packet::rewrite_tcp(buf, ip, key.server, key.client) {
+                Ok(()) => {
+                    self.local.packets_down += 1;
+                    self.local.bytes_down += ip.len as u64;
+                    Disposition::WriteBack(ip.len)
+                }
+                Err(r) => {
+                    self.local.reject(r);
+                    Disposition::Done
+                }
+            };
+        }
+        let key = FlowKey {
+            client: SocketAddr::new(ip.src, tcp.src_port),
+            server: SocketAddr::new(ip.dst, tcp.dst_port),
+        };
+        let syn_only = tcp.is_syn_only();
+        match nat.uplink(&key, syn_only, self.now) {
+            Ok(Uplink {
+                port,
+                created: true,
+            }) => self.new_connection(buf, ip, &tcp, key, port),
+            Ok(Uplink { port, .. }) => {
+                if syn_only && self.is_connecting(port) {
+                    self.local.drop(EngineDrop::SynWhileConnecting);
+                    return Disposition::Done;
+                }
+                let nat_src = SocketAddr::new(fam.nat, port);
+                let listener = SocketAddr::new(fam.gateway, fam.listen_port);
+                match packet::rewrite_tcp(buf, ip, nat_src, listener) {
+                    Ok(()) => {
+                        self.local.packets_up += 1;
+                        self.local.bytes_up += ip.len as u64;
+                        Disposition::WriteBack(ip.len)
+                    }
+                    Err(r) => {
+                        self.local.reject(r);
+                        Disposition::Done
+                    }
+                }
+            }
+            Err(e) => {
+                self.local.drop(match e {
+                    NatError::TableFull => EngineDrop::NatTableFull,
+                    NatError::NoFreePort => EngineDrop::NatNoFreePort,
+                    _ => EngineDrop::StrayTcp,
+                });
+                if matches!(e, NatError::TableFull | NatError::NoFreePort) {
+                    self.shared
+                        .warn
+                        .warn(format_args!("NAT table refused a new flow: {e}"));
+                }
+                // Answer with an RST (never to an RST) so the app fails fast
+                // instead of retransmitting into a blackhole.
+                if tcp.flags & packet::tcp_flags::RST == 0 {
+                    Disposition::WriteBack(packet::tcp_rst_reply(buf, ip, &tcp))
+                } else {
+                    Disposition::Done
+                }
+            }
+        }
+    }
+
+    fn is_connecting(&self, port: u16) -> bool {
+        matches!(
+            self.shared.pending.lock().get(&port),
+            Some(Pending::Connecting)
+        )
+    }
+
+    /// A SYN that created a NAT entry: route it, take an admission permit,
+    /// hold it while the outbound connects.
+    fn new_connection(
+        &mut self,
+        buf: &mut [u8],
+        ip: &IpInfo,
+        tcp: &TcpInfo,
+        key: FlowKey,
+        port: u16,
+    ) -> Disposition {
+        let sh = &self.shared;
+        if rules::decide(&sh.rules, &key.server) == Action::Reject {
+            sh.nat.abort_half_open(port, self.now);
+            sh.stats.tcp_rejected_by_rule.fetch_add(1, Relaxed);
+            return Disposition::WriteBack(packet::tcp_rst_reply(buf, ip, tcp));
+        }
+        let Some(permit) = sh.admission.try_acquire_owned() else {
+            sh.nat.abort_half_open(port, self.now);
+            sh.stats.admission_refused.fetch_add(1, Relaxed);
+            sh.warn.warn(format_args!(
+                "TCP admission refused a session ({} active, limit {} at {:?} pressure)",
+                sh.admission.active(),
+                sh.admission.limit(),
+                sh.admission.pressure()
+            ));
+            return Disposition::WriteBack(packet::tcp_rst_reply(buf, ip, tcp));
+        };
+        // One small allocation per new connection (the held SYN, ~60-80 bytes).
+        let mut syn = vec![0u8; HEADROOM + ip.len].into_boxed_slice();
+        syn[HEADROOM..].copy_from_slice(&buf[..ip.len]);
+        sh.pending.lock().insert(port, Pending::Connecting);
+        tokio::spawn(connect_then_release(sh.clone(), key, port, syn, permit));
+        Disposition::Done
+    }
+
+    /// Whether there is state a cleanup tick could expire.
+    pub fn has_state(&self) -> bool {
+        !self.shared.nat.is_empty() || self.udp.len() > 0 || !self.shared.pending.lock().is_empty()
+    }
+
+    /// The periodic cleanup: NAT entries, unaccepted outbounds, idle UDP flows.
+    pub fn cleanup(&mut self, now: Instant) {
+        self.shared.nat.cleanup(now);
+        let timeout = self.shared.half_open_timeout;
+        self.shared.pending.lock().retain(|_, p| match p {
+            Pending::Connecting => true,
+            Pending::Ready { since, .. } => now.saturating_duration_since(*since) < timeout,
+        });
+        self.udp.sweep(now);
+    }
+}
+
+/// Connect the outbound for a held SYN, then release the SYN to the kernel
+/// (success) or answer the app with an RST (failure).
+async fn connect_then_release(
+    sh: Arc<Shared>,
+    key: FlowKey,
+    port: u16,
+    mut syn: Box<[u8]>,
+    permit: OwnedPermit,
+) {
+    let len = syn.len() - HEADROOM;
+    let result = sh.factory.connect_tcp(key.server).await;
+    let pkt = &mut syn[HEADROOM..];
+    let (ip, tcp) =
+        match packet::parse_ip(pkt).and_then(|ip| Ok((ip, packet::parse_tcp(pkt, &ip)?))) {
+            Ok(v) => v,
+            Err(_) => return, // parsed once already; cannot happen
+        };
+    let fam = match key.server.ip() {
+        IpAddr::V4(_) => sh.v4,
+        IpAddr::V6(_) => sh.v6,
+    };
+    let Some(fam) = fam else { return };
+    match result {
+        Ok(out) => {
+            let nat_src = SocketAddr::new(fam.nat, port);
+            let listener = SocketAddr::new(fam.gateway, fam.listen_port);
+            if packet::rewrite_tcp(pkt, &ip, nat_src, listener).is_err() {
+                return;
+            }
+            sh.pending.lock().insert(
+                port,
+                Pending::Ready {
+                    out,
+                    permit,
+                    since: Instant::now(),
+                },
+            );
+            if sh.tun.send(&mut syn, len).await.is_err() {
+                sh.stats.drop(EngineDrop::TunWrite);
+            }
+        }
+        Err(e) => {
+            sh.pending.lock().remove(&port);
+            sh.nat.abort_half_open(port, Instant::now());
+            sh.stats.tcp_connect_failed.fetch_add(1, Relaxed);
+            tracing::debug!("connect {} -> {}: {e}", key.client, key.server);
+            drop(permit);
+            let n = packet::tcp_rst_reply(pkt, &ip, &tcp);
+            if sh.tun.send(&mut syn, n).await.is_err() {
+                sh.stats.drop(EngineDrop::TunWrite);
+            }
+        }
+    }
+}
+
+/// Bind the kernel listener for one family on the gateway address, port 0.
+pub(crate) fn bind_listener(
+    gateway: IpAddr,
+    backlog: u32,
+    #[allow(unused_variables)] tun_index: Option<u32>,
+) -> io::Result<TcpListener> {
+    let sock = Socket::new(
+        Domain::for_address(SocketAddr::new(gateway, 0)),
+        Type::STREAM,
+        Some(Protocol::TCP),
+    )?;
+    sock.set_nonblocking(true)?;
+    if gateway.is_ipv6() {
+        sock.set_only_v6(true)?;
+        // The gateway address may still be tentative (DAD) right after the
+        // device came up; FREEBIND lets the bind succeed anyway.
+        #[cfg(any(target_os = "linux", target_os = "android"))]
+        sock.set_freebind_v6(true)?;
+    }
+    // Darwin: SYNs rewritten onto the utun only reach a listener bound to that
+    // interface (IP_BOUND_IF / IPV6_BOUND_IF), set before bind.
+    #[cfg(any(target_os = "macos", target_os = "ios"))]
+    if let Some(idx) = tun_index.and_then(std::num::NonZeroU32::new) {
+        if gateway.is_ipv6() {
+            sock.bind_device_by_index_v6(Some(idx))?;
+        } else {
+            sock.bind_device_by_index_v4(Some(idx))?;
+        }
+    }
+    let bound = sock.bind(&SocketAddr::new(gateway, 0).into());
+    #[cfg(not(any(target_os = "linux", target_os = "android")))]
+    let bound = match bound {
+        // No FREEBIND elsewhere: fall back to the wildcard (the peer filter in
+        // the accept loop still admits only the NAT address).
+        Err(_) if gateway.is_ipv6() => {
+            sock.bind(&SocketAddr::new(IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED), 0).into())
+        }
+        other => other,
+    };
+    bound?;
+    sock.listen(i32::try_from(backlog).unwrap_or(i32::MAX))?;
+    TcpListener::from_std(sock.into())
+}
+
+/// Accept kernel-side connections, match them to their outbound and start the
+/// relay. Returns only on a fatal listener error.
+pub(crate) async fn accept_loop(sh: Arc<Shared>, listener: TcpListener, fam: FamilyAddrs) {
+    let mut stop = sh.stop.subscribe();
+    loop {
+        let accepted = tokio::select! {
+            biased;
+            _ = stop.wait_for(|s| *s >= DRAINING) => return,
+            r = listener.accept() => r,
+        };
+        let (app, peer) = match accepted {
+            Ok(v) => v,
+            Err(e) => {
+                sh.stats.accept_errors.fetch_add(1, Relaxed);
+                match e.raw_os_error() {
+                    Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM) => {
+                        sh.warn
+                            .warn(format_args!("accept on {}: {e}; backing off", fam.gateway));
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                    Some(libc::EINTR | libc::EPROTO | libc::ECONNABORTED) => {
+                        tokio::time::sleep(Duration::from_millis(1)).await;
+                    }
+                    _ => {
+                        sh.fail(format!("listener on {} failed: {e}", fam.gateway));
+                        return;
+                    }
+                }
+                continue;
+            }
+        };
+        // Only the NAT address may connect: another local process reaching the
+        // listener's port is refused and counted.
+        if peer.ip() != fam.nat {
+            sh.stats.accept_foreign_peer.fetch_add(1, Relaxed);
+            reset_on_close(&app);
+            continue;
+        }
+        let now = Instant::now();
+        let accepted = match sh.nat.accept(peer.port(), now) {
+            Ok(a) => a,
+            Err(_) => {
+                sh.stats.accept_unknown_port.fetch_add(1, Relaxed);
+                reset_on_close(&app);
+                continue;
+            }
+        };
+        let pending = sh.pending.lock().remove(&peer.port());
+        let Some(Pending::Ready { out, permit, .. }) = pending else {
+            // No outbound waiting (expired): close now and keep the mapping in
+            // Closing so the kernel's RST reaches the app, instead of deleting
+            // it and blackholing the app.
+            sh.nat.mark_closing(accepted.port, accepted.generation, now);
+            sh.stats.accept_unknown_port.fetch_add(1, Relaxed);
+            reset_on_close(&app);
+            continue;
+        };
+        let guard = sh.nat.guard(&accepted);
+        let _ = app.set_nodelay(true);
+        tokio::spawn(session(sh.clone(), app, out, guard, permit));
+    }
+}
+
+/// Counts a session as active for as long as it lives (also when aborted).
+struct ActiveSession<'a>(&'a Stats);
+
+impl Drop for ActiveSession<'_> {
+    fn drop(&mut self) {
+        self.0.tcp_sessions_active.fetch_sub(1, Relaxed);
+    }
+}
+
+async fn session(
+    sh: Arc<Shared>,
+    app: TcpStream,
+    out: TcpStream,
+    guard: NatGuard,
+    permit: OwnedPermit,
+) {
+    sh.stats.tcp_sessions_total.fetch_add(1, Relaxed);
+    sh.stats.tcp_sessions_active.fetch_add(1, Relaxed);
+    let active = ActiveSession(&sh.stats);
+    let mut phase = sh.stop.subscribe();
+    let r = tokio::select! {
+        r = relay::relay(
+            &app,
+            &out,
+            sh.budget.relay_buffer,
+            &sh.stats.tcp_bytes_up,
+            &sh.stats.tcp_bytes_down,
+        ) => r,
+        _ = phase.wait_for(|p| *p >= DRAINING) => Err(io::Error::other("engine stopping")),
+    };
+    if let Err(e) = r {
+        // Propagate a failure as a reset on both sides rather than a clean FIN.
+        tracing::debug!("relay ended with {e}");
+        reset_on_close(&app);
+        reset_on_close(&out);
+    }
+    drop(active);
+    drop(permit);
+    drop(guard);
+}

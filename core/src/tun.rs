@@ -1,0 +1,184 @@
+//! Opening the TUN device and writing single packets to it from any task.
+//!
+//! With Linux offload enabled every packet crossing the device carries a
+//! 10-byte `virtio_net_hdr` in front. Every buffer the engine writes from
+//! therefore reserves [`HEADROOM`] bytes before the IP header; [`Tun::send`]
+//! fills them with a "no offload" header or skips them.
+
+use std::io;
+use std::net::IpAddr;
+use std::os::fd::RawFd;
+use std::time::Duration;
+
+use ipnet::IpNet;
+
+use crate::config::Config;
+#[cfg(target_os = "linux")]
+use crate::config::DriverMode;
+
+/// Bytes reserved in front of every packet buffer (`VIRTIO_NET_HDR_LEN`).
+pub const HEADROOM: usize = 10;
+
+/// Where the device comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TunSource {
+    /// Create a device named `config.tun.name` with the configured addresses
+    /// (Linux desktop; needs CAP_NET_ADMIN).
+    Create,
+    /// Use a descriptor the host opened (iOS utun, Android VpnService, the CLI's
+    /// `--tun-fd`). The engine duplicates it: the caller keeps ownership of
+    /// the one it passed and may close it after start.
+    Fd(RawFd),
+}
+
+/// The device plus what the drivers need to know about it.
+pub struct Tun {
+    pub dev: tun_rs::AsyncDevice,
+    /// Packets carry a `virtio_net_hdr` (Linux offload on).
+    pub vnet_hdr: bool,
+    pub name: Option<String>,
+}
+
+impl std::fmt::Debug for Tun {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tun")
+            .field("name", &self.name)
+            .field("vnet_hdr", &self.vnet_hdr)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Tun {
+    /// Open the device per `source` and the config's driver mode.
+    pub fn open(cfg: &Config, source: TunSource) -> io::Result<Tun> {
+        let dev = match source {
+            TunSource::Create => create(cfg)?,
+            TunSource::Fd(fd) => crate::sys::async_device_from_owned(crate::sys::dup_lent_fd(fd)?)?,
+        };
+        #[cfg(target_os = "linux")]
+        let vnet_hdr = dev.tcp_gso();
+        #[cfg(not(target_os = "linux"))]
+        let vnet_hdr = false;
+        #[cfg(any(target_os = "linux", target_os = "macos"))]
+        let name = dev.name().ok();
+        // tun-rs cannot name an adopted descriptor on iOS/Android; the platform
+        // glue passes what it knows through the address check instead.
+        #[cfg(not(any(target_os = "linux", target_os = "macos")))]
+        let name = None;
+        Ok(Tun {
+            dev,
+            vnet_hdr,
+            name,
+        })
+    }
+
+    /// Write one packet found at `buf[HEADROOM..HEADROOM + len]`.
+    pub async fn send(&self, buf: &mut [u8], len: usize) -> io::Result<()> {
+        let frame = self.frame(buf, len)?;
+        self.dev.send(frame).await.map(|_| ())
+    }
+
+    /// Non-blocking [`Tun::send`]; `WouldBlock` when the device queue is full.
+    pub fn try_send(&self, buf: &mut [u8], len: usize) -> io::Result<()> {
+        let frame = self.frame(buf, len)?;
+        self.dev.try_send(frame).map(|_| ())
+    }
+
+    fn frame<'a>(&self, buf: &'a mut [u8], len: usize) -> io::Result<&'a [u8]> {
+        let end = HEADROOM
+            .checked_add(len)
+            .filter(|&e| e <= buf.len())
+            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "packet exceeds buffer"))?;
+        if self.vnet_hdr {
+            // A zeroed virtio_net_hdr: gso_type NONE, no checksum offload. The
+            // packet's checksums are complete.
+            buf[..HEADROOM].fill(0);
+            Ok(&buf[..end])
+        } else {
+            Ok(&buf[HEADROOM..end])
+        }
+    }
+
+    /// Check that an interface (this device's, when its name is known) really
+    /// carries the configured gateway addresses, retrying while the host
+    /// finishes configuring it (10 x 50 ms, DESIGN.md part 5).
+    pub async fn verify_addresses(&self, want: &[IpNet]) -> io::Result<()> {
+        let mut last = Vec::new();
+        for attempt in 0..10 {
+            if attempt > 0 {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            last = interface_addresses(self.name.as_deref())?;
+            if want.iter().all(|n| {
+                last.iter()
+                    .any(|(a, p)| *a == n.addr() && *p == n.prefix_len())
+            }) {
+                return Ok(());
+            }
+        }
+        Err(io::Error::new(
+            io::ErrorKind::AddrNotAvailable,
+            format!(
+                "the TUN device must carry {want:?}; {} has {last:?}",
+                self.name.as_deref().unwrap_or("no interface")
+            ),
+        ))
+    }
+
+    /// The interface index, for binding the listener to it (Darwin).
+    pub fn if_index(&self) -> Option<u32> {
+        let name = self.name.as_deref()?;
+        getifaddrs::InterfaceFilter::new()
+            .name(name)
+            .get()
+            .ok()?
+            .find_map(|i| i.index)
+    }
+}
+
+/// (address, prefix length) pairs of `name`, or of every interface when the
+/// name is unknown.
+fn interface_addresses(name: Option<&str>) -> io::Result<Vec<(IpAddr, u8)>> {
+    let mut filter = getifaddrs::InterfaceFilter::new();
+    if let Some(n) = name {
+        filter = filter.name(n);
+    }
+    Ok(filter
+        .get()?
+        .filter_map(|i| {
+            let ip = i.address.ip_addr()?;
+            let prefix = match i.address.netmask()? {
+                IpAddr::V4(m) => u32::from(m).count_ones(),
+                IpAddr::V6(m) => u128::from(m).count_ones(),
+            };
+            Some((ip, prefix as u8))
+        })
+        .collect())
+}
+
+#[cfg(any(target_os = "ios", target_os = "android"))]
+fn create(_: &Config) -> io::Result<tun_rs::AsyncDevice> {
+    Err(io::Error::new(
+        io::ErrorKind::Unsupported,
+        "creating a TUN device is not possible here; pass the platform's descriptor (TunSource::Fd)",
+    ))
+}
+
+#[cfg(not(any(target_os = "ios", target_os = "android")))]
+fn create(cfg: &Config) -> io::Result<tun_rs::AsyncDevice> {
+    let mut b = tun_rs::DeviceBuilder::new()
+        .name(cfg.tun.name.clone())
+        .mtu(cfg.tun.mtu);
+    if let Some(v4) = cfg.tun.ipv4 {
+        b = b.ipv4(v4.addr(), v4.prefix_len(), None);
+    }
+    if let Some(v6) = cfg.tun.ipv6 {
+        b = b.ipv6(v6.addr(), v6.prefix_len());
+    }
+    #[cfg(target_os = "linux")]
+    {
+        let offload = cfg.driver != DriverMode::PerPacket;
+        b = b.tx_queue_len(cfg.tun.tx_queue_len).offload(offload);
+    }
+    b.build_async()
+}

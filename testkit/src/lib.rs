@@ -1,0 +1,639 @@
+//! Network-namespace fixtures for kerntun's end-to-end tests, the
+//! `kerntun demo` command and the benchmark harness (Linux, root).
+//!
+//! A [`Topology`] is two fresh namespaces joined by a veth pair:
+//!
+//! ```text
+//!  client ns                                   server ns
+//!  app ── route 198.19.N.2/32 ─► TUN (engine)   server on 198.19.N.2
+//!                                 │ direct out
+//!  veth "ktc" 198.19.N.1/24 ─────────────────── veth "kts" 198.19.N.2/24
+//!             fd00:19:N::1/64                              fd00:19:N::2/64
+//! ```
+//!
+//! The engine runs inside the client namespace (threads inherit the
+//! namespace of the thread that creates them) with its outbound sockets bound
+//! to the veth, so they bypass the TUN route. Namespaces are deleted on drop,
+//! also when a test panics; names carry the pid so stale ones from a killed
+//! run are recognisable and swept by [`sweep_stale`].
+
+use std::fs::File;
+use std::io;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::process::Command;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::thread::JoinHandle;
+
+/// Whether this process can create namespaces and TUN devices.
+pub fn have_root() -> bool {
+    nix::unistd::geteuid().is_root() && std::path::Path::new("/dev/net/tun").exists()
+}
+
+/// Skip a test with a printed reason when not root (CI runs as root).
+#[macro_export]
+macro_rules! require_root {
+    () => {
+        if !$crate::have_root() {
+            eprintln!("SKIPPED: needs root, /dev/net/tun and ip netns");
+            return;
+        }
+    };
+}
+
+/// Run a command, turning a non-zero exit into an error with its stderr.
+pub fn sh(cmd: &str, args: &[&str]) -> io::Result<()> {
+    let out = Command::new(cmd).args(args).output()?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(io::Error::other(format!(
+            "{cmd} {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        )))
+    }
+}
+
+/// A named network namespace, deleted on drop.
+#[derive(Debug)]
+pub struct Netns {
+    name: String,
+}
+
+const PREFIX: &str = "ktns";
+
+impl Netns {
+    /// Create `ktns-<pid>-<tag>` with loopback up.
+    pub fn new(tag: &str) -> io::Result<Netns> {
+        let name = format!("{PREFIX}-{}-{tag}", std::process::id());
+        let _ = sh("ip", &["netns", "del", &name]);
+        sh("ip", &["netns", "add", &name])?;
+        let ns = Netns { name };
+        ns.ip(&["link", "set", "lo", "up"])?;
+        Ok(ns)
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// `ip -n <ns> ARGS`.
+    pub fn ip(&self, args: &[&str]) -> io::Result<()> {
+        let mut a = vec!["-n", self.name.as_str()];
+        a.extend_from_slice(args);
+        sh("ip", &a)
+    }
+
+    /// Run a command inside the namespace and return its stdout.
+    pub fn exec(&self, cmd: &str, args: &[&str]) -> io::Result<String> {
+        let mut a = vec!["netns", "exec", self.name.as_str(), cmd];
+        a.extend_from_slice(args);
+        let out = Command::new("ip").args(&a).output()?;
+        if !out.status.success() {
+            return Err(io::Error::other(format!(
+                "{cmd} in {}: {}",
+                self.name,
+                String::from_utf8_lossy(&out.stderr).trim()
+            )));
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// Move the calling thread into this namespace. Threads it spawns later
+    /// (including a runtime's workers) start there too.
+    pub fn enter(&self) -> io::Result<()> {
+        let f = File::open(format!("/var/run/netns/{}", self.name))?;
+        nix::sched::setns(&f, nix::sched::CloneFlags::CLONE_NEWNET).map_err(io::Error::from)
+    }
+
+    /// Run `f` on a new thread inside the namespace.
+    pub fn spawn<T: Send + 'static>(
+        &self,
+        f: impl FnOnce() -> T + Send + 'static,
+    ) -> io::Result<JoinHandle<T>> {
+        let path = format!("/var/run/netns/{}", self.name);
+        let file = File::open(path)?;
+        Ok(std::thread::spawn(move || {
+            nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET)
+                .expect("setns into test namespace");
+            drop(file);
+            f()
+        }))
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = sh("ip", &["netns", "del", &self.name]);
+    }
+}
+
+/// Delete namespaces left behind by test processes that no longer exist.
+pub fn sweep_stale() {
+    let Ok(dir) = std::fs::read_dir("/var/run/netns") else {
+        return;
+    };
+    for e in dir.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some(rest) = name.strip_prefix(&format!("{PREFIX}-")) else {
+            continue;
+        };
+        let pid = rest.split('-').next().and_then(|p| p.parse::<u32>().ok());
+        if let Some(pid) = pid
+            && pid != std::process::id()
+            && !std::path::Path::new(&format!("/proc/{pid}")).exists()
+        {
+            let _ = sh("ip", &["netns", "del", &name]);
+        }
+    }
+}
+
+static NEXT_ID: AtomicU32 = AtomicU32::new(1);
+
+/// Client and server namespaces joined by a veth pair.
+#[derive(Debug)]
+pub struct Topology {
+    pub client: Netns,
+    pub server: Netns,
+    /// Per-topology subnet index N (198.19.N.0/24, fd00:19:N::/64).
+    pub id: u32,
+}
+
+/// The name of the client side of the veth pair (the engine's outbound interface).
+pub const CLIENT_VETH: &str = "ktc";
+
+impl Topology {
+    pub fn new() -> io::Result<Topology> {
+        sweep_stale();
+        let id = NEXT_ID.fetch_add(1, Ordering::Relaxed) % 250 + 1;
+        let client = Netns::new(&format!("c{id}"))?;
+        let server = Netns::new(&format!("s{id}"))?;
+        let (cmac, smac) = (
+            format!("02:6b:74:00:{:02x}:01", id),
+            format!("02:6b:74:00:{:02x}:02", id),
+        );
+        client.ip(&[
+            "link",
+            "add",
+            CLIENT_VETH,
+            "address",
+            &cmac,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "kts",
+            "address",
+            &smac,
+            "netns",
+            server.name(),
+        ])?;
+        // Addresses on the engine's TUN would otherwise stay tentative for
+        // about a second (DAD), delaying the first IPv6 connections.
+        client.exec("sysctl", &["-qw", "net.ipv6.conf.default.accept_dad=0"])?;
+        client.exec("sysctl", &["-qw", "net.ipv6.conf.all.accept_dad=0"])?;
+        let t = Topology { client, server, id };
+        let (c4, s4) = (t.client_v4().to_string(), t.server_v4().to_string());
+        let (c6, s6) = (t.client_v6().to_string(), t.server_v6().to_string());
+        t.client
+            .ip(&["addr", "add", &format!("{c4}/24"), "dev", CLIENT_VETH])?;
+        t.client.ip(&[
+            "-6",
+            "addr",
+            "add",
+            &format!("{c6}/64"),
+            "dev",
+            CLIENT_VETH,
+            "nodad",
+        ])?;
+        t.client.ip(&["link", "set", CLIENT_VETH, "up"])?;
+        t.server
+            .ip(&["addr", "add", &format!("{s4}/24"), "dev", "kts"])?;
+        t.server.ip(&[
+            "-6",
+            "addr",
+            "add",
+            &format!("{s6}/64"),
+            "dev",
+            "kts",
+            "nodad",
+        ])?;
+        t.server.ip(&["link", "set", "kts", "up"])?;
+        // Static neighbours: a fresh veth otherwise loses about a second to
+        // the first IPv6 neighbour resolution, which tests would read as a
+        // slow engine.
+        for (ns, dev, peer4, peer6, mac) in [
+            (&t.client, CLIENT_VETH, &s4, &s6, &smac),
+            (&t.server, "kts", &c4, &c6, &cmac),
+        ] {
+            ns.ip(&[
+                "neigh",
+                "replace",
+                peer4,
+                "lladdr",
+                mac,
+                "dev",
+                dev,
+                "nud",
+                "permanent",
+            ])?;
+            ns.ip(&[
+                "-6",
+                "neigh",
+                "replace",
+                peer6,
+                "lladdr",
+                mac,
+                "dev",
+                dev,
+                "nud",
+                "permanent",
+            ])?;
+        }
+        Ok(t)
+    }
+
+    pub fn client_v4(&self) -> Ipv4Addr {
+        Ipv4Addr::new(198, 19, self.id as u8, 1)
+    }
+    pub fn server_v4(&self) -> Ipv4Addr {
+        Ipv4Addr::new(198, 19, self.id as u8, 2)
+    }
+    pub fn client_v6(&self) -> Ipv6Addr {
+        Ipv6Addr::new(0xfd00, 0x19, self.id as u16, 0, 0, 0, 0, 1)
+    }
+    pub fn server_v6(&self) -> Ipv6Addr {
+        Ipv6Addr::new(0xfd00, 0x19, self.id as u16, 0, 0, 0, 0, 2)
+    }
+
+    /// The server address of a family.
+    pub fn server(&self, v6: bool) -> IpAddr {
+        if v6 {
+            self.server_v6().into()
+        } else {
+            self.server_v4().into()
+        }
+    }
+
+    /// Send the app's traffic for the server (and `extra` hosts) into the TUN
+    /// (call once the engine created `tun`). The engine's own sockets are bound
+    /// to the veth and keep using the connected /24 and /64 routes.
+    pub fn route_via_tun(&self, tun: &str) -> io::Result<()> {
+        self.client.ip(&[
+            "route",
+            "add",
+            &format!("{}/32", self.server_v4()),
+            "dev",
+            tun,
+        ])?;
+        self.client.ip(&[
+            "-6",
+            "route",
+            "add",
+            &format!("{}/128", self.server_v6()),
+            "dev",
+            tun,
+        ])
+    }
+
+    /// A socket address on the server.
+    pub fn server_addr(&self, v6: bool, port: u16) -> SocketAddr {
+        SocketAddr::new(self.server(v6), port)
+    }
+}
+
+/// Deterministic test payload for stream `seed` (xorshift64, 8 bytes per step).
+pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut out = Vec::with_capacity(len + 8);
+    while out.len() < len {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        out.extend_from_slice(&x.to_le_bytes());
+    }
+    out.truncate(len);
+    out
+}
+
+/// Open descriptors of this process.
+pub fn count_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count())
+}
+
+/// Threads of this process.
+pub fn count_threads() -> usize {
+    std::fs::read_dir("/proc/self/task").map_or(0, |d| d.count())
+}
+
+/// Blocking test servers that run on threads inside a namespace.
+pub mod servers {
+    use super::Netns;
+    use std::io::{self, Read, Write};
+    use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, UdpSocket};
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::thread::JoinHandle;
+    use std::time::Duration;
+
+    /// What a TCP server does with each connection.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub enum Mode {
+        /// Echo every byte; after the client's EOF send `TRAILER`, then close.
+        Echo,
+        /// Send `BANNER` first, then behave like `Echo`.
+        SpeakFirst,
+        /// Read and count until EOF, then close (upload sink).
+        Sink,
+        /// Hold the connection open without reading until the peer closes.
+        Hold,
+    }
+
+    /// Sent by `Echo`/`SpeakFirst` after the client half-closed.
+    pub const TRAILER: &[u8] = b"answer-after-eof";
+    /// Sent by `SpeakFirst` right after accept.
+    pub const BANNER: &[u8] = b"220 kerntun test server\r\n";
+
+    /// A running server; stopped and joined on drop.
+    #[derive(Debug)]
+    pub struct Server {
+        pub addr: SocketAddr,
+        /// Connections accepted so far.
+        pub accepted: Arc<AtomicU64>,
+        stop: Arc<AtomicBool>,
+        handle: Option<JoinHandle<()>>,
+    }
+
+    impl Drop for Server {
+        fn drop(&mut self) {
+            self.stop.store(true, Ordering::Relaxed);
+            if let Some(h) = self.handle.take() {
+                let _ = h.join();
+            }
+        }
+    }
+
+    /// Start a TCP server in `ns` on `addr` (port 0 picks one).
+    pub fn tcp(ns: &Netns, addr: SocketAddr, mode: Mode) -> io::Result<Server> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let stop = Arc::new(AtomicBool::new(false));
+        let accepted = Arc::new(AtomicU64::new(0));
+        let (stop2, accepted2) = (stop.clone(), accepted.clone());
+        let handle = ns.spawn(move || {
+            let l = match TcpListener::bind(addr) {
+                Ok(l) => l,
+                Err(e) => {
+                    let _ = tx.send(Err(e));
+                    return;
+                }
+            };
+            let _ = tx.send(l.local_addr());
+            l.set_nonblocking(true).expect("nonblocking listener");
+            while !stop2.load(Ordering::Relaxed) {
+                match l.accept() {
+                    Ok((s, _)) => {
+                        accepted2.fetch_add(1, Ordering::Relaxed);
+                        let _ = s.set_nonblocking(false);
+                        let stop3 = stop2.clone();
+                        std::thread::spawn(move || serve(s, mode, &stop3));
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                        std::thread::sleep(Duration::from_millis(2));
+                    }
+                    Err(_) => std::thread::sleep(Duration::from_millis(2)),
+                }
+            }
+        })?;
+        let addr = rx
+            .recv()
+            .map_err(|_| io::Error::other("server thread died"))??;
+        Ok(Server {
+            addr,
+            accepted,
+            stop,
+            handle: Some(handle),
+        })
+    }
+
+    fn serve(mut s: TcpStream, mode: Mode, stop: &AtomicBool) {
+        let _ = s.set_read_timeout(Some(Duration::from_millis(200)));
+        if mode == Mode::SpeakFirst && s.write_all(BANNER).is_err() {
+            return;
+        }
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            if stop.load(Ordering::Relaxed) {
+                return;
+            }
+            if mode == Mode::Hold {
+                match s.read(&mut buf[..1]) {
+                    Ok(0) => return,
+                    Ok(_) => continue,
+                    Err(e) if is_timeout(&e) => continue,
+                    Err(_) => return,
+                }
+            }
+            match s.read(&mut buf) {
+                Ok(0) => {
+                    if mode != Mode::Sink {
+                        let _ = s.write_all(TRAILER);
+                    }
+                    let _ = s.shutdown(Shutdown::Write);
+                    return;
+                }
+                Ok(n) => {
+                    if mode != Mode::Sink && s.write_all(&buf[..n]).is_err() {
+                        return;
+                    }
+                }
+                Err(e) if is_timeout(&e) => continue,
+                Err(_) => return,
+            }
+        }
+    }
+
+    fn is_timeout(e: &io::Error) -> bool {
+        matches!(
+            e.kind(),
+            io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+        )
+    }
+
+    /// Start a UDP echo server in `ns`.
+    pub fn udp_echo(ns: &Netns, addr: SocketAddr) -> io::Result<Server> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let stop = Arc::new(AtomicBool::new(false));
+        let accepted = Arc::new(AtomicU64::new(0));
+        let (stop2, count) = (stop.clone(), accepted.clone());
+        let handle = ns.spawn(move || {
+            let s = match UdpSocket::bind(addr) {
+                Ok(s) => s,
+                Err(e) => {
+                    let _ = tx.send(Err(e));
+                    return;
+                }
+            };
+            let _ = tx.send(s.local_addr());
+            let _ = s.set_read_timeout(Some(Duration::from_millis(50)));
+            let mut buf = vec![0u8; 65536];
+            while !stop2.load(Ordering::Relaxed) {
+                if let Ok((n, from)) = s.recv_from(&mut buf) {
+                    count.fetch_add(1, Ordering::Relaxed);
+                    let _ = s.send_to(&buf[..n], from);
+                }
+            }
+        })?;
+        let addr = rx
+            .recv()
+            .map_err(|_| io::Error::other("server thread died"))??;
+        Ok(Server {
+            addr,
+            accepted,
+            stop,
+            handle: Some(handle),
+        })
+    }
+}
+
+/// Client-side checks used by the tests and the demo.
+pub mod client {
+    use super::{pattern, servers};
+    use std::io::{self, Read, Write};
+    use std::net::{Shutdown, SocketAddr, TcpStream};
+    use std::time::{Duration, Instant};
+
+    /// Outcome of an echo transfer.
+    #[derive(Debug, Clone, Copy)]
+    pub struct Transfer {
+        pub bytes: u64,
+        pub elapsed: Duration,
+    }
+
+    impl Transfer {
+        /// Payload throughput in one direction, in Gbit/s.
+        pub fn gbit_per_s(&self) -> f64 {
+            self.bytes as f64 * 8.0 / self.elapsed.as_secs_f64() / 1e9
+        }
+    }
+
+    /// Send `len` bytes of `pattern(seed)` to an `Echo`/`SpeakFirst` server,
+    /// half-close, and check byte for byte that the same bytes come back
+    /// followed by the trailer sent after EOF.
+    pub fn echo_transfer(
+        to: SocketAddr,
+        seed: u64,
+        len: usize,
+        speak_first: bool,
+    ) -> io::Result<Transfer> {
+        let start = Instant::now();
+        let mut s = TcpStream::connect_timeout(&to, Duration::from_secs(5))?;
+        s.set_read_timeout(Some(Duration::from_secs(20)))?;
+        if speak_first {
+            let mut banner = vec![0u8; servers::BANNER.len()];
+            s.read_exact(&mut banner)?;
+            if banner != servers::BANNER {
+                return Err(io::Error::other("banner mismatch"));
+            }
+        }
+        let data = pattern(seed, len);
+        let mut w = s.try_clone()?;
+        let writer = std::thread::spawn(move || -> io::Result<()> {
+            for chunk in data.chunks(256 * 1024) {
+                w.write_all(chunk)?;
+            }
+            w.shutdown(Shutdown::Write)
+        });
+        let want = pattern(seed, len);
+        let mut got = 0usize;
+        let mut buf = vec![0u8; 256 * 1024];
+        while got < len {
+            let n = s.read(&mut buf)?;
+            if n == 0 {
+                return Err(io::Error::other(format!("EOF after {got} of {len} bytes")));
+            }
+            let take = n.min(len - got);
+            if buf[..take] != want[got..got + take] {
+                return Err(io::Error::other(format!("mismatch near offset {got}")));
+            }
+            got += take;
+            if take < n {
+                // The trailer started in this read.
+                let mut rest = buf[take..n].to_vec();
+                s.read_to_end(&mut rest)?;
+                return finish(writer, rest, len, start);
+            }
+        }
+        let mut rest = Vec::new();
+        s.read_to_end(&mut rest)?;
+        finish(writer, rest, len, start)
+    }
+
+    fn finish(
+        writer: std::thread::JoinHandle<io::Result<()>>,
+        trailer: Vec<u8>,
+        len: usize,
+        start: Instant,
+    ) -> io::Result<Transfer> {
+        writer
+            .join()
+            .map_err(|_| io::Error::other("writer panicked"))??;
+        if trailer != servers::TRAILER {
+            return Err(io::Error::other(format!(
+                "expected the post-EOF answer, got {:?}",
+                String::from_utf8_lossy(&trailer)
+            )));
+        }
+        Ok(Transfer {
+            bytes: len as u64,
+            elapsed: start.elapsed(),
+        })
+    }
+
+    /// One UDP request/response round trip per datagram, each checked. Each
+    /// datagram starts with its sequence number; a timed-out request is sent
+    /// again (up to 3 times) and stale duplicates of earlier replies are skipped.
+    pub fn udp_round_trips(to: SocketAddr, count: usize, size: usize) -> io::Result<usize> {
+        let bind: SocketAddr = if to.is_ipv6() {
+            "[::]:0".parse().expect("static")
+        } else {
+            "0.0.0.0:0".parse().expect("static")
+        };
+        let s = std::net::UdpSocket::bind(bind)?;
+        s.connect(to)?;
+        s.set_read_timeout(Some(Duration::from_millis(500)))?;
+        let mut ok = 0;
+        let mut buf = vec![0u8; size.max(8) + 16];
+        for i in 0..count {
+            let mut msg = pattern(i as u64, size.max(8));
+            msg[..8].copy_from_slice(&(i as u64).to_be_bytes());
+            s.send(&msg)?;
+            let mut sends = 1;
+            loop {
+                match s.recv(&mut buf) {
+                    Ok(n) if buf[..n] == msg[..] => {
+                        ok += 1;
+                        break;
+                    }
+                    Ok(n)
+                        if n >= 8
+                            && u64::from_be_bytes(buf[..8].try_into().expect("8")) < i as u64 => {}
+                    Ok(_) => return Err(io::Error::other("udp reply mismatch")),
+                    Err(e)
+                        if matches!(
+                            e.kind(),
+                            io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                        ) =>
+                    {
+                        if sends == 3 {
+                            break;
+                        }
+                        sends += 1;
+                        s.send(&msg)?;
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        Ok(ok)
+    }
+}
