@@ -102,6 +102,7 @@ matrix!(
     closed_port_is_refused_quickly,
     rule_reject_gets_rst,
     foreign_local_peer_is_refused,
+    ping_to_gateway_is_answered,
 );
 
 const MIB: usize = 1024 * 1024;
@@ -242,4 +243,30 @@ fn foreign_local_peer_is_refused(v6: bool, driver: DriverMode) {
         std::thread::sleep(Duration::from_millis(10));
     }
     assert_eq!(rig.engine.stats().accept_foreign_peer, 1);
+}
+
+fn ping_to_gateway_is_answered(v6: bool, driver: DriverMode) {
+    let rig = Rig::new(v6, driver);
+    // On Linux the gateway is a local address, so an ordinary ping is answered
+    // by the kernel and never reaches the engine. The script injects the echo
+    // request on the TUN's transmit side (what routing into the tunnel does
+    // on a phone) and waits for the reply the engine writes back.
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../testkit/scripts/ping_via_tun.py");
+    let (src, gw) = if v6 {
+        (rig.topo.client_v6().to_string(), "fd00:18::1".to_string())
+    } else {
+        (rig.topo.client_v4().to_string(), "198.18.0.1".to_string())
+    };
+    let tun = rig.engine.tun_name().expect("tun name");
+    let out = rig
+        .topo
+        .client
+        .exec("python3", &[script, &tun, &src, &gw])
+        .expect("echo reply from the engine");
+    assert_eq!(out.trim(), "reply");
+    let deadline = Instant::now() + Duration::from_secs(1);
+    while rig.engine.stats().icmp_echo_replies == 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(rig.engine.stats().icmp_echo_replies, 1);
 }

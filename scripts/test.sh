@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# The test command from the README: every test of the workspace. Tests that
+# need root, /dev/net/tun and `ip netns` (the end-to-end suites) print
+# "SKIPPED" and pass when not run as root; CI runs as root.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+cargo test --workspace --all-targets "$@"
