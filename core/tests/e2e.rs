@@ -251,7 +251,10 @@ fn ping_to_gateway_is_answered(v6: bool, driver: DriverMode) {
     // by the kernel and never reaches the engine. The script injects the echo
     // request on the TUN's transmit side (what routing into the tunnel does
     // on a phone) and waits for the reply the engine writes back.
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../testkit/scripts/ping_via_tun.py");
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../testkit/scripts/ping_via_tun.py"
+    );
     let (src, gw) = if v6 {
         (rig.topo.client_v6().to_string(), "fd00:18::1".to_string())
     } else {
