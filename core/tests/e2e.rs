@@ -273,3 +273,127 @@ fn ping_to_gateway_is_answered(v6: bool, driver: DriverMode) {
     }
     assert_eq!(rig.engine.stats().icmp_echo_replies, 1);
 }
+
+// ---- Configuration paths that are not part of the matrix --------------------
+
+/// The mobile path (and `kerntun run --tun-fd`): the host opens the device and
+/// lends its descriptor; the engine adopts a duplicate.
+#[test]
+fn adopts_a_lent_descriptor_and_checks_its_addresses() {
+    require_root!();
+    use std::os::fd::AsRawFd;
+    let topo = Topology::new().expect("topology");
+    topo.client.enter().expect("enter client ns");
+    let name = format!("ktfd{}", topo.id);
+    let dev = tun_rs::DeviceBuilder::new()
+        .name(name.clone())
+        .ipv4("198.18.0.1", 16, None)
+        .mtu(1500)
+        .build_sync()
+        .expect("host-created TUN");
+    let mut cfg = config(&topo, DriverMode::Auto);
+    cfg.tun.ipv6 = None;
+
+    // A config that does not match the device is refused before readiness.
+    let mut wrong = cfg.clone();
+    wrong.tun.ipv4 = Some("198.20.0.1/16".parse().expect("net"));
+    let err = Engine::start(wrong, TunSource::Fd(dev.as_raw_fd()), None).expect_err("mismatch");
+    assert!(
+        matches!(err, kerntun::StartError::Address(_)),
+        "expected an address error, got {err}"
+    );
+
+    let engine = Engine::start(cfg, TunSource::Fd(dev.as_raw_fd()), None).expect("start on fd");
+    assert_eq!(engine.tun_name().as_deref(), Some(name.as_str()));
+    topo.route_via_tun(&name).expect("route");
+    let srv = servers::tcp(&topo.server, topo.server_addr(false, 0), Mode::Echo).expect("srv");
+    client::echo_transfer(srv.addr, 5, 1 << 20, false).expect("traffic over the lent fd");
+    drop(engine);
+    // The host's descriptor is still its own and still open.
+    assert!(
+        dev.name().is_ok(),
+        "engine must not close the lent descriptor"
+    );
+}
+
+/// Outbound sockets marked with `direct.fwmark` leave through policy routing
+/// instead of an interface binding, and the `protect` hook sees every socket.
+#[test]
+fn fwmark_routing_and_protect_hook() {
+    require_root!();
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    #[derive(Debug, Default)]
+    struct Recorder(AtomicUsize);
+    impl kerntun::Protect for Recorder {
+        fn protect(&self, fd: i32) -> Result<(), String> {
+            assert!(fd >= 0);
+            self.0.fetch_add(1, Ordering::Relaxed);
+            Ok(())
+        }
+    }
+
+    let topo = Topology::new().expect("topology");
+    topo.client.enter().expect("enter client ns");
+    // Marked traffic uses table 100, which knows the veth route only.
+    let net4 = format!("198.19.{}.0/24", topo.id);
+    topo.client
+        .ip(&["rule", "add", "fwmark", "0x2a", "lookup", "100"])
+        .expect("rule");
+    topo.client
+        .ip(&[
+            "route",
+            "add",
+            &net4,
+            "dev",
+            kerntun_testkit::CLIENT_VETH,
+            "table",
+            "100",
+        ])
+        .expect("table 100");
+    let mut cfg = config(&topo, DriverMode::PerPacket);
+    cfg.direct.interface = None;
+    cfg.direct.fwmark = Some(0x2a);
+    let recorder = Arc::new(Recorder::default());
+    let engine = Engine::start(cfg, TunSource::Create, Some(recorder.clone())).expect("start");
+    topo.route_via_tun(&engine.tun_name().expect("name"))
+        .expect("route");
+    let srv = servers::tcp(&topo.server, topo.server_addr(false, 0), Mode::Echo).expect("srv");
+    client::echo_transfer(srv.addr, 9, 1 << 20, false).expect("marked outbound reaches the server");
+    let udp = servers::udp_echo(&topo.server, topo.server_addr(false, 0)).expect("udp");
+    assert_eq!(client::udp_round_trips(udp.addr, 10, 64).expect("udp"), 10);
+    assert_eq!(
+        recorder.0.load(Ordering::Relaxed),
+        2,
+        "one TCP and one UDP socket protected"
+    );
+}
+
+/// Memory pressure lowers the admission limit for new sessions only.
+#[test]
+fn memory_pressure_refuses_new_sessions_and_keeps_existing_ones() {
+    require_root!();
+    let rig = Rig::with_config(false, DriverMode::PerPacket, |_, c| {
+        c.budget.tcp_sessions = Some(4); // normal 4, elevated 2, critical 1
+    });
+    let srv = rig.server(Mode::Echo);
+    let mut held = TcpStream::connect_timeout(&srv.addr, Duration::from_secs(2)).expect("first");
+    held.set_read_timeout(Some(Duration::from_secs(2)))
+        .expect("timeout");
+    rig.engine
+        .set_memory_pressure(kerntun::MemoryPressure::Critical);
+    assert_eq!(rig.engine.stats().memory_pressure, "critical");
+    let err = TcpStream::connect_timeout(&srv.addr, Duration::from_secs(2)).expect_err("refused");
+    assert_eq!(err.kind(), io::ErrorKind::ConnectionRefused, "{err}");
+    // The session admitted before the pressure rose keeps working.
+    held.write_all(b"still here").expect("write");
+    let mut buf = [0u8; 10];
+    held.read_exact(&mut buf).expect("echo");
+    assert_eq!(&buf, b"still here");
+    rig.engine
+        .set_memory_pressure(kerntun::MemoryPressure::Normal);
+    client::echo_transfer(srv.addr, 2, 4096, false).expect("admitted again at normal pressure");
+    let s = rig.engine.stats();
+    assert_eq!(s.admission_refused, 1, "{s:?}");
+}
