@@ -119,10 +119,6 @@ impl Stats {
     pub fn drop(&self, why: EngineDrop) {
         self.drops[why as usize].fetch_add(1, Relaxed);
     }
-
-    pub fn add(counter: &AtomicU64, n: u64) {
-        counter.fetch_add(n, Relaxed);
-    }
 }
 
 /// Per-driver counts, committed to [`Stats`] in batches.
