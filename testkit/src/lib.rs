@@ -434,6 +434,7 @@ pub mod servers {
                 }
             }
             match s.read(&mut buf) {
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Ok(0) => {
                     if mode != Mode::Sink {
                         let _ = s.write_all(TRAILER);
@@ -455,7 +456,7 @@ pub mod servers {
     fn is_timeout(e: &io::Error) -> bool {
         matches!(
             e.kind(),
-            io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+            io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut | io::ErrorKind::Interrupted
         )
     }
 
@@ -547,7 +548,11 @@ pub mod client {
         let mut got = 0usize;
         let mut buf = vec![0u8; 256 * 1024];
         while got < len {
-            let n = s.read(&mut buf)?;
+            let n = match s.read(&mut buf) {
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
+            };
             if n == 0 {
                 return Err(io::Error::other(format!("EOF after {got} of {len} bytes")));
             }
@@ -610,6 +615,7 @@ pub mod client {
             let mut sends = 1;
             loop {
                 match s.recv(&mut buf) {
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                     Ok(n) if buf[..n] == msg[..] => {
                         ok += 1;
                         break;
@@ -621,7 +627,9 @@ pub mod client {
                     Err(e)
                         if matches!(
                             e.kind(),
-                            io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                            io::ErrorKind::WouldBlock
+                                | io::ErrorKind::TimedOut
+                                | io::ErrorKind::Interrupted
                         ) =>
                     {
                         if sends == 3 {
