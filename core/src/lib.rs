@@ -27,6 +27,7 @@ pub mod stats;
 #[allow(unsafe_code)]
 mod sys;
 mod system;
+pub mod translate;
 pub mod tun;
 mod udp;
 

@@ -25,7 +25,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
 use crate::budget::{Admission, Budget, OwnedPermit};
-use crate::nat::{FlowKey, NatError, NatGuard, NatTable, Uplink};
+use crate::nat::{FlowKey, NatGuard, NatTable};
 use crate::outbound::{SocketFactory, reset_on_close};
 use crate::packet::{self, Disposition, IpInfo, TcpInfo};
 use crate::relay;
@@ -41,13 +41,8 @@ pub(crate) const RUNNING: u8 = 0;
 pub(crate) const DRAINING: u8 = 1;
 pub(crate) const STOPPED: u8 = 2;
 
-/// Gateway, NAT address and listener port of one address family.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct FamilyAddrs {
-    pub gateway: IpAddr,
-    pub nat: IpAddr,
-    pub listen_port: u16,
-}
+pub(crate) use crate::translate::FamilyAddrs;
+use crate::translate::{self, Cause, StackAddrs, TcpStep};
 
 /// An outbound connection waiting for the kernel to accept the app's side.
 #[derive(Debug)]
@@ -168,91 +163,43 @@ impl Processor {
     }
 
     fn tcp(&mut self, buf: &mut [u8], ip: &IpInfo) -> Disposition {
-        let tcp = match packet::parse_tcp(buf, ip) {
-            Ok(t) => t,
-            Err(r) => {
+        let sh = &*self.shared;
+        let addrs = StackAddrs {
+            v4: sh.v4,
+            v6: sh.v6,
+        };
+        let held = |port| matches!(sh.pending.lock().get(&port), Some(Pending::Connecting));
+        match translate::translate_tcp(buf, ip, &sh.nat, &addrs, self.now, held) {
+            TcpStep::Uplink(n) => {
+                self.local.packets_up += 1;
+                self.local.bytes_up += n as u64;
+                Disposition::WriteBack(n)
+            }
+            TcpStep::Downlink(n) => {
+                self.local.packets_down += 1;
+                self.local.bytes_down += n as u64;
+                Disposition::WriteBack(n)
+            }
+            TcpStep::NewFlow { key, port, tcp } => self.new_connection(buf, ip, &tcp, key, port),
+            TcpStep::Reset { len, cause } => {
+                if matches!(cause, EngineDrop::NatTableFull | EngineDrop::NatNoFreePort) {
+                    sh.warn.warn(format_args!(
+                        "NAT table refused a new flow ({})",
+                        cause.as_str()
+                    ));
+                }
+                self.local.drop(cause);
+                Disposition::WriteBack(len)
+            }
+            TcpStep::Drop(Cause::Reject(r)) => {
                 self.local.reject(r);
-                return Disposition::Done;
+                Disposition::Done
             }
-        };
-        let Some(fam) = self.family(ip.dst) else {
-            self.local.drop(EngineDrop::FamilyDisabled);
-            return Disposition::Done;
-        };
-        let nat = &self.shared.nat;
-        if packet::is_downlink(ip, &tcp, fam.gateway, fam.nat, fam.listen_port) {
-            let Some(key) = nat.downlink(tcp.dst_port, self.now) else {
-                self.local.drop(EngineDrop::NoMapping);
-                return Disposition::Done;
-            };
-            return match packet::rewrite_tcp(buf, ip, key.server, key.client) {
-                Ok(()) => {
-                    self.local.packets_down += 1;
-                    self.local.bytes_down += ip.len as u64;
-                    Disposition::WriteBack(ip.len)
-                }
-                Err(r) => {
-                    self.local.reject(r);
-                    Disposition::Done
-                }
-            };
-        }
-        let key = FlowKey {
-            client: SocketAddr::new(ip.src, tcp.src_port),
-            server: SocketAddr::new(ip.dst, tcp.dst_port),
-        };
-        let syn_only = tcp.is_syn_only();
-        match nat.uplink(&key, syn_only, self.now) {
-            Ok(Uplink {
-                port,
-                created: true,
-            }) => self.new_connection(buf, ip, &tcp, key, port),
-            Ok(Uplink { port, .. }) => {
-                if syn_only && self.is_connecting(port) {
-                    self.local.drop(EngineDrop::SynWhileConnecting);
-                    return Disposition::Done;
-                }
-                let nat_src = SocketAddr::new(fam.nat, port);
-                let listener = SocketAddr::new(fam.gateway, fam.listen_port);
-                match packet::rewrite_tcp(buf, ip, nat_src, listener) {
-                    Ok(()) => {
-                        self.local.packets_up += 1;
-                        self.local.bytes_up += ip.len as u64;
-                        Disposition::WriteBack(ip.len)
-                    }
-                    Err(r) => {
-                        self.local.reject(r);
-                        Disposition::Done
-                    }
-                }
-            }
-            Err(e) => {
-                self.local.drop(match e {
-                    NatError::TableFull => EngineDrop::NatTableFull,
-                    NatError::NoFreePort => EngineDrop::NatNoFreePort,
-                    _ => EngineDrop::StrayTcp,
-                });
-                if matches!(e, NatError::TableFull | NatError::NoFreePort) {
-                    self.shared
-                        .warn
-                        .warn(format_args!("NAT table refused a new flow: {e}"));
-                }
-                // Answer with an RST (never to an RST) so the app fails fast
-                // instead of retransmitting into a blackhole.
-                if tcp.flags & packet::tcp_flags::RST == 0 {
-                    Disposition::WriteBack(packet::tcp_rst_reply(buf, ip, &tcp))
-                } else {
-                    Disposition::Done
-                }
+            TcpStep::Drop(Cause::Engine(d)) => {
+                self.local.drop(d);
+                Disposition::Done
             }
         }
-    }
-
-    fn is_connecting(&self, port: u16) -> bool {
-        matches!(
-            self.shared.pending.lock().get(&port),
-            Some(Pending::Connecting)
-        )
     }
 
     /// A SYN that created a NAT entry: route it, take an admission permit,
