@@ -35,7 +35,7 @@ fn flow(i: u16) -> FlowKey {
 /// An established flow: SYN, accept, guard kept alive by the caller.
 fn established(t: &Arc<NatTable>, key: &FlowKey) -> (u16, kerntun::nat::NatGuard) {
     let now = Instant::now();
-    let Ok(up) = t.uplink(key, true, now) else {
+    let Ok(up) = t.uplink(key, Some(0), now) else {
         panic!("bench setup: uplink")
     };
     let Ok(acc) = t.accept(up.port, now) else {
@@ -81,7 +81,7 @@ fn steady(c: &mut Criterion) {
     let now = Instant::now();
     g.bench_function("nat_uplink_downlink", |b| {
         b.iter(|| {
-            let up = t.uplink(black_box(&key), false, now);
+            let up = t.uplink(black_box(&key), None, now);
             let down = t.downlink(black_box(port), now);
             black_box((up, down))
         })
@@ -104,7 +104,9 @@ fn steady(c: &mut Criterion) {
                 SocketAddr::new(ip.src, tcp.src_port),
                 SocketAddr::new(ip.dst, tcp.dst_port),
             );
-            let up = t.uplink(&k, tcp.is_syn_only(), now).ok()?;
+            let up = t
+                .uplink(&k, tcp.is_syn_only().then_some(tcp.seq), now)
+                .ok()?;
             rewrite_tcp(
                 &mut up_buf,
                 &ip,
@@ -141,7 +143,7 @@ fn batch(c: &mut Criterion) {
                 let guards: Vec<_> = keys
                     .iter()
                     .filter_map(|k| {
-                        let up = t.uplink(k, true, now).ok()?;
+                        let up = t.uplink(k, Some(0), now).ok()?;
                         let acc = t.accept(up.port, now).ok()?;
                         Some(t.guard(&acc))
                     })
@@ -186,7 +188,7 @@ fn contended(c: &mut Criterion) {
                                 let start = Instant::now();
                                 let now = start;
                                 for _ in 0..iters {
-                                    black_box(t.uplink(black_box(key), false, now).ok());
+                                    black_box(t.uplink(black_box(key), None, now).ok());
                                     black_box(t.downlink(black_box(*port), now));
                                 }
                                 start.elapsed()

@@ -3,14 +3,15 @@
 //! compiled for; [`Config::validate`] turns a bad combination into a
 //! [`ConfigError`] that names the field before anything is opened.
 
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::collections::BTreeMap;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::time::Duration;
 
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use serde::{Deserialize, Serialize};
 
 use crate::budget::Platform;
-use crate::rules::Rule;
+use crate::rules::{Action, Rule};
 
 /// Which TCP stack turns TUN packets into streams.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -131,6 +132,102 @@ impl Default for TimeoutConfig {
     }
 }
 
+/// A Shadowsocks method (the names shadowsocks-rust uses).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ShadowsocksMethod {
+    /// No encryption: the target address, then the application's bytes
+    /// unchanged (spliced on Linux/Android).
+    #[serde(rename = "none", alias = "plain")]
+    None,
+    #[serde(rename = "aes-128-gcm")]
+    Aes128Gcm,
+    #[serde(rename = "aes-256-gcm")]
+    Aes256Gcm,
+    #[serde(rename = "chacha20-ietf-poly1305")]
+    Chacha20IetfPoly1305,
+    /// AEAD-2022: the password is a base64 16-byte key.
+    #[serde(rename = "2022-blake3-aes-128-gcm")]
+    Blake3Aes128Gcm,
+    /// AEAD-2022: the password is a base64 32-byte key.
+    #[serde(rename = "2022-blake3-aes-256-gcm")]
+    Blake3Aes256Gcm,
+}
+
+/// A Shadowsocks server.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ShadowsocksConfig {
+    /// The server's IP address and port (not resolved: the engine has no DNS).
+    pub server: SocketAddr,
+    pub method: ShadowsocksMethod,
+    /// The password (SIP004 methods), or the base64 key (AEAD-2022); ignored by `none`.
+    #[serde(default)]
+    pub password: String,
+    /// Relay UDP flows through the server too (else they go direct).
+    #[serde(default = "yes")]
+    pub udp: bool,
+}
+
+/// A SOCKS5 proxy (RFC 1928), optionally with username/password (RFC 1929).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Socks5Config {
+    /// The proxy's IP address and port.
+    pub server: SocketAddr,
+    /// Username and password go together, 1..=255 bytes each.
+    #[serde(default)]
+    pub username: Option<String>,
+    #[serde(default)]
+    pub password: Option<String>,
+    /// Relay UDP flows with UDP ASSOCIATE (else they go direct).
+    #[serde(default = "yes")]
+    pub udp: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// A named proxy outbound that rules can send flows to (`action = "<name>"`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum OutboundConfig {
+    Socks5(Socks5Config),
+    Shadowsocks(ShadowsocksConfig),
+}
+
+impl OutboundConfig {
+    /// The proxy's address (where the engine's sockets connect).
+    pub fn server(&self) -> SocketAddr {
+        match self {
+            OutboundConfig::Socks5(c) => c.server,
+            OutboundConfig::Shadowsocks(c) => c.server,
+        }
+    }
+}
+
+/// How TCP bytes move between the app's socket and the outbound's.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RelayConfig {
+    /// Linux/Android: relay plain kernel sockets (direct, SOCKS5, Shadowsocks
+    /// `none`) with splice(2), so the payload never enters userspace. `false`
+    /// forces the userspace copy (for comparisons). Ignored elsewhere.
+    pub splice: bool,
+    /// Pipe capacity asked for per spliced direction (best effort; a smaller
+    /// pipe than 64 KiB means the userspace copy).
+    pub pipe_size: usize,
+}
+
+impl Default for RelayConfig {
+    fn default() -> Self {
+        Self {
+            splice: true,
+            pipe_size: crate::relay::PIPE_SIZE,
+        }
+    }
+}
+
 /// Everything [`crate::Engine::start`] needs besides the device itself.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -141,10 +238,15 @@ pub struct Config {
     pub direct: DirectConfig,
     pub budget: BudgetConfig,
     pub timeouts: TimeoutConfig,
-    /// Ordered rules; the first match decides. No match means `direct`.
+    /// Ordered rules; the first match decides. No match means `direct`; a
+    /// rule with neither `cidr` nor `ports` is a catch-all default.
     pub rules: Vec<Rule>,
     /// Tokio worker threads of the engine's own runtime (0 = platform default).
     pub workers: usize,
+    /// Named proxies (`[outbounds.NAME]`), the targets of rule actions.
+    pub outbounds: BTreeMap<String, OutboundConfig>,
+    /// TCP relay options (`[relay]`).
+    pub relay: RelayConfig,
 }
 
 /// A configuration the engine refuses, naming the field.
@@ -166,6 +268,14 @@ pub enum ConfigError {
     /// The chosen stack is not available in this build or platform.
     #[error("stack: {0}")]
     UnsupportedStack(&'static str),
+    /// A rule names an outbound that is not configured.
+    #[error(
+        "rules[{rule}].action: no outbound named {name:?} (direct, reject, or a key of [outbounds])"
+    )]
+    UnknownOutbound { rule: usize, name: String },
+    /// An outbound's settings are unusable.
+    #[error("outbounds.{name}: {reason}")]
+    BadOutbound { name: String, reason: String },
 }
 
 impl Config {
@@ -203,13 +313,97 @@ impl Config {
         if b.backlog == Some(0) {
             return Err(ConfigError::ZeroBudget("backlog"));
         }
+        for (name, o) in &self.outbounds {
+            check_outbound(name, o)?;
+        }
+        for (i, r) in self.rules.iter().enumerate() {
+            if let Action::Outbound(name) = &r.action
+                && !self.outbounds.contains_key(name.as_ref())
+            {
+                return Err(ConfigError::UnknownOutbound {
+                    rule: i,
+                    name: name.to_string(),
+                });
+            }
+        }
         Ok(())
+    }
+
+    /// Parse the engine's TOML and validate it. Syntax and type errors name
+    /// the line and column (the toml crate's message); a validation error
+    /// about a rule or an outbound names the line its table starts on.
+    pub fn from_toml(text: &str) -> Result<Config, String> {
+        let cfg: Config = toml::from_str(text).map_err(|e| e.to_string())?;
+        if let Err(e) = cfg.validate() {
+            let line = match &e {
+                ConfigError::UnknownOutbound { rule, .. } => table_line(text, "[[rules]]", *rule),
+                ConfigError::BadOutbound { name, .. } => outbound_line(text, name),
+                _ => None,
+            };
+            return Err(match line {
+                Some(l) => format!("line {l}: {e}"),
+                None => e.to_string(),
+            });
+        }
+        Ok(cfg)
     }
 
     /// UDP idle timeout.
     pub fn udp_idle(&self) -> Duration {
         Duration::from_secs(self.timeouts.udp_idle_s.max(1))
     }
+}
+
+/// The 1-based line of the `n`-th occurrence of a table header.
+fn table_line(text: &str, header: &str, n: usize) -> Option<usize> {
+    text.lines()
+        .enumerate()
+        .filter(|(_, l)| l.trim_start().starts_with(header))
+        .nth(n)
+        .map(|(i, _)| i + 1)
+}
+
+/// The line of `[outbounds.NAME]` (bare or quoted key).
+fn outbound_line(text: &str, name: &str) -> Option<usize> {
+    let forms = [
+        format!("[outbounds.{name}]"),
+        format!("[outbounds.\"{name}\"]"),
+    ];
+    text.lines()
+        .position(|l| forms.iter().any(|f| l.trim() == f))
+        .map(|i| i + 1)
+}
+
+/// Settings of one outbound that are wrong whatever the platform.
+fn check_outbound(name: &str, o: &OutboundConfig) -> Result<(), ConfigError> {
+    let bad = |reason: String| ConfigError::BadOutbound {
+        name: name.to_owned(),
+        reason,
+    };
+    if name == "direct" || name == "reject" {
+        return Err(bad(
+            "`direct` and `reject` are built in; pick another name".into()
+        ));
+    }
+    match o {
+        OutboundConfig::Socks5(c) => match (&c.username, &c.password) {
+            (None, None) => {}
+            (Some(u), Some(p)) => {
+                if u.is_empty() || p.is_empty() || u.len() > 255 || p.len() > 255 {
+                    return Err(bad("username and password must be 1..=255 bytes".into()));
+                }
+            }
+            _ => return Err(bad("username and password go together".into())),
+        },
+        OutboundConfig::Shadowsocks(c) => {
+            crate::outbound::shadowsocks::Key::new(c.method, &c.password)
+                .map_err(|e| bad(e.to_string()))?;
+            if c.method != ShadowsocksMethod::None && c.password.is_empty() {
+                return Err(bad("password is empty".into()));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The NAT address of a gateway prefix: gateway + 1, which must stay inside the
@@ -261,6 +455,105 @@ mod tests {
         c.tun.mtu = 500;
         assert_eq!(c.validate(), Err(ConfigError::BadMtu(500)));
         assert_eq!(Config::default().validate(), Ok(()));
+    }
+
+    const OUTBOUNDS: &str = r#"
+[outbounds.ss-none]
+type = "shadowsocks"
+server = "198.19.1.2:8388"
+method = "none"
+
+[outbounds.ss2022]
+type = "shadowsocks"
+server = "[fd00:19:1::2]:8389"
+method = "2022-blake3-aes-256-gcm"
+password = "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8="
+udp = false
+
+[outbounds.corp]
+type = "socks5"
+server = "127.0.0.1:1080"
+username = "u"
+password = "p"
+
+[relay]
+splice = false
+
+[[rules]]
+cidr = "10.0.0.0/8"
+action = "corp"
+
+[[rules]]
+ports = "443"
+action = "ss2022"
+
+[[rules]]
+action = "ss-none"
+"#;
+
+    #[test]
+    fn outbounds_rules_and_relay_from_toml() {
+        let c = Config::from_toml(OUTBOUNDS).expect("parse");
+        assert_eq!(c.outbounds.len(), 3);
+        assert!(!c.relay.splice);
+        assert_eq!(c.relay.pipe_size, crate::relay::PIPE_SIZE);
+        match &c.outbounds["ss-none"] {
+            OutboundConfig::Shadowsocks(s) => {
+                assert_eq!(s.method, ShadowsocksMethod::None);
+                assert!(s.udp, "udp defaults to on");
+            }
+            o => panic!("wrong type {o:?}"),
+        }
+        assert_eq!(c.rules[2].action, Action::from("ss-none"));
+        assert!(Config::default().relay.splice, "splice is on by default");
+    }
+
+    #[test]
+    fn errors_name_the_line() {
+        // A rule naming a missing outbound: the line of its [[rules]] table.
+        let text = OUTBOUNDS.replace("action = \"ss2022\"", "action = \"nope\"");
+        let e = Config::from_toml(&text).expect_err("unknown outbound");
+        let line = OUTBOUNDS
+            .lines()
+            .position(|l| l.contains("ports = \"443\""))
+            .expect("l");
+        assert!(
+            e.starts_with(&format!("line {line}: rules[1].action")),
+            "{e}"
+        );
+        // A bad key: the line of its [outbounds.NAME] table.
+        let text = OUTBOUNDS.replace("AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=", "short");
+        let e = Config::from_toml(&text).expect_err("bad key");
+        let line = 1 + OUTBOUNDS
+            .lines()
+            .position(|l| l == "[outbounds.ss2022]")
+            .expect("l");
+        assert!(
+            e.starts_with(&format!("line {line}: outbounds.ss2022")),
+            "{e}"
+        );
+        // Unknown fields and syntax errors: the toml crate's line numbers.
+        let text = OUTBOUNDS.replace("udp = false", "udp = false\ncolour = 1");
+        let e = Config::from_toml(&text).expect_err("unknown field");
+        assert!(
+            e.contains(&format!("line {line}")) && e.contains("colour"),
+            "{e}"
+        );
+        let e = Config::from_toml("[relay]\nsplice = maybe\n").expect_err("syntax");
+        assert!(e.contains("line 2"), "{e}");
+        // Half a credential pair, and a built-in name.
+        let text = OUTBOUNDS.replace("password = \"p\"\n", "");
+        assert!(
+            Config::from_toml(&text)
+                .expect_err("creds")
+                .contains("go together")
+        );
+        let text = OUTBOUNDS.replace("[outbounds.corp]", "[outbounds.direct]");
+        assert!(
+            Config::from_toml(&text)
+                .expect_err("name")
+                .contains("built in")
+        );
     }
 
     #[test]

@@ -19,7 +19,7 @@ use crate::budget::{Admission, Budget, MemoryPressure, Platform};
 use crate::config::{Config, ConfigError, DriverMode, StackKind, nat_address};
 use crate::driver::{self, DriverKind};
 use crate::nat::{NatConfig, NatTable, SystemClock};
-use crate::outbound::{Protect, SocketFactory};
+use crate::outbound::{Outbounds, Protect, SocketFactory};
 use crate::stats::{NatSnapshot, Stats, StatsSnapshot, WarnLimiter};
 use crate::system::{self, FamilyAddrs, Shared};
 use crate::tun::{Tun, TunSource};
@@ -308,13 +308,17 @@ async fn prepare(
     };
     let half_open_timeout = nat_cfg.half_open_timeout;
     let (stop, _) = tokio::sync::watch::channel(system::RUNNING);
+    let factory = SocketFactory::new(&config.direct, protect);
+    let outbounds = Outbounds::new(config, factory.clone(), budget.relay_buffer)?;
+    let stats = Stats::with_outbounds(outbounds.names());
     let shared = Arc::new(Shared {
         nat: Arc::new(NatTable::new(nat_cfg, Arc::new(SystemClock))),
-        factory: SocketFactory::new(&config.direct, protect),
+        factory,
+        outbounds,
         rules: config.rules.clone(),
         admission: Arc::new(Admission::new(budget.tcp_sessions)),
         budget,
-        stats: Stats::default(),
+        stats,
         warn: WarnLimiter::new(Duration::from_secs(5)),
         pending: Mutex::new(Default::default()),
         v4: fams[0],

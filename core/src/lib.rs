@@ -23,6 +23,8 @@ pub mod outbound;
 pub mod packet;
 pub mod relay;
 pub mod rules;
+#[cfg(any(target_os = "linux", target_os = "android"))]
+pub mod splice;
 pub mod stats;
 #[allow(unsafe_code)]
 mod sys;

@@ -5,19 +5,58 @@
 use std::fmt;
 use std::net::SocketAddr;
 use std::str::FromStr;
+use std::sync::Arc;
 
 use ipnet::IpNet;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-/// What happens to a matching flow.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
+/// What happens to a matching flow: `direct`, `reject`, or the name of a
+/// configured outbound (`[outbounds.NAME]`).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
 pub enum Action {
     /// Connect from this host, bypassing the TUN.
     #[default]
     Direct,
     /// Refuse: TCP gets an RST at SYN time, UDP datagrams are dropped and counted.
     Reject,
+    /// Send through the named proxy outbound.
+    Outbound(Arc<str>),
+}
+
+impl Action {
+    fn as_str(&self) -> &str {
+        match self {
+            Action::Direct => "direct",
+            Action::Reject => "reject",
+            Action::Outbound(n) => n,
+        }
+    }
+}
+
+impl From<&str> for Action {
+    fn from(s: &str) -> Self {
+        match s {
+            "direct" => Action::Direct,
+            "reject" => Action::Reject,
+            name => Action::Outbound(name.into()),
+        }
+    }
+}
+
+impl Serialize for Action {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
+impl<'de> Deserialize<'de> for Action {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        if s.is_empty() {
+            return Err(serde::de::Error::custom("empty action"));
+        }
+        Ok(Action::from(s.as_str()))
+    }
 }
 
 /// An inclusive destination port range, written `443` or `8000-8999`.
@@ -94,7 +133,8 @@ pub struct Rule {
 }
 
 impl Rule {
-    fn matches(&self, dst: &SocketAddr) -> bool {
+    /// Whether every condition of the rule holds for `dst`.
+    pub fn matches(&self, dst: &SocketAddr) -> bool {
         self.cidr.is_none_or(|n| n.contains(&dst.ip()))
             && self
                 .ports
@@ -104,10 +144,16 @@ impl Rule {
 
 /// The first matching rule's action, or [`Action::Direct`].
 pub fn decide(rules: &[Rule], dst: &SocketAddr) -> Action {
+    decide_ref(rules, dst).clone()
+}
+
+/// [`decide`] without the clone.
+pub fn decide_ref<'a>(rules: &'a [Rule], dst: &SocketAddr) -> &'a Action {
+    static DIRECT: Action = Action::Direct;
     rules
         .iter()
         .find(|r| r.matches(dst))
-        .map_or(Action::Direct, |r| r.action)
+        .map_or(&DIRECT, |r| &r.action)
 }
 
 #[cfg(test)]
@@ -143,6 +189,32 @@ mod tests {
         assert_eq!(decide(&rules, &sa("[fd00::1]:25")), Action::Reject);
         assert_eq!(decide(&rules, &sa("[fd00::1]:26")), Action::Direct);
         assert_eq!(decide(&[], &sa("1.2.3.4:1")), Action::Direct);
+    }
+
+    #[test]
+    fn actions_name_outbounds() {
+        let rules = vec![
+            Rule {
+                cidr: Some("fd00::/8".parse().expect("net")),
+                ports: None,
+                action: Action::from("ss"),
+            },
+            Rule {
+                cidr: None,
+                ports: None,
+                action: Action::from("corp"),
+            },
+        ];
+        assert_eq!(
+            decide(&rules, &sa("[fd00::1]:443")),
+            Action::Outbound("ss".into())
+        );
+        assert_eq!(
+            decide(&rules, &sa("1.1.1.1:53")),
+            Action::Outbound("corp".into())
+        );
+        assert_eq!(Action::from("direct"), Action::Direct);
+        assert_eq!(Action::from("reject"), Action::Reject);
     }
 
     #[test]

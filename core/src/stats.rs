@@ -43,10 +43,16 @@ pub enum EngineDrop {
     TunReadBatch,
     /// A packet the TUN refused to take.
     TunWrite,
+    /// A proxied UDP flow's bounded queue was full (proxy slow or still
+    /// handshaking).
+    UdpQueueFull,
+    /// A datagram from a proxy that did not decode (bad header, tag,
+    /// fragment, or a source other than the flow's server).
+    UdpProxyReply,
 }
 
 impl EngineDrop {
-    pub const COUNT: usize = 13;
+    pub const COUNT: usize = 15;
     pub const ALL: [EngineDrop; Self::COUNT] = [
         EngineDrop::NoMapping,
         EngineDrop::StrayTcp,
@@ -61,6 +67,8 @@ impl EngineDrop {
         EngineDrop::UdpOpenFailed,
         EngineDrop::TunReadBatch,
         EngineDrop::TunWrite,
+        EngineDrop::UdpQueueFull,
+        EngineDrop::UdpProxyReply,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -78,6 +86,8 @@ impl EngineDrop {
             EngineDrop::UdpOpenFailed => "udp_open_failed",
             EngineDrop::TunReadBatch => "tun_read_batch",
             EngineDrop::TunWrite => "tun_write",
+            EngineDrop::UdpQueueFull => "udp_queue_full",
+            EngineDrop::UdpProxyReply => "udp_proxy_reply",
         }
     }
 }
@@ -113,9 +123,60 @@ pub struct Stats {
     pub tun_writes: AtomicU64,
     pub rejects: [AtomicU64; Reject::COUNT],
     pub drops: [AtomicU64; EngineDrop::COUNT],
+    /// TCP payload bytes (both directions) moved with splice(2), never in userspace.
+    pub tcp_bytes_spliced: AtomicU64,
+    /// TCP payload bytes (both directions) moved through a userspace buffer.
+    pub tcp_bytes_copied: AtomicU64,
+    /// Relay directions that could have spliced but copied (fallback errno,
+    /// no pipe, SIGPIPE at its default action).
+    pub splice_fallbacks: AtomicU64,
+    /// Per proxy outbound, in the order of [`crate::outbound::Outbounds::names`].
+    pub outbounds: Box<[OutboundCounters]>,
+}
+
+/// Counters of one proxy outbound.
+#[derive(Debug, Default)]
+pub struct OutboundCounters {
+    pub name: String,
+    /// TCP connections opened through it (handshake done).
+    pub tcp_connects: AtomicU64,
+    /// TCP connects that failed on the network (refused, unreachable, timeout).
+    pub tcp_failures: AtomicU64,
+    /// Handshakes or frames the proxy got wrong (bad reply, refusal code,
+    /// failed decryption), TCP and UDP.
+    pub protocol_errors: AtomicU64,
+    /// UDP flows opened through it.
+    pub udp_flows: AtomicU64,
+    /// UDP associations that could not be opened.
+    pub udp_failures: AtomicU64,
+}
+
+/// A snapshot of one proxy outbound's counters.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct OutboundSnapshot {
+    pub name: String,
+    pub tcp_connects: u64,
+    pub tcp_failures: u64,
+    pub protocol_errors: u64,
+    pub udp_flows: u64,
+    pub udp_failures: u64,
 }
 
 impl Stats {
+    /// Counters with one [`OutboundCounters`] per proxy outbound.
+    pub fn with_outbounds<'a>(names: impl IntoIterator<Item = &'a String>) -> Self {
+        Stats {
+            outbounds: names
+                .into_iter()
+                .map(|n| OutboundCounters {
+                    name: n.clone(),
+                    ..OutboundCounters::default()
+                })
+                .collect(),
+            ..Stats::default()
+        }
+    }
+
     pub fn drop(&self, why: EngineDrop) {
         self.drops[why as usize].fetch_add(1, Relaxed);
     }
@@ -273,6 +334,14 @@ pub struct StatsSnapshot {
     pub tun_writes: u64,
     /// Non-zero drop counters, by reason name (parse rejections and engine drops).
     pub drops: Vec<(&'static str, u64)>,
+    /// TCP payload bytes moved with splice(2) (both directions).
+    pub tcp_bytes_spliced: u64,
+    /// TCP payload bytes moved through userspace buffers (both directions).
+    pub tcp_bytes_copied: u64,
+    /// Relay directions that fell back from splice to a userspace copy.
+    pub splice_fallbacks: u64,
+    /// Per proxy outbound.
+    pub outbounds: Vec<OutboundSnapshot>,
 }
 
 impl StatsSnapshot {
@@ -335,6 +404,21 @@ impl Stats {
             tun_read_max_batch: g(&self.tun_read_max_batch),
             tun_writes: g(&self.tun_writes),
             drops,
+            tcp_bytes_spliced: g(&self.tcp_bytes_spliced),
+            tcp_bytes_copied: g(&self.tcp_bytes_copied),
+            splice_fallbacks: g(&self.splice_fallbacks),
+            outbounds: self
+                .outbounds
+                .iter()
+                .map(|o| OutboundSnapshot {
+                    name: o.name.clone(),
+                    tcp_connects: g(&o.tcp_connects),
+                    tcp_failures: g(&o.tcp_failures),
+                    protocol_errors: g(&o.protocol_errors),
+                    udp_flows: g(&o.udp_flows),
+                    udp_failures: g(&o.udp_failures),
+                })
+                .collect(),
             ..Default::default()
         }
     }

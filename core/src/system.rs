@@ -26,7 +26,7 @@ use tokio::sync::watch;
 
 use crate::budget::{Admission, Budget, OwnedPermit};
 use crate::nat::{FlowKey, NatGuard, NatTable};
-use crate::outbound::{SocketFactory, reset_on_close};
+use crate::outbound::{OutboundStream, Outbounds, Route, SocketFactory, reset_on_close};
 use crate::packet::{self, Disposition, IpInfo, TcpInfo};
 use crate::relay;
 use crate::rules::{self, Action, Rule};
@@ -49,9 +49,11 @@ use crate::translate::{self, Cause, StackAddrs, TcpStep};
 pub(crate) enum Pending {
     /// The outbound connect is in flight; the app's SYN is held.
     Connecting,
-    /// Connected; the SYN went to the kernel. Expires if never accepted.
+    /// Connected (handshake with a proxy done); the SYN went to the kernel.
+    /// Expires if never accepted. `out` carries the outbound chosen at SYN
+    /// time (and its framing) on to the session.
     Ready {
-        out: TcpStream,
+        out: OutboundStream,
         permit: OwnedPermit,
         since: Instant,
     },
@@ -64,6 +66,8 @@ pub(crate) struct Shared {
     pub tun: Tun,
     pub factory: SocketFactory,
     pub rules: Vec<Rule>,
+    /// Proxies, the rules resolved to them, and the relay options.
+    pub outbounds: Outbounds,
     pub budget: Budget,
     pub admission: Arc<Admission>,
     pub stats: Stats,
@@ -255,7 +259,9 @@ impl Processor {
 }
 
 /// Connect the outbound for a held SYN, then release the SYN to the kernel
-/// (success) or answer the app with an RST (failure).
+/// (success) or answer the app with an RST (failure). The route is decided
+/// again here from the same immutable rules `new_connection` checked for
+/// `reject`, so it is the one chosen at SYN time.
 async fn connect_then_release(
     sh: Arc<Shared>,
     key: FlowKey,
@@ -264,7 +270,8 @@ async fn connect_then_release(
     permit: OwnedPermit,
 ) {
     let len = syn.len() - HEADROOM;
-    let result = sh.factory.connect_tcp(key.server).await;
+    let route = sh.outbounds.route(&key.server);
+    let result = sh.outbounds.connect(route, key.server, &sh.stats).await;
     let pkt = &mut syn[HEADROOM..];
     let (ip, tcp) =
         match packet::parse_ip(pkt).and_then(|ip| Ok((ip, packet::parse_tcp(pkt, &ip)?))) {
@@ -299,7 +306,12 @@ async fn connect_then_release(
             sh.pending.lock().remove(&port);
             sh.nat.abort_half_open(port, Instant::now());
             sh.stats.tcp_connect_failed.fetch_add(1, Relaxed);
-            tracing::debug!("connect {} -> {}: {e}", key.client, key.server);
+            tracing::debug!(
+                "connect {} -> {} via {}: {e}",
+                key.client,
+                key.server,
+                sh.outbounds.name(route)
+            );
             drop(permit);
             let n = packet::tcp_rst_reply(pkt, &ip, &tcp);
             if sh.tun.send(&mut syn, n).await.is_err() {
@@ -428,7 +440,7 @@ impl Drop for ActiveSession<'_> {
 async fn session(
     sh: Arc<Shared>,
     app: TcpStream,
-    out: TcpStream,
+    out: OutboundStream,
     guard: NatGuard,
     permit: OwnedPermit,
 ) {
@@ -436,21 +448,59 @@ async fn session(
     sh.stats.tcp_sessions_active.fetch_add(1, Relaxed);
     let active = ActiveSession(&sh.stats);
     let mut phase = sh.stop.subscribe();
+    let OutboundStream {
+        stream: out,
+        codec,
+        route,
+    } = out;
+    let meter = relay::Meter {
+        up: &sh.stats.tcp_bytes_up,
+        down: &sh.stats.tcp_bytes_down,
+        spliced: &sh.stats.tcp_bytes_spliced,
+        copied: &sh.stats.tcp_bytes_copied,
+    };
+    let opts = &sh.outbounds.relay;
+    let relayed = async {
+        match codec {
+            // Plain kernel sockets on both sides: splice where possible.
+            None => relay::relay(&app, &out, opts, &meter).await,
+            Some(codec) => {
+                let (mut seal, mut open) = *codec;
+                relay::relay_codec(&app, &out, &mut seal, &mut open, opts.buffer, &meter).await
+            }
+        }
+    };
     let r = tokio::select! {
-        r = relay::relay(
-            &app,
-            &out,
-            sh.budget.relay_buffer,
-            &sh.stats.tcp_bytes_up,
-            &sh.stats.tcp_bytes_down,
-        ) => r,
+        r = relayed => r,
         _ = phase.wait_for(|p| *p >= DRAINING) => Err(io::Error::other("engine stopping")),
     };
-    if let Err(e) = r {
-        // Propagate a failure as a reset on both sides rather than a clean FIN.
-        tracing::debug!("relay ended with {e}");
-        reset_on_close(&app);
-        reset_on_close(&out);
+    match &r {
+        Ok(done) => {
+            let fell_back = [done.up, done.down]
+                .iter()
+                .filter(|l| {
+                    !matches!(l.fallback, None | Some(relay::Fallback::Disabled)) && l.bytes() > 0
+                })
+                .count();
+            if fell_back > 0 {
+                sh.stats
+                    .splice_fallbacks
+                    .fetch_add(fell_back as u64, Relaxed);
+            }
+        }
+        Err(e) => {
+            // A Shadowsocks frame that does not decrypt is the proxy's fault.
+            if e.kind() == io::ErrorKind::InvalidData
+                && let Route::Proxy(i) = route
+                && let Some(c) = sh.stats.outbounds.get(i)
+            {
+                c.protocol_errors.fetch_add(1, Relaxed);
+            }
+            // Propagate a failure as a reset on both sides rather than a clean FIN.
+            tracing::debug!("relay via {} ended with {e}", sh.outbounds.name(route));
+            reset_on_close(&app);
+            reset_on_close(&out);
+        }
     }
     drop(active);
     drop(permit);

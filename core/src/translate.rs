@@ -101,7 +101,7 @@ pub fn translate_tcp(
         server: SocketAddr::new(ip.dst, tcp.dst_port),
     };
     let syn_only = tcp.is_syn_only();
-    match nat.uplink(&key, syn_only, now) {
+    match nat.uplink(&key, syn_only.then_some(tcp.seq), now) {
         Ok(Uplink {
             port,
             created: true,

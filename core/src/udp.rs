@@ -7,6 +7,14 @@
 //! `timeouts.udp_idle_s`, and uplink datagrams are handed to the kernel with
 //! a non-blocking send, so the socket's own send buffer is the only queue: a
 //! full one is a counted drop, never unbounded memory.
+//!
+//! Flows the rules send through a proxy (SOCKS5 UDP ASSOCIATE, Shadowsocks
+//! UDP) need a handshake and framing before a datagram can leave, which the
+//! driver must not wait for. They take a queued path: the driver copies the
+//! payload into one of the flow's [`QUEUE_DEPTH`] recycled buffers and hands
+//! it to the flow's task over a bounded channel; a full queue is a counted
+//! drop. The task opens the association, frames and sends, and turns the
+//! proxy's replies back into IP packets.
 
 use std::collections::HashMap;
 use std::io;
@@ -16,19 +24,44 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
 use tokio::net::UdpSocket;
+use tokio::sync::mpsc;
 use tokio::task::AbortHandle;
 
+use crate::outbound::{Address, ProxyUdp, Route};
 use crate::packet::{self, IPV4_UDP_HEADERS, IPV6_UDP_HEADERS, IpInfo};
-use crate::rules::{self, Action};
 use crate::stats::{EngineDrop, LocalCounters, Stats};
 use crate::system::Shared;
 use crate::tun::HEADROOM;
 
 type Key = (SocketAddr, SocketAddr);
 
+/// Datagrams a proxied flow holds while its proxy is slow or still
+/// handshaking. Each buffer is sized to the largest datagram it carried and
+/// recycled, so a busy flow allocates at most this many; 16 x an iOS MTU of
+/// 4064 bytes is 64 KiB per flow.
+pub(crate) const QUEUE_DEPTH: usize = 16;
+
+/// The driver's end of a proxied flow's queue.
+#[derive(Debug)]
+struct Queue {
+    tx: mpsc::Sender<Vec<u8>>,
+    /// Buffers the flow's task has sent and handed back.
+    spare: mpsc::Receiver<Vec<u8>>,
+    /// Buffers created so far (at most [`QUEUE_DEPTH`]).
+    made: usize,
+}
+
+#[derive(Debug)]
+enum FlowIo {
+    /// Direct: a connected socket, sent to synchronously.
+    Direct(Arc<UdpSocket>),
+    /// Through a proxy: queued to the flow's task.
+    Queued(Queue),
+}
+
 #[derive(Debug)]
 struct Flow {
-    sock: Arc<UdpSocket>,
+    io: FlowIo,
     /// Last uplink datagram (driver-local, no atomics needed).
     last_up: Instant,
     /// Last downlink datagram, milliseconds since the table's epoch.
@@ -88,52 +121,104 @@ impl UdpTable {
             return;
         };
         flow.last_up = now;
-        // A direct non-blocking send(2): tokio's `try_send` consults its cached
-        // readiness first and answers WouldBlock on a socket epoll has not yet
-        // reported writable, which would drop every flow's first datagram.
-        match socket2::SockRef::from(&*flow.sock).send(payload) {
-            Ok(_) => {
-                local.udp_packets_up += 1;
-                local.udp_bytes_up += payload.len() as u64;
+        match &mut flow.io {
+            FlowIo::Direct(sock) => {
+                // A direct non-blocking send(2): tokio's `try_send` consults its
+                // cached readiness first and answers WouldBlock on a socket epoll
+                // has not yet reported writable, which would drop every flow's
+                // first datagram.
+                match socket2::SockRef::from(&**sock).send(payload) {
+                    Ok(_) => {
+                        local.udp_packets_up += 1;
+                        local.udp_bytes_up += payload.len() as u64;
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                        local.drop(EngineDrop::UdpSendFull)
+                    }
+                    Err(_) => local.drop(EngineDrop::UdpSendError),
+                }
             }
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => local.drop(EngineDrop::UdpSendFull),
-            Err(_) => local.drop(EngineDrop::UdpSendError),
+            FlowIo::Queued(q) => {
+                let mut buf = match q.spare.try_recv() {
+                    Ok(b) => b,
+                    Err(_) if q.made < QUEUE_DEPTH => {
+                        q.made += 1;
+                        Vec::new()
+                    }
+                    Err(_) => return local.drop(EngineDrop::UdpQueueFull),
+                };
+                buf.clear();
+                buf.extend_from_slice(payload);
+                match q.tx.try_send(buf) {
+                    Ok(()) => {}
+                    Err(mpsc::error::TrySendError::Full(_)) => local.drop(EngineDrop::UdpQueueFull),
+                    // The association failed or ended; the flow idles out.
+                    Err(mpsc::error::TrySendError::Closed(_)) => {
+                        local.drop(EngineDrop::UdpSendError)
+                    }
+                }
+            }
         }
     }
 
     fn open(&mut self, key: Key, now: Instant, local: &mut LocalCounters) -> bool {
         let (client, server) = key;
-        if rules::decide(&self.shared.rules, &server) == Action::Reject {
+        let shared = self.shared.clone();
+        let outbounds = &shared.outbounds;
+        let route = outbounds.route(&server);
+        if route == Route::Reject {
             local.drop(EngineDrop::UdpRejected);
             return false;
         }
         if self.flows.len() >= self.shared.budget.udp_flows {
             self.evict_oldest();
         }
-        let sock = match self.shared.factory.udp_connected(server) {
-            Ok(s) => Arc::new(s),
-            Err(e) => {
-                local.drop(EngineDrop::UdpOpenFailed);
-                self.shared
-                    .warn
-                    .warn(format_args!("udp flow to {server}: {e}"));
-                return false;
+        let last_down = Arc::new(AtomicU64::new(0));
+        let (io, task) = match route {
+            Route::Proxy(i) if outbounds.udp_proxied(route) => {
+                let (tx, rx) = mpsc::channel(QUEUE_DEPTH);
+                let (spare_tx, spare) = mpsc::channel(QUEUE_DEPTH);
+                let task = tokio::spawn(proxy_flow(
+                    self.shared.clone(),
+                    i,
+                    client,
+                    server,
+                    rx,
+                    spare_tx,
+                    last_down.clone(),
+                    self.epoch,
+                ))
+                .abort_handle();
+                (FlowIo::Queued(Queue { tx, spare, made: 0 }), task)
+            }
+            // Direct, or a proxy configured without UDP.
+            _ => {
+                let sock = match shared.factory.udp_connected(server) {
+                    Ok(s) => Arc::new(s),
+                    Err(e) => {
+                        local.drop(EngineDrop::UdpOpenFailed);
+                        self.shared
+                            .warn
+                            .warn(format_args!("udp flow to {server}: {e}"));
+                        return false;
+                    }
+                };
+                let task = tokio::spawn(reply_loop(
+                    sock.clone(),
+                    self.shared.clone(),
+                    client,
+                    server,
+                    last_down.clone(),
+                    self.epoch,
+                ))
+                .abort_handle();
+                (FlowIo::Direct(sock), task)
             }
         };
-        let last_down = Arc::new(AtomicU64::new(0));
-        let task = tokio::spawn(reply_loop(
-            sock.clone(),
-            self.shared.clone(),
-            client,
-            server,
-            last_down.clone(),
-            self.epoch,
-        ))
-        .abort_handle();
         self.flows.insert(
             key,
             Flow {
-                sock,
+                io,
                 last_up: now,
                 last_down,
                 task,
@@ -236,4 +321,158 @@ async fn reply_loop(
             Err(_) => return,
         }
     }
+}
+
+/// A proxied flow: open the association, then send what the driver queues
+/// and turn the proxy's replies into IP packets, until the flow is dropped
+/// (the driver aborts the task), the queue closes, or the association ends.
+#[allow(clippy::too_many_arguments)]
+async fn proxy_flow(
+    shared: Arc<Shared>,
+    idx: usize,
+    client: SocketAddr,
+    server: SocketAddr,
+    mut rx: mpsc::Receiver<Vec<u8>>,
+    spare: mpsc::Sender<Vec<u8>>,
+    last_down: Arc<AtomicU64>,
+    epoch: Instant,
+) {
+    let stats: &Stats = &shared.stats;
+    let counters = stats.outbounds.get(idx);
+    let assoc = match shared.outbounds.udp(idx).await {
+        Ok(a) => {
+            if let Some(c) = counters {
+                c.udp_flows.fetch_add(1, Relaxed);
+            }
+            a
+        }
+        Err(e) => {
+            if let Some(c) = counters {
+                if e.is_protocol() {
+                    c.protocol_errors.fetch_add(1, Relaxed);
+                } else {
+                    c.udp_failures.fetch_add(1, Relaxed);
+                }
+            }
+            shared.warn.warn(format_args!(
+                "udp flow to {server} via {}: {e}",
+                shared.outbounds.name(Route::Proxy(idx))
+            ));
+            return;
+        }
+    };
+    let ProxyUdp {
+        sock,
+        control,
+        mut codec,
+    } = assoc;
+    let target = Address::Ip(server);
+    let hdr = if server.is_ipv6() {
+        IPV6_UDP_HEADERS
+    } else {
+        IPV4_UDP_HEADERS
+    };
+    let max_payload = usize::from(shared.mtu).saturating_sub(hdr);
+    // Framing overhead: at most a SIP022 header with 900 bytes of padding.
+    const MAX_DATAGRAM: usize = 65_535;
+    let mut wire: Vec<u8> = Vec::new();
+    let mut rbuf: Option<Box<[u8]>> = None;
+    let control_closed = async {
+        let Some(c) = &control else {
+            return std::future::pending::<()>().await;
+        };
+        let mut b = [0u8; 64];
+        loop {
+            if c.readable().await.is_err() {
+                return;
+            }
+            match c.try_read(&mut b) {
+                Ok(0) => return,
+                Ok(_) => {} // nothing is expected on it; ignore
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(_) => return,
+            }
+        }
+    };
+    tokio::pin!(control_closed);
+    loop {
+        tokio::select! {
+            d = rx.recv() => {
+                let Some(buf) = d else { return };
+                match codec.encode(&target, &buf, &mut wire) {
+                    Ok(()) => match sock.send(&wire).await {
+                        Ok(_) => {
+                            stats.udp_packets_up.fetch_add(1, Relaxed);
+                            stats.udp_bytes_up.fetch_add(buf.len() as u64, Relaxed);
+                        }
+                        Err(_) => stats.drop(EngineDrop::UdpSendError),
+                    },
+                    Err(_) => stats.drop(EngineDrop::UdpSendError),
+                }
+                // Hand the buffer back for the next datagram (the driver
+                // allocates only while fewer than QUEUE_DEPTH exist).
+                let _ = spare.try_send(buf);
+                if wire.capacity() > MAX_DATAGRAM * 2 {
+                    wire = Vec::new();
+                }
+            }
+            r = sock.readable() => {
+                if r.is_err() {
+                    return;
+                }
+                let b = rbuf.get_or_insert_with(|| vec![0u8; HEADROOM + hdr + MAX_DATAGRAM].into_boxed_slice());
+                let start = HEADROOM + hdr;
+                match sock.try_recv(&mut b[start..]) {
+                    Ok(n) => {
+                        last_down.store(epoch.elapsed().as_millis() as u64, Relaxed);
+                        let (from, range) = match codec.decode(&mut b[start..start + n]) {
+                            Ok(v) => v,
+                            Err(e) => {
+                                if e.is_protocol() && let Some(c) = counters {
+                                    c.protocol_errors.fetch_add(1, Relaxed);
+                                }
+                                stats.drop(EngineDrop::UdpProxyReply);
+                                continue;
+                            }
+                        };
+                        // Like a connected socket: only the flow's server answers.
+                        if from.canonical_ip().is_some_and(|a| a != canonical(server)) {
+                            stats.drop(EngineDrop::UdpProxyReply);
+                            continue;
+                        }
+                        let len = range.len();
+                        if len > max_payload {
+                            stats.drop(EngineDrop::UdpProxyReply);
+                            continue;
+                        }
+                        b.copy_within(start + range.start..start + range.end, start);
+                        match packet::write_udp_headers(&mut b[HEADROOM..], server, client, len) {
+                            Ok(total) => match shared.tun.send(b, total).await {
+                                Ok(()) => {
+                                    stats.udp_packets_down.fetch_add(1, Relaxed);
+                                    stats.udp_bytes_down.fetch_add(len as u64, Relaxed);
+                                }
+                                Err(_) => stats.drop(EngineDrop::TunWrite),
+                            },
+                            Err(r) => {
+                                stats.rejects[r.index()].fetch_add(1, Relaxed);
+                            }
+                        }
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => rbuf = None,
+                    Err(e)
+                        if matches!(
+                            e.kind(),
+                            io::ErrorKind::ConnectionRefused | io::ErrorKind::Interrupted
+                        ) => {}
+                    Err(_) => return,
+                }
+            }
+            _ = &mut control_closed => return,
+        }
+    }
+}
+
+fn canonical(a: SocketAddr) -> SocketAddr {
+    Address::Ip(a).canonical_ip().unwrap_or(a)
 }

@@ -43,10 +43,11 @@
 //! # Entry size
 //!
 //! Measured with `size_of` (asserted in the tests, 64-bit targets):
-//! `Mapping` is 56 bytes (8 generation + 8 last-seen + 38 packed key + 1
-//! state), the reverse bucket `(u16, Mapping)` 64, the forward bucket
-//! `(PackedKey, u16)` 40; with hashbrown's one control byte per bucket that
-//! is 106 bytes per connection at full load, 121 to 212 bytes across
+//! `Mapping` is 64 bytes (8 generation + 8 last-seen + 38 packed key + 1
+//! state + 4 SYN sequence number, padded), the reverse bucket `(u16, Mapping)`
+//! 72, the forward bucket `(PackedKey, u16)` 40; with hashbrown's one control
+//! byte per bucket that is 114 bytes per connection at full load, about 130 to
+//! 228 bytes across
 //! hashbrown's 7/8 to 1/2 load range. `Closing { since }` reuses the
 //! last-seen field: a Closing entry is never refreshed, so its last-seen is
 //! the moment it was marked.
@@ -282,6 +283,9 @@ struct Mapping {
     last_seen: AtomicU64,
     key: PackedKey,
     phase: Phase,
+    /// Initial sequence number of the SYN that created the entry: a SYN with
+    /// the same ISN is a retransmit, another ISN is a new connection.
+    isn: u32,
 }
 
 impl Mapping {
@@ -479,19 +483,31 @@ impl NatTable {
         &self.cfg
     }
 
-    /// Hot path, per uplink segment.
+    /// Hot path, per uplink segment. `syn` is `Some(isn)` for a SYN without
+    /// ACK (its initial sequence number), `None` for every other segment.
     ///
-    /// * HalfOpen/Active entry: refresh it and return its port (a SYN
-    ///   retransmit reuses the HalfOpen mapping).
-    /// * Closing entry, `syn_only` (SYN without ACK: a new connection reusing
-    ///   the 4-tuple, as after TIME_WAIT): the old entry is removed from both
-    ///   maps and a *different* port is allocated, `created = true`.
-    /// * Closing entry, not `syn_only`: its port (late FIN/ACK), without
-    ///   extending the linger.
-    /// * No entry, `syn_only`: a new HalfOpen mapping, `created = true`.
-    /// * No entry, not `syn_only`: [`NatError::NoMapping`], counted; a stray
+    /// * HalfOpen/Active entry: refresh it and return its port. A SYN with the
+    ///   entry's ISN is a retransmit and reuses the mapping.
+    /// * HalfOpen/Active entry, SYN with a *different* ISN: the app opened a
+    ///   new connection on the same 4-tuple (its side of the old one is gone;
+    ///   a passive closer keeps no TIME_WAIT) before the old session ended.
+    ///   Handled like a Closing entry below; reusing the port would land the
+    ///   SYN on the old connection's kernel socket, which in TIME_WAIT accepts
+    ///   it as a second connection on the same NAT port.
+    /// * Closing entry, SYN (a new connection reusing the 4-tuple): the old
+    ///   entry is removed from both maps and a *different* port is allocated,
+    ///   `created = true`.
+    /// * Closing entry, not a SYN: its port (late FIN/ACK), without extending
+    ///   the linger.
+    /// * No entry, SYN: a new HalfOpen mapping, `created = true`.
+    /// * No entry, not a SYN: [`NatError::NoMapping`], counted; a stray
     ///   segment never allocates.
-    pub fn uplink(&self, key: &FlowKey, syn_only: bool, now: Instant) -> Result<Uplink, NatError> {
+    pub fn uplink(
+        &self,
+        key: &FlowKey,
+        syn: Option<u32>,
+        now: Instant,
+    ) -> Result<Uplink, NatError> {
         let pk = PackedKey::new(key);
         let fshard = &self.forward[shard_index(hash_key(&pk))];
         let now_ms = self.ms(now);
@@ -502,14 +518,15 @@ impl NatTable {
                 let rev = self.reverse_shard(port).read();
                 if let Some(m) = rev.get(&port).filter(|m| m.key == pk) {
                     match m.phase {
-                        Phase::HalfOpen | Phase::Active => {
+                        Phase::HalfOpen | Phase::Active if syn.is_none_or(|isn| isn == m.isn) => {
                             m.touch(now_ms);
                             return Ok(Uplink {
                                 port,
                                 created: false,
                             });
                         }
-                        Phase::Closing if !syn_only => {
+                        Phase::HalfOpen | Phase::Active => {} // new ISN: replaced below
+                        Phase::Closing if syn.is_none() => {
                             return Ok(Uplink {
                                 port,
                                 created: false,
@@ -523,11 +540,11 @@ impl NatTable {
                 // never translate through it. A SYN repairs it below.
             }
         }
-        if !syn_only {
+        let Some(isn) = syn else {
             self.errors.uplink_no_mapping.fetch_add(1, Relaxed);
             return Err(NatError::NoMapping);
-        }
-        self.uplink_syn(pk, fshard, now_ms)
+        };
+        self.uplink_syn(pk, isn, fshard, now_ms)
     }
 
     /// New-connection path: holds the key's forward shard for writing
@@ -536,17 +553,18 @@ impl NatTable {
     fn uplink_syn(
         &self,
         pk: PackedKey,
+        isn: u32,
         fshard: &ForwardShard,
         now_ms: u64,
     ) -> Result<Uplink, NatError> {
         let mut fwd = fshard.write();
-        // Closing entry being replaced: (port, generation).
+        // Entry being replaced: (port, generation, phase).
         let mut replacing = None;
         if let Some(&port) = fwd.get(&pk) {
             let rev = self.reverse_shard(port).read();
             if let Some(m) = rev.get(&port).filter(|m| m.key == pk) {
-                if m.phase == Phase::Closing {
-                    replacing = Some((port, m.generation));
+                if m.phase == Phase::Closing || m.isn != isn {
+                    replacing = Some((port, m.generation, m.phase));
                 } else {
                     // Another thread's SYN won the race, or a retransmit.
                     m.touch(now_ms);
@@ -566,14 +584,14 @@ impl NatTable {
         // its port is skipped like any other in use: the new connection gets
         // a different port, and the kernel never sees the new SYN land on the
         // old connection's socket.
-        let Some(port) = self.allocate(pk, now_ms) else {
+        let Some(port) = self.allocate(pk, isn, now_ms) else {
             if replacing.is_none() {
                 self.len.fetch_sub(1, Relaxed);
             }
             self.errors.no_free_port.fetch_add(1, Relaxed);
             return Err(NatError::NoFreePort);
         };
-        if let Some((old, generation)) = replacing {
+        if let Some((old, generation, phase)) = replacing {
             let mut rev = self.reverse_shard(old).write();
             let removed = match rev.entry(old) {
                 MapEntry::Occupied(o) if o.get().generation == generation => {
@@ -583,7 +601,11 @@ impl NatTable {
                 _ => false,
             };
             if removed {
-                self.closing.fetch_sub(1, Relaxed);
+                match phase {
+                    Phase::HalfOpen => self.half_open.fetch_sub(1, Relaxed),
+                    Phase::Active => self.active.fetch_sub(1, Relaxed),
+                    Phase::Closing => self.closing.fetch_sub(1, Relaxed),
+                };
             } else {
                 // Cannot happen while we hold the forward shard (only
                 // forward-shard holders remove), but the budget must stay
@@ -608,7 +630,7 @@ impl NatTable {
 
     /// Probes at most `max_probes` candidates from the rotating cursor and
     /// inserts a HalfOpen mapping on the first vacant one.
-    fn allocate(&self, key: PackedKey, now_ms: u64) -> Option<u16> {
+    fn allocate(&self, key: PackedKey, isn: u32, now_ms: u64) -> Option<u16> {
         if self.range_len == 0 {
             return None;
         }
@@ -629,6 +651,7 @@ impl NatTable {
                     last_seen: AtomicU64::new(now_ms),
                     key,
                     phase: Phase::HalfOpen,
+                    isn,
                 });
                 self.half_open.fetch_add(1, Relaxed);
                 return Some(port);
@@ -1038,9 +1061,48 @@ mod tests {
 
     /// SYN, accept and guard for `key`.
     fn open(t: &Arc<NatTable>, key: &FlowKey, now: Instant) -> NatGuard {
-        let u = t.uplink(key, true, now).unwrap();
+        let u = t.uplink(key, Some(0), now).unwrap();
         assert!(u.created);
         t.guard(&t.accept(u.port, now).unwrap())
+    }
+
+    #[test]
+    fn syn_with_a_new_isn_on_an_active_entry_is_a_new_connection() {
+        let (clock, t) = table(NatConfig::default());
+        let now = clock.now();
+        let k = flow(40000);
+        let first = t.uplink(&k, Some(1000), now).expect("syn");
+        let acc = t.accept(first.port, now).expect("accept");
+        let guard = t.guard(&acc);
+        // Retransmit of the original SYN: same ISN, same port.
+        let again = t.uplink(&k, Some(1000), now).expect("retransmit");
+        assert_eq!((again.port, again.created), (first.port, false));
+        // The app reused the 4-tuple for a new connection before the old
+        // session ended: another ISN gets a different port.
+        let second = t.uplink(&k, Some(777), now).expect("new connection");
+        assert!(second.created);
+        assert_ne!(second.port, first.port);
+        assert_eq!(t.state(first.port), None, "old mapping retired");
+        assert_eq!(t.counts().active, 0);
+        assert_eq!(t.counts().half_open, 1);
+        // The old session's guard cannot touch the new entry.
+        drop(guard);
+        assert_eq!(t.state(second.port), Some(NatState::HalfOpen));
+        assert_eq!(t.len(), 1, "the replacement took over the budget slot");
+        t.check_invariants().expect("invariants");
+    }
+
+    #[test]
+    fn syn_with_a_new_isn_on_a_half_open_entry_replaces_it() {
+        let (clock, t) = table(NatConfig::default());
+        let now = clock.now();
+        let k = flow(40001);
+        let first = t.uplink(&k, Some(5), now).expect("syn");
+        let second = t.uplink(&k, Some(6), now).expect("new attempt");
+        assert!(second.created && second.port != first.port);
+        assert_eq!(t.accept(first.port, now), Err(NatError::NoMapping));
+        assert!(t.accept(second.port, now).is_ok());
+        t.check_invariants().expect("invariants");
     }
 
     #[test]
@@ -1048,8 +1110,8 @@ mod tests {
     fn entry_size_is_within_the_design_target() {
         use std::mem::size_of;
         assert_eq!(size_of::<PackedKey>(), 38);
-        assert_eq!(size_of::<Mapping>(), 56);
-        assert_eq!(size_of::<(u16, Mapping)>(), 64);
+        assert_eq!(size_of::<Mapping>(), 64);
+        assert_eq!(size_of::<(u16, Mapping)>(), 72);
         assert_eq!(size_of::<(PackedKey, u16)>(), 40);
     }
 
@@ -1076,7 +1138,7 @@ mod tests {
         let (clock, t) = table(cfg());
         let now = clock.now();
         let k = flow(12345);
-        let u = t.uplink(&k, true, now).unwrap();
+        let u = t.uplink(&k, Some(0), now).unwrap();
         assert!(u.created);
         assert!(t.config().port_range.contains(&u.port));
         assert_eq!(t.downlink(u.port, now), Some(k));
@@ -1084,7 +1146,7 @@ mod tests {
         assert_eq!(t.state(u.port), Some(NatState::HalfOpen));
         // The ACK of the handshake and later segments find the same port.
         assert_eq!(
-            t.uplink(&k, false, now).unwrap(),
+            t.uplink(&k, None, now).unwrap(),
             Uplink {
                 port: u.port,
                 created: false
@@ -1106,9 +1168,9 @@ mod tests {
     fn syn_retransmit_reuses_half_open() {
         let (clock, t) = table(cfg());
         let k = flow(1);
-        let first = t.uplink(&k, true, clock.now()).unwrap();
+        let first = t.uplink(&k, Some(0), clock.now()).unwrap();
         clock.advance(SEC);
-        let again = t.uplink(&k, true, clock.now()).unwrap();
+        let again = t.uplink(&k, Some(0), clock.now()).unwrap();
         assert_eq!(
             again,
             Uplink {
@@ -1124,7 +1186,7 @@ mod tests {
     fn stray_segment_never_allocates() {
         let (clock, t) = table(cfg());
         assert_eq!(
-            t.uplink(&flow(1), false, clock.now()),
+            t.uplink(&flow(1), None, clock.now()),
             Err(NatError::NoMapping)
         );
         assert!(t.is_empty());
@@ -1136,7 +1198,7 @@ mod tests {
     #[test]
     fn unmapped_downlink_is_dropped_and_counted() {
         let (clock, t) = table(cfg());
-        let u = t.uplink(&flow(1), true, clock.now()).unwrap();
+        let u = t.uplink(&flow(1), Some(0), clock.now()).unwrap();
         let other = if u.port == 10000 { 10001 } else { 10000 };
         assert_eq!(t.downlink(other, clock.now()), None);
         assert_eq!(t.downlink(0, clock.now()), None);
@@ -1151,7 +1213,7 @@ mod tests {
         let mut last = 0;
         for i in 0..16 {
             let k = if i % 2 == 0 { flow(i) } else { flow6(i) };
-            let u = t.uplink(&k, true, now).unwrap();
+            let u = t.uplink(&k, Some(0), now).unwrap();
             let a = t.accept(u.port, now).unwrap();
             assert_eq!((a.key, a.port), (k, u.port));
             assert!(a.generation > last, "{} after {last}", a.generation);
@@ -1174,7 +1236,7 @@ mod tests {
         let (clock, t) = table(cfg());
         let now = clock.now();
         assert_eq!(t.accept(10000, now), Err(NatError::NoMapping));
-        let u = t.uplink(&flow(1), true, now).unwrap();
+        let u = t.uplink(&flow(1), Some(0), now).unwrap();
         let a = t.accept(u.port, now).unwrap();
         assert_eq!(t.accept(u.port, now), Err(NatError::NotHalfOpen));
         assert!(t.mark_closing(u.port, a.generation, now));
@@ -1193,7 +1255,7 @@ mod tests {
             ..cfg()
         });
         let k = flow(7);
-        let u1 = t.uplink(&k, true, clock.now()).unwrap();
+        let u1 = t.uplink(&k, Some(0), clock.now()).unwrap();
         let a1 = t.accept(u1.port, clock.now()).unwrap();
         let old_guard = t.guard(&a1);
         // Admission refused the session: Closing while the guard still lives.
@@ -1203,7 +1265,7 @@ mod tests {
         assert_eq!(stale.len(), 1);
 
         // The app reuses the 4-tuple: a different port, the old entry gone.
-        let u2 = t.uplink(&k, true, clock.now()).unwrap();
+        let u2 = t.uplink(&k, Some(0), clock.now()).unwrap();
         assert!(u2.created);
         assert_ne!(u2.port, u1.port);
         assert_eq!(t.lookup(&k), Some(u2.port));
@@ -1221,7 +1283,7 @@ mod tests {
 
         // Another flow now takes the old port.
         let other = flow(8);
-        let u3 = t.uplink(&other, true, clock.now()).unwrap();
+        let u3 = t.uplink(&other, Some(0), clock.now()).unwrap();
         assert_eq!(u3.port, u1.port);
 
         // The old linger candidate and the old guard touch nothing.
@@ -1248,7 +1310,7 @@ mod tests {
         let k = flow(1);
         let g = open(&t, &k, clock.now());
         drop(g);
-        let u = t.uplink(&k, true, clock.now()).unwrap();
+        let u = t.uplink(&k, Some(0), clock.now()).unwrap();
         assert!(u.created);
         assert_eq!(t.len(), 1);
         ok(&t);
@@ -1260,9 +1322,12 @@ mod tests {
             ..cfg()
         });
         drop(open(&t, &k, clock.now()));
-        assert_eq!(t.uplink(&k, true, clock.now()), Err(NatError::NoFreePort));
+        assert_eq!(
+            t.uplink(&k, Some(0), clock.now()),
+            Err(NatError::NoFreePort)
+        );
         assert!(matches!(t.state(30000), Some(NatState::Closing { .. })));
-        assert_eq!(t.uplink(&k, false, clock.now()).unwrap().port, 30000);
+        assert_eq!(t.uplink(&k, None, clock.now()).unwrap().port, 30000);
         ok(&t);
     }
 
@@ -1275,7 +1340,7 @@ mod tests {
         drop(g);
         clock.advance(9 * SEC);
         assert_eq!(
-            t.uplink(&k, false, clock.now()).unwrap(),
+            t.uplink(&k, None, clock.now()).unwrap(),
             Uplink {
                 port,
                 created: false
@@ -1292,7 +1357,7 @@ mod tests {
                 closing: 1
             }
         );
-        assert_eq!(t.uplink(&k, false, clock.now()), Err(NatError::NoMapping));
+        assert_eq!(t.uplink(&k, None, clock.now()), Err(NatError::NoMapping));
         assert_eq!(t.downlink(port, clock.now()), None);
         assert!(t.is_empty());
         ok(&t);
@@ -1323,7 +1388,7 @@ mod tests {
     #[test]
     fn guard_dropped_during_a_panic_marks_closing() {
         let (clock, t) = table(cfg());
-        let u = t.uplink(&flow(1), true, clock.now()).unwrap();
+        let u = t.uplink(&flow(1), Some(0), clock.now()).unwrap();
         let a = t.accept(u.port, clock.now()).unwrap();
         let t2 = Arc::clone(&t);
         let result = panic::catch_unwind(AssertUnwindSafe(move || {
@@ -1340,7 +1405,7 @@ mod tests {
     fn mark_closing_needs_the_current_generation_and_does_not_restamp() {
         let (clock, t) = table(cfg());
         let now = clock.now();
-        let u = t.uplink(&flow(1), true, now).unwrap();
+        let u = t.uplink(&flow(1), Some(0), now).unwrap();
         let a = t.accept(u.port, now).unwrap();
         assert!(!t.mark_closing(u.port, a.generation + 1, now));
         assert!(!t.mark_closing(u.port.wrapping_add(1), a.generation, now));
@@ -1356,7 +1421,7 @@ mod tests {
     fn abort_half_open_only_closes_half_open() {
         let (clock, t) = table(cfg());
         let now = clock.now();
-        let u = t.uplink(&flow(1), true, now).unwrap();
+        let u = t.uplink(&flow(1), Some(0), now).unwrap();
         assert!(t.abort_half_open(u.port, now));
         assert!(!t.abort_half_open(u.port, now));
         assert!(matches!(t.state(u.port), Some(NatState::Closing { .. })));
@@ -1382,7 +1447,7 @@ mod tests {
         });
         let g = open(&t, &flow(1), clock.now());
         assert_eq!(
-            t.uplink(&flow(2), true, clock.now()),
+            t.uplink(&flow(2), Some(0), clock.now()),
             Err(NatError::TableFull)
         );
         assert_eq!(t.error_counts().table_full, 1);
@@ -1391,12 +1456,12 @@ mod tests {
         drop(g);
         // Lingering entries still count against the budget.
         assert_eq!(
-            t.uplink(&flow(2), true, clock.now()),
+            t.uplink(&flow(2), Some(0), clock.now()),
             Err(NatError::TableFull)
         );
         clock.advance(10 * SEC);
         assert_eq!(t.cleanup(clock.now()).closing, 1);
-        assert!(t.uplink(&flow(2), true, clock.now()).unwrap().created);
+        assert!(t.uplink(&flow(2), Some(0), clock.now()).unwrap().created);
         assert_eq!(t.error_counts().table_full, 2);
         ok(&t);
     }
@@ -1408,7 +1473,7 @@ mod tests {
             ..cfg()
         });
         assert_eq!(
-            t.uplink(&flow(1), true, clock.now()),
+            t.uplink(&flow(1), Some(0), clock.now()),
             Err(NatError::TableFull)
         );
         ok(&t);
@@ -1422,12 +1487,12 @@ mod tests {
         });
         let now = clock.now();
         let mut ports: Vec<u16> = (0..4)
-            .map(|i| t.uplink(&flow(i), true, now).unwrap().port)
+            .map(|i| t.uplink(&flow(i), Some(0), now).unwrap().port)
             .collect();
         ports.sort_unstable();
         assert_eq!(ports, [20000, 20001, 20002, 20003]);
-        assert_eq!(t.uplink(&flow(4), true, now), Err(NatError::NoFreePort));
-        assert_eq!(t.uplink(&flow6(4), true, now), Err(NatError::NoFreePort));
+        assert_eq!(t.uplink(&flow(4), Some(0), now), Err(NatError::NoFreePort));
+        assert_eq!(t.uplink(&flow6(4), Some(0), now), Err(NatError::NoFreePort));
         assert_eq!(t.error_counts().no_free_port, 2);
         // The failed allocations gave their budget reservation back.
         assert_eq!(t.len(), 4);
@@ -1441,7 +1506,7 @@ mod tests {
             ..cfg()
         });
         assert_eq!(
-            t.uplink(&flow(1), true, clock.now()),
+            t.uplink(&flow(1), Some(0), clock.now()),
             Err(NatError::NoFreePort)
         );
         // 3 probes over a range of 8 with 6 taken: the 3 candidates after
@@ -1452,17 +1517,17 @@ mod tests {
             ..cfg()
         });
         for i in 0..6 {
-            t.uplink(&flow(i), true, clock.now()).unwrap();
+            t.uplink(&flow(i), Some(0), clock.now()).unwrap();
         }
         t.cursor.store(0, Relaxed);
         assert_eq!(
-            t.uplink(&flow(9), true, clock.now()),
+            t.uplink(&flow(9), Some(0), clock.now()),
             Err(NatError::NoFreePort)
         );
         // Exactly three candidates were examined.
         assert_eq!(t.cursor.load(Relaxed), 3);
         t.cursor.store(4, Relaxed);
-        assert_eq!(t.uplink(&flow(9), true, clock.now()).unwrap().port, 106);
+        assert_eq!(t.uplink(&flow(9), Some(0), clock.now()).unwrap().port, 106);
         ok(&t);
     }
 
@@ -1474,9 +1539,12 @@ mod tests {
             port_range: 65535..=65535,
             ..cfg()
         });
-        assert_eq!(t.uplink(&flow(1), true, clock.now()).unwrap().port, 65535);
         assert_eq!(
-            t.uplink(&flow(2), true, clock.now()),
+            t.uplink(&flow(1), Some(0), clock.now()).unwrap().port,
+            65535
+        );
+        assert_eq!(
+            t.uplink(&flow(2), Some(0), clock.now()),
             Err(NatError::NoFreePort)
         );
         assert_eq!(t.downlink(65535, clock.now()), Some(flow(1)));
@@ -1486,9 +1554,9 @@ mod tests {
             port_range: 0..=1,
             ..cfg()
         });
-        assert_eq!(t.uplink(&flow(1), true, clock.now()).unwrap().port, 1);
+        assert_eq!(t.uplink(&flow(1), Some(0), clock.now()).unwrap().port, 1);
         assert_eq!(
-            t.uplink(&flow(2), true, clock.now()),
+            t.uplink(&flow(2), Some(0), clock.now()),
             Err(NatError::NoFreePort)
         );
         ok(&t);
@@ -1497,7 +1565,7 @@ mod tests {
             ..cfg()
         });
         assert_eq!(
-            t.uplink(&flow(1), true, clock.now()),
+            t.uplink(&flow(1), Some(0), clock.now()),
             Err(NatError::NoFreePort)
         );
         // An empty range.
@@ -1506,7 +1574,7 @@ mod tests {
             ..cfg()
         });
         assert_eq!(
-            t.uplink(&flow(1), true, clock.now()),
+            t.uplink(&flow(1), Some(0), clock.now()),
             Err(NatError::NoFreePort)
         );
         assert!(t.is_empty());
@@ -1518,7 +1586,7 @@ mod tests {
         });
         t.cursor.store(65534, Relaxed);
         let ports: Vec<u16> = (0..3)
-            .map(|i| t.uplink(&flow(i), true, clock.now()).unwrap().port)
+            .map(|i| t.uplink(&flow(i), Some(0), clock.now()).unwrap().port)
             .collect();
         assert_eq!(ports, [65534, 65535, 1]);
         ok(&t);
@@ -1527,11 +1595,14 @@ mod tests {
     #[test]
     fn cursor_rotates_instead_of_reusing_a_freed_port() {
         let (clock, t) = table(cfg());
-        let u = t.uplink(&flow(1), true, clock.now()).unwrap();
+        let u = t.uplink(&flow(1), Some(0), clock.now()).unwrap();
         assert!(t.abort_half_open(u.port, clock.now()));
         clock.advance(10 * SEC);
         assert_eq!(t.cleanup(clock.now()).closing, 1);
-        assert_ne!(t.uplink(&flow(2), true, clock.now()).unwrap().port, u.port);
+        assert_ne!(
+            t.uplink(&flow(2), Some(0), clock.now()).unwrap().port,
+            u.port
+        );
     }
 
     #[test]
@@ -1541,10 +1612,10 @@ mod tests {
             ..cfg()
         });
         let now = clock.now();
-        let p4 = t.uplink(&flow(5), true, now).unwrap().port;
-        let p6 = t.uplink(&flow6(5), true, now).unwrap().port;
+        let p4 = t.uplink(&flow(5), Some(0), now).unwrap().port;
+        let p6 = t.uplink(&flow6(5), Some(0), now).unwrap().port;
         assert_ne!(p4, p6);
-        assert_eq!(t.uplink(&flow(6), true, now), Err(NatError::NoFreePort));
+        assert_eq!(t.uplink(&flow(6), Some(0), now), Err(NatError::NoFreePort));
         assert_eq!(t.downlink(p4, now), Some(flow(5)));
         assert_eq!(t.downlink(p6, now), Some(flow6(5)));
         ok(&t);
@@ -1554,7 +1625,7 @@ mod tests {
     fn cleanup_timeouts_per_state() {
         let (clock, t) = table(cfg());
         let start = clock.now();
-        let half = t.uplink(&flow(1), true, start).unwrap().port;
+        let half = t.uplink(&flow(1), Some(0), start).unwrap().port;
         let active = open(&t, &flow(2), start);
         let closing = open(&t, &flow(3), start);
         let closing_port = closing.port();
@@ -1597,14 +1668,14 @@ mod tests {
         for _ in 0..3 {
             clock.advance(Duration::from_secs(7000));
             // Alternate directions: either refreshes.
-            t.uplink(&k, false, clock.now()).unwrap();
+            t.uplink(&k, None, clock.now()).unwrap();
             clock.advance(Duration::from_secs(7000));
             t.downlink(g.port(), clock.now()).unwrap();
             assert_eq!(t.cleanup(clock.now()).total(), 0);
         }
-        let h = t.uplink(&flow(2), true, clock.now()).unwrap().port;
+        let h = t.uplink(&flow(2), Some(0), clock.now()).unwrap().port;
         clock.advance(20 * SEC);
-        t.uplink(&flow(2), true, clock.now()).unwrap(); // SYN retransmit
+        t.uplink(&flow(2), Some(0), clock.now()).unwrap(); // SYN retransmit
         clock.advance(20 * SEC);
         assert_eq!(t.cleanup(clock.now()).total(), 0);
         assert_eq!(t.state(h), Some(NatState::HalfOpen));
@@ -1616,13 +1687,13 @@ mod tests {
         let (clock, t) = table(cfg());
         let k = flow(1);
         let g = open(&t, &k, clock.now());
-        let h = t.uplink(&flow(2), true, clock.now()).unwrap().port;
+        let h = t.uplink(&flow(2), Some(0), clock.now()).unwrap().port;
         clock.advance(Duration::from_secs(7440));
         let now = clock.now();
         let expired = t.collect_expired(now);
         assert_eq!(expired.len(), 2);
         // Segments arrive after the scan, before the deletion.
-        t.uplink(&k, false, now).unwrap();
+        t.uplink(&k, None, now).unwrap();
         t.downlink(h, now).unwrap();
         assert_eq!(t.remove_if_expired(&expired, now).total(), 0);
         assert_eq!(t.state(g.port()), Some(NatState::Active));
@@ -1639,7 +1710,7 @@ mod tests {
     #[test]
     fn accept_between_collect_and_remove_keeps_the_mapping() {
         let (clock, t) = table(cfg());
-        let u = t.uplink(&flow(1), true, clock.now()).unwrap();
+        let u = t.uplink(&flow(1), Some(0), clock.now()).unwrap();
         clock.advance(30 * SEC);
         let expired = t.collect_expired(clock.now());
         assert_eq!(expired.len(), 1);
@@ -1659,12 +1730,12 @@ mod tests {
         clock.advance(Duration::MAX);
         clock.advance(Duration::from_secs(u64::MAX / 4));
         let far = clock.now();
-        t.uplink(&flow(1), false, far).unwrap();
+        t.uplink(&flow(1), None, far).unwrap();
         drop(g);
         assert!(t.cleanup(far).total() <= 1);
         // A `now` before the table's epoch counts as the epoch.
         let early = t.epoch.checked_sub(SEC).unwrap_or(t.epoch);
-        let _ = t.uplink(&flow(2), true, early).unwrap();
+        let _ = t.uplink(&flow(2), Some(0), early).unwrap();
         ok(&t);
     }
 
@@ -1714,7 +1785,7 @@ mod tests {
                         Op::Uplink { flow: f, syn } => {
                             let key = if f % 2 == 0 { flow(u16::from(f)) } else { flow6(u16::from(f)) };
                             let before = t.len();
-                            match t.uplink(&key, syn, now) {
+                            match t.uplink(&key, syn.then_some(0), now) {
                                 Ok(u) => {
                                     prop_assert!(syn || !u.created);
                                     prop_assert_eq!(t.downlink(u.port, now), Some(key));
@@ -1783,7 +1854,7 @@ mod tests {
             sa("10.9.9.9:1"),
             SocketAddr::new(sa("1.1.1.1:0").ip(), round),
         );
-        let shared_result = t.uplink(&shared, true, now);
+        let shared_result = t.uplink(&shared, Some(0), now);
         // Everyone has sent the SYN before it is closed: a SYN that met the
         // Closing entry would rightly get a new port.
         barrier.wait();
@@ -1822,7 +1893,7 @@ mod tests {
                     t.cleanup(now);
                 }
                 match slot.guard.take() {
-                    None => match t.uplink(&key, true, now) {
+                    None => match t.uplink(&key, Some(0), now) {
                         Ok(u) => {
                             assert!(u.created, "my flow had no live entry");
                             if let Some(old) = slot.closed_port.take() {
@@ -1838,7 +1909,7 @@ mod tests {
                     Some(g) => {
                         let port = g.port();
                         assert_eq!(
-                            t.uplink(&key, false, now),
+                            t.uplink(&key, None, now),
                             Ok(Uplink {
                                 port,
                                 created: false
@@ -1849,14 +1920,14 @@ mod tests {
                             0 => {
                                 drop(g);
                                 // Late FIN/ACK still translated while lingering.
-                                assert_eq!(t.uplink(&key, false, now).map(|u| u.port), Ok(port));
+                                assert_eq!(t.uplink(&key, None, now).map(|u| u.port), Ok(port));
                                 slot.closed_port = Some(port);
                             }
                             1 => {
                                 // Closed under the guard's feet, then the
                                 // 4-tuple is reused before the guard drops.
                                 assert!(t.mark_closing(port, g.generation(), now));
-                                match t.uplink(&key, true, now) {
+                                match t.uplink(&key, Some(0), now) {
                                     Ok(u) => {
                                         assert!(u.created);
                                         assert_ne!(u.port, port);

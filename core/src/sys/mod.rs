@@ -27,3 +27,7 @@ pub fn async_device_from_owned(fd: OwnedFd) -> io::Result<tun_rs::AsyncDevice> {
     // on drop, also on its error path inside tun-rs).
     unsafe { tun_rs::AsyncDevice::from_fd(raw) }
 }
+
+/// splice(2), pipes and the urgent-mark probe for the splice relay.
+#[cfg(any(target_os = "linux", target_os = "android"))]
+pub mod splice;

@@ -1,0 +1,487 @@
+//! Outbounds: direct, SOCKS5 and Shadowsocks, and the rules that pick one
+//! per connection (at SYN time) and per UDP flow.
+//!
+//! Every socket the engine opens toward the network, to a destination or to
+//! a proxy, goes through [`SocketFactory`], which applies the loop-avoidance
+//! the host chose (bind to an interface, an fwmark, or the app's
+//! `protect(fd)` hook) before the first packet leaves, so nothing the engine
+//! sends loops back into the TUN.
+
+use std::fmt;
+use std::io;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::ops::Range;
+use std::os::fd::AsRawFd;
+use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::Duration;
+
+use socket2::{Domain, Protocol, SockRef, Socket, Type};
+use tokio::io::AsyncWriteExt;
+use tokio::net::{TcpSocket, TcpStream, UdpSocket};
+
+use crate::config::{Config, ConfigError, DirectConfig, OutboundConfig};
+use crate::relay::RelayOptions;
+use crate::rules::Action;
+use crate::stats::Stats;
+
+pub mod addr;
+pub mod shadowsocks;
+pub mod socks5;
+
+pub use addr::Address;
+use shadowsocks::{Key, ShadowsocksError, SsOpen, SsSeal, UdpSession};
+use socks5::{Credentials, HandshakeError, Socks5Error};
+
+/// The host's hook to exempt a socket from the VPN (Android
+/// `VpnService.protect(fd)`). Called once per outbound socket, before connect.
+pub trait Protect: Send + Sync + fmt::Debug {
+    /// Return an error to abort the connection (it is counted and the app sees a reset).
+    fn protect(&self, fd: i32) -> Result<(), String>;
+}
+
+/// Creates outbound sockets with the configured loop avoidance applied.
+#[derive(Debug, Clone)]
+pub struct SocketFactory {
+    interface: Option<String>,
+    fwmark: Option<u32>,
+    protect: Option<Arc<dyn Protect>>,
+    connect_timeout: Duration,
+}
+
+impl SocketFactory {
+    pub fn new(cfg: &DirectConfig, protect: Option<Arc<dyn Protect>>) -> Self {
+        Self {
+            interface: cfg.interface.clone(),
+            fwmark: cfg.fwmark,
+            protect,
+            connect_timeout: Duration::from_millis(cfg.connect_timeout_ms.max(1)),
+        }
+    }
+
+    fn prepare(&self, sock: &Socket) -> io::Result<()> {
+        sock.set_nonblocking(true)?;
+        #[cfg(any(target_os = "linux", target_os = "android"))]
+        {
+            if let Some(ifname) = &self.interface {
+                sock.bind_device(Some(ifname.as_bytes()))?;
+            }
+            if let Some(mark) = self.fwmark {
+                sock.set_mark(mark)?;
+            }
+        }
+        #[cfg(not(any(target_os = "linux", target_os = "android")))]
+        {
+            if self.interface.is_some() || self.fwmark.is_some() {
+                return Err(io::Error::new(
+                    io::ErrorKind::Unsupported,
+                    "direct.interface / direct.fwmark are Linux-only; use the protect hook",
+                ));
+            }
+        }
+        if let Some(p) = &self.protect {
+            p.protect(sock.as_raw_fd())
+                .map_err(|e| io::Error::other(format!("protect(fd) refused: {e}")))?;
+        }
+        Ok(())
+    }
+
+    /// The configured connect timeout (also bounds proxy handshakes).
+    pub fn connect_timeout(&self) -> Duration {
+        self.connect_timeout
+    }
+
+    /// Connect a direct TCP socket, bounded by the configured timeout.
+    pub async fn connect_tcp(&self, dst: SocketAddr) -> io::Result<TcpStream> {
+        let sock = Socket::new(Domain::for_address(dst), Type::STREAM, Some(Protocol::TCP))?;
+        self.prepare(&sock)?;
+        let sock = TcpSocket::from_std_stream(std::net::TcpStream::from(sock));
+        match tokio::time::timeout(self.connect_timeout, sock.connect(dst)).await {
+            Ok(r) => {
+                let s = r?;
+                s.set_nodelay(true)?;
+                Ok(s)
+            }
+            Err(_) => Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("connect to {dst} timed out"),
+            )),
+        }
+    }
+
+    /// A connected direct UDP socket for one flow.
+    pub fn udp_connected(&self, dst: SocketAddr) -> io::Result<UdpSocket> {
+        let sock = Socket::new(Domain::for_address(dst), Type::DGRAM, Some(Protocol::UDP))?;
+        self.prepare(&sock)?;
+        sock.connect(&dst.into())?;
+        UdpSocket::from_std(std::net::UdpSocket::from(sock))
+    }
+}
+
+/// Close a TCP socket with an RST instead of a FIN (SO_LINGER 0), so the
+/// peer learns at once that the connection failed.
+pub fn reset_on_close(s: &TcpStream) {
+    let _ = SockRef::from(s).set_linger(Some(Duration::ZERO));
+}
+
+/// Where a flow goes, decided once (SYN time for TCP, first datagram for UDP).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Route {
+    Direct,
+    Reject,
+    /// Index into the configured outbounds (sorted by name).
+    Proxy(usize),
+}
+
+/// A configured proxy, with its key material derived once at start.
+#[derive(Debug)]
+enum Proxy {
+    Socks5 {
+        server: SocketAddr,
+        creds: Option<Credentials>,
+        udp: bool,
+    },
+    Shadowsocks {
+        server: SocketAddr,
+        key: Key,
+        udp: bool,
+    },
+}
+
+/// Why an outbound could not be opened. Counted (per outbound for proxies);
+/// the app sees a reset, or the datagram is dropped.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum OutboundError {
+    /// Connecting or talking to the destination or the proxy failed.
+    #[error("{0}")]
+    Io(#[from] io::Error),
+    /// The proxy did not finish its handshake in time.
+    #[error("proxy handshake timed out after {0:?}")]
+    Timeout(Duration),
+    /// The SOCKS5 proxy refused or misbehaved.
+    #[error("socks5: {0}")]
+    Socks5(#[from] Socks5Error),
+    /// A Shadowsocks frame could not be built or read.
+    #[error("shadowsocks: {0}")]
+    Shadowsocks(#[from] ShadowsocksError),
+    /// The route is `reject`, or the outbound does not relay UDP.
+    #[error("refused by the rules")]
+    Rejected,
+}
+
+impl From<HandshakeError> for OutboundError {
+    fn from(e: HandshakeError) -> Self {
+        match e {
+            HandshakeError::Io(e) => OutboundError::Io(e),
+            HandshakeError::Protocol(e) => OutboundError::Socks5(e),
+            HandshakeError::Timeout(t) => OutboundError::Timeout(t),
+        }
+    }
+}
+
+impl OutboundError {
+    /// A proxy that answered wrongly (rather than a network failure).
+    pub fn is_protocol(&self) -> bool {
+        matches!(
+            self,
+            OutboundError::Socks5(_) | OutboundError::Shadowsocks(_)
+        )
+    }
+}
+
+/// A connected TCP outbound, handshake done, ready for the relay.
+#[derive(Debug)]
+pub struct OutboundStream {
+    pub stream: TcpStream,
+    /// The stream framing of Shadowsocks AEAD; `None` means the socket
+    /// carries the app's bytes unchanged (direct, SOCKS5, `none`) and can be
+    /// spliced. Boxed: cipher state is large and most streams have none.
+    pub codec: Option<Box<(SsSeal, SsOpen)>>,
+    /// Which outbound this is (for statistics).
+    pub route: Route,
+}
+
+/// The outbounds and rules of one engine.
+#[derive(Debug)]
+pub struct Outbounds {
+    factory: SocketFactory,
+    names: Vec<String>,
+    proxies: Vec<Proxy>,
+    /// The route of each configured rule, in rule order.
+    rules: Vec<(crate::rules::Rule, Route)>,
+    /// TCP relay options (`[relay]`).
+    pub relay: RelayOptions,
+}
+
+impl Outbounds {
+    /// Resolve the rules against the configured outbounds and derive keys.
+    /// `config` must have passed [`Config::validate`].
+    pub fn new(
+        config: &Config,
+        factory: SocketFactory,
+        relay_buffer: usize,
+    ) -> Result<Self, ConfigError> {
+        let mut names = Vec::new();
+        let mut proxies = Vec::new();
+        for (name, o) in &config.outbounds {
+            let bad = |reason: String| ConfigError::BadOutbound {
+                name: name.clone(),
+                reason,
+            };
+            proxies.push(match o {
+                OutboundConfig::Socks5(c) => Proxy::Socks5 {
+                    server: c.server,
+                    creds: match (&c.username, &c.password) {
+                        (Some(u), Some(p)) => Some(Credentials {
+                            username: u.clone(),
+                            password: p.clone(),
+                        }),
+                        _ => None,
+                    },
+                    udp: c.udp,
+                },
+                OutboundConfig::Shadowsocks(c) => Proxy::Shadowsocks {
+                    server: c.server,
+                    key: Key::new(c.method, &c.password).map_err(|e| bad(e.to_string()))?,
+                    udp: c.udp,
+                },
+            });
+            names.push(name.clone());
+        }
+        let mut rules = Vec::with_capacity(config.rules.len());
+        for (i, r) in config.rules.iter().enumerate() {
+            let route = match &r.action {
+                Action::Direct => Route::Direct,
+                Action::Reject => Route::Reject,
+                Action::Outbound(n) => match names.iter().position(|x| **x == **n) {
+                    Some(idx) => Route::Proxy(idx),
+                    None => {
+                        return Err(ConfigError::UnknownOutbound {
+                            rule: i,
+                            name: n.to_string(),
+                        });
+                    }
+                },
+            };
+            rules.push((r.clone(), route));
+        }
+        Ok(Outbounds {
+            factory,
+            names,
+            proxies,
+            rules,
+            relay: RelayOptions {
+                splice: config.relay.splice,
+                buffer: relay_buffer,
+                pipe_size: config.relay.pipe_size,
+            },
+        })
+    }
+
+    /// The route of a destination: the first matching rule's, else direct.
+    pub fn route(&self, dst: &SocketAddr) -> Route {
+        self.rules
+            .iter()
+            .find(|(r, _)| r.matches(dst))
+            .map_or(Route::Direct, |(_, route)| *route)
+    }
+
+    /// The configured outbound names, in index order.
+    pub fn names(&self) -> &[String] {
+        &self.names
+    }
+
+    /// A route's name, for logs.
+    pub fn name(&self, route: Route) -> &str {
+        match route {
+            Route::Direct => "direct",
+            Route::Reject => "reject",
+            Route::Proxy(i) => self.names.get(i).map_or("?", String::as_str),
+        }
+    }
+
+    /// Open a TCP outbound to `dst` along `route`, handshake included, and
+    /// count the outcome per outbound.
+    pub async fn connect(
+        &self,
+        route: Route,
+        dst: SocketAddr,
+        stats: &Stats,
+    ) -> Result<OutboundStream, OutboundError> {
+        let r = self.connect_inner(route, dst).await;
+        if let Route::Proxy(i) = route
+            && let Some(c) = stats.outbounds.get(i)
+        {
+            match &r {
+                Ok(_) => c.tcp_connects.fetch_add(1, Relaxed),
+                Err(e) if e.is_protocol() => c.protocol_errors.fetch_add(1, Relaxed),
+                Err(_) => c.tcp_failures.fetch_add(1, Relaxed),
+            };
+        }
+        r
+    }
+
+    async fn connect_inner(
+        &self,
+        route: Route,
+        dst: SocketAddr,
+    ) -> Result<OutboundStream, OutboundError> {
+        let timeout = self.factory.connect_timeout;
+        let proxy = match route {
+            Route::Reject => return Err(OutboundError::Rejected),
+            Route::Direct => {
+                return Ok(OutboundStream {
+                    stream: self.factory.connect_tcp(dst).await?,
+                    codec: None,
+                    route,
+                });
+            }
+            Route::Proxy(i) => self.proxies.get(i).ok_or(OutboundError::Rejected)?,
+        };
+        match proxy {
+            Proxy::Socks5 { server, creds, .. } => {
+                let mut s = self.factory.connect_tcp(*server).await?;
+                socks5::handshake(
+                    &mut s,
+                    creds.as_ref(),
+                    socks5::Command::Connect,
+                    &Address::Ip(dst),
+                    timeout,
+                )
+                .await?;
+                Ok(OutboundStream {
+                    stream: s,
+                    codec: None,
+                    route,
+                })
+            }
+            Proxy::Shadowsocks { server, key, .. } => {
+                let mut s = self.factory.connect_tcp(*server).await?;
+                let session = shadowsocks::tcp_session(key, &Address::Ip(dst))?;
+                match tokio::time::timeout(timeout, s.write_all(&session.header)).await {
+                    Ok(r) => r?,
+                    Err(_) => return Err(OutboundError::Timeout(timeout)),
+                }
+                Ok(OutboundStream {
+                    stream: s,
+                    codec: session.codec.map(Box::new),
+                    route,
+                })
+            }
+        }
+    }
+
+    /// Whether UDP flows on `route` go through a proxy (the queued path).
+    pub fn udp_proxied(&self, route: Route) -> bool {
+        match route {
+            Route::Proxy(i) => matches!(
+                self.proxies.get(i),
+                Some(Proxy::Socks5 { udp: true, .. } | Proxy::Shadowsocks { udp: true, .. })
+            ),
+            _ => false,
+        }
+    }
+
+    /// The socket factory (direct UDP flows use it as it is).
+    pub fn factory(&self) -> &SocketFactory {
+        &self.factory
+    }
+
+    /// Open a UDP association through proxy `i` (SOCKS5 UDP ASSOCIATE, or a
+    /// Shadowsocks UDP session).
+    pub async fn udp(&self, i: usize) -> Result<ProxyUdp, OutboundError> {
+        let timeout = self.factory.connect_timeout;
+        match self.proxies.get(i) {
+            Some(Proxy::Socks5 {
+                server,
+                creds,
+                udp: true,
+            }) => {
+                let mut control = self.factory.connect_tcp(*server).await?;
+                // The client's own UDP address is not known before the socket
+                // is connected; the unspecified address says "any" (RFC 1928).
+                let any = match server.ip() {
+                    IpAddr::V4(_) => SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 0),
+                    IpAddr::V6(_) => SocketAddr::new(IpAddr::V6(Ipv6Addr::UNSPECIFIED), 0),
+                };
+                let bound = socks5::handshake(
+                    &mut control,
+                    creds.as_ref(),
+                    socks5::Command::UdpAssociate,
+                    &Address::Ip(any),
+                    timeout,
+                )
+                .await?;
+                let relay = socks5::udp_relay_addr(&bound, *server);
+                let sock = self.factory.udp_connected(relay)?;
+                Ok(ProxyUdp {
+                    sock,
+                    control: Some(control),
+                    codec: UdpCodec { session: None },
+                })
+            }
+            Some(Proxy::Shadowsocks {
+                server,
+                key,
+                udp: true,
+            }) => Ok(ProxyUdp {
+                sock: self.factory.udp_connected(*server)?,
+                control: None,
+                codec: UdpCodec {
+                    session: Some(UdpSession::new(key)),
+                },
+            }),
+            _ => Err(OutboundError::Rejected),
+        }
+    }
+}
+
+/// One UDP flow's association with a proxy.
+#[derive(Debug)]
+pub struct ProxyUdp {
+    /// Connected to the SOCKS5 relay address or the Shadowsocks server.
+    pub sock: UdpSocket,
+    /// SOCKS5: the association lives as long as this TCP connection.
+    pub control: Option<TcpStream>,
+    /// The datagram framing.
+    pub codec: UdpCodec,
+}
+
+/// SOCKS5 or Shadowsocks datagram framing (sans-I/O).
+#[derive(Debug)]
+pub struct UdpCodec {
+    /// Shadowsocks session; `None` for SOCKS5.
+    session: Option<UdpSession>,
+}
+
+impl UdpCodec {
+    /// Wrap `payload` for `target` into `out` (cleared first).
+    pub fn encode(
+        &mut self,
+        target: &Address,
+        payload: &[u8],
+        out: &mut Vec<u8>,
+    ) -> Result<(), OutboundError> {
+        match &mut self.session {
+            Some(s) => Ok(s.encode(target, payload, out)?),
+            None => {
+                out.clear();
+                socks5::encode_udp_header(target, out)?;
+                out.extend_from_slice(payload);
+                Ok(())
+            }
+        }
+    }
+
+    /// Unwrap a datagram from the proxy in place: its source and the payload.
+    pub fn decode(&mut self, buf: &mut [u8]) -> Result<(Address, Range<usize>), OutboundError> {
+        match &mut self.session {
+            Some(s) => Ok(s.decode(buf)?),
+            None => {
+                let (a, off) = socks5::parse_udp(buf)?;
+                Ok((a, off..buf.len()))
+            }
+        }
+    }
+}

@@ -1,0 +1,317 @@
+//! The splice relay (Linux/Android): between two plain kernel TCP sockets,
+//! each direction moves its bytes socket -> pipe -> socket with `splice(2)`,
+//! so the payload never enters userspace (DESIGN.md part 9, seed 000).
+//!
+//! Semantics are those of [`crate::relay`]: EOF on one side shuts the other
+//! down for writing while the opposite direction goes on; the result is the
+//! byte count of each direction; an error in either ends both.
+//!
+//! Per direction:
+//!
+//! * The pipe is created when the source first has data (a one-byte peek
+//!   tells data from EOF), so a direction that carries nothing takes none: `pipe2(O_NONBLOCK |
+//!   O_CLOEXEC)` resized to [`RelayOptions::pipe_size`] best effort. A failed
+//!   `pipe2` (EMFILE...) or a pipe below [`MIN_PIPE`] (what the kernel gives
+//!   a user over `fs.pipe-user-pages-soft`) means the userspace copy.
+//! * Fill, then drain: splice from the source into the empty pipe, then from
+//!   the pipe into the destination until the pipe is empty. Readiness goes
+//!   through tokio's `readable`/`writable` + `try_io`, so an EAGAIN from
+//!   splice clears tokio's cached readiness.
+//! * Fallback: EINVAL, ENOSYS or EOPNOTSUPP from either splice before the
+//!   direction's first successful splice into the destination switches it to
+//!   the userspace copy. The bytes already in the pipe are read out and
+//!   written first (a failed splice consumes nothing), then the pipe is
+//!   closed. The same errno after a success is an error.
+//! * Urgent data: splice from TCP stops in front of the urgent (MSG_OOB)
+//!   byte and keeps answering EAGAIN, or 0 once the FIN is in, as long as
+//!   nothing reads past it. On every EAGAIN/0 from the source, SIOCATMARK
+//!   tells whether the read position is at the mark; if so, a normal recv
+//!   reads past it (dropping the urgent byte, as the userspace copy does)
+//!   and the bytes it returns are written out through userspace.
+//! * SPLICE_F_MORE is never set: it would cork the last segment.
+//! * SIGPIPE: splice cannot take MSG_NOSIGNAL. When the process has SIGPIPE
+//!   at its default action (a host app that did not ignore it), the relay
+//!   copies instead of splicing.
+
+use std::fs::File;
+use std::io::{self, Read};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+
+use tokio::io::Interest;
+use tokio::net::TcpStream;
+
+use crate::relay::{
+    self, Fallback, Leg, LegMeter, Meter, RelayOptions, Relayed, shutdown_write, write_all,
+};
+use crate::sys::splice as sys;
+
+/// Below this a pipe is not worth splicing through: 64 KiB is the kernel's
+/// default (16 pages); over the per-user budget it hands out 2 pages.
+pub const MIN_PIPE: usize = 64 * 1024;
+
+/// Bytes read past an urgent mark at a time (then splicing resumes).
+const URGENT_READ: usize = 4096;
+
+/// A pipe for one direction.
+#[derive(Debug)]
+pub struct Pipe {
+    pub read: OwnedFd,
+    pub write: OwnedFd,
+    /// Capacity granted by the kernel.
+    pub size: usize,
+}
+
+/// The system calls the relay makes, as a seam: tests wrap
+/// [`KernelSplice`] to inject errnos (`EINVAL` on the Nth call...) and pipe
+/// failures; production uses [`KernelSplice`] itself.
+pub trait SpliceOps: Sync {
+    /// A non-blocking pipe of (at least trying for) `size` bytes.
+    fn pipe(&self, size: usize) -> io::Result<Pipe>;
+    /// One non-blocking splice of at most `len` bytes.
+    fn splice(&self, from: BorrowedFd<'_>, to: BorrowedFd<'_>, len: usize) -> io::Result<usize>;
+}
+
+/// The real system calls.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct KernelSplice;
+
+impl SpliceOps for KernelSplice {
+    fn pipe(&self, size: usize) -> io::Result<Pipe> {
+        let (read, write, size) = sys::pipe(size)?;
+        Ok(Pipe { read, write, size })
+    }
+    fn splice(&self, from: BorrowedFd<'_>, to: BorrowedFd<'_>, len: usize) -> io::Result<usize> {
+        sys::splice(from, to, len)
+    }
+}
+
+/// Whether an errno means "this pair of descriptors cannot be spliced"
+/// rather than a connection failure.
+fn is_fallback_errno(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EINVAL | libc::ENOSYS | libc::EOPNOTSUPP)
+    )
+}
+
+/// Relay between two plain TCP sockets, splicing where the kernel allows.
+/// `ops` is [`KernelSplice`] outside tests.
+pub async fn relay(
+    app: &TcpStream,
+    out: &TcpStream,
+    opts: &RelayOptions,
+    meter: &Meter<'_>,
+    ops: &dyn SpliceOps,
+) -> io::Result<Relayed> {
+    if sys::sigpipe_is_default() {
+        return relay::copy_relay(app, out, opts.buffer, meter, Fallback::SigpipeDefault).await;
+    }
+    let (up, down) = tokio::try_join!(
+        leg(app, out, opts, meter.up_leg(), ops),
+        leg(out, app, opts, meter.down_leg(), ops)
+    )?;
+    tracing::trace!(
+        "relay done: up {} B spliced + {} B copied{}, down {} B spliced + {} B copied{}",
+        up.spliced,
+        up.copied,
+        fallback_note(&up),
+        down.spliced,
+        down.copied,
+        fallback_note(&down),
+    );
+    Ok(Relayed { up, down })
+}
+
+fn fallback_note(leg: &Leg) -> String {
+    match leg.fallback {
+        Some(f) => format!(" (fell back to copy: {f:?})"),
+        None => String::new(),
+    }
+}
+
+/// What the source side of one splice attempt found.
+enum Fill {
+    /// This many bytes are now in the pipe.
+    Bytes(usize),
+    /// Nothing now; wait for readiness.
+    Again,
+    /// The source reached EOF.
+    Eof,
+    /// Give up splicing this direction.
+    Fallback(Fallback),
+}
+
+/// One direction, `src` -> `dst`.
+async fn leg(
+    src: &TcpStream,
+    dst: &TcpStream,
+    opts: &RelayOptions,
+    meter: LegMeter<'_>,
+    ops: &dyn SpliceOps,
+) -> io::Result<Leg> {
+    let mut leg = Leg::default();
+    let mut pipe: Option<Pipe> = None;
+    // Once a splice into `dst` succeeded, fallback errnos are real errors.
+    let mut committed = false;
+    loop {
+        src.readable().await?;
+        if pipe.is_none() {
+            // Before the first pipe: a direction whose first event is EOF
+            // (an idle direction at close) needs none. One peek per direction.
+            let mut one = [0u8; 1];
+            if src.peek(&mut one).await? == 0 {
+                shutdown_write(dst)?;
+                return Ok(leg);
+            }
+            match ops.pipe(opts.pipe_size) {
+                Ok(p) if p.size >= MIN_PIPE => pipe = Some(p),
+                Ok(p) => {
+                    let why = Fallback::PipeTooSmall(p.size);
+                    return copy_rest(src, dst, opts, meter, leg, why).await;
+                }
+                Err(e) => {
+                    let why = Fallback::PipeFailed(e.raw_os_error().unwrap_or(0));
+                    return copy_rest(src, dst, opts, meter, leg, why).await;
+                }
+            }
+        }
+        let Some(p) = &pipe else {
+            return Err(io::Error::other("splice relay lost its pipe"));
+        };
+        let filled = fill(src, dst, p, ops, committed, meter, &mut leg).await?;
+        let mut in_pipe = match filled {
+            Fill::Bytes(n) => n,
+            Fill::Again => continue,
+            Fill::Eof => {
+                shutdown_write(dst)?;
+                return Ok(leg);
+            }
+            Fill::Fallback(why) => {
+                // Nothing is in the pipe here (fill only runs on an empty one).
+                drop(pipe.take());
+                return copy_rest(src, dst, opts, meter, leg, why).await;
+            }
+        };
+        while in_pipe > 0 {
+            dst.writable().await?;
+            let r = dst.try_io(Interest::WRITABLE, || {
+                ops.splice(p.read.as_fd(), dst.as_fd(), in_pipe)
+            });
+            match r {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(n) => {
+                    let n = n.min(in_pipe);
+                    in_pipe -= n;
+                    committed = true;
+                    meter.add_spliced(&mut leg, n);
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if !committed && is_fallback_errno(&e) => {
+                    let why = Fallback::Errno(e.raw_os_error().unwrap_or(0));
+                    let Some(p) = pipe.take() else {
+                        return Err(io::Error::other("splice relay lost its pipe"));
+                    };
+                    drain_pipe(p, in_pipe, dst, meter, &mut leg).await?;
+                    return copy_rest(src, dst, opts, meter, leg, why).await;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+}
+
+/// Splice what the source has into the (empty) pipe, handling the urgent
+/// mark. Bytes read past a mark are written to `dst` here, through userspace.
+async fn fill(
+    src: &TcpStream,
+    dst: &TcpStream,
+    p: &Pipe,
+    ops: &dyn SpliceOps,
+    committed: bool,
+    meter: LegMeter<'_>,
+    leg: &mut Leg,
+) -> io::Result<Fill> {
+    let r = src.try_io(Interest::READABLE, || {
+        ops.splice(src.as_fd(), p.write.as_fd(), p.size)
+    });
+    let eof = match r {
+        Ok(0) => true,
+        Ok(n) => return Ok(Fill::Bytes(n)),
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => false,
+        Err(e) if e.kind() == io::ErrorKind::Interrupted => return Ok(Fill::Again),
+        Err(e) if !committed && is_fallback_errno(&e) => {
+            return Ok(Fill::Fallback(Fallback::Errno(
+                e.raw_os_error().unwrap_or(0),
+            )));
+        }
+        Err(e) => return Err(e),
+    };
+    // EAGAIN or 0: either really nothing (or EOF), or splice stopped at an
+    // urgent mark with data (or the FIN) behind it.
+    let at_mark = match sys::at_urgent_mark(src.as_fd()) {
+        Ok(m) => m,
+        // No probe on this architecture: copying is the only safe choice.
+        Err(_) if !committed => return Ok(Fill::Fallback(Fallback::NoUrgentProbe)),
+        Err(e) => return Err(e),
+    };
+    if !at_mark {
+        return Ok(if eof { Fill::Eof } else { Fill::Again });
+    }
+    // A normal recv skips the urgent byte (SO_OOBINLINE is off) and returns
+    // what follows; reading one byte past the mark clears it for splice.
+    let mut buf = [0u8; URGENT_READ];
+    match src.try_read(&mut buf) {
+        Ok(0) => Ok(Fill::Eof), // the urgent byte was the last before the FIN
+        Ok(n) => {
+            tracing::trace!("relay read {n} B past an urgent mark");
+            write_all(dst, &buf[..n]).await?;
+            meter.add_copied(leg, n);
+            Ok(Fill::Again)
+        }
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(Fill::Again),
+        Err(e) if e.kind() == io::ErrorKind::Interrupted => Ok(Fill::Again),
+        Err(e) => Err(e),
+    }
+}
+
+/// Fallback with bytes in the pipe: read them out and write them to `dst`
+/// first, so nothing is lost or reordered, then close the pipe.
+async fn drain_pipe(
+    p: Pipe,
+    mut left: usize,
+    dst: &TcpStream,
+    meter: LegMeter<'_>,
+    leg: &mut Leg,
+) -> io::Result<()> {
+    let mut reader = File::from(p.read);
+    let mut buf = vec![0u8; left.min(relay::PLAIN_READ_SIZE)];
+    while left > 0 {
+        let want = left.min(buf.len());
+        // The bytes are already in the pipe: this read does not block.
+        let n = match reader.read(&mut buf[..want]) {
+            Ok(0) => return Err(io::Error::other("pipe emptied under the relay")),
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        write_all(dst, &buf[..n]).await?;
+        meter.add_copied(leg, n);
+        left -= n;
+    }
+    Ok(())
+}
+
+/// The rest of the direction through userspace.
+async fn copy_rest(
+    src: &TcpStream,
+    dst: &TcpStream,
+    opts: &RelayOptions,
+    meter: LegMeter<'_>,
+    mut leg: Leg,
+    why: Fallback,
+) -> io::Result<Leg> {
+    tracing::trace!("relay direction falls back to userspace copy: {why:?}");
+    leg.fallback = Some(why);
+    relay::pump(src, dst, opts.buffer, meter, leg).await
+}
