@@ -347,6 +347,13 @@ pub mod servers {
         Sink,
         /// Hold the connection open without reading until the peer closes.
         Hold,
+        /// Read one request, echo it, then close first (the server is the
+        /// active closer, as in HTTP/1.0): for connection churn.
+        OneShot,
+        /// Echo until this many bytes were received, then reset (SO_LINGER 0).
+        ResetAfter(usize),
+        /// Read and discard at about this many bytes per second (a slow reader).
+        SlowSink(usize),
     }
 
     /// Sent by `Echo`/`SpeakFirst` after the client half-closed.
@@ -420,7 +427,12 @@ pub mod servers {
         if mode == Mode::SpeakFirst && s.write_all(BANNER).is_err() {
             return;
         }
-        let mut buf = vec![0u8; 64 * 1024];
+        let size = match mode {
+            Mode::SlowSink(rate) => (rate / 10).max(1),
+            _ => 64 * 1024,
+        };
+        let mut buf = vec![0u8; size];
+        let mut received = 0usize;
         loop {
             if stop.load(Ordering::Relaxed) {
                 return;
@@ -433,24 +445,57 @@ pub mod servers {
                     Err(_) => return,
                 }
             }
-            match s.read(&mut buf) {
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            let chunk = match mode {
+                // 10 reads per second of rate/10 bytes each.
+                Mode::SlowSink(rate) => (rate / 10).max(1),
+                _ => buf.len(),
+            };
+            match s.read(&mut buf[..chunk]) {
                 Ok(0) => {
-                    if mode != Mode::Sink {
+                    if !matches!(mode, Mode::Sink | Mode::SlowSink(_)) {
                         let _ = s.write_all(TRAILER);
                     }
                     let _ = s.shutdown(Shutdown::Write);
                     return;
                 }
                 Ok(n) => {
-                    if mode != Mode::Sink && s.write_all(&buf[..n]).is_err() {
-                        return;
+                    received += n;
+                    match mode {
+                        Mode::Sink => {}
+                        Mode::SlowSink(_) => std::thread::sleep(Duration::from_millis(100)),
+                        Mode::OneShot => {
+                            let _ = s.write_all(&buf[..n]);
+                            let _ = s.shutdown(Shutdown::Both);
+                            return;
+                        }
+                        Mode::ResetAfter(limit) if received >= limit => {
+                            let _ = socket_linger_zero(&s);
+                            return;
+                        }
+                        _ => {
+                            if s.write_all(&buf[..n]).is_err() {
+                                return;
+                            }
+                        }
                     }
                 }
                 Err(e) if is_timeout(&e) => continue,
                 Err(_) => return,
             }
         }
+    }
+
+    /// Make the next close send an RST.
+    fn socket_linger_zero(s: &TcpStream) -> io::Result<()> {
+        nix::sys::socket::setsockopt(
+            s,
+            nix::sys::socket::sockopt::Linger,
+            &nix::libc::linger {
+                l_onoff: 1,
+                l_linger: 0,
+            },
+        )
+        .map_err(io::Error::from)
     }
 
     fn is_timeout(e: &io::Error) -> bool {
