@@ -1,0 +1,567 @@
+//! Outbounds end to end: the app's traffic enters the TUN in the client
+//! namespace, the rules send it to a proxy in the server namespace, and the
+//! proxy reaches the test servers there. The proxies are the real thing,
+//! started in-process on a thread (with its own runtime) in the server
+//! namespace: shadowsocks-rust's server (`shadowsocks-service`) for every
+//! method, and the `fast-socks5` server for SOCKS5 with and without
+//! username/password. TCP and UDP, every byte checked.
+//!
+//! Also: direct connections are spliced (and are not with `relay.splice =
+//! false`), a SOCKS5 proxy that answers garbage is a typed, counted error and
+//! an RST for the app, and the SOCKS5 client speaks domain addresses.
+//!
+//! Needs root (CI runs as root); otherwise each test prints why it skipped.
+
+use std::io;
+use std::net::{SocketAddr, TcpStream};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use kerntun::config::{
+    Config, DriverMode, OutboundConfig, ShadowsocksConfig, ShadowsocksMethod, Socks5Config,
+};
+use kerntun::rules::{Action, Rule};
+use kerntun::{Engine, StatsSnapshot, TunSource};
+use kerntun_testkit::servers::{self, Mode};
+use kerntun_testkit::{Netns, Topology, client, require_root};
+
+const MIB: usize = 1024 * 1024;
+/// The AEAD-2022 keys (base64 of 16 and 32 bytes).
+const PSK16: &str = "AAECAwQFBgcICQoLDA0ODw==";
+const PSK32: &str = "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=";
+
+/// A client namespace with a running engine whose catch-all rule sends
+/// everything to the outbound named `proxy` (when one is configured).
+struct Rig {
+    topo: Topology,
+    engine: Engine,
+}
+
+impl Rig {
+    fn new(topo: Topology, proxy: Option<OutboundConfig>, tweak: impl FnOnce(&mut Config)) -> Rig {
+        topo.client.enter().expect("enter client ns");
+        let mut c = Config::default();
+        c.tun.name = format!("kt{}", topo.id);
+        c.tun.mtu = 1500;
+        c.tun.ipv4 = Some("198.18.0.1/16".parse().expect("net"));
+        c.tun.ipv6 = Some("fd00:18::1/64".parse().expect("net"));
+        c.driver = DriverMode::PerPacket;
+        c.direct.interface = Some(kerntun_testkit::CLIENT_VETH.into());
+        c.direct.connect_timeout_ms = 2_000;
+        if let Some(p) = proxy {
+            c.outbounds.insert("proxy".into(), p);
+            c.rules.push(Rule {
+                cidr: None,
+                ports: None,
+                action: Action::from("proxy"),
+            });
+        }
+        tweak(&mut c);
+        let engine = Engine::start(c, TunSource::Create, None).expect("engine start");
+        topo.route_via_tun(&engine.tun_name().expect("tun name"))
+            .expect("routes");
+        Rig { topo, engine }
+    }
+
+    fn stats(&self) -> StatsSnapshot {
+        self.engine.stats()
+    }
+}
+
+/// A server on a thread of its own in a namespace, with its own runtime;
+/// stopped and joined on drop.
+struct InProcess {
+    stop: Arc<AtomicBool>,
+    handle: Option<JoinHandle<()>>,
+    /// Bytes the proxy relayed (server-side view), when it reports them.
+    relayed: Arc<AtomicU64>,
+}
+
+impl Drop for InProcess {
+    fn drop(&mut self) {
+        self.stop.store(true, Relaxed);
+        if let Some(h) = self.handle.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+/// Run `serve` in `ns` until the returned guard is dropped. `serve` gets a
+/// ready channel to report its bind result on.
+fn in_process<F, Fut>(ns: &Netns, serve: F) -> InProcess
+where
+    F: FnOnce(std::sync::mpsc::Sender<io::Result<()>>, Arc<AtomicU64>) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()>,
+{
+    let stop = Arc::new(AtomicBool::new(false));
+    let relayed = Arc::new(AtomicU64::new(0));
+    let (tx, rx) = std::sync::mpsc::channel();
+    let (stop2, relayed2) = (stop.clone(), relayed.clone());
+    let handle = ns
+        .spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("server runtime");
+            rt.block_on(async move {
+                let stopped = async {
+                    while !stop2.load(Relaxed) {
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                };
+                tokio::select! {
+                    () = serve(tx, relayed2) => {}
+                    () = stopped => {}
+                }
+            });
+        })
+        .expect("spawn in ns");
+    rx.recv_timeout(Duration::from_secs(10))
+        .expect("server reported")
+        .expect("server bound");
+    InProcess {
+        stop,
+        handle: Some(handle),
+        relayed,
+    }
+}
+
+// ---------------------------------------------------------------- Shadowsocks
+
+/// shadowsocks-rust's server, TCP and UDP on `addr`.
+fn ss_server(ns: &Netns, addr: SocketAddr, method: &str, password: &str) -> InProcess {
+    use shadowsocks_service::shadowsocks::config::{Mode as SsMode, ServerConfig};
+    use shadowsocks_service::shadowsocks::crypto::CipherKind;
+    let kind: CipherKind = method.parse().expect("method");
+    let password = password.to_owned();
+    in_process(ns, move |ready, relayed| async move {
+        let mut cfg = match ServerConfig::new(addr, password, kind) {
+            Ok(c) => c,
+            Err(e) => {
+                let _ = ready.send(Err(io::Error::other(format!("{e:?}"))));
+                return;
+            }
+        };
+        cfg.set_mode(SsMode::TcpAndUdp);
+        let builder = shadowsocks_service::server::ServerBuilder::new(cfg);
+        let flow = builder.flow_stat();
+        let server = match builder.build().await {
+            Ok(s) => s,
+            Err(e) => {
+                let _ = ready.send(Err(e));
+                return;
+            }
+        };
+        let _ = ready.send(Ok(()));
+        let watch = async {
+            loop {
+                relayed.store(flow.tx() + flow.rx(), Relaxed);
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        };
+        tokio::select! {
+            _ = server.run() => {}
+            () = watch => {}
+        }
+    })
+}
+
+fn ss_outbound(server: SocketAddr, method: ShadowsocksMethod, password: &str) -> OutboundConfig {
+    OutboundConfig::Shadowsocks(ShadowsocksConfig {
+        server,
+        method,
+        password: password.into(),
+        udp: true,
+    })
+}
+
+/// One method: TCP echo with half-close (and a server that speaks first),
+/// UDP round trips, through the TUN and the real server.
+fn shadowsocks_method(method: ShadowsocksMethod, name: &str, password: &str, v6: bool) {
+    let topo = Topology::new().expect("topology");
+    let ss_addr = topo.server_addr(v6, 8388);
+    let ss = ss_server(&topo.server, ss_addr, name, password);
+    let rig = Rig::new(topo, Some(ss_outbound(ss_addr, method, password)), |_| {});
+    let echo =
+        servers::tcp(&rig.topo.server, rig.topo.server_addr(v6, 0), Mode::Echo).expect("echo");
+    let first = servers::tcp(
+        &rig.topo.server,
+        rig.topo.server_addr(v6, 0),
+        Mode::SpeakFirst,
+    )
+    .expect("speak-first");
+    let udp = servers::udp_echo(&rig.topo.server, rig.topo.server_addr(v6, 0)).expect("udp");
+
+    client::echo_transfer(echo.addr, 11, 4 * MIB, false).expect("TCP echo through shadowsocks");
+    client::echo_transfer(first.addr, 12, 100_000, true).expect("server speaks first");
+    let ok = client::udp_round_trips(udp.addr, 50, 1000).expect("UDP through shadowsocks");
+    assert_eq!(ok, 50, "{name}: every datagram answered");
+
+    let s = rig.stats();
+    assert_eq!(echo.accepted.load(Relaxed), 1);
+    assert_eq!(
+        udp.accepted.load(Relaxed),
+        50,
+        "{name}: no duplicates, none lost"
+    );
+    let o = &s.outbounds[0];
+    assert_eq!((o.tcp_connects, o.udp_flows), (2, 1), "{name}: {s:?}");
+    assert_eq!(
+        o.protocol_errors + o.tcp_failures + o.udp_failures,
+        0,
+        "{name}: {s:?}"
+    );
+    assert!(
+        ss.relayed.load(Relaxed) >= 8 * MIB as u64,
+        "{name}: the server carried the bytes"
+    );
+    if method == ShadowsocksMethod::None {
+        // After the address header the socket is plain: spliced.
+        assert!(
+            s.tcp_bytes_spliced >= 8 * MIB as u64,
+            "{name}: none is spliced: {s:?}"
+        );
+    } else {
+        assert_eq!(s.tcp_bytes_spliced, 0, "{name}: AEAD is never spliced");
+        assert!(s.tcp_bytes_copied >= 8 * MIB as u64, "{name}: {s:?}");
+    }
+}
+
+macro_rules! ss_tests {
+    ($($test:ident: $method:expr, $name:expr, $pw:expr, $v6:expr;)*) => {$(
+        #[test]
+        fn $test() {
+            require_root!();
+            shadowsocks_method($method, $name, $pw, $v6);
+        }
+    )*};
+}
+
+ss_tests! {
+    shadowsocks_none: ShadowsocksMethod::None, "none", "", false;
+    shadowsocks_none_v6: ShadowsocksMethod::None, "none", "", true;
+    shadowsocks_aes_128_gcm: ShadowsocksMethod::Aes128Gcm, "aes-128-gcm", "kerntun-test", false;
+    shadowsocks_aes_256_gcm: ShadowsocksMethod::Aes256Gcm, "aes-256-gcm", "kerntun-test", false;
+    shadowsocks_chacha20_ietf_poly1305: ShadowsocksMethod::Chacha20IetfPoly1305, "chacha20-ietf-poly1305", "kerntun-test", true;
+    shadowsocks_2022_blake3_aes_128_gcm: ShadowsocksMethod::Blake3Aes128Gcm, "2022-blake3-aes-128-gcm", PSK16, false;
+    shadowsocks_2022_blake3_aes_256_gcm: ShadowsocksMethod::Blake3Aes256Gcm, "2022-blake3-aes-256-gcm", PSK32, false;
+    shadowsocks_2022_blake3_aes_256_gcm_v6: ShadowsocksMethod::Blake3Aes256Gcm, "2022-blake3-aes-256-gcm", PSK32, true;
+}
+
+#[test]
+fn shadowsocks_wrong_password_reaches_nothing() {
+    require_root!();
+    let topo = Topology::new().expect("topology");
+    let ss_addr = topo.server_addr(false, 8388);
+    let _ss = ss_server(&topo.server, ss_addr, "aes-256-gcm", "right");
+    let rig = Rig::new(
+        topo,
+        Some(ss_outbound(ss_addr, ShadowsocksMethod::Aes256Gcm, "wrong")),
+        |_| {},
+    );
+    let echo = servers::tcp(
+        &rig.topo.server,
+        rig.topo.server_addr(false, 0),
+        Mode::SpeakFirst,
+    )
+    .expect("echo");
+    // The connect succeeds (Shadowsocks has no handshake reply), but the
+    // server cannot decrypt the header: it closes, and the app never gets a
+    // byte; no banner arrives.
+    let r = client::echo_transfer(echo.addr, 1, 1000, true);
+    assert!(r.is_err(), "no banner through a wrong key");
+    assert_eq!(
+        echo.accepted.load(Relaxed),
+        0,
+        "the server never reached the target"
+    );
+}
+
+// ---------------------------------------------------------------- SOCKS5
+
+/// fast-socks5's server on `addr`: CONNECT and UDP ASSOCIATE, with
+/// username/password when `creds` is set. Counts the requests it served.
+fn socks5_server(ns: &Netns, addr: SocketAddr, creds: Option<(&str, &str)>) -> InProcess {
+    use fast_socks5::Socks5Command;
+    use fast_socks5::server::{Socks5ServerProtocol, run_tcp_proxy, run_udp_proxy};
+    let creds = creds.map(|(u, p)| (u.to_owned(), p.to_owned()));
+    in_process(ns, move |ready, served| async move {
+        let l = match tokio::net::TcpListener::bind(addr).await {
+            Ok(l) => l,
+            Err(e) => {
+                let _ = ready.send(Err(e));
+                return;
+            }
+        };
+        let _ = ready.send(Ok(()));
+        loop {
+            let Ok((s, _)) = l.accept().await else {
+                continue;
+            };
+            let creds = creds.clone();
+            let served = served.clone();
+            tokio::spawn(async move {
+                let proto = match &creds {
+                    None => Socks5ServerProtocol::accept_no_auth(s).await,
+                    Some((u, p)) => Socks5ServerProtocol::accept_password_auth(s, |user, pass| {
+                        user == *u && pass == *p
+                    })
+                    .await
+                    .map(|(proto, _)| proto),
+                };
+                let Ok(proto) = proto else { return };
+                let Ok((proto, cmd, target)) = proto.read_command().await else {
+                    return;
+                };
+                served.fetch_add(1, Relaxed);
+                match cmd {
+                    Socks5Command::TCPConnect => {
+                        let _ = run_tcp_proxy(proto, &target, Duration::from_secs(5), true).await;
+                    }
+                    Socks5Command::UDPAssociate => {
+                        let _ = run_udp_proxy(proto, &target, None, addr.ip(), None).await;
+                    }
+                    _ => {}
+                }
+            });
+        }
+    })
+}
+
+fn socks5_outbound(server: SocketAddr, creds: Option<(&str, &str)>) -> OutboundConfig {
+    OutboundConfig::Socks5(Socks5Config {
+        server,
+        username: creds.map(|c| c.0.into()),
+        password: creds.map(|c| c.1.into()),
+        udp: true,
+    })
+}
+
+fn socks5_case(creds: Option<(&str, &str)>, v6: bool) {
+    let topo = Topology::new().expect("topology");
+    let proxy = topo.server_addr(v6, 1080);
+    let srv = socks5_server(&topo.server, proxy, creds);
+    let rig = Rig::new(topo, Some(socks5_outbound(proxy, creds)), |_| {});
+    let echo =
+        servers::tcp(&rig.topo.server, rig.topo.server_addr(v6, 0), Mode::Echo).expect("echo");
+    let udp = servers::udp_echo(&rig.topo.server, rig.topo.server_addr(v6, 0)).expect("udp");
+    client::echo_transfer(echo.addr, 21, 4 * MIB, false).expect("TCP through SOCKS5");
+    let ok = client::udp_round_trips(udp.addr, 50, 1000).expect("UDP through SOCKS5");
+    assert_eq!(ok, 50);
+    let s = rig.stats();
+    assert_eq!(udp.accepted.load(Relaxed), 50, "{s:?}");
+    assert_eq!(
+        srv.relayed.load(Relaxed),
+        2,
+        "one CONNECT, one UDP ASSOCIATE"
+    );
+    let o = &s.outbounds[0];
+    assert_eq!((o.tcp_connects, o.udp_flows), (1, 1), "{s:?}");
+    // After CONNECT the proxy socket is plain TCP: spliced.
+    assert!(s.tcp_bytes_spliced >= 8 * MIB as u64, "{s:?}");
+}
+
+#[test]
+fn socks5_no_auth_v4() {
+    require_root!();
+    socks5_case(None, false);
+}
+
+#[test]
+fn socks5_no_auth_v6() {
+    require_root!();
+    socks5_case(None, true);
+}
+
+#[test]
+fn socks5_username_password() {
+    require_root!();
+    socks5_case(Some(("kerntun", "s3cret")), false);
+}
+
+#[test]
+fn socks5_wrong_password_is_a_counted_refusal() {
+    require_root!();
+    let topo = Topology::new().expect("topology");
+    let proxy = topo.server_addr(false, 1080);
+    let _srv = socks5_server(&topo.server, proxy, Some(("kerntun", "s3cret")));
+    let rig = Rig::new(
+        topo,
+        Some(socks5_outbound(proxy, Some(("kerntun", "nope")))),
+        |_| {},
+    );
+    let to = rig.topo.server_addr(false, 9);
+    let start = Instant::now();
+    let e = TcpStream::connect_timeout(&to, Duration::from_secs(3)).expect_err("refused");
+    assert_eq!(e.kind(), io::ErrorKind::ConnectionRefused, "{e}");
+    assert!(start.elapsed() < Duration::from_secs(2), "RST at SYN time");
+    let s = rig.stats();
+    assert_eq!(s.outbounds[0].protocol_errors, 1, "{s:?}");
+    assert_eq!(s.tcp_connect_failed, 1, "{s:?}");
+}
+
+/// A "proxy" that accepts the method and then answers the request with
+/// garbage: a typed error, counted, and an RST for the app.
+#[test]
+fn socks5_garbage_reply_is_a_counted_refusal() {
+    require_root!();
+    let topo = Topology::new().expect("topology");
+    let proxy = topo.server_addr(false, 1080);
+    let _srv = in_process(&topo.server, move |ready, _| async move {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let l = match tokio::net::TcpListener::bind(proxy).await {
+            Ok(l) => l,
+            Err(e) => {
+                let _ = ready.send(Err(e));
+                return;
+            }
+        };
+        let _ = ready.send(Ok(()));
+        while let Ok((mut s, _)) = l.accept().await {
+            let mut b = [0u8; 64];
+            let _ = s.read(&mut b).await; // greeting
+            let _ = s.write_all(&[5, 0]).await;
+            let _ = s.read(&mut b).await; // request
+            let _ = s.write_all(&[5, 0, 0, 9, 1, 2, 3, 4, 5, 6]).await; // ATYP 9
+        }
+    });
+    let rig = Rig::new(topo, Some(socks5_outbound(proxy, None)), |_| {});
+    let e = TcpStream::connect_timeout(&rig.topo.server_addr(false, 9), Duration::from_secs(3))
+        .expect_err("refused");
+    assert_eq!(e.kind(), io::ErrorKind::ConnectionRefused, "{e}");
+    let s = rig.stats();
+    assert_eq!(s.outbounds[0].protocol_errors, 1, "{s:?}");
+}
+
+/// The client's domain addresses, against the same server on loopback
+/// (domains never come out of the TUN; this checks the wire format).
+#[test]
+fn socks5_domain_address_on_loopback() {
+    use kerntun::outbound::Address;
+    use kerntun::outbound::socks5::{Command, Credentials, handshake};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("rt");
+    rt.block_on(async {
+        // A target on loopback, named "localhost".
+        let target = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let port = target.local_addr().expect("addr").port();
+        tokio::spawn(async move {
+            let (mut s, _) = target.accept().await.expect("accept");
+            let mut b = [0u8; 5];
+            s.read_exact(&mut b).await.expect("read");
+            s.write_all(&b).await.expect("echo");
+        });
+        let proxy = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let paddr = proxy.local_addr().expect("addr");
+        tokio::spawn(async move {
+            use fast_socks5::server::{Socks5ServerProtocol, run_tcp_proxy};
+            let (s, _) = proxy.accept().await.expect("accept");
+            let proto = Socks5ServerProtocol::accept_password_auth(s, |u, p| u == "a" && p == "b")
+                .await
+                .expect("auth")
+                .0;
+            let (proto, _, target) = proto.read_command().await.expect("cmd");
+            let target = match target.resolve_dns().await {
+                Ok(t) => t,
+                Err(e) => panic!("resolve: {e}"),
+            };
+            let _ = run_tcp_proxy(proto, &target, Duration::from_secs(5), true).await;
+        });
+        let mut s = tokio::net::TcpStream::connect(paddr)
+            .await
+            .expect("connect");
+        let creds = Credentials {
+            username: "a".into(),
+            password: "b".into(),
+        };
+        handshake(
+            &mut s,
+            Some(&creds),
+            Command::Connect,
+            &Address::Domain("localhost".into(), port),
+            Duration::from_secs(5),
+        )
+        .await
+        .expect("handshake with a domain target");
+        s.write_all(b"hello").await.expect("w");
+        let mut back = [0u8; 5];
+        s.read_exact(&mut back).await.expect("r");
+        assert_eq!(&back, b"hello");
+    });
+}
+
+// ---------------------------------------------------------------- direct + splice
+
+fn direct_bulk(splice: bool) -> StatsSnapshot {
+    let topo = Topology::new().expect("topology");
+    let rig = Rig::new(topo, None, |c| c.relay.splice = splice);
+    let echo =
+        servers::tcp(&rig.topo.server, rig.topo.server_addr(false, 0), Mode::Echo).expect("echo");
+    client::echo_transfer(echo.addr, 31, 8 * MIB, false).expect("direct echo");
+    rig.stats()
+}
+
+#[test]
+fn direct_connections_are_spliced_by_default() {
+    require_root!();
+    let s = direct_bulk(true);
+    let total = 16 * MIB as u64 + servers::TRAILER.len() as u64;
+    assert_eq!(s.tcp_bytes_up + s.tcp_bytes_down, total, "{s:?}");
+    assert_eq!(s.tcp_bytes_spliced, total, "every byte spliced: {s:?}");
+    assert_eq!((s.tcp_bytes_copied, s.splice_fallbacks), (0, 0), "{s:?}");
+}
+
+#[test]
+fn relay_splice_false_copies() {
+    require_root!();
+    let s = direct_bulk(false);
+    let total = 16 * MIB as u64 + servers::TRAILER.len() as u64;
+    assert_eq!(s.tcp_bytes_spliced, 0, "{s:?}");
+    assert_eq!(s.tcp_bytes_copied, total, "{s:?}");
+}
+
+/// A proxy outbound configured without UDP sends UDP flows direct; a
+/// `reject` rule drops them (counted).
+#[test]
+fn udp_rules_per_flow() {
+    require_root!();
+    let topo = Topology::new().expect("topology");
+    let proxy = topo.server_addr(false, 1080);
+    let srv = socks5_server(&topo.server, proxy, None);
+    let udp_a = servers::udp_echo(&topo.server, topo.server_addr(false, 0)).expect("udp a");
+    let udp_b = servers::udp_echo(&topo.server, topo.server_addr(false, 0)).expect("udp b");
+    let b_port = udp_b.addr.port();
+    let mut out = socks5_outbound(proxy, None);
+    if let OutboundConfig::Socks5(c) = &mut out {
+        c.udp = false;
+    }
+    let rig = Rig::new(topo, Some(out), move |c| {
+        c.rules.insert(
+            0,
+            Rule {
+                cidr: None,
+                ports: Some(format!("{b_port}").parse().expect("port")),
+                action: Action::Reject,
+            },
+        );
+    });
+    assert_eq!(client::udp_round_trips(udp_a.addr, 10, 100).expect("a"), 10);
+    assert_eq!(client::udp_round_trips(udp_b.addr, 2, 100).expect("b"), 0);
+    let s = rig.stats();
+    assert_eq!(
+        srv.relayed.load(Relaxed),
+        0,
+        "no association for udp = false"
+    );
+    assert!(s.drop_count("udp_rejected") >= 2, "{s:?}");
+    assert_eq!(udp_b.accepted.load(Relaxed), 0);
+}
