@@ -261,9 +261,11 @@ async fn handshake_inner(
     msg.clear();
     encode_request(cmd, target, &mut msg)?;
     s.write_all(&msg).await?;
-    // VER REP RSV ATYP + the domain length byte (or the first address byte):
-    // the shortest possible reply is 10 bytes, so reading 5 never over-reads.
-    let mut reply = [0u8; 3 + 1 + 255 + 2];
+    // VER REP RSV ATYP + the domain length byte (or the first address
+    // byte): every reply is at least 8 bytes (a one-byte domain), so reading
+    // 5 never reads into the proxied stream. The longest reply is
+    // VER REP RSV ATYP LEN + 255 bytes of domain + the port.
+    let mut reply = [0u8; 4 + 1 + 255 + 2];
     s.read_exact(&mut reply[..5]).await?;
     let len = match reply_len(&reply[..5])? {
         Some(n) => n,
@@ -358,6 +360,51 @@ mod tests {
         assert_eq!(
             parse_reply(dom),
             Ok(Some((Address::Domain("host".into(), 1), dom.len())))
+        );
+    }
+
+    /// A proxy that answers with a 255-byte domain, after garbage-free
+    /// method selection: the longest possible reply is read in full.
+    #[tokio::test]
+    async fn longest_reply_is_read_exactly() {
+        use tokio::io::AsyncWriteExt as _;
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = l.local_addr().expect("addr");
+        let name = "d".repeat(255);
+        let reply = {
+            let mut r = vec![5, 0, 0, 3, 255];
+            r.extend_from_slice(name.as_bytes());
+            r.extend_from_slice(&[0, 80]);
+            r.extend_from_slice(b"stream bytes after the reply");
+            r
+        };
+        tokio::spawn(async move {
+            let (mut s, _) = l.accept().await.expect("accept");
+            let mut b = [0u8; 64];
+            let _ = s.read(&mut b).await;
+            s.write_all(&[5, 0]).await.expect("method");
+            let _ = s.read(&mut b).await;
+            s.write_all(&reply).await.expect("reply");
+        });
+        let mut s = TcpStream::connect(addr).await.expect("connect");
+        let target = Address::Ip("1.2.3.4:80".parse().expect("a"));
+        let bound = handshake(
+            &mut s,
+            None,
+            Command::Connect,
+            &target,
+            Duration::from_secs(5),
+        )
+        .await
+        .expect("handshake");
+        assert_eq!(bound, Address::Domain(name, 80));
+        let mut rest = [0u8; 12];
+        s.read_exact(&mut rest).await.expect("rest");
+        assert_eq!(
+            &rest, b"stream bytes",
+            "nothing after the reply was consumed"
         );
     }
 
