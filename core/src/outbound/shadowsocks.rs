@@ -524,15 +524,17 @@ impl UdpSession {
                 out.extend_from_slice(payload);
             }
             m if !m.is_2022() => {
-                let mut salt = vec![0u8; kind.salt_len()];
-                random_iv_or_salt(&mut salt);
-                out.extend_from_slice(&salt);
+                // Salts are at most 32 bytes (the key length); no allocation.
+                let mut salt_buf = [0u8; 32];
+                let salt = &mut salt_buf[..kind.salt_len().min(32)];
+                random_iv_or_salt(salt);
+                out.extend_from_slice(salt);
                 let start = out.len();
                 target.encode(out)?;
                 out.extend_from_slice(payload);
                 out.resize(out.len() + kind.tag_len(), 0);
                 // A fresh cipher per datagram: nonce zero under a per-salt subkey.
-                V1Cipher::new(kind, &self.key.key, &salt).encrypt_packet(&mut out[start..]);
+                V1Cipher::new(kind, &self.key.key, salt).encrypt_packet(&mut out[start..]);
             }
             _ => {
                 self.packet_id = self.packet_id.wrapping_add(1);
