@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# The benchmark page in one command, as root, from anywhere in the repository:
+#
+#     sudo scripts/bench.sh [harness options]
+#
+# Installs what is missing (Debian: iperf3, python3-matplotlib, iproute2),
+# builds the release engine and the harness, runs the criterion benches and
+# the netns harness, and writes docs/benchmarks.md,
+# docs/benchmarks/results.jsonl and docs/benchmarks/chart.png. About 10
+# minutes on a 2-core machine once built.
+#
+# Harness options (all optional; `scripts/bench.sh --help` lists them):
+#   --duration 5            seconds per iperf3 run
+#   --streams 1,16,64       iperf3 parallel streams
+#   --connections 1000,4000,10000   idle connections held through the engine
+#   --only system-batch     only these engine scenarios (the baseline always runs)
+#   --skip-criterion --skip-scale   leave those parts out
+#   --render-only           re-render the page and chart from results.jsonl
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+target=${CARGO_TARGET_DIR:-target}
+
+if [[ ${1:-} == -h || ${1:-} == --help ]]; then
+    sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'
+    if [[ -x $target/release/kerntun-netbench ]]; then
+        "$target/release/kerntun-netbench" --help
+    fi
+    exit 0
+fi
+
+if [[ $EUID -ne 0 ]]; then
+    echo "bench.sh: needs root (network namespaces, veth, a TUN device): sudo $0 $*" >&2
+    exit 2
+fi
+if ! command -v cargo >/dev/null; then
+    echo "bench.sh: cargo not on root's PATH; try: sudo env PATH=\"\$PATH\" $0 $*" >&2
+    exit 2
+fi
+
+# Debian packages. The chart needs matplotlib for some python3: the first
+# python3 on PATH if it has it, else Debian's /usr/bin/python3 with
+# python3-matplotlib.
+need=()
+command -v ip >/dev/null || need+=(iproute2)
+command -v iperf3 >/dev/null || need+=(iperf3)
+python=""
+for p in python3 /usr/bin/python3; do
+    if command -v "$p" >/dev/null && "$p" -c 'import matplotlib' 2>/dev/null; then
+        python=$p
+        break
+    fi
+done
+if [[ -z $python ]]; then
+    need+=(python3-matplotlib)
+    python=/usr/bin/python3
+fi
+if ((${#need[@]})); then
+    if ! command -v apt-get >/dev/null; then
+        echo "bench.sh: missing ${need[*]} and no apt-get to install them" >&2
+        exit 2
+    fi
+    echo "bench.sh: apt-get install ${need[*]}" >&2
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+if [[ ! -c /dev/net/tun ]]; then
+    modprobe tun 2>/dev/null || true
+    if [[ ! -c /dev/net/tun ]]; then
+        mkdir -p /dev/net && mknod /dev/net/tun c 10 200 && chmod 0666 /dev/net/tun
+    fi
+fi
+
+if [[ ${1:-} != --render-only ]]; then
+    echo "bench.sh: cargo build --release -p kerntun-cli -p kerntun-benches --bins" >&2
+    cargo build --release -p kerntun-cli -p kerntun-benches --bins
+fi
+
+# exec: Ctrl-C reaches the harness directly, which stops what it started and
+# removes its namespaces.
+exec "$target/release/kerntun-netbench" \
+    --engine "$target/release/kerntun" \
+    --python "$python" \
+    --command "sudo scripts/bench.sh${*:+ $*}" \
+    "$@"
