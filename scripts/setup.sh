@@ -29,6 +29,8 @@ log "rust toolchains and targets"
 rustup component add rustfmt clippy >/dev/null
 rustup target add aarch64-apple-ios aarch64-apple-darwin aarch64-linux-android x86_64-linux-android >/dev/null
 if rustup toolchain list | grep -q '^nightly'; then
+    rustup component add --toolchain nightly miri rust-src >/dev/null
+    cargo +nightly miri setup >/dev/null 2>&1
     if ! cargo +nightly fuzz --version >/dev/null 2>&1; then
         log "cargo install cargo-fuzz"
         cargo install --locked cargo-fuzz >/dev/null 2>&1 || cargo install cargo-fuzz
