@@ -110,6 +110,7 @@ pub fn render(records: &[Record], chart: &str) -> String {
          `scripts/bench.sh --help` lists the options.)\n"
     );
     machine(&mut p, &v);
+    summary(&mut p, &v);
     scenarios(&mut p, &v);
     throughput(&mut p, &v, chart);
     cost(&mut p, &v);
@@ -177,6 +178,124 @@ fn machine(p: &mut String, v: &View) {
             m.cores
         );
     }
+}
+
+/// The headline figures, each computed from the tables below.
+fn summary(p: &mut String, v: &View) {
+    let _ = writeln!(p, "## Summary\n");
+    let streams = v.streams();
+    for dir in [Direction::Upload, Direction::Download] {
+        let fracs: Vec<String> = streams
+            .iter()
+            .map(
+                |&s| match (v.gbit("system-batch", s, dir), v.gbit("baseline", s, dir)) {
+                    (Some(g), Some(b)) => format!("{:.0} %", 100.0 * g / b),
+                    _ => "–".into(),
+                },
+            )
+            .collect();
+        if !streams.is_empty() {
+            let _ = writeln!(
+                p,
+                "- System stack (batch driver, direct), {}: {} of the no-TUN baseline at {} \
+                 streams.",
+                dir.as_str(),
+                fracs.join(" / "),
+                streams
+                    .iter()
+                    .map(u32::to_string)
+                    .collect::<Vec<_>>()
+                    .join(" / ")
+            );
+        }
+    }
+    let engine_runs: Vec<&Throughput> = v
+        .runs
+        .iter()
+        .copied()
+        .filter(|t| t.scenario != "baseline" && t.error.is_none())
+        .collect();
+    let cpu: Vec<f64> = engine_runs
+        .iter()
+        .filter(|t| t.scenario == "system-batch")
+        .filter_map(|t| t.cpu_s_per_gb)
+        .collect();
+    if !cpu.is_empty() {
+        let lo = cpu.iter().copied().fold(f64::INFINITY, f64::min);
+        let hi = cpu.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let _ = writeln!(
+            p,
+            "- Engine CPU, system stack: {lo:.2}–{hi:.2} s per GB moved."
+        );
+    }
+    if let Some(hwm) = engine_runs.iter().filter_map(|t| t.hwm_kib).max() {
+        let drops: u64 = engine_runs.iter().filter_map(|t| t.tun_tx_dropped).sum();
+        let _ = writeln!(
+            p,
+            "- Engine peak RSS in any throughput run: {} MiB; TUN TX drops over all {} engine \
+             runs: {drops}.",
+            mib(hwm),
+            engine_runs.len()
+        );
+    }
+    if let Some(top) = v
+        .scale
+        .iter()
+        .filter(|s| s.scenario == "system-batch" && s.error.is_none())
+        .max_by_key(|s| s.connections)
+    {
+        let _ = writeln!(
+            p,
+            "- Idle connections, system stack: {:.0} B of engine RSS per connection at {} \
+             connections (target under 2048 B: {}).",
+            top.per_conn_bytes,
+            top.connections,
+            if top.per_conn_bytes < TARGET_PER_CONN_BYTES {
+                "met"
+            } else {
+                "not met"
+            }
+        );
+    }
+    if !v.integrity.is_empty() {
+        let bad = v.integrity.iter().filter(|i| !i.ok).count();
+        let _ = writeln!(
+            p,
+            "- Integrity: {} of {} scenarios returned every byte intact.",
+            v.integrity.len() - bad,
+            v.integrity.len()
+        );
+    }
+    let missing: Vec<String> = v
+        .scenarios
+        .iter()
+        .filter(|s| !s.available)
+        .map(|s| format!("`{}`", s.id))
+        .collect();
+    if !missing.is_empty() {
+        let _ = writeln!(
+            p,
+            "- Not available in this build (no number shown): {}.",
+            missing.join(", ")
+        );
+    }
+    let loads: Vec<f64> = v.runs.iter().filter_map(|t| t.load1).collect();
+    if !loads.is_empty() {
+        let hi = loads.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let mean = loads.iter().sum::<f64>() / loads.len() as f64;
+        let _ = writeln!(
+            p,
+            "- Load average (1 min) at the start of the runs: mean {mean:.1}, max {hi:.1}{}.",
+            match v.meta {
+                Some(m) if mean > m.cores as f64 * 0.75 => format!(
+                    " on {} cores: other work shared the machine, so single runs are noisy",
+                    m.cores
+                ),
+                _ => String::new(),
+            }
+        );
+    }
+    let _ = writeln!(p);
 }
 
 fn scenarios(p: &mut String, v: &View) {
@@ -830,6 +949,11 @@ mod tests {
         assert!(page.contains("1229 B per connection — met"), "{page}");
         assert!(page.contains("| 1 | 8.00 Gbit/s (50 %) | n/a |"), "{page}");
         assert!(page.contains("This machine has 2 cores"), "{page}");
+        assert!(
+            page.contains("upload: 50 % of the no-TUN baseline at 1 streams"),
+            "{page}"
+        );
+        assert!(page.contains("(target under 2048 B: met)"), "{page}");
         assert!(page.contains("![Throughput"), "{page}");
         // No number is invented for the missing stack anywhere.
         assert!(!page.contains("smoltcp-batch` | upload"), "{page}");
