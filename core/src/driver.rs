@@ -28,7 +28,7 @@ pub const DRAIN_PER_EDGE: usize = 32;
 
 /// How often NAT entries, unaccepted outbounds and idle UDP flows are expired.
 /// Only armed while there is something to expire, so an idle tunnel sleeps.
-const CLEANUP_TICK: Duration = Duration::from_secs(1);
+pub(crate) const CLEANUP_TICK: Duration = Duration::from_secs(1);
 
 /// Which driver runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -53,7 +53,10 @@ pub(crate) async fn run(shared: Arc<Shared>, kind: DriverKind) {
         DriverKind::PerPacket => per_packet(&mut proc).await,
         #[cfg(target_os = "linux")]
         DriverKind::Batch => batch::run(&mut proc).await,
-        #[cfg(not(target_os = "linux"))]
+        // Darwin: recvmsg_x batches behind a run-time probe (crate::utun).
+        #[cfg(any(target_os = "macos", target_os = "ios"))]
+        DriverKind::Batch => crate::utun::run_batch(&mut proc).await,
+        #[cfg(not(any(target_os = "linux", target_os = "macos", target_os = "ios")))]
         DriverKind::Batch => per_packet(&mut proc).await,
     };
     proc.local.commit(&shared.stats, Instant::now());
@@ -63,7 +66,7 @@ pub(crate) async fn run(shared: Arc<Shared>, kind: DriverKind) {
 }
 
 /// Read errors that end the driver (device gone); the rest are retried.
-fn is_fatal(e: &io::Error) -> bool {
+pub(crate) fn is_fatal(e: &io::Error) -> bool {
     !matches!(
         e.kind(),
         io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
@@ -92,7 +95,7 @@ async fn per_packet(proc: &mut Processor) -> io::Result<()> {
         proc.now = Instant::now();
         let mut n_read = 0u64;
         for _ in 0..DRAIN_PER_EDGE {
-            let len = match tun.dev.try_recv(&mut buf[HEADROOM..]) {
+            let len = match tun.try_recv(&mut buf) {
                 Ok(len) => len,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                 Err(e) if is_fatal(&e) => return Err(e),

@@ -50,6 +50,33 @@ pub enum StartError {
     Listener { addr: IpAddr, source: io::Error },
 }
 
+/// Options for embedding the engine that are not configuration (the FFI
+/// uses them; the CLI does not).
+#[derive(Debug, Clone, Default)]
+#[non_exhaustive]
+pub struct StartOptions {
+    /// Log through this dispatcher on every thread of the engine's runtime,
+    /// instead of the process-wide default: lets several engines in one
+    /// process log to different sinks without installing a global logger.
+    pub dispatch: Option<tracing::Dispatch>,
+}
+
+impl StartOptions {
+    /// Options with this engine's own log dispatcher.
+    pub fn with_dispatch(dispatch: tracing::Dispatch) -> Self {
+        Self {
+            dispatch: Some(dispatch),
+        }
+    }
+}
+
+thread_local! {
+    /// The dispatcher guard of a runtime thread started with
+    /// [`StartOptions::dispatch`]; dropped when the thread stops.
+    static THREAD_DISPATCH: std::cell::RefCell<Option<tracing::dispatcher::DefaultGuard>> =
+        const { std::cell::RefCell::new(None) };
+}
+
 /// A running engine.
 #[derive(Debug)]
 pub struct Engine {
@@ -77,6 +104,16 @@ impl Engine {
         source: TunSource,
         protect: Option<Arc<dyn Protect>>,
     ) -> Result<Engine, StartError> {
+        Self::start_with(config, source, protect, StartOptions::default())
+    }
+
+    /// [`Engine::start`] with embedding options (see [`StartOptions`]).
+    pub fn start_with(
+        config: Config,
+        source: TunSource,
+        protect: Option<Arc<dyn Protect>>,
+        options: StartOptions,
+    ) -> Result<Engine, StartError> {
         config.validate()?;
         if config.stack == StackKind::Smoltcp {
             return Err(
@@ -89,13 +126,23 @@ impl Engine {
             0 => 1,
             n => n,
         };
-        let rt = tokio::runtime::Builder::new_multi_thread()
+        let mut builder = tokio::runtime::Builder::new_multi_thread();
+        builder
             .worker_threads(workers)
             .max_blocking_threads(2)
             .thread_name("kerntun")
-            .enable_all()
-            .build()
-            .map_err(StartError::Runtime)?;
+            .enable_all();
+        if let Some(dispatch) = options.dispatch.clone() {
+            // Every thread of this engine's runtime logs to its own
+            // dispatcher; the process-wide one stays the host's business.
+            builder.on_thread_start(move || {
+                THREAD_DISPATCH.with(|slot| {
+                    *slot.borrow_mut() = Some(tracing::dispatcher::set_default(&dispatch));
+                });
+            });
+            builder.on_thread_stop(|| THREAD_DISPATCH.with(|slot| drop(slot.borrow_mut().take())));
+        }
+        let rt = builder.build().map_err(StartError::Runtime)?;
         let (shared, listeners, driver) = rt.block_on(prepare(&config, source, protect, budget))?;
         let _enter = rt.enter();
         for (listener, fam) in listeners {
@@ -292,7 +339,7 @@ async fn prepare(
         fams[usize::from(gateway.is_ipv6())] = Some(fam);
         listeners.push((listener, fam));
     }
-    let driver = match (config.driver, tun.vnet_hdr) {
+    let driver = match (config.driver, tun.supports_batch()) {
         (DriverMode::PerPacket, _) | (DriverMode::Auto, false) => DriverKind::PerPacket,
         (DriverMode::Auto | DriverMode::Batch, true) => DriverKind::Batch,
         (DriverMode::Batch, false) => {

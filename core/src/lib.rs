@@ -32,11 +32,12 @@ mod system;
 pub mod translate;
 pub mod tun;
 mod udp;
+pub mod utun;
 
 pub use budget::MemoryPressure;
 pub use config::Config;
 pub use driver::DriverKind;
-pub use engine::{Engine, StartError};
+pub use engine::{Engine, StartError, StartOptions};
 pub use outbound::Protect;
 pub use stats::StatsSnapshot;
 pub use tun::TunSource;

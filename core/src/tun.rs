@@ -3,7 +3,8 @@
 //! With Linux offload enabled every packet crossing the device carries a
 //! 10-byte `virtio_net_hdr` in front. Every buffer the engine writes from
 //! therefore reserves [`HEADROOM`] bytes before the IP header; [`Tun::send`]
-//! fills them with a "no offload" header or skips them.
+//! fills them with a "no offload" header or skips them. On Darwin the same
+//! headroom holds utun's 4-byte address-family header ([`crate::utun`]).
 
 use std::io;
 use std::net::IpAddr;
@@ -59,11 +60,21 @@ impl Tun {
         let vnet_hdr = dev.tcp_gso();
         #[cfg(not(target_os = "linux"))]
         let vnet_hdr = false;
-        #[cfg(any(target_os = "linux", target_os = "macos"))]
+        #[cfg(target_os = "linux")]
         let name = dev.name().ok();
-        // tun-rs cannot name an adopted descriptor on iOS/Android; the platform
+        // Darwin: the engine reads and writes utun's address-family header
+        // itself (in the headroom, see crate::utun) instead of letting tun-rs
+        // add a second iovec per packet; the name comes from UTUN_OPT_IFNAME,
+        // which also works on a descriptor adopted in an iOS extension.
+        #[cfg(any(target_os = "macos", target_os = "ios"))]
+        let name = {
+            use std::os::fd::AsRawFd;
+            dev.set_ignore_packet_info(false);
+            crate::sys::darwin::utun_name(dev.as_raw_fd()).ok()
+        };
+        // tun-rs cannot name an adopted descriptor on Android; the platform
         // glue passes what it knows through the address check instead.
-        #[cfg(not(any(target_os = "linux", target_os = "macos")))]
+        #[cfg(not(any(target_os = "linux", target_os = "macos", target_os = "ios")))]
         let name = None;
         Ok(Tun {
             dev,
@@ -84,18 +95,47 @@ impl Tun {
         self.dev.try_send(frame).map(|_| ())
     }
 
+    /// Read one packet into `buf[HEADROOM..]`, non-blocking; returns its
+    /// length. On Darwin the utun header lands just before it and is not
+    /// counted.
+    pub fn try_recv(&self, buf: &mut [u8]) -> io::Result<usize> {
+        #[cfg(any(target_os = "macos", target_os = "ios"))]
+        {
+            let n = self.dev.try_recv(&mut buf[crate::utun::HEADER_AT..])?;
+            Ok(crate::utun::packet_len(n))
+        }
+        #[cfg(not(any(target_os = "macos", target_os = "ios")))]
+        self.dev.try_recv(&mut buf[HEADROOM..])
+    }
+
+    /// Whether the batch driver can run on this device: Linux with the
+    /// virtio header (GRO/GSO), Darwin always (recvmsg_x is probed at run
+    /// time, with a per-packet fallback).
+    pub fn supports_batch(&self) -> bool {
+        cfg!(any(target_os = "macos", target_os = "ios")) || self.vnet_hdr
+    }
+
     fn frame<'a>(&self, buf: &'a mut [u8], len: usize) -> io::Result<&'a [u8]> {
-        let end = HEADROOM
-            .checked_add(len)
-            .filter(|&e| e <= buf.len())
-            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "packet exceeds buffer"))?;
-        if self.vnet_hdr {
-            // A zeroed virtio_net_hdr: gso_type NONE, no checksum offload. The
-            // packet's checksums are complete.
-            buf[..HEADROOM].fill(0);
-            Ok(&buf[..end])
-        } else {
-            Ok(&buf[HEADROOM..end])
+        #[cfg(any(target_os = "macos", target_os = "ios"))]
+        {
+            crate::utun::frame(buf, len)
+        }
+        #[cfg(not(any(target_os = "macos", target_os = "ios")))]
+        {
+            let end = HEADROOM
+                .checked_add(len)
+                .filter(|&e| e <= buf.len())
+                .ok_or_else(|| {
+                    io::Error::new(io::ErrorKind::InvalidInput, "packet exceeds buffer")
+                })?;
+            if self.vnet_hdr {
+                // A zeroed virtio_net_hdr: gso_type NONE, no checksum offload. The
+                // packet's checksums are complete.
+                buf[..HEADROOM].fill(0);
+                Ok(&buf[..end])
+            } else {
+                Ok(&buf[HEADROOM..end])
+            }
         }
     }
 
@@ -125,7 +165,8 @@ impl Tun {
         ))
     }
 
-    /// The interface index, for binding the listener to it (Darwin).
+    /// The interface index, for binding the listener to it (Darwin: the
+    /// name comes from `UTUN_OPT_IFNAME`, see [`Tun::open`]).
     pub fn if_index(&self) -> Option<u32> {
         let name = self.name.as_deref()?;
         getifaddrs::InterfaceFilter::new()
@@ -134,6 +175,16 @@ impl Tun {
             .ok()?
             .find_map(|i| i.index)
     }
+}
+
+/// The TUN descriptor the platform opened for this process, when it can be
+/// found: the utun socket of an iOS/macOS Packet Tunnel extension. `None`
+/// elsewhere.
+pub fn find_platform_tun_fd() -> Option<RawFd> {
+    #[cfg(any(target_os = "macos", target_os = "ios"))]
+    return crate::sys::darwin::find_utun_fd();
+    #[cfg(not(any(target_os = "macos", target_os = "ios")))]
+    None
 }
 
 /// (address, prefix length) pairs of `name`, or of every interface when the

@@ -1,7 +1,52 @@
-//! uniffi bindings for kerntun (Swift and Kotlin). The FFI issue fills this crate in:
-//! an `Engine` object with synchronous start/stop, stats, memory pressure and logging.
+//! uniffi bindings for kerntun: the front door for Swift and Kotlin apps.
+//!
+//! * [`Engine`]: `start(config, tun_fd, platform)` (synchronous, returns
+//!   once the engine is ready), `stop()`, `stats()`,
+//!   `set_memory_pressure(level)`.
+//! * [`EngineConfig`] and its records: the core configuration, every field
+//!   defaulted.
+//! * [`PlatformHooks`]: the app's `protect(fd)` and optional log sink.
+//! * [`KerntunError`]: typed errors (Kotlin exceptions, Swift `throws`).
+//! * [`init_logging`]: the process-wide logger, installed only on request.
+//!
+//! No panic crosses the boundary: fallible exports return `Result` and turn
+//! a panic into [`KerntunError::Internal`]; the others catch it and answer
+//! a neutral value.
 
-/// The engine's version string, as the bindings will report it.
-pub fn version() -> &'static str {
-    kerntun::VERSION
+uniffi::setup_scaffolding!("kerntun");
+
+mod config;
+mod engine;
+mod error;
+mod hooks;
+mod logging;
+mod stats;
+#[cfg(any(target_os = "ios", target_os = "macos"))]
+#[allow(unsafe_code)]
+mod sys;
+
+pub use config::{
+    BudgetOptions, DirectOptions, Driver, EngineConfig, LogLevel, MemoryPressure, Outbound,
+    Platform, RelayOptions, RuleAction, RuleOptions, ShadowsocksMethod, Stack, TimeoutOptions,
+    TunOptions, default_config,
+};
+pub use engine::Engine;
+pub use error::{HookError, KerntunError};
+pub use hooks::PlatformHooks;
+pub use logging::init_logging;
+pub use stats::{DropCount, EngineStats, NatStats, OutboundStats};
+
+/// The library version (`kerntun` crate version).
+#[uniffi::export]
+pub fn version() -> String {
+    kerntun::VERSION.to_string()
+}
+
+/// The descriptor of this process's utun device (iOS/macOS Packet Tunnel
+/// extension), found by scanning descriptors for a `com.apple.net.utun_control`
+/// socket. Call it after `setTunnelNetworkSettings` completed; `null`/`nil`
+/// when there is none, and always on other platforms.
+#[uniffi::export]
+pub fn find_tun_fd() -> Option<i32> {
+    std::panic::catch_unwind(kerntun::tun::find_platform_tun_fd).unwrap_or(None)
 }

@@ -4,6 +4,13 @@
 use std::io;
 use std::os::fd::{BorrowedFd, OwnedFd, RawFd};
 
+/// Darwin utun: `recvmsg_x`, `UTUN_OPT_IFNAME`, the utun descriptor search.
+#[cfg(any(target_os = "macos", target_os = "ios"))]
+pub mod darwin;
+/// `recvmsg_x` emulated over `readv`, to test the batch bookkeeping on Linux.
+#[cfg(all(test, target_os = "linux"))]
+pub mod recvx_emul;
+
 /// Duplicate a descriptor the host app lent us, so the engine owns (and later
 /// closes) its own copy while the app keeps the original. On iOS the utun fd
 /// must never be closed by the engine; on Android the app can close its copy

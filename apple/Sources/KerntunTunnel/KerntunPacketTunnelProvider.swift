@@ -1,0 +1,261 @@
+// A Packet Tunnel provider base class that runs a kerntun engine on the
+// extension's utun device. Subclass it in your Network Extension target
+// (see Example/PacketTunnelProvider.swift and docs/integration-ios.md).
+//
+// What it does:
+// * applies tunnel network settings that agree with the engine config
+//   (addresses, v4/v6 default routes, DNS, MTU 4064 by default);
+// * finds the utun descriptor once the settings are applied (the
+//   `packetFlow` key path stopped working on iOS 15) and starts the engine
+//   on it; the engine handles utun's 4-byte address-family header itself;
+// * forwards the system's memory-pressure events to the engine;
+// * answers any app message (NETunnelProviderSession.sendProviderMessage)
+//   with the engine's statistics as a JSON object;
+// * cancels the tunnel if the engine stops on its own, and stops the engine
+//   cleanly in stopTunnel.
+//
+// This file is not compiled in this repository's CI (there is no Swift
+// compiler there); the generated bindings it uses are.
+
+import Foundation
+import Kerntun
+import NetworkExtension
+import os
+
+public enum KerntunTunnelError: Error, LocalizedError {
+    /// `includeAllNetworks` routes the extension's own sockets into the
+    /// tunnel: the kernel listener of the system stack never sees its SYNs.
+    case includeAllNetworksUnsupported
+    /// No utun descriptor was found after the network settings were applied.
+    case noUtunDescriptor
+    /// The engine stopped by itself (device gone, listener failed).
+    case engineFailed(String)
+
+    public var errorDescription: String? {
+        switch self {
+        case .includeAllNetworksUnsupported:
+            return "kerntun's system stack cannot run with includeAllNetworks enabled"
+        case .noUtunDescriptor:
+            return "the utun descriptor of this tunnel was not found"
+        case .engineFailed(let why):
+            return "the kerntun engine stopped: \(why)"
+        }
+    }
+}
+
+/// The provider's hooks: nothing to protect on Apple platforms (the
+/// extension's own sockets bypass its tunnel), logs to the unified log.
+final class ProviderHooks: PlatformHooks, @unchecked Sendable {
+    private let logger = Logger(subsystem: "kerntun", category: "engine")
+
+    func protect(fd: Int32) throws {}
+
+    func log(level: LogLevel, message: String) throws {
+        switch level {
+        case .error: logger.error("\(message, privacy: .public)")
+        case .warn: logger.warning("\(message, privacy: .public)")
+        case .info: logger.info("\(message, privacy: .public)")
+        case .debug, .trace: logger.debug("\(message, privacy: .public)")
+        }
+    }
+}
+
+open class KerntunPacketTunnelProvider: NEPacketTunnelProvider {
+    /// The running engine, if any.
+    public private(set) var engine: Engine?
+
+    /// DNS servers announced to the system. Queries to them go through the
+    /// tunnel and are relayed by the engine like any UDP flow.
+    open var dnsServers: [String] { ["1.1.1.1", "2606:4700:4700::1111"] }
+
+    /// How often the provider checks that the engine is still running.
+    open var healthCheckInterval: DispatchTimeInterval { .seconds(2) }
+
+    private let queue = DispatchQueue(label: "kerntun.provider")
+    private let hooks = ProviderHooks()
+    private var memoryPressure: DispatchSourceMemoryPressure?
+    private var healthTimer: DispatchSourceTimer?
+    private var stopping = false
+
+    /// The engine configuration. Override to change it; keep `tun.ipv4` /
+    /// `tun.ipv6` and `tun.mtu` in agreement with `makeNetworkSettings`.
+    open func makeConfiguration(options: [String: NSObject]?) throws -> EngineConfig {
+        var config = defaultConfig()
+        config.tun.mtu = 4064
+        config.tun.ipv4 = "198.18.0.1/16"
+        config.tun.ipv6 = "fd00:18::1/64"
+        config.logLevel = .info
+        return config
+    }
+
+    /// Tunnel network settings matching `config`: the gateway address of each
+    /// family with its prefix, default routes, DNS, MTU.
+    open func makeNetworkSettings(config: EngineConfig) -> NEPacketTunnelNetworkSettings {
+        let settings = NEPacketTunnelNetworkSettings(tunnelRemoteAddress: "127.0.0.1")
+        settings.mtu = NSNumber(value: config.tun.mtu == 0 ? 4064 : Int(config.tun.mtu))
+        if let cidr = config.tun.ipv4, let (address, prefix) = Self.split(cidr) {
+            let ipv4 = NEIPv4Settings(addresses: [address], subnetMasks: [Self.mask(prefix)])
+            ipv4.includedRoutes = [NEIPv4Route.default()]
+            settings.ipv4Settings = ipv4
+        }
+        if let cidr = config.tun.ipv6, let (address, prefix) = Self.split(cidr) {
+            let ipv6 = NEIPv6Settings(addresses: [address], networkPrefixLengths: [NSNumber(value: prefix)])
+            ipv6.includedRoutes = [NEIPv6Route.default()]
+            settings.ipv6Settings = ipv6
+        }
+        settings.dnsSettings = NEDNSSettings(servers: dnsServers)
+        return settings
+    }
+
+    open override func startTunnel(
+        options: [String: NSObject]?,
+        completionHandler: @escaping (Error?) -> Void
+    ) {
+        if protocolConfiguration.includeAllNetworks {
+            completionHandler(KerntunTunnelError.includeAllNetworksUnsupported)
+            return
+        }
+        let config: EngineConfig
+        do {
+            config = try makeConfiguration(options: options)
+        } catch {
+            completionHandler(error)
+            return
+        }
+        setTunnelNetworkSettings(makeNetworkSettings(config: config)) { [weak self] error in
+            guard let self else { return }
+            if let error {
+                completionHandler(error)
+                return
+            }
+            // Engine.start blocks until the engine is ready (well under a
+            // second): keep it off the provider's callback thread.
+            self.queue.async {
+                // The descriptor belongs to the system: the engine works on
+                // its own duplicate, and the provider never closes this one.
+                guard let fd = findTunFd() else {
+                    completionHandler(KerntunTunnelError.noUtunDescriptor)
+                    return
+                }
+                do {
+                    let engine = try Engine.start(config: config, tunFd: fd, platform: self.hooks)
+                    self.engine = engine
+                    self.stopping = false
+                    self.watchMemoryPressure(engine)
+                    self.watchHealth(engine)
+                    completionHandler(nil)
+                } catch {
+                    completionHandler(error)
+                }
+            }
+        }
+    }
+
+    open override func stopTunnel(
+        with reason: NEProviderStopReason,
+        completionHandler: @escaping () -> Void
+    ) {
+        queue.async {
+            self.stopping = true
+            self.memoryPressure?.cancel()
+            self.memoryPressure = nil
+            self.healthTimer?.cancel()
+            self.healthTimer = nil
+            // Resets the open connections, closes the engine's copy of the
+            // descriptor, joins its threads (bounded).
+            self.engine?.stop()
+            self.engine = nil
+            completionHandler()
+        }
+    }
+
+    /// Any message from the app is answered with the statistics as JSON.
+    open override func handleAppMessage(_ messageData: Data, completionHandler: ((Data?) -> Void)?) {
+        queue.async {
+            guard let engine = self.engine else {
+                completionHandler?(nil)
+                return
+            }
+            let json = try? JSONSerialization.data(withJSONObject: Self.dictionary(engine.stats()))
+            completionHandler?(json)
+        }
+    }
+
+    // The extension is killed at 50 MiB (iOS 15+): on pressure the engine
+    // admits fewer new TCP sessions; running ones keep going.
+    private func watchMemoryPressure(_ engine: Engine) {
+        let source = DispatchSource.makeMemoryPressureSource(
+            eventMask: [.normal, .warning, .critical], queue: queue)
+        source.setEventHandler { [weak engine, weak source] in
+            guard let engine, let event = source?.data else { return }
+            let level: MemoryPressure
+            if event.contains(.critical) {
+                level = .critical
+            } else if event.contains(.warning) {
+                level = .elevated
+            } else {
+                level = .normal
+            }
+            engine.setMemoryPressure(level: level)
+        }
+        source.resume()
+        memoryPressure = source
+    }
+
+    private func watchHealth(_ engine: Engine) {
+        let timer = DispatchSource.makeTimerSource(queue: queue)
+        timer.schedule(deadline: .now() + healthCheckInterval, repeating: healthCheckInterval)
+        timer.setEventHandler { [weak self, weak engine] in
+            guard let self, let engine, !self.stopping, !engine.isRunning() else { return }
+            self.healthTimer?.cancel()
+            self.cancelTunnelWithError(
+                KerntunTunnelError.engineFailed(engine.error() ?? "unknown error"))
+        }
+        timer.resume()
+        healthTimer = timer
+    }
+
+    /// "198.18.0.1/16" -> ("198.18.0.1", 16).
+    static func split(_ cidr: String) -> (String, Int)? {
+        let parts = cidr.split(separator: "/", maxSplits: 1)
+        guard parts.count == 2, let prefix = Int(parts[1]) else { return nil }
+        return (String(parts[0]), prefix)
+    }
+
+    /// 16 -> "255.255.0.0".
+    static func mask(_ prefix: Int) -> String {
+        let p = max(0, min(32, prefix))
+        let bits: UInt32 = p == 0 ? 0 : ~UInt32(0) << (32 - p)
+        return [24, 16, 8, 0].map { String((bits >> UInt32($0)) & 0xff) }.joined(separator: ".")
+    }
+
+    /// The statistics as a JSON-ready dictionary (for the app's UI).
+    public static func dictionary(_ s: EngineStats) -> [String: Any] {
+        var drops: [String: UInt64] = [:]
+        for d in s.drops { drops[d.reason] = d.count }
+        return [
+            "stack": s.stack,
+            "driver": s.driver,
+            "uptime_ms": s.uptimeMs,
+            "packets_up": s.packetsUp,
+            "bytes_up": s.bytesUp,
+            "packets_down": s.packetsDown,
+            "bytes_down": s.bytesDown,
+            "tcp_sessions_active": s.tcpSessionsActive,
+            "tcp_sessions_total": s.tcpSessionsTotal,
+            "tcp_bytes_up": s.tcpBytesUp,
+            "tcp_bytes_down": s.tcpBytesDown,
+            "tcp_connect_failed": s.tcpConnectFailed,
+            "admission_limit": s.admissionLimit,
+            "admission_refused": s.admissionRefused,
+            "udp_flows_active": s.udpFlowsActive,
+            "udp_bytes_up": s.udpBytesUp,
+            "udp_bytes_down": s.udpBytesDown,
+            "nat_active": s.nat.active,
+            "nat_closing": s.nat.closing,
+            "tun_read_max_batch": s.tunReadMaxBatch,
+            "total_drops": s.totalDrops,
+            "drops": drops,
+        ]
+    }
+}

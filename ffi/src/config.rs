@@ -1,0 +1,625 @@
+//! The engine configuration as uniffi records and enums, mirroring
+//! [`kerntun::Config`]. Every field has a default, so an app writes only what
+//! differs (`EngineConfig(tun = TunOptions(ipv4 = "10.7.0.1/24"))` in Kotlin,
+//! `EngineConfig(tun: TunOptions(mtu: 4064))` in Swift). Platform-dependent
+//! defaults are spelled as "unset" (`0`, `null`/`nil`) and resolved by the
+//! engine for the platform it runs on, so the committed bindings say the
+//! same thing on every platform.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
+use std::str::FromStr;
+
+use ipnet::{Ipv4Net, Ipv6Net};
+use kerntun::budget::Platform as CorePlatform;
+use kerntun::config as core;
+use kerntun::rules::{Action, PortRange, Rule as CoreRule};
+
+use crate::error::KerntunError;
+
+/// Which TCP stack turns TUN packets into streams.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, uniffi::Enum)]
+pub enum Stack {
+    /// Kernel TCP behind an in-place NAT: one ~100-byte NAT entry per
+    /// connection, the mobile default.
+    System,
+    /// A userspace TCP stack (smoltcp). Refused at start by builds without it.
+    Smoltcp,
+}
+
+/// How the TUN device is read and written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, uniffi::Enum)]
+pub enum Driver {
+    /// Batched reads: Linux GRO/GSO offload, Darwin `recvmsg_x` (probed at
+    /// start, falling back to per-packet reads on any error).
+    Batch,
+    /// One packet per read/write, up to 32 packets per readiness edge.
+    PerPacket,
+}
+
+/// The platform a budget is tuned for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, uniffi::Enum)]
+pub enum Platform {
+    /// iOS Network Extension: 50 MiB process-wide, fatal when exceeded.
+    Ios,
+    /// Android VpnService.
+    Android,
+    /// Linux/macOS desktop or server.
+    Desktop,
+}
+
+/// Memory pressure as the host reports it (iOS dispatch source, Android
+/// `onTrimMemory`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, uniffi::Enum)]
+pub enum MemoryPressure {
+    Normal,
+    Elevated,
+    Critical,
+}
+
+/// Log verbosity, most severe first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, uniffi::Enum)]
+pub enum LogLevel {
+    Error,
+    Warn,
+    Info,
+    Debug,
+    Trace,
+}
+
+/// What a matching rule does.
+#[derive(Debug, Clone, PartialEq, Eq, uniffi::Enum)]
+pub enum RuleAction {
+    /// Connect from this host, bypassing the TUN.
+    Direct,
+    /// Refuse: TCP gets an RST at SYN time, UDP datagrams are dropped and counted.
+    Reject,
+    /// Send through the proxy outbound configured under this name in
+    /// `EngineConfig.outbounds`.
+    Outbound { name: String },
+}
+
+/// A Shadowsocks method (shadowsocks-rust's names in the comments).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, uniffi::Enum)]
+pub enum ShadowsocksMethod {
+    /// `none`: the target address, then the app's bytes unchanged (spliced
+    /// on Linux/Android).
+    Plain,
+    /// `aes-128-gcm`
+    Aes128Gcm,
+    /// `aes-256-gcm`
+    Aes256Gcm,
+    /// `chacha20-ietf-poly1305`
+    Chacha20IetfPoly1305,
+    /// `2022-blake3-aes-128-gcm` (the password is a base64 16-byte key)
+    Blake3Aes128Gcm,
+    /// `2022-blake3-aes-256-gcm` (the password is a base64 32-byte key)
+    Blake3Aes256Gcm,
+}
+
+/// A proxy outbound that rules can send flows to.
+#[derive(Debug, Clone, PartialEq, Eq, uniffi::Enum)]
+pub enum Outbound {
+    /// A SOCKS5 proxy (RFC 1928), optionally with username/password (RFC 1929).
+    Socks5 {
+        /// `ip:port` (`[v6]:port`); the engine has no DNS.
+        server: String,
+        username: Option<String>,
+        password: Option<String>,
+        /// Relay UDP flows with UDP ASSOCIATE (else they go direct).
+        udp: bool,
+    },
+    /// A Shadowsocks server.
+    Shadowsocks {
+        /// `ip:port` (`[v6]:port`); the engine has no DNS.
+        server: String,
+        method: ShadowsocksMethod,
+        /// The password (SIP004 methods) or base64 key (AEAD-2022); ignored by `Plain`.
+        password: String,
+        /// Relay UDP flows through the server too (else they go direct).
+        udp: bool,
+    },
+}
+
+/// How TCP bytes move between the app's socket and the outbound's.
+#[derive(Debug, Clone, PartialEq, Eq, uniffi::Record)]
+pub struct RelayOptions {
+    /// Linux/Android: relay plain kernel sockets with splice(2) so payload
+    /// never enters userspace; `false` forces the userspace copy.
+    #[uniffi(default = true)]
+    pub splice: bool,
+    /// Pipe capacity asked for per spliced direction, in bytes
+    /// (`null`/`nil` = the engine's default, 256 KiB).
+    #[uniffi(default = None)]
+    pub pipe_size: Option<u64>,
+}
+
+/// The TUN device.
+#[derive(Debug, Clone, PartialEq, Eq, uniffi::Record)]
+pub struct TunOptions {
+    /// Interface name when the engine creates the device itself (desktop Linux,
+    /// `tun_fd = -1`). Ignored for a descriptor handed over by the platform.
+    #[uniffi(default = "kerntun0")]
+    pub name: String,
+    /// Device MTU; 0 = the platform's default (iOS 4064, Android 9000,
+    /// desktop 65535). Must equal the MTU the platform configured.
+    #[uniffi(default = 0)]
+    pub mtu: u16,
+    /// Gateway address and prefix, e.g. `198.18.0.1/16`: the address the
+    /// platform gave the TUN. The NAT address is gateway + 1 and must fit.
+    #[uniffi(default = Some("198.18.0.1/16"))]
+    pub ipv4: Option<String>,
+    /// IPv6 gateway address and prefix, e.g. `fd00:18::1/64`.
+    #[uniffi(default = None)]
+    pub ipv6: Option<String>,
+    /// Transmit queue length of a device the engine creates (Linux).
+    #[uniffi(default = 10000)]
+    pub tx_queue_len: u32,
+}
+
+/// How direct outbound sockets avoid looping back into the TUN.
+#[derive(Debug, Clone, PartialEq, Eq, uniffi::Record)]
+pub struct DirectOptions {
+    /// Bind outbound sockets to this interface (Linux/Android `SO_BINDTODEVICE`).
+    /// Elsewhere use [`crate::PlatformHooks::protect`].
+    #[uniffi(default = None)]
+    pub interface: Option<String>,
+    /// Mark outbound sockets (Linux/Android `SO_MARK`) for policy routing.
+    #[uniffi(default = None)]
+    pub fwmark: Option<u32>,
+    /// Upper bound on an outbound TCP connect, in milliseconds.
+    #[uniffi(default = 5000)]
+    pub connect_timeout_ms: u64,
+}
+
+/// Limits that come from the platform unless overridden. `null`/`nil` keeps
+/// the platform's value.
+#[derive(Debug, Clone, Default, PartialEq, Eq, uniffi::Record)]
+pub struct BudgetOptions {
+    /// Platform whose budget is the starting point; defaults to the one the
+    /// library was built for.
+    #[uniffi(default = None)]
+    pub platform: Option<Platform>,
+    /// NAT entries (system stack).
+    #[uniffi(default = None)]
+    pub nat_entries: Option<u64>,
+    /// TCP admission permits at normal pressure (elevated and critical get
+    /// 1/2 and 1/4).
+    #[uniffi(default = None)]
+    pub tcp_sessions: Option<u64>,
+    /// Concurrent UDP flows; the least recently used one is evicted past it.
+    #[uniffi(default = None)]
+    pub udp_flows: Option<u64>,
+    /// Kernel listener backlog.
+    #[uniffi(default = None)]
+    pub backlog: Option<u32>,
+    /// Userspace relay buffer per direction, allocated only while data flows.
+    #[uniffi(default = None)]
+    pub relay_buffer: Option<u64>,
+}
+
+/// Timeouts of the flow tables, in seconds.
+#[derive(Debug, Clone, PartialEq, Eq, uniffi::Record)]
+pub struct TimeoutOptions {
+    /// Idle UDP flows are closed after this long.
+    #[uniffi(default = 60)]
+    pub udp_idle_s: u64,
+    /// Active TCP NAT entries with no packet for this long are dropped
+    /// (RFC 5382 REQ-5 asks for at least 2 h 4 min).
+    #[uniffi(default = 7440)]
+    pub tcp_idle_s: u64,
+    /// Closing NAT entries are kept this long so late FIN/ACKs are translated.
+    #[uniffi(default = 10)]
+    pub tcp_linger_s: u64,
+}
+
+/// One routing rule; absent conditions match everything. The first match
+/// decides; no match means direct.
+#[derive(Debug, Clone, PartialEq, Eq, uniffi::Record)]
+pub struct RuleOptions {
+    /// Destination network, e.g. `10.0.0.0/8` or `fd00::/8`.
+    #[uniffi(default = None)]
+    pub cidr: Option<String>,
+    /// Destination ports: `443` or `8000-8999`.
+    #[uniffi(default = None)]
+    pub ports: Option<String>,
+    pub action: RuleAction,
+}
+
+/// Everything [`crate::Engine::start`] needs besides the device.
+#[derive(Debug, Clone, Default, PartialEq, Eq, uniffi::Record)]
+pub struct EngineConfig {
+    /// `null`/`nil` = the platform default (the system stack).
+    #[uniffi(default = None)]
+    pub stack: Option<Stack>,
+    /// `null`/`nil` = batched where the device supports it, else per-packet.
+    #[uniffi(default = None)]
+    pub driver: Option<Driver>,
+    #[uniffi(default)]
+    pub tun: TunOptions,
+    #[uniffi(default)]
+    pub direct: DirectOptions,
+    #[uniffi(default)]
+    pub budget: BudgetOptions,
+    #[uniffi(default)]
+    pub timeouts: TimeoutOptions,
+    /// Ordered rules; the first match decides.
+    #[uniffi(default = [])]
+    pub rules: Vec<RuleOptions>,
+    /// Worker threads of the engine's own runtime (0 = platform default:
+    /// 1 on mobile, 2 on desktop).
+    #[uniffi(default = 0)]
+    pub workers: u32,
+    /// Proxy outbounds by name, for `RuleAction.Outbound`.
+    #[uniffi(default)]
+    pub outbounds: HashMap<String, Outbound>,
+    #[uniffi(default)]
+    pub relay: RelayOptions,
+    /// Send this engine's log events at or above this level to
+    /// [`crate::PlatformHooks::log`] (and not to the process-wide logger).
+    /// `null`/`nil`: the engine logs through whatever [`crate::init_logging`]
+    /// installed, or nowhere.
+    #[uniffi(default = None)]
+    pub log_level: Option<LogLevel>,
+}
+
+impl Default for TunOptions {
+    fn default() -> Self {
+        Self {
+            name: "kerntun0".into(),
+            mtu: 0,
+            ipv4: Some("198.18.0.1/16".into()),
+            ipv6: None,
+            tx_queue_len: 10_000,
+        }
+    }
+}
+
+impl Default for DirectOptions {
+    fn default() -> Self {
+        Self {
+            interface: None,
+            fwmark: None,
+            connect_timeout_ms: 5_000,
+        }
+    }
+}
+
+impl Default for RelayOptions {
+    fn default() -> Self {
+        Self {
+            splice: true,
+            pipe_size: None,
+        }
+    }
+}
+
+impl Default for TimeoutOptions {
+    fn default() -> Self {
+        Self {
+            udp_idle_s: 60,
+            tcp_idle_s: 7_440,
+            tcp_linger_s: 10,
+        }
+    }
+}
+
+impl From<Platform> for CorePlatform {
+    fn from(p: Platform) -> Self {
+        match p {
+            Platform::Ios => CorePlatform::Ios,
+            Platform::Android => CorePlatform::Android,
+            Platform::Desktop => CorePlatform::Desktop,
+        }
+    }
+}
+
+impl From<ShadowsocksMethod> for core::ShadowsocksMethod {
+    fn from(m: ShadowsocksMethod) -> Self {
+        match m {
+            ShadowsocksMethod::Plain => core::ShadowsocksMethod::None,
+            ShadowsocksMethod::Aes128Gcm => core::ShadowsocksMethod::Aes128Gcm,
+            ShadowsocksMethod::Aes256Gcm => core::ShadowsocksMethod::Aes256Gcm,
+            ShadowsocksMethod::Chacha20IetfPoly1305 => {
+                core::ShadowsocksMethod::Chacha20IetfPoly1305
+            }
+            ShadowsocksMethod::Blake3Aes128Gcm => core::ShadowsocksMethod::Blake3Aes128Gcm,
+            ShadowsocksMethod::Blake3Aes256Gcm => core::ShadowsocksMethod::Blake3Aes256Gcm,
+        }
+    }
+}
+
+impl From<MemoryPressure> for kerntun::MemoryPressure {
+    fn from(p: MemoryPressure) -> Self {
+        match p {
+            MemoryPressure::Normal => kerntun::MemoryPressure::Normal,
+            MemoryPressure::Elevated => kerntun::MemoryPressure::Elevated,
+            MemoryPressure::Critical => kerntun::MemoryPressure::Critical,
+        }
+    }
+}
+
+fn bad(field: impl Into<String>, reason: impl Into<String>) -> KerntunError {
+    KerntunError::Config {
+        field: field.into(),
+        reason: reason.into(),
+    }
+}
+
+fn parse<T: FromStr>(field: &str, text: &str) -> Result<T, KerntunError>
+where
+    T::Err: std::fmt::Display,
+{
+    text.trim()
+        .parse()
+        .map_err(|e| bad(field, format!("{text:?}: {e}")))
+}
+
+fn size(field: &str, v: Option<u64>) -> Result<Option<usize>, KerntunError> {
+    v.map(|n| usize::try_from(n).map_err(|_| bad(field, format!("{n} does not fit this platform"))))
+        .transpose()
+}
+
+impl EngineConfig {
+    /// Translate to the core configuration, naming the field of the first
+    /// value that does not parse. The core's own checks (`validate`) run at
+    /// start and are reported the same way.
+    pub fn to_core(&self) -> Result<core::Config, KerntunError> {
+        let platform = self
+            .budget
+            .platform
+            .map_or_else(CorePlatform::current, CorePlatform::from);
+        let mtu = match self.tun.mtu {
+            0 => platform.default_mtu(),
+            m => m,
+        };
+        let ipv4 = self
+            .tun
+            .ipv4
+            .as_deref()
+            .map(|s| parse::<Ipv4Net>("tun.ipv4", s))
+            .transpose()?;
+        let ipv6 = self
+            .tun
+            .ipv6
+            .as_deref()
+            .map(|s| parse::<Ipv6Net>("tun.ipv6", s))
+            .transpose()?;
+        let mut rules = Vec::with_capacity(self.rules.len());
+        for (i, r) in self.rules.iter().enumerate() {
+            let cidr = r
+                .cidr
+                .as_deref()
+                .map(|s| parse(&format!("rules[{i}].cidr"), s))
+                .transpose()?;
+            let ports = r
+                .ports
+                .as_deref()
+                .map(|s| parse::<PortRange>(&format!("rules[{i}].ports"), s))
+                .transpose()?;
+            rules.push(CoreRule {
+                cidr,
+                ports,
+                action: match &r.action {
+                    RuleAction::Direct => Action::Direct,
+                    RuleAction::Reject => Action::Reject,
+                    RuleAction::Outbound { name } => Action::Outbound(name.as_str().into()),
+                },
+            });
+        }
+        let mut outbounds = BTreeMap::new();
+        for (name, o) in &self.outbounds {
+            let server = |s: &str| parse::<SocketAddr>(&format!("outbounds.{name}.server"), s);
+            let out = match o {
+                Outbound::Socks5 {
+                    server: addr,
+                    username,
+                    password,
+                    udp,
+                } => core::OutboundConfig::Socks5(core::Socks5Config {
+                    server: server(addr)?,
+                    username: username.clone(),
+                    password: password.clone(),
+                    udp: *udp,
+                }),
+                Outbound::Shadowsocks {
+                    server: addr,
+                    method,
+                    password,
+                    udp,
+                } => core::OutboundConfig::Shadowsocks(core::ShadowsocksConfig {
+                    server: server(addr)?,
+                    method: (*method).into(),
+                    password: password.clone(),
+                    udp: *udp,
+                }),
+            };
+            outbounds.insert(name.clone(), out);
+        }
+        let relay_defaults = core::RelayConfig::default();
+        let b = &self.budget;
+        Ok(core::Config {
+            stack: match self.stack {
+                None => core::StackKind::Auto,
+                Some(Stack::System) => core::StackKind::System,
+                Some(Stack::Smoltcp) => core::StackKind::Smoltcp,
+            },
+            driver: match self.driver {
+                None => core::DriverMode::Auto,
+                Some(Driver::Batch) => core::DriverMode::Batch,
+                Some(Driver::PerPacket) => core::DriverMode::PerPacket,
+            },
+            tun: core::TunConfig {
+                name: self.tun.name.clone(),
+                mtu,
+                ipv4,
+                ipv6,
+                tx_queue_len: self.tun.tx_queue_len,
+            },
+            direct: core::DirectConfig {
+                interface: self.direct.interface.clone(),
+                fwmark: self.direct.fwmark,
+                connect_timeout_ms: self.direct.connect_timeout_ms,
+            },
+            budget: core::BudgetConfig {
+                platform: b.platform.map(CorePlatform::from),
+                nat_entries: size("budget.nat_entries", b.nat_entries)?,
+                tcp_sessions: size("budget.tcp_sessions", b.tcp_sessions)?,
+                udp_flows: size("budget.udp_flows", b.udp_flows)?,
+                backlog: b.backlog,
+                relay_buffer: size("budget.relay_buffer", b.relay_buffer)?,
+            },
+            timeouts: core::TimeoutConfig {
+                udp_idle_s: self.timeouts.udp_idle_s,
+                tcp_idle_s: self.timeouts.tcp_idle_s,
+                tcp_linger_s: self.timeouts.tcp_linger_s,
+            },
+            rules,
+            workers: usize::try_from(self.workers).unwrap_or(usize::MAX),
+            outbounds,
+            relay: core::RelayConfig {
+                splice: self.relay.splice,
+                pipe_size: size("relay.pipe_size", self.relay.pipe_size)?
+                    .unwrap_or(relay_defaults.pipe_size),
+            },
+        })
+    }
+}
+
+/// The configuration with every default filled in for this platform: a
+/// starting point to copy and change (`defaultConfig().copy(...)` in Kotlin).
+#[uniffi::export]
+pub fn default_config() -> EngineConfig {
+    EngineConfig::default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_match_the_core_defaults() {
+        let c = EngineConfig::default()
+            .to_core()
+            .expect("defaults translate");
+        let core = core::Config::default();
+        assert_eq!(c, core, "FFI defaults must say what the core says");
+    }
+
+    #[test]
+    fn bad_values_name_their_field() {
+        let mut c = EngineConfig::default();
+        c.tun.ipv4 = Some("198.18.0.300/16".into());
+        match c.to_core() {
+            Err(KerntunError::Config { field, .. }) => assert_eq!(field, "tun.ipv4"),
+            other => panic!("expected a config error, got {other:?}"),
+        }
+        let c = EngineConfig {
+            rules: vec![
+                RuleOptions {
+                    cidr: Some("10.0.0.0/8".into()),
+                    ports: None,
+                    action: RuleAction::Reject,
+                },
+                RuleOptions {
+                    cidr: None,
+                    ports: Some("9-1".into()),
+                    action: RuleAction::Direct,
+                },
+            ],
+            ..Default::default()
+        };
+        match c.to_core() {
+            Err(KerntunError::Config { field, reason }) => {
+                assert_eq!(field, "rules[1].ports");
+                assert!(reason.contains("empty"), "{reason}");
+            }
+            other => panic!("expected a config error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn outbounds_and_rule_targets_translate() {
+        let mut c = EngineConfig::default();
+        c.outbounds.insert(
+            "proxy".into(),
+            Outbound::Shadowsocks {
+                server: "[fd00::5]:8388".into(),
+                method: ShadowsocksMethod::Chacha20IetfPoly1305,
+                password: "secret".into(),
+                udp: false,
+            },
+        );
+        c.outbounds.insert(
+            "socks".into(),
+            Outbound::Socks5 {
+                server: "198.19.1.2:1080".into(),
+                username: None,
+                password: None,
+                udp: true,
+            },
+        );
+        c.rules.push(RuleOptions {
+            cidr: None,
+            ports: Some("443".into()),
+            action: RuleAction::Outbound {
+                name: "proxy".into(),
+            },
+        });
+        c.relay.splice = false;
+        let k = c.to_core().expect("translate");
+        assert_eq!(k.rules[0].action, Action::Outbound("proxy".into()));
+        assert_eq!(k.outbounds.len(), 2);
+        match &k.outbounds["proxy"] {
+            core::OutboundConfig::Shadowsocks(s) => {
+                assert_eq!(s.server, "[fd00::5]:8388".parse().expect("addr"));
+                assert_eq!(s.method, core::ShadowsocksMethod::Chacha20IetfPoly1305);
+                assert!(!s.udp);
+            }
+            other => panic!("wrong outbound {other:?}"),
+        }
+        assert!(!k.relay.splice);
+        assert_eq!(k.relay.pipe_size, core::RelayConfig::default().pipe_size);
+        assert_eq!(k.validate(), Ok(()));
+
+        c.outbounds.insert(
+            "bad".into(),
+            Outbound::Socks5 {
+                server: "nowhere".into(),
+                username: None,
+                password: None,
+                udp: true,
+            },
+        );
+        match c.to_core() {
+            Err(KerntunError::Config { field, .. }) => assert_eq!(field, "outbounds.bad.server"),
+            other => panic!("expected a config error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn rules_and_overrides_translate() {
+        let mut c = EngineConfig {
+            stack: Some(Stack::System),
+            driver: Some(Driver::PerPacket),
+            ..Default::default()
+        };
+        c.tun.mtu = 9000;
+        c.tun.ipv6 = Some("fd00:18::1/64".into());
+        c.budget.tcp_sessions = Some(7);
+        c.rules.push(RuleOptions {
+            cidr: Some("198.19.9.0/24".into()),
+            ports: Some("80-90".into()),
+            action: RuleAction::Reject,
+        });
+        let k = c.to_core().expect("translate");
+        assert_eq!(k.stack, core::StackKind::System);
+        assert_eq!(k.driver, core::DriverMode::PerPacket);
+        assert_eq!(k.tun.mtu, 9000);
+        assert_eq!(k.tun.ipv6, Some("fd00:18::1/64".parse().expect("net")));
+        assert_eq!(k.budget.tcp_sessions, Some(7));
+        assert_eq!(k.rules.len(), 1);
+        assert_eq!(k.rules[0].action, Action::Reject);
+        assert_eq!(k.validate(), Ok(()));
+    }
+}

@@ -1,0 +1,148 @@
+//! Typed errors. Kotlin sees `KerntunException.Config` etc. (subclasses of
+//! one sealed exception), Swift a `throws` of `KerntunError.config(...)`.
+//! A panic inside the library never crosses the boundary: it is caught and
+//! reported as [`KerntunError::Internal`].
+
+use kerntun::StartError;
+use kerntun::config::ConfigError;
+
+/// Why an engine call failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, uniffi::Error)]
+#[non_exhaustive]
+pub enum KerntunError {
+    /// The configuration was refused before anything was opened. `field`
+    /// names it (`tun.ipv4`, `rules[2].ports`, `budget.udp_flows`, ...).
+    #[error("invalid configuration: {field}: {reason}")]
+    Config { field: String, reason: String },
+    /// The engine's runtime (threads, event loop) could not be created.
+    #[error("creating the engine runtime: {reason}")]
+    Runtime { reason: String },
+    /// The TUN device could not be created or adopted (bad descriptor,
+    /// missing permission, device creation unsupported on this platform).
+    #[error("opening the TUN device: {reason}")]
+    Tun { reason: String },
+    /// The device does not carry the configured gateway address(es): the
+    /// platform's tunnel settings and `tun.ipv4`/`tun.ipv6` disagree.
+    #[error("verifying the TUN addresses: {reason}")]
+    Address { reason: String },
+    /// The kernel listener could not be bound on the gateway address.
+    #[error("binding the kernel listener on {address}: {reason}")]
+    Listener { address: String, reason: String },
+    /// The process-wide logger could not be installed (another one is).
+    #[error("installing the logger: {reason}")]
+    Logging { reason: String },
+    /// A bug: the library panicked. The engine involved is stopped.
+    #[error("internal error (please report): {reason}")]
+    Internal { reason: String },
+}
+
+impl From<StartError> for KerntunError {
+    fn from(e: StartError) -> Self {
+        match e {
+            StartError::Config(c) => c.into(),
+            StartError::Runtime(e) => KerntunError::Runtime {
+                reason: e.to_string(),
+            },
+            StartError::Tun(e) => KerntunError::Tun {
+                reason: e.to_string(),
+            },
+            StartError::Address(e) => KerntunError::Address {
+                reason: e.to_string(),
+            },
+            StartError::Listener { addr, source } => KerntunError::Listener {
+                address: addr.to_string(),
+                reason: source.to_string(),
+            },
+            // StartError is non_exhaustive: a variant added later still
+            // arrives typed, with its message.
+            other => KerntunError::Internal {
+                reason: other.to_string(),
+            },
+        }
+    }
+}
+
+impl From<ConfigError> for KerntunError {
+    fn from(e: ConfigError) -> Self {
+        let field = match &e {
+            ConfigError::NoAddress => "tun".to_string(),
+            ConfigError::NoRoomForNat { field, .. } => format!("tun.{field}"),
+            ConfigError::BadMtu(_) => "tun.mtu".to_string(),
+            ConfigError::ZeroBudget(f) => format!("budget.{f}"),
+            ConfigError::UnsupportedStack(_) => "stack".to_string(),
+            ConfigError::UnknownOutbound { rule, .. } => format!("rules[{rule}].action"),
+            ConfigError::BadOutbound { name, .. } => format!("outbounds.{name}"),
+            _ => String::new(),
+        };
+        KerntunError::Config {
+            field,
+            reason: e.to_string(),
+        }
+    }
+}
+
+/// What a platform hook reports back to the engine.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, uniffi::Error)]
+pub enum HookError {
+    /// The platform refused (e.g. `VpnService.protect` returned false): the
+    /// connection is aborted, counted, and the app sees a reset.
+    #[error("refused: {reason}")]
+    Refused { reason: String },
+    /// The hook threw something it did not declare (mapped by uniffi).
+    #[error("unexpected error in the hook: {reason}")]
+    Unexpected { reason: String },
+}
+
+impl From<uniffi::UnexpectedUniFFICallbackError> for HookError {
+    fn from(e: uniffi::UnexpectedUniFFICallbackError) -> Self {
+        HookError::Unexpected { reason: e.reason }
+    }
+}
+
+/// Text of a caught panic payload.
+pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "panic with a non-string payload".to_string()
+    }
+}
+
+/// Run `f`, turning a panic into [`KerntunError::Internal`].
+pub(crate) fn guard<T>(f: impl FnOnce() -> Result<T, KerntunError>) -> Result<T, KerntunError> {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+        Ok(r) => r,
+        Err(p) => Err(KerntunError::Internal {
+            reason: panic_message(p.as_ref()),
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_errors_name_the_field() {
+        let e: KerntunError = ConfigError::BadMtu(5).into();
+        assert!(matches!(e, KerntunError::Config { ref field, .. } if field == "tun.mtu"));
+        let e: KerntunError = StartError::Config(ConfigError::ZeroBudget("udp_flows")).into();
+        assert!(
+            matches!(e, KerntunError::Config { ref field, .. } if field == "budget.udp_flows"),
+            "{e:?}"
+        );
+    }
+
+    #[test]
+    fn panics_become_internal_errors() {
+        let r: Result<(), _> = guard(|| panic!("boom {}", 7));
+        assert_eq!(
+            r,
+            Err(KerntunError::Internal {
+                reason: "boom 7".into()
+            })
+        );
+    }
+}

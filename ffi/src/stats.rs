@@ -1,0 +1,271 @@
+//! [`EngineStats`]: every counter of [`kerntun::StatsSnapshot`], as a record.
+//!
+//! The conversion destructures the snapshot without `..`, so a counter added
+//! to the core fails to compile here until it is exposed to the apps too.
+
+use kerntun::StatsSnapshot;
+use kerntun::stats::{NatSnapshot, OutboundSnapshot};
+
+use crate::config::MemoryPressure;
+
+/// NAT entries by state (system stack).
+#[derive(Debug, Clone, Default, PartialEq, Eq, uniffi::Record)]
+pub struct NatStats {
+    /// Port allocated, SYN seen, not yet accepted by the listener.
+    pub half_open: u64,
+    /// Accepted and relaying.
+    pub active: u64,
+    /// Stream ended; kept for the linger so late FIN/ACKs are translated.
+    pub closing: u64,
+}
+
+/// One drop reason and how often it happened.
+#[derive(Debug, Clone, PartialEq, Eq, uniffi::Record)]
+pub struct DropCount {
+    /// Stable snake_case name, e.g. `no_mapping`, `ipv4_fragment`, `tun_write`.
+    pub reason: String,
+    pub count: u64,
+}
+
+/// Counters of one proxy outbound.
+#[derive(Debug, Clone, Default, PartialEq, Eq, uniffi::Record)]
+pub struct OutboundStats {
+    /// Its key in `EngineConfig.outbounds`.
+    pub name: String,
+    /// TCP connections opened through it (handshake done).
+    pub tcp_connects: u64,
+    /// TCP connects that failed on the network (refused, unreachable, timeout).
+    pub tcp_failures: u64,
+    /// Handshakes or frames the proxy got wrong (bad reply, refusal, failed
+    /// decryption), TCP and UDP.
+    pub protocol_errors: u64,
+    /// UDP flows opened through it.
+    pub udp_flows: u64,
+    /// UDP associations that could not be opened.
+    pub udp_failures: u64,
+}
+
+/// A point-in-time copy of everything the engine counts. "Up" is from the
+/// apps (TUN) toward the network, "down" the reverse.
+#[derive(Debug, Clone, Default, PartialEq, Eq, uniffi::Record)]
+pub struct EngineStats {
+    /// `system` or `smoltcp`.
+    pub stack: String,
+    /// `batch` or `per_packet`.
+    pub driver: String,
+    pub memory_pressure: Option<MemoryPressure>,
+    pub uptime_ms: u64,
+    /// Packets and bytes read from the TUN.
+    pub packets_up: u64,
+    pub bytes_up: u64,
+    /// Packets and bytes written to the TUN.
+    pub packets_down: u64,
+    pub bytes_down: u64,
+    pub icmp_echo_replies: u64,
+    pub tcp_sessions_active: u64,
+    pub tcp_sessions_total: u64,
+    /// Payload bytes relayed app -> network / network -> app.
+    pub tcp_bytes_up: u64,
+    pub tcp_bytes_down: u64,
+    pub tcp_rejected_by_rule: u64,
+    pub tcp_connect_failed: u64,
+    /// New TCP sessions admitted at the current pressure.
+    pub admission_limit: u64,
+    pub admission_refused: u64,
+    pub accept_errors: u64,
+    pub accept_foreign_peer: u64,
+    pub accept_unknown_port: u64,
+    pub udp_flows_active: u64,
+    pub udp_flows_total: u64,
+    pub udp_flows_evicted: u64,
+    pub udp_packets_up: u64,
+    pub udp_bytes_up: u64,
+    pub udp_packets_down: u64,
+    pub udp_bytes_down: u64,
+    pub nat: NatStats,
+    /// Device reads (a batched read counts once) and the packets they carried.
+    pub tun_reads: u64,
+    pub tun_read_packets: u64,
+    pub tun_read_max_batch: u64,
+    pub tun_writes: u64,
+    /// Sum of `drops`.
+    pub total_drops: u64,
+    /// Non-zero drop counters by reason (parse rejections and engine drops).
+    pub drops: Vec<DropCount>,
+    /// TCP payload bytes (both directions) moved with splice(2), never in
+    /// userspace (Linux/Android).
+    pub tcp_bytes_spliced: u64,
+    /// TCP payload bytes (both directions) moved through userspace buffers.
+    pub tcp_bytes_copied: u64,
+    /// Relay directions that fell back from splice to a userspace copy.
+    pub splice_fallbacks: u64,
+    /// Per proxy outbound.
+    pub outbounds: Vec<OutboundStats>,
+}
+
+fn pressure(name: &str) -> Option<MemoryPressure> {
+    match name {
+        "normal" => Some(MemoryPressure::Normal),
+        "elevated" => Some(MemoryPressure::Elevated),
+        "critical" => Some(MemoryPressure::Critical),
+        _ => None,
+    }
+}
+
+impl From<StatsSnapshot> for EngineStats {
+    fn from(s: StatsSnapshot) -> Self {
+        let total_drops = s.total_drops();
+        let StatsSnapshot {
+            stack,
+            driver,
+            memory_pressure,
+            uptime_ms,
+            packets_up,
+            bytes_up,
+            packets_down,
+            bytes_down,
+            icmp_echo_replies,
+            tcp_sessions_active,
+            tcp_sessions_total,
+            tcp_bytes_up,
+            tcp_bytes_down,
+            tcp_rejected_by_rule,
+            tcp_connect_failed,
+            admission_limit,
+            admission_refused,
+            accept_errors,
+            accept_foreign_peer,
+            accept_unknown_port,
+            udp_flows_active,
+            udp_flows_total,
+            udp_flows_evicted,
+            udp_packets_up,
+            udp_bytes_up,
+            udp_packets_down,
+            udp_bytes_down,
+            nat:
+                NatSnapshot {
+                    half_open,
+                    active,
+                    closing,
+                },
+            tun_reads,
+            tun_read_packets,
+            tun_read_max_batch,
+            tun_writes,
+            drops,
+            tcp_bytes_spliced,
+            tcp_bytes_copied,
+            splice_fallbacks,
+            outbounds,
+        } = s;
+        EngineStats {
+            stack: stack.to_string(),
+            driver: driver.to_string(),
+            memory_pressure: pressure(memory_pressure),
+            uptime_ms,
+            packets_up,
+            bytes_up,
+            packets_down,
+            bytes_down,
+            icmp_echo_replies,
+            tcp_sessions_active,
+            tcp_sessions_total,
+            tcp_bytes_up,
+            tcp_bytes_down,
+            tcp_rejected_by_rule,
+            tcp_connect_failed,
+            admission_limit,
+            admission_refused,
+            accept_errors,
+            accept_foreign_peer,
+            accept_unknown_port,
+            udp_flows_active,
+            udp_flows_total,
+            udp_flows_evicted,
+            udp_packets_up,
+            udp_bytes_up,
+            udp_packets_down,
+            udp_bytes_down,
+            nat: NatStats {
+                half_open,
+                active,
+                closing,
+            },
+            tun_reads,
+            tun_read_packets,
+            tun_read_max_batch,
+            tun_writes,
+            total_drops,
+            drops: drops
+                .into_iter()
+                .map(|(reason, count)| DropCount {
+                    reason: reason.to_string(),
+                    count,
+                })
+                .collect(),
+            tcp_bytes_spliced,
+            tcp_bytes_copied,
+            splice_fallbacks,
+            outbounds: outbounds.into_iter().map(OutboundStats::from).collect(),
+        }
+    }
+}
+
+impl From<OutboundSnapshot> for OutboundStats {
+    fn from(o: OutboundSnapshot) -> Self {
+        let OutboundSnapshot {
+            name,
+            tcp_connects,
+            tcp_failures,
+            protocol_errors,
+            udp_flows,
+            udp_failures,
+        } = o;
+        OutboundStats {
+            name,
+            tcp_connects,
+            tcp_failures,
+            protocol_errors,
+            udp_flows,
+            udp_failures,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn snapshot_maps_field_by_field() {
+        let s = StatsSnapshot {
+            stack: "system",
+            driver: "batch",
+            memory_pressure: "elevated",
+            tcp_bytes_down: 42,
+            nat: NatSnapshot {
+                half_open: 1,
+                active: 2,
+                closing: 3,
+            },
+            drops: vec![("no_mapping", 4), ("tun_write", 5)],
+            ..Default::default()
+        };
+        let e = EngineStats::from(s);
+        assert_eq!(e.stack, "system");
+        assert_eq!(e.memory_pressure, Some(MemoryPressure::Elevated));
+        assert_eq!(e.tcp_bytes_down, 42);
+        assert_eq!(
+            e.nat,
+            NatStats {
+                half_open: 1,
+                active: 2,
+                closing: 3
+            }
+        );
+        assert_eq!(e.total_drops, 9);
+        assert_eq!(e.drops[1].reason, "tun_write");
+        assert_eq!(e.drops[1].count, 5);
+    }
+}

@@ -1,0 +1,271 @@
+// End-to-end test of the kerntun FFI from Kotlin on the JVM, through the
+// generated (plain, non-Android) bindings and JNA. Run by run.sh inside a
+// client network namespace whose veth `args[3]` leads to a server namespace
+// running echo_server.py on `args[0]` (IPv4) / `args[1]` (IPv6), port `args[2]`.
+//
+// Everything runs twice in this one process (two rounds, each with its own
+// engine and TUN), plus a second engine alongside the first in round 2.
+// Prints "N passed, M failed" and exits non-zero on any failure.
+
+import org.kerntun.*
+import java.net.DatagramPacket
+import java.net.DatagramSocket
+import java.net.InetAddress
+import java.net.InetSocketAddress
+import java.net.Socket
+import java.util.Collections
+import java.util.concurrent.TimeUnit
+import java.util.concurrent.atomic.AtomicInteger
+import kotlin.concurrent.thread
+import kotlin.system.exitProcess
+
+val serverV4 = args[0]
+val serverV6 = args[1]
+val port = args[2].toInt()
+val veth = args[3]
+
+var passed = 0
+var failed = 0
+
+fun check(cond: Boolean, what: String) {
+    if (cond) {
+        passed++
+        println("ok   $what")
+    } else {
+        failed++
+        println("FAIL $what")
+    }
+}
+
+/** Run a command; its output is shown only when it fails unexpectedly. */
+fun sh(vararg cmd: String, expectFailure: Boolean = false): Int {
+    val p = ProcessBuilder(*cmd).redirectErrorStream(true).start()
+    val out = p.inputStream.readBytes().decodeToString()
+    val done = p.waitFor(10, TimeUnit.SECONDS)
+    val rc = if (done) p.exitValue() else -1
+    if (rc != 0 && !expectFailure) print(out)
+    return rc
+}
+
+/** The app's side: what a VpnService/Packet Tunnel would implement. */
+class Hooks : PlatformHooks {
+    val protected = AtomicInteger()
+    val logs: MutableList<String> = Collections.synchronizedList(mutableListOf())
+    @Volatile var refuse = false
+    @Volatile var crash = false
+
+    override fun protect(fd: Int) {
+        protected.incrementAndGet()
+        if (crash) throw IllegalStateException("undeclared exception from protect")
+        if (refuse) throw HookException.Refused("refused by the test")
+        // On Linux the engine's sockets are already bound to the veth
+        // (direct.interface); Android would call VpnService.protect(fd) here.
+    }
+
+    override fun log(level: LogLevel, message: String) {
+        logs.add("$level $message")
+    }
+}
+
+fun pattern(len: Int, seed: Int) = ByteArray(len) { ((it * 131 + seed * 7 + (it shr 8)) and 0xff).toByte() }
+
+/** Send `len` bytes to the echo server through the TUN; true if all came back intact. */
+fun tcpEcho(host: String, len: Int, seed: Int): Boolean {
+    Socket().use { s ->
+        s.connect(InetSocketAddress(host, port), 5000)
+        s.soTimeout = 15000
+        val data = pattern(len, seed)
+        val writer = thread {
+            s.getOutputStream().write(data)
+            s.shutdownOutput()
+        }
+        val got = s.getInputStream().readAllBytes()
+        writer.join(15000)
+        return got.contentEquals(data)
+    }
+}
+
+/** Whether a connection through the TUN is refused/reset (not echoed). */
+fun tcpFails(host: String, to: Int = port): Boolean = try {
+    Socket().use { s ->
+        s.connect(InetSocketAddress(host, to), 5000)
+        s.soTimeout = 5000
+        s.getOutputStream().write(pattern(1000, 99))
+        s.shutdownOutput()
+        s.getInputStream().readAllBytes().size != 1000
+    }
+} catch (e: java.io.IOException) {
+    true
+}
+
+/** Datagrams of several sizes to the UDP echo; true if each came back intact. */
+fun udpEcho(host: String, seed: Int): Boolean {
+    DatagramSocket().use { s ->
+        s.soTimeout = 2000
+        val to = InetSocketAddress(InetAddress.getByName(host), port)
+        for ((i, size) in listOf(1, 512, 1400).withIndex()) {
+            val data = pattern(size, seed + i)
+            var ok = false
+            // The first datagram opens the flow; allow a retry for it.
+            for (attempt in 0 until 3) {
+                s.send(DatagramPacket(data, data.size, to))
+                val buf = ByteArray(2048)
+                val p = DatagramPacket(buf, buf.size)
+                try {
+                    s.receive(p)
+                } catch (e: java.net.SocketTimeoutException) {
+                    continue
+                }
+                ok = p.length == data.size && buf.copyOf(p.length).contentEquals(data)
+                break
+            }
+            if (!ok) return false
+        }
+        return true
+    }
+}
+
+/** The rejected port: a rule answers its SYNs with an RST. */
+val rejectedPort = port + 1
+
+fun config(tun: String, v4: String, v6: String?, driver: Driver?) = EngineConfig(
+    driver = driver,
+    tun = TunOptions(name = tun, ipv4 = v4, ipv6 = v6),
+    direct = DirectOptions(`interface` = veth),
+    rules = listOf(RuleOptions(ports = "$rejectedPort", action = RuleAction.Reject)),
+    logLevel = LogLevel.INFO,
+)
+
+fun expectConfigError(what: String, field: String, cfg: EngineConfig, hooks: Hooks) {
+    try {
+        Engine.start(cfg, -1, hooks).close()
+        check(false, "$what: start must fail")
+    } catch (e: KerntunException.Config) {
+        check(e.field == field, "$what: KerntunException.Config names field ${e.field} (want $field): ${e.reason}")
+    }
+}
+
+fun round(n: Int) {
+    println("--- round $n")
+    val hooks = Hooks()
+    val tun = "ktun$n"
+    val driver = if (n == 1) null else Driver.PER_PACKET
+    val started = System.nanoTime()
+    val engine = Engine.start(config(tun, "198.18.0.1/16", "fd00:18::1/64", driver), -1, hooks)
+    println("engine started in ${(System.nanoTime() - started) / 1_000_000} ms on ${engine.tunName()}")
+    check(engine.isRunning(), "round $n: engine running")
+    check(engine.tunName() == tun, "round $n: engine created TUN $tun")
+    check(sh("ip", "route", "replace", "$serverV4/32", "dev", tun) == 0, "round $n: route v4 via TUN")
+    check(sh("ip", "-6", "route", "replace", "$serverV6/128", "dev", tun) == 0, "round $n: route v6 via TUN")
+
+    val t0 = System.nanoTime()
+    val big = 4 shl 20
+    check(tcpEcho(serverV4, big, n), "round $n: 4 MiB TCP echo over IPv4 through the TUN")
+    val ms = (System.nanoTime() - t0) / 1_000_000
+    println("4 MiB echoed (8 MiB through the engine) in $ms ms")
+    check(tcpEcho(serverV6, 1 shl 20, n + 10), "round $n: 1 MiB TCP echo over IPv6 through the TUN")
+    check(udpEcho(serverV4, n), "round $n: UDP echo over IPv4")
+    check(udpEcho(serverV6, n + 20), "round $n: UDP echo over IPv6")
+
+    val protectedBefore = hooks.protected.get()
+    check(protectedBefore >= 4, "round $n: protect(fd) called for each outbound socket ($protectedBefore calls)")
+
+    // A refusal from the hook aborts just that connection, typed through HookException.
+    hooks.refuse = true
+    check(tcpFails(serverV4), "round $n: connection refused when protect throws HookException.Refused")
+    hooks.refuse = false
+    // An undeclared exception is mapped to HookError.Unexpected: no crash.
+    hooks.crash = true
+    check(tcpFails(serverV4), "round $n: connection refused when protect throws an undeclared exception")
+    hooks.crash = false
+    check(engine.isRunning(), "round $n: engine still running after hook failures")
+    val r0 = System.nanoTime()
+    check(tcpFails(serverV4, rejectedPort), "round $n: a reject rule refuses port $rejectedPort")
+    check((System.nanoTime() - r0) / 1_000_000 < 2000, "round $n: ... at once (RST at SYN time, not a timeout)")
+    check(tcpEcho(serverV4, 64 shl 10, n + 30), "round $n: traffic flows again after the hook recovers")
+
+    val s = engine.stats()
+    println("stats: up ${s.tcpBytesUp} B, down ${s.tcpBytesDown} B, sessions ${s.tcpSessionsTotal}, " +
+        "udp flows ${s.udpFlowsTotal}, tun reads ${s.tunReads} (${s.tunReadPackets} pkts, max batch ${s.tunReadMaxBatch}), " +
+        "driver ${s.driver}, connect failures ${s.tcpConnectFailed}, drops ${s.totalDrops} ${s.drops}")
+    check(s.stack == "system", "round $n: stats.stack = system")
+    check(s.driver == (if (n == 1) "batch" else "per_packet"), "round $n: stats.driver = ${s.driver}")
+    check(s.tcpBytesUp.toLong() >= big + (1 shl 20), "round $n: stats count TCP bytes up (${s.tcpBytesUp})")
+    check(s.tcpBytesDown.toLong() >= big + (1 shl 20), "round $n: stats count TCP bytes down (${s.tcpBytesDown})")
+    check(s.tcpSessionsTotal >= 3uL, "round $n: stats count TCP sessions (${s.tcpSessionsTotal})")
+    check(s.tcpConnectFailed >= 2uL, "round $n: refused protect counted as connect failures (${s.tcpConnectFailed})")
+    check(s.tcpRejectedByRule >= 1uL, "round $n: stats count the rule rejection (${s.tcpRejectedByRule})")
+    check(s.udpFlowsTotal >= 2uL && s.udpPacketsUp >= 6uL, "round $n: stats count UDP flows and datagrams")
+    check(s.tcpBytesSpliced + s.tcpBytesCopied >= (2uL * big.toULong()),
+        "round $n: relay bytes counted (spliced ${s.tcpBytesSpliced}, copied ${s.tcpBytesCopied})")
+    check(s.packetsUp > 0uL && s.tunReads > 0uL, "round $n: stats count TUN reads")
+    check(s.totalDrops == s.drops.sumOf { it.count }, "round $n: total_drops is the sum of drops")
+    check(s.memoryPressure == MemoryPressure.NORMAL, "round $n: pressure starts normal")
+
+    engine.setMemoryPressure(MemoryPressure.CRITICAL)
+    val p = engine.stats()
+    check(p.memoryPressure == MemoryPressure.CRITICAL && p.admissionLimit < s.admissionLimit,
+        "round $n: critical pressure lowers admission (${s.admissionLimit} -> ${p.admissionLimit})")
+    engine.setMemoryPressure(MemoryPressure.NORMAL)
+
+    check(hooks.logs.any { it.contains("kerntun started") }, "round $n: engine logs reach PlatformHooks.log (${hooks.logs.size} lines)")
+
+    // Typed errors: nothing is opened for a bad config.
+    expectConfigError("round $n: unparsable address", "tun.ipv4", config("ktbad$n", "198.18.0.300/16", null, null), hooks)
+    expectConfigError("round $n: no room for the NAT address", "tun.ipv4", config("ktbad$n", "198.18.0.1/31", null, null), hooks)
+    expectConfigError("round $n: bad MTU", "tun.mtu",
+        config("ktbad$n", "198.18.0.1/16", null, null).copy(tun = TunOptions(name = "ktbad$n", mtu = 500.toUShort())), hooks)
+    expectConfigError("round $n: rule naming a missing outbound", "rules[1].action",
+        config("ktbad$n", "198.18.0.1/16", null, null).let {
+            it.copy(rules = it.rules + RuleOptions(cidr = "203.0.113.0/24", action = RuleAction.Outbound("nope")))
+        }, hooks)
+    expectConfigError("round $n: outbound with a bad server address", "outbounds.proxy.server",
+        config("ktbad$n", "198.18.0.1/16", null, null).copy(
+            outbounds = mapOf("proxy" to Outbound.Socks5(server = "not-an-address", username = null, password = null, udp = true)),
+        ), hooks)
+    try {
+        Engine.start(config("ktbad$n", "198.18.0.1/16", null, null), 1_000_000, hooks).close()
+        check(false, "round $n: a bad descriptor must fail")
+    } catch (e: KerntunException.Tun) {
+        check(true, "round $n: bad descriptor -> KerntunException.Tun (${e.reason})")
+    }
+    check(sh("ip", "link", "show", "ktbad$n", expectFailure = true) != 0, "round $n: failed starts leave no device behind")
+
+    if (n == 2) {
+        // Several engines per process: a second one beside the first.
+        val other = Hooks()
+        val second = Engine.start(config("ktun${n}b", "198.18.128.1/17", null, Driver.PER_PACKET), -1, other)
+        check(second.isRunning() && engine.isRunning(), "round $n: two engines run side by side")
+        check(second.stats().tcpSessionsTotal == 0uL, "round $n: the second engine has its own counters")
+        second.stop()
+        second.close()
+        check(engine.isRunning(), "round $n: stopping one engine leaves the other running")
+        check(tcpEcho(serverV4, 256 shl 10, n + 40), "round $n: first engine still moves bytes")
+    }
+
+    val stopStart = System.nanoTime()
+    engine.stop()
+    println("engine stopped in ${(System.nanoTime() - stopStart) / 1_000_000} ms")
+    engine.stop() // idempotent
+    check(!engine.isRunning(), "round $n: engine stopped")
+    check(engine.stats().tcpBytesUp >= s.tcpBytesUp, "round $n: stats still answer after stop")
+    check(sh("ip", "link", "show", tun, expectFailure = true) != 0, "round $n: TUN $tun removed on stop")
+    engine.close()
+}
+
+try {
+    check(version().isNotEmpty(), "version() = ${version()}")
+    initLogging(LogLevel.WARN)
+    initLogging(LogLevel.INFO) // a second call only changes the level
+    check(true, "initLogging installs (and re-levels) the process logger")
+    val d = defaultConfig()
+    check(d.tun.ipv4 == "198.18.0.1/16" && d.rules.isEmpty(), "defaultConfig() has the documented defaults")
+    round(1)
+    round(2)
+} catch (e: Throwable) {
+    failed++
+    println("FAIL unexpected ${e::class.qualifiedName}: ${e.message}")
+    e.printStackTrace()
+}
+println("$passed passed, $failed failed")
+exitProcess(if (failed == 0) 0 else 1)

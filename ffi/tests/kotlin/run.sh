@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# Kotlin-on-JVM end-to-end test of the kerntun FFI (issue 7).
+#
+#   sudo bash ffi/tests/kotlin/run.sh
+#
+# Builds the cdylib, generates the plain (JVM) Kotlin bindings with the
+# workspace's uniffi-bindgen, compiles them with `kotlinc -Werror` against
+# Debian's JNA, then runs engine_test.kts inside a client network namespace
+# it creates: a veth pair leads to a server namespace running a TCP+UDP echo
+# server. The script starts engines on real TUN devices, moves bytes through
+# them, reads stats, checks typed errors and the protect hook, and stops
+# them, twice in one JVM. Namespaces, the server and temp files are removed
+# on every exit.
+#
+# Needs: root, ip (iproute2), python3, Java 17, JNA (apt-get install -y
+# libjna-java), the Kotlin compiler (npm install -g kotlin-compiler; its
+# kotlinc is not put on PATH, so it is looked up under `npm root -g`).
+# Override with KOTLINC=/path/to/kotlinc and JNA_JAR=/path/to/jna.jar.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../../.." && pwd)
+cd "$root"
+
+if [[ $(id -u) -ne 0 ]]; then
+    echo "SKIPPED: the Kotlin FFI test needs root (network namespaces, TUN)"
+    exit 0
+fi
+
+KOTLINC=${KOTLINC:-$(command -v kotlinc || true)}
+if [[ -z "$KOTLINC" ]] && command -v npm >/dev/null; then
+    KOTLINC="$(npm root -g)/kotlin-compiler/bin/kotlinc"
+fi
+JNA_JAR=${JNA_JAR:-/usr/share/java/jna.jar}
+[[ -x "$KOTLINC" ]] || { echo "kotlinc not found: npm install -g kotlin-compiler (or set KOTLINC)" >&2; exit 1; }
+[[ -f "$JNA_JAR" ]] || { echo "JNA not found: apt-get install -y libjna-java (or set JNA_JAR)" >&2; exit 1; }
+command -v java >/dev/null || { echo "java not found (Java 17 needed)" >&2; exit 1; }
+
+work=$(mktemp -d)
+ns_c="ktkotlin-$$-c"
+ns_s="ktkotlin-$$-s"
+server_pid=""
+cleanup() {
+    local rc=$?
+    # No `set -e` here: every step must run even if an earlier one fails.
+    set +e
+    if [[ -n "$server_pid" ]]; then
+        kill "$server_pid" 2>/dev/null
+        wait "$server_pid" 2>/dev/null
+    fi
+    # Deleting the namespaces also removes the veth pair and any TUN left
+    # behind by a crashed engine.
+    ip netns del "$ns_c" 2>/dev/null
+    ip netns del "$ns_s" 2>/dev/null
+    rm -rf "$work"
+    exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+step() { printf '\n== %s\n' "$*"; }
+t0=$(date +%s)
+
+step "build the cdylib and generate plain Kotlin bindings"
+bash scripts/bindings.sh kotlin "$work/gen"
+target_dir=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
+libdir="$target_dir/debug"
+[[ -f "$libdir/libkerntun_ffi.so" ]] || { echo "missing $libdir/libkerntun_ffi.so" >&2; exit 1; }
+
+step "kotlinc -Werror the generated bindings (JNA $(basename "$(readlink -f "$JNA_JAR")"))"
+"$KOTLINC" -Werror -d "$work/kerntun.jar" -classpath "$JNA_JAR" "$work"/gen/org/kerntun/*.kt 2>&1
+
+step "namespaces $ns_c <-> $ns_s, echo server"
+ip netns add "$ns_c"
+ip netns add "$ns_s"
+ip -n "$ns_c" link set lo up
+ip -n "$ns_s" link set lo up
+ip -n "$ns_c" link add ktkc type veth peer name ktks netns "$ns_s"
+# The engine's IPv6 gateway would otherwise stay tentative (DAD) for a second.
+ip netns exec "$ns_c" sysctl -qw net.ipv6.conf.default.accept_dad=0 net.ipv6.conf.all.accept_dad=0
+ip -n "$ns_c" addr add 198.19.200.1/24 dev ktkc
+ip -n "$ns_c" -6 addr add fd00:19:c8::1/64 dev ktkc nodad
+ip -n "$ns_s" addr add 198.19.200.2/24 dev ktks
+ip -n "$ns_s" -6 addr add fd00:19:c8::2/64 dev ktks nodad
+ip -n "$ns_c" link set ktkc up
+ip -n "$ns_s" link set ktks up
+ip netns exec "$ns_s" python3 "$here/echo_server.py" 7000 198.19.200.2 fd00:19:c8::2 >"$work/echo.log" 2>&1 &
+server_pid=$!
+for _ in $(seq 50); do
+    grep -q ready "$work/echo.log" 2>/dev/null && break
+    sleep 0.1
+done
+grep -q ready "$work/echo.log" || { echo "echo server did not start:" >&2; cat "$work/echo.log" >&2; exit 1; }
+
+step "engine_test.kts inside $ns_c"
+ip netns exec "$ns_c" timeout 600 "$KOTLINC" \
+    -J-ea -J-Djna.library.path="$libdir" \
+    -classpath "$work/kerntun.jar:$JNA_JAR" \
+    -script "$here/engine_test.kts" 198.19.200.2 fd00:19:c8::2 7000 ktkc
+
+step "Kotlin FFI test done in $(( $(date +%s) - t0 )) s"
