@@ -133,7 +133,7 @@ fun config(tun: String, v4: String, v6: String?, driver: Driver?) = EngineConfig
     tun = TunOptions(name = tun, ipv4 = v4, ipv6 = v6),
     direct = DirectOptions(`interface` = veth),
     rules = listOf(RuleOptions(ports = "$rejectedPort", action = RuleAction.Reject)),
-    logLevel = LogLevel.INFO,
+    logLevel = LogLevel.DEBUG,
 )
 
 fun expectConfigError(what: String, field: String, cfg: EngineConfig, hooks: Hooks) {
@@ -178,6 +178,10 @@ fun round(n: Int) {
     hooks.crash = true
     check(tcpFails(serverV4), "round $n: connection refused when protect throws an undeclared exception")
     hooks.crash = false
+    // The failed connects are logged at debug level by the session task, on
+    // the engine's runtime threads: the per-engine dispatcher covers them.
+    check(hooks.logs.any { it.startsWith("DEBUG") && it.contains("refused by the test") },
+        "round $n: logs from the engine's runtime threads reach PlatformHooks.log")
     check(engine.isRunning(), "round $n: engine still running after hook failures")
     val r0 = System.nanoTime()
     check(tcpFails(serverV4, rejectedPort), "round $n: a reject rule refuses port $rejectedPort")
@@ -237,6 +241,8 @@ fun round(n: Int) {
         val second = Engine.start(config("ktun${n}b", "198.18.128.1/17", null, Driver.PER_PACKET), -1, other)
         check(second.isRunning() && engine.isRunning(), "round $n: two engines run side by side")
         check(second.stats().tcpSessionsTotal == 0uL, "round $n: the second engine has its own counters")
+        check(other.logs.any { it.contains("ktun${n}b") } && hooks.logs.none { it.contains("ktun${n}b") },
+            "round $n: each engine logs to its own hooks")
         second.stop()
         second.close()
         check(engine.isRunning(), "round $n: stopping one engine leaves the other running")
