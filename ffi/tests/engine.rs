@@ -1,0 +1,135 @@
+//! The FFI surface driven from Rust, as root in namespaces (testkit): the
+//! same calls the Kotlin and Swift bindings make, so `cargo test` guards
+//! them too. The JVM test (`ffi/tests/kotlin/run.sh`) covers the bindings.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use kerntun_ffi::{
+    DirectOptions, Engine, EngineConfig, HookError, KerntunError, LogLevel, MemoryPressure,
+    PlatformHooks, RuleAction, RuleOptions, TunOptions,
+};
+use kerntun_testkit::servers::{self, Mode};
+use kerntun_testkit::{CLIENT_VETH, Topology, client, require_root};
+use parking_lot::Mutex;
+
+#[derive(Default)]
+struct Hooks {
+    protected: AtomicUsize,
+    refuse: std::sync::atomic::AtomicBool,
+    logs: Mutex<Vec<String>>,
+}
+
+impl PlatformHooks for Hooks {
+    fn protect(&self, _fd: i32) -> Result<(), HookError> {
+        self.protected.fetch_add(1, Ordering::Relaxed);
+        if self.refuse.load(Ordering::Relaxed) {
+            return Err(HookError::Refused {
+                reason: "refused by the test".into(),
+            });
+        }
+        Ok(())
+    }
+
+    fn log(&self, level: LogLevel, message: String) -> Result<(), HookError> {
+        self.logs.lock().push(format!("{level:?} {message}"));
+        Ok(())
+    }
+}
+
+fn config(tun: &str) -> EngineConfig {
+    EngineConfig {
+        tun: TunOptions {
+            name: tun.into(),
+            ipv6: Some("fd00:18::1/64".into()),
+            ..Default::default()
+        },
+        direct: DirectOptions {
+            interface: Some(CLIENT_VETH.into()),
+            ..Default::default()
+        },
+        rules: vec![RuleOptions {
+            cidr: None,
+            ports: Some("9".into()),
+            action: RuleAction::Reject,
+        }],
+        log_level: Some(LogLevel::Debug),
+        ..Default::default()
+    }
+}
+
+#[test]
+fn engine_through_the_ffi_moves_bytes_counts_and_stops() {
+    require_root!();
+    let topo = Topology::new().expect("topology");
+    let srv = servers::tcp(&topo.server, topo.server_addr(false, 0), Mode::Echo).expect("server");
+    let srv6 = servers::tcp(&topo.server, topo.server_addr(true, 0), Mode::Echo).expect("server6");
+    topo.client.enter().expect("enter client namespace");
+
+    for round in 0..2 {
+        let tun = format!("ktffi{round}");
+        let hooks = Arc::new(Hooks::default());
+        let engine = Engine::start(config(&tun), -1, hooks.clone()).expect("start");
+        assert!(engine.is_running());
+        assert_eq!(engine.tun_name().as_deref(), Some(tun.as_str()));
+        topo.route_via_tun(&tun).expect("route");
+
+        let len = 2 << 20;
+        client::echo_transfer(srv.addr, round, len, false).expect("echo over IPv4");
+        client::echo_transfer(srv6.addr, round + 10, len, false).expect("echo over IPv6");
+        assert!(
+            hooks.protected.load(Ordering::Relaxed) >= 2,
+            "protect is called for every outbound socket"
+        );
+
+        hooks.refuse.store(true, Ordering::Relaxed);
+        assert!(
+            client::echo_transfer(srv.addr, 99, 1000, false).is_err(),
+            "a refused protect aborts the connection"
+        );
+        hooks.refuse.store(false, Ordering::Relaxed);
+
+        let s = engine.stats();
+        assert!(s.tcp_bytes_up >= 2 * len as u64, "{s:?}");
+        assert!(s.tcp_bytes_down >= 2 * len as u64, "{s:?}");
+        assert!(s.tcp_connect_failed >= 1, "{s:?}");
+        assert_eq!(s.total_drops, s.drops.iter().map(|d| d.count).sum::<u64>());
+        assert_eq!(s.memory_pressure, Some(MemoryPressure::Normal));
+        engine.set_memory_pressure(MemoryPressure::Critical);
+        let p = engine.stats();
+        assert_eq!(p.memory_pressure, Some(MemoryPressure::Critical));
+        assert!(p.admission_limit < s.admission_limit);
+
+        let logs = hooks.logs.lock().clone();
+        assert!(
+            logs.iter().any(|l| l.contains("kerntun started")),
+            "{logs:?}"
+        );
+        assert!(
+            logs.iter()
+                .any(|l| l.starts_with("Debug") && l.contains("refused by the test")),
+            "session-task logs reach the engine's hook: {logs:?}"
+        );
+
+        match Engine::start(
+            EngineConfig {
+                tun: TunOptions {
+                    name: "ktffibad".into(),
+                    ipv4: Some("198.18.0.1/31".into()),
+                    ..Default::default()
+                },
+                ..Default::default()
+            },
+            -1,
+            hooks.clone(),
+        ) {
+            Err(KerntunError::Config { field, .. }) => assert_eq!(field, "tun.ipv4"),
+            other => panic!("expected a config error, got {:?}", other.map(|_| ())),
+        }
+
+        engine.stop();
+        engine.stop();
+        assert!(!engine.is_running());
+        assert!(engine.stats().tcp_bytes_up >= s.tcp_bytes_up);
+    }
+}
