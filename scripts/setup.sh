@@ -13,6 +13,10 @@ command -v sysctl >/dev/null || need_apt+=(procps)
 command -v iperf3 >/dev/null || need_apt+=(iperf3)
 command -v python3 >/dev/null || need_apt+=(python3)
 command -v cc >/dev/null || need_apt+=(build-essential)
+# The Kotlin FFI test: Java 17 and JNA (the JVM side of the generated bindings).
+command -v java >/dev/null || need_apt+=(openjdk-17-jdk-headless)
+[[ -f /usr/share/java/jna.jar ]] || need_apt+=(libjna-java)
+command -v npm >/dev/null || need_apt+=(npm)
 if ((${#need_apt[@]})); then
     log "apt-get install ${need_apt[*]}"
     export DEBIAN_FRONTEND=noninteractive
@@ -23,6 +27,12 @@ fi
 # The TUN device node (present on the CI machine; created if a container lacks it).
 if [[ ! -c /dev/net/tun ]]; then
     mkdir -p /dev/net && mknod /dev/net/tun c 10 200 && chmod 0666 /dev/net/tun
+fi
+
+# kotlinc for the FFI test ships in the npm package kotlin-compiler.
+if [[ ! -x "$(npm root -g)/kotlin-compiler/bin/kotlinc" ]]; then
+    log "npm install -g kotlin-compiler"
+    npm install -g --silent kotlin-compiler >/dev/null
 fi
 
 log "rust toolchains and targets"

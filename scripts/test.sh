@@ -5,3 +5,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo test --workspace --all-targets "$@"
+# The FFI as Swift/Kotlin apps see it: generated Kotlin bindings on the JVM
+# against the real cdylib, engines on real TUN devices (root; skipped
+# otherwise), then the Swift bindings checked for drift against apple/.
+bash ffi/tests/kotlin/run.sh
+bash scripts/bindings.sh check
