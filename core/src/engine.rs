@@ -20,6 +20,7 @@ use crate::config::{Config, ConfigError, DriverMode, StackKind, nat_address};
 use crate::driver::{self, DriverKind};
 use crate::nat::{NatConfig, NatTable, SystemClock};
 use crate::outbound::{Outbounds, Protect, SocketFactory};
+use crate::smol::{self, SmolStack};
 use crate::stats::{NatSnapshot, Stats, StatsSnapshot, WarnLimiter};
 use crate::system::{self, FamilyAddrs, Shared};
 use crate::tun::{Tun, TunSource};
@@ -115,12 +116,8 @@ impl Engine {
         options: StartOptions,
     ) -> Result<Engine, StartError> {
         config.validate()?;
-        if config.stack == StackKind::Smoltcp {
-            return Err(
-                ConfigError::UnsupportedStack("smoltcp is not built into this version").into(),
-            );
-        }
         let budget = Budget::resolve(&config.budget);
+        let (stack, why) = choose_stack(config.stack, budget.platform);
         let workers = match config.workers {
             0 if budget.platform == Platform::Desktop => 2,
             0 => 1,
@@ -143,15 +140,20 @@ impl Engine {
             builder.on_thread_stop(|| THREAD_DISPATCH.with(|slot| drop(slot.borrow_mut().take())));
         }
         let rt = builder.build().map_err(StartError::Runtime)?;
-        let (shared, listeners, driver) = rt.block_on(prepare(&config, source, protect, budget))?;
+        let (shared, listeners, driver) =
+            rt.block_on(prepare(&config, source, protect, budget, stack))?;
         let _enter = rt.enter();
         for (listener, fam) in listeners {
             rt.spawn(system::accept_loop(shared.clone(), listener, fam));
         }
+        if let Some(smol) = &shared.smol {
+            rt.spawn(smol.clone().run_poller(shared.clone()));
+        }
         rt.spawn(driver::run(shared.clone(), driver));
         tracing::info!(
-            "kerntun started on {} (system stack, {} driver, mtu {})",
+            "kerntun started on {} ({} stack: {why}; {} driver, mtu {})",
             shared.tun.name.as_deref().unwrap_or("fd"),
+            stack_name(stack),
             driver.as_str(),
             shared.mtu
         );
@@ -206,7 +208,8 @@ impl Engine {
         self.inner.as_ref().and_then(|i| i.shared.tun.name.clone())
     }
 
-    /// The kernel listeners' addresses (gateway and port per family).
+    /// The kernel listeners' addresses (gateway and port per family); empty
+    /// with the smoltcp stack, which binds none.
     pub fn listen_addrs(&self) -> Vec<std::net::SocketAddr> {
         let Some(inner) = &self.inner else {
             return Vec::new();
@@ -214,6 +217,8 @@ impl Engine {
         [inner.shared.v4, inner.shared.v6]
             .into_iter()
             .flatten()
+            // Port 0: no kernel listener (the smoltcp stack).
+            .filter(|f| f.listen_port != 0)
             .map(|f| std::net::SocketAddr::new(f.gateway, f.listen_port))
             .collect()
     }
@@ -296,6 +301,7 @@ async fn prepare(
     source: TunSource,
     protect: Option<Arc<dyn Protect>>,
     budget: Budget,
+    stack: StackKind,
 ) -> Result<Prepared, StartError> {
     let tun = Tun::open(config, source).map_err(StartError::Tun)?;
     let nets: Vec<IpNet> = config
@@ -317,6 +323,15 @@ async fn prepare(
             field: if gateway.is_ipv4() { "ipv4" } else { "ipv6" },
             net: *net,
         })?;
+        if stack == StackKind::Smoltcp {
+            // No kernel listener: smoltcp answers for every address itself.
+            fams[usize::from(gateway.is_ipv6())] = Some(FamilyAddrs {
+                gateway,
+                nat,
+                listen_port: 0,
+            });
+            continue;
+        }
         let listener =
             system::bind_listener(gateway, budget.backlog, tun_index).map_err(|source| {
                 StartError::Listener {
@@ -358,6 +373,15 @@ async fn prepare(
     let factory = SocketFactory::new(&config.direct, protect);
     let outbounds = Outbounds::new(config, factory.clone(), budget.relay_buffer)?;
     let stats = Stats::with_outbounds(outbounds.names());
+    let smol = (stack == StackKind::Smoltcp).then(|| {
+        Arc::new(SmolStack::new(
+            &nets,
+            config.tun.mtu,
+            smol::socket_buffer(budget.platform),
+            Duration::from_secs(config.timeouts.tcp_idle_s.max(1)),
+            Duration::from_secs(config.timeouts.tcp_linger_s),
+        ))
+    });
     let shared = Arc::new(Shared {
         nat: Arc::new(NatTable::new(nat_cfg, Arc::new(SystemClock))),
         factory,
@@ -376,8 +400,37 @@ async fn prepare(
         stop,
         fatal: Mutex::new(None),
         tun,
+        smol,
     });
     Ok((shared, listeners, driver))
+}
+
+/// The stack to run and why (logged at start). `auto` keeps the system
+/// stack on every platform for now: the kernel does TCP at no per-connection
+/// buffer cost, which is what iOS and Android need, and on desktop the
+/// splice relay (system stack only) is the faster path.
+fn choose_stack(kind: StackKind, platform: Platform) -> (StackKind, &'static str) {
+    match kind {
+        StackKind::System => (StackKind::System, "configured"),
+        StackKind::Smoltcp => (StackKind::Smoltcp, "configured"),
+        StackKind::Auto => match platform {
+            Platform::Ios | Platform::Android => (
+                StackKind::System,
+                "auto on mobile: kernel TCP costs no per-connection buffers",
+            ),
+            Platform::Desktop => (
+                StackKind::System,
+                "auto on desktop: kernel TCP with the splice relay",
+            ),
+        },
+    }
+}
+
+fn stack_name(kind: StackKind) -> &'static str {
+    match kind {
+        StackKind::Smoltcp => "smoltcp",
+        _ => "system",
+    }
 }
 
 fn snapshot(inner: &Inner) -> StatsSnapshot {
@@ -389,7 +442,21 @@ fn snapshot(inner: &Inner) -> StatsSnapshot {
         active: c.active as u64,
         closing: c.closing as u64,
     };
-    s.stack = "system";
+    if let Some(smol) = &sh.smol {
+        // smoltcp has no NAT table: its sockets (open or closing) and the
+        // connects in flight fill the same slots.
+        let (sockets, connecting) = smol.counts();
+        s.nat = NatSnapshot {
+            half_open: connecting as u64,
+            active: sockets as u64,
+            closing: 0,
+        };
+    }
+    s.stack = if sh.smol.is_some() {
+        stack_name(StackKind::Smoltcp)
+    } else {
+        stack_name(StackKind::System)
+    };
     s.driver = inner.driver.as_str();
     s.memory_pressure = match sh.admission.pressure() {
         MemoryPressure::Normal => "normal",

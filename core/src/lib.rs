@@ -23,6 +23,7 @@ pub mod outbound;
 pub mod packet;
 pub mod relay;
 pub mod rules;
+mod smol;
 #[cfg(any(target_os = "linux", target_os = "android"))]
 pub mod splice;
 pub mod stats;

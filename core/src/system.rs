@@ -30,6 +30,7 @@ use crate::outbound::{OutboundStream, Outbounds, Route, SocketFactory, reset_on_
 use crate::packet::{self, Disposition, IpInfo, TcpInfo};
 use crate::relay;
 use crate::rules::{self, Action, Rule};
+use crate::smol::{self, SmolStack, TunSink};
 use crate::stats::{EngineDrop, LocalCounters, Stats, WarnLimiter};
 use crate::tun::{HEADROOM, Tun};
 use crate::udp::UdpTable;
@@ -81,6 +82,9 @@ pub(crate) struct Shared {
     /// Lifecycle phase ([`RUNNING`], [`DRAINING`], [`STOPPED`]) watched by every loop.
     pub stop: watch::Sender<u8>,
     pub fatal: Mutex<Option<String>>,
+    /// The smoltcp stack, when it is the one selected: TCP packets go to it
+    /// instead of the NAT translation (UDP and ICMP paths are shared).
+    pub smol: Option<Arc<SmolStack>>,
 }
 
 impl Shared {
@@ -167,6 +171,9 @@ impl Processor {
     }
 
     fn tcp(&mut self, buf: &mut [u8], ip: &IpInfo) -> Disposition {
+        if let Some(stack) = &self.shared.smol {
+            return smol_tcp(&mut self.local, &self.shared, stack, self.now, buf, ip);
+        }
         let sh = &*self.shared;
         let addrs = StackAddrs {
             v4: sh.v4,
@@ -256,6 +263,85 @@ impl Processor {
         });
         self.udp.sweep(now);
     }
+}
+
+/// The smoltcp stack's TCP path: the same connect-first admission as
+/// [`Processor::new_connection`], then the segment goes to smoltcp, whose
+/// answers are written to the TUN from inside its poll.
+fn smol_tcp(
+    local: &mut LocalCounters,
+    sh: &Arc<Shared>,
+    stack: &Arc<SmolStack>,
+    now: Instant,
+    buf: &mut [u8],
+    ip: &IpInfo,
+) -> Disposition {
+    let tcp = match packet::parse_tcp(buf, ip) {
+        Ok(t) => t,
+        Err(r) => {
+            local.reject(r);
+            return Disposition::Done;
+        }
+    };
+    let fam = match ip.dst {
+        IpAddr::V4(_) => sh.v4,
+        IpAddr::V6(_) => sh.v6,
+    };
+    if fam.is_none() {
+        local.drop(EngineDrop::FamilyDisabled);
+        return Disposition::Done;
+    }
+    if !smol::is_unicast(ip.src) || !smol::is_unicast(ip.dst) {
+        local.drop(EngineDrop::StrayTcp);
+        return Disposition::Done;
+    }
+    local.packets_up += 1;
+    local.bytes_up += ip.len as u64;
+    if tcp.is_syn_only() {
+        let key = (
+            SocketAddr::new(ip.src, tcp.src_port),
+            SocketAddr::new(ip.dst, tcp.dst_port),
+        );
+        match stack.syn(key) {
+            smol::Syn::Known => {}
+            smol::Syn::Connecting => {
+                local.drop(EngineDrop::SynWhileConnecting);
+                return Disposition::Done;
+            }
+            smol::Syn::New => {
+                if rules::decide(&sh.rules, &key.1) == Action::Reject {
+                    stack.unmark(&key);
+                    sh.stats.tcp_rejected_by_rule.fetch_add(1, Relaxed);
+                    return Disposition::WriteBack(packet::tcp_rst_reply(buf, ip, &tcp));
+                }
+                let Some(permit) = sh.admission.try_acquire_owned() else {
+                    stack.unmark(&key);
+                    sh.stats.admission_refused.fetch_add(1, Relaxed);
+                    sh.warn.warn(format_args!(
+                        "TCP admission refused a session ({} active, limit {} at {:?} pressure)",
+                        sh.admission.active(),
+                        sh.admission.limit(),
+                        sh.admission.pressure()
+                    ));
+                    return Disposition::WriteBack(packet::tcp_rst_reply(buf, ip, &tcp));
+                };
+                // As in the system stack: the SYN is held (one small
+                // allocation per new connection) while the outbound connects.
+                let mut syn = vec![0u8; HEADROOM + ip.len].into_boxed_slice();
+                syn[HEADROOM..].copy_from_slice(&buf[..ip.len]);
+                tokio::spawn(smol::connect_then_accept(
+                    sh.clone(),
+                    stack.clone(),
+                    key,
+                    syn,
+                    permit,
+                ));
+                return Disposition::Done;
+            }
+        }
+    }
+    stack.input(&buf[..ip.len], now, &mut TunSink(&sh.tun), &sh.stats);
+    Disposition::Done
 }
 
 /// Connect the outbound for a held SYN, then release the SYN to the kernel

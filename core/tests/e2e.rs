@@ -1,15 +1,16 @@
-//! End-to-end tests of the system netstack: real TUN devices in namespaces the
-//! tests create, real kernel TCP, real bytes checked byte for byte.
+//! End-to-end tests of both TCP stacks: real TUN devices in namespaces the
+//! tests create, real bytes checked byte for byte.
 //!
 //! Needs root (CI runs as root); otherwise each test prints why it skipped.
-//! Every test is parametrised over driver (batch / per-packet) and address
-//! family (IPv4 / IPv6) with the `matrix!` macro: one suite, four runs.
+//! Every test is parametrised over stack (system / smoltcp), driver (batch /
+//! per-packet) and address family (IPv4 / IPv6) with the `matrix!` macro:
+//! one suite, eight runs, named `<test>::<stack>::<family>_<driver>`.
 
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
-use kerntun::config::{Config, DriverMode};
+use kerntun::config::{Config, DriverMode, StackKind};
 use kerntun::rules::{Action, Rule};
 use kerntun::{Engine, TunSource};
 use kerntun_testkit::servers::{self, Mode};
@@ -22,8 +23,11 @@ struct Rig {
     v6: bool,
 }
 
-fn config(topo: &Topology, driver: DriverMode) -> Config {
-    let mut c = Config::default();
+fn config(topo: &Topology, driver: DriverMode, stack: StackKind) -> Config {
+    let mut c = Config {
+        stack,
+        ..Config::default()
+    };
     c.tun.name = format!("kt{}", topo.id);
     c.tun.mtu = 1500;
     c.tun.ipv4 = Some("198.18.0.1/16".parse().expect("net"));
@@ -37,18 +41,19 @@ fn config(topo: &Topology, driver: DriverMode) -> Config {
 impl Rig {
     /// Build the topology, enter the client namespace on this thread, start
     /// the engine, and route the server's addresses into the TUN.
-    fn new(v6: bool, driver: DriverMode) -> Rig {
-        Rig::with_config(v6, driver, |_, _| {})
+    fn new(v6: bool, driver: DriverMode, stack: StackKind) -> Rig {
+        Rig::with_config(v6, driver, stack, |_, _| {})
     }
 
     fn with_config(
         v6: bool,
         driver: DriverMode,
+        stack: StackKind,
         tweak: impl FnOnce(&Topology, &mut Config),
     ) -> Rig {
         let topo = Topology::new().expect("topology");
         topo.client.enter().expect("enter client ns");
-        let mut cfg = config(&topo, driver);
+        let mut cfg = config(&topo, driver, stack);
         tweak(&topo, &mut cfg);
         let engine = Engine::start(cfg, TunSource::Create, None).expect("engine start");
         let name = engine.tun_name().expect("tun name");
@@ -58,6 +63,11 @@ impl Rig {
             _ => "batch",
         };
         assert_eq!(engine.stats().driver, want, "driver selected as asked");
+        let want = match stack {
+            StackKind::Smoltcp => "smoltcp",
+            _ => "system",
+        };
+        assert_eq!(engine.stats().stack, want, "stack selected as asked");
         Rig { topo, engine, v6 }
     }
 
@@ -67,29 +77,35 @@ impl Rig {
 }
 
 macro_rules! matrix {
-    ($($name:ident),* $(,)?) => {$(
-        mod $name {
-            use kerntun::config::DriverMode;
+    (@stack $name:ident, $stack:ident, $kind:expr) => {
+        mod $stack {
+            use kerntun::config::{DriverMode, StackKind};
             #[test]
             fn v4_batch() {
                 crate::require_root!();
-                super::$name(false, DriverMode::Batch);
+                crate::$name(false, DriverMode::Batch, $kind);
             }
             #[test]
             fn v4_per_packet() {
                 crate::require_root!();
-                super::$name(false, DriverMode::PerPacket);
+                crate::$name(false, DriverMode::PerPacket, $kind);
             }
             #[test]
             fn v6_batch() {
                 crate::require_root!();
-                super::$name(true, DriverMode::Batch);
+                crate::$name(true, DriverMode::Batch, $kind);
             }
             #[test]
             fn v6_per_packet() {
                 crate::require_root!();
-                super::$name(true, DriverMode::PerPacket);
+                crate::$name(true, DriverMode::PerPacket, $kind);
             }
+        }
+    };
+    ($($name:ident),* $(,)?) => {$(
+        mod $name {
+            matrix!(@stack $name, system, StackKind::System);
+            matrix!(@stack $name, smoltcp, StackKind::Smoltcp);
         }
     )*};
 }
@@ -107,12 +123,12 @@ matrix!(
 
 const MIB: usize = 1024 * 1024;
 
-fn bulk_64mib_each_way_with_half_close(v6: bool, driver: DriverMode) {
-    let rig = Rig::new(v6, driver);
+fn bulk_64mib_each_way_with_half_close(v6: bool, driver: DriverMode, stack: StackKind) {
+    let rig = Rig::new(v6, driver, stack);
     let srv = rig.server(Mode::Echo);
     let t = client::echo_transfer(srv.addr, 7, 64 * MIB, false).expect("64 MiB echo");
     eprintln!(
-        "64 MiB each way ({}, {driver:?}): {:.2} s, {:.2} Gbit/s per direction",
+        "64 MiB each way ({stack:?}, {}, {driver:?}): {:.2} s, {:.2} Gbit/s per direction",
         if v6 { "v6" } else { "v4" },
         t.elapsed.as_secs_f64(),
         t.gbit_per_s()
@@ -126,8 +142,8 @@ fn bulk_64mib_each_way_with_half_close(v6: bool, driver: DriverMode) {
     assert_eq!(s.drop_count("no_mapping"), 0, "{s:?}");
 }
 
-fn concurrent_200_connections(v6: bool, driver: DriverMode) {
-    let rig = Rig::new(v6, driver);
+fn concurrent_200_connections(v6: bool, driver: DriverMode, stack: StackKind) {
+    let rig = Rig::new(v6, driver, stack);
     let srv = rig.server(Mode::Echo);
     let addr = srv.addr;
     let handles: Vec<_> = (0..200u64)
@@ -148,14 +164,14 @@ fn concurrent_200_connections(v6: bool, driver: DriverMode) {
     assert_eq!(srv.accepted.load(std::sync::atomic::Ordering::Relaxed), 200);
 }
 
-fn server_speaks_first(v6: bool, driver: DriverMode) {
-    let rig = Rig::new(v6, driver);
+fn server_speaks_first(v6: bool, driver: DriverMode, stack: StackKind) {
+    let rig = Rig::new(v6, driver, stack);
     let srv = rig.server(Mode::SpeakFirst);
     client::echo_transfer(srv.addr, 3, 100_000, true).expect("banner then echo");
 }
 
-fn udp_request_response(v6: bool, driver: DriverMode) {
-    let rig = Rig::new(v6, driver);
+fn udp_request_response(v6: bool, driver: DriverMode, stack: StackKind) {
+    let rig = Rig::new(v6, driver, stack);
     let srv = servers::udp_echo(&rig.topo.server, rig.topo.server_addr(v6, 0)).expect("udp");
     let ok = client::udp_round_trips(srv.addr, 200, 1200).expect("udp round trips");
     assert_eq!(ok, 200);
@@ -172,8 +188,8 @@ fn udp_request_response(v6: bool, driver: DriverMode) {
     assert_eq!(s.udp_flows_active, 1, "{s:?}");
 }
 
-fn closed_port_is_refused_quickly(v6: bool, driver: DriverMode) {
-    let rig = Rig::new(v6, driver);
+fn closed_port_is_refused_quickly(v6: bool, driver: DriverMode, stack: StackKind) {
+    let rig = Rig::new(v6, driver, stack);
     let to = rig.topo.server_addr(v6, 1); // nothing listens on port 1
     let start = Instant::now();
     let err = TcpStream::connect_timeout(&to, Duration::from_secs(3)).expect_err("must fail");
@@ -187,8 +203,8 @@ fn closed_port_is_refused_quickly(v6: bool, driver: DriverMode) {
     assert_eq!(s.tcp_connect_failed, 1, "{s:?}");
 }
 
-fn rule_reject_gets_rst(v6: bool, driver: DriverMode) {
-    let rig = Rig::with_config(v6, driver, |topo, c| {
+fn rule_reject_gets_rst(v6: bool, driver: DriverMode, stack: StackKind) {
+    let rig = Rig::with_config(v6, driver, stack, |topo, c| {
         let net = format!("{}/{}", topo.server(v6), if v6 { 128 } else { 32 });
         c.rules.push(Rule {
             cidr: Some(net.parse().expect("net")),
@@ -210,8 +226,14 @@ fn rule_reject_gets_rst(v6: bool, driver: DriverMode) {
     assert_eq!(s.tcp_connect_failed, 0, "no outbound attempted: {s:?}");
 }
 
-fn foreign_local_peer_is_refused(v6: bool, driver: DriverMode) {
-    let rig = Rig::new(v6, driver);
+fn foreign_local_peer_is_refused(v6: bool, driver: DriverMode, stack: StackKind) {
+    let rig = Rig::new(v6, driver, stack);
+    if stack == StackKind::Smoltcp {
+        // smoltcp binds no kernel listener: there is nothing a local process
+        // could reach, and nothing to refuse.
+        assert!(rig.engine.listen_addrs().is_empty());
+        return;
+    }
     let listener = rig
         .engine
         .listen_addrs()
@@ -245,8 +267,8 @@ fn foreign_local_peer_is_refused(v6: bool, driver: DriverMode) {
     assert_eq!(rig.engine.stats().accept_foreign_peer, 1);
 }
 
-fn ping_to_gateway_is_answered(v6: bool, driver: DriverMode) {
-    let rig = Rig::new(v6, driver);
+fn ping_to_gateway_is_answered(v6: bool, driver: DriverMode, stack: StackKind) {
+    let rig = Rig::new(v6, driver, stack);
     // On Linux the gateway is a local address, so an ordinary ping is answered
     // by the kernel and never reaches the engine. The script injects the echo
     // request on the TUN's transmit side (what routing into the tunnel does
@@ -291,7 +313,7 @@ fn adopts_a_lent_descriptor_and_checks_its_addresses() {
         .mtu(1500)
         .build_sync()
         .expect("host-created TUN");
-    let mut cfg = config(&topo, DriverMode::Auto);
+    let mut cfg = config(&topo, DriverMode::Auto, StackKind::System);
     cfg.tun.ipv6 = None;
 
     // A config that does not match the device is refused before readiness.
@@ -352,7 +374,7 @@ fn fwmark_routing_and_protect_hook() {
             "100",
         ])
         .expect("table 100");
-    let mut cfg = config(&topo, DriverMode::PerPacket);
+    let mut cfg = config(&topo, DriverMode::PerPacket, StackKind::System);
     cfg.direct.interface = None;
     cfg.direct.fwmark = Some(0x2a);
     let recorder = Arc::new(Recorder::default());
@@ -370,11 +392,22 @@ fn fwmark_routing_and_protect_hook() {
     );
 }
 
-/// Memory pressure lowers the admission limit for new sessions only.
+/// Memory pressure lowers the admission limit for new sessions only, with
+/// the same permits on both stacks.
 #[test]
 fn memory_pressure_refuses_new_sessions_and_keeps_existing_ones() {
     require_root!();
-    let rig = Rig::with_config(false, DriverMode::PerPacket, |_, c| {
+    memory_pressure(StackKind::System);
+}
+
+#[test]
+fn memory_pressure_refuses_new_sessions_and_keeps_existing_ones_smoltcp() {
+    require_root!();
+    memory_pressure(StackKind::Smoltcp);
+}
+
+fn memory_pressure(stack: StackKind) {
+    let rig = Rig::with_config(false, DriverMode::PerPacket, stack, |_, c| {
         c.budget.tcp_sessions = Some(4); // normal 4, elevated 2, critical 1
     });
     let srv = rig.server(Mode::Echo);
