@@ -152,6 +152,12 @@ pub struct Scale {
     pub idle_anon_kib: u64,
     pub anon_kib: u64,
     pub per_conn_anon_bytes: f64,
+    /// Open descriptors of the engine at this step and when idle, and the
+    /// difference per held connection (2 sockets, plus pipes while a spliced
+    /// relay keeps them).
+    pub engine_fds: Option<u64>,
+    pub idle_fds: Option<u64>,
+    pub fds_per_conn: Option<f64>,
     /// Time to open and ping this step's new connections, seconds.
     pub open_secs: f64,
     pub error: Option<String>,

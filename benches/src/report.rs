@@ -648,12 +648,12 @@ fn scale(p: &mut String, v: &View) {
     );
     let _ = writeln!(
         p,
-        "| scenario | connections | engine RSS MiB | idle RSS MiB | per connection | per connection, anonymous memory only | engine sessions | failed | open time |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|"
+        "| scenario | connections | engine RSS MiB | idle RSS MiB | per connection | per connection, anonymous memory only | engine descriptors per connection | engine sessions | failed | open time |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
     );
     for s in &v.scale {
         let _ = writeln!(
             p,
-            "| `{}` | {} | {} | {} | {} | {} | {} | {} | {:.1} s |",
+            "| `{}` | {} | {} | {} | {} | {} | {} | {} | {} | {:.1} s |",
             s.scenario,
             s.connections,
             mib(s.rss_kib),
@@ -668,6 +668,7 @@ fn scale(p: &mut String, v: &View) {
             } else {
                 "–".into()
             },
+            opt(s.fds_per_conn, |f| format!("{f:.1}")),
             opt(s.engine_sessions, |n| n.to_string()),
             s.failed,
             s.open_secs
@@ -700,18 +701,25 @@ fn scale(p: &mut String, v: &View) {
         );
     }
     if let Some(m) = v.meta {
-        let measured = v.scale.iter().map(|s| s.connections).max().unwrap_or(0);
         let asked = m.requested_connections.iter().copied().max().unwrap_or(0);
-        if measured < asked {
-            let _ = writeln!(
-                p,
-                "The largest step is {measured}, not {asked}: the engine needs two descriptors \
-                 per connection, the descriptor limit (RLIMIT_NOFILE) here is {} and this \
-                 machine's root cannot raise it (no CAP_SYS_RESOURCE), so the harness capped \
-                 the step rather than report refused connections. On a machine where root can \
-                 raise the limit the harness uses 65536 and runs the full {asked}.\n",
-                m.nofile
-            );
+        let mut ids: Vec<&str> = v.scale.iter().map(|s| s.scenario.as_str()).collect();
+        ids.dedup();
+        for id in ids {
+            let rows: Vec<&&Scale> = v.scale.iter().filter(|s| s.scenario == id).collect();
+            let measured = rows.iter().map(|s| s.connections).max().unwrap_or(0);
+            let per = rows.iter().filter_map(|s| s.fds_per_conn).next_back();
+            if measured < asked && rows.iter().all(|s| s.error.is_none()) {
+                let _ = writeln!(
+                    p,
+                    "`{id}` stops at {measured}, not {asked}: the engine used {} descriptors \
+                     per connection and the descriptor limit (RLIMIT_NOFILE) here is {}, which \
+                     this machine's root cannot raise (no CAP_SYS_RESOURCE), so the harness \
+                     lowered the step rather than measure refusals. Where root can raise the \
+                     limit the harness uses 65536.\n",
+                    opt(per, |f| format!("{f:.1}")),
+                    m.nofile
+                );
+            }
         }
     }
     if !v.is_available("smoltcp-batch") {
@@ -932,6 +940,9 @@ mod tests {
                 idle_anon_kib: 2000,
                 anon_kib: 13000,
                 per_conn_anon_bytes: 1126.4,
+                engine_fds: Some(20010),
+                idle_fds: Some(10),
+                fds_per_conn: Some(2.0),
                 open_secs: 3.0,
                 error: None,
             }),

@@ -102,13 +102,16 @@ pub const SCENARIOS: &[Scenario] = &[
         true,
         "stack = \"system\"\n[relay]\nsplice = true\n",
     ),
-    system(
-        "system-copy",
-        "system stack, batch driver, direct, splice off (userspace copy)",
-        "batch",
-        false,
-        "stack = \"system\"\n[relay]\nsplice = false\n",
-    ),
+    Scenario {
+        scale: true,
+        ..system(
+            "system-copy",
+            "system stack, batch driver, direct, splice off (userspace copy)",
+            "batch",
+            false,
+            "stack = \"system\"\n[relay]\nsplice = false\n",
+        )
+    },
     Scenario {
         id: "smoltcp-batch",
         label: "smoltcp stack, batch driver, direct",

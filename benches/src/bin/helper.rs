@@ -6,8 +6,9 @@
 //! * `hold-client --connect ADDR --steps 1000,4000,10000`: opens connections
 //!   in steps (at most `--concurrency` connects in flight), checks each with
 //!   a one-byte ping, prints `{"holding":N,"failed":F,"secs":S}` after each
-//!   step and waits for a line on stdin before the next step. Closing stdin
-//!   ends it, closing every connection.
+//!   step and waits for a line on stdin before the next step (`next`, or
+//!   `next N` to go to N instead of the planned step). Closing stdin ends
+//!   it, closing every connection.
 //! * `ss-none --listen ADDR`: a Shadowsocks server for method `none`: reads
 //!   the address header (SOCKS5 address: type, address, port), connects and
 //!   relays. Prints one line per connection so the harness can check that
@@ -179,7 +180,9 @@ async fn hold_client(
     let mut stdin = BufReader::new(tokio::io::stdin()).lines();
     let mut held: Vec<TcpStream> = Vec::new();
     let mut first_error: Option<String> = None;
-    for step in steps {
+    let mut planned = steps.into_iter();
+    let mut next = planned.next();
+    while let Some(step) = next {
         let start = Instant::now();
         let need = step.saturating_sub(held.len());
         let (mut launched, mut failed) = (0usize, 0usize);
@@ -210,10 +213,17 @@ async fn hold_client(
             held.len(),
             start.elapsed().as_secs_f64()
         ));
-        match stdin.next_line().await {
-            Ok(Some(_)) => {}
+        // `next` goes on to the planned step; `next N` to N instead (the
+        // harness lowers a step the descriptor limit cannot hold).
+        let line = match stdin.next_line().await {
+            Ok(Some(line)) => line,
             _ => return Ok(()),
-        }
+        };
+        let plan = planned.next();
+        next = match line.trim().strip_prefix("next").map(str::trim) {
+            Some(n) if !n.is_empty() && plan.is_some() => n.parse().ok().or(plan),
+            _ => plan,
+        };
     }
     // Hold until told to go (stdin closed).
     while let Ok(Some(_)) = stdin.next_line().await {}

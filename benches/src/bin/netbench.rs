@@ -317,6 +317,8 @@ struct Ctx {
     iperf_server: Option<Proc>,
     ss_server: Option<Proc>,
     echo: servers::Server,
+    /// RLIMIT_NOFILE of the harness and its children.
+    nofile: u64,
 }
 
 impl Ctx {
@@ -482,6 +484,7 @@ fn run(args: Args) -> Result<(), String> {
         iperf_server: None,
         ss_server: None,
         echo,
+        nofile,
     };
     start_iperf_server(&mut ctx)?;
     start_ss_server(&mut ctx)?;
@@ -981,6 +984,12 @@ impl Engine {
     }
 }
 
+/// Open descriptors of a process.
+fn count_fds(pid: u32) -> Option<u64> {
+    let d = std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?;
+    Some(d.count() as u64)
+}
+
 /// Whether the engine can run a scenario: start it and stop it.
 fn probe(ctx: &Ctx, sc: &Scenario) -> (bool, Option<String>) {
     if sc.config.is_none() {
@@ -1250,6 +1259,9 @@ fn scale(ctx: &Ctx, sc: &Scenario) -> Vec<Scale> {
             idle_anon_kib: 0,
             anon_kib: 0,
             per_conn_anon_bytes: 0.0,
+            engine_fds: None,
+            idle_fds: None,
+            fds_per_conn: None,
             open_secs: 0.0,
             error: Some(e),
         })
@@ -1287,6 +1299,7 @@ fn scale(ctx: &Ctx, sc: &Scenario) -> Vec<Scale> {
     // Let the idle engine settle (first stats line, allocator warm-up).
     std::thread::sleep(Duration::from_secs(2));
     let idle = procfs::process_mem(engine.pid()).unwrap_or_default();
+    let idle_fds = count_fds(engine.pid());
     let steps: Vec<String> = ctx.args.connections.iter().map(u32::to_string).collect();
     let steps = steps.join(",");
     let mut hold_args = vec!["hold-client", "--connect", &listen, "--steps", &steps];
@@ -1312,7 +1325,9 @@ fn scale(ctx: &Ctx, sc: &Scenario) -> Vec<Scale> {
         fail(&mut out, first, "hold client pipes".into());
         return out;
     };
-    for &n in &ctx.args.connections {
+    let planned = ctx.args.connections.clone();
+    let mut n = planned.first().copied().unwrap_or(0);
+    for i in 0..planned.len() {
         let line = match lines.recv_timeout(Duration::from_secs(300)) {
             Ok(l) => l,
             Err(RecvTimeoutError::Timeout) => {
@@ -1333,6 +1348,11 @@ fn scale(ctx: &Ctx, sc: &Scenario) -> Vec<Scale> {
         let sessions = engine
             .last_stats()
             .and_then(|s| s.get("tcp_sessions_active")?.as_u64());
+        let fds = count_fds(engine.pid());
+        let fds_per_conn = match (fds, idle_fds) {
+            (Some(f), Some(i)) if holding > 0 => Some(f.saturating_sub(i) as f64 / holding as f64),
+            _ => None,
+        };
         let failed = u32::try_from(u64::from(n).saturating_sub(holding)).unwrap_or(n);
         let error = (failed > 0).then(|| {
             format!(
@@ -1355,10 +1375,42 @@ fn scale(ctx: &Ctx, sc: &Scenario) -> Vec<Scale> {
             anon_kib: mem.anon_kib,
             per_conn_anon_bytes: (mem.anon_kib.saturating_sub(idle.anon_kib) * 1024) as f64
                 / holding.max(1) as f64,
+            engine_fds: fds,
+            idle_fds,
+            fds_per_conn,
             open_secs: v.get("secs").and_then(Value::as_f64).unwrap_or(0.0),
             error,
         });
-        if writeln!(stdin, "next").is_err() {
+        if failed > 0 {
+            // Refused connections: the engine is at a limit; more steps would
+            // only measure the refusals.
+            break;
+        }
+        // The next step, lowered to what the descriptor limit can hold at the
+        // descriptors per connection the engine just showed.
+        let Some(&want) = planned.get(i + 1) else {
+            let _ = writeln!(stdin, "next");
+            break;
+        };
+        n = want;
+        if let (Some(per), Some(idle_fds)) = (fds_per_conn, idle_fds)
+            && per > 0.0
+        {
+            let room = ctx.nofile.saturating_sub(idle_fds + 64) as f64 / per;
+            let room = room.floor().min(f64::from(u32::MAX)) as u32;
+            if want > room {
+                eprintln!(
+                    "scale {}: {per:.1} descriptors per connection; RLIMIT_NOFILE {} holds {room}, not {want}",
+                    sc.id, ctx.nofile
+                );
+                n = room;
+            }
+        }
+        if u64::from(n) <= holding {
+            // No room for more: a repeated step would measure nothing new.
+            break;
+        }
+        if writeln!(stdin, "next {n}").is_err() {
             break;
         }
     }
