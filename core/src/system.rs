@@ -308,6 +308,14 @@ fn smol_tcp(
                 local.drop(EngineDrop::SynWhileConnecting);
                 return Disposition::Done;
             }
+            smol::Syn::Full => {
+                local.drop(EngineDrop::NatTableFull);
+                sh.warn.warn(format_args!(
+                    "smoltcp socket budget refused a new flow ({})",
+                    EngineDrop::NatTableFull.as_str()
+                ));
+                return Disposition::WriteBack(packet::tcp_rst_reply(buf, ip, &tcp));
+            }
             smol::Syn::New => {
                 if rules::decide(&sh.rules, &key.1) == Action::Reject {
                     stack.unmark(&key);

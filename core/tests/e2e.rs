@@ -430,3 +430,32 @@ fn memory_pressure(stack: StackKind) {
     let s = rig.engine.stats();
     assert_eq!(s.admission_refused, 1, "{s:?}");
 }
+
+/// smoltcp's sockets (open or closing) and connects in flight share the NAT
+/// entry budget: past it, a new connection is refused at once and counted
+/// as `nat_table_full`, as in the system stack.
+#[test]
+fn smoltcp_socket_budget_refuses_past_the_limit() {
+    require_root!();
+    let rig = Rig::with_config(false, DriverMode::PerPacket, StackKind::Smoltcp, |_, c| {
+        c.budget.nat_entries = Some(4);
+    });
+    let srv = rig.server(Mode::Hold);
+    let mut held = Vec::new();
+    let mut refused = 0;
+    for _ in 0..6 {
+        match TcpStream::connect_timeout(&srv.addr, Duration::from_secs(2)) {
+            Ok(s) => held.push(s),
+            Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => refused += 1,
+            Err(e) => panic!("neither accepted nor refused: {e}"),
+        }
+    }
+    assert_eq!((held.len(), refused), (4, 2));
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while rig.engine.stats().drop_count("nat_table_full") < 2 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let s = rig.engine.stats();
+    assert_eq!(s.drop_count("nat_table_full"), 2, "{s:?}");
+    assert_eq!(s.nat.active, 4, "four sockets open: {s:?}");
+}

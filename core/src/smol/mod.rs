@@ -109,6 +109,8 @@ pub(crate) enum Syn {
     Connecting,
     /// A new connection, now marked connecting: route it and connect.
     New,
+    /// The socket budget is spent: refuse (RST), counted as `nat_table_full`.
+    Full,
 }
 
 /// The stack of one engine.
@@ -126,6 +128,9 @@ pub(crate) struct SmolStack {
     /// How long a socket whose session ended may take to finish closing (FIN
     /// exchange) before it is dropped regardless: `timeouts.tcp_linger_s`.
     linger: Duration,
+    /// Sockets (open, closing) plus connects in flight: `budget.nat_entries`,
+    /// the same bound the system stack puts on its NAT table.
+    max_sockets: usize,
 }
 
 impl std::fmt::Debug for SmolStack {
@@ -297,6 +302,7 @@ impl SmolStack {
         buffer: usize,
         idle: Duration,
         linger: Duration,
+        max_sockets: usize,
     ) -> SmolStack {
         let mtu = usize::from(mtu).max(1280);
         let mut tx = vec![0u8; HEADROOM + mtu].into_boxed_slice();
@@ -353,6 +359,7 @@ impl SmolStack {
             buffer,
             idle,
             linger,
+            max_sockets,
         }
     }
 
@@ -369,9 +376,13 @@ impl SmolStack {
             g.sockets.remove(h);
             g.flows.remove(&key);
         }
-        if !g.connecting.insert(key) {
+        if g.connecting.contains(&key) {
             return Syn::Connecting;
         }
+        if g.flows.len() + g.connecting.len() >= self.max_sockets {
+            return Syn::Full;
+        }
+        g.connecting.insert(key);
         Syn::New
     }
 

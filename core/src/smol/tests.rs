@@ -26,6 +26,7 @@ fn stack() -> Arc<SmolStack> {
         16 * 1024,
         Duration::from_secs(7440),
         Duration::from_secs(10),
+        2,
     ))
 }
 
@@ -160,6 +161,21 @@ fn abort_sends_rst_and_socket_is_swept() {
     assert!(out.0.iter().any(|p| seg(p).4 & RST != 0), "RST to the app");
     assert_eq!(st.counts(), (0, 0), "socket removed once closed");
     assert_eq!(st.syn(k), Syn::New, "the tuple is free again");
+}
+
+#[test]
+fn socket_budget_refuses_past_the_limit() {
+    let st = stack(); // budget 2
+    assert_eq!(st.syn(key("10.0.0.9:1", "1.1.1.1:80")), Syn::New);
+    assert_eq!(st.syn(key("10.0.0.9:2", "1.1.1.1:80")), Syn::New);
+    assert_eq!(st.syn(key("10.0.0.9:3", "1.1.1.1:80")), Syn::Full);
+    assert_eq!(
+        st.syn(key("10.0.0.9:1", "1.1.1.1:80")),
+        Syn::Connecting,
+        "a retransmit is still recognised at the limit"
+    );
+    st.connect_failed(&key("10.0.0.9:1", "1.1.1.1:80"));
+    assert_eq!(st.syn(key("10.0.0.9:3", "1.1.1.1:80")), Syn::New);
 }
 
 #[test]
