@@ -216,9 +216,40 @@ fn idle_stack_has_no_deadline_and_garbage_does_not_panic() {
         st.input(&p, Instant::now(), &mut out, &stats);
     }
     let mut rng = crate::packet::testutil::Rng::new(6);
-    let base = tcp_v4("10.0.0.9:40000", "1.1.1.1:443", 7, 9, ACK, &[], b"xyz");
-    for _ in 0..2000 {
-        let mut p = base.clone();
+    let bases = [
+        tcp_v4("10.0.0.9:40000", "1.1.1.1:443", 7, 9, ACK, &[], b"xyz"),
+        tcp_v4(
+            "10.0.0.9:40000",
+            "1.1.1.1:443",
+            7,
+            0,
+            SYN,
+            &[2, 4, 5, 180],
+            b"",
+        ),
+        tcp_v6(
+            "[fd00:18::9]:40000",
+            "[2001:db8::1]:443",
+            &[],
+            7,
+            9,
+            ACK,
+            &[],
+            b"xyz",
+        ),
+        tcp_v6(
+            "[fd00:18::9]:40000",
+            "[2001:db8::1]:443",
+            &[],
+            7,
+            0,
+            SYN,
+            &[],
+            b"",
+        ),
+    ];
+    for i in 0..8000 {
+        let mut p = bases[i % bases.len()].clone();
         for _ in 0..3 {
             let i = rng.below(p.len());
             p[i] = rng.byte();
@@ -233,6 +264,16 @@ fn idle_stack_has_no_deadline_and_garbage_does_not_panic() {
         None,
         "still idle"
     );
+    // The same storm against live connections on those tuples.
+    handshake(&st, &mut out, &stats, false);
+    handshake(&st, &mut out, &stats, true);
+    for i in 0..8000 {
+        let mut p = bases[i % bases.len()].clone();
+        let at = rng.below(p.len());
+        p[at] = rng.byte();
+        st.input(&p, Instant::now(), &mut out, &stats);
+    }
+    assert!(out.0.iter().all(|p| parse_ip(p).is_ok()));
 }
 
 #[test]
