@@ -42,6 +42,9 @@ pub struct Meta {
     pub load_end: Option<f64>,
     /// Load average before and after the criterion benches (`None` when skipped).
     pub criterion_load: Option<(f64, f64)>,
+    /// Why the criterion benches produced no figures, when they failed (the
+    /// netns measurements still run).
+    pub criterion_error: Option<String>,
     /// Wall time of the criterion benches, seconds.
     pub criterion_s: Option<f64>,
     /// RLIMIT_NOFILE of the harness and its children (engine included).

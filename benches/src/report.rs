@@ -730,7 +730,18 @@ fn scale(p: &mut String, v: &View) {
 fn criterion(p: &mut String, v: &View) {
     let _ = writeln!(p, "## Criterion: packet core and NAT table\n");
     if v.criterion.is_empty() {
-        let _ = writeln!(p, "Not run in this run (`--skip-criterion`).\n");
+        match v.meta.and_then(|m| m.criterion_error.as_deref()) {
+            Some(e) => {
+                let _ = writeln!(
+                    p,
+                    "The criterion benches failed in this run: {}\n",
+                    escape(e)
+                );
+            }
+            None => {
+                let _ = writeln!(p, "Not run in this run (`--skip-criterion`).\n");
+            }
+        }
         return;
     }
     let _ = writeln!(

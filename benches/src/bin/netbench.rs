@@ -454,10 +454,17 @@ fn run(args: Args) -> Result<(), String> {
 
     // Criterion first, while nothing of ours is running.
     if !args.skip_criterion {
-        let c = run_criterion(&args, &tmp)?;
-        meta.criterion_load = Some(c.load);
-        meta.criterion_s = Some(c.secs);
-        records.extend(c.figures.into_iter().map(Record::Criterion));
+        match run_criterion(&args, &tmp) {
+            Ok(c) => {
+                meta.criterion_load = Some(c.load);
+                meta.criterion_s = Some(c.secs);
+                records.extend(c.figures.into_iter().map(Record::Criterion));
+            }
+            Err(e) => {
+                eprintln!("kerntun-netbench: {e}; going on with the netns measurements");
+                meta.criterion_error = Some(e);
+            }
+        }
     }
 
     let topo = Topology::new().map_err(|e| format!("building namespaces: {e}"))?;
@@ -610,7 +617,14 @@ fn run(args: Args) -> Result<(), String> {
             _ => false,
         })
         .count();
-    let _ = std::fs::remove_dir_all(&ctx.tmp);
+    let criterion_failed = records
+        .iter()
+        .any(|r| matches!(r, Record::Meta(m) if m.criterion_error.is_some()));
+    if failures == 0 && !criterion_failed {
+        let _ = std::fs::remove_dir_all(&ctx.tmp);
+    } else {
+        eprintln!("kerntun-netbench: logs kept in {}", ctx.tmp.display());
+    }
     eprintln!(
         "kerntun-netbench: done in {:.0} s{}",
         started.elapsed().as_secs_f64(),
