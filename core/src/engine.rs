@@ -472,3 +472,21 @@ fn snapshot(inner: &Inner) -> StatsSnapshot {
     s.uptime_ms = inner.started.elapsed().as_millis() as u64;
     s
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stack_choice_follows_config_then_platform() {
+        for p in [Platform::Ios, Platform::Android, Platform::Desktop] {
+            assert_eq!(choose_stack(StackKind::Smoltcp, p).0, StackKind::Smoltcp);
+            assert_eq!(choose_stack(StackKind::System, p).0, StackKind::System);
+            let (auto, why) = choose_stack(StackKind::Auto, p);
+            assert_eq!(auto, StackKind::System, "{p:?}");
+            assert!(why.starts_with("auto"), "the log line says why: {why}");
+        }
+        assert_eq!(stack_name(StackKind::Smoltcp), "smoltcp");
+        assert_eq!(stack_name(StackKind::System), "system");
+    }
+}
