@@ -184,28 +184,36 @@ fn machine(p: &mut String, v: &View) {
 fn summary(p: &mut String, v: &View) {
     let _ = writeln!(p, "## Summary\n");
     let streams = v.streams();
-    for dir in [Direction::Upload, Direction::Download] {
-        let fracs: Vec<String> = streams
-            .iter()
-            .map(
-                |&s| match (v.gbit("system-batch", s, dir), v.gbit("baseline", s, dir)) {
-                    (Some(g), Some(b)) => format!("{:.0} %", 100.0 * g / b),
-                    _ => "–".into(),
-                },
-            )
-            .collect();
-        if !streams.is_empty() {
+    let stream_list = streams
+        .iter()
+        .map(u32::to_string)
+        .collect::<Vec<_>>()
+        .join(" / ");
+    for (id, name) in [
+        (
+            "system-batch",
+            "System stack (batch driver, direct, splice)",
+        ),
+        ("smoltcp-batch", "smoltcp stack (batch driver, direct)"),
+    ] {
+        if !v.is_available(id) || streams.is_empty() {
+            continue;
+        }
+        for dir in [Direction::Upload, Direction::Download] {
+            let fracs: Vec<String> = streams
+                .iter()
+                .map(
+                    |&s| match (v.gbit(id, s, dir), v.gbit("baseline", s, dir)) {
+                        (Some(g), Some(b)) => format!("{:.0} %", 100.0 * g / b),
+                        _ => "–".into(),
+                    },
+                )
+                .collect();
             let _ = writeln!(
                 p,
-                "- System stack (batch driver, direct), {}: {} of the no-TUN baseline at {} \
-                 streams.",
+                "- {name}, {}: {} of the no-TUN baseline at {stream_list} streams.",
                 dir.as_str(),
                 fracs.join(" / "),
-                streams
-                    .iter()
-                    .map(u32::to_string)
-                    .collect::<Vec<_>>()
-                    .join(" / ")
             );
         }
     }
@@ -215,47 +223,59 @@ fn summary(p: &mut String, v: &View) {
         .copied()
         .filter(|t| t.scenario != "baseline" && t.error.is_none())
         .collect();
-    let cpu: Vec<f64> = engine_runs
-        .iter()
-        .filter(|t| t.scenario == "system-batch")
-        .filter_map(|t| t.cpu_s_per_gb)
-        .collect();
-    if !cpu.is_empty() {
+    for (id, name) in [
+        ("system-batch", "system stack"),
+        ("smoltcp-batch", "smoltcp"),
+    ] {
+        let runs: Vec<&&Throughput> = engine_runs.iter().filter(|t| t.scenario == id).collect();
+        let cpu: Vec<f64> = runs.iter().filter_map(|t| t.cpu_s_per_gb).collect();
+        let hwm = runs.iter().filter_map(|t| t.hwm_kib).max();
+        if cpu.is_empty() {
+            continue;
+        }
         let lo = cpu.iter().copied().fold(f64::INFINITY, f64::min);
         let hi = cpu.iter().copied().fold(f64::NEG_INFINITY, f64::max);
         let _ = writeln!(
             p,
-            "- Engine CPU, system stack: {lo:.2}–{hi:.2} s per GB moved."
+            "- Engine, {name} (`{id}`): {lo:.2}–{hi:.2} CPU s per GB moved; peak RSS up to {} MiB.",
+            opt(hwm, mib)
         );
     }
-    if let Some(hwm) = engine_runs.iter().filter_map(|t| t.hwm_kib).max() {
+    if !engine_runs.is_empty() {
         let drops: u64 = engine_runs.iter().filter_map(|t| t.tun_tx_dropped).sum();
         let _ = writeln!(
             p,
-            "- Engine peak RSS in any throughput run: {} MiB; TUN TX drops over all {} engine \
-             runs: {drops}.",
-            mib(hwm),
+            "- TUN TX drops over all {} engine runs: {drops}.",
             engine_runs.len()
         );
     }
-    if let Some(top) = v
-        .scale
-        .iter()
-        .filter(|s| s.scenario == "system-batch" && s.error.is_none())
-        .max_by_key(|s| s.connections)
-    {
-        let _ = writeln!(
-            p,
-            "- Idle connections, system stack: {:.0} B of engine RSS per connection at {} \
-             connections (target under 2048 B: {}).",
-            top.per_conn_bytes,
-            top.connections,
-            if top.per_conn_bytes < TARGET_PER_CONN_BYTES {
-                "met"
-            } else {
-                "not met"
-            }
-        );
+    let mut ids: Vec<&str> = v.scale.iter().map(|s| s.scenario.as_str()).collect();
+    ids.dedup();
+    for id in ids {
+        if let Some(top) = v
+            .scale
+            .iter()
+            .filter(|s| s.scenario == id && s.error.is_none())
+            .max_by_key(|s| s.connections)
+        {
+            let _ = writeln!(
+                p,
+                "- Idle connections, `{id}`: {:.0} B of engine RSS per connection at {} \
+                 connections, {} engine descriptors per connection{}.",
+                top.per_conn_bytes,
+                top.connections,
+                opt(top.fds_per_conn, |f| format!("{f:.1}")),
+                if id == "system-batch" {
+                    if top.per_conn_bytes < TARGET_PER_CONN_BYTES {
+                        " (target under 2048 B: met)"
+                    } else {
+                        " (target under 2048 B: not met)"
+                    }
+                } else {
+                    ""
+                }
+            );
+        }
     }
     if !v.integrity.is_empty() {
         let bad = v.integrity.iter().filter(|i| !i.ok).count();
@@ -972,7 +992,7 @@ mod tests {
         assert!(page.contains("| 1 | 8.00 Gbit/s (50 %) | n/a |"), "{page}");
         assert!(page.contains("This machine has 2 cores"), "{page}");
         assert!(
-            page.contains("upload: 50 % of the no-TUN baseline at 1 streams"),
+            page.contains("splice), upload: 50 % of the no-TUN baseline at 1 streams"),
             "{page}"
         );
         assert!(page.contains("(target under 2048 B: met)"), "{page}");

@@ -1234,7 +1234,15 @@ fn integrity(ctx: &Ctx, sc: &Scenario) -> Integrity {
         .spawn(move || client::echo_transfer(addr, 0x6b74, len as usize, false))
         .map_err(|e| format!("client thread: {e}"))
         .and_then(|h| h.join().map_err(|_| "client thread panicked".to_string()))
-        .and_then(|r| r.map_err(|e| format!("echo transfer: {e}")));
+        .and_then(|r| {
+            r.map_err(|e| match e.kind() {
+                // The checker's socket has a 20 s read timeout.
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
+                    format!("stalled: no byte came back for 20 s ({e})")
+                }
+                _ => format!("echo transfer: {e}"),
+            })
+        });
     match r {
         Ok(t) => {
             i.ok = true;
@@ -1248,9 +1256,19 @@ fn integrity(ctx: &Ctx, sc: &Scenario) -> Integrity {
             .get_or_insert("no connection reached the Shadowsocks server".into());
     }
     if let Some(e) = engine {
-        if let (_, Some(err)) = e.stop() {
+        let (stats, err) = e.stop();
+        if let Some(err) = err {
             i.ok = false;
             i.error.get_or_insert(err);
+        }
+        // Where a failed transfer stopped, in the engine's own counts.
+        if let (Some(msg), Some(st)) = (i.error.as_mut(), stats) {
+            let n = |k: &str| st.get(k).and_then(Value::as_u64).unwrap_or(0);
+            msg.push_str(&format!(
+                "; the engine had relayed {:.1} MiB up and {:.1} MiB down",
+                n("tcp_bytes_up") as f64 / 1048576.0,
+                n("tcp_bytes_down") as f64 / 1048576.0
+            ));
         }
     }
     i
