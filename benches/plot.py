@@ -34,7 +34,7 @@ def main():
     scale = [r for r in recs if r["kind"] == "scale" and r.get("rss_kib", 0) > 0]
 
     colors = {sid: f"C{i}" for i, sid in enumerate(order)}
-    fig, (ax_t, ax_c, ax_m) = plt.subplots(1, 3, figsize=(16, 5.2))
+    fig, (ax_t, ax_c, ax_m) = plt.subplots(1, 3, figsize=(16, 6.8))
 
     for sid in order:
         for direction, style in (("upload", "-"), ("download", "--")):
@@ -62,11 +62,12 @@ def main():
         ax.set_ylim(bottom=0)
     ax_t.set_ylabel("Gbit/s (receiver)")
     ax_t.set_title("Throughput (solid: upload, dashed: download)")
-    ax_t.legend(fontsize=7)
+    # Below the panel: with a dozen lines a legend inside hides the data.
+    ax_t.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2)
     ax_c.set_ylabel("engine CPU seconds per GB")
     ax_c.set_title("Engine CPU per GB moved (upload)")
     if ax_c.lines:
-        ax_c.legend(fontsize=7)
+        ax_c.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2)
 
     for sid in sorted({r["scenario"] for r in scale}):
         pts = sorted((r["connections"], r["rss_kib"] / 1024) for r in scale
