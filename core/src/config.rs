@@ -11,7 +11,9 @@ use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use serde::{Deserialize, Serialize};
 
 use crate::budget::Platform;
+pub use crate::dns::DnsConfig;
 use crate::rules::{Action, Rule};
+pub use crate::sniff::SniffConfig;
 
 /// Which TCP stack turns TUN packets into streams.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -247,6 +249,10 @@ pub struct Config {
     pub outbounds: BTreeMap<String, OutboundConfig>,
     /// TCP relay options (`[relay]`).
     pub relay: RelayConfig,
+    /// DNS hijack, forwarding, cache and fake-ip (`[dns]`).
+    pub dns: crate::dns::DnsConfig,
+    /// Domain sniffing from TLS SNI / HTTP Host (`[sniff]`).
+    pub sniff: crate::sniff::SniffConfig,
 }
 
 /// A configuration the engine refuses, naming the field.
@@ -276,6 +282,15 @@ pub enum ConfigError {
     /// An outbound's settings are unusable.
     #[error("outbounds.{name}: {reason}")]
     BadOutbound { name: String, reason: String },
+    /// A rule's condition is unusable (e.g. a domain list that cannot be read).
+    #[error("rules[{rule}]: {reason}")]
+    BadRule { rule: usize, reason: String },
+    /// A `[dns]` setting is unusable.
+    #[error("dns.{field}: {reason}")]
+    Dns { field: &'static str, reason: String },
+    /// A `[sniff]` setting is unusable.
+    #[error("sniff.{field}: {reason}")]
+    Sniff { field: &'static str, reason: String },
 }
 
 impl Config {
@@ -326,6 +341,8 @@ impl Config {
                 });
             }
         }
+        self.dns.validate(&self.tun)?;
+        self.sniff.validate()?;
         Ok(())
     }
 
@@ -336,7 +353,9 @@ impl Config {
         let cfg: Config = toml::from_str(text).map_err(|e| e.to_string())?;
         if let Err(e) = cfg.validate() {
             let line = match &e {
-                ConfigError::UnknownOutbound { rule, .. } => table_line(text, "[[rules]]", *rule),
+                ConfigError::UnknownOutbound { rule, .. } | ConfigError::BadRule { rule, .. } => {
+                    table_line(text, "[[rules]]", *rule)
+                }
                 ConfigError::BadOutbound { name, .. } => outbound_line(text, name),
                 _ => None,
             };

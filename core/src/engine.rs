@@ -371,7 +371,11 @@ async fn prepare(
     let half_open_timeout = nat_cfg.half_open_timeout;
     let (stop, _) = tokio::sync::watch::channel(system::RUNNING);
     let factory = SocketFactory::new(&config.direct, protect);
-    let outbounds = Outbounds::new(config, factory.clone(), budget.relay_buffer)?;
+    let outbounds = Arc::new(Outbounds::new(
+        config,
+        factory.clone(),
+        budget.relay_buffer,
+    )?);
     let stats = Stats::with_outbounds(outbounds.names());
     let smol = (stack == StackKind::Smoltcp).then(|| {
         Arc::new(SmolStack::new(

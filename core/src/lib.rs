@@ -16,6 +16,7 @@
 
 pub mod budget;
 pub mod config;
+pub mod dns;
 mod driver;
 mod engine;
 pub mod nat;
@@ -24,6 +25,7 @@ pub mod packet;
 pub mod relay;
 pub mod rules;
 mod smol;
+pub mod sniff;
 #[cfg(any(target_os = "linux", target_os = "android"))]
 pub mod splice;
 pub mod stats;

@@ -132,27 +132,42 @@ pub struct Rule {
     pub action: Action,
 }
 
+/// What a routing decision looks at: the address the app sent to and, when
+/// known (fake-ip lookup, sniffed SNI / Host), the domain behind it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Target<'a> {
+    pub addr: SocketAddr,
+    pub domain: Option<&'a str>,
+}
+
+impl<'a> Target<'a> {
+    /// A destination known only by its address.
+    pub fn ip(addr: SocketAddr) -> Self {
+        Target { addr, domain: None }
+    }
+}
+
 impl Rule {
-    /// Whether every condition of the rule holds for `dst`.
-    pub fn matches(&self, dst: &SocketAddr) -> bool {
-        self.cidr.is_none_or(|n| n.contains(&dst.ip()))
+    /// Whether every condition of the rule holds for `t`.
+    pub fn matches(&self, t: &Target<'_>) -> bool {
+        self.cidr.is_none_or(|n| n.contains(&t.addr.ip()))
             && self
                 .ports
-                .is_none_or(|p| (p.start..=p.end).contains(&dst.port()))
+                .is_none_or(|p| (p.start..=p.end).contains(&t.addr.port()))
     }
 }
 
 /// The first matching rule's action, or [`Action::Direct`].
-pub fn decide(rules: &[Rule], dst: &SocketAddr) -> Action {
-    decide_ref(rules, dst).clone()
+pub fn decide(rules: &[Rule], t: &Target<'_>) -> Action {
+    decide_ref(rules, t).clone()
 }
 
 /// [`decide`] without the clone.
-pub fn decide_ref<'a>(rules: &'a [Rule], dst: &SocketAddr) -> &'a Action {
+pub fn decide_ref<'a>(rules: &'a [Rule], t: &Target<'_>) -> &'a Action {
     static DIRECT: Action = Action::Direct;
     rules
         .iter()
-        .find(|r| r.matches(dst))
+        .find(|r| r.matches(t))
         .map_or(&DIRECT, |r| &r.action)
 }
 
@@ -160,8 +175,8 @@ pub fn decide_ref<'a>(rules: &'a [Rule], dst: &SocketAddr) -> &'a Action {
 mod tests {
     use super::*;
 
-    fn sa(s: &str) -> SocketAddr {
-        s.parse().expect("addr")
+    fn sa(s: &str) -> Target<'static> {
+        Target::ip(s.parse().expect("addr"))
     }
 
     #[test]

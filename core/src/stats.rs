@@ -132,6 +132,70 @@ pub struct Stats {
     pub splice_fallbacks: AtomicU64,
     /// Per proxy outbound, in the order of [`crate::outbound::Outbounds::names`].
     pub outbounds: Box<[OutboundCounters]>,
+    /// DNS hijack, cache, fake-ip and sniffing.
+    pub dns: DnsCounters,
+}
+
+/// Counters of kerntun's DNS service and of domain sniffing.
+#[derive(Debug, Default)]
+pub struct DnsCounters {
+    /// Hijacked queries received (UDP and TCP).
+    pub queries: AtomicU64,
+    /// Of those, queries that arrived over TCP.
+    pub tcp_queries: AtomicU64,
+    /// Answered from the cache.
+    pub cache_hits: AtomicU64,
+    /// Upstream exchanges that failed or timed out (each try counts).
+    pub upstream_failures: AtomicU64,
+    /// Queries answered SERVFAIL because every upstream failed.
+    pub servfail: AtomicU64,
+    /// Hijacked packets that were not a DNS query (counted, dropped).
+    pub malformed: AtomicU64,
+    /// A/AAAA answers given from the fake-ip pool.
+    pub fakeip_answers: AtomicU64,
+    /// Domains holding a fake address right now.
+    pub fakeip_active: AtomicU64,
+    /// Fake addresses taken back from the least recently used domain.
+    pub fakeip_evictions: AtomicU64,
+    /// Connections whose domain was read from a TLS ClientHello or HTTP Host.
+    pub sniffed: AtomicU64,
+    /// Sniffing gave up (timeout, or the first bytes named no domain).
+    pub sniff_misses: AtomicU64,
+}
+
+impl DnsCounters {
+    fn snapshot(&self) -> DnsSnapshot {
+        let g = |c: &AtomicU64| c.load(Relaxed);
+        DnsSnapshot {
+            queries: g(&self.queries),
+            tcp_queries: g(&self.tcp_queries),
+            cache_hits: g(&self.cache_hits),
+            upstream_failures: g(&self.upstream_failures),
+            servfail: g(&self.servfail),
+            malformed: g(&self.malformed),
+            fakeip_answers: g(&self.fakeip_answers),
+            fakeip_active: g(&self.fakeip_active),
+            fakeip_evictions: g(&self.fakeip_evictions),
+            sniffed: g(&self.sniffed),
+            sniff_misses: g(&self.sniff_misses),
+        }
+    }
+}
+
+/// A copy of [`DnsCounters`].
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct DnsSnapshot {
+    pub queries: u64,
+    pub tcp_queries: u64,
+    pub cache_hits: u64,
+    pub upstream_failures: u64,
+    pub servfail: u64,
+    pub malformed: u64,
+    pub fakeip_answers: u64,
+    pub fakeip_active: u64,
+    pub fakeip_evictions: u64,
+    pub sniffed: u64,
+    pub sniff_misses: u64,
 }
 
 /// Counters of one proxy outbound.
@@ -342,6 +406,8 @@ pub struct StatsSnapshot {
     pub splice_fallbacks: u64,
     /// Per proxy outbound.
     pub outbounds: Vec<OutboundSnapshot>,
+    /// DNS service and sniffing.
+    pub dns: DnsSnapshot,
 }
 
 impl StatsSnapshot {
@@ -407,6 +473,7 @@ impl Stats {
             tcp_bytes_spliced: g(&self.tcp_bytes_spliced),
             tcp_bytes_copied: g(&self.tcp_bytes_copied),
             splice_fallbacks: g(&self.splice_fallbacks),
+            dns: self.dns.snapshot(),
             outbounds: self
                 .outbounds
                 .iter()

@@ -26,10 +26,11 @@ use tokio::sync::watch;
 
 use crate::budget::{Admission, Budget, OwnedPermit};
 use crate::nat::{FlowKey, NatGuard, NatTable};
+use crate::outbound::Address;
 use crate::outbound::{OutboundStream, Outbounds, Route, SocketFactory, reset_on_close};
 use crate::packet::{self, Disposition, IpInfo, TcpInfo};
 use crate::relay;
-use crate::rules::{self, Action, Rule};
+use crate::rules::{self, Action, Rule, Target};
 use crate::smol::{self, SmolStack, TunSink};
 use crate::stats::{EngineDrop, LocalCounters, Stats, WarnLimiter};
 use crate::tun::{HEADROOM, Tun};
@@ -68,7 +69,7 @@ pub(crate) struct Shared {
     pub factory: SocketFactory,
     pub rules: Vec<Rule>,
     /// Proxies, the rules resolved to them, and the relay options.
-    pub outbounds: Outbounds,
+    pub outbounds: Arc<Outbounds>,
     pub budget: Budget,
     pub admission: Arc<Admission>,
     pub stats: Stats,
@@ -224,7 +225,7 @@ impl Processor {
         port: u16,
     ) -> Disposition {
         let sh = &self.shared;
-        if rules::decide(&sh.rules, &key.server) == Action::Reject {
+        if rules::decide(&sh.rules, &Target::ip(key.server)) == Action::Reject {
             sh.nat.abort_half_open(port, self.now);
             sh.stats.tcp_rejected_by_rule.fetch_add(1, Relaxed);
             return Disposition::WriteBack(packet::tcp_rst_reply(buf, ip, tcp));
@@ -317,7 +318,7 @@ fn smol_tcp(
                 return Disposition::WriteBack(packet::tcp_rst_reply(buf, ip, &tcp));
             }
             smol::Syn::New => {
-                if rules::decide(&sh.rules, &key.1) == Action::Reject {
+                if rules::decide(&sh.rules, &Target::ip(key.1)) == Action::Reject {
                     stack.unmark(&key);
                     sh.stats.tcp_rejected_by_rule.fetch_add(1, Relaxed);
                     return Disposition::WriteBack(packet::tcp_rst_reply(buf, ip, &tcp));
@@ -364,8 +365,11 @@ async fn connect_then_release(
     permit: OwnedPermit,
 ) {
     let len = syn.len() - HEADROOM;
-    let route = sh.outbounds.route(&key.server);
-    let result = sh.outbounds.connect(route, key.server, &sh.stats).await;
+    let route = sh.outbounds.route(&Target::ip(key.server));
+    let result = sh
+        .outbounds
+        .connect(route, &Address::Ip(key.server), &sh.stats)
+        .await;
     let pkt = &mut syn[HEADROOM..];
     let (ip, tcp) =
         match packet::parse_ip(pkt).and_then(|ip| Ok((ip, packet::parse_tcp(pkt, &ip)?))) {

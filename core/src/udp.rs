@@ -165,7 +165,7 @@ impl UdpTable {
         let (client, server) = key;
         let shared = self.shared.clone();
         let outbounds = &shared.outbounds;
-        let route = outbounds.route(&server);
+        let route = outbounds.route(&crate::rules::Target::ip(server));
         if route == Route::Reject {
             local.drop(EngineDrop::UdpRejected);
             return false;

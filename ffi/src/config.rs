@@ -482,6 +482,9 @@ impl EngineConfig {
                 pipe_size: size("relay.pipe_size", self.relay.pipe_size)?
                     .unwrap_or(relay_defaults.pipe_size),
             },
+            // TODO(dns): `[dns]` and `[sniff]` records for the apps.
+            dns: core::DnsConfig::default(),
+            sniff: core::SniffConfig::default(),
         })
     }
 }

@@ -4,7 +4,7 @@
 //! to the core fails to compile here until it is exposed to the apps too.
 
 use kerntun::StatsSnapshot;
-use kerntun::stats::{NatSnapshot, OutboundSnapshot};
+use kerntun::stats::{DnsSnapshot, NatSnapshot, OutboundSnapshot};
 
 use crate::config::MemoryPressure;
 
@@ -43,6 +43,64 @@ pub struct OutboundStats {
     pub udp_flows: u64,
     /// UDP associations that could not be opened.
     pub udp_failures: u64,
+}
+
+/// DNS hijack, cache, fake-ip and domain sniffing.
+#[derive(Debug, Clone, Default, PartialEq, Eq, uniffi::Record)]
+pub struct DnsStats {
+    /// Hijacked queries received (UDP and TCP).
+    pub queries: u64,
+    /// Of those, queries that arrived over TCP.
+    pub tcp_queries: u64,
+    /// Answered from the cache.
+    pub cache_hits: u64,
+    /// Upstream exchanges that failed or timed out (each try counts).
+    pub upstream_failures: u64,
+    /// Queries answered SERVFAIL because every upstream failed.
+    pub servfail: u64,
+    /// Hijacked packets that were not a DNS query (dropped).
+    pub malformed: u64,
+    /// A/AAAA answers given from the fake-ip pool.
+    pub fakeip_answers: u64,
+    /// Domains holding a fake address now.
+    pub fakeip_active: u64,
+    /// Fake addresses taken back from the least recently used domain.
+    pub fakeip_evictions: u64,
+    /// Connections whose domain was read from TLS SNI or HTTP Host.
+    pub sniffed: u64,
+    /// Sniffing gave up (timeout, or no domain in the first bytes).
+    pub sniff_misses: u64,
+}
+
+impl From<DnsSnapshot> for DnsStats {
+    fn from(d: DnsSnapshot) -> Self {
+        let DnsSnapshot {
+            queries,
+            tcp_queries,
+            cache_hits,
+            upstream_failures,
+            servfail,
+            malformed,
+            fakeip_answers,
+            fakeip_active,
+            fakeip_evictions,
+            sniffed,
+            sniff_misses,
+        } = d;
+        DnsStats {
+            queries,
+            tcp_queries,
+            cache_hits,
+            upstream_failures,
+            servfail,
+            malformed,
+            fakeip_answers,
+            fakeip_active,
+            fakeip_evictions,
+            sniffed,
+            sniff_misses,
+        }
+    }
 }
 
 /// A point-in-time copy of everything the engine counts. "Up" is from the
@@ -101,6 +159,8 @@ pub struct EngineStats {
     pub splice_fallbacks: u64,
     /// Per proxy outbound.
     pub outbounds: Vec<OutboundStats>,
+    /// DNS service and sniffing.
+    pub dns: DnsStats,
 }
 
 fn pressure(name: &str) -> Option<MemoryPressure> {
@@ -158,6 +218,7 @@ impl From<StatsSnapshot> for EngineStats {
             tcp_bytes_copied,
             splice_fallbacks,
             outbounds,
+            dns,
         } = s;
         EngineStats {
             stack: stack.to_string(),
@@ -208,6 +269,7 @@ impl From<StatsSnapshot> for EngineStats {
             tcp_bytes_copied,
             splice_fallbacks,
             outbounds: outbounds.into_iter().map(OutboundStats::from).collect(),
+            dns: DnsStats::from(dns),
         }
     }
 }

@@ -1321,6 +1321,165 @@ public func FfiConverterTypeDirectOptions_lower(_ value: DirectOptions) -> RustB
 
 
 /**
+ * DNS hijack, cache, fake-ip and domain sniffing.
+ */
+public struct DnsStats: Equatable, Hashable {
+    /**
+     * Hijacked queries received (UDP and TCP).
+     */
+    public var queries: UInt64
+    /**
+     * Of those, queries that arrived over TCP.
+     */
+    public var tcpQueries: UInt64
+    /**
+     * Answered from the cache.
+     */
+    public var cacheHits: UInt64
+    /**
+     * Upstream exchanges that failed or timed out (each try counts).
+     */
+    public var upstreamFailures: UInt64
+    /**
+     * Queries answered SERVFAIL because every upstream failed.
+     */
+    public var servfail: UInt64
+    /**
+     * Hijacked packets that were not a DNS query (dropped).
+     */
+    public var malformed: UInt64
+    /**
+     * A/AAAA answers given from the fake-ip pool.
+     */
+    public var fakeipAnswers: UInt64
+    /**
+     * Domains holding a fake address now.
+     */
+    public var fakeipActive: UInt64
+    /**
+     * Fake addresses taken back from the least recently used domain.
+     */
+    public var fakeipEvictions: UInt64
+    /**
+     * Connections whose domain was read from TLS SNI or HTTP Host.
+     */
+    public var sniffed: UInt64
+    /**
+     * Sniffing gave up (timeout, or no domain in the first bytes).
+     */
+    public var sniffMisses: UInt64
+
+    // Default memberwise initializers are never public by default, so we
+    // declare one manually.
+    public init(
+        /**
+         * Hijacked queries received (UDP and TCP).
+         */queries: UInt64, 
+        /**
+         * Of those, queries that arrived over TCP.
+         */tcpQueries: UInt64, 
+        /**
+         * Answered from the cache.
+         */cacheHits: UInt64, 
+        /**
+         * Upstream exchanges that failed or timed out (each try counts).
+         */upstreamFailures: UInt64, 
+        /**
+         * Queries answered SERVFAIL because every upstream failed.
+         */servfail: UInt64, 
+        /**
+         * Hijacked packets that were not a DNS query (dropped).
+         */malformed: UInt64, 
+        /**
+         * A/AAAA answers given from the fake-ip pool.
+         */fakeipAnswers: UInt64, 
+        /**
+         * Domains holding a fake address now.
+         */fakeipActive: UInt64, 
+        /**
+         * Fake addresses taken back from the least recently used domain.
+         */fakeipEvictions: UInt64, 
+        /**
+         * Connections whose domain was read from TLS SNI or HTTP Host.
+         */sniffed: UInt64, 
+        /**
+         * Sniffing gave up (timeout, or no domain in the first bytes).
+         */sniffMisses: UInt64) {
+        self.queries = queries
+        self.tcpQueries = tcpQueries
+        self.cacheHits = cacheHits
+        self.upstreamFailures = upstreamFailures
+        self.servfail = servfail
+        self.malformed = malformed
+        self.fakeipAnswers = fakeipAnswers
+        self.fakeipActive = fakeipActive
+        self.fakeipEvictions = fakeipEvictions
+        self.sniffed = sniffed
+        self.sniffMisses = sniffMisses
+    }
+
+    
+
+    
+}
+
+#if compiler(>=6)
+extension DnsStats: Sendable {}
+#endif
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public struct FfiConverterTypeDnsStats: FfiConverterRustBuffer {
+    public static func read(from buf: inout (data: Data, offset: Data.Index)) throws -> DnsStats {
+        return
+            try DnsStats(
+                queries: FfiConverterUInt64.read(from: &buf), 
+                tcpQueries: FfiConverterUInt64.read(from: &buf), 
+                cacheHits: FfiConverterUInt64.read(from: &buf), 
+                upstreamFailures: FfiConverterUInt64.read(from: &buf), 
+                servfail: FfiConverterUInt64.read(from: &buf), 
+                malformed: FfiConverterUInt64.read(from: &buf), 
+                fakeipAnswers: FfiConverterUInt64.read(from: &buf), 
+                fakeipActive: FfiConverterUInt64.read(from: &buf), 
+                fakeipEvictions: FfiConverterUInt64.read(from: &buf), 
+                sniffed: FfiConverterUInt64.read(from: &buf), 
+                sniffMisses: FfiConverterUInt64.read(from: &buf)
+        )
+    }
+
+    public static func write(_ value: DnsStats, into buf: inout [UInt8]) {
+        FfiConverterUInt64.write(value.queries, into: &buf)
+        FfiConverterUInt64.write(value.tcpQueries, into: &buf)
+        FfiConverterUInt64.write(value.cacheHits, into: &buf)
+        FfiConverterUInt64.write(value.upstreamFailures, into: &buf)
+        FfiConverterUInt64.write(value.servfail, into: &buf)
+        FfiConverterUInt64.write(value.malformed, into: &buf)
+        FfiConverterUInt64.write(value.fakeipAnswers, into: &buf)
+        FfiConverterUInt64.write(value.fakeipActive, into: &buf)
+        FfiConverterUInt64.write(value.fakeipEvictions, into: &buf)
+        FfiConverterUInt64.write(value.sniffed, into: &buf)
+        FfiConverterUInt64.write(value.sniffMisses, into: &buf)
+    }
+}
+
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public func FfiConverterTypeDnsStats_lift(_ buf: RustBuffer) throws -> DnsStats {
+    return try FfiConverterTypeDnsStats.lift(buf)
+}
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public func FfiConverterTypeDnsStats_lower(_ value: DnsStats) -> RustBuffer {
+    return FfiConverterTypeDnsStats.lower(value)
+}
+
+
+/**
  * One drop reason and how often it happened.
  */
 public struct DropCount: Equatable, Hashable {
@@ -1603,6 +1762,10 @@ public struct EngineStats: Equatable, Hashable {
      * Per proxy outbound.
      */
     public var outbounds: [OutboundStats]
+    /**
+     * DNS service and sniffing.
+     */
+    public var dns: DnsStats
 
     // Default memberwise initializers are never public by default, so we
     // declare one manually.
@@ -1646,7 +1809,10 @@ public struct EngineStats: Equatable, Hashable {
          */spliceFallbacks: UInt64, 
         /**
          * Per proxy outbound.
-         */outbounds: [OutboundStats]) {
+         */outbounds: [OutboundStats], 
+        /**
+         * DNS service and sniffing.
+         */dns: DnsStats) {
         self.stack = stack
         self.driver = driver
         self.memoryPressure = memoryPressure
@@ -1685,6 +1851,7 @@ public struct EngineStats: Equatable, Hashable {
         self.tcpBytesCopied = tcpBytesCopied
         self.spliceFallbacks = spliceFallbacks
         self.outbounds = outbounds
+        self.dns = dns
     }
 
     
@@ -1740,7 +1907,8 @@ public struct FfiConverterTypeEngineStats: FfiConverterRustBuffer {
                 tcpBytesSpliced: FfiConverterUInt64.read(from: &buf), 
                 tcpBytesCopied: FfiConverterUInt64.read(from: &buf), 
                 spliceFallbacks: FfiConverterUInt64.read(from: &buf), 
-                outbounds: FfiConverterSequenceTypeOutboundStats.read(from: &buf)
+                outbounds: FfiConverterSequenceTypeOutboundStats.read(from: &buf), 
+                dns: FfiConverterTypeDnsStats.read(from: &buf)
         )
     }
 
@@ -1783,6 +1951,7 @@ public struct FfiConverterTypeEngineStats: FfiConverterRustBuffer {
         FfiConverterUInt64.write(value.tcpBytesCopied, into: &buf)
         FfiConverterUInt64.write(value.spliceFallbacks, into: &buf)
         FfiConverterSequenceTypeOutboundStats.write(value.outbounds, into: &buf)
+        FfiConverterTypeDnsStats.write(value.dns, into: &buf)
     }
 }
 

@@ -168,6 +168,9 @@ pub enum OutboundError {
     /// The route is `reject`, or the outbound does not relay UDP.
     #[error("refused by the rules")]
     Rejected,
+    /// A direct connection was asked for a domain that was not resolved.
+    #[error("direct connection to unresolved {0}")]
+    Unresolved(String),
 }
 
 impl From<HandshakeError> for OutboundError {
@@ -280,7 +283,7 @@ impl Outbounds {
     }
 
     /// The route of a destination: the first matching rule's, else direct.
-    pub fn route(&self, dst: &SocketAddr) -> Route {
+    pub fn route(&self, dst: &crate::rules::Target<'_>) -> Route {
         self.rules
             .iter()
             .find(|(r, _)| r.matches(dst))
@@ -306,7 +309,7 @@ impl Outbounds {
     pub async fn connect(
         &self,
         route: Route,
-        dst: SocketAddr,
+        dst: &Address,
         stats: &Stats,
     ) -> Result<OutboundStream, OutboundError> {
         let r = self.connect_inner(route, dst).await;
@@ -325,14 +328,19 @@ impl Outbounds {
     async fn connect_inner(
         &self,
         route: Route,
-        dst: SocketAddr,
+        dst: &Address,
     ) -> Result<OutboundStream, OutboundError> {
         let timeout = self.factory.connect_timeout;
         let proxy = match route {
             Route::Reject => return Err(OutboundError::Rejected),
             Route::Direct => {
+                // A direct connection needs an address: the caller resolves
+                // domains first (through kerntun's DNS, never the host's).
+                let Address::Ip(dst) = dst else {
+                    return Err(OutboundError::Unresolved(dst.to_string()));
+                };
                 return Ok(OutboundStream {
-                    stream: self.factory.connect_tcp(dst).await?,
+                    stream: self.factory.connect_tcp(*dst).await?,
                     codec: None,
                     route,
                 });
@@ -346,7 +354,7 @@ impl Outbounds {
                     &mut s,
                     creds.as_ref(),
                     socks5::Command::Connect,
-                    &Address::Ip(dst),
+                    dst,
                     timeout,
                 )
                 .await?;
@@ -358,7 +366,7 @@ impl Outbounds {
             }
             Proxy::Shadowsocks { server, key, .. } => {
                 let mut s = self.factory.connect_tcp(*server).await?;
-                let session = shadowsocks::tcp_session(key, &Address::Ip(dst))?;
+                let session = shadowsocks::tcp_session(key, dst)?;
                 match tokio::time::timeout(timeout, s.write_all(&session.header)).await {
                     Ok(r) => r?,
                     Err(_) => return Err(OutboundError::Timeout(timeout)),

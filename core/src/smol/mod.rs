@@ -669,8 +669,11 @@ pub(crate) async fn connect_then_accept(
     permit: OwnedPermit,
 ) {
     let (client, server) = key;
-    let route = sh.outbounds.route(&server);
-    let result = sh.outbounds.connect(route, server, &sh.stats).await;
+    let route = sh.outbounds.route(&crate::rules::Target::ip(server));
+    let result = sh
+        .outbounds
+        .connect(route, &crate::outbound::Address::Ip(server), &sh.stats)
+        .await;
     let len = syn.len() - HEADROOM;
     let out = match result {
         Ok(out) => out,

@@ -1,0 +1,162 @@
+//! `[dns]` in the engine's TOML.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+
+use ipnet::{Ipv4Net, Ipv6Net};
+use serde::{Deserialize, Serialize};
+
+use crate::config::{ConfigError, TunConfig};
+
+/// The DNS service.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DnsConfig {
+    /// Answer hijacked queries. Off: port-53 traffic is an ordinary flow.
+    pub enabled: bool,
+    /// Destinations whose port-53 traffic (UDP and TCP) is hijacked. Empty:
+    /// the TUN's gateway addresses (what the VPN profile names as its DNS).
+    pub hijack: Vec<IpAddr>,
+    /// Hijack port 53 whatever the destination.
+    pub hijack_all: bool,
+    /// Upstreams, tried in order: `udp://IP:PORT`, `tcp://IP:PORT`,
+    /// `tls://IP:PORT#server-name` (DNS over TLS). Each is reached through
+    /// the outbound the rules choose for its address.
+    pub upstreams: Vec<String>,
+    /// Time allowed to one upstream try.
+    pub timeout_ms: u64,
+    /// Cached answers (0 disables the cache).
+    pub cache_entries: usize,
+    /// Answer A/AAAA with addresses from the fake-ip pool.
+    pub fake_ip: bool,
+    /// IPv4 fake-ip pool; inside 198.18.0.0/15 and clear of the TUN's
+    /// gateway and NAT addresses.
+    pub fake_ip_pool: Ipv4Net,
+    /// IPv6 fake-ip pool (AAAA for fake domains is answered empty without one).
+    pub fake_ip_pool6: Option<Ipv6Net>,
+    /// Domains holding a fake address at once; the least recently used one
+    /// gives its address back past this.
+    pub fake_ip_entries: usize,
+    /// Domains (and their subdomains) that get real answers under fake-ip.
+    pub fake_ip_filter: Vec<String>,
+}
+
+impl Default for DnsConfig {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            hijack: Vec::new(),
+            hijack_all: false,
+            upstreams: Vec::new(),
+            timeout_ms: 2_000,
+            cache_entries: 4_096,
+            fake_ip: false,
+            fake_ip_pool: Ipv4Net::new(Ipv4Addr::new(198, 18, 128, 0), 17).expect("static prefix"),
+            fake_ip_pool6: None,
+            fake_ip_entries: 65_536,
+            fake_ip_filter: Vec::new(),
+        }
+    }
+}
+
+/// How an upstream is spoken to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UpstreamProto {
+    Udp,
+    Tcp,
+    Tls,
+}
+
+/// One parsed `upstreams` entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Upstream {
+    pub proto: UpstreamProto,
+    pub addr: SocketAddr,
+    /// TLS server name (DNS over TLS).
+    pub server_name: Option<String>,
+}
+
+impl std::str::FromStr for Upstream {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let (scheme, rest) = s
+            .split_once("://")
+            .ok_or_else(|| format!("{s:?}: expected udp://, tcp:// or tls://"))?;
+        let (addr, name) = match rest.split_once('#') {
+            Some((a, n)) => (a, Some(n.to_owned())),
+            None => (rest, None),
+        };
+        let proto = match scheme {
+            "udp" => UpstreamProto::Udp,
+            "tcp" => UpstreamProto::Tcp,
+            "tls" => UpstreamProto::Tls,
+            other => return Err(format!("{s:?}: unknown scheme {other:?}")),
+        };
+        let addr: SocketAddr = addr
+            .parse()
+            .map_err(|e| format!("{s:?}: {e} (an IP address and port)"))?;
+        if proto == UpstreamProto::Tls && name.as_deref().is_none_or(str::is_empty) {
+            return Err(format!("{s:?}: tls:// needs #server-name"));
+        }
+        Ok(Upstream {
+            proto,
+            addr,
+            server_name: name,
+        })
+    }
+}
+
+impl DnsConfig {
+    /// The parsed upstreams (validated by [`DnsConfig::validate`]).
+    pub fn parsed_upstreams(&self) -> Result<Vec<Upstream>, ConfigError> {
+        self.upstreams
+            .iter()
+            .map(|u| {
+                u.parse().map_err(|reason| ConfigError::Dns {
+                    field: "upstreams",
+                    reason,
+                })
+            })
+            .collect()
+    }
+
+    /// Check the section against the TUN's addresses.
+    pub fn validate(&self, tun: &TunConfig) -> Result<(), ConfigError> {
+        if !self.enabled {
+            return Ok(());
+        }
+        let bad = |field, reason: String| ConfigError::Dns { field, reason };
+        if self.upstreams.is_empty() {
+            return Err(bad("upstreams", "at least one upstream is needed".into()));
+        }
+        self.parsed_upstreams()?;
+        if self.timeout_ms == 0 {
+            return Err(bad("timeout_ms", "must be greater than zero".into()));
+        }
+        if self.fake_ip {
+            let bench: Ipv4Net = "198.18.0.0/15".parse().expect("static prefix");
+            if !bench.contains(&self.fake_ip_pool) {
+                return Err(bad(
+                    "fake_ip_pool",
+                    format!("{} is not inside 198.18.0.0/15", self.fake_ip_pool),
+                ));
+            }
+            if let Some(gw) = tun.ipv4 {
+                let nat = crate::config::nat_address(ipnet::IpNet::V4(gw));
+                for a in [Some(IpAddr::V4(gw.addr())), nat].into_iter().flatten() {
+                    if let IpAddr::V4(a) = a
+                        && self.fake_ip_pool.contains(&a)
+                    {
+                        return Err(bad(
+                            "fake_ip_pool",
+                            format!("{} holds the TUN's own address {a}", self.fake_ip_pool),
+                        ));
+                    }
+                }
+            }
+            if self.fake_ip_entries == 0 {
+                return Err(bad("fake_ip_entries", "must be greater than zero".into()));
+            }
+        }
+        Ok(())
+    }
+}
