@@ -377,6 +377,7 @@ async fn prepare(
         budget.relay_buffer,
     )?);
     let stats = Stats::with_outbounds(outbounds.names());
+    let dns = crate::dns::Dns::new(config, outbounds.clone())?;
     let smol = (stack == StackKind::Smoltcp).then(|| {
         Arc::new(SmolStack::new(
             &nets,
@@ -406,6 +407,7 @@ async fn prepare(
         fatal: Mutex::new(None),
         tun,
         smol,
+        dns,
     });
     Ok((shared, listeners, driver))
 }

@@ -86,6 +86,9 @@ pub(crate) struct Shared {
     /// The smoltcp stack, when it is the one selected: TCP packets go to it
     /// instead of the NAT translation (UDP and ICMP paths are shared).
     pub smol: Option<Arc<SmolStack>>,
+    /// The DNS service, when `[dns]` is on.
+    #[allow(dead_code)] // read by the stacks' hijack and fake-ip paths (in progress)
+    pub dns: Option<Arc<crate::dns::Dns>>,
 }
 
 impl Shared {
