@@ -49,10 +49,16 @@ pub enum EngineDrop {
     /// A datagram from a proxy that did not decode (bad header, tag,
     /// fragment, or a source other than the flow's server).
     UdpProxyReply,
+    /// A hijacked DNS query arrived while the bounded number of queries in
+    /// flight was reached.
+    DnsQueueFull,
+    /// A flow to a fake-ip address that stands for no domain (never handed
+    /// out, or its domain was evicted): TCP gets an RST, UDP is dropped.
+    FakeIpUnknown,
 }
 
 impl EngineDrop {
-    pub const COUNT: usize = 15;
+    pub const COUNT: usize = 17;
     pub const ALL: [EngineDrop; Self::COUNT] = [
         EngineDrop::NoMapping,
         EngineDrop::StrayTcp,
@@ -69,6 +75,8 @@ impl EngineDrop {
         EngineDrop::TunWrite,
         EngineDrop::UdpQueueFull,
         EngineDrop::UdpProxyReply,
+        EngineDrop::DnsQueueFull,
+        EngineDrop::FakeIpUnknown,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -88,6 +96,8 @@ impl EngineDrop {
             EngineDrop::TunWrite => "tun_write",
             EngineDrop::UdpQueueFull => "udp_queue_full",
             EngineDrop::UdpProxyReply => "udp_proxy_reply",
+            EngineDrop::DnsQueueFull => "dns_queue_full",
+            EngineDrop::FakeIpUnknown => "fake_ip_unknown",
         }
     }
 }
