@@ -260,7 +260,10 @@ async fn fill(
     }
     // A normal recv skips the urgent byte (SO_OOBINLINE is off) and returns
     // what follows; reading one byte past the mark clears it for splice.
-    let mut buf = [0u8; URGENT_READ];
+    // On the heap: an array here would live inside every leg's future (it is
+    // held across the write below), 4 KiB per direction of every idle
+    // connection, for a path almost no connection takes.
+    let mut buf = vec![0u8; URGENT_READ];
     match src.try_read(&mut buf) {
         Ok(0) => Ok(Fill::Eof), // the urgent byte was the last before the FIN
         Ok(n) => {
