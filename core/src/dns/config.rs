@@ -1,6 +1,7 @@
 //! `[dns]` in the engine's TOML.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
 
 use ipnet::{Ipv4Net, Ipv6Net};
 use serde::{Deserialize, Serialize};
@@ -38,6 +39,9 @@ pub struct DnsConfig {
     pub fake_ip_entries: usize,
     /// Domains (and their subdomains) that get real answers under fake-ip.
     pub fake_ip_filter: Vec<String>,
+    /// Extra trust anchors (PEM) for `tls://` upstreams, on top of the
+    /// Mozilla roots: a private resolver's CA.
+    pub tls_ca_file: Option<PathBuf>,
 }
 
 impl Default for DnsConfig {
@@ -54,6 +58,7 @@ impl Default for DnsConfig {
             fake_ip_pool6: None,
             fake_ip_entries: 65_536,
             fake_ip_filter: Vec::new(),
+            tls_ca_file: None,
         }
     }
 }
@@ -105,6 +110,14 @@ impl std::str::FromStr for Upstream {
     }
 }
 
+/// The error for a `tls://` upstream in a build without DNS over TLS.
+pub(crate) fn dot_missing() -> ConfigError {
+    ConfigError::Dns {
+        field: "upstreams",
+        reason: "tls:// upstreams need kerntun built with the `dot` feature".into(),
+    }
+}
+
 impl DnsConfig {
     /// The parsed upstreams (validated by [`DnsConfig::validate`]).
     pub fn parsed_upstreams(&self) -> Result<Vec<Upstream>, ConfigError> {
@@ -128,7 +141,10 @@ impl DnsConfig {
         if self.upstreams.is_empty() {
             return Err(bad("upstreams", "at least one upstream is needed".into()));
         }
-        self.parsed_upstreams()?;
+        let ups = self.parsed_upstreams()?;
+        if !cfg!(feature = "dot") && ups.iter().any(|u| u.proto == UpstreamProto::Tls) {
+            return Err(dot_missing());
+        }
         if self.timeout_ms == 0 {
             return Err(bad("timeout_ms", "must be greater than zero".into()));
         }
@@ -149,6 +165,19 @@ impl DnsConfig {
                         return Err(bad(
                             "fake_ip_pool",
                             format!("{} holds the TUN's own address {a}", self.fake_ip_pool),
+                        ));
+                    }
+                }
+            }
+            if let (Some(p6), Some(gw)) = (self.fake_ip_pool6, tun.ipv6) {
+                let nat = crate::config::nat_address(ipnet::IpNet::V6(gw));
+                for a in [Some(IpAddr::V6(gw.addr())), nat].into_iter().flatten() {
+                    if let IpAddr::V6(a) = a
+                        && p6.contains(&a)
+                    {
+                        return Err(bad(
+                            "fake_ip_pool6",
+                            format!("{p6} holds the TUN's own address {a}"),
                         ));
                     }
                 }

@@ -1,0 +1,81 @@
+//! An entry point for the `dns` fuzz target (not part of the API): the
+//! message handling a hijacked packet or an upstream's reply goes through,
+//! with the cache and the fake-ip pool behind it.
+
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use hickory_proto::op::ResponseCode;
+
+use super::cache::Cache;
+use super::fakeip::FakePool;
+use super::msg::{self, Incoming};
+use crate::stats::DnsCounters;
+
+/// Treat `data` as a hijacked query and as an upstream's reply to it; check
+/// the invariants every answer must hold (the query's ID, a decodable
+/// message) and that cache and pool stay within their bounds.
+pub fn run(data: &[u8]) {
+    let counters = DnsCounters::default();
+    let pool = FakePool::new(
+        "198.18.0.0/29".parse().expect("static prefix"),
+        Some("fd00:fa::/125".parse().expect("static prefix")),
+        4,
+    );
+    let cache = Cache::new(2);
+    let now = Instant::now();
+    let Some(incoming) = msg::parse_query(data) else {
+        // Not a query: may still be a reply.
+        if let Ok(m) = hickory_proto::op::Message::from_vec(data) {
+            let _ = msg::cache_ttl(&m);
+            let _ = msg::truncate(data);
+        }
+        return;
+    };
+    let q = match incoming {
+        Incoming::Refuse(r) => {
+            assert!(r.len() >= 12, "a refusal has a header");
+            assert_eq!(r[..2], data[..2], "the refusal keeps the ID");
+            return;
+        }
+        Incoming::Query(q) => q,
+    };
+    let qq = msg::question(&q).expect("a validated query has one question");
+    let id = q.metadata.id;
+    let sf = msg::servfail(&q);
+    assert_eq!(u16::from_be_bytes([sf[0], sf[1]]), id);
+    let name = msg::key_name(&qq.name);
+    let domain = name.trim_end_matches('.');
+    if let Some(v6) = msg::is_address_query(qq) {
+        let (a4, a6) = pool.assign(domain, &counters);
+        assert_eq!(pool.domain(IpAddr::V4(a4)).as_deref(), Some(domain));
+        let addr = if v6 {
+            a6.map(IpAddr::V6)
+        } else {
+            Some(IpAddr::V4(a4))
+        };
+        let f = msg::fake_answer(&q, addr, 1);
+        let m = hickory_proto::op::Message::from_vec(&f).expect("our answers decode");
+        assert_eq!(m.metadata.id, id);
+    }
+    // The query itself as a "reply": exercise check_reply and the cache.
+    let _ = msg::check_reply(data, id, qq);
+    let mut reply = msg::reply_to(&q, ResponseCode::NoError);
+    reply.answers = q.answers.clone();
+    reply.authorities = q.authorities.clone();
+    if let Some(ttl) = msg::cache_ttl(&reply) {
+        assert!(ttl <= msg::MAX_TTL);
+        let key = (name.clone().into_boxed_str(), u16::from(qq.query_type), 1);
+        cache.insert(key.clone(), Arc::new(reply), ttl, now);
+        let (m, age) = cache.get(&key, now + Duration::from_millis(999)).expect("live");
+        let out = msg::from_cache(&m, &q, age);
+        assert_eq!(u16::from_be_bytes([out[0], out[1]]), id);
+    }
+    assert!(
+        counters
+            .fakeip_active
+            .load(std::sync::atomic::Ordering::Relaxed)
+            <= 4
+    );
+}

@@ -1,0 +1,243 @@
+//! One exchange with one upstream, through the outbound the rules choose for
+//! the upstream's address: UDP (direct, or a proxy's UDP association), DNS
+//! over TCP (RFC 7766 two-byte length framing; direct, SOCKS5, or inside a
+//! Shadowsocks AEAD stream), or DNS over TLS (RFC 7858, feature `dot`).
+//!
+//! One connection or socket per exchange: upstream queries are rare next to
+//! cache hits, and a fresh socket needs no reconnect logic, no pipelining
+//! bookkeeping and no idle timers. The caller bounds each exchange in time.
+
+use std::io;
+
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+use super::msg;
+use super::{Upstream, UpstreamProto};
+use crate::outbound::{Address, OutboundError, OutboundStream, Outbounds, ProxyUdp, Route};
+use crate::relay::{Open, Seal};
+use crate::rules::Target;
+use crate::stats::Stats;
+
+/// Largest DNS message (the TCP length prefix is 16 bits).
+const MAX_MESSAGE: usize = 65_535;
+
+/// Why an exchange failed (the next upstream is tried).
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ExchangeError {
+    #[error("{0}")]
+    Io(#[from] io::Error),
+    #[error("{0}")]
+    Outbound(#[from] OutboundError),
+    /// The rules reject the upstream's address: skipped, not a failure.
+    #[error("the rules reject this upstream")]
+    Rejected,
+    #[error("{0}")]
+    Unsupported(&'static str),
+    #[error("the reply does not answer the query ({0:?})")]
+    Reply(msg::BadReply),
+}
+
+/// TLS client state for `tls://` upstreams.
+#[cfg(feature = "dot")]
+pub(crate) type Tls = tokio_rustls::TlsConnector;
+/// Without the `dot` feature `tls://` is refused at configuration time.
+#[cfg(not(feature = "dot"))]
+pub(crate) type Tls = ();
+
+/// Send `wire` (a query with ID `id`) to `up` and return the raw reply, which
+/// carries the same ID and the QR bit (other datagrams are ignored).
+pub(crate) async fn exchange(
+    ob: &Outbounds,
+    up: &Upstream,
+    tls: Option<&Tls>,
+    wire: &[u8],
+    id: u16,
+    stats: &Stats,
+) -> Result<Vec<u8>, ExchangeError> {
+    let route = ob.route(&Target::ip(up.addr));
+    if route == Route::Reject {
+        return Err(ExchangeError::Rejected);
+    }
+    match up.proto {
+        UpstreamProto::Udp => match route {
+            Route::Direct => udp_direct(ob, up, wire, id).await,
+            Route::Proxy(i) if ob.udp_proxied(route) => udp_proxy(ob, i, up, wire, id).await,
+            // A proxy without UDP: DNS over TCP through it.
+            _ => {
+                let out = ob.connect(route, &Address::Ip(up.addr), stats).await?;
+                framed(out, wire, id).await
+            }
+        },
+        UpstreamProto::Tcp => {
+            let out = ob.connect(route, &Address::Ip(up.addr), stats).await?;
+            framed(out, wire, id).await
+        }
+        UpstreamProto::Tls => {
+            #[cfg(feature = "dot")]
+            {
+                let Some(tls) = tls else {
+                    return Err(ExchangeError::Unsupported("no TLS configuration"));
+                };
+                let out = ob.connect(route, &Address::Ip(up.addr), stats).await?;
+                if out.codec.is_some() {
+                    return Err(ExchangeError::Unsupported(
+                        "DNS over TLS through a Shadowsocks AEAD outbound",
+                    ));
+                }
+                let name = up.server_name.clone().unwrap_or_default();
+                let name = rustls_pki_types::ServerName::try_from(name)
+                    .map_err(|_| ExchangeError::Unsupported("bad TLS server name"))?;
+                let mut s = tls.connect(name, out.stream).await?;
+                let r = plain_framed(&mut s, wire, id).await;
+                let _ = s.shutdown().await;
+                r
+            }
+            #[cfg(not(feature = "dot"))]
+            {
+                let _ = tls;
+                Err(ExchangeError::Unsupported(
+                    "tls:// upstreams need kerntun's `dot` feature",
+                ))
+            }
+        }
+    }
+}
+
+async fn udp_direct(
+    ob: &Outbounds,
+    up: &Upstream,
+    wire: &[u8],
+    id: u16,
+) -> Result<Vec<u8>, ExchangeError> {
+    let sock = ob.factory().udp_connected(up.addr)?;
+    sock.send(wire).await?;
+    let mut buf = vec![0u8; MAX_MESSAGE];
+    loop {
+        // A connected socket only hears the upstream; the ID check drops
+        // late replies to an earlier try and guesses at the ID.
+        let n = sock.recv(&mut buf).await?;
+        if msg::id_matches(&buf[..n], id) {
+            buf.truncate(n);
+            return Ok(buf);
+        }
+    }
+}
+
+async fn udp_proxy(
+    ob: &Outbounds,
+    i: usize,
+    up: &Upstream,
+    wire: &[u8],
+    id: u16,
+) -> Result<Vec<u8>, ExchangeError> {
+    // `control` keeps a SOCKS5 association open until the reply is in.
+    let ProxyUdp {
+        sock,
+        control: _control,
+        mut codec,
+    } = ob.udp(i).await?;
+    let target = Address::Ip(up.addr);
+    let mut out = Vec::with_capacity(wire.len() + 64);
+    codec.encode(&target, wire, &mut out)?;
+    sock.send(&out).await?;
+    let mut buf = vec![0u8; MAX_MESSAGE];
+    loop {
+        let n = sock.recv(&mut buf).await?;
+        let Ok((_, range)) = codec.decode(&mut buf[..n]) else {
+            continue;
+        };
+        let payload = &buf[range];
+        if msg::id_matches(payload, id) {
+            return Ok(payload.to_vec());
+        }
+    }
+}
+
+/// DNS over TCP on an outbound stream, through its framing when it has one.
+async fn framed(out: OutboundStream, wire: &[u8], id: u16) -> Result<Vec<u8>, ExchangeError> {
+    let OutboundStream {
+        mut stream, codec, ..
+    } = out;
+    let Some(codec) = codec else {
+        return plain_framed(&mut stream, wire, id).await;
+    };
+    let (mut seal, mut open) = *codec;
+    let frame = length_prefixed(wire)?;
+    let mut sealed = Vec::with_capacity(frame.len() + 64);
+    seal.seal(&frame, &mut sealed);
+    stream.write_all(&sealed).await?;
+    let mut plain = Vec::new();
+    let mut buf = vec![0u8; 4096];
+    loop {
+        if let Some(reply) = complete_frame(&plain) {
+            return check_id(reply.to_vec(), id);
+        }
+        let n = stream.read(&mut buf).await?;
+        if n == 0 {
+            open.finish()?;
+            return Err(io::Error::from(io::ErrorKind::UnexpectedEof).into());
+        }
+        open.open(&buf[..n], &mut plain)?;
+        if plain.len() > MAX_MESSAGE + 2 {
+            return Err(io::Error::from(io::ErrorKind::InvalidData).into());
+        }
+    }
+}
+
+async fn plain_framed<S: AsyncRead + AsyncWrite + Unpin>(
+    s: &mut S,
+    wire: &[u8],
+    id: u16,
+) -> Result<Vec<u8>, ExchangeError> {
+    s.write_all(&length_prefixed(wire)?).await?;
+    s.flush().await?;
+    check_id(read_frame(s).await?, id)
+}
+
+fn check_id(reply: Vec<u8>, id: u16) -> Result<Vec<u8>, ExchangeError> {
+    if msg::id_matches(&reply, id) {
+        Ok(reply)
+    } else {
+        Err(ExchangeError::Reply(msg::BadReply::Mismatch))
+    }
+}
+
+/// `wire` with its two-byte length in front (RFC 1035 section 4.2.2).
+pub(crate) fn length_prefixed(wire: &[u8]) -> io::Result<Vec<u8>> {
+    let len =
+        u16::try_from(wire.len()).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    let mut v = Vec::with_capacity(2 + wire.len());
+    v.extend_from_slice(&len.to_be_bytes());
+    v.extend_from_slice(wire);
+    Ok(v)
+}
+
+/// The first whole frame in `buf`, if it holds one.
+fn complete_frame(buf: &[u8]) -> Option<&[u8]> {
+    let len = usize::from(u16::from_be_bytes([*buf.first()?, *buf.get(1)?]));
+    buf.get(2..2 + len)
+}
+
+/// Read one length-prefixed message.
+pub(crate) async fn read_frame<S: AsyncRead + Unpin>(s: &mut S) -> io::Result<Vec<u8>> {
+    let mut len = [0u8; 2];
+    s.read_exact(&mut len).await?;
+    let mut v = vec![0u8; usize::from(u16::from_be_bytes(len))];
+    s.read_exact(&mut v).await?;
+    Ok(v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frames() {
+        let f = length_prefixed(b"abc").expect("frame");
+        assert_eq!(f, [0, 3, b'a', b'b', b'c']);
+        assert_eq!(complete_frame(&f), Some(&b"abc"[..]));
+        assert_eq!(complete_frame(&f[..4]), None);
+        assert_eq!(complete_frame(&f[..1]), None);
+        assert!(length_prefixed(&vec![0; 70_000]).is_err());
+    }
+}
