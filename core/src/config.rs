@@ -19,12 +19,18 @@ pub use crate::sniff::SniffConfig;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum StackKind {
-    /// The platform default: the system stack.
+    /// The platform's choice, logged with its reason at start: the system
+    /// stack on iOS/Android (no per-connection socket buffers in the 50 MiB
+    /// extension budget), smoltcp on desktop (no NAT address or kernel
+    /// listener to set up, the TUN is the only thing it needs), and smoltcp
+    /// wherever the kernel listener cannot work (`tun.include_all_networks`).
     #[default]
     Auto,
-    /// Kernel TCP behind an in-place NAT (DESIGN.md "system netstack").
+    /// Kernel TCP behind an in-place NAT (DESIGN.md "system netstack"): the
+    /// only stack with the splice(2) relay. Refused with
+    /// `tun.include_all_networks`.
     System,
-    /// A userspace TCP stack (smoltcp).
+    /// A userspace TCP stack (smoltcp, DESIGN.md part 7).
     Smoltcp,
 }
 
@@ -57,6 +63,12 @@ pub struct TunConfig {
     /// Transmit queue length set on a device kerntun creates. The kernel default of
     /// 500 overflows under load (seed measurements); 10000 is what the benchmarks use.
     pub tx_queue_len: u32,
+    /// iOS: the tunnel's `NETunnelProviderProtocol.includeAllNetworks` is on.
+    /// The system then routes everything, loopback included, into the tunnel
+    /// and the engine's kernel listener never sees the rewritten SYNs, so the
+    /// system stack cannot work: `auto` picks smoltcp and an explicit
+    /// `stack = "system"` is refused.
+    pub include_all_networks: bool,
 }
 
 impl Default for TunConfig {
@@ -67,6 +79,7 @@ impl Default for TunConfig {
             ipv4: Some(Ipv4Net::new(Ipv4Addr::new(198, 18, 0, 1), 16).expect("static prefix")),
             ipv6: None,
             tx_queue_len: 10_000,
+            include_all_networks: false,
         }
     }
 }
@@ -301,6 +314,14 @@ impl Config {
         }
         if self.tun.mtu < 1280 {
             return Err(ConfigError::BadMtu(self.tun.mtu));
+        }
+        if self.tun.include_all_networks && self.stack == StackKind::System {
+            // Not a platform check: the host tells us the tunnel captures
+            // everything, and then no SYN rewritten to the NAT address ever
+            // reaches the kernel listener, whatever the OS.
+            return Err(ConfigError::UnsupportedStack(
+                "\"system\" needs a kernel listener that includeAllNetworks (tun.include_all_networks) cuts off; use \"smoltcp\" or \"auto\"",
+            ));
         }
         if let Some(net) = self.tun.ipv4 {
             nat_address(IpNet::V4(net)).ok_or(ConfigError::NoRoomForNat {
@@ -602,5 +623,37 @@ action = "ss-none"
         assert_eq!(c.validate(), Ok(()));
         let err = toml::from_str::<Config>("[tun]\nmtu = \"x\"\n").expect_err("bad type");
         assert!(err.to_string().contains("line 2"), "{err}");
+    }
+
+    #[test]
+    fn include_all_networks_refuses_only_an_explicit_system_stack() {
+        let c = Config::from_toml("[tun]\ninclude_all_networks = true\n").expect("auto is fine");
+        assert!(c.tun.include_all_networks);
+        assert!(
+            !Config::default().tun.include_all_networks,
+            "off unless the host says so"
+        );
+        for ok in ["auto", "smoltcp"] {
+            let text = format!("stack = \"{ok}\"\n[tun]\ninclude_all_networks = true\n");
+            assert!(Config::from_toml(&text).is_ok(), "{ok}");
+        }
+        let mut c = Config {
+            stack: StackKind::System,
+            ..Config::default()
+        };
+        assert_eq!(c.validate(), Ok(()), "system without the flag");
+        c.tun.include_all_networks = true;
+        let e = c.validate().expect_err("system with includeAllNetworks");
+        assert!(matches!(e, ConfigError::UnsupportedStack(_)), "{e:?}");
+        let msg = e.to_string();
+        assert!(
+            msg.starts_with("stack: ")
+                && msg.contains("includeAllNetworks")
+                && msg.contains("smoltcp"),
+            "the reason names the cause and the way out: {msg}"
+        );
+        let e = Config::from_toml("stack = \"system\"\n[tun]\ninclude_all_networks = true\n")
+            .expect_err("toml too");
+        assert!(e.contains("include_all_networks"), "{e}");
     }
 }

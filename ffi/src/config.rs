@@ -21,9 +21,11 @@ use crate::error::KerntunError;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, uniffi::Enum)]
 pub enum Stack {
     /// Kernel TCP behind an in-place NAT: one ~100-byte NAT entry per
-    /// connection, the mobile default.
+    /// connection, the mobile default. Unavailable with
+    /// `TunOptions.include_all_networks`.
     System,
-    /// A userspace TCP stack (smoltcp). Refused at start by builds without it.
+    /// A userspace TCP stack (smoltcp): the desktop default, and the mobile
+    /// one where the kernel listener cannot work.
     Smoltcp,
 }
 
@@ -155,6 +157,11 @@ pub struct TunOptions {
     /// Transmit queue length of a device the engine creates (Linux).
     #[uniffi(default = 10000)]
     pub tx_queue_len: u32,
+    /// iOS: pass `protocolConfiguration.includeAllNetworks`. With it on the
+    /// kernel listener cannot receive the tunnel's connections, so the engine
+    /// uses the smoltcp stack (an explicit `Stack.System` is refused).
+    #[uniffi(default = false)]
+    pub include_all_networks: bool,
 }
 
 /// How direct outbound sockets avoid looping back into the TUN.
@@ -229,7 +236,8 @@ pub struct RuleOptions {
 /// Everything [`crate::Engine::start`] needs besides the device.
 #[derive(Debug, Clone, Default, PartialEq, Eq, uniffi::Record)]
 pub struct EngineConfig {
-    /// `null`/`nil` = the platform default (the system stack).
+    /// `null`/`nil` = the platform default: the system stack on mobile,
+    /// smoltcp on desktop and under `tun.include_all_networks`.
     #[uniffi(default = None)]
     pub stack: Option<Stack>,
     /// `null`/`nil` = batched where the device supports it, else per-packet.
@@ -271,6 +279,7 @@ impl Default for TunOptions {
             ipv4: Some("198.18.0.1/16".into()),
             ipv6: None,
             tx_queue_len: 10_000,
+            include_all_networks: false,
         }
     }
 }
@@ -455,6 +464,7 @@ impl EngineConfig {
                 ipv4,
                 ipv6,
                 tx_queue_len: self.tun.tx_queue_len,
+                include_all_networks: self.tun.include_all_networks,
             },
             direct: core::DirectConfig {
                 interface: self.direct.interface.clone(),
@@ -596,6 +606,29 @@ mod tests {
         );
         match c.to_core() {
             Err(KerntunError::Config { field, .. }) => assert_eq!(field, "outbounds.bad.server"),
+            other => panic!("expected a config error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn include_all_networks_reaches_the_core() {
+        let mut c = EngineConfig::default();
+        assert!(!c.tun.include_all_networks);
+        c.tun.include_all_networks = true;
+        let k = c.to_core().expect("translate");
+        assert!(k.tun.include_all_networks);
+        assert_eq!(k.validate(), Ok(()), "auto falls back to smoltcp");
+        c.stack = Some(Stack::System);
+        let refused = c
+            .to_core()
+            .expect("translate")
+            .validate()
+            .expect_err("refused");
+        match KerntunError::from(refused) {
+            KerntunError::Config { field, reason } => {
+                assert_eq!(field, "stack");
+                assert!(reason.contains("includeAllNetworks"), "{reason}");
+            }
             other => panic!("expected a config error, got {other:?}"),
         }
     }

@@ -1547,7 +1547,8 @@ public func FfiConverterTypeDropCount_lower(_ value: DropCount) -> RustBuffer {
  */
 public struct EngineConfig: Equatable, Hashable {
     /**
-     * `null`/`nil` = the platform default (the system stack).
+     * `null`/`nil` = the platform default: the system stack on mobile,
+     * smoltcp on desktop and under `tun.include_all_networks`.
      */
     public var stack: Stack?
     /**
@@ -1584,7 +1585,8 @@ public struct EngineConfig: Equatable, Hashable {
     // declare one manually.
     public init(
         /**
-         * `null`/`nil` = the platform default (the system stack).
+         * `null`/`nil` = the platform default: the system stack on mobile,
+         * smoltcp on desktop and under `tun.include_all_networks`.
          */stack: Stack? = nil, 
         /**
          * `null`/`nil` = batched where the device supports it, else per-packet.
@@ -2416,6 +2418,12 @@ public struct TunOptions: Equatable, Hashable {
      * Transmit queue length of a device the engine creates (Linux).
      */
     public var txQueueLen: UInt32
+    /**
+     * iOS: pass `protocolConfiguration.includeAllNetworks`. With it on the
+     * kernel listener cannot receive the tunnel's connections, so the engine
+     * uses the smoltcp stack (an explicit `Stack.System` is refused).
+     */
+    public var includeAllNetworks: Bool
 
     // Default memberwise initializers are never public by default, so we
     // declare one manually.
@@ -2437,12 +2445,18 @@ public struct TunOptions: Equatable, Hashable {
          */ipv6: String? = nil, 
         /**
          * Transmit queue length of a device the engine creates (Linux).
-         */txQueueLen: UInt32 = UInt32(10000)) {
+         */txQueueLen: UInt32 = UInt32(10000), 
+        /**
+         * iOS: pass `protocolConfiguration.includeAllNetworks`. With it on the
+         * kernel listener cannot receive the tunnel's connections, so the engine
+         * uses the smoltcp stack (an explicit `Stack.System` is refused).
+         */includeAllNetworks: Bool = false) {
         self.name = name
         self.mtu = mtu
         self.ipv4 = ipv4
         self.ipv6 = ipv6
         self.txQueueLen = txQueueLen
+        self.includeAllNetworks = includeAllNetworks
     }
 
     
@@ -2465,7 +2479,8 @@ public struct FfiConverterTypeTunOptions: FfiConverterRustBuffer {
                 mtu: FfiConverterUInt16.read(from: &buf), 
                 ipv4: FfiConverterOptionString.read(from: &buf), 
                 ipv6: FfiConverterOptionString.read(from: &buf), 
-                txQueueLen: FfiConverterUInt32.read(from: &buf)
+                txQueueLen: FfiConverterUInt32.read(from: &buf), 
+                includeAllNetworks: FfiConverterBool.read(from: &buf)
         )
     }
 
@@ -2475,6 +2490,7 @@ public struct FfiConverterTypeTunOptions: FfiConverterRustBuffer {
         FfiConverterOptionString.write(value.ipv4, into: &buf)
         FfiConverterOptionString.write(value.ipv6, into: &buf)
         FfiConverterUInt32.write(value.txQueueLen, into: &buf)
+        FfiConverterBool.write(value.includeAllNetworks, into: &buf)
     }
 }
 
@@ -3398,11 +3414,13 @@ public enum Stack: Equatable, Hashable {
     
     /**
      * Kernel TCP behind an in-place NAT: one ~100-byte NAT entry per
-     * connection, the mobile default.
+     * connection, the mobile default. Unavailable with
+     * `TunOptions.include_all_networks`.
      */
     case system
     /**
-     * A userspace TCP stack (smoltcp). Refused at start by builds without it.
+     * A userspace TCP stack (smoltcp): the desktop default, and the mobile
+     * one where the kernel listener cannot work.
      */
     case smoltcp
 

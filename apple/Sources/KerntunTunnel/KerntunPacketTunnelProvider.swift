@@ -8,6 +8,8 @@
 // * finds the utun descriptor once the settings are applied (the
 //   `packetFlow` key path stopped working on iOS 15) and starts the engine
 //   on it; the engine handles utun's 4-byte address-family header itself;
+// * tells the engine whether the tunnel has `includeAllNetworks` on (the
+//   system stack cannot run then, so the engine's `auto` picks smoltcp);
 // * forwards the system's memory-pressure events to the engine;
 // * answers any app message (NETunnelProviderSession.sendProviderMessage)
 //   with the engine's statistics as a JSON object;
@@ -23,9 +25,6 @@ import NetworkExtension
 import os
 
 public enum KerntunTunnelError: Error, LocalizedError {
-    /// `includeAllNetworks` routes the extension's own sockets into the
-    /// tunnel: the kernel listener of the system stack never sees its SYNs.
-    case includeAllNetworksUnsupported
     /// No utun descriptor was found after the network settings were applied.
     case noUtunDescriptor
     /// The engine stopped by itself (device gone, listener failed).
@@ -33,8 +32,6 @@ public enum KerntunTunnelError: Error, LocalizedError {
 
     public var errorDescription: String? {
         switch self {
-        case .includeAllNetworksUnsupported:
-            return "kerntun's system stack cannot run with includeAllNetworks enabled"
         case .noUtunDescriptor:
             return "the utun descriptor of this tunnel was not found"
         case .engineFailed(let why):
@@ -79,6 +76,9 @@ open class KerntunPacketTunnelProvider: NEPacketTunnelProvider {
 
     /// The engine configuration. Override to change it; keep `tun.ipv4` /
     /// `tun.ipv6` and `tun.mtu` in agreement with `makeNetworkSettings`.
+    /// `tun.includeAllNetworks` is set from `protocolConfiguration` after
+    /// this returns; leave `stack` unset (or `.smoltcp`) if the tunnel may
+    /// run with `includeAllNetworks`, since the engine refuses `.system` then.
     open func makeConfiguration(options: [String: NSObject]?) throws -> EngineConfig {
         var config = defaultConfig()
         config.tun.mtu = 4064
@@ -111,17 +111,18 @@ open class KerntunPacketTunnelProvider: NEPacketTunnelProvider {
         options: [String: NSObject]?,
         completionHandler: @escaping (Error?) -> Void
     ) {
-        if protocolConfiguration.includeAllNetworks {
-            completionHandler(KerntunTunnelError.includeAllNetworksUnsupported)
-            return
-        }
-        let config: EngineConfig
+        var config: EngineConfig
         do {
             config = try makeConfiguration(options: options)
         } catch {
             completionHandler(error)
             return
         }
+        // With includeAllNetworks everything, loopback included, is routed
+        // into the tunnel, so the system stack's kernel listener never sees
+        // the rewritten SYNs: the engine then runs smoltcp (stack unset) or
+        // refuses an explicit `.system` with a typed config error.
+        config.tun.includeAllNetworks = protocolConfiguration.includeAllNetworks
         setTunnelNetworkSettings(makeNetworkSettings(config: config)) { [weak self] error in
             guard let self else { return }
             if let error {
