@@ -117,7 +117,11 @@ impl Engine {
     ) -> Result<Engine, StartError> {
         config.validate()?;
         let budget = Budget::resolve(&config.budget);
-        let (stack, why) = choose_stack(config.stack, budget.platform);
+        let (stack, why) = choose_stack(
+            config.stack,
+            budget.platform,
+            config.tun.include_all_networks,
+        );
         let workers = match config.workers {
             0 if budget.platform == Platform::Desktop => 2,
             0 => 1,
@@ -392,7 +396,6 @@ async fn prepare(
         nat: Arc::new(NatTable::new(nat_cfg, Arc::new(SystemClock))),
         factory,
         outbounds,
-        rules: config.rules.clone(),
         admission: Arc::new(Admission::new(budget.tcp_sessions)),
         budget,
         stats,
@@ -408,30 +411,41 @@ async fn prepare(
         tun,
         smol,
         dns,
+        sniff: config.sniff.clone(),
     });
     Ok((shared, listeners, driver))
 }
 
-/// The stack to run and why (logged at start). `auto`: the system stack on
-/// iOS and Android, where kernel TCP costs no per-connection buffers inside a
-/// tight memory budget. On desktop DESIGN.md part 7 names smoltcp the
-/// default, but `auto` stays on the system stack there for now: it measured
-/// about 2-3x the smoltcp stack's throughput in the e2e bulk test and is the
-/// only one with the splice relay, and the FFI, outbound and reliability
-/// suites (and their docs) state `auto` = system. Switching is the
-/// `Platform::Desktop` arm below.
-fn choose_stack(kind: StackKind, platform: Platform) -> (StackKind, &'static str) {
+/// The stack to run and why (logged at start). `auto`:
+/// * smoltcp wherever the kernel listener cannot receive the tunnel's
+///   connections (`tun.include_all_networks`, iOS `includeAllNetworks`);
+///   an explicit `system` there never gets here, `validate` refuses it;
+/// * the system stack on iOS and Android, where kernel TCP costs no
+///   per-connection socket buffers inside a tight memory budget;
+/// * smoltcp on desktop (DESIGN.md part 7): memory is not the constraint
+///   there, and it needs no NAT address routed back to a kernel listener, so
+///   it runs on any TUN whatever the host's routing and firewall. The system
+///   stack (with the splice relay) stays one `stack = "system"` away.
+fn choose_stack(
+    kind: StackKind,
+    platform: Platform,
+    include_all_networks: bool,
+) -> (StackKind, &'static str) {
     match kind {
         StackKind::System => (StackKind::System, "configured"),
         StackKind::Smoltcp => (StackKind::Smoltcp, "configured"),
+        StackKind::Auto if include_all_networks => (
+            StackKind::Smoltcp,
+            "auto with includeAllNetworks: the kernel listener of the system stack would never see the tunnel's SYNs",
+        ),
         StackKind::Auto => match platform {
             Platform::Ios | Platform::Android => (
                 StackKind::System,
                 "auto on mobile: kernel TCP costs no per-connection buffers",
             ),
             Platform::Desktop => (
-                StackKind::System,
-                "auto on desktop: kernel TCP with the splice relay (stack = \"smoltcp\" to switch)",
+                StackKind::Smoltcp,
+                "auto on desktop: userspace TCP needs no NAT address or kernel listener (stack = \"system\" for kernel TCP and splice)",
             ),
         },
     }
@@ -486,12 +500,38 @@ mod tests {
     #[test]
     fn stack_choice_follows_config_then_platform() {
         for p in [Platform::Ios, Platform::Android, Platform::Desktop] {
-            assert_eq!(choose_stack(StackKind::Smoltcp, p).0, StackKind::Smoltcp);
-            assert_eq!(choose_stack(StackKind::System, p).0, StackKind::System);
-            let (auto, why) = choose_stack(StackKind::Auto, p);
-            assert_eq!(auto, StackKind::System, "{p:?}");
-            assert!(why.starts_with("auto"), "the log line says why: {why}");
+            for all in [false, true] {
+                // An explicit choice is kept (validate refuses system + all).
+                assert_eq!(
+                    choose_stack(StackKind::Smoltcp, p, all).0,
+                    StackKind::Smoltcp
+                );
+                assert_eq!(choose_stack(StackKind::System, p, all).1, "configured");
+            }
+            assert_eq!(
+                choose_stack(StackKind::System, p, false).0,
+                StackKind::System
+            );
+            // includeAllNetworks forbids the kernel listener on any platform.
+            let (auto, why) = choose_stack(StackKind::Auto, p, true);
+            assert_eq!(auto, StackKind::Smoltcp, "{p:?}");
+            assert!(why.contains("includeAllNetworks"), "{why}");
         }
+        let mobile = [Platform::Ios, Platform::Android];
+        for p in mobile {
+            let (auto, why) = choose_stack(StackKind::Auto, p, false);
+            assert_eq!(auto, StackKind::System, "{p:?}");
+            assert!(
+                why.starts_with("auto on mobile"),
+                "the log line says why: {why}"
+            );
+        }
+        let (auto, why) = choose_stack(StackKind::Auto, Platform::Desktop, false);
+        assert_eq!(auto, StackKind::Smoltcp);
+        assert!(
+            why.starts_with("auto on desktop"),
+            "the log line says why: {why}"
+        );
         assert_eq!(stack_name(StackKind::Smoltcp), "smoltcp");
         assert_eq!(stack_name(StackKind::System), "system");
     }

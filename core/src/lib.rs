@@ -16,6 +16,7 @@
 
 pub mod budget;
 pub mod config;
+mod dispatch;
 pub mod dns;
 mod driver;
 mod engine;

@@ -25,12 +25,12 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
 use crate::budget::{Admission, Budget, OwnedPermit};
+use crate::dispatch::{self, Plan};
 use crate::nat::{FlowKey, NatGuard, NatTable};
 use crate::outbound::Address;
 use crate::outbound::{OutboundStream, Outbounds, Route, SocketFactory, reset_on_close};
 use crate::packet::{self, Disposition, IpInfo, TcpInfo};
 use crate::relay;
-use crate::rules::{self, Action, Rule, Target};
 use crate::smol::{self, SmolStack, TunSink};
 use crate::stats::{EngineDrop, LocalCounters, Stats, WarnLimiter};
 use crate::tun::{HEADROOM, Tun};
@@ -51,14 +51,25 @@ use crate::translate::{self, Cause, StackAddrs, TcpStep};
 pub(crate) enum Pending {
     /// The outbound connect is in flight; the app's SYN is held.
     Connecting,
-    /// Connected (handshake with a proxy done); the SYN went to the kernel.
-    /// Expires if never accepted. `out` carries the outbound chosen at SYN
-    /// time (and its framing) on to the session.
+    /// The SYN went to the kernel; the accepted connection goes on to
+    /// `next`. Expires if never accepted.
     Ready {
-        out: OutboundStream,
+        next: Next,
         permit: OwnedPermit,
         since: Instant,
     },
+}
+
+/// What an accepted connection does.
+#[derive(Debug)]
+pub(crate) enum Next {
+    /// Relay to the outbound connected at SYN time (handshake done; it
+    /// carries the route and the framing).
+    Relay(OutboundStream),
+    /// DNS over TCP, answered by kerntun.
+    Dns,
+    /// Sniff the domain from the first bytes, then route and connect.
+    Sniff,
 }
 
 /// State shared by the driver, the accept loops, connect tasks and sessions.
@@ -67,7 +78,6 @@ pub(crate) struct Shared {
     pub nat: Arc<NatTable>,
     pub tun: Tun,
     pub factory: SocketFactory,
-    pub rules: Vec<Rule>,
     /// Proxies, the rules resolved to them, and the relay options.
     pub outbounds: Arc<Outbounds>,
     pub budget: Budget,
@@ -87,8 +97,9 @@ pub(crate) struct Shared {
     /// instead of the NAT translation (UDP and ICMP paths are shared).
     pub smol: Option<Arc<SmolStack>>,
     /// The DNS service, when `[dns]` is on.
-    #[allow(dead_code)] // read by the stacks' hijack and fake-ip paths (in progress)
     pub dns: Option<Arc<crate::dns::Dns>>,
+    /// Domain sniffing (`[sniff]`).
+    pub sniff: crate::sniff::SniffConfig,
 }
 
 impl Shared {
@@ -217,8 +228,9 @@ impl Processor {
         }
     }
 
-    /// A SYN that created a NAT entry: route it, take an admission permit,
-    /// hold it while the outbound connects.
+    /// A SYN that created a NAT entry: plan it, take an admission permit,
+    /// then hold it while the outbound connects, or (DNS, sniffing) hand it
+    /// to the kernel at once.
     fn new_connection(
         &mut self,
         buf: &mut [u8],
@@ -228,9 +240,10 @@ impl Processor {
         port: u16,
     ) -> Disposition {
         let sh = &self.shared;
-        if rules::decide(&sh.rules, &Target::ip(key.server)) == Action::Reject {
+        let plan = dispatch::plan(sh, key.server);
+        if let Plan::Refuse(why) = plan {
             sh.nat.abort_half_open(port, self.now);
-            sh.stats.tcp_rejected_by_rule.fetch_add(1, Relaxed);
+            why.count(&sh.stats);
             return Disposition::WriteBack(packet::tcp_rst_reply(buf, ip, tcp));
         }
         let Some(permit) = sh.admission.try_acquire_owned() else {
@@ -244,11 +257,54 @@ impl Processor {
             ));
             return Disposition::WriteBack(packet::tcp_rst_reply(buf, ip, tcp));
         };
+        let (route, dst) = match plan {
+            Plan::Connect { route, dst } => (route, dst),
+            Plan::Dns | Plan::Sniff => {
+                // Nothing to connect first: the kernel accepts now and the
+                // session does the rest.
+                let Some(fam) = self.family(key.server.ip()) else {
+                    return Disposition::Done;
+                };
+                let nat_src = SocketAddr::new(fam.nat, port);
+                let listener = SocketAddr::new(fam.gateway, fam.listen_port);
+                let next = if matches!(plan, Plan::Dns) {
+                    Next::Dns
+                } else {
+                    Next::Sniff
+                };
+                sh.pending.lock().insert(
+                    port,
+                    Pending::Ready {
+                        next,
+                        permit,
+                        since: self.now,
+                    },
+                );
+                return match packet::rewrite_tcp(buf, ip, nat_src, listener) {
+                    Ok(()) => Disposition::WriteBack(ip.len),
+                    Err(r) => {
+                        sh.pending.lock().remove(&port);
+                        sh.nat.abort_half_open(port, self.now);
+                        self.local.reject(r);
+                        Disposition::Done
+                    }
+                };
+            }
+            Plan::Refuse(_) => return Disposition::Done,
+        };
         // One small allocation per new connection (the held SYN, ~60-80 bytes).
         let mut syn = vec![0u8; HEADROOM + ip.len].into_boxed_slice();
         syn[HEADROOM..].copy_from_slice(&buf[..ip.len]);
         sh.pending.lock().insert(port, Pending::Connecting);
-        tokio::spawn(connect_then_release(sh.clone(), key, port, syn, permit));
+        tokio::spawn(connect_then_release(
+            sh.clone(),
+            key,
+            port,
+            syn,
+            permit,
+            route,
+            dst,
+        ));
         Disposition::Done
     }
 
@@ -321,9 +377,10 @@ fn smol_tcp(
                 return Disposition::WriteBack(packet::tcp_rst_reply(buf, ip, &tcp));
             }
             smol::Syn::New => {
-                if rules::decide(&sh.rules, &Target::ip(key.1)) == Action::Reject {
+                let plan = dispatch::plan(sh, key.1);
+                if let Plan::Refuse(why) = plan {
                     stack.unmark(&key);
-                    sh.stats.tcp_rejected_by_rule.fetch_add(1, Relaxed);
+                    why.count(&sh.stats);
                     return Disposition::WriteBack(packet::tcp_rst_reply(buf, ip, &tcp));
                 }
                 let Some(permit) = sh.admission.try_acquire_owned() else {
@@ -347,6 +404,7 @@ fn smol_tcp(
                     key,
                     syn,
                     permit,
+                    plan,
                 ));
                 return Disposition::Done;
             }
@@ -356,23 +414,20 @@ fn smol_tcp(
     Disposition::Done
 }
 
-/// Connect the outbound for a held SYN, then release the SYN to the kernel
-/// (success) or answer the app with an RST (failure). The route is decided
-/// again here from the same immutable rules `new_connection` checked for
-/// `reject`, so it is the one chosen at SYN time.
+/// Connect the outbound for a held SYN along the route chosen at SYN time,
+/// then release the SYN to the kernel (success) or answer the app with an
+/// RST (failure).
 async fn connect_then_release(
     sh: Arc<Shared>,
     key: FlowKey,
     port: u16,
     mut syn: Box<[u8]>,
     permit: OwnedPermit,
+    route: Route,
+    dst: Address,
 ) {
     let len = syn.len() - HEADROOM;
-    let route = sh.outbounds.route(&Target::ip(key.server));
-    let result = sh
-        .outbounds
-        .connect(route, &Address::Ip(key.server), &sh.stats)
-        .await;
+    let result = dispatch::connect(&sh, route, &dst, key.server.is_ipv6()).await;
     let pkt = &mut syn[HEADROOM..];
     let (ip, tcp) =
         match packet::parse_ip(pkt).and_then(|ip| Ok((ip, packet::parse_tcp(pkt, &ip)?))) {
@@ -394,7 +449,7 @@ async fn connect_then_release(
             sh.pending.lock().insert(
                 port,
                 Pending::Ready {
-                    out,
+                    next: Next::Relay(out),
                     permit,
                     since: Instant::now(),
                 },
@@ -408,9 +463,8 @@ async fn connect_then_release(
             sh.nat.abort_half_open(port, Instant::now());
             sh.stats.tcp_connect_failed.fetch_add(1, Relaxed);
             tracing::debug!(
-                "connect {} -> {} via {}: {e}",
+                "connect {} -> {dst} via {}: {e}",
                 key.client,
-                key.server,
                 sh.outbounds.name(route)
             );
             drop(permit);
@@ -514,7 +568,7 @@ pub(crate) async fn accept_loop(sh: Arc<Shared>, listener: TcpListener, fam: Fam
             }
         };
         let pending = sh.pending.lock().remove(&peer.port());
-        let Some(Pending::Ready { out, permit, .. }) = pending else {
+        let Some(Pending::Ready { next, permit, .. }) = pending else {
             // No outbound waiting (expired): close now and keep the mapping in
             // Closing so the kernel's RST reaches the app, instead of deleting
             // it and blackholing the app.
@@ -525,7 +579,18 @@ pub(crate) async fn accept_loop(sh: Arc<Shared>, listener: TcpListener, fam: Fam
         };
         let guard = sh.nat.guard(&accepted);
         let _ = app.set_nodelay(true);
-        tokio::spawn(session(sh.clone(), app, out, guard, permit));
+        let server = accepted.key.server;
+        match next {
+            Next::Relay(out) => {
+                tokio::spawn(session(sh.clone(), app, out, guard, permit));
+            }
+            Next::Dns => {
+                tokio::spawn(dns_session(sh.clone(), app, guard, permit));
+            }
+            Next::Sniff => {
+                tokio::spawn(sniff_session(sh.clone(), app, server, guard, permit));
+            }
+        }
     }
 }
 
@@ -606,4 +671,69 @@ async fn session(
     drop(active);
     drop(permit);
     drop(guard);
+}
+
+/// DNS over TCP to a hijacked address: answered here, never relayed.
+async fn dns_session(sh: Arc<Shared>, mut app: TcpStream, guard: NatGuard, permit: OwnedPermit) {
+    let mut phase = sh.stop.subscribe();
+    if let Some(dns) = sh.dns.clone() {
+        let r = tokio::select! {
+            r = dns.serve_tcp(&mut app, &sh.stats) => r,
+            _ = phase.wait_for(|p| *p >= DRAINING) => Err(io::Error::other("engine stopping")),
+        };
+        if let Err(e) = r {
+            tracing::debug!("dns over tcp ended with {e}");
+            reset_on_close(&app);
+        }
+    }
+    drop(app);
+    drop(permit);
+    drop(guard);
+}
+
+/// A connection accepted before routing: read its domain from the first
+/// bytes (peeked, so the relay still moves every byte), route, connect, relay.
+/// A refusal or a failed connect resets the app's connection.
+async fn sniff_session(
+    sh: Arc<Shared>,
+    app: TcpStream,
+    server: SocketAddr,
+    guard: NatGuard,
+    permit: OwnedPermit,
+) {
+    let timeout = Duration::from_millis(sh.sniff.timeout_ms);
+    let mut phase = sh.stop.subscribe();
+    let connected = async {
+        let domain = dispatch::sniff_peek(&app, timeout, &sh.stats).await;
+        let route = dispatch::route_sniffed(&sh, server, domain.as_deref());
+        if route == Route::Reject {
+            sh.stats.tcp_rejected_by_rule.fetch_add(1, Relaxed);
+            return None;
+        }
+        match dispatch::connect(&sh, route, &Address::Ip(server), server.is_ipv6()).await {
+            Ok(out) => Some(out),
+            Err(e) => {
+                sh.stats.tcp_connect_failed.fetch_add(1, Relaxed);
+                tracing::debug!(
+                    "connect {server} ({}) via {}: {e}",
+                    domain.as_deref().unwrap_or("no domain"),
+                    sh.outbounds.name(route)
+                );
+                None
+            }
+        }
+    };
+    let out = tokio::select! {
+        out = connected => out,
+        _ = phase.wait_for(|p| *p >= DRAINING) => None,
+    };
+    match out {
+        Some(out) => Box::pin(session(sh, app, out, guard, permit)).await,
+        None => {
+            reset_on_close(&app);
+            drop(app);
+            drop(permit);
+            drop(guard);
+        }
+    }
 }

@@ -15,6 +15,7 @@
 //! `poll_at` (or until a session or the driver wakes it) and sleeps without a
 //! deadline when no socket has a timer, so an idle tunnel never wakes up.
 
+use crate::dispatch::{self, AppStream, Plan};
 use std::collections::{HashMap, HashSet};
 use std::future::poll_fn;
 use std::io;
@@ -667,21 +668,43 @@ pub(crate) async fn connect_then_accept(
     key: Key,
     mut syn: Box<[u8]>,
     permit: OwnedPermit,
+    plan: Plan,
 ) {
     let (client, server) = key;
-    let route = sh.outbounds.route(&crate::rules::Target::ip(server));
-    let result = sh
-        .outbounds
-        .connect(route, &crate::outbound::Address::Ip(server), &sh.stats)
-        .await;
     let len = syn.len() - HEADROOM;
+    let (route, dst) = match plan {
+        Plan::Connect { route, dst } => (route, dst),
+        Plan::Dns | Plan::Sniff | Plan::Refuse(_) => {
+            // Nothing to connect first (a refusal never gets here).
+            if matches!(plan, Plan::Refuse(_)) || *sh.stop.borrow() >= DRAINING {
+                stack.connect_failed(&key);
+                send_rst(&sh, &mut syn, len).await;
+                return;
+            }
+            let accepted =
+                stack.accept(key, &syn[HEADROOM..], Instant::now(), &mut TunSink(&sh.tun));
+            let Some(h) = accepted else {
+                send_rst(&sh, &mut syn, len).await;
+                return;
+            };
+            drop(syn);
+            let app = SmolStream::new(stack, h, key);
+            if matches!(plan, Plan::Dns) {
+                dns_session(sh, app, permit).await;
+            } else {
+                sniff_session(sh, app, server, permit).await;
+            }
+            return;
+        }
+    };
+    let result = dispatch::connect(&sh, route, &dst, server.is_ipv6()).await;
     let out = match result {
         Ok(out) => out,
         Err(e) => {
             stack.connect_failed(&key);
             sh.stats.tcp_connect_failed.fetch_add(1, Relaxed);
             tracing::debug!(
-                "connect {client} -> {server} via {}: {e}",
+                "connect {client} -> {dst} via {}: {e}",
                 sh.outbounds.name(route)
             );
             drop(permit);
@@ -702,6 +725,113 @@ pub(crate) async fn connect_then_accept(
     };
     let app = SmolStream::new(stack, h, key);
     session(sh, app, out, permit).await;
+}
+
+impl AppStream for &SmolStream {
+    async fn recv(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        SmolStream::recv(self, buf).await
+    }
+    async fn send_all(&mut self, data: &[u8]) -> io::Result<()> {
+        SmolStream::send_all(self, data).await
+    }
+}
+
+/// DNS over TCP to a hijacked address, answered here.
+async fn dns_session(sh: Arc<Shared>, app: SmolStream, permit: OwnedPermit) {
+    let mut phase = sh.stop.subscribe();
+    if let Some(dns) = sh.dns.clone() {
+        let mut stream = &app;
+        let r = tokio::select! {
+            r = dispatch::serve_dns(&dns, &mut stream, &sh.stats) => r,
+            _ = phase.wait_for(|p| *p >= DRAINING) => Err(io::Error::other("engine stopping")),
+        };
+        if let Err(e) = r {
+            tracing::debug!("dns over tcp ended with {e}");
+            app.abort();
+        }
+    }
+    drop(app);
+    drop(permit);
+}
+
+/// Accepted before routing: read the first bytes (a smoltcp socket cannot
+/// be peeked, so they are kept and sent to the outbound first), route by the
+/// domain they name, connect, relay. A refusal or failed connect resets the
+/// app.
+async fn sniff_session(sh: Arc<Shared>, app: SmolStream, server: SocketAddr, permit: OwnedPermit) {
+    let timeout = Duration::from_millis(sh.sniff.timeout_ms);
+    let mut phase = sh.stop.subscribe();
+    let mut first = Vec::new();
+    let connected = async {
+        let domain = sniff_read(&app, &mut first, timeout).await;
+        dispatch::count_sniff(&sh.stats, domain.is_some());
+        let route = dispatch::route_sniffed(&sh, server, domain.as_deref());
+        if route == Route::Reject {
+            sh.stats.tcp_rejected_by_rule.fetch_add(1, Relaxed);
+            return None;
+        }
+        let dst = crate::outbound::Address::Ip(server);
+        let mut out = match dispatch::connect(&sh, route, &dst, server.is_ipv6()).await {
+            Ok(out) => out,
+            Err(e) => {
+                sh.stats.tcp_connect_failed.fetch_add(1, Relaxed);
+                tracing::debug!("connect {server} via {}: {e}", sh.outbounds.name(route));
+                return None;
+            }
+        };
+        // The bytes read while sniffing go out first, framed like the rest.
+        if !first.is_empty() {
+            let sent = match out.codec.as_mut() {
+                Some(c) => {
+                    let mut wire = Vec::new();
+                    c.0.seal(&first, &mut wire);
+                    relay::write_all(&out.stream, &wire).await
+                }
+                None => relay::write_all(&out.stream, &first).await,
+            };
+            if sent.is_err() {
+                reset_on_close(&out.stream);
+                return None;
+            }
+            let n = first.len() as u64;
+            sh.stats.tcp_bytes_up.fetch_add(n, Relaxed);
+            sh.stats.tcp_bytes_copied.fetch_add(n, Relaxed);
+        }
+        Some(out)
+    };
+    let out = tokio::select! {
+        out = connected => out,
+        _ = phase.wait_for(|p| *p >= DRAINING) => None,
+    };
+    match out {
+        Some(out) => Box::pin(session(sh, app, out, permit)).await,
+        None => {
+            app.abort();
+            drop(app);
+            drop(permit);
+        }
+    }
+}
+
+/// Read the app's first bytes into `first` until they name a domain, name
+/// none, reach [`dispatch::SNIFF_MAX`], or `timeout` passes.
+async fn sniff_read(app: &SmolStream, first: &mut Vec<u8>, timeout: Duration) -> Option<String> {
+    let deadline = tokio::time::Instant::now() + timeout;
+    let mut chunk = vec![0u8; 4096];
+    loop {
+        let n = match tokio::time::timeout_at(deadline, app.recv(&mut chunk)).await {
+            Ok(Ok(n)) if n > 0 => n,
+            _ => return None,
+        };
+        let take = n.min(dispatch::SNIFF_MAX - first.len());
+        first.extend_from_slice(&chunk[..take]);
+        match crate::sniff::sniff(first) {
+            crate::sniff::Sniffed::Domain { name, .. } => return Some(name.to_owned()),
+            crate::sniff::Sniffed::NoDomain => return None,
+            crate::sniff::Sniffed::NeedMore if first.len() >= dispatch::SNIFF_MAX => return None,
+            crate::sniff::Sniffed::NeedMore => {}
+        }
+    }
 }
 
 /// Answer the held SYN in `syn[HEADROOM..HEADROOM + len]` with an RST.
