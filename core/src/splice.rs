@@ -8,11 +8,22 @@
 //!
 //! Per direction:
 //!
-//! * The pipe is created when the source first has data (a one-byte peek
+//! * The pipe is taken when the source first has data (a one-byte peek
 //!   tells data from EOF), so a direction that carries nothing takes none: `pipe2(O_NONBLOCK |
 //!   O_CLOEXEC)` resized to [`RelayOptions::pipe_size`] best effort. A failed
 //!   `pipe2` (EMFILE...) or a pipe below [`MIN_PIPE`] (what the kernel gives
 //!   a user over `fs.pipe-user-pages-soft`) means the userspace copy.
+//! * The pipe is held only while bytes flow: when the source has nothing
+//!   more (splice-in answers EAGAIN) the pipe is empty, and the direction
+//!   hands it back ([`SpliceOps::release`]) before waiting for readiness;
+//!   the next burst takes one again. An idle spliced connection therefore
+//!   holds its two sockets and no pipe, like the copy path, which frees its
+//!   buffers the same way. Handing back goes to a small per-thread pool
+//!   ([`POOL_PER_THREAD`] pipes) rather than closing: a bulk transfer meets
+//!   EAGAIN thousands of times per GB, and a fresh pipe (`pipe2`,
+//!   `F_SETPIPE_SZ`, two `close`s) costs about 14 µs each on the benchmark
+//!   VM (docs/benchmarks.md), while the pool costs a thread-local push and
+//!   pop.
 //! * Fill, then drain: splice from the source into the empty pipe, then from
 //!   the pipe into the destination until the pipe is empty. Readiness goes
 //!   through tokio's `readable`/`writable` + `try_io`, so an EAGAIN from
@@ -33,6 +44,7 @@
 //!   at its default action (a host app that did not ignore it), the relay
 //!   copies instead of splicing.
 
+use std::cell::RefCell;
 use std::fs::File;
 use std::io::{self, Read};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -52,6 +64,12 @@ pub const MIN_PIPE: usize = 64 * 1024;
 /// Bytes read past an urgent mark at a time (then splicing resumes).
 const URGENT_READ: usize = 4096;
 
+/// Empty pipes kept per thread for the next burst; beyond this they are
+/// closed. Bounded so the pool's descriptors and its share of the per-user
+/// pipe budget stay a constant (two threads: 16 pipes, 32 descriptors)
+/// whatever the number of connections.
+pub const POOL_PER_THREAD: usize = 8;
+
 /// A pipe for one direction.
 #[derive(Debug)]
 pub struct Pipe {
@@ -69,19 +87,65 @@ pub trait SpliceOps: Sync {
     fn pipe(&self, size: usize) -> io::Result<Pipe>;
     /// One non-blocking splice of at most `len` bytes.
     fn splice(&self, from: BorrowedFd<'_>, to: BorrowedFd<'_>, len: usize) -> io::Result<usize>;
+    /// Take back an empty pipe that [`SpliceOps::pipe`] handed out for
+    /// `size`: its direction went idle. The relay never releases a pipe with
+    /// bytes in it (those are dropped, i.e. closed). Default: close it.
+    fn release(&self, pipe: Pipe, size: usize) {
+        let _ = size;
+        drop(pipe);
+    }
 }
 
 /// The real system calls.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct KernelSplice;
 
+thread_local! {
+    /// Empty pipes with the size each was asked for. Per thread, so taking
+    /// and returning one never locks; a tokio worker's pool is closed when
+    /// the runtime stops and the thread exits.
+    static POOL: RefCell<Vec<(usize, Pipe)>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Empty pipes in this thread's pool (for tests and diagnostics).
+pub fn pooled_pipes() -> usize {
+    POOL.try_with(|p| p.try_borrow().map_or(0, |p| p.len()))
+        .unwrap_or(0)
+}
+
 impl SpliceOps for KernelSplice {
     fn pipe(&self, size: usize) -> io::Result<Pipe> {
+        let pooled = POOL
+            .try_with(|pool| {
+                let mut pool = pool.try_borrow_mut().ok()?;
+                let i = pool.iter().rposition(|(asked, _)| *asked == size)?;
+                Some(pool.swap_remove(i).1)
+            })
+            .ok()
+            .flatten();
+        if let Some(p) = pooled {
+            return Ok(p);
+        }
         let (read, write, size) = sys::pipe(size)?;
         Ok(Pipe { read, write, size })
     }
     fn splice(&self, from: BorrowedFd<'_>, to: BorrowedFd<'_>, len: usize) -> io::Result<usize> {
         sys::splice(from, to, len)
+    }
+    fn release(&self, pipe: Pipe, size: usize) {
+        let _ = POOL.try_with(|pool| {
+            let mut pool = pool.try_borrow_mut().ok()?;
+            if pool.len() >= POOL_PER_THREAD {
+                return None;
+            }
+            if pool.capacity() == 0 {
+                // Once per thread, so the hot path never grows the vector.
+                pool.reserve_exact(POOL_PER_THREAD);
+            }
+            pool.push((size, pipe));
+            Some(())
+        });
+        // A full pool (or one being torn down) drops the pipe here: closed.
     }
 }
 
@@ -150,18 +214,25 @@ async fn leg(
     ops: &dyn SpliceOps,
 ) -> io::Result<Leg> {
     let mut leg = Leg::default();
+    // Held only while bytes flow (see the module docs).
     let mut pipe: Option<Pipe> = None;
+    let mut peeked = false;
     // Once a splice into `dst` succeeded, fallback errnos are real errors.
     let mut committed = false;
     loop {
         src.readable().await?;
         if pipe.is_none() {
-            // Before the first pipe: a direction whose first event is EOF
-            // (an idle direction at close) needs none. One peek per direction.
-            let mut one = [0u8; 1];
-            if src.peek(&mut one).await? == 0 {
-                shutdown_write(dst)?;
-                return Ok(leg);
+            if !peeked {
+                // Before the first pipe: a direction whose first event is EOF
+                // (an idle direction at close) needs none. One peek per
+                // direction; later bursts splice straight away (a 0 then is
+                // the EOF).
+                let mut one = [0u8; 1];
+                if src.peek(&mut one).await? == 0 {
+                    shutdown_write(dst)?;
+                    return Ok(leg);
+                }
+                peeked = true;
             }
             match ops.pipe(opts.pipe_size) {
                 Ok(p) if p.size >= MIN_PIPE => pipe = Some(p),
@@ -181,8 +252,19 @@ async fn leg(
         let filled = fill(src, dst, p, ops, committed, meter, &mut leg).await?;
         let mut in_pipe = match filled {
             Fill::Bytes(n) => n,
-            Fill::Again => continue,
+            Fill::Again => {
+                // The source is drained and the pipe empty (fill only runs on
+                // an empty pipe): hand it back before waiting, so an idle
+                // direction holds none.
+                if let Some(p) = pipe.take() {
+                    ops.release(p, opts.pipe_size);
+                }
+                continue;
+            }
             Fill::Eof => {
+                if let Some(p) = pipe.take() {
+                    ops.release(p, opts.pipe_size);
+                }
                 shutdown_write(dst)?;
                 return Ok(leg);
             }

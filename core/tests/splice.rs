@@ -1,8 +1,9 @@
 //! The splice relay against real loopback sockets (Linux/Android): both
 //! directions with counts, empty and 1-byte transfers, half-close answered
 //! after EOF, a slow reader, every fallback errno (with bytes left in the
-//! pipe), pipe failures, urgent data, a reset, 64 parallel connections, and
-//! which path carried the bytes (counts and the trace log).
+//! pipe), pipe failures, urgent data, a reset, 64 parallel connections,
+//! which path carried the bytes (counts and the trace log), and idle
+//! connections holding no pipe.
 //!
 //! Errnos are injected through [`SpliceOps`], the relay's system-call seam.
 #![cfg(any(target_os = "linux", target_os = "android"))]
@@ -70,6 +71,9 @@ struct Faulty {
     pipe_size: Option<usize>,
     pipes: Mutex<Vec<RawFd>>,
     pipes_made: AtomicUsize,
+    /// Released pipes, reused like the kernel ops' per-thread pool does, so
+    /// `pipes_made` counts the pipes a relay needed, not its bursts.
+    pool: Mutex<Vec<Pipe>>,
     ins: AtomicUsize,
     outs: AtomicUsize,
 }
@@ -78,6 +82,9 @@ impl SpliceOps for Faulty {
     fn pipe(&self, size: usize) -> io::Result<Pipe> {
         if let Some(e) = self.pipe_errno {
             return Err(io::Error::from_raw_os_error(e));
+        }
+        if let Some(p) = self.pool.lock().expect("lock").pop() {
+            return Ok(p);
         }
         let mut p = KernelSplice.pipe(self.pipe_size.unwrap_or(size))?;
         if let Some(s) = self.pipe_size {
@@ -104,6 +111,9 @@ impl SpliceOps for Faulty {
             return Err(io::Error::from_raw_os_error(errno));
         }
         KernelSplice.splice(from, to, len)
+    }
+    fn release(&self, pipe: Pipe, _size: usize) {
+        self.pool.lock().expect("lock").push(pipe);
     }
 }
 
@@ -524,4 +534,152 @@ fn the_trace_log_says_which_path_carried_the_bytes() {
         "trace log names the splice path: {log}"
     );
     assert!(log.contains("down 10 B spliced + 0 B copied"), "{log}");
+}
+
+/// Pipe descriptors open in this process.
+fn count_pipes() -> usize {
+    std::fs::read_dir("/proc/self/fd")
+        .expect("/proc/self/fd")
+        .flatten()
+        .filter(|e| {
+            std::fs::read_link(e.path()).is_ok_and(|t| t.to_string_lossy().starts_with("pipe:"))
+        })
+        .count()
+}
+
+/// Set in the child process that runs the body of
+/// [`idle_spliced_connections_hold_no_pipes`].
+const FD_CHILD: &str = "KERNTUN_SPLICE_FD_CHILD";
+
+/// Idle spliced connections hold no pipe: after bursts both ways on 40
+/// connections, the only pipes left in the process are the per-thread pool's
+/// (at most `POOL_PER_THREAD`), not two per connection; a direction blocked
+/// on a full destination does hold its pipe; bytes stay exact over idle ->
+/// burst -> idle -> burst. Counting descriptors needs a process of its own
+/// (other tests open pipes concurrently), so the test re-runs itself, alone,
+/// in a child.
+#[test]
+fn idle_spliced_connections_hold_no_pipes() {
+    if std::env::var_os(FD_CHILD).is_some() {
+        idle_pipes_body();
+        return;
+    }
+    let exe = std::env::current_exe().expect("test executable");
+    let name = "idle_spliced_connections_hold_no_pipes";
+    let out = std::process::Command::new(exe)
+        .args(["--exact", name, "--nocapture", "--test-threads=1"])
+        .env(FD_CHILD, "1")
+        .output()
+        .expect("child test process");
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "child failed:\n{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("1 passed"),
+        "the child ran the test:\n{stdout}"
+    );
+}
+
+fn idle_pipes_body() {
+    const N: usize = 40;
+    const UP: usize = 300_000;
+    const DOWN: usize = 100_000;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        tokio::time::timeout(LIMIT * 2, async {
+            // The child's stdio are pipes of its own: count relative to them.
+            let base = count_pipes();
+            let mut rigs = Vec::new();
+            for _ in 0..N {
+                rigs.push(rig(Arc::new(KernelSplice), opts()).await);
+            }
+            assert_eq!(count_pipes(), base, "no pipe before the first byte");
+            for round in 0..2u64 {
+                for (i, r) in rigs.iter_mut().enumerate() {
+                    let seed = 1000 * (round + 1) + i as u64;
+                    let (up, down) = (pattern(seed, UP), pattern(seed + 500, DOWN));
+                    let mut got_up = vec![0u8; UP];
+                    let mut got_down = vec![0u8; DOWN];
+                    let (mut cr, mut cw) = r.client.split();
+                    let (mut sr, mut sw) = r.server.split();
+                    let (w1, r1, w2, r2) = tokio::join!(
+                        cw.write_all(&up),
+                        sr.read_exact(&mut got_up),
+                        sw.write_all(&down),
+                        cr.read_exact(&mut got_down),
+                    );
+                    w1.expect("w up");
+                    r1.expect("r up");
+                    w2.expect("w down");
+                    r2.expect("r down");
+                    assert!(got_up == up, "round {round} conn {i}: upload intact");
+                    assert!(got_down == down, "round {round} conn {i}: download intact");
+                }
+                // Idle: every relay task has met EAGAIN and is parked.
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                let pooled = splice::pooled_pipes();
+                assert!(pooled <= splice::POOL_PER_THREAD, "pool bounded: {pooled}");
+                assert_eq!(
+                    count_pipes() - base,
+                    2 * pooled,
+                    "round {round}: idle connections hold no pipe (only the pool's {pooled})"
+                );
+            }
+            // A direction stuck on a full destination keeps its (full) pipe.
+            let stuck = &mut rigs[0];
+            let big = pattern(7, 64 * MIB);
+            let blocked =
+                tokio::time::timeout(Duration::from_millis(300), stuck.client.write_all(&big));
+            assert!(blocked.await.is_err(), "64 MiB cannot fit in the buffers");
+            let pooled = splice::pooled_pipes();
+            assert_eq!(
+                count_pipes() - base,
+                2 * pooled + 2,
+                "the busy direction holds one pipe"
+            );
+            let mut sink = vec![0u8; MIB];
+            let n = tokio::time::timeout(LIMIT, stuck.server.read(&mut sink))
+                .await
+                .expect("in time")
+                .expect("read");
+            assert!(
+                n > 0 && big.starts_with(&sink[..n]),
+                "the stuck bytes are the pattern's start"
+            );
+            // Close everything; each relay reports what it moved.
+            let mut totals = Vec::new();
+            for r in rigs {
+                let (cr, mut cw) = r.client.into_split();
+                let (mut sr, mut sw) = r.server.into_split();
+                cw.shutdown().await.expect("client fin");
+                sw.shutdown().await.expect("server fin");
+                let mut rest = Vec::new();
+                let _ = tokio::time::timeout(LIMIT, sr.read_to_end(&mut rest)).await;
+                drop((cr, cw, sr, sw));
+                let (res, _) = finish(r.relay).await;
+                totals.push(res);
+            }
+            for (i, t) in totals.into_iter().enumerate().skip(1) {
+                let t = t.expect("relay ok");
+                assert_eq!(
+                    (t.up.spliced, t.down.spliced),
+                    (2 * UP as u64, 2 * DOWN as u64),
+                    "conn {i}"
+                );
+                assert_eq!(t.up.copied + t.down.copied, 0, "conn {i}");
+            }
+            assert_eq!(
+                count_pipes() - base,
+                2 * splice::pooled_pipes(),
+                "after close"
+            );
+        })
+        .await
+    })
+    .expect("the idle-pipe test finished in time");
 }
