@@ -24,6 +24,8 @@ use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::thread::JoinHandle;
 
+pub mod dns;
+
 /// Whether this process can create namespaces and TUN devices.
 pub fn have_root() -> bool {
     nix::unistd::geteuid().is_root() && std::path::Path::new("/dev/net/tun").exists()

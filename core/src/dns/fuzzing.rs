@@ -68,7 +68,9 @@ pub fn run(data: &[u8]) {
         assert!(ttl <= msg::MAX_TTL);
         let key = (name.clone().into_boxed_str(), u16::from(qq.query_type), 1);
         cache.insert(key.clone(), Arc::new(reply), ttl, now);
-        let (m, age) = cache.get(&key, now + Duration::from_millis(999)).expect("live");
+        let (m, age) = cache
+            .get(&key, now + Duration::from_millis(999))
+            .expect("live");
         let out = msg::from_cache(&m, &q, age);
         assert_eq!(u16::from_be_bytes([out[0], out[1]]), id);
     }

@@ -494,4 +494,38 @@ mod tests {
         assert_eq!(rt.block_on(d.answer(b"\x00\x01junk", &stats)), None);
         assert_eq!(stats.dns.malformed.load(Relaxed), 1);
     }
+
+    #[test]
+    fn serve_tcp_answers_frames_until_eof() {
+        let d = service(|c| c.dns.fake_ip = true);
+        let stats = Stats::default();
+        rt().block_on(async {
+            let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+                .await
+                .expect("bind");
+            let addr = l.local_addr().expect("addr");
+            let client = tokio::spawn(async move {
+                let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
+                let mut ids = Vec::new();
+                let mut wire = Vec::new();
+                for id in [11u16, 12] {
+                    let q = msg::tests::query("t.test.", RecordType::A, id);
+                    wire.extend_from_slice(&upstream::length_prefixed(&q).expect("frame"));
+                }
+                // Both queries in one write: the server must split frames.
+                s.write_all(&wire).await.expect("write");
+                for _ in 0..2 {
+                    let r = upstream::read_frame(&mut s).await.expect("reply");
+                    ids.push(Message::from_vec(&r).expect("decode").metadata.id);
+                }
+                s.shutdown().await.expect("shutdown");
+                ids
+            });
+            let (mut s, _) = l.accept().await.expect("accept");
+            d.serve_tcp(&mut s, &stats).await.expect("served");
+            assert_eq!(client.await.expect("client"), vec![11, 12]);
+        });
+        assert_eq!(stats.dns.tcp_queries.load(Relaxed), 2);
+        assert_eq!(stats.dns.queries.load(Relaxed), 2);
+    }
 }
