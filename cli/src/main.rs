@@ -15,14 +15,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use clap::{Parser, Subcommand, ValueEnum};
-use kerntun::config::{Config, DriverMode};
+use kerntun::config::{Config, DriverMode, StackKind};
 use kerntun::{Engine, TunSource};
 
 #[derive(Parser, Debug)]
 #[command(
     name = "kerntun",
     version,
-    about = "TUN proxy engine (system netstack)"
+    about = "TUN proxy engine (system netstack or smoltcp)"
 )]
 struct Cli {
     #[command(subcommand)]
@@ -35,6 +35,25 @@ enum Cmd {
     Run(RunArgs),
     /// Network-namespace demo moving real traffic through the engine (root).
     Demo(DemoArgs),
+}
+
+/// `auto` is the platform's choice: smoltcp on desktop, the system
+/// netstack on mobile (the engine logs which and why).
+#[derive(ValueEnum, Clone, Copy, Debug)]
+enum Stack {
+    Auto,
+    System,
+    Smoltcp,
+}
+
+impl From<Stack> for StackKind {
+    fn from(s: Stack) -> Self {
+        match s {
+            Stack::Auto => StackKind::Auto,
+            Stack::System => StackKind::System,
+            Stack::Smoltcp => StackKind::Smoltcp,
+        }
+    }
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug)]
@@ -73,6 +92,9 @@ struct RunArgs {
     ipv6: Option<String>,
     #[arg(long)]
     mtu: Option<u16>,
+    /// TCP stack (overrides the config file's `stack`).
+    #[arg(long, value_enum)]
+    stack: Option<Stack>,
     #[arg(long, value_enum)]
     driver: Option<Driver>,
     /// Bind direct outbound sockets to this interface.
@@ -94,6 +116,9 @@ struct DemoArgs {
     /// Parallel TCP streams.
     #[arg(long, default_value_t = 4)]
     streams: usize,
+    /// TCP stack; `auto` is smoltcp on desktop.
+    #[arg(long, value_enum, default_value_t = Stack::Auto)]
+    stack: Stack,
     #[arg(long, value_enum, default_value_t = Driver::Auto)]
     driver: Driver,
     /// TUN MTU (65535 is the desktop default).
@@ -145,6 +170,9 @@ fn load_config(args: &RunArgs) -> Result<Config, String> {
     }
     if let Some(m) = args.mtu {
         cfg.tun.mtu = m;
+    }
+    if let Some(s) = args.stack {
+        cfg.stack = s.into();
     }
     if let Some(d) = args.driver {
         cfg.driver = d.into();
@@ -227,6 +255,7 @@ fn demo(args: DemoArgs) -> Result<(), String> {
     let mut cfg = Config::default();
     cfg.tun.name = format!("ktdemo{}", topo.id);
     cfg.tun.ipv6 = Some("fd00:18::1/64".parse().map_err(|e| format!("{e}"))?);
+    cfg.stack = args.stack.into();
     cfg.driver = args.driver.into();
     if let Some(m) = args.mtu {
         cfg.tun.mtu = m;
@@ -238,7 +267,8 @@ fn demo(args: DemoArgs) -> Result<(), String> {
     topo.route_via_tun(&tun)
         .map_err(|e| format!("routes: {e}"))?;
     println!(
-        "kerntun demo: engine on {tun} (mtu {mtu}, {} driver) in netns {}, servers in {}",
+        "kerntun demo: engine on {tun} (mtu {mtu}, {} stack, {} driver) in netns {}, servers in {}",
+        engine.stats().stack,
         engine.stats().driver,
         topo.client.name(),
         topo.server.name()

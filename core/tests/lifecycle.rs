@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use kerntun::config::{Config, DriverMode};
+use kerntun::config::{Config, DriverMode, StackKind};
 use kerntun::{Engine, TunSource};
 use kerntun_testkit::servers::{self, Mode};
 use kerntun_testkit::{Topology, client, count_fds, count_threads, require_root};
@@ -27,12 +27,18 @@ fn twenty_start_stop_cycles_with_traffic_leave_nothing_behind() {
 
     // Warm-up cycle: lazily created process-wide state (e.g. the tracing
     // dispatcher, glibc's resolver) must not count as a leak.
-    let run_cycle = |i: u64, driver: DriverMode, stop_during_traffic: bool| {
+    let run_cycle = |i: u64, stack: StackKind, driver: DriverMode, stop_during_traffic: bool| {
         let mut c = cfg.clone();
+        c.stack = stack;
         c.driver = driver;
         let mut engine = Engine::start(c, TunSource::Create, None).expect("start");
         topo.route_via_tun(&engine.tun_name().expect("name"))
             .expect("route");
+        let want = match stack {
+            StackKind::Smoltcp => "smoltcp",
+            _ => "system",
+        };
+        assert_eq!(engine.stats().stack, want, "cycle {i}");
         client::echo_transfer(srv.addr, i, 256 * 1024, false).expect("traffic");
         assert_eq!(client::udp_round_trips(udp.addr, 5, 100).expect("udp"), 5);
         if stop_during_traffic {
@@ -61,7 +67,9 @@ fn twenty_start_stop_cycles_with_traffic_leave_nothing_behind() {
         engine.stop(); // idempotent
         assert!(!engine.is_running());
     };
-    run_cycle(0, DriverMode::PerPacket, false);
+    // One warm-up per stack: each may create process-wide state once.
+    run_cycle(0, StackKind::System, DriverMode::PerPacket, false);
+    run_cycle(0, StackKind::Smoltcp, DriverMode::PerPacket, false);
     std::thread::sleep(Duration::from_millis(200));
     let (fds, threads) = (count_fds(), count_threads());
     let fd_targets = open_fds();
@@ -71,7 +79,13 @@ fn twenty_start_stop_cycles_with_traffic_leave_nothing_behind() {
         } else {
             DriverMode::PerPacket
         };
-        run_cycle(i, driver, i % 5 == 0);
+        // Both stacks with both drivers: i % 4 walks the four pairs.
+        let stack = if i % 4 < 2 {
+            StackKind::System
+        } else {
+            StackKind::Smoltcp
+        };
+        run_cycle(i, stack, driver, i % 5 == 0);
     }
     std::thread::sleep(Duration::from_millis(300));
     let (fds_after, threads_after) = (count_fds(), count_threads());

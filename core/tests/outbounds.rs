@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 
 use kerntun::config::{
     Config, DriverMode, OutboundConfig, ShadowsocksConfig, ShadowsocksMethod, Socks5Config,
+    StackKind,
 };
 use kerntun::rules::{Action, Rule};
 use kerntun::{Engine, StatsSnapshot, TunSource};
@@ -42,7 +43,13 @@ struct Rig {
 impl Rig {
     fn new(topo: Topology, proxy: Option<OutboundConfig>, tweak: impl FnOnce(&mut Config)) -> Rig {
         topo.client.enter().expect("enter client ns");
-        let mut c = Config::default();
+        // The system stack: these tests assert which bytes are spliced, and
+        // only kernel sockets on both sides can be (smoltcp is the desktop
+        // default, so it is named here).
+        let mut c = Config {
+            stack: StackKind::System,
+            ..Config::default()
+        };
         c.tun.name = format!("kt{}", topo.id);
         c.tun.mtu = 1500;
         c.tun.ipv4 = Some("198.18.0.1/16".parse().expect("net"));

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use kerntun::config::{Config, DriverMode};
+use kerntun::config::{Config, DriverMode, StackKind};
 use kerntun::{Engine, StatsSnapshot, TunSource};
 use kerntun_testkit::servers::{self, Mode};
 use kerntun_testkit::{Topology, client, count_fds, count_threads, require_root};
@@ -22,7 +22,14 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
 }
 
 fn config(topo: &Topology) -> Config {
-    let mut c = Config::default();
+    // The system stack, named since smoltcp is the desktop default: the
+    // floods are sized against its NAT table (`nat_table_full`) and
+    // docs/reliability.md records its figures. smoltcp's own storms are in
+    // the `smol` unit tests and the e2e matrix.
+    let mut c = Config {
+        stack: StackKind::System,
+        ..Config::default()
+    };
     c.tun.name = format!("kt{}", topo.id);
     c.tun.mtu = 1500;
     c.tun.ipv6 = Some("fd00:18::1/64".parse().expect("net"));

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use kerntun_ffi::{
     DirectOptions, Engine, EngineConfig, HookError, KerntunError, LogLevel, MemoryPressure,
-    PlatformHooks, RuleAction, RuleOptions, TunOptions,
+    PlatformHooks, RuleAction, RuleOptions, Stack, TunOptions,
 };
 use kerntun_testkit::servers::{self, Mode};
 use kerntun_testkit::{CLIENT_VETH, Topology, client, require_root};
@@ -66,11 +66,18 @@ fn engine_through_the_ffi_moves_bytes_counts_and_stops() {
     let srv6 = servers::tcp(&topo.server, topo.server_addr(true, 0), Mode::Echo).expect("server6");
     topo.client.enter().expect("enter client namespace");
 
-    for round in 0..2 {
+    // Round 0 leaves the stack unset (smoltcp on desktop), round 1 asks for
+    // the system stack: the FFI surface behaves the same on both.
+    for (round, stack, want) in [(0, None, "smoltcp"), (1, Some(Stack::System), "system")] {
         let tun = format!("ktffi{round}");
         let hooks = Arc::new(Hooks::default());
-        let engine = Engine::start(config(&tun), -1, hooks.clone()).expect("start");
+        let cfg = EngineConfig {
+            stack,
+            ..config(&tun)
+        };
+        let engine = Engine::start(cfg, -1, hooks.clone()).expect("start");
         assert!(engine.is_running());
+        assert_eq!(engine.stats().stack, want, "round {round}");
         assert_eq!(engine.tun_name().as_deref(), Some(tun.as_str()));
         topo.route_via_tun(&tun).expect("route");
 
