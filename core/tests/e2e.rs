@@ -210,6 +210,7 @@ fn rule_reject_gets_rst(v6: bool, driver: DriverMode, stack: StackKind) {
             cidr: Some(net.parse().expect("net")),
             ports: Some("9000-9100".parse().expect("ports")),
             action: Action::Reject,
+            ..Rule::default()
         });
     });
     let srv = rig.server(Mode::Echo);

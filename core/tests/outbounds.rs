@@ -63,6 +63,7 @@ impl Rig {
                 cidr: None,
                 ports: None,
                 action: Action::from("proxy"),
+                ..Rule::default()
             });
         }
         tweak(&mut c);
@@ -558,6 +559,7 @@ fn udp_rules_per_flow() {
                 cidr: None,
                 ports: Some(format!("{b_port}").parse().expect("port")),
                 action: Action::Reject,
+                ..Rule::default()
             },
         );
     });

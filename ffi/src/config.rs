@@ -414,6 +414,7 @@ impl EngineConfig {
                     RuleAction::Reject => Action::Reject,
                     RuleAction::Outbound { name } => Action::Outbound(name.as_str().into()),
                 },
+                ..CoreRule::default()
             });
         }
         let mut outbounds = BTreeMap::new();

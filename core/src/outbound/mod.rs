@@ -22,7 +22,7 @@ use tokio::net::{TcpSocket, TcpStream, UdpSocket};
 
 use crate::config::{Config, ConfigError, DirectConfig, OutboundConfig};
 use crate::relay::RelayOptions;
-use crate::rules::Action;
+use crate::rules::{Action, RuleSet, Target};
 use crate::stats::Stats;
 
 pub mod addr;
@@ -211,8 +211,8 @@ pub struct Outbounds {
     factory: SocketFactory,
     names: Vec<String>,
     proxies: Vec<Proxy>,
-    /// The route of each configured rule, in rule order.
-    rules: Vec<(crate::rules::Rule, Route)>,
+    /// The configured rules, compiled, each with its route.
+    rules: RuleSet<Route>,
     /// TCP relay options (`[relay]`).
     pub relay: RelayOptions,
 }
@@ -252,9 +252,8 @@ impl Outbounds {
             });
             names.push(name.clone());
         }
-        let mut rules = Vec::with_capacity(config.rules.len());
-        for (i, r) in config.rules.iter().enumerate() {
-            let route = match &r.action {
+        let rules = RuleSet::compile(&config.rules, |i, r| {
+            Ok(match &r.action {
                 Action::Direct => Route::Direct,
                 Action::Reject => Route::Reject,
                 Action::Outbound(n) => match names.iter().position(|x| **x == **n) {
@@ -266,9 +265,8 @@ impl Outbounds {
                         });
                     }
                 },
-            };
-            rules.push((r.clone(), route));
-        }
+            })
+        })?;
         Ok(Outbounds {
             factory,
             names,
@@ -283,11 +281,18 @@ impl Outbounds {
     }
 
     /// The route of a destination: the first matching rule's, else direct.
-    pub fn route(&self, dst: &crate::rules::Target<'_>) -> Route {
-        self.rules
-            .iter()
-            .find(|(r, _)| r.matches(dst))
-            .map_or(Route::Direct, |(_, route)| *route)
+    /// A few hash lookups per domain rule; no allocation.
+    pub fn route(&self, dst: &Target<'_>) -> Route {
+        self.rules.decide(dst).copied().unwrap_or(Route::Direct)
+    }
+
+    /// Whether a domain (sniffed from the connection's first bytes) could
+    /// route a connection to the real address `addr` differently than the
+    /// address alone: some rule with domain conditions that `addr` passes
+    /// comes before the first address-only rule matching it and leads
+    /// elsewhere. When false, sniffing would only delay the connection.
+    pub fn needs_domain(&self, addr: SocketAddr) -> bool {
+        self.rules.needs_domain(addr, &Route::Direct)
     }
 
     /// The configured outbound names, in index order.
