@@ -66,11 +66,7 @@ pub(crate) fn plan(sh: &Shared, server: SocketAddr) -> Plan {
             let Some(domain) = dns.fake_domain(server.ip()) else {
                 return Plan::Refuse(Refusal::UnknownFake);
             };
-            let target = Target {
-                domain: Some(&domain),
-                ..Target::ip(server)
-            };
-            return match sh.outbounds.route(&target) {
+            return match sh.outbounds.route(&Target::fake_ip(server, &domain)) {
                 Route::Reject => Plan::Refuse(Refusal::Rule),
                 route => Plan::Connect {
                     route,
@@ -100,13 +96,7 @@ fn sniff_worthwhile(sh: &Shared, server: SocketAddr) -> bool {
             .ports
             .iter()
             .any(|p| (p.start..=p.end).contains(&server.port()))
-        && needs_domain(sh, server)
-}
-
-// Placeholder until domain conditions land in the rules
-// (`Outbounds::needs_domain`): no rule names a domain yet.
-fn needs_domain(_sh: &Shared, _server: SocketAddr) -> bool {
-    false
+        && sh.outbounds.needs_domain(server)
 }
 
 /// Connect `dst` along `route`. A domain on a direct route is resolved
@@ -136,9 +126,9 @@ pub(crate) async fn connect(
 /// The route for a sniffed connection and the address the outbound is given
 /// (the address the app used: the sniffed name only picks the rule).
 pub(crate) fn route_sniffed(sh: &Shared, server: SocketAddr, domain: Option<&str>) -> Route {
-    sh.outbounds.route(&Target {
-        domain,
-        ..Target::ip(server)
+    sh.outbounds.route(&match domain {
+        Some(d) => Target::sniffed(server, d),
+        None => Target::ip(server),
     })
 }
 

@@ -1,0 +1,367 @@
+//! How new TCP connections are dispatched by domain, end to end through a
+//! real TUN in namespaces the tests create: the TLS SNI / HTTP Host sniffed
+//! from the first bytes chooses the domain rule (without losing a byte of
+//! the stream), and a connection that names no domain, or stays silent past
+//! the sniff timeout, is routed by its address; a connection to a fake-ip
+//! address goes out by its domain (to a SOCKS5 proxy as a domain address,
+//! or direct after kerntun resolves it upstream); DNS over TCP to the
+//! hijacked address is answered by the engine. Both stacks.
+//!
+//! Needs root (CI runs as root); otherwise each test prints why it skipped.
+
+use std::io::{Read, Write};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpStream};
+use std::time::{Duration, Instant};
+
+use hickory_proto::rr::RecordType;
+use kerntun::config::{Config, DriverMode, OutboundConfig, Socks5Config, StackKind};
+use kerntun::rules::{Action, PortRange, Rule};
+use kerntun::{Engine, TunSource};
+use kerntun_testkit::dns::{self, DnsServer, Socks5Recorder, Zone};
+use kerntun_testkit::servers::{self, Mode};
+use kerntun_testkit::{Topology, require_root};
+
+struct Rig {
+    topo: Topology,
+    engine: Engine,
+}
+
+/// The resolver address the app is given (inside the TUN prefix).
+const RESOLVER: SocketAddr = SocketAddr::new(IpAddr::V4(Ipv4Addr::new(198, 18, 0, 53)), 53);
+
+impl Rig {
+    fn new(stack: StackKind, driver: DriverMode, rules_toml: &str, sniff_port: u16) -> Rig {
+        Rig::with(stack, driver, rules_toml, sniff_port, |_, _| {})
+    }
+
+    fn with(
+        stack: StackKind,
+        driver: DriverMode,
+        rules_toml: &str,
+        sniff_port: u16,
+        tweak: impl FnOnce(&Topology, &mut Config),
+    ) -> Rig {
+        let topo = Topology::new().expect("topology");
+        topo.client.enter().expect("enter client ns");
+        let mut c = Config {
+            stack,
+            driver,
+            ..Config::default()
+        };
+        c.tun.name = format!("kt{}", topo.id);
+        c.tun.mtu = 1500;
+        c.tun.ipv4 = Some("198.18.0.1/16".parse().expect("net"));
+        c.direct.interface = Some(kerntun_testkit::CLIENT_VETH.into());
+        c.direct.connect_timeout_ms = 2_000;
+        // Rules come from TOML so the test reads like a user's configuration.
+        c.rules = Config::from_toml(rules_toml).expect("rules").rules;
+        c.sniff.ports = vec![PortRange {
+            start: sniff_port,
+            end: sniff_port,
+        }];
+        c.sniff.timeout_ms = 300;
+        tweak(&topo, &mut c);
+        let engine = Engine::start(c, TunSource::Create, None).expect("engine start");
+        let name = engine.tun_name().expect("tun name");
+        topo.route_via_tun(&name).expect("routes");
+        Rig { topo, engine }
+    }
+}
+
+/// A minimal TLS 1.2-style ClientHello carrying `sni` (hand-built test
+/// vector: record header, handshake header, version, random, empty session
+/// id, one cipher suite, null compression, the server_name extension).
+fn client_hello(sni: &str) -> Vec<u8> {
+    let name = sni.as_bytes();
+    let mut ext = Vec::new();
+    ext.extend_from_slice(&0u16.to_be_bytes()); // server_name
+    let list_len = 3 + name.len();
+    ext.extend_from_slice(&u16::try_from(list_len + 2).expect("len").to_be_bytes());
+    ext.extend_from_slice(&u16::try_from(list_len).expect("len").to_be_bytes());
+    ext.push(0); // host_name
+    ext.extend_from_slice(&u16::try_from(name.len()).expect("len").to_be_bytes());
+    ext.extend_from_slice(name);
+
+    let mut body = vec![0x03, 0x03];
+    body.extend_from_slice(&[7u8; 32]); // random
+    body.push(0); // session id
+    body.extend_from_slice(&[0x00, 0x02, 0x13, 0x01]); // one suite
+    body.extend_from_slice(&[0x01, 0x00]); // null compression
+    body.extend_from_slice(&u16::try_from(ext.len()).expect("len").to_be_bytes());
+    body.extend_from_slice(&ext);
+
+    let mut hs = vec![0x01];
+    hs.extend_from_slice(&u32::try_from(body.len()).expect("len").to_be_bytes()[1..]);
+    hs.extend_from_slice(&body);
+
+    let mut rec = vec![0x16, 0x03, 0x01];
+    rec.extend_from_slice(&u16::try_from(hs.len()).expect("len").to_be_bytes());
+    rec.extend_from_slice(&hs);
+    rec
+}
+
+/// Send `first`, then a payload, half-close, and read everything back:
+/// `Ok(echo)` when the connection was relayed, `Err` when it was refused or
+/// reset before an answer.
+fn exchange(to: SocketAddr, first: &[u8]) -> std::io::Result<Vec<u8>> {
+    let mut s = TcpStream::connect_timeout(&to, Duration::from_secs(3))?;
+    s.set_read_timeout(Some(Duration::from_secs(5)))?;
+    s.write_all(first)?;
+    s.write_all(b"payload after the hello")?;
+    s.shutdown(std::net::Shutdown::Write)?;
+    let mut got = Vec::new();
+    s.read_to_end(&mut got)?;
+    if got.is_empty() {
+        return Err(std::io::ErrorKind::ConnectionReset.into());
+    }
+    Ok(got)
+}
+
+const RULES: &str = r#"
+[[rules]]
+domain_suffix = ["blocked.test"]
+action = "reject"
+"#;
+
+fn sniffed_domain_picks_the_rule(stack: StackKind, driver: DriverMode) {
+    // Sniffed ports are configured before the server exists: a fixed port.
+    let port = 8443;
+    let rig = Rig::new(stack, driver, RULES, port);
+    let srv = servers::tcp(
+        &rig.topo.server,
+        rig.topo.server_addr(false, port),
+        Mode::Echo,
+    )
+    .expect("server");
+
+    // A ClientHello naming a blocked domain: reset, and the server never sees it.
+    let blocked = exchange(srv.addr, &client_hello("www.blocked.test"));
+    assert!(blocked.is_err(), "blocked SNI was relayed: {blocked:?}");
+
+    // An HTTP request with a blocked Host: reset too.
+    let http = b"GET / HTTP/1.1\r\nHost: api.blocked.test:8443\r\nAccept: */*\r\n\r\n";
+    let blocked_http = exchange(srv.addr, http);
+    assert!(
+        blocked_http.is_err(),
+        "blocked Host was relayed: {blocked_http:?}"
+    );
+    assert_eq!(
+        srv.accepted.load(std::sync::atomic::Ordering::Relaxed),
+        0,
+        "refused connections never reached the server"
+    );
+
+    // An allowed SNI: relayed, every byte (the sniffed hello included) echoed.
+    let hello = client_hello("ok.test");
+    let got = exchange(srv.addr, &hello).expect("allowed SNI relayed");
+    let mut want = hello.clone();
+    want.extend_from_slice(b"payload after the hello");
+    want.extend_from_slice(servers::TRAILER);
+    assert_eq!(got, want, "the sniffed bytes reach the server unchanged");
+
+    // No domain in the first bytes: routed by address (direct), intact.
+    let got = exchange(srv.addr, b"\x00\x01binary protocol").expect("no-domain relayed");
+    assert!(got.starts_with(b"\x00\x01binary protocol"));
+
+    let s = rig.engine.stats();
+    assert!(s.dns.sniffed >= 3, "sniffed count: {:?}", s.dns);
+    assert!(s.dns.sniff_misses >= 1, "misses: {:?}", s.dns);
+    assert!(
+        s.tcp_rejected_by_rule >= 2,
+        "rule rejections: {}",
+        s.tcp_rejected_by_rule
+    );
+}
+
+fn silent_client_is_routed_after_the_timeout(stack: StackKind, driver: DriverMode) {
+    let port = 8025;
+    let rig = Rig::new(stack, driver, RULES, port);
+    // The server speaks first: the client sends nothing, so sniffing times
+    // out and the connection goes by its address.
+    let srv = servers::tcp(
+        &rig.topo.server,
+        rig.topo.server_addr(false, port),
+        Mode::SpeakFirst,
+    )
+    .expect("server");
+    let start = Instant::now();
+    let mut s = TcpStream::connect_timeout(&srv.addr, Duration::from_secs(3)).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(5)))
+        .expect("timeout");
+    let mut banner = vec![0u8; servers::BANNER.len()];
+    s.read_exact(&mut banner)
+        .expect("banner after the sniff timeout");
+    assert_eq!(banner, servers::BANNER);
+    let waited = start.elapsed();
+    assert!(
+        waited >= Duration::from_millis(250),
+        "routed before the sniff timeout ({waited:?})"
+    );
+    assert!(
+        waited < Duration::from_secs(3),
+        "sniff wait unbounded ({waited:?})"
+    );
+    assert!(rig.engine.stats().dns.sniff_misses >= 1);
+}
+
+fn unsniffed_port_is_connected_first(stack: StackKind, driver: DriverMode) {
+    // A port not in sniff.ports keeps connect-first: a closed port is
+    // refused at connect time, and the rule on the domain never applies.
+    let rig = Rig::new(stack, driver, RULES, 9);
+    let srv =
+        servers::tcp(&rig.topo.server, rig.topo.server_addr(false, 0), Mode::Echo).expect("server");
+    let got = exchange(srv.addr, &client_hello("www.blocked.test")).expect("not sniffed");
+    assert!(got.starts_with(&client_hello("www.blocked.test")));
+    assert_eq!(rig.engine.stats().dns.sniffed, 0);
+}
+
+/// Ask the hijacked resolver for `name` (A) and return the address given.
+fn resolve_fake(name: &str) -> Ipv4Addr {
+    let r = dns::ask_udp(
+        RESOLVER,
+        &dns::query(name, RecordType::A, 7),
+        Duration::from_secs(3),
+    )
+    .expect("ask")
+    .expect("an answer");
+    match dns::first_addr(&r) {
+        Some(IpAddr::V4(a)) => a,
+        other => panic!("no A answer for {name}: {other:?}"),
+    }
+}
+
+/// `[dns]` on with fake-ip, answering for the app at [`RESOLVER`], the
+/// upstream in the server namespace.
+fn dns_on(c: &mut Config, upstream: SocketAddr) {
+    c.dns.enabled = true;
+    c.dns.hijack = vec![RESOLVER.ip()];
+    c.dns.upstreams = vec![format!("udp://{upstream}")];
+    c.dns.timeout_ms = 1_000;
+    c.dns.fake_ip = true;
+}
+
+fn fake_ip_tcp_goes_to_socks5_as_a_domain(stack: StackKind, driver: DriverMode) {
+    let mut proxy_at = None;
+    let rig = Rig::with(stack, driver, "", 1, |topo, c| {
+        let up = topo.server_addr(false, 53);
+        dns_on(c, up);
+        let proxy = topo.server_addr(false, 1080);
+        proxy_at = Some(proxy);
+        c.outbounds.insert(
+            "proxy".into(),
+            OutboundConfig::Socks5(Socks5Config {
+                server: proxy,
+                username: None,
+                password: None,
+                udp: false,
+            }),
+        );
+        c.rules = vec![Rule {
+            domain_suffix: vec!["site.test".into()],
+            action: Action::from("proxy"),
+            ..Rule::default()
+        }];
+    });
+    let _up = DnsServer::start(
+        &rig.topo.server,
+        rig.topo.server_addr(false, 53),
+        Zone::new(60),
+    )
+    .expect("dns server");
+    let socks = Socks5Recorder::start(&rig.topo.server, proxy_at.expect("proxy")).expect("socks5");
+    let fake = resolve_fake("www.site.test");
+    let to = SocketAddr::new(IpAddr::V4(fake), 443);
+    let got = exchange(to, b"hello by name").expect("relayed through the proxy");
+    assert!(got.starts_with(b"hello by name"), "{got:?}");
+    assert!(
+        socks.asked().iter().any(|a| a == "www.site.test:443"),
+        "the proxy was given the domain: {:?}",
+        socks.asked()
+    );
+    let s = rig.engine.stats();
+    assert_eq!(s.outbounds[0].tcp_connects, 1, "{:?}", s.outbounds);
+}
+
+fn fake_ip_tcp_direct_is_resolved_upstream(stack: StackKind, driver: DriverMode) {
+    let rig = Rig::with(stack, driver, "", 1, |topo, c| {
+        dns_on(c, topo.server_addr(false, 53));
+    });
+    let real = rig.topo.server_addr(false, 0).ip();
+    let up = DnsServer::start(
+        &rig.topo.server,
+        rig.topo.server_addr(false, 53),
+        Zone::new(60).with("srv.test", real),
+    )
+    .expect("dns server");
+    let srv =
+        servers::tcp(&rig.topo.server, rig.topo.server_addr(false, 0), Mode::Echo).expect("server");
+    let fake = resolve_fake("srv.test");
+    assert_ne!(IpAddr::V4(fake), real, "a fake address, not the real one");
+    assert_eq!(up.queries(), 0, "a fake answer asks no upstream");
+    let to = SocketAddr::new(IpAddr::V4(fake), srv.addr.port());
+    let got = exchange(to, b"direct by name").expect("relayed direct");
+    assert!(got.starts_with(b"direct by name"));
+    assert!(up.queries() >= 1, "the engine resolved the domain upstream");
+    // An address of the pool that no domain holds is refused at once.
+    let unknown = SocketAddr::new(IpAddr::V4(Ipv4Addr::new(198, 18, 200, 200)), 80);
+    assert!(exchange(unknown, b"x").is_err());
+}
+
+fn dns_over_tcp_is_answered_by_the_engine(stack: StackKind, driver: DriverMode) {
+    let rig = Rig::with(stack, driver, "", 1, |topo, c| {
+        dns_on(c, topo.server_addr(false, 53));
+        c.dns.fake_ip = false;
+    });
+    let real = rig.topo.server_addr(false, 0).ip();
+    let up = DnsServer::start(
+        &rig.topo.server,
+        rig.topo.server_addr(false, 53),
+        Zone::new(60).with("a.test", real),
+    )
+    .expect("dns server");
+    let replies = dns::ask_tcp(
+        RESOLVER,
+        &[
+            dns::query("a.test", RecordType::A, 1),
+            dns::query("a.test", RecordType::A, 2),
+        ],
+        Duration::from_secs(3),
+    )
+    .expect("two queries on one connection");
+    assert_eq!(replies.len(), 2);
+    for (r, id) in replies.iter().zip([1u16, 2]) {
+        assert_eq!(r.metadata.id, id);
+        assert_eq!(dns::first_addr(r), Some(real));
+    }
+    assert_eq!(up.queries(), 1, "the second answer came from the cache");
+    let s = rig.engine.stats();
+    assert_eq!(s.dns.tcp_queries, 2);
+    assert!(s.dns.cache_hits >= 1);
+}
+
+macro_rules! both_stacks {
+    ($($name:ident),* $(,)?) => {$(
+        mod $name {
+            use kerntun::config::{DriverMode, StackKind};
+            #[test]
+            fn system() {
+                crate::require_root!();
+                crate::$name(StackKind::System, DriverMode::Batch);
+            }
+            #[test]
+            fn smoltcp() {
+                crate::require_root!();
+                crate::$name(StackKind::Smoltcp, DriverMode::PerPacket);
+            }
+        }
+    )*};
+}
+
+both_stacks!(
+    fake_ip_tcp_goes_to_socks5_as_a_domain,
+    fake_ip_tcp_direct_is_resolved_upstream,
+    dns_over_tcp_is_answered_by_the_engine,
+    sniffed_domain_picks_the_rule,
+    silent_client_is_routed_after_the_timeout,
+    unsniffed_port_is_connected_first,
+);
