@@ -15,6 +15,17 @@
 //! it to the flow's task over a bounded channel; a full queue is a counted
 //! drop. The task opens the association, frames and sends, and turns the
 //! proxy's replies back into IP packets.
+//!
+//! DNS (when `[dns]` is on): a datagram to a hijacked address's port 53 opens
+//! no flow. Its payload is copied to a task that asks the DNS service and
+//! writes the answer to the TUN from the address the app asked; at most
+//! [`DNS_IN_FLIGHT`] queries are in flight, past that a query is a counted
+//! drop (the app's resolver retries), so the driver never waits for DNS.
+//! A flow to a fake-ip address is routed by the domain behind it: a proxy
+//! gets the domain in its UDP header, a direct flow resolves it once (in the
+//! flow's task, on the queued path) and sends to the real address; replies
+//! always come from the fake address. A fake address no domain holds is a
+//! counted drop.
 
 use std::collections::HashMap;
 use std::io;
@@ -24,9 +35,10 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
 use tokio::net::UdpSocket;
-use tokio::sync::mpsc;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio::task::AbortHandle;
 
+use crate::dns::Dns;
 use crate::outbound::{Address, ProxyUdp, Route};
 use crate::packet::{self, IPV4_UDP_HEADERS, IPV6_UDP_HEADERS, IpInfo};
 use crate::stats::{EngineDrop, LocalCounters, Stats};
@@ -40,6 +52,12 @@ type Key = (SocketAddr, SocketAddr);
 /// recycled, so a busy flow allocates at most this many; 16 x an iOS MTU of
 /// 4064 bytes is 64 KiB per flow.
 pub(crate) const QUEUE_DEPTH: usize = 16;
+
+/// Hijacked DNS queries being answered at once. An app resolving a page's
+/// names sends tens of queries in a burst; 256 in flight (each a task holding
+/// a query of at most one MTU) covers that with room, and bounds what a
+/// query flood can make the engine hold while upstreams are slow.
+pub(crate) const DNS_IN_FLIGHT: usize = 256;
 
 /// The driver's end of a proxied flow's queue.
 #[derive(Debug)]
@@ -88,6 +106,8 @@ pub(crate) struct UdpTable {
     flows: HashMap<Key, Flow>,
     shared: Arc<Shared>,
     epoch: Instant,
+    /// Permits for hijacked DNS queries in flight.
+    dns_slots: Arc<Semaphore>,
 }
 
 impl UdpTable {
@@ -96,6 +116,7 @@ impl UdpTable {
             flows: HashMap::new(),
             shared,
             epoch: now,
+            dns_slots: Arc::new(Semaphore::new(DNS_IN_FLIGHT)),
         }
     }
 
@@ -114,6 +135,12 @@ impl UdpTable {
             SocketAddr::new(ip.dst, udp.dst_port),
         );
         let payload = &buf[udp.payload_offset..udp.payload_offset + udp.payload_len];
+        if udp.dst_port == 53
+            && let Some(dns) = &self.shared.dns
+            && dns.hijacks(key.1)
+        {
+            return self.hijack(key, payload, local);
+        }
         if !self.flows.contains_key(&key) && !self.open(key, now, local) {
             return;
         }
@@ -161,11 +188,43 @@ impl UdpTable {
         }
     }
 
+    /// Hand a hijacked query to a task (one copy of the payload; the driver
+    /// does not wait).
+    fn hijack(&mut self, key: Key, payload: &[u8], local: &mut LocalCounters) {
+        let Some(dns) = self.shared.dns.clone() else {
+            return;
+        };
+        let Ok(permit) = self.dns_slots.clone().try_acquire_owned() else {
+            return local.drop(EngineDrop::DnsQueueFull);
+        };
+        tokio::spawn(answer_hijacked(
+            self.shared.clone(),
+            dns,
+            payload.to_vec(),
+            key,
+            permit,
+        ));
+    }
+
     fn open(&mut self, key: Key, now: Instant, local: &mut LocalCounters) -> bool {
         let (client, server) = key;
         let shared = self.shared.clone();
         let outbounds = &shared.outbounds;
-        let route = outbounds.route(&crate::rules::Target::ip(server));
+        // A fake address stands for a domain: route by it, and carry it on.
+        let fake = match &shared.dns {
+            Some(dns) if dns.is_fake(server.ip()) => match dns.fake_domain(server.ip()) {
+                Some(d) => Some((dns.clone(), d)),
+                None => {
+                    local.drop(EngineDrop::FakeIpUnknown);
+                    return false;
+                }
+            },
+            _ => None,
+        };
+        let route = outbounds.route(&match &fake {
+            Some((_, d)) => crate::rules::Target::fake_ip(server, d),
+            None => crate::rules::Target::ip(server),
+        });
         if route == Route::Reject {
             local.drop(EngineDrop::UdpRejected);
             return false;
@@ -178,9 +237,36 @@ impl UdpTable {
             Route::Proxy(i) if outbounds.udp_proxied(route) => {
                 let (tx, rx) = mpsc::channel(QUEUE_DEPTH);
                 let (spare_tx, spare) = mpsc::channel(QUEUE_DEPTH);
+                let target = match &fake {
+                    Some((_, d)) => Address::Domain(d.to_string(), server.port()),
+                    None => Address::Ip(server),
+                };
                 let task = tokio::spawn(proxy_flow(
                     self.shared.clone(),
                     i,
+                    client,
+                    server,
+                    target,
+                    rx,
+                    spare_tx,
+                    last_down.clone(),
+                    self.epoch,
+                ))
+                .abort_handle();
+                (FlowIo::Queued(Queue { tx, spare, made: 0 }), task)
+            }
+            // Direct to a domain: resolved in the flow's task, so the flow
+            // takes the queued path while that happens.
+            _ if fake.is_some() => {
+                let Some((dns, domain)) = fake else {
+                    return false;
+                };
+                let (tx, rx) = mpsc::channel(QUEUE_DEPTH);
+                let (spare_tx, spare) = mpsc::channel(QUEUE_DEPTH);
+                let task = tokio::spawn(resolved_flow(
+                    self.shared.clone(),
+                    dns,
+                    domain,
                     client,
                     server,
                     rx,
@@ -269,6 +355,102 @@ impl Drop for UdpTable {
     }
 }
 
+/// Answer one hijacked query and write the answer to the TUN as a datagram
+/// from the address the app asked (`key.1`) to the app (`key.0`).
+async fn answer_hijacked(
+    shared: Arc<Shared>,
+    dns: Arc<Dns>,
+    query: Vec<u8>,
+    (client, server): Key,
+    _permit: OwnedSemaphorePermit,
+) {
+    let hdr = if server.is_ipv6() {
+        IPV6_UDP_HEADERS
+    } else {
+        IPV4_UDP_HEADERS
+    };
+    // The answer must fit one TUN packet of the device MTU (else TC is set).
+    let max_payload = usize::from(shared.mtu).saturating_sub(hdr);
+    let stats: &Stats = &shared.stats;
+    let Some(reply) = dns.answer_udp(&query, max_payload, stats).await else {
+        return;
+    };
+    let mut b = vec![0u8; HEADROOM + hdr + reply.len()];
+    b[HEADROOM + hdr..].copy_from_slice(&reply);
+    match packet::write_udp_headers(&mut b[HEADROOM..], server, client, reply.len()) {
+        Ok(len) => {
+            if shared.tun.send(&mut b, len).await.is_err() {
+                stats.drop(EngineDrop::TunWrite);
+            }
+        }
+        Err(r) => {
+            stats.rejects[r.index()].fetch_add(1, Relaxed);
+        }
+    }
+}
+
+/// A direct flow to a fake address: resolve its domain through the DNS
+/// service (never the fake pool), connect to the real address, then relay
+/// what the driver queues; replies reach the app from the fake address.
+#[allow(clippy::too_many_arguments)]
+async fn resolved_flow(
+    shared: Arc<Shared>,
+    dns: Arc<Dns>,
+    domain: Arc<str>,
+    client: SocketAddr,
+    server: SocketAddr,
+    mut rx: mpsc::Receiver<Vec<u8>>,
+    spare: mpsc::Sender<Vec<u8>>,
+    last_down: Arc<AtomicU64>,
+    epoch: Instant,
+) {
+    let stats: &Stats = &shared.stats;
+    let ip = match dns.resolve(&domain, server.is_ipv6(), stats).await {
+        Ok(ip) => ip,
+        Err(e) => {
+            shared
+                .warn
+                .warn(format_args!("udp flow to {domain} ({server}): {e}"));
+            return;
+        }
+    };
+    let real = SocketAddr::new(ip, server.port());
+    let sock = match shared.factory.udp_connected(real) {
+        Ok(s) => Arc::new(s),
+        Err(e) => {
+            stats.drop(EngineDrop::UdpOpenFailed);
+            shared
+                .warn
+                .warn(format_args!("udp flow to {domain} ({real}): {e}"));
+            return;
+        }
+    };
+    let down = reply_loop(
+        sock.clone(),
+        shared.clone(),
+        client,
+        server,
+        last_down,
+        epoch,
+    );
+    let up = async {
+        while let Some(buf) = rx.recv().await {
+            match sock.send(&buf).await {
+                Ok(_) => {
+                    stats.udp_packets_up.fetch_add(1, Relaxed);
+                    stats.udp_bytes_up.fetch_add(buf.len() as u64, Relaxed);
+                }
+                Err(_) => stats.drop(EngineDrop::UdpSendError),
+            }
+            let _ = spare.try_send(buf);
+        }
+    };
+    tokio::select! {
+        () = down => {}
+        () = up => {}
+    }
+}
+
 /// Receive replies for one flow and write them to the TUN as IP packets from
 /// `server` to `client`. The buffer exists only while replies are arriving.
 async fn reply_loop(
@@ -332,6 +514,7 @@ async fn proxy_flow(
     idx: usize,
     client: SocketAddr,
     server: SocketAddr,
+    target: Address,
     mut rx: mpsc::Receiver<Vec<u8>>,
     spare: mpsc::Sender<Vec<u8>>,
     last_down: Arc<AtomicU64>,
@@ -366,7 +549,12 @@ async fn proxy_flow(
         control,
         mut codec,
     } = assoc;
-    let target = Address::Ip(server);
+    // A domain target is resolved by the proxy: its replies name whatever
+    // address that was, so only an IP target pins the source.
+    let pinned = match &target {
+        Address::Ip(_) => Some(canonical(server)),
+        Address::Domain(..) => None,
+    };
     let hdr = if server.is_ipv6() {
         IPV6_UDP_HEADERS
     } else {
@@ -436,7 +624,9 @@ async fn proxy_flow(
                             }
                         };
                         // Like a connected socket: only the flow's server answers.
-                        if from.canonical_ip().is_some_and(|a| a != canonical(server)) {
+                        if let Some(p) = pinned
+                            && from.canonical_ip().is_some_and(|a| a != p)
+                        {
                             stats.drop(EngineDrop::UdpProxyReply);
                             continue;
                         }

@@ -1,0 +1,466 @@
+//! The DNS service end to end: an engine over a TUN in the client namespace
+//! answers the app's queries to the hijacked address, forwarding to an
+//! in-process DNS server in the server namespace (testkit::dns) that counts
+//! what reaches it. Cache, timeouts, failover, fake-ip (with a SOCKS5
+//! outbound that records the domain it is given), pool exhaustion,
+//! malformed queries, and DNS over TLS (feature `dot`).
+//!
+//! Needs root (CI runs as root); otherwise each test prints why it skipped.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
+use std::time::{Duration, Instant};
+
+use hickory_proto::op::{Message, ResponseCode};
+use hickory_proto::rr::RecordType;
+use kerntun::config::{Config, DriverMode, OutboundConfig, Socks5Config};
+use kerntun::rules::{Action, Rule};
+use kerntun::{Engine, StatsSnapshot, TunSource};
+use kerntun_testkit::dns::{self, DnsServer, Socks5Recorder, Zone};
+use kerntun_testkit::{Topology, require_root};
+
+/// The address the app's resolver is configured with (inside the TUN's
+/// prefix, so the kernel routes it into the TUN).
+const RESOLVER: SocketAddr = SocketAddr::new(IpAddr::V4(Ipv4Addr::new(198, 18, 0, 53)), 53);
+const WAIT: Duration = Duration::from_secs(3);
+
+struct Rig {
+    topo: Topology,
+    engine: Engine,
+}
+
+impl Rig {
+    /// An engine whose DNS service hijacks [`RESOLVER`]; `tweak` sets the
+    /// upstreams and the rest.
+    fn new(topo: Topology, tweak: impl FnOnce(&Topology, &mut Config)) -> Rig {
+        topo.client.enter().expect("enter client ns");
+        let mut c = Config::default();
+        c.tun.name = format!("kt{}", topo.id);
+        c.tun.mtu = 1500;
+        c.tun.ipv4 = Some("198.18.0.1/16".parse().expect("net"));
+        c.tun.ipv6 = Some("fd00:18::1/64".parse().expect("net"));
+        c.driver = DriverMode::PerPacket;
+        c.direct.interface = Some(kerntun_testkit::CLIENT_VETH.into());
+        c.direct.connect_timeout_ms = 2_000;
+        c.dns.enabled = true;
+        c.dns.hijack = vec![RESOLVER.ip()];
+        c.dns.timeout_ms = 500;
+        tweak(&topo, &mut c);
+        let engine = Engine::start(c, TunSource::Create, None).expect("engine start");
+        topo.route_via_tun(&engine.tun_name().expect("tun name"))
+            .expect("routes");
+        Rig { topo, engine }
+    }
+
+    fn stats(&self) -> StatsSnapshot {
+        self.engine.stats()
+    }
+
+    /// Wait for a statistic to reach `want` (drop counters are committed by
+    /// the driver in batches).
+    fn wait_for(&self, what: &str, want: u64, get: impl Fn(&StatsSnapshot) -> u64) {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let s = self.stats();
+            if get(&s) >= want {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{what}: {} < {want}; {s:?}",
+                get(&s)
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+fn drop_count(s: &StatsSnapshot, name: &str) -> u64 {
+    s.drops
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map_or(0, |(_, v)| *v)
+}
+
+fn upstream(topo: &Topology, zone: Zone) -> DnsServer {
+    DnsServer::start(&topo.server, topo.server_addr(false, 53), zone).expect("dns server")
+}
+
+fn ask(q: &[u8]) -> Message {
+    dns::ask_udp(RESOLVER, q, WAIT)
+        .expect("ask")
+        .expect("an answer")
+}
+
+#[test]
+fn hijacked_udp_query_is_answered_and_cached_for_its_ttl() {
+    require_root!();
+    let topo = Topology::new().expect("topology");
+    let web: IpAddr = "198.19.7.7".parse().expect("ip");
+    let srv = upstream(&topo, Zone::new(2).with("www.test", web));
+    let up = format!("udp://{}", srv.addr);
+    let rig = Rig::new(topo, |_, c| c.dns.upstreams = vec![up]);
+
+    let r = ask(&dns::query("www.test", RecordType::A, 0x1234));
+    assert_eq!(r.metadata.id, 0x1234);
+    assert_eq!(r.metadata.response_code, ResponseCode::NoError);
+    assert_eq!(dns::first_addr(&r), Some(web));
+    assert_eq!(srv.queries(), 1);
+
+    // Again, other case and ID: from the cache, not seen upstream.
+    let r = ask(&dns::query("WWW.Test", RecordType::A, 0x4321));
+    assert_eq!(r.metadata.id, 0x4321);
+    assert_eq!(dns::first_addr(&r), Some(web));
+    assert!(r.answers[0].ttl <= 2);
+    assert_eq!(srv.queries(), 1, "answered from the cache");
+    let s = rig.stats();
+    assert_eq!(s.dns.queries, 2);
+    assert_eq!(s.dns.cache_hits, 1);
+
+    // After the TTL the upstream is asked again.
+    std::thread::sleep(Duration::from_millis(2_100));
+    let r = ask(&dns::query("www.test", RecordType::A, 7));
+    assert_eq!(dns::first_addr(&r), Some(web));
+    assert_eq!(srv.queries(), 2, "expired entry asked upstream");
+
+    // NXDOMAIN is cached by the SOA's negative TTL.
+    let r = ask(&dns::query("nope.test", RecordType::A, 8));
+    assert_eq!(r.metadata.response_code, ResponseCode::NXDomain);
+    let r = ask(&dns::query("nope.test", RecordType::A, 9));
+    assert_eq!(r.metadata.response_code, ResponseCode::NXDomain);
+    assert_eq!(srv.queries(), 3);
+    assert_eq!(rig.stats().dns.cache_hits, 2);
+    drop(rig.topo);
+}
+
+#[test]
+fn upstream_down_is_servfail_within_the_timeout() {
+    require_root!();
+    let topo = Topology::new().expect("topology");
+    let srv = upstream(
+        &topo,
+        Zone::new(60).with("a.test", "198.19.1.1".parse().expect("ip")),
+    );
+    srv.set_silent(true);
+    let up = format!("udp://{}", srv.addr);
+    let rig = Rig::new(topo, |_, c| {
+        c.dns.upstreams = vec![up];
+        c.dns.timeout_ms = 400;
+    });
+    let t0 = Instant::now();
+    let r = ask(&dns::query("a.test", RecordType::A, 77));
+    let took = t0.elapsed();
+    assert_eq!(r.metadata.id, 77);
+    assert_eq!(r.metadata.response_code, ResponseCode::ServFail);
+    assert!(
+        took >= Duration::from_millis(380) && took < Duration::from_millis(1_400),
+        "SERVFAIL after the 400 ms try, took {took:?}"
+    );
+    assert_eq!(srv.queries(), 1);
+    let s = rig.stats();
+    assert_eq!(s.dns.servfail, 1);
+    assert_eq!(s.dns.upstream_failures, 1);
+}
+
+#[test]
+fn failover_to_the_next_upstream_over_tcp() {
+    require_root!();
+    let topo = Topology::new().expect("topology");
+    let ip: IpAddr = "198.19.2.2".parse().expect("ip");
+    let dead = DnsServer::start(&topo.server, topo.server_addr(false, 5353), Zone::new(60))
+        .expect("dns server");
+    dead.set_silent(true);
+    let good = upstream(&topo, Zone::new(60).with("b.test", ip));
+    let ups = vec![
+        format!("udp://{}", dead.addr),
+        format!("tcp://{}", good.addr),
+    ];
+    let rig = Rig::new(topo, |_, c| {
+        c.dns.upstreams = ups;
+        c.dns.timeout_ms = 300;
+    });
+    let t0 = Instant::now();
+    let r = ask(&dns::query("b.test", RecordType::A, 5));
+    assert!(
+        t0.elapsed() >= Duration::from_millis(280),
+        "the first try timed out"
+    );
+    assert_eq!(dns::first_addr(&r), Some(ip));
+    assert_eq!((dead.queries(), good.queries()), (1, 1));
+    let s = rig.stats();
+    assert_eq!(s.dns.upstream_failures, 1);
+    assert_eq!(s.dns.servfail, 0);
+}
+
+#[test]
+fn malformed_packets_are_counted_drops() {
+    require_root!();
+    let topo = Topology::new().expect("topology");
+    let srv = upstream(&topo, Zone::new(60));
+    let up = format!("udp://{}", srv.addr);
+    let rig = Rig::new(topo, |_, c| c.dns.upstreams = vec![up]);
+    let s = UdpSocket::bind("0.0.0.0:0").expect("bind");
+    s.set_read_timeout(Some(Duration::from_millis(300)))
+        .expect("timeout");
+    s.connect(RESOLVER).expect("connect");
+    s.send(b"definitely not dns").expect("send");
+    // A response is not a query either.
+    let mut resp = dns::query("x.test", RecordType::A, 1);
+    resp[2] |= 0x80;
+    s.send(&resp).expect("send");
+    let mut buf = [0u8; 512];
+    assert!(s.recv(&mut buf).is_err(), "no answer to garbage");
+    rig.wait_for("malformed", 2, |s| s.dns.malformed);
+    assert_eq!(srv.queries(), 0);
+    // The service still answers afterwards.
+    let r = ask(&dns::query("x.test", RecordType::A, 2));
+    assert_eq!(r.metadata.response_code, ResponseCode::NXDomain);
+}
+
+/// A socks5 outbound `proxy` for domains; everything else direct.
+fn fake_ip_rig(topo: Topology, pool: &str, proxy: SocketAddr, upstream: String) -> Rig {
+    let pool = pool.to_owned();
+    Rig::new(topo, move |_, c| {
+        c.dns.upstreams = vec![upstream];
+        c.dns.fake_ip = true;
+        c.dns.fake_ip_pool = pool.parse().expect("pool");
+        c.dns.fake_ip_filter = vec!["real.test".into()];
+        c.outbounds.insert(
+            "proxy".into(),
+            OutboundConfig::Socks5(Socks5Config {
+                server: proxy,
+                username: None,
+                password: None,
+                udp: true,
+            }),
+        );
+        // Domains (fake addresses) go to the proxy; the upstream's address
+        // has none and stays direct.
+        c.rules.push(Rule {
+            domain_suffix: vec!["com".into(), "test".into()],
+            action: Action::from("proxy"),
+            ..Rule::default()
+        });
+    })
+}
+
+#[test]
+fn fake_ip_answer_then_udp_through_socks5_names_the_domain() {
+    require_root!();
+    let topo = Topology::new().expect("topology");
+    let real: IpAddr = "198.19.3.3".parse().expect("ip");
+    let srv = upstream(&topo, Zone::new(60).with("www.real.test", real));
+    let socks = Socks5Recorder::start(&topo.server, topo.server_addr(false, 1080)).expect("socks");
+    let rig = fake_ip_rig(
+        topo,
+        "198.18.128.0/17",
+        socks.addr,
+        format!("udp://{}", srv.addr),
+    );
+    let r = ask(&dns::query("Video.Example.com", RecordType::A, 1));
+    let Some(IpAddr::V4(fake)) = dns::first_addr(&r) else {
+        panic!("an A answer: {r:?}")
+    };
+    assert!(
+        "198.18.128.0/17"
+            .parse::<ipnet::Ipv4Net>()
+            .expect("net")
+            .contains(&fake)
+    );
+    assert!(r.answers[0].ttl <= 1);
+    assert_eq!(srv.queries(), 0, "fake answers ask no upstream");
+    // Same domain, same address.
+    let again = ask(&dns::query("video.example.com", RecordType::A, 2));
+    assert_eq!(dns::first_addr(&again), Some(IpAddr::V4(fake)));
+    // Filtered: the real address.
+    let r = ask(&dns::query("www.real.test", RecordType::A, 3));
+    assert_eq!(dns::first_addr(&r), Some(real));
+    let s = rig.stats();
+    assert_eq!(s.dns.fakeip_answers, 2);
+    assert_eq!(s.dns.fakeip_active, 1);
+
+    // A datagram to the fake address goes to the proxy with the domain and
+    // the reply comes back from the fake address.
+    let u = UdpSocket::bind("0.0.0.0:0").expect("bind");
+    u.set_read_timeout(Some(WAIT)).expect("timeout");
+    let to = SocketAddr::new(IpAddr::V4(fake), 7000);
+    let mut got = None;
+    for _ in 0..3 {
+        u.send_to(b"hello fake", to).expect("send");
+        let mut buf = [0u8; 64];
+        if let Ok((n, from)) = u.recv_from(&mut buf) {
+            got = Some((buf[..n].to_vec(), from));
+            break;
+        }
+    }
+    let Some((payload, from)) = got else {
+        panic!(
+            "no echo through the proxy; proxy asked {:?}; {:?}",
+            socks.asked(),
+            rig.stats()
+        )
+    };
+    assert_eq!(payload, b"hello fake");
+    assert_eq!(from, to, "the reply comes from the fake address");
+    assert!(
+        socks.asked().iter().any(|a| a == "video.example.com:7000"),
+        "the proxy was given the domain: {:?}",
+        socks.asked()
+    );
+}
+
+#[test]
+fn fake_ip_pool_exhaustion_evicts_the_oldest_and_unknown_addresses_drop() {
+    require_root!();
+    let topo = Topology::new().expect("topology");
+    let srv = upstream(&topo, Zone::new(60));
+    let socks = Socks5Recorder::start(&topo.server, topo.server_addr(false, 1080)).expect("socks");
+    // A /29: six usable addresses.
+    let rig = fake_ip_rig(
+        topo,
+        "198.18.200.0/29",
+        socks.addr,
+        format!("udp://{}", srv.addr),
+    );
+    let mut addrs = Vec::new();
+    for i in 0..6 {
+        let r = ask(&dns::query(&format!("d{i}.test"), RecordType::A, i));
+        addrs.push(dns::first_addr(&r).expect("fake"));
+    }
+    let mut unique = addrs.clone();
+    unique.sort();
+    unique.dedup();
+    assert_eq!(unique.len(), 6);
+    assert_eq!(rig.stats().dns.fakeip_evictions, 0);
+    // Refresh d0: d1 is now the least recently used.
+    let r = ask(&dns::query("d0.test", RecordType::A, 100));
+    assert_eq!(dns::first_addr(&r), Some(addrs[0]));
+    let r = ask(&dns::query("new.test", RecordType::A, 101));
+    assert_eq!(
+        dns::first_addr(&r),
+        Some(addrs[1]),
+        "d1's address was taken back"
+    );
+    let s = rig.stats();
+    assert_eq!(s.dns.fakeip_evictions, 1);
+    assert_eq!(s.dns.fakeip_active, 6);
+
+    // The pool's last address (the broadcast of the /29) was never handed
+    // out: a datagram to it is a counted drop, not a flow.
+    let u = UdpSocket::bind("0.0.0.0:0").expect("bind");
+    u.send_to(b"x", "198.18.200.7:9000").expect("send");
+    rig.wait_for("fake_ip_unknown", 1, |s| drop_count(s, "fake_ip_unknown"));
+    assert!(socks.asked().is_empty());
+}
+
+#[cfg(feature = "dot")]
+mod dot {
+    use super::*;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+
+    /// A DNS-over-TLS server (rustls, a certificate for `dns.test` signed by
+    /// a CA written to `ca_path`) in front of `zone`.
+    fn dot_server(
+        ns: &kerntun_testkit::Netns,
+        addr: SocketAddr,
+        zone: Zone,
+        ca_path: &std::path::Path,
+        stop: Arc<AtomicBool>,
+    ) -> std::thread::JoinHandle<()> {
+        use tokio_rustls::rustls;
+        let ca_key = rcgen::KeyPair::generate().expect("key");
+        let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("params");
+        ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        let ca = ca_params.self_signed(&ca_key).expect("ca");
+        std::fs::write(ca_path, ca.pem()).expect("write ca");
+        let key = rcgen::KeyPair::generate().expect("key");
+        let cert = rcgen::CertificateParams::new(vec!["dns.test".to_owned()])
+            .expect("params")
+            .signed_by(&key, &rcgen::Issuer::new(ca_params, ca_key))
+            .expect("cert");
+        let cfg = rustls::ServerConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .expect("versions")
+        .with_no_client_auth()
+        .with_single_cert(
+            vec![cert.der().clone()],
+            rustls_pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into()),
+        )
+        .expect("server config");
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(cfg));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let h = ns
+            .spawn(move || {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .expect("rt");
+                rt.block_on(async move {
+                    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+                    let l = tokio::net::TcpListener::bind(addr).await.expect("bind");
+                    tx.send(()).expect("ready");
+                    while !stop.load(Relaxed) {
+                        let Ok(Ok((s, _))) =
+                            tokio::time::timeout(Duration::from_millis(50), l.accept()).await
+                        else {
+                            continue;
+                        };
+                        let (acceptor, zone) = (acceptor.clone(), zone.clone());
+                        tokio::spawn(async move {
+                            let Ok(mut t) = acceptor.accept(s).await else {
+                                return;
+                            };
+                            let mut len = [0u8; 2];
+                            while t.read_exact(&mut len).await.is_ok() {
+                                let mut q = vec![0u8; usize::from(u16::from_be_bytes(len))];
+                                if t.read_exact(&mut q).await.is_err() {
+                                    return;
+                                }
+                                let Some(r) = zone.answer(&q) else { return };
+                                let mut f = (r.len() as u16).to_be_bytes().to_vec();
+                                f.extend_from_slice(&r);
+                                if t.write_all(&f).await.is_err() {
+                                    return;
+                                }
+                            }
+                        });
+                    }
+                });
+            })
+            .expect("spawn");
+        rx.recv_timeout(WAIT).expect("dot server ready");
+        h
+    }
+
+    #[test]
+    fn dns_over_tls_upstream_with_a_private_ca() {
+        require_root!();
+        let topo = Topology::new().expect("topology");
+        let ip: IpAddr = "198.19.5.5".parse().expect("ip");
+        let ca = std::env::temp_dir().join(format!("kerntun-dot-ca-{}.pem", std::process::id()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let addr = topo.server_addr(false, 853);
+        let h = dot_server(
+            &topo.server,
+            addr,
+            Zone::new(60).with("secure.test", ip),
+            &ca,
+            stop.clone(),
+        );
+        let ca2 = ca.clone();
+        let rig = Rig::new(topo, move |_, c| {
+            c.dns.upstreams = vec![format!("tls://{addr}#dns.test")];
+            c.dns.tls_ca_file = Some(ca2);
+            c.dns.timeout_ms = 2_000;
+        });
+        let r = ask(&dns::query("secure.test", RecordType::A, 42));
+        assert_eq!(r.metadata.id, 42);
+        assert_eq!(dns::first_addr(&r), Some(ip));
+        assert_eq!(rig.stats().dns.upstream_failures, 0);
+        stop.store(true, Relaxed);
+        let _ = h.join();
+        let _ = std::fs::remove_file(&ca);
+    }
+}
