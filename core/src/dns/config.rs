@@ -15,7 +15,8 @@ pub struct DnsConfig {
     /// Answer hijacked queries. Off: port-53 traffic is an ordinary flow.
     pub enabled: bool,
     /// Destinations whose port-53 traffic (UDP and TCP) is hijacked. Empty:
-    /// the TUN's gateway addresses (what the VPN profile names as its DNS).
+    /// [`default_resolver`] of each TUN prefix (gateway + 2, e.g.
+    /// `198.18.0.3`), the address the VPN profile should name as its DNS.
     pub hijack: Vec<IpAddr>,
     /// Hijack port 53 whatever the destination.
     pub hijack_all: bool,
@@ -187,5 +188,22 @@ impl DnsConfig {
             }
         }
         Ok(())
+    }
+}
+
+/// The resolver address kerntun answers on by default: gateway + 2 of a TUN
+/// prefix (the gateway is the TUN's own address, which the kernel delivers
+/// locally without crossing the TUN; gateway + 1 is the NAT address).
+/// `None` when the prefix has no room for it.
+pub fn default_resolver(net: ipnet::IpNet) -> Option<IpAddr> {
+    match net {
+        ipnet::IpNet::V4(n) => {
+            let a = std::net::Ipv4Addr::from(u32::from(n.addr()).checked_add(2)?);
+            (n.contains(&a) && a != n.broadcast()).then_some(IpAddr::V4(a))
+        }
+        ipnet::IpNet::V6(n) => {
+            let a = std::net::Ipv6Addr::from(u128::from(n.addr()).checked_add(2)?);
+            n.contains(&a).then_some(IpAddr::V6(a))
+        }
     }
 }

@@ -15,7 +15,7 @@ pub mod fuzzing;
 mod msg;
 mod upstream;
 
-pub use config::{DnsConfig, Upstream, UpstreamProto};
+pub use config::{DnsConfig, Upstream, UpstreamProto, default_resolver};
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -120,11 +120,12 @@ impl Dns {
         let upstreams = c.parsed_upstreams()?;
         let hijack = if c.hijack.is_empty() {
             [
-                config.tun.ipv4.map(|n| IpAddr::V4(n.addr())),
-                config.tun.ipv6.map(|n| IpAddr::V6(n.addr())),
+                config.tun.ipv4.map(ipnet::IpNet::V4),
+                config.tun.ipv6.map(ipnet::IpNet::V6),
             ]
             .into_iter()
             .flatten()
+            .filter_map(config::default_resolver)
             .collect()
         } else {
             c.hijack.clone()
@@ -440,10 +441,14 @@ mod tests {
     }
 
     #[test]
-    fn hijack_defaults_to_the_gateway() {
+    fn hijack_defaults_to_gateway_plus_two() {
         let d = service(|_| {});
-        assert!(d.hijacks("198.18.0.1:53".parse().expect("sa")));
-        assert!(!d.hijacks("198.18.0.1:54".parse().expect("sa")));
+        assert!(d.hijacks("198.18.0.3:53".parse().expect("sa")));
+        assert!(!d.hijacks("198.18.0.3:54".parse().expect("sa")));
+        assert!(
+            !d.hijacks("198.18.0.1:53".parse().expect("sa")),
+            "the TUN's own address"
+        );
         assert!(!d.hijacks("8.8.8.8:53".parse().expect("sa")));
         let all = service(|c| c.dns.hijack_all = true);
         assert!(all.hijacks("8.8.8.8:53".parse().expect("sa")));
