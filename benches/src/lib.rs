@@ -10,6 +10,7 @@
 pub mod crit;
 pub mod iperf;
 pub mod procfs;
+pub mod profile;
 pub mod record;
 pub mod report;
 pub mod scenario;

@@ -14,6 +14,8 @@ pub enum Record {
     Integrity(Integrity),
     Scale(Scale),
     Criterion(CriterionFigure),
+    /// Where the engine's CPU went during one sampled run (`perf record`).
+    Profile(crate::profile::Profile),
 }
 
 /// The machine and the run.

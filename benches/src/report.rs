@@ -5,6 +5,7 @@
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
 
+use crate::profile::{self, Profile};
 use crate::record::{
     CriterionFigure, Direction, Integrity, Meta, Record, Scale, ScenarioInfo, Throughput,
 };
@@ -25,6 +26,7 @@ struct View<'a> {
     integrity: Vec<&'a Integrity>,
     scale: Vec<&'a Scale>,
     criterion: Vec<&'a CriterionFigure>,
+    profiles: Vec<&'a Profile>,
 }
 
 impl<'a> View<'a> {
@@ -36,6 +38,7 @@ impl<'a> View<'a> {
             integrity: Vec::new(),
             scale: Vec::new(),
             criterion: Vec::new(),
+            profiles: Vec::new(),
         };
         for r in records {
             match r {
@@ -45,6 +48,7 @@ impl<'a> View<'a> {
                 Record::Integrity(i) => v.integrity.push(i),
                 Record::Scale(s) => v.scale.push(s),
                 Record::Criterion(c) => v.criterion.push(c),
+                Record::Profile(x) => v.profiles.push(x),
             }
         }
         v
@@ -74,6 +78,15 @@ impl<'a> View<'a> {
             .copied()
             .filter(|s| s.available)
             .collect()
+    }
+
+    fn profile(&self, scenario: &str, streams: u32, dir: Direction) -> Option<&'a Profile> {
+        self.profiles.iter().copied().find(|x| {
+            x.scenario == scenario
+                && x.streams == streams
+                && x.direction == dir
+                && x.error.is_none()
+        })
     }
 
     fn is_available(&self, id: &str) -> bool {
@@ -241,6 +254,7 @@ fn summary(p: &mut String, v: &View) {
             opt(hwm, mib)
         );
     }
+    splice_summary(p, v);
     if !engine_runs.is_empty() {
         let drops: u64 = engine_runs.iter().filter_map(|t| t.tun_tx_dropped).sum();
         let _ = writeln!(
@@ -578,10 +592,7 @@ fn stacks(p: &mut String, v: &View) {
 /// Splice against the userspace copy, direct and Shadowsocks `none`
 /// (issue 5's benchmark: splice at most half the CPU per GB of the copy).
 fn splice(p: &mut String, v: &View) {
-    let pairs = [
-        ("direct", "system-batch", "system-copy"),
-        ("Shadowsocks none", "ss-none-splice", "ss-none-copy"),
-    ];
+    let pairs = SPLICE_PAIRS;
     let _ = writeln!(
         p,
         "## Splice and userspace copy
@@ -642,6 +653,216 @@ fn splice(p: &mut String, v: &View) {
         }
     }
     let _ = writeln!(p);
+    splice_profile(p, v, &pairs);
+}
+
+/// The relay pairs of the splice section: (outbound, splice id, copy id).
+const SPLICE_PAIRS: [(&str, &str, &str); 2] = [
+    ("direct", "system-batch", "system-copy"),
+    ("Shadowsocks none", "ss-none-splice", "ss-none-copy"),
+];
+
+/// CPU s/GB of a run and of each reported path in it: the profile's shares
+/// applied to the unsampled run's CPU per GB.
+struct Split {
+    total: f64,
+    relay: f64,
+    relay_copy: f64,
+    tun: f64,
+    tun_copy: f64,
+    user: f64,
+    user_copy: f64,
+    rest: f64,
+}
+
+fn split(v: &View, id: &str, s: u32, d: Direction) -> Option<Split> {
+    let t = v.run(id, s, d).filter(|t| t.error.is_none())?;
+    let total = t.cpu_s_per_gb?;
+    let x = v.profile(id, s, d)?;
+    let at = |path| {
+        let (a, c) = x.path_share(path);
+        (a * total, c * total)
+    };
+    let (relay, relay_copy) = at(profile::Path::Relay);
+    let (tun, tun_copy) = at(profile::Path::Tun);
+    let (user, user_copy) = at(profile::Path::User);
+    let (rest, _) = at(profile::Path::Rest);
+    Some(Split {
+        total,
+        relay,
+        relay_copy,
+        tun,
+        tun_copy,
+        user,
+        user_copy,
+        rest,
+    })
+}
+
+/// One line per outbound for the summary: the ratio's range and what the
+/// relay itself costs on each path.
+fn splice_summary(p: &mut String, v: &View) {
+    for (name, on, off) in SPLICE_PAIRS {
+        let mut ratios = Vec::new();
+        let mut relay = Vec::new();
+        let mut floor = Vec::new();
+        for s in v.streams() {
+            for d in [Direction::Upload, Direction::Download] {
+                let cpu = |id| {
+                    v.run(id, s, d)
+                        .filter(|t| t.error.is_none())
+                        .and_then(|t| t.cpu_s_per_gb)
+                };
+                if let (Some(a), Some(b)) = (cpu(on), cpu(off))
+                    && b > 0.0
+                {
+                    ratios.push(a / b);
+                }
+                if let (Some(a), Some(b)) = (split(v, on, s, d), split(v, off, s, d))
+                    && b.total > 0.0
+                {
+                    relay.push((a.relay, b.relay));
+                    floor.push((a.total - a.relay) / b.total);
+                }
+            }
+        }
+        if ratios.is_empty() {
+            continue;
+        }
+        let range = |x: &[f64]| {
+            let lo = x.iter().copied().fold(f64::INFINITY, f64::min);
+            let hi = x.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            format!("{lo:.2}–{hi:.2}")
+        };
+        let mut line = format!(
+            "- Splice / copy engine CPU per GB, {name}: {} over {} runs (target at most 0.5: {})",
+            range(&ratios),
+            ratios.len(),
+            if ratios.iter().all(|&r| r <= 0.5) {
+                "met"
+            } else {
+                "not met"
+            }
+        );
+        if !relay.is_empty() {
+            let rs: Vec<f64> = relay.iter().map(|r| r.0).collect();
+            let rc: Vec<f64> = relay.iter().map(|r| r.1).collect();
+            let _ = write!(
+                line,
+                "; the relay's own system calls cost {} CPU s/GB spliced against {} copied, and \
+                 the work both paths share (TUN, driver, kernel receive) alone makes {} of the \
+                 copy path's total (profiled runs, see below)",
+                range(&rs),
+                range(&rc),
+                range(&floor)
+            );
+        }
+        let _ = writeln!(p, "{line}.");
+    }
+}
+
+/// Where the engine's CPU goes on each path, from the sampled runs.
+fn splice_profile(p: &mut String, v: &View, pairs: &[(&str, &str, &str)]) {
+    let _ = writeln!(
+        p,
+        "### Where the engine's CPU goes
+"
+    );
+    if v.profiles.is_empty() {
+        let _ = writeln!(
+            p,
+            "Not profiled in this run (`perf` missing or `--skip-profile`).\n"
+        );
+        return;
+    }
+    let failed: Vec<String> = v
+        .profiles
+        .iter()
+        .filter_map(|x| {
+            x.error.as_ref().map(|e| {
+                format!(
+                    "`{}` {} streams {}: {e}",
+                    x.scenario,
+                    x.streams,
+                    x.direction.as_str()
+                )
+            })
+        })
+        .collect();
+    let _ = writeln!(
+        p,
+        "One extra iperf3 run per scenario, direction and stream count, with the engine \
+         sampled by `perf record -F 999 -g -p <engine pid>` (not the measured runs above: \
+         sampling slows the engine). Every sample is sorted by its kernel call chain: **relay** \
+         = the `splice` calls, or `recv`/`send` of the userspace copy, including the TCP \
+         transmit and the veth softirq they run; **TUN** = `read`/`write` on the TUN device, \
+         including the kernel's TCP/IP receive of each packet the engine writes back; \
+         **userspace** = the engine's own code (driver, NAT, checksums, the batch driver's \
+         `memcpy` of segments into its write buffers); **rest** = interrupts outside a call, \
+         epoll, other calls. \"copies\" are samples inside the kernel's user-copy routines. \
+         CPU s/GB per path = its share of the samples × the CPU s/GB of the unsampled run \
+         (share in parentheses).\n"
+    );
+    let _ = writeln!(
+        p,
+        "| outbound | streams | direction | relay path | CPU s/GB | relay | of which copies | TUN | of which copies | userspace | of which memcpy | rest |\n|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"
+    );
+    let cell = |x: f64, t: f64| {
+        if t > 0.0 {
+            format!("{x:.3} ({:.0} %)", 100.0 * x / t)
+        } else {
+            format!("{x:.3}")
+        }
+    };
+    let mut verdicts = Vec::new();
+    for &(name, on, off) in pairs {
+        for s in v.streams() {
+            for d in [Direction::Upload, Direction::Download] {
+                for (how, id) in [("splice", on), ("copy", off)] {
+                    let Some(x) = split(v, id, s, d) else {
+                        continue;
+                    };
+                    let _ = writeln!(
+                        p,
+                        "| {name} | {s} | {} | {how} | {:.3} | {} | {} | {} | {} | {} | {} | {} |",
+                        d.as_str(),
+                        x.total,
+                        cell(x.relay, x.total),
+                        cell(x.relay_copy, x.total),
+                        cell(x.tun, x.total),
+                        cell(x.tun_copy, x.total),
+                        cell(x.user, x.total),
+                        cell(x.user_copy, x.total),
+                        cell(x.rest, x.total),
+                    );
+                }
+                if let (Some(a), Some(b)) = (split(v, on, s, d), split(v, off, s, d))
+                    && b.total > 0.0
+                    && b.relay > 0.0
+                {
+                    verdicts.push(format!(
+                        "- {name}, {s} streams, {}: the relay costs {:.3} CPU s/GB spliced and \
+                         {:.3} copied ({:.2}); the rest of the engine {:.3} and {:.3}. Were the \
+                         spliced relay free, splice / copy would still be {:.2}.",
+                        d.as_str(),
+                        a.relay,
+                        b.relay,
+                        a.relay / b.relay,
+                        a.total - a.relay,
+                        b.total - b.relay,
+                        (a.total - a.relay) / b.total,
+                    ));
+                }
+            }
+        }
+    }
+    let _ = writeln!(p);
+    if !failed.is_empty() {
+        let _ = writeln!(p, "Profiles that failed: {}.\n", failed.join("; "));
+    }
+    if !verdicts.is_empty() {
+        let _ = writeln!(p, "{}\n", verdicts.join("\n"));
+    }
 }
 
 fn integrity(p: &mut String, v: &View) {
@@ -986,6 +1207,72 @@ mod tests {
             available,
             reason: reason.map(Into::into),
         })
+    }
+
+    /// A profile with `relay` of the samples on the relay (a third of them
+    /// copies) and the rest on the TUN.
+    fn prof(scenario: &str, relay: f64) -> Record {
+        use crate::profile::{Bucket, RELAY_RECV, TUN_READ};
+        Record::Profile(Profile {
+            scenario: scenario.into(),
+            streams: 1,
+            direction: Direction::Upload,
+            samples: 1000,
+            cpu_s_per_gb: Some(2.0),
+            buckets: vec![
+                Bucket {
+                    name: TUN_READ.into(),
+                    share: 1.0 - relay,
+                    copy_share: 0.0,
+                },
+                Bucket {
+                    name: RELAY_RECV.into(),
+                    share: relay,
+                    copy_share: relay / 3.0,
+                },
+            ],
+            error: None,
+        })
+    }
+
+    #[test]
+    fn splice_section_splits_cpu_by_path_and_bounds_the_ratio() {
+        let mut fast = run("system-batch", 1, Direction::Upload, 8.0);
+        if let Record::Throughput(t) = &mut fast {
+            t.cpu_s_per_gb = Some(1.0);
+        }
+        let mut slow = run("system-copy", 1, Direction::Upload, 8.0);
+        if let Record::Throughput(t) = &mut slow {
+            t.cpu_s_per_gb = Some(1.2);
+        }
+        let recs = vec![
+            info("system-batch", true, None),
+            info("system-copy", true, None),
+            fast,
+            slow,
+            prof("system-batch", 0.2),
+            prof("system-copy", 0.5),
+        ];
+        let page = render(&recs, "c.png");
+        // splice: 1.0 s/GB, relay 0.2; copy: 1.2 s/GB, relay 0.6 (0.2 of it copies).
+        assert!(
+            page.contains("| direct | 1 | upload | copy | 1.200 | 0.600 (50 %) | 0.200 (17 %) | 0.600 (50 %) |"),
+            "{page}"
+        );
+        assert!(
+            page.contains("the relay costs 0.200 CPU s/GB spliced and 0.600 copied (0.33)"),
+            "{page}"
+        );
+        // (1.0 - 0.2) / 1.2
+        assert!(page.contains("splice / copy would still be 0.67"), "{page}");
+        assert!(
+            page.contains("direct: 0.83–0.83 over 1 runs (target at most 0.5: not met)"),
+            "{page}"
+        );
+        // Without profiles the section says so instead of inventing a split.
+        let page = render(&recs[..4], "c.png");
+        assert!(page.contains("Not profiled in this run"), "{page}");
+        assert!(!page.contains("would still be"), "{page}");
     }
 
     #[test]

@@ -31,6 +31,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use clap::Parser;
 use kerntun_benches::procfs::{self, Mem, SystemCpu};
+use kerntun_benches::profile::{self, Profile};
 use kerntun_benches::record::{
     Direction, Integrity, Meta, Record, Scale, ScenarioInfo, Throughput, to_lines,
 };
@@ -75,6 +76,14 @@ struct Args {
     /// Do not run the connection-scale test.
     #[arg(long)]
     skip_scale: bool,
+    /// Do not profile the splice/copy scenarios with `perf record` (the
+    /// page then says so). Without `perf` on PATH they are skipped too.
+    #[arg(long)]
+    skip_profile: bool,
+    /// iperf3 streams of the profiled runs (one extra run per splice/copy
+    /// scenario, direction and stream count).
+    #[arg(long, value_delimiter = ',', default_value = "1,16")]
+    profile_streams: Vec<u32>,
     /// Idle connections carry no byte at all (by default each is checked
     /// with a one-byte ping through the engine and its answer).
     #[arg(long)]
@@ -554,6 +563,41 @@ fn run(args: Args) -> Result<(), String> {
                 );
                 records.push(Record::Throughput(t));
             }
+        }
+    }
+
+    if !ctx.args.skip_profile {
+        if perf_available() {
+            let profiled: Vec<&&Scenario> =
+                runnable.iter().filter(|s| s.splice.is_some()).collect();
+            for &streams in &ctx.args.profile_streams.clone() {
+                for dir in [Direction::Upload, Direction::Download] {
+                    for sc in &profiled {
+                        let x = profile_run(&mut ctx, sc, streams, dir);
+                        eprintln!(
+                            "profile {:<18} {:>2} streams {:<8} {}",
+                            sc.id,
+                            streams,
+                            dir.as_str(),
+                            match &x.error {
+                                None => format!(
+                                    "{} samples: relay {:.0} %, TUN {:.0} %, userspace {:.0} %",
+                                    x.samples,
+                                    100.0 * x.path_share(profile::Path::Relay).0,
+                                    100.0 * x.path_share(profile::Path::Tun).0,
+                                    100.0 * x.path_share(profile::Path::User).0,
+                                ),
+                                Some(e) => format!("FAILED: {e}"),
+                            }
+                        );
+                        records.push(Record::Profile(x));
+                    }
+                }
+            }
+        } else {
+            eprintln!(
+                "kerntun-netbench: perf not found (Debian: apt-get install linux-perf); no profiles"
+            );
         }
     }
 
@@ -1172,6 +1216,117 @@ fn throughput_run(ctx: &mut Ctx, sc: &Scenario, streams: u32, dir: Direction) ->
         }
     }
     t
+}
+
+fn perf_available() -> bool {
+    Command::new("perf")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// One extra iperf3 run with the engine sampled by `perf record -g`, sorted
+/// into paths ([`kerntun_benches::profile`]).
+fn profile_run(ctx: &mut Ctx, sc: &Scenario, streams: u32, dir: Direction) -> Profile {
+    let mut x = Profile {
+        scenario: sc.id.into(),
+        streams,
+        direction: dir,
+        samples: 0,
+        cpu_s_per_gb: None,
+        buckets: Vec::new(),
+        error: None,
+    };
+    let engine = match start_engine(ctx, sc, 0) {
+        Start::Ready(e) => e,
+        Start::Unavailable(why) | Start::Failed(why) => {
+            x.error = Some(why);
+            return x;
+        }
+    };
+    let data = ctx
+        .tmp
+        .join(format!("{:03}-perf-{}.data", next_seq(), sc.id));
+    let secs = (ctx.args.duration + 1).to_string();
+    let pid = engine.pid().to_string();
+    let mut cmd = Command::new("perf");
+    cmd.args(["record", "-q", "-F", "999", "-g", "-p", &pid, "-o"])
+        .arg(&data)
+        .args(["--", "sleep", &secs])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    let mut perf = match spawn_registered(&mut cmd) {
+        Ok(c) => c,
+        Err(e) => {
+            x.error = Some(format!("perf record: {e}"));
+            let _ = engine.stop();
+            return x;
+        }
+    };
+    let ticks0 = procfs::process_ticks(engine.pid()).ok();
+    let result = run_iperf(ctx, streams, dir);
+    let ticks1 = procfs::process_ticks(engine.pid()).ok();
+    // perf stops by itself after `sleep`; bounded wait, then kill.
+    let end = Instant::now() + Duration::from_secs(ctx.args.duration + 20);
+    let status = loop {
+        match perf.try_wait() {
+            Ok(Some(s)) => break Some(s),
+            Ok(None) if Instant::now() < end => std::thread::sleep(Duration::from_millis(50)),
+            _ => {
+                let _ = perf.kill();
+                let _ = perf.wait();
+                break None;
+            }
+        }
+    };
+    unregister_pid(perf.id());
+    let _ = engine.stop();
+    match result {
+        Ok(r) => {
+            if let (Some(a), Some(b)) = (ticks0, ticks1) {
+                let cpu = b.saturating_sub(a) as f64 / procfs::ticks_per_second();
+                x.cpu_s_per_gb = Some(cpu / (r.bytes.max(1) as f64 / 1e9));
+            }
+        }
+        Err(e) => {
+            x.error = Some(format!("iperf3: {e}"));
+            if let Err(e) = start_iperf_server(ctx) {
+                eprintln!("restarting the iperf3 server: {e}");
+            }
+        }
+    }
+    if !status.is_some_and(|s| s.success()) {
+        x.error
+            .get_or_insert(format!("perf record ended with {status:?}"));
+        return x;
+    }
+    let out = Command::new("perf")
+        .args(["script", "-F", "tid,period,ip,sym", "-i"])
+        .arg(&data)
+        .stdin(Stdio::null())
+        .stderr(Stdio::null())
+        .output();
+    let _ = std::fs::remove_file(&data);
+    match out {
+        Ok(o) if o.status.success() => {
+            let (n, buckets) = profile::tally(&String::from_utf8_lossy(&o.stdout));
+            x.samples = n;
+            x.buckets = buckets;
+            if n == 0 {
+                x.error.get_or_insert("no samples".into());
+            }
+        }
+        Ok(o) => {
+            x.error.get_or_insert(format!("perf script: {}", o.status));
+        }
+        Err(e) => {
+            x.error.get_or_insert(format!("perf script: {e}"));
+        }
+    }
+    x
 }
 
 fn describe(t: &Throughput, baseline: Option<&f64>) -> String {
