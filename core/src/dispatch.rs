@@ -6,14 +6,12 @@
 
 use std::io;
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::dns::Dns;
 use crate::outbound::{Address, OutboundError, OutboundStream, Route};
 use crate::rules::Target;
 use crate::sniff::{self, Sniffed};
@@ -184,6 +182,17 @@ pub(crate) trait AppStream {
     async fn recv(&mut self, buf: &mut [u8]) -> io::Result<usize>;
     /// Write all of `data`.
     async fn send_all(&mut self, data: &[u8]) -> io::Result<()>;
+    /// Fill `buf` exactly; `UnexpectedEof` if the app closes first.
+    async fn read_exact(&mut self, mut buf: &mut [u8]) -> io::Result<()> {
+        while !buf.is_empty() {
+            let n = self.recv(buf).await?;
+            if n == 0 {
+                return Err(io::ErrorKind::UnexpectedEof.into());
+            }
+            buf = &mut buf[n..];
+        }
+        Ok(())
+    }
 }
 
 impl AppStream for TcpStream {
@@ -193,62 +202,4 @@ impl AppStream for TcpStream {
     async fn send_all(&mut self, data: &[u8]) -> io::Result<()> {
         self.write_all(data).await
     }
-}
-
-/// A DNS-over-TCP connection with no query for this long is closed (RFC 7766
-/// section 6.2.3 suggests seconds, not minutes).
-pub(crate) const DNS_TCP_IDLE: Duration = Duration::from_secs(10);
-
-/// Answer DNS over TCP (RFC 7766: two-byte length, then the message; several
-/// queries may follow one another) until the app closes, goes idle, or sends
-/// something that is not a query.
-pub(crate) async fn serve_dns<S: AppStream>(
-    dns: &Arc<Dns>,
-    app: &mut S,
-    stats: &Stats,
-) -> io::Result<()> {
-    // One message at most 64 KiB; allocated per connection, not up front.
-    let mut msg = Vec::new();
-    loop {
-        let mut len = [0u8; 2];
-        match tokio::time::timeout(DNS_TCP_IDLE, read_exact(app, &mut len)).await {
-            Err(_) => return Ok(()),
-            Ok(Err(e)) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(()),
-            Ok(r) => r?,
-        }
-        let n = usize::from(u16::from_be_bytes(len));
-        msg.resize(n, 0);
-        tokio::time::timeout(DNS_TCP_IDLE, read_exact(app, &mut msg))
-            .await
-            .map_err(|_| io::Error::from(io::ErrorKind::TimedOut))??;
-        stats.dns.tcp_queries.fetch_add(1, Relaxed);
-        let Some(answer) = dns.answer(&msg, stats).await else {
-            // Not a query: a resolver that speaks nonsense gets the connection closed.
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                "not a DNS query",
-            ));
-        };
-        let Ok(alen) = u16::try_from(answer.len()) else {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                "answer over 64 KiB",
-            ));
-        };
-        let mut framed = Vec::with_capacity(2 + answer.len());
-        framed.extend_from_slice(&alen.to_be_bytes());
-        framed.extend_from_slice(&answer);
-        app.send_all(&framed).await?;
-    }
-}
-
-async fn read_exact<S: AppStream>(app: &mut S, mut buf: &mut [u8]) -> io::Result<()> {
-    while !buf.is_empty() {
-        let n = app.recv(buf).await?;
-        if n == 0 {
-            return Err(io::ErrorKind::UnexpectedEof.into());
-        }
-        buf = &mut buf[n..];
-    }
-    Ok(())
 }

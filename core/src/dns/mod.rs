@@ -23,9 +23,9 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
 use hickory_proto::op::{Message, Query};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::config::{Config, ConfigError};
+use crate::dispatch::AppStream;
 use crate::outbound::Outbounds;
 use crate::stats::Stats;
 use cache::Cache;
@@ -243,9 +243,11 @@ impl Dns {
     /// DNS over TCP (RFC 7766) on a hijacked connection: length-prefixed
     /// queries answered one after the other, until EOF, a malformed query,
     /// or [`TCP_IDLE`] without one.
-    pub async fn serve_tcp(
+    /// Generic over the app's side of the connection: a kernel socket
+    /// (system stack) or a smoltcp socket.
+    pub(crate) async fn serve_tcp<S: AppStream>(
         &self,
-        stream: &mut tokio::net::TcpStream,
+        stream: &mut S,
         stats: &Stats,
     ) -> std::io::Result<()> {
         loop {
@@ -271,7 +273,7 @@ impl Dns {
             else {
                 return Ok(());
             };
-            stream.write_all(&frame).await?;
+            stream.send_all(&frame).await?;
         }
     }
 
@@ -502,6 +504,7 @@ mod tests {
 
     #[test]
     fn serve_tcp_answers_frames_until_eof() {
+        use tokio::io::AsyncWriteExt;
         let d = service(|c| c.dns.fake_ip = true);
         let stats = Stats::default();
         rt().block_on(async {

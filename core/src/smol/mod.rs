@@ -742,7 +742,7 @@ async fn dns_session(sh: Arc<Shared>, app: SmolStream, permit: OwnedPermit) {
     if let Some(dns) = sh.dns.clone() {
         let mut stream = &app;
         let r = tokio::select! {
-            r = dispatch::serve_dns(&dns, &mut stream, &sh.stats) => r,
+            r = dns.serve_tcp(&mut stream, &sh.stats) => r,
             _ = phase.wait_for(|p| *p >= DRAINING) => Err(io::Error::other("engine stopping")),
         };
         if let Err(e) = r {
