@@ -20,6 +20,11 @@ mod dispatch;
 pub mod dns;
 mod driver;
 mod engine;
+/// Entry points of the fuzz targets (`fuzz/`), not part of the API.
+#[doc(hidden)]
+pub mod fuzzing {
+    pub use crate::smol::fuzzing as smol;
+}
 pub mod nat;
 pub mod outbound;
 pub mod packet;

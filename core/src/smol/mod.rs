@@ -43,6 +43,8 @@ use crate::stats::{EngineDrop, Stats};
 use crate::system::{DRAINING, STOPPED, Shared};
 use crate::tun::{HEADROOM, Tun};
 
+#[doc(hidden)]
+pub mod fuzzing;
 #[cfg(test)]
 mod tests;
 
