@@ -215,37 +215,17 @@ impl Rule {
             || self.domain_list.is_some()
     }
 
-    /// Whether the address conditions (`cidr`, `ports`) hold for `t`.
+    /// Whether the address conditions (`cidr`, `ports`) hold for `t`
+    /// (domain conditions are checked by the compiled [`RuleSet`]).
     pub fn matches_addr(&self, t: &Target<'_>) -> bool {
-        self.cidr
-            .is_none_or(|n| !t.fake && n.contains(&t.addr.ip()))
-            && self
-                .ports
-                .is_none_or(|p| (p.start..=p.end).contains(&t.addr.port()))
-    }
-
-    /// Whether an address-only rule matches `t`. A rule with domain
-    /// conditions never does here: those need the compiled [`RuleSet`]
-    /// (its domain list is only read there).
-    pub fn matches(&self, t: &Target<'_>) -> bool {
-        !self.has_domain() && self.matches_addr(t)
+        addr_matches(self.cidr, self.ports, t)
     }
 }
 
-/// The first matching rule's action, or [`Action::Direct`], looking at
-/// address conditions only (see [`Rule::matches`]). Routing with domains
-/// goes through [`RuleSet::decide`] (`Outbounds::route`).
-pub fn decide(rules: &[Rule], t: &Target<'_>) -> Action {
-    decide_ref(rules, t).clone()
-}
-
-/// [`decide`] without the clone.
-pub fn decide_ref<'a>(rules: &'a [Rule], t: &Target<'_>) -> &'a Action {
-    static DIRECT: Action = Action::Direct;
-    rules
-        .iter()
-        .find(|r| r.matches(t))
-        .map_or(&DIRECT, |r| &r.action)
+/// `cidr` (never for a fake-ip address) and `ports`, absent ones matching.
+fn addr_matches(cidr: Option<IpNet>, ports: Option<PortRange>, t: &Target<'_>) -> bool {
+    cidr.is_none_or(|n| !t.fake && n.contains(&t.addr.ip()))
+        && ports.is_none_or(|p| (p.start..=p.end).contains(&t.addr.port()))
 }
 
 /// Longest name a domain condition can match (RFC 1035 section 2.3.4:
@@ -401,11 +381,7 @@ struct Compiled<T> {
 
 impl<T> Compiled<T> {
     fn matches_addr(&self, t: &Target<'_>) -> bool {
-        self.cidr
-            .is_none_or(|n| !t.fake && n.contains(&t.addr.ip()))
-            && self
-                .ports
-                .is_none_or(|p| (p.start..=p.end).contains(&t.addr.port()))
+        addr_matches(self.cidr, self.ports, t)
     }
 }
 
@@ -563,12 +539,30 @@ mod tests {
                 ..Rule::default()
             },
         ];
-        assert_eq!(decide(&rules, &sa("198.19.9.1:85")), Action::Reject);
-        assert_eq!(decide(&rules, &sa("198.19.9.1:443")), Action::Direct);
-        assert_eq!(decide(&rules, &sa("1.2.3.4:25")), Action::Reject);
-        assert_eq!(decide(&rules, &sa("[fd00::1]:25")), Action::Reject);
-        assert_eq!(decide(&rules, &sa("[fd00::1]:26")), Action::Direct);
-        assert_eq!(decide(&[], &sa("1.2.3.4:1")), Action::Direct);
+        assert_eq!(
+            route(&compile(&rules).expect("compile"), &sa("198.19.9.1:85")),
+            Action::Reject
+        );
+        assert_eq!(
+            route(&compile(&rules).expect("compile"), &sa("198.19.9.1:443")),
+            Action::Direct
+        );
+        assert_eq!(
+            route(&compile(&rules).expect("compile"), &sa("1.2.3.4:25")),
+            Action::Reject
+        );
+        assert_eq!(
+            route(&compile(&rules).expect("compile"), &sa("[fd00::1]:25")),
+            Action::Reject
+        );
+        assert_eq!(
+            route(&compile(&rules).expect("compile"), &sa("[fd00::1]:26")),
+            Action::Direct
+        );
+        assert_eq!(
+            route(&compile(&[]).expect("compile"), &sa("1.2.3.4:1")),
+            Action::Direct
+        );
     }
 
     #[test]
@@ -588,11 +582,11 @@ mod tests {
             },
         ];
         assert_eq!(
-            decide(&rules, &sa("[fd00::1]:443")),
+            route(&compile(&rules).expect("compile"), &sa("[fd00::1]:443")),
             Action::Outbound("ss".into())
         );
         assert_eq!(
-            decide(&rules, &sa("1.1.1.1:53")),
+            route(&compile(&rules).expect("compile"), &sa("1.1.1.1:53")),
             Action::Outbound("corp".into())
         );
         assert_eq!(Action::from("direct"), Action::Direct);
@@ -764,19 +758,6 @@ mod tests {
         assert_eq!(route(&set, &fake("late.test")), out("late"));
         let fake443 = Target::fake_ip("198.19.5.9:443".parse().expect("a"), "x.video.test");
         assert_eq!(route(&set, &fake443), out("tls-video"));
-        // The address-only helpers skip domain rules.
-        let rules = [
-            Rule {
-                domain: vec!["a.test".into()],
-                action: Action::Reject,
-                ..Rule::default()
-            },
-            Rule {
-                action: out("d"),
-                ..Rule::default()
-            },
-        ];
-        assert_eq!(decide(&rules, &dom("192.0.2.1:1", "a.test")), out("d"));
     }
 
     #[test]
