@@ -7,7 +7,8 @@
 //! same thing on every platform.
 
 use std::collections::{BTreeMap, HashMap};
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
 use std::str::FromStr;
 
 use ipnet::{Ipv4Net, Ipv6Net};
@@ -220,17 +221,100 @@ pub struct TimeoutOptions {
     pub tcp_linger_s: u64,
 }
 
-/// One routing rule; absent conditions match everything. The first match
-/// decides; no match means direct.
+/// One routing rule; absent conditions match everything, present ones must
+/// all hold. The first match decides; no match means direct.
+///
+/// The four domain fields together are one condition: the connection must
+/// have a domain (from fake-ip or sniffing) matching any of them. Matching
+/// is case-insensitive and ignores a trailing dot.
 #[derive(Debug, Clone, PartialEq, Eq, uniffi::Record)]
 pub struct RuleOptions {
-    /// Destination network, e.g. `10.0.0.0/8` or `fd00::/8`.
+    /// Destination network, e.g. `10.0.0.0/8` or `fd00::/8`. Never matches
+    /// a fake-ip address.
     #[uniffi(default = None)]
     pub cidr: Option<String>,
     /// Destination ports: `443` or `8000-8999`.
     #[uniffi(default = None)]
     pub ports: Option<String>,
+    /// Domains matched exactly.
+    #[uniffi(default = [])]
+    pub domain: Vec<String>,
+    /// Domains matched with their subdomains (`b.org`: `b.org`, `a.b.org`,
+    /// not `xb.org`).
+    #[uniffi(default = [])]
+    pub domain_suffix: Vec<String>,
+    /// Substrings of the domain.
+    #[uniffi(default = [])]
+    pub domain_keyword: Vec<String>,
+    /// Absolute path of a list file read at start: one entry a line,
+    /// `full:NAME`, `domain:NAME` (suffix), `keyword:TEXT` or a bare
+    /// `NAME` (suffix); `#` comments.
+    #[uniffi(default = None)]
+    pub domain_list: Option<String>,
     pub action: RuleAction,
+}
+
+/// Domain sniffing: reading the TLS SNI or HTTP Host of connections to real
+/// addresses so domain rules apply to them. Only connections whose route a
+/// domain could change wait for it.
+#[derive(Debug, Clone, PartialEq, Eq, uniffi::Record)]
+pub struct SniffOptions {
+    #[uniffi(default = true)]
+    pub enabled: bool,
+    /// Destination ports sniffed, each `443` or `8000-8999`;
+    /// `null`/`nil` = 80 and 443.
+    #[uniffi(default = None)]
+    pub ports: Option<Vec<String>>,
+    /// Longest wait for the app's first bytes before routing by address.
+    #[uniffi(default = 300)]
+    pub timeout_ms: u64,
+}
+
+/// The DNS service: hijacked queries answered from a cache, the fake-ip
+/// pool, or upstreams reached through the rules' outbound.
+#[derive(Debug, Clone, PartialEq, Eq, uniffi::Record)]
+pub struct DnsOptions {
+    /// Answer hijacked queries. Off: port-53 traffic is an ordinary flow.
+    #[uniffi(default = false)]
+    pub enabled: bool,
+    /// Addresses whose port-53 traffic (UDP and TCP) is hijacked; empty =
+    /// the TUN's gateway addresses (what the VPN profile names as DNS).
+    #[uniffi(default = [])]
+    pub hijack: Vec<String>,
+    /// Hijack port 53 whatever the destination.
+    #[uniffi(default = false)]
+    pub hijack_all: bool,
+    /// Upstreams tried in order: `udp://IP:PORT`, `tcp://IP:PORT`,
+    /// `tls://IP:PORT#server-name`. Needed when `enabled`.
+    #[uniffi(default = [])]
+    pub upstreams: Vec<String>,
+    /// Time allowed to one upstream try.
+    #[uniffi(default = 2000)]
+    pub timeout_ms: u64,
+    /// Cached answers (0 disables the cache).
+    #[uniffi(default = 4096)]
+    pub cache_entries: u64,
+    /// Answer A/AAAA with addresses from the fake-ip pool.
+    #[uniffi(default = false)]
+    pub fake_ip: bool,
+    /// IPv4 fake-ip pool, inside 198.18.0.0/15 and clear of the TUN's own
+    /// addresses.
+    #[uniffi(default = "198.18.128.0/17")]
+    pub fake_ip_pool: String,
+    /// IPv6 fake-ip pool (AAAA for fake domains is answered empty without one).
+    #[uniffi(default = None)]
+    pub fake_ip_pool6: Option<String>,
+    /// Domains holding a fake address at once; the least recently used one
+    /// gives its address back past this.
+    #[uniffi(default = 65536)]
+    pub fake_ip_entries: u64,
+    /// Domains (and their subdomains) that get real answers under fake-ip.
+    #[uniffi(default = [])]
+    pub fake_ip_filter: Vec<String>,
+    /// Path of extra trust anchors (PEM) for `tls://` upstreams, on top of
+    /// the Mozilla roots: a private resolver's CA.
+    #[uniffi(default = None)]
+    pub tls_ca_file: Option<String>,
 }
 
 /// Everything [`crate::Engine::start`] needs besides the device.
@@ -263,6 +347,10 @@ pub struct EngineConfig {
     pub outbounds: HashMap<String, Outbound>,
     #[uniffi(default)]
     pub relay: RelayOptions,
+    #[uniffi(default)]
+    pub dns: DnsOptions,
+    #[uniffi(default)]
+    pub sniff: SniffOptions,
     /// Send this engine's log events at or above this level to
     /// [`crate::PlatformHooks::log`] (and not to the process-wide logger).
     /// `null`/`nil`: the engine logs through whatever [`crate::init_logging`]
@@ -300,6 +388,99 @@ impl Default for RelayOptions {
             splice: true,
             pipe_size: None,
         }
+    }
+}
+
+impl Default for RuleOptions {
+    /// A catch-all `direct` rule (Rust callers fill in what differs).
+    fn default() -> Self {
+        Self {
+            cidr: None,
+            ports: None,
+            domain: Vec::new(),
+            domain_suffix: Vec::new(),
+            domain_keyword: Vec::new(),
+            domain_list: None,
+            action: RuleAction::Direct,
+        }
+    }
+}
+
+impl Default for SniffOptions {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            ports: None,
+            timeout_ms: 300,
+        }
+    }
+}
+
+impl Default for DnsOptions {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            hijack: Vec::new(),
+            hijack_all: false,
+            upstreams: Vec::new(),
+            timeout_ms: 2_000,
+            cache_entries: 4_096,
+            fake_ip: false,
+            fake_ip_pool: "198.18.128.0/17".into(),
+            fake_ip_pool6: None,
+            fake_ip_entries: 65_536,
+            fake_ip_filter: Vec::new(),
+            tls_ca_file: None,
+        }
+    }
+}
+
+impl DnsOptions {
+    fn to_core(&self) -> Result<core::DnsConfig, KerntunError> {
+        let hijack = self
+            .hijack
+            .iter()
+            .enumerate()
+            .map(|(i, a)| parse::<IpAddr>(&format!("dns.hijack[{i}]"), a))
+            .collect::<Result<_, _>>()?;
+        // Upstreams are checked by the core (`DnsConfig::validate`), which
+        // names `dns.upstreams` with the reason.
+        Ok(core::DnsConfig {
+            enabled: self.enabled,
+            hijack,
+            hijack_all: self.hijack_all,
+            upstreams: self.upstreams.clone(),
+            timeout_ms: self.timeout_ms,
+            cache_entries: count("dns.cache_entries", self.cache_entries)?,
+            fake_ip: self.fake_ip,
+            fake_ip_pool: parse("dns.fake_ip_pool", &self.fake_ip_pool)?,
+            fake_ip_pool6: self
+                .fake_ip_pool6
+                .as_deref()
+                .map(|s| parse::<Ipv6Net>("dns.fake_ip_pool6", s))
+                .transpose()?,
+            fake_ip_entries: count("dns.fake_ip_entries", self.fake_ip_entries)?,
+            fake_ip_filter: self.fake_ip_filter.clone(),
+            tls_ca_file: self.tls_ca_file.as_ref().map(PathBuf::from),
+        })
+    }
+}
+
+impl SniffOptions {
+    fn to_core(&self) -> Result<core::SniffConfig, KerntunError> {
+        let defaults = core::SniffConfig::default();
+        Ok(core::SniffConfig {
+            enabled: self.enabled,
+            ports: match &self.ports {
+                None => defaults.ports,
+                Some(ports) => ports
+                    .iter()
+                    .enumerate()
+                    .map(|(i, p)| parse::<PortRange>(&format!("sniff.ports[{i}]"), p))
+                    .collect::<Result<_, _>>()?,
+            },
+            timeout_ms: self.timeout_ms,
+        })
     }
 }
 
@@ -364,9 +545,12 @@ where
         .map_err(|e| bad(field, format!("{text:?}: {e}")))
 }
 
+fn count(field: &str, n: u64) -> Result<usize, KerntunError> {
+    usize::try_from(n).map_err(|_| bad(field, format!("{n} does not fit this platform")))
+}
+
 fn size(field: &str, v: Option<u64>) -> Result<Option<usize>, KerntunError> {
-    v.map(|n| usize::try_from(n).map_err(|_| bad(field, format!("{n} does not fit this platform"))))
-        .transpose()
+    v.map(|n| count(field, n)).transpose()
 }
 
 impl EngineConfig {
@@ -409,12 +593,15 @@ impl EngineConfig {
             rules.push(CoreRule {
                 cidr,
                 ports,
+                domain: r.domain.clone(),
+                domain_suffix: r.domain_suffix.clone(),
+                domain_keyword: r.domain_keyword.clone(),
+                domain_list: r.domain_list.as_ref().map(PathBuf::from),
                 action: match &r.action {
                     RuleAction::Direct => Action::Direct,
                     RuleAction::Reject => Action::Reject,
                     RuleAction::Outbound { name } => Action::Outbound(name.as_str().into()),
                 },
-                ..CoreRule::default()
             });
         }
         let mut outbounds = BTreeMap::new();
@@ -493,9 +680,8 @@ impl EngineConfig {
                 pipe_size: size("relay.pipe_size", self.relay.pipe_size)?
                     .unwrap_or(relay_defaults.pipe_size),
             },
-            // TODO(dns): `[dns]` and `[sniff]` records for the apps.
-            dns: core::DnsConfig::default(),
-            sniff: core::SniffConfig::default(),
+            dns: self.dns.to_core()?,
+            sniff: self.sniff.to_core()?,
         })
     }
 }
@@ -532,13 +718,12 @@ mod tests {
             rules: vec![
                 RuleOptions {
                     cidr: Some("10.0.0.0/8".into()),
-                    ports: None,
                     action: RuleAction::Reject,
+                    ..Default::default()
                 },
                 RuleOptions {
-                    cidr: None,
                     ports: Some("9-1".into()),
-                    action: RuleAction::Direct,
+                    ..Default::default()
                 },
             ],
             ..Default::default()
@@ -574,11 +759,11 @@ mod tests {
             },
         );
         c.rules.push(RuleOptions {
-            cidr: None,
             ports: Some("443".into()),
             action: RuleAction::Outbound {
                 name: "proxy".into(),
             },
+            ..Default::default()
         });
         c.relay.splice = false;
         let k = c.to_core().expect("translate");
@@ -648,6 +833,7 @@ mod tests {
             cidr: Some("198.19.9.0/24".into()),
             ports: Some("80-90".into()),
             action: RuleAction::Reject,
+            ..Default::default()
         });
         let k = c.to_core().expect("translate");
         assert_eq!(k.stack, core::StackKind::System);
@@ -658,5 +844,117 @@ mod tests {
         assert_eq!(k.rules.len(), 1);
         assert_eq!(k.rules[0].action, Action::Reject);
         assert_eq!(k.validate(), Ok(()));
+    }
+
+    #[test]
+    fn domain_rules_dns_and_sniff_translate() {
+        let mut c = EngineConfig::default();
+        c.rules.push(RuleOptions {
+            ports: Some("443".into()),
+            domain: vec!["a.test".into()],
+            domain_suffix: vec!["b.test".into()],
+            domain_keyword: vec!["ads".into()],
+            domain_list: Some("/etc/kerntun/list.txt".into()),
+            action: RuleAction::Reject,
+            ..Default::default()
+        });
+        c.dns = DnsOptions {
+            enabled: true,
+            hijack: vec!["198.18.0.1".into(), "fd00:18::1".into()],
+            upstreams: vec!["udp://198.19.1.2:53".into()],
+            cache_entries: 10,
+            fake_ip: true,
+            fake_ip_pool: "198.19.128.0/18".into(),
+            fake_ip_pool6: Some("fd00:99::/96".into()),
+            fake_ip_entries: 100,
+            fake_ip_filter: vec!["real.test".into()],
+            tls_ca_file: Some("/data/ca.pem".into()),
+            ..Default::default()
+        };
+        c.sniff = SniffOptions {
+            enabled: true,
+            ports: Some(vec!["443".into(), "8000-8100".into()]),
+            timeout_ms: 50,
+        };
+        let k = c.to_core().expect("translate");
+        let r = &k.rules[0];
+        assert_eq!(r.domain, ["a.test"]);
+        assert_eq!(r.domain_suffix, ["b.test"]);
+        assert_eq!(r.domain_keyword, ["ads"]);
+        assert_eq!(
+            r.domain_list.as_deref(),
+            Some(std::path::Path::new("/etc/kerntun/list.txt"))
+        );
+        assert_eq!(r.ports, Some("443".parse().expect("port")));
+        assert_eq!(k.dns.hijack.len(), 2);
+        assert_eq!(k.dns.hijack[1], "fd00:18::1".parse::<IpAddr>().expect("ip"));
+        assert_eq!(k.dns.upstreams, ["udp://198.19.1.2:53"]);
+        assert_eq!(k.dns.cache_entries, 10);
+        assert!(k.dns.enabled && k.dns.fake_ip);
+        assert_eq!(k.dns.fake_ip_pool, "198.19.128.0/18".parse().expect("net"));
+        assert_eq!(
+            k.dns.fake_ip_pool6,
+            Some("fd00:99::/96".parse().expect("net"))
+        );
+        assert_eq!(k.dns.fake_ip_entries, 100);
+        assert_eq!(k.dns.fake_ip_filter, ["real.test"]);
+        assert_eq!(
+            k.dns.tls_ca_file.as_deref(),
+            Some(std::path::Path::new("/data/ca.pem"))
+        );
+        assert_eq!(k.sniff.ports.len(), 2);
+        assert!(k.sniff.covers(8050) && !k.sniff.covers(80));
+        assert_eq!(k.sniff.timeout_ms, 50);
+        // Sniffing on by default with the core's ports; an empty list is no ports.
+        assert_eq!(
+            EngineConfig::default().to_core().expect("defaults").sniff,
+            core::SniffConfig::default()
+        );
+        c.sniff.ports = Some(Vec::new());
+        assert!(!c.to_core().expect("translate").sniff.covers(443));
+    }
+
+    #[test]
+    fn dns_and_sniff_errors_name_their_field() {
+        let field_of = |c: &EngineConfig| match c.to_core() {
+            Err(KerntunError::Config { field, .. }) => field,
+            Ok(k) => match k.validate().map_err(KerntunError::from) {
+                Err(KerntunError::Config { field, .. }) => field,
+                other => panic!("expected a config error, got {other:?}"),
+            },
+            other => panic!("expected a config error, got {other:?}"),
+        };
+        let mut c = EngineConfig::default();
+        c.dns.hijack = vec!["198.18.0.1".into(), "dns.google".into()];
+        assert_eq!(field_of(&c), "dns.hijack[1]");
+        let mut c = EngineConfig::default();
+        c.dns.fake_ip_pool = "198.18.128.0/33".into();
+        assert_eq!(field_of(&c), "dns.fake_ip_pool");
+        let mut c = EngineConfig::default();
+        c.dns.fake_ip_pool6 = Some("198.18.0.0/16".into());
+        assert_eq!(field_of(&c), "dns.fake_ip_pool6");
+        let mut c = EngineConfig::default();
+        c.sniff.ports = Some(vec!["443".into(), "x".into()]);
+        assert_eq!(field_of(&c), "sniff.ports[1]");
+        // Checked by the core at start, reported the same way.
+        let mut c = EngineConfig::default();
+        c.dns.enabled = true;
+        assert_eq!(field_of(&c), "dns.upstreams");
+        c.dns.upstreams = vec!["udp://198.19.1.2:53".into()];
+        c.dns.fake_ip = true;
+        c.dns.fake_ip_pool = "10.0.0.0/8".into();
+        assert_eq!(field_of(&c), "dns.fake_ip_pool");
+        let mut c = EngineConfig::default();
+        c.sniff.timeout_ms = 0;
+        assert_eq!(field_of(&c), "sniff.timeout_ms");
+        // A domain list is read when the engine starts; its error names the rule.
+        let e = KerntunError::from(core::ConfigError::BadRule {
+            rule: 2,
+            reason: "domain_list /x: line 3: ...".into(),
+        });
+        assert!(
+            matches!(e, KerntunError::Config { ref field, .. } if field == "rules[2]"),
+            "{e:?}"
+        );
     }
 }

@@ -72,6 +72,9 @@ impl From<ConfigError> for KerntunError {
             ConfigError::UnsupportedStack(_) => "stack".to_string(),
             ConfigError::UnknownOutbound { rule, .. } => format!("rules[{rule}].action"),
             ConfigError::BadOutbound { name, .. } => format!("outbounds.{name}"),
+            ConfigError::BadRule { rule, .. } => format!("rules[{rule}]"),
+            ConfigError::Dns { field, .. } => format!("dns.{field}"),
+            ConfigError::Sniff { field, .. } => format!("sniff.{field}"),
             _ => String::new(),
         };
         KerntunError::Config {

@@ -26,9 +26,9 @@ mod stats;
 mod sys;
 
 pub use config::{
-    BudgetOptions, DirectOptions, Driver, EngineConfig, LogLevel, MemoryPressure, Outbound,
-    Platform, RelayOptions, RuleAction, RuleOptions, ShadowsocksMethod, Stack, TimeoutOptions,
-    TunOptions, default_config,
+    BudgetOptions, DirectOptions, DnsOptions, Driver, EngineConfig, LogLevel, MemoryPressure,
+    Outbound, Platform, RelayOptions, RuleAction, RuleOptions, ShadowsocksMethod, SniffOptions,
+    Stack, TimeoutOptions, TunOptions, default_config,
 };
 pub use engine::Engine;
 pub use error::{HookError, KerntunError};

@@ -52,6 +52,7 @@ fn config(tun: &str) -> EngineConfig {
             cidr: None,
             ports: Some("9".into()),
             action: RuleAction::Reject,
+            ..Default::default()
         }],
         log_level: Some(LogLevel::Debug),
         ..Default::default()

@@ -1321,6 +1321,186 @@ public func FfiConverterTypeDirectOptions_lower(_ value: DirectOptions) -> RustB
 
 
 /**
+ * The DNS service: hijacked queries answered from a cache, the fake-ip
+ * pool, or upstreams reached through the rules' outbound.
+ */
+public struct DnsOptions: Equatable, Hashable {
+    /**
+     * Answer hijacked queries. Off: port-53 traffic is an ordinary flow.
+     */
+    public var enabled: Bool
+    /**
+     * Addresses whose port-53 traffic (UDP and TCP) is hijacked; empty =
+     * the TUN's gateway addresses (what the VPN profile names as DNS).
+     */
+    public var hijack: [String]
+    /**
+     * Hijack port 53 whatever the destination.
+     */
+    public var hijackAll: Bool
+    /**
+     * Upstreams tried in order: `udp://IP:PORT`, `tcp://IP:PORT`,
+     * `tls://IP:PORT#server-name`. Needed when `enabled`.
+     */
+    public var upstreams: [String]
+    /**
+     * Time allowed to one upstream try.
+     */
+    public var timeoutMs: UInt64
+    /**
+     * Cached answers (0 disables the cache).
+     */
+    public var cacheEntries: UInt64
+    /**
+     * Answer A/AAAA with addresses from the fake-ip pool.
+     */
+    public var fakeIp: Bool
+    /**
+     * IPv4 fake-ip pool, inside 198.18.0.0/15 and clear of the TUN's own
+     * addresses.
+     */
+    public var fakeIpPool: String
+    /**
+     * IPv6 fake-ip pool (AAAA for fake domains is answered empty without one).
+     */
+    public var fakeIpPool6: String?
+    /**
+     * Domains holding a fake address at once; the least recently used one
+     * gives its address back past this.
+     */
+    public var fakeIpEntries: UInt64
+    /**
+     * Domains (and their subdomains) that get real answers under fake-ip.
+     */
+    public var fakeIpFilter: [String]
+    /**
+     * Path of extra trust anchors (PEM) for `tls://` upstreams, on top of
+     * the Mozilla roots: a private resolver's CA.
+     */
+    public var tlsCaFile: String?
+
+    // Default memberwise initializers are never public by default, so we
+    // declare one manually.
+    public init(
+        /**
+         * Answer hijacked queries. Off: port-53 traffic is an ordinary flow.
+         */enabled: Bool = false, 
+        /**
+         * Addresses whose port-53 traffic (UDP and TCP) is hijacked; empty =
+         * the TUN's gateway addresses (what the VPN profile names as DNS).
+         */hijack: [String] = [], 
+        /**
+         * Hijack port 53 whatever the destination.
+         */hijackAll: Bool = false, 
+        /**
+         * Upstreams tried in order: `udp://IP:PORT`, `tcp://IP:PORT`,
+         * `tls://IP:PORT#server-name`. Needed when `enabled`.
+         */upstreams: [String] = [], 
+        /**
+         * Time allowed to one upstream try.
+         */timeoutMs: UInt64 = UInt64(2000), 
+        /**
+         * Cached answers (0 disables the cache).
+         */cacheEntries: UInt64 = UInt64(4096), 
+        /**
+         * Answer A/AAAA with addresses from the fake-ip pool.
+         */fakeIp: Bool = false, 
+        /**
+         * IPv4 fake-ip pool, inside 198.18.0.0/15 and clear of the TUN's own
+         * addresses.
+         */fakeIpPool: String = "198.18.128.0/17", 
+        /**
+         * IPv6 fake-ip pool (AAAA for fake domains is answered empty without one).
+         */fakeIpPool6: String? = nil, 
+        /**
+         * Domains holding a fake address at once; the least recently used one
+         * gives its address back past this.
+         */fakeIpEntries: UInt64 = UInt64(65536), 
+        /**
+         * Domains (and their subdomains) that get real answers under fake-ip.
+         */fakeIpFilter: [String] = [], 
+        /**
+         * Path of extra trust anchors (PEM) for `tls://` upstreams, on top of
+         * the Mozilla roots: a private resolver's CA.
+         */tlsCaFile: String? = nil) {
+        self.enabled = enabled
+        self.hijack = hijack
+        self.hijackAll = hijackAll
+        self.upstreams = upstreams
+        self.timeoutMs = timeoutMs
+        self.cacheEntries = cacheEntries
+        self.fakeIp = fakeIp
+        self.fakeIpPool = fakeIpPool
+        self.fakeIpPool6 = fakeIpPool6
+        self.fakeIpEntries = fakeIpEntries
+        self.fakeIpFilter = fakeIpFilter
+        self.tlsCaFile = tlsCaFile
+    }
+
+    
+
+    
+}
+
+#if compiler(>=6)
+extension DnsOptions: Sendable {}
+#endif
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public struct FfiConverterTypeDnsOptions: FfiConverterRustBuffer {
+    public static func read(from buf: inout (data: Data, offset: Data.Index)) throws -> DnsOptions {
+        return
+            try DnsOptions(
+                enabled: FfiConverterBool.read(from: &buf), 
+                hijack: FfiConverterSequenceString.read(from: &buf), 
+                hijackAll: FfiConverterBool.read(from: &buf), 
+                upstreams: FfiConverterSequenceString.read(from: &buf), 
+                timeoutMs: FfiConverterUInt64.read(from: &buf), 
+                cacheEntries: FfiConverterUInt64.read(from: &buf), 
+                fakeIp: FfiConverterBool.read(from: &buf), 
+                fakeIpPool: FfiConverterString.read(from: &buf), 
+                fakeIpPool6: FfiConverterOptionString.read(from: &buf), 
+                fakeIpEntries: FfiConverterUInt64.read(from: &buf), 
+                fakeIpFilter: FfiConverterSequenceString.read(from: &buf), 
+                tlsCaFile: FfiConverterOptionString.read(from: &buf)
+        )
+    }
+
+    public static func write(_ value: DnsOptions, into buf: inout [UInt8]) {
+        FfiConverterBool.write(value.enabled, into: &buf)
+        FfiConverterSequenceString.write(value.hijack, into: &buf)
+        FfiConverterBool.write(value.hijackAll, into: &buf)
+        FfiConverterSequenceString.write(value.upstreams, into: &buf)
+        FfiConverterUInt64.write(value.timeoutMs, into: &buf)
+        FfiConverterUInt64.write(value.cacheEntries, into: &buf)
+        FfiConverterBool.write(value.fakeIp, into: &buf)
+        FfiConverterString.write(value.fakeIpPool, into: &buf)
+        FfiConverterOptionString.write(value.fakeIpPool6, into: &buf)
+        FfiConverterUInt64.write(value.fakeIpEntries, into: &buf)
+        FfiConverterSequenceString.write(value.fakeIpFilter, into: &buf)
+        FfiConverterOptionString.write(value.tlsCaFile, into: &buf)
+    }
+}
+
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public func FfiConverterTypeDnsOptions_lift(_ buf: RustBuffer) throws -> DnsOptions {
+    return try FfiConverterTypeDnsOptions.lift(buf)
+}
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public func FfiConverterTypeDnsOptions_lower(_ value: DnsOptions) -> RustBuffer {
+    return FfiConverterTypeDnsOptions.lower(value)
+}
+
+
+/**
  * DNS hijack, cache, fake-ip and domain sniffing.
  */
 public struct DnsStats: Equatable, Hashable {
@@ -1573,6 +1753,8 @@ public struct EngineConfig: Equatable, Hashable {
      */
     public var outbounds: [String: Outbound]
     public var relay: RelayOptions
+    public var dns: DnsOptions
+    public var sniff: SniffOptions
     /**
      * Send this engine's log events at or above this level to
      * [`crate::PlatformHooks::log`] (and not to the process-wide logger).
@@ -1600,7 +1782,7 @@ public struct EngineConfig: Equatable, Hashable {
          */workers: UInt32 = UInt32(0), 
         /**
          * Proxy outbounds by name, for `RuleAction.Outbound`.
-         */outbounds: [String: Outbound] = [:], relay: RelayOptions = RelayOptions(), 
+         */outbounds: [String: Outbound] = [:], relay: RelayOptions = RelayOptions(), dns: DnsOptions = DnsOptions(), sniff: SniffOptions = SniffOptions(), 
         /**
          * Send this engine's log events at or above this level to
          * [`crate::PlatformHooks::log`] (and not to the process-wide logger).
@@ -1617,6 +1799,8 @@ public struct EngineConfig: Equatable, Hashable {
         self.workers = workers
         self.outbounds = outbounds
         self.relay = relay
+        self.dns = dns
+        self.sniff = sniff
         self.logLevel = logLevel
     }
 
@@ -1646,6 +1830,8 @@ public struct FfiConverterTypeEngineConfig: FfiConverterRustBuffer {
                 workers: FfiConverterUInt32.read(from: &buf), 
                 outbounds: FfiConverterDictionaryStringTypeOutbound.read(from: &buf), 
                 relay: FfiConverterTypeRelayOptions.read(from: &buf), 
+                dns: FfiConverterTypeDnsOptions.read(from: &buf), 
+                sniff: FfiConverterTypeSniffOptions.read(from: &buf), 
                 logLevel: FfiConverterOptionTypeLogLevel.read(from: &buf)
         )
     }
@@ -1661,6 +1847,8 @@ public struct FfiConverterTypeEngineConfig: FfiConverterRustBuffer {
         FfiConverterUInt32.write(value.workers, into: &buf)
         FfiConverterDictionaryStringTypeOutbound.write(value.outbounds, into: &buf)
         FfiConverterTypeRelayOptions.write(value.relay, into: &buf)
+        FfiConverterTypeDnsOptions.write(value.dns, into: &buf)
+        FfiConverterTypeSniffOptions.write(value.sniff, into: &buf)
         FfiConverterOptionTypeLogLevel.write(value.logLevel, into: &buf)
     }
 }
@@ -2237,31 +2425,75 @@ public func FfiConverterTypeRelayOptions_lower(_ value: RelayOptions) -> RustBuf
 
 
 /**
- * One routing rule; absent conditions match everything. The first match
- * decides; no match means direct.
+ * One routing rule; absent conditions match everything, present ones must
+ * all hold. The first match decides; no match means direct.
+ *
+ * The four domain fields together are one condition: the connection must
+ * have a domain (from fake-ip or sniffing) matching any of them. Matching
+ * is case-insensitive and ignores a trailing dot.
  */
 public struct RuleOptions: Equatable, Hashable {
     /**
-     * Destination network, e.g. `10.0.0.0/8` or `fd00::/8`.
+     * Destination network, e.g. `10.0.0.0/8` or `fd00::/8`. Never matches
+     * a fake-ip address.
      */
     public var cidr: String?
     /**
      * Destination ports: `443` or `8000-8999`.
      */
     public var ports: String?
+    /**
+     * Domains matched exactly.
+     */
+    public var domain: [String]
+    /**
+     * Domains matched with their subdomains (`b.org`: `b.org`, `a.b.org`,
+     * not `xb.org`).
+     */
+    public var domainSuffix: [String]
+    /**
+     * Substrings of the domain.
+     */
+    public var domainKeyword: [String]
+    /**
+     * Absolute path of a list file read at start: one entry a line,
+     * `full:NAME`, `domain:NAME` (suffix), `keyword:TEXT` or a bare
+     * `NAME` (suffix); `#` comments.
+     */
+    public var domainList: String?
     public var action: RuleAction
 
     // Default memberwise initializers are never public by default, so we
     // declare one manually.
     public init(
         /**
-         * Destination network, e.g. `10.0.0.0/8` or `fd00::/8`.
+         * Destination network, e.g. `10.0.0.0/8` or `fd00::/8`. Never matches
+         * a fake-ip address.
          */cidr: String? = nil, 
         /**
          * Destination ports: `443` or `8000-8999`.
-         */ports: String? = nil, action: RuleAction) {
+         */ports: String? = nil, 
+        /**
+         * Domains matched exactly.
+         */domain: [String] = [], 
+        /**
+         * Domains matched with their subdomains (`b.org`: `b.org`, `a.b.org`,
+         * not `xb.org`).
+         */domainSuffix: [String] = [], 
+        /**
+         * Substrings of the domain.
+         */domainKeyword: [String] = [], 
+        /**
+         * Absolute path of a list file read at start: one entry a line,
+         * `full:NAME`, `domain:NAME` (suffix), `keyword:TEXT` or a bare
+         * `NAME` (suffix); `#` comments.
+         */domainList: String? = nil, action: RuleAction) {
         self.cidr = cidr
         self.ports = ports
+        self.domain = domain
+        self.domainSuffix = domainSuffix
+        self.domainKeyword = domainKeyword
+        self.domainList = domainList
         self.action = action
     }
 
@@ -2283,6 +2515,10 @@ public struct FfiConverterTypeRuleOptions: FfiConverterRustBuffer {
             try RuleOptions(
                 cidr: FfiConverterOptionString.read(from: &buf), 
                 ports: FfiConverterOptionString.read(from: &buf), 
+                domain: FfiConverterSequenceString.read(from: &buf), 
+                domainSuffix: FfiConverterSequenceString.read(from: &buf), 
+                domainKeyword: FfiConverterSequenceString.read(from: &buf), 
+                domainList: FfiConverterOptionString.read(from: &buf), 
                 action: FfiConverterTypeRuleAction.read(from: &buf)
         )
     }
@@ -2290,6 +2526,10 @@ public struct FfiConverterTypeRuleOptions: FfiConverterRustBuffer {
     public static func write(_ value: RuleOptions, into buf: inout [UInt8]) {
         FfiConverterOptionString.write(value.cidr, into: &buf)
         FfiConverterOptionString.write(value.ports, into: &buf)
+        FfiConverterSequenceString.write(value.domain, into: &buf)
+        FfiConverterSequenceString.write(value.domainSuffix, into: &buf)
+        FfiConverterSequenceString.write(value.domainKeyword, into: &buf)
+        FfiConverterOptionString.write(value.domainList, into: &buf)
         FfiConverterTypeRuleAction.write(value.action, into: &buf)
     }
 }
@@ -2307,6 +2547,83 @@ public func FfiConverterTypeRuleOptions_lift(_ buf: RustBuffer) throws -> RuleOp
 #endif
 public func FfiConverterTypeRuleOptions_lower(_ value: RuleOptions) -> RustBuffer {
     return FfiConverterTypeRuleOptions.lower(value)
+}
+
+
+/**
+ * Domain sniffing: reading the TLS SNI or HTTP Host of connections to real
+ * addresses so domain rules apply to them. Only connections whose route a
+ * domain could change wait for it.
+ */
+public struct SniffOptions: Equatable, Hashable {
+    public var enabled: Bool
+    /**
+     * Destination ports sniffed, each `443` or `8000-8999`;
+     * `null`/`nil` = 80 and 443.
+     */
+    public var ports: [String]?
+    /**
+     * Longest wait for the app's first bytes before routing by address.
+     */
+    public var timeoutMs: UInt64
+
+    // Default memberwise initializers are never public by default, so we
+    // declare one manually.
+    public init(enabled: Bool = true, 
+        /**
+         * Destination ports sniffed, each `443` or `8000-8999`;
+         * `null`/`nil` = 80 and 443.
+         */ports: [String]? = nil, 
+        /**
+         * Longest wait for the app's first bytes before routing by address.
+         */timeoutMs: UInt64 = UInt64(300)) {
+        self.enabled = enabled
+        self.ports = ports
+        self.timeoutMs = timeoutMs
+    }
+
+    
+
+    
+}
+
+#if compiler(>=6)
+extension SniffOptions: Sendable {}
+#endif
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public struct FfiConverterTypeSniffOptions: FfiConverterRustBuffer {
+    public static func read(from buf: inout (data: Data, offset: Data.Index)) throws -> SniffOptions {
+        return
+            try SniffOptions(
+                enabled: FfiConverterBool.read(from: &buf), 
+                ports: FfiConverterOptionSequenceString.read(from: &buf), 
+                timeoutMs: FfiConverterUInt64.read(from: &buf)
+        )
+    }
+
+    public static func write(_ value: SniffOptions, into buf: inout [UInt8]) {
+        FfiConverterBool.write(value.enabled, into: &buf)
+        FfiConverterOptionSequenceString.write(value.ports, into: &buf)
+        FfiConverterUInt64.write(value.timeoutMs, into: &buf)
+    }
+}
+
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public func FfiConverterTypeSniffOptions_lift(_ buf: RustBuffer) throws -> SniffOptions {
+    return try FfiConverterTypeSniffOptions.lift(buf)
+}
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public func FfiConverterTypeSniffOptions_lower(_ value: SniffOptions) -> RustBuffer {
+    return FfiConverterTypeSniffOptions.lower(value)
 }
 
 
@@ -3696,6 +4013,55 @@ fileprivate struct FfiConverterOptionTypeStack: FfiConverterRustBuffer {
         case 1: return try FfiConverterTypeStack.read(from: &buf)
         default: throw UniffiInternalError.unexpectedOptionalTag
         }
+    }
+}
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+fileprivate struct FfiConverterOptionSequenceString: FfiConverterRustBuffer {
+    typealias SwiftType = [String]?
+
+    public static func write(_ value: SwiftType, into buf: inout [UInt8]) {
+        guard let value = value else {
+            writeInt(&buf, Int8(0))
+            return
+        }
+        writeInt(&buf, Int8(1))
+        FfiConverterSequenceString.write(value, into: &buf)
+    }
+
+    public static func read(from buf: inout (data: Data, offset: Data.Index)) throws -> SwiftType {
+        switch try readInt(&buf) as Int8 {
+        case 0: return nil
+        case 1: return try FfiConverterSequenceString.read(from: &buf)
+        default: throw UniffiInternalError.unexpectedOptionalTag
+        }
+    }
+}
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+fileprivate struct FfiConverterSequenceString: FfiConverterRustBuffer {
+    typealias SwiftType = [String]
+
+    public static func write(_ value: [String], into buf: inout [UInt8]) {
+        let len = Int32(value.count)
+        writeInt(&buf, len)
+        for item in value {
+            FfiConverterString.write(item, into: &buf)
+        }
+    }
+
+    public static func read(from buf: inout (data: Data, offset: Data.Index)) throws -> [String] {
+        let len: Int32 = try readInt(&buf)
+        var seq = [String]()
+        seq.reserveCapacity(Int(len))
+        for _ in 0 ..< len {
+            seq.append(try FfiConverterString.read(from: &buf))
+        }
+        return seq
     }
 }
 

@@ -228,6 +228,15 @@ fun round(n: Int) {
         config("ktbad$n", "198.18.0.1/16", null, null).let {
             it.copy(rules = it.rules + RuleOptions(cidr = "203.0.113.0/24", action = RuleAction.Outbound("nope")))
         }, hooks)
+    expectConfigError("round $n: domain rule whose list cannot be read", "rules[1]",
+        config("ktbad$n", "198.18.0.1/16", null, null).let {
+            it.copy(rules = it.rules + RuleOptions(domainSuffix = listOf("example.test"),
+                domainList = "/nonexistent/kerntun-list.txt", action = RuleAction.Reject))
+        }, hooks)
+    expectConfigError("round $n: DNS without upstreams", "dns.upstreams",
+        config("ktbad$n", "198.18.0.1/16", null, null).copy(dns = DnsOptions(enabled = true)), hooks)
+    expectConfigError("round $n: bad sniff port", "sniff.ports[0]",
+        config("ktbad$n", "198.18.0.1/16", null, null).copy(sniff = SniffOptions(ports = listOf("http"))), hooks)
     expectConfigError("round $n: outbound with a bad server address", "outbounds.proxy.server",
         config("ktbad$n", "198.18.0.1/16", null, null).copy(
             outbounds = mapOf("proxy" to Outbound.Socks5(server = "not-an-address", username = null, password = null, udp = true)),
