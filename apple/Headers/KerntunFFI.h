@@ -355,6 +355,11 @@ RustBuffer uniffi_kerntun_ffi_fn_func_default_config(RustCallStatus *_Nonnull ou
     
 );
 #endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_FN_FUNC_RESOLVER_ADDRESSES
+#define UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_FN_FUNC_RESOLVER_ADDRESSES
+RustBuffer uniffi_kerntun_ffi_fn_func_resolver_addresses(RustBuffer config, RustCallStatus *_Nonnull out_status
+);
+#endif
 #ifndef UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_FN_FUNC_INIT_LOGGING
 #define UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_FN_FUNC_INIT_LOGGING
 void uniffi_kerntun_ffi_fn_func_init_logging(RustBuffer level, RustCallStatus *_Nonnull out_status
@@ -635,6 +640,12 @@ uint16_t uniffi_kerntun_ffi_checksum_func_version(void
 #ifndef UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_CHECKSUM_FUNC_DEFAULT_CONFIG
 #define UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_CHECKSUM_FUNC_DEFAULT_CONFIG
 uint16_t uniffi_kerntun_ffi_checksum_func_default_config(void
+    
+);
+#endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_CHECKSUM_FUNC_RESOLVER_ADDRESSES
+#define UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_CHECKSUM_FUNC_RESOLVER_ADDRESSES
+uint16_t uniffi_kerntun_ffi_checksum_func_resolver_addresses(void
     
 );
 #endif

@@ -130,9 +130,9 @@ pub(crate) fn route_sniffed(sh: &Shared, server: SocketAddr, domain: Option<&str
     })
 }
 
-/// The largest prefix read while sniffing: a ClientHello with post-quantum
-/// key shares is ~1.8 KB, and the sniffer gives up past this anyway.
-pub(crate) const SNIFF_MAX: usize = 16 * 1024;
+/// The largest prefix read while sniffing: the sniffer's own cap (a
+/// ClientHello with post-quantum key shares is ~1.8 KB).
+pub(crate) const SNIFF_MAX: usize = sniff::MAX_SNIFF;
 
 /// How long sniffing waits between looks when the first bytes are
 /// incomplete (peek cannot wait for *more* data than it already saw).

@@ -307,6 +307,17 @@ async fn prepare(
     budget: Budget,
     stack: StackKind,
 ) -> Result<Prepared, StartError> {
+    // Everything that can fail on the configuration alone (rules with their
+    // domain lists, proxy keys, DNS upstreams) comes before any descriptor
+    // is opened.
+    let factory = SocketFactory::new(&config.direct, protect);
+    let outbounds = Arc::new(Outbounds::new(
+        config,
+        factory.clone(),
+        budget.relay_buffer,
+    )?);
+    let stats = Stats::with_outbounds(outbounds.names());
+    let dns = crate::dns::Dns::new(config, outbounds.clone())?;
     let tun = Tun::open(config, source).map_err(StartError::Tun)?;
     let nets: Vec<IpNet> = config
         .tun
@@ -374,14 +385,6 @@ async fn prepare(
     };
     let half_open_timeout = nat_cfg.half_open_timeout;
     let (stop, _) = tokio::sync::watch::channel(system::RUNNING);
-    let factory = SocketFactory::new(&config.direct, protect);
-    let outbounds = Arc::new(Outbounds::new(
-        config,
-        factory.clone(),
-        budget.relay_buffer,
-    )?);
-    let stats = Stats::with_outbounds(outbounds.names());
-    let dns = crate::dns::Dns::new(config, outbounds.clone())?;
     let smol = (stack == StackKind::Smoltcp).then(|| {
         Arc::new(SmolStack::new(
             &nets,

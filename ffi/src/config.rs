@@ -278,7 +278,8 @@ pub struct DnsOptions {
     #[uniffi(default = false)]
     pub enabled: bool,
     /// Addresses whose port-53 traffic (UDP and TCP) is hijacked; empty =
-    /// the TUN's gateway addresses (what the VPN profile names as DNS).
+    /// gateway + 2 of each TUN prefix (`198.18.0.3`, `fd00:18::3`): see
+    /// [`resolver_addresses`] for what to announce as the tunnel's DNS.
     #[uniffi(default = [])]
     pub hijack: Vec<String>,
     /// Hijack port 53 whatever the destination.
@@ -693,9 +694,60 @@ pub fn default_config() -> EngineConfig {
     EngineConfig::default()
 }
 
+/// The addresses the engine answers DNS on for `config`: what the VPN
+/// profile should announce as its DNS servers (iOS `NEDNSSettings`, Android
+/// `addDnsServer`). Empty when `dns.enabled` is off (or `hijack_all` alone
+/// is wanted and no address was named): then announce real resolvers,
+/// whose queries the engine relays like any flow.
+#[uniffi::export]
+pub fn resolver_addresses(config: EngineConfig) -> Result<Vec<String>, KerntunError> {
+    crate::error::guard(|| {
+        let c = config.to_core()?;
+        c.validate()?;
+        if !c.dns.enabled {
+            return Ok(Vec::new());
+        }
+        if !c.dns.hijack.is_empty() {
+            return Ok(c.dns.hijack.iter().map(ToString::to_string).collect());
+        }
+        Ok([
+            c.tun.ipv4.map(ipnet::IpNet::V4),
+            c.tun.ipv6.map(ipnet::IpNet::V6),
+        ]
+        .into_iter()
+        .flatten()
+        .filter_map(kerntun::dns::default_resolver)
+        .map(|a| a.to_string())
+        .collect())
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn resolver_addresses_follow_the_dns_options() {
+        let mut c = EngineConfig::default();
+        assert!(
+            resolver_addresses(c.clone()).expect("ok").is_empty(),
+            "dns off"
+        );
+        c.dns.enabled = true;
+        c.dns.upstreams = vec!["udp://198.19.0.53:53".into()];
+        c.tun.ipv6 = Some("fd00:18::1/64".into());
+        assert_eq!(
+            resolver_addresses(c.clone()).expect("ok"),
+            ["198.18.0.3", "fd00:18::3"]
+        );
+        c.dns.hijack = vec!["198.18.0.53".into()];
+        assert_eq!(resolver_addresses(c.clone()).expect("ok"), ["198.18.0.53"]);
+        c.dns.upstreams.clear();
+        assert!(
+            resolver_addresses(c).is_err(),
+            "an invalid config is an error"
+        );
+    }
 
     #[test]
     fn defaults_match_the_core_defaults() {

@@ -1331,7 +1331,8 @@ public struct DnsOptions: Equatable, Hashable {
     public var enabled: Bool
     /**
      * Addresses whose port-53 traffic (UDP and TCP) is hijacked; empty =
-     * the TUN's gateway addresses (what the VPN profile names as DNS).
+     * gateway + 2 of each TUN prefix (`198.18.0.3`, `fd00:18::3`): see
+     * [`resolver_addresses`] for what to announce as the tunnel's DNS.
      */
     public var hijack: [String]
     /**
@@ -1387,7 +1388,8 @@ public struct DnsOptions: Equatable, Hashable {
          */enabled: Bool = false, 
         /**
          * Addresses whose port-53 traffic (UDP and TCP) is hijacked; empty =
-         * the TUN's gateway addresses (what the VPN profile names as DNS).
+         * gateway + 2 of each TUN prefix (`198.18.0.3`, `fd00:18::3`): see
+         * [`resolver_addresses`] for what to announce as the tunnel's DNS.
          */hijack: [String] = [], 
         /**
          * Hijack port 53 whatever the destination.
@@ -4200,6 +4202,21 @@ public func defaultConfig() -> EngineConfig  {
 })
 }
 /**
+ * The addresses the engine answers DNS on for `config`: what the VPN
+ * profile should announce as its DNS servers (iOS `NEDNSSettings`, Android
+ * `addDnsServer`). Empty when `dns.enabled` is off (or `hijack_all` alone
+ * is wanted and no address was named): then announce real resolvers,
+ * whose queries the engine relays like any flow.
+ */
+public func resolverAddresses(config: EngineConfig)throws  -> [String]  {
+    return try  FfiConverterSequenceString.lift(try rustCallWithError(FfiConverterTypeKerntunError_lift) {
+        uniffiCallStatus in
+    uniffi_kerntun_ffi_fn_func_resolver_addresses(
+        FfiConverterTypeEngineConfig_lower(config),uniffiCallStatus
+    )
+})
+}
+/**
  * Install the process-wide logger (os_log on Apple platforms, logcat on
  * Android, stderr elsewhere) at `level`, or change its level if it is
  * already installed. Fails with [`KerntunError::Logging`] when the host
@@ -4235,6 +4252,9 @@ private let initializationResult: InitializationResult = {
         return InitializationResult.apiChecksumMismatch
     }
     if (uniffi_kerntun_ffi_checksum_func_default_config() != 56504) {
+        return InitializationResult.apiChecksumMismatch
+    }
+    if (uniffi_kerntun_ffi_checksum_func_resolver_addresses() != 8589) {
         return InitializationResult.apiChecksumMismatch
     }
     if (uniffi_kerntun_ffi_checksum_func_init_logging() != 23383) {

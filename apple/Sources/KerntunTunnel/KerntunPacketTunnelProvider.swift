@@ -61,8 +61,11 @@ open class KerntunPacketTunnelProvider: NEPacketTunnelProvider {
     /// The running engine, if any.
     public private(set) var engine: Engine?
 
-    /// DNS servers announced to the system. Queries to them go through the
-    /// tunnel and are relayed by the engine like any UDP flow.
+    /// DNS servers announced to the system when the engine's own DNS
+    /// service is off (`config.dns.enabled == false`): queries to them go
+    /// through the tunnel and are relayed like any UDP flow. With it on, the
+    /// addresses the engine answers on (`resolverAddresses(config:)`) are
+    /// announced instead.
     open var dnsServers: [String] { ["1.1.1.1", "2606:4700:4700::1111"] }
 
     /// How often the provider checks that the engine is still running.
@@ -103,7 +106,8 @@ open class KerntunPacketTunnelProvider: NEPacketTunnelProvider {
             ipv6.includedRoutes = [NEIPv6Route.default()]
             settings.ipv6Settings = ipv6
         }
-        settings.dnsSettings = NEDNSSettings(servers: dnsServers)
+        let engineResolvers = (try? resolverAddresses(config: config)) ?? []
+        settings.dnsSettings = NEDNSSettings(servers: engineResolvers.isEmpty ? dnsServers : engineResolvers)
         return settings
     }
 

@@ -280,6 +280,19 @@ try {
     check(true, "initLogging installs (and re-levels) the process logger")
     val d = defaultConfig()
     check(d.tun.ipv4 == "198.18.0.1/16" && d.rules.isEmpty(), "defaultConfig() has the documented defaults")
+    check(resolverAddresses(d).isEmpty(), "resolverAddresses() is empty while dns is off")
+    val withDns = d.copy(
+        tun = d.tun.copy(ipv6 = "fd00:18::1/64"),
+        dns = d.dns.copy(enabled = true, upstreams = listOf("udp://198.19.0.53:53")),
+    )
+    check(resolverAddresses(withDns) == listOf("198.18.0.3", "fd00:18::3"),
+        "resolverAddresses() names gateway + 2 of each prefix: ${resolverAddresses(withDns)}")
+    try {
+        resolverAddresses(withDns.copy(dns = withDns.dns.copy(upstreams = emptyList())))
+        check(false, "resolverAddresses() of an invalid config must throw")
+    } catch (e: KerntunException.Config) {
+        check(e.field == "dns.upstreams", "resolverAddresses() names the bad field: ${e.field}")
+    }
     round(1)
     round(2)
 } catch (e: Throwable) {

@@ -43,6 +43,7 @@ import org.kerntun.LogLevel
 import org.kerntun.MemoryPressure
 import org.kerntun.PlatformHooks
 import org.kerntun.TunOptions
+import org.kerntun.resolverAddresses
 
 abstract class KerntunVpnService : VpnService() {
     /** The running engine, if any. Touched only on [worker]. */
@@ -65,7 +66,11 @@ abstract class KerntunVpnService : VpnService() {
         logLevel = LogLevel.INFO,
     )
 
-    /** DNS servers announced to the system (queries are relayed like any UDP flow). */
+    /**
+     * DNS servers announced to the system when the engine's DNS service is off
+     * (queries are relayed like any UDP flow). With `config.dns.enabled`, the
+     * addresses the engine answers on ([resolverAddresses]) are announced instead.
+     */
     open val dnsServers: List<String> = listOf("1.1.1.1", "2606:4700:4700::1111")
 
     /** The notification's title and small icon. */
@@ -86,7 +91,8 @@ abstract class KerntunVpnService : VpnService() {
             builder.addAddress(address, prefix)
             builder.addRoute("::", 0)
         }
-        dnsServers.forEach { builder.addDnsServer(it) }
+        val engineResolvers = runCatching { resolverAddresses(config) }.getOrDefault(emptyList())
+        engineResolvers.ifEmpty { dnsServers }.forEach { builder.addDnsServer(it) }
         // The app's own traffic (UI, API calls) stays outside the tunnel.
         builder.addDisallowedApplication(packageName)
     }
