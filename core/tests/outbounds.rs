@@ -574,3 +574,101 @@ fn udp_rules_per_flow() {
     assert!(s.drop_count("udp_rejected") >= 2, "{s:?}");
     assert_eq!(udp_b.accepted.load(Relaxed), 0);
 }
+
+// ---------------------------------------------------------------- DNS upstreams
+
+/// Which proxy carries the DNS service's upstream exchange.
+#[derive(Clone, Copy)]
+enum Via {
+    Shadowsocks,
+    Socks5,
+}
+
+/// The DNS service reaches its upstream through the proxy the rules choose
+/// for the upstream's address (here the catch-all `proxy`): UDP through the
+/// proxy's UDP relay, TCP through a proxied stream (framed by the
+/// Shadowsocks AEAD codec when there is one).
+fn dns_through_proxy(via: Via, upstream_proto: &'static str) {
+    use hickory_proto::rr::RecordType;
+    use kerntun_testkit::dns::{self, DnsServer, Zone};
+    let topo = Topology::new().expect("topology");
+    let (_proxy, outbound) = match via {
+        Via::Shadowsocks => {
+            let addr = topo.server_addr(false, 8388);
+            let srv = ss_server(&topo.server, addr, "aes-256-gcm", "kerntun-test");
+            (
+                srv,
+                ss_outbound(addr, ShadowsocksMethod::Aes256Gcm, "kerntun-test"),
+            )
+        }
+        Via::Socks5 => {
+            let addr = topo.server_addr(false, 1080);
+            (
+                socks5_server(&topo.server, addr, None),
+                socks5_outbound(addr, None),
+            )
+        }
+    };
+    let real = topo.server_addr(false, 0).ip();
+    let up_addr = topo.server_addr(false, 53);
+    let resolver: SocketAddr = "198.18.0.53:53".parse().expect("addr");
+    let rig = Rig::new(topo, Some(outbound), move |c| {
+        c.dns.enabled = true;
+        c.dns.hijack = vec![resolver.ip()];
+        c.dns.upstreams = vec![format!("{upstream_proto}://{up_addr}")];
+        c.dns.timeout_ms = 2_000;
+    });
+    let up = DnsServer::start(
+        &rig.topo.server,
+        up_addr,
+        Zone::new(60).with("p.test", real),
+    )
+    .expect("dns server");
+    let r = dns::ask_udp(
+        resolver,
+        &dns::query("p.test", RecordType::A, 9),
+        Duration::from_secs(5),
+    )
+    .expect("ask")
+    .expect("an answer");
+    assert_eq!(dns::first_addr(&r), Some(real), "{r:?}");
+    assert_eq!(up.queries(), 1, "the upstream was asked once");
+    let s = rig.stats();
+    let o = &s.outbounds[0];
+    if upstream_proto == "udp" {
+        assert!(
+            o.udp_flows >= 1,
+            "the query went through the proxy's UDP: {s:?}"
+        );
+    } else {
+        assert!(
+            o.tcp_connects >= 1,
+            "the query went through a proxied stream: {s:?}"
+        );
+    }
+    assert_eq!(s.dns.servfail + s.dns.upstream_failures, 0, "{:?}", s.dns);
+}
+
+#[test]
+fn dns_upstream_udp_through_shadowsocks() {
+    require_root!();
+    dns_through_proxy(Via::Shadowsocks, "udp");
+}
+
+#[test]
+fn dns_upstream_tcp_through_shadowsocks() {
+    require_root!();
+    dns_through_proxy(Via::Shadowsocks, "tcp");
+}
+
+#[test]
+fn dns_upstream_udp_through_socks5() {
+    require_root!();
+    dns_through_proxy(Via::Socks5, "udp");
+}
+
+#[test]
+fn dns_upstream_tcp_through_socks5() {
+    require_root!();
+    dns_through_proxy(Via::Socks5, "tcp");
+}

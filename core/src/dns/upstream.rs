@@ -61,7 +61,7 @@ pub(crate) async fn exchange(
     match up.proto {
         UpstreamProto::Udp => match route {
             Route::Direct => udp_direct(ob, up, wire, id).await,
-            Route::Proxy(i) if ob.udp_proxied(route) => udp_proxy(ob, i, up, wire, id).await,
+            Route::Proxy(i) if ob.udp_proxied(route) => udp_proxy(ob, i, up, wire, id, stats).await,
             // A proxy without UDP: DNS over TCP through it.
             _ => {
                 let out = ob.connect(route, &Address::Ip(up.addr), stats).await?;
@@ -129,13 +129,26 @@ async fn udp_proxy(
     up: &Upstream,
     wire: &[u8],
     id: u16,
+    stats: &Stats,
 ) -> Result<Vec<u8>, ExchangeError> {
+    // Counted like an app's UDP flow through the proxy.
+    let assoc = ob.udp(i).await;
+    if let Some(c) = stats.outbounds.get(i) {
+        match &assoc {
+            Ok(_) => c
+                .udp_flows
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            Err(_) => c
+                .udp_failures
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+        };
+    }
     // `control` keeps a SOCKS5 association open until the reply is in.
     let ProxyUdp {
         sock,
         control: _control,
         mut codec,
-    } = ob.udp(i).await?;
+    } = assoc?;
     let target = Address::Ip(up.addr);
     let mut out = Vec::with_capacity(wire.len() + 64);
     codec.encode(&target, wire, &mut out)?;
