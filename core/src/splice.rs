@@ -21,10 +21,12 @@
 //!   buffers the same way. Handing back goes to a small per-thread pool
 //!   ([`POOL_PER_THREAD`] pipes) rather than closing: a fresh pipe
 //!   (`pipe2`, `F_SETPIPE_SZ`, two `close`s) costs about 14 µs on the
-//!   benchmark VM and a one-stream bulk transfer through the engine met
-//!   EAGAIN about 550 times per GB (about 1 % of the engine's CPU there, more
-//!   with many slower streams), while the pool costs a thread-local pop and
-//!   push.
+//!   benchmark VM, and bulk uploads through the engine met EAGAIN about 550
+//!   times per GB with 1 stream and 5500-7100 with 16-64 streams, i.e. up to
+//!   0.1 CPU s/GB of fresh pipes (engine runs without the pool: 1.20 CPU
+//!   s/GB at 16 and 64 streams, with it 1.02 and 1.16). The pool costs a
+//!   thread-local pop and push; a task that moved to another worker thread
+//!   misses it now and then (20-37 `pipe2` per 5 GB run).
 //! * Fill, then drain: splice from the source into the empty pipe, then from
 //!   the pipe into the destination until the pipe is empty. Readiness goes
 //!   through tokio's `readable`/`writable` + `try_io`, so an EAGAIN from
