@@ -196,8 +196,12 @@ fn closed_port_is_refused_quickly(v6: bool, driver: DriverMode, stack: StackKind
     let took = start.elapsed();
     let s = rig.engine.stats();
     assert_eq!(err.kind(), io::ErrorKind::ConnectionRefused, "{err}");
+    // An RST answering the SYN as soon as the outbound is refused, not the
+    // 3 s timeout. The bound leaves room for a loaded machine: one run took
+    // 1.02 s with the load average at 9 on 2 cores (the app's kernel had
+    // retransmitted its SYN at the 1 s RTO by then).
     assert!(
-        took < Duration::from_secs(1),
+        took < Duration::from_secs(2),
         "refused after {took:?}: {s:?}"
     );
     assert_eq!(s.tcp_connect_failed, 1, "{s:?}");
