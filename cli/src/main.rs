@@ -217,6 +217,20 @@ fn print_json(s: &kerntun::StatsSnapshot) {
     }
 }
 
+/// A failed transfer: print what the engine saw while it is still running
+/// (the demo drops it on error), then hand the error back.
+fn failure_report(engine: &Engine, error: String) -> String {
+    eprintln!("kerntun demo: {error}; engine state at the failure:");
+    match serde_json::to_string(&engine.stats()) {
+        Ok(line) => eprintln!("stats: {line}"),
+        Err(e) => eprintln!("stats: {e}"),
+    }
+    for line in engine.debug_smol() {
+        eprintln!("{line}");
+    }
+    error
+}
+
 fn demo(args: DemoArgs) -> Result<(), String> {
     use kerntun_testkit::servers::{self, Mode};
     use kerntun_testkit::{Topology, client};
@@ -285,7 +299,7 @@ fn demo(args: DemoArgs) -> Result<(), String> {
     for h in handles {
         h.join()
             .map_err(|_| "client thread panicked".to_string())?
-            .map_err(|e| format!("TCP/IPv4 transfer: {e}"))?;
+            .map_err(|e| failure_report(&engine, format!("TCP/IPv4 transfer: {e}")))?;
     }
     let secs = start.elapsed().as_secs_f64();
     let total = (per_stream * streams) as f64;
@@ -299,7 +313,7 @@ fn demo(args: DemoArgs) -> Result<(), String> {
     // TCP over IPv6: one stream, a quarter of the volume.
     let v6_len = (args.mib * 1024 * 1024 / 4).max(1);
     let t = client::echo_transfer(tcp6.addr, 1000, v6_len, false)
-        .map_err(|e| format!("TCP/IPv6 transfer: {e}"))?;
+        .map_err(|e| failure_report(&engine, format!("TCP/IPv6 transfer: {e}")))?;
     println!(
         "TCP  IPv6: 1 stream, {:.0} MiB each way, verified, {:.2} s, {:.2} Gbit/s per direction",
         v6_len as f64 / 1048576.0,

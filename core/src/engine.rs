@@ -193,6 +193,17 @@ impl Engine {
         }
     }
 
+    /// Diagnostics: one line per smoltcp socket (state, queues, windows,
+    /// timers) and the poller's deadline; empty with the system stack.
+    #[doc(hidden)]
+    pub fn debug_smol(&self) -> Vec<String> {
+        self.inner
+            .as_ref()
+            .and_then(|i| i.shared.smol.as_ref())
+            .map(|s| s.debug_sockets())
+            .unwrap_or_default()
+    }
+
     /// Whether the engine is running (not stopped and no fatal error).
     pub fn is_running(&self) -> bool {
         self.inner

@@ -193,6 +193,7 @@ impl<S: Sink> TxToken for Tx<'_, S> {
             return f(&mut tmp);
         }
         let r = f(&mut self.buf[HEADROOM..end]);
+        shade_window(&mut self.buf[HEADROOM..end]);
         if self.sink.send(self.buf, len) {
             self.count.packets += 1;
             self.count.bytes += len as u64;
@@ -239,6 +240,53 @@ impl<S: Sink> Device for Dev<'_, S> {
         caps.max_transmission_unit = self.mtu;
         caps
     }
+}
+
+/// Advertise one window unit less than smoltcp does, so that the right
+/// edge the app is told never passes an edge smoltcp will hold it to.
+///
+/// With window scaling smoltcp advertises its free space rounded down to the
+/// scale unit (2^shift bytes, 16 with the desktop buffers) and trims every
+/// segment at the edge of its *last* advertisement. Between two ACKs that
+/// edge can move back by up to a unit minus one byte (the rounding remainder
+/// grows as the buffer fills), so bytes the app sent inside the earlier edge
+/// are dropped. If the buffer is then full, smoltcp takes no segment whose
+/// sequence number is not exactly the next one it expects, ACK and window
+/// field included (RFC 9293 3.10.7.4 asks to process them): every ACK the
+/// app sends carries its SND.NXT, past the dropped bytes, so smoltcp never
+/// learns that the app opened its window, and an echo-style session stalls
+/// for good (issue 6). One unit less keeps the advertised edge at least a
+/// unit behind every edge smoltcp can later enforce (those never fall more
+/// than a unit below its buffer end, which only moves forward), so nothing
+/// sent inside it is dropped and the app's SND.NXT is smoltcp's next
+/// expected sequence number when the window closes. SYN segments (window
+/// not scaled) and RSTs are left alone; a zero window stays zero.
+///
+/// In place on a segment smoltcp just built (complete IPv4/IPv6 header, no
+/// extension headers, valid checksum), with an RFC 1624 checksum update.
+fn shade_window(p: &mut [u8]) {
+    use crate::packet::checksum;
+    let l4 = match p.first().map(|b| b >> 4) {
+        Some(4) if p.len() >= 20 && p[9] == 6 => usize::from(p[0] & 0x0f) * 4,
+        Some(6) if p.len() >= 40 && p[6] == 6 => 40,
+        _ => return,
+    };
+    let Some(t) = p.get_mut(l4..l4 + 20) else {
+        return;
+    };
+    if t[13] & (packet::tcp_flags::SYN | packet::tcp_flags::RST) != 0 {
+        return;
+    }
+    let old = [t[14], t[15]];
+    let win = u16::from_be_bytes(old);
+    if win == 0 {
+        return;
+    }
+    let new = (win - 1).to_be_bytes();
+    t[14..16].copy_from_slice(&new);
+    let sum = u16::from_be_bytes([t[16], t[17]]);
+    let sum = checksum::nonzero(checksum::update(sum, checksum::replaced(&old, &new)));
+    t[16..18].copy_from_slice(&sum.to_be_bytes());
 }
 
 /// Addresses smoltcp may answer from or to: unicast only (its routing
@@ -479,6 +527,38 @@ impl SmolStack {
         (g.flows.len(), g.connecting.len())
     }
 
+    /// A diagnostic dump of every socket (flow, state, queues and smoltcp's
+    /// own view: windows, sequence numbers, timers) plus the poller's
+    /// deadline. For failure reports (`kerntun demo`), not for hot paths: it
+    /// formats each socket with smoltcp's `Debug` and strips the buffers.
+    pub(crate) fn debug_sockets(&self) -> Vec<String> {
+        let g = self.inner.lock();
+        let now = Instant::now();
+        let mut lines = vec![format!(
+            "smoltcp: {} flows, {} connecting, {} detached, poller armed {:?}, unpublished tx {:?}",
+            g.flows.len(),
+            g.connecting.len(),
+            g.detached.len(),
+            g.armed.map(|a| a.saturating_duration_since(now)),
+            g.count,
+        )];
+        for (key, &h) in &g.flows {
+            let s = g.sockets.get::<tcp::Socket>(h);
+            lines.push(format!(
+                "{} -> {}: {} send_queue {} recv_queue {} can_send {} can_recv {} {}",
+                key.0,
+                key.1,
+                s.state(),
+                s.send_queue(),
+                s.recv_queue(),
+                s.can_send(),
+                s.can_recv(),
+                strip_storage(&format!("{s:?}")),
+            ));
+        }
+        lines
+    }
+
     /// The poller: the one place smoltcp's timers and the sessions' output
     /// are driven from. Returns when the engine stops.
     pub(crate) async fn run_poller(self: Arc<Self>, sh: Arc<Shared>) {
@@ -595,6 +675,36 @@ impl SmolStack {
         f(self.inner.lock().socket(h));
         self.wake.notify_one();
     }
+}
+
+/// `s` without the contents of `storage: ...` fields (socket buffers).
+fn strip_storage(s: &str) -> String {
+    let mut out = String::with_capacity(1024);
+    let mut rest = s;
+    while let Some(i) = rest.find("storage: ") {
+        out.push_str(&rest[..i]);
+        out.push_str("storage: ..");
+        rest = &rest[i..];
+        // Skip to the end of the bracketed value that follows.
+        let mut depth = 0usize;
+        let mut end = rest.len();
+        for (j, c) in rest.char_indices() {
+            match c {
+                '(' | '[' => depth += 1,
+                ')' | ']' => {
+                    depth = depth.saturating_sub(1);
+                    if depth == 0 {
+                        end = j + 1;
+                        break;
+                    }
+                }
+                _ => {}
+            }
+        }
+        rest = &rest[end..];
+    }
+    out.push_str(rest);
+    out
 }
 
 fn seed() -> u64 {

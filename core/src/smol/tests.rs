@@ -282,3 +282,203 @@ fn buffers_follow_the_platform() {
     assert!(socket_buffer(Platform::Android) <= 128 * 1024);
     assert!(socket_buffer(Platform::Desktop) > socket_buffer(Platform::Android));
 }
+
+/// The TCP window field of a segment.
+fn window(p: &[u8]) -> u16 {
+    let ip = parse_ip(p).expect("test input");
+    u16::from_be_bytes([p[ip.l4_offset + 14], p[ip.l4_offset + 15]])
+}
+
+/// The window scale option of a SYN-ACK (0 if absent).
+fn wscale(p: &[u8]) -> u8 {
+    let ip = parse_ip(p).expect("test input");
+    let t = parse_tcp(p, &ip).expect("test input");
+    let opts = &p[ip.l4_offset + 20..ip.l4_offset + t.header_len];
+    let mut i = 0;
+    while i < opts.len() {
+        match opts[i] {
+            0 => break,
+            1 => i += 1,
+            kind => {
+                let len = usize::from(*opts.get(i + 1).unwrap_or(&2)).max(2);
+                if kind == 3 && len == 3 {
+                    return opts[i + 2];
+                }
+                i += len;
+            }
+        }
+    }
+    0
+}
+
+/// `p` with its TCP window field set to `w` (checksum recomputed).
+fn with_window(mut p: Vec<u8>, w: u16) -> Vec<u8> {
+    let ip = parse_ip(&p).expect("test input");
+    p[ip.l4_offset + 14..ip.l4_offset + 16].copy_from_slice(&w.to_be_bytes());
+    assert!(crate::packet::checksum::fill_transport_checksum(
+        &mut p, &ip
+    ));
+    p
+}
+
+/// Issue 6 (bulk transfers stalled for good): with window scaling smoltcp
+/// advertises its free space rounded down to the scale unit, so the right
+/// edge of its window can move back by up to a unit between two ACKs, and it
+/// drops the bytes a sender had already sent inside the earlier edge. Once
+/// its buffer is full (zero window) it then rejects every segment whose
+/// sequence number is not exactly its next expected one, ACK and window
+/// included: the sender's window updates, whose sequence number is past the
+/// dropped bytes, are never seen, and with an echo-style app (our receive
+/// side drains only when the other direction moves) both directions stop.
+///
+/// The client here behaves like Linux: bursts up to the right edge of the
+/// last ACK it saw, keeps its SND.NXT, goes back to the ACK only when the
+/// window is still open, and does not read (window 0) until smoltcp's window
+/// closes; then it opens its window with a pure ACK. That update must be
+/// taken (the app's queued bytes flow), and no byte sent inside an
+/// advertised window may have been dropped.
+#[test]
+fn window_edge_never_strands_the_sender() {
+    let nets: Vec<IpNet> = vec!["198.18.0.1/16".parse().expect("test input")];
+    for chunk in [997usize, 1201, 1301, 1459, 1460, 513] {
+        // 128 KiB: smoltcp scales its window (shift 2), as the engine's
+        // 512 KiB desktop buffers do (shift 4).
+        let st = Arc::new(SmolStack::new(
+            &nets,
+            1500,
+            128 * 1024,
+            Duration::from_secs(7440),
+            Duration::from_secs(10),
+            4,
+        ));
+        let stats = Stats::default();
+        let mut out = Capture::default();
+        let (c, s) = ("10.0.0.9:40000", "1.1.1.1:443");
+        let k = key(c, s);
+        // MSS 1460, NOP, window scale 7 (as Linux sends).
+        let opts = [2, 4, 0x05, 0xb4, 1, 3, 3, 7];
+        let syn = tcp_v4(c, s, 1000, 0, SYN, &opts, &[]);
+        assert_eq!(st.syn(k), Syn::New);
+        let mut t = Instant::now();
+        let h = st.accept(k, &syn, t, &mut out).expect("accepted");
+        let synack = out.0.pop().expect("SYN-ACK");
+        let shift = wscale(&synack);
+        assert!(shift > 0, "the stack scales its window");
+        let srv = seg(&synack).2.wrapping_add(1);
+        // The client's ACK: window 0 (it is not reading yet).
+        let mut snd_nxt = 1001u32;
+        let pkt = |seq: u32, data: &[u8], win: u16| {
+            with_window(tcp_v4(c, s, seq, srv, ACK, &[], data), win)
+        };
+        st.input(&pkt(snd_nxt, &[], 0), t, &mut out, &stats);
+        let data = vec![0x5au8; 2048];
+        // The client's view of smoltcp's receive window.
+        let (mut ack, mut edge) = (1001u32, 1001u32.wrapping_add(u32::from(window(&synack))));
+        let mut closed = false;
+        for _ in 0..2000 {
+            if edge.wrapping_sub(snd_nxt) as i32 <= 0 {
+                closed = true;
+                break;
+            }
+            // Window still open with bytes missing: resend from the ACK.
+            if ack != snd_nxt {
+                snd_nxt = ack;
+            }
+            // One burst up to the edge known now, ACKs read after it.
+            out.0.clear();
+            while snd_nxt != edge {
+                let n = (edge.wrapping_sub(snd_nxt) as usize).min(chunk);
+                st.input(&pkt(snd_nxt, &data[..n], 0), t, &mut out, &stats);
+                snd_nxt = snd_nxt.wrapping_add(n as u32);
+            }
+            // Past smoltcp's delayed-ACK time.
+            t += Duration::from_millis(20);
+            st.poll_once(&mut out, &stats, t);
+            let last = out.0.iter().rev().find(|p| seg(p).1 == k.0);
+            let last = last.expect("smoltcp acknowledges a burst");
+            ack = seg(last).3;
+            edge = ack.wrapping_add(u32::from(window(last)) << shift);
+            assert_eq!(
+                ack, snd_nxt,
+                "chunk {chunk}: bytes sent inside an advertised window were dropped"
+            );
+        }
+        assert!(closed, "chunk {chunk}: smoltcp's window closes");
+        // The app has something to say; the client cannot take it yet.
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("test input");
+        let app = SmolStream::new(st.clone(), h, k);
+        rt.block_on(app.send_all(b"echoed bytes")).expect("queued");
+        out.0.clear();
+        st.poll_once(&mut out, &stats, t);
+        assert!(
+            out.0.iter().all(|p| seg(p).5.is_empty()),
+            "zero window held"
+        );
+        // The client reads and opens its window.
+        st.input(&pkt(snd_nxt, &[], 64), t, &mut out, &stats);
+        st.poll_once(&mut out, &stats, t);
+        let sent: Vec<u8> = out.0.iter().flat_map(|p| seg(p).5).collect();
+        assert_eq!(
+            sent, b"echoed bytes",
+            "chunk {chunk}: the client's window update was taken"
+        );
+        drop(app);
+    }
+}
+
+#[test]
+fn shaded_window_is_one_unit_less_with_valid_checksums() {
+    use crate::packet::checksum::verify_transport_checksum;
+    let v4 = |fl, w| with_window(tcp_v4("1.1.1.1:443", "10.0.0.9:4", 7, 9, fl, &[], b"ab"), w);
+    let v6 = |fl, w| {
+        with_window(
+            tcp_v6(
+                "[2001:db8::1]:443",
+                "[fd00::9]:4",
+                &[],
+                7,
+                9,
+                fl,
+                &[],
+                b"abc",
+            ),
+            w,
+        )
+    };
+    for (mut p, want) in [
+        (v4(ACK, 1000), 999),
+        (v4(ACK | PSH, 1), 0),
+        (v4(ACK, 0), 0),
+        (v4(SYN | ACK, 1000), 1000),
+        (v4(RST | ACK, 1000), 1000),
+        (v6(ACK, 0xffff), 0xfffe),
+        (v6(ACK | FIN, 0), 0),
+        (v6(SYN | ACK, 500), 500),
+    ] {
+        // Across the window's range (and so many checksum values).
+        for w in (0..=0xffffu16).step_by(4099) {
+            let mut r = with_window(p.clone(), w);
+            shade_window(&mut r);
+            let ip = parse_ip(&r).expect("test input");
+            assert!(verify_transport_checksum(&r, &ip), "checksum after w={w}");
+        }
+        shade_window(&mut p);
+        assert_eq!(window(&p), want);
+        let ip = parse_ip(&p).expect("test input");
+        assert!(verify_transport_checksum(&p, &ip));
+    }
+    // Not TCP, truncated, garbage: left alone, no panic.
+    for mut junk in [
+        vec![],
+        vec![0x45; 10],
+        vec![0x60; 39],
+        vec![0x45; 20],
+        vec![0x46; 22],
+    ] {
+        let before = junk.clone();
+        shade_window(&mut junk);
+        assert_eq!(junk, before);
+    }
+}
