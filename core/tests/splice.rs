@@ -683,3 +683,109 @@ fn idle_pipes_body() {
     })
     .expect("the idle-pipe test finished in time");
 }
+
+const SIGPIPE_CHILD: &str = "KERNTUN_SPLICE_SIGPIPE_CHILD";
+
+/// A host app that left SIGPIPE at its default action (terminate): splice
+/// cannot take MSG_NOSIGNAL, so the relay must not splice there. It copies
+/// instead (the fallback says why), moves every byte, and a peer that resets
+/// mid-transfer ends the relay with an error, not the process. Rust test
+/// binaries ignore SIGPIPE at startup, so the test re-runs itself in a child
+/// that restores the default first.
+#[test]
+fn sigpipe_at_its_default_action_means_copy_and_no_crash() {
+    if std::env::var_os(SIGPIPE_CHILD).is_some() {
+        sigpipe_default_body();
+        return;
+    }
+    let exe = std::env::current_exe().expect("test executable");
+    let name = "sigpipe_at_its_default_action_means_copy_and_no_crash";
+    let out = std::process::Command::new(exe)
+        .args(["--exact", name, "--nocapture", "--test-threads=1"])
+        .env(SIGPIPE_CHILD, "1")
+        .output()
+        .expect("child test process");
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(
+        out.status.success(),
+        "child failed ({:?}):\n{stdout}\n{stderr}",
+        out.status
+    );
+    assert!(
+        stdout.contains("1 passed"),
+        "the child ran the test:\n{stdout}"
+    );
+}
+
+#[allow(unsafe_code)]
+fn restore_default_sigpipe() {
+    // SAFETY: setting a signal's disposition to SIG_DFL installs no handler
+    // code; the child test process is single-threaded at this point
+    // (--test-threads=1, before its runtime starts).
+    let prev = unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+    assert_ne!(prev, libc::SIG_ERR, "signal(SIGPIPE, SIG_DFL)");
+}
+
+fn sigpipe_default_body() {
+    restore_default_sigpipe();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        tokio::time::timeout(LIMIT, async {
+            // Bytes both ways, then a clean close: all copied, none spliced.
+            let mut r = rig(Arc::new(KernelSplice), opts()).await;
+            let up = pattern(71, 2 * MIB);
+            let down = pattern(72, MIB);
+            let mut got_up = vec![0u8; up.len()];
+            let mut got_down = vec![0u8; down.len()];
+            {
+                let (mut cr, mut cw) = r.client.split();
+                let (mut sr, mut sw) = r.server.split();
+                let (w1, r1, w2, r2) = tokio::join!(
+                    cw.write_all(&up),
+                    sr.read_exact(&mut got_up),
+                    sw.write_all(&down),
+                    cr.read_exact(&mut got_down),
+                );
+                w1.expect("w up");
+                r1.expect("r up");
+                w2.expect("w down");
+                r2.expect("r down");
+            }
+            assert!(got_up == up && got_down == down, "bytes intact");
+            r.client.shutdown().await.expect("client fin");
+            r.server.shutdown().await.expect("server fin");
+            let (res, _) = finish(r.relay).await;
+            let done = res.expect("relay ok");
+            for leg in [done.up, done.down] {
+                assert_eq!(leg.spliced, 0, "{done:?}");
+                assert_eq!(leg.fallback, Some(Fallback::SigpipeDefault), "{done:?}");
+            }
+            assert_eq!(done.up.copied, up.len() as u64);
+            assert_eq!(done.down.copied, down.len() as u64);
+
+            // A peer that resets while the relay writes to it: an error for
+            // the relay, and this process (SIGPIPE at default) lives on.
+            let mut r = rig(Arc::new(KernelSplice), opts()).await;
+            SockRef::from(&r.server)
+                .set_linger(Some(Duration::ZERO))
+                .expect("linger");
+            drop(r.server);
+            let chunk = pattern(73, 256 * 1024);
+            for _ in 0..16 {
+                if r.client.write_all(&chunk).await.is_err() {
+                    break;
+                }
+            }
+            let (res, _) = finish(r.relay).await;
+            assert!(res.is_err(), "writing to a reset peer is an error: {res:?}");
+        })
+        .await
+        .expect("within the limit");
+    });
+}
