@@ -10,7 +10,8 @@
 //! * Batch (Linux `virtio_net_hdr` offload): one read returns a TCP
 //!   super-packet of up to 64 KiB that tun-rs splits into segments; the
 //!   rewritten segments are written with `send_multiple`, which coalesces them
-//!   again (GRO) before they reach the kernel.
+//!   again (GRO) before they reach the kernel. A read that yields a single
+//!   packet is written back in place, without the copy into a GRO buffer.
 
 use std::io;
 use std::sync::Arc;
@@ -198,6 +199,23 @@ mod batch {
                             continue;
                         }
                     };
+                if n == 1 {
+                    // One packet, nothing to coalesce it with (the common
+                    // read at a 64 KiB MTU, and every ACK): write it back
+                    // from where it was read, with a "no offload" header,
+                    // instead of copying it into a write buffer for GRO
+                    // (5-9 % of engine CPU in the splice/copy profiles).
+                    let buf = &mut *segs[0];
+                    match proc.process(&mut buf[HEADROOM..HEADROOM + sizes[0]]) {
+                        Disposition::WriteBack(len) => write_one(proc, buf, len).await,
+                        Disposition::ForwardUdp => {
+                            proc.forward_udp(&buf[HEADROOM..HEADROOM + sizes[0]]);
+                        }
+                        Disposition::Done => {}
+                    }
+                    proc.local.read_done(1, &shared.stats, proc.now);
+                    continue;
+                }
                 let mut pending = 0usize;
                 for i in 0..n {
                     let seg = &mut segs[i][HEADROOM..HEADROOM + sizes[i]];
@@ -226,6 +244,22 @@ mod batch {
                 // About to sleep: publish what was counted.
                 proc.local.commit(&shared.stats, proc.now);
             }
+        }
+    }
+
+    /// Write one packet in place: non-blocking first, awaiting the device
+    /// only when its queue is full.
+    async fn write_one(proc: &mut Processor, buf: &mut [u8], len: usize) {
+        proc.local.writes += 1;
+        let tun = &proc.shared.tun;
+        match tun.try_send(buf, len) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                if tun.send(buf, len).await.is_err() {
+                    proc.local.drop(EngineDrop::TunWrite);
+                }
+            }
+            Err(_) => proc.local.drop(EngineDrop::TunWrite),
         }
     }
 
