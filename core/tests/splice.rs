@@ -564,18 +564,27 @@ fn idle_spliced_connections_hold_no_pipes() {
         idle_pipes_body();
         return;
     }
+    rerun_in_child("idle_spliced_connections_hold_no_pipes", FD_CHILD);
+}
+
+/// Run the test `name` of this binary again, alone, in a child process with
+/// `env` set (the test then runs its body), and check that it passed.
+fn rerun_in_child(name: &str, env: &str) {
     let exe = std::env::current_exe().expect("test executable");
-    let name = "idle_spliced_connections_hold_no_pipes";
     let out = std::process::Command::new(exe)
         .args(["--exact", name, "--nocapture", "--test-threads=1"])
-        .env(FD_CHILD, "1")
+        .env(env, "1")
         .output()
         .expect("child test process");
     let (stdout, stderr) = (
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr),
     );
-    assert!(out.status.success(), "child failed:\n{stdout}\n{stderr}");
+    assert!(
+        out.status.success(),
+        "child failed ({:?}):\n{stdout}\n{stderr}",
+        out.status
+    );
     assert!(
         stdout.contains("1 passed"),
         "the child ran the test:\n{stdout}"
@@ -698,25 +707,9 @@ fn sigpipe_at_its_default_action_means_copy_and_no_crash() {
         sigpipe_default_body();
         return;
     }
-    let exe = std::env::current_exe().expect("test executable");
-    let name = "sigpipe_at_its_default_action_means_copy_and_no_crash";
-    let out = std::process::Command::new(exe)
-        .args(["--exact", name, "--nocapture", "--test-threads=1"])
-        .env(SIGPIPE_CHILD, "1")
-        .output()
-        .expect("child test process");
-    let (stdout, stderr) = (
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr),
-    );
-    assert!(
-        out.status.success(),
-        "child failed ({:?}):\n{stdout}\n{stderr}",
-        out.status
-    );
-    assert!(
-        stdout.contains("1 passed"),
-        "the child ran the test:\n{stdout}"
+    rerun_in_child(
+        "sigpipe_at_its_default_action_means_copy_and_no_crash",
+        SIGPIPE_CHILD,
     );
 }
 
