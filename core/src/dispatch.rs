@@ -130,10 +130,6 @@ pub(crate) fn route_sniffed(sh: &Shared, server: SocketAddr, domain: Option<&str
     })
 }
 
-/// The largest prefix read while sniffing: the sniffer's own cap (a
-/// ClientHello with post-quantum key shares is ~1.8 KB).
-pub(crate) const SNIFF_MAX: usize = sniff::MAX_SNIFF;
-
 /// How long sniffing waits between looks when the first bytes are
 /// incomplete (peek cannot wait for *more* data than it already saw).
 const SNIFF_RETRY: Duration = Duration::from_millis(5);
@@ -146,7 +142,7 @@ pub(crate) async fn sniff_peek(
     timeout: Duration,
     stats: &Stats,
 ) -> Option<String> {
-    let mut buf = vec![0u8; SNIFF_MAX];
+    let mut buf = vec![0u8; sniff::MAX_SNIFF];
     let found = tokio::time::timeout(timeout, async {
         loop {
             let n = app.peek(&mut buf).await.ok()?;

@@ -355,6 +355,18 @@ impl Drop for UdpTable {
     }
 }
 
+/// IP + UDP header bytes for datagrams from `server`, and the payload that
+/// still fits one TUN packet of the device MTU (a larger DNS answer is
+/// truncated with TC set; a larger reply datagram is dropped).
+fn udp_room(mtu: u16, server: SocketAddr) -> (usize, usize) {
+    let hdr = if server.is_ipv6() {
+        IPV6_UDP_HEADERS
+    } else {
+        IPV4_UDP_HEADERS
+    };
+    (hdr, usize::from(mtu).saturating_sub(hdr))
+}
+
 /// Answer one hijacked query and write the answer to the TUN as a datagram
 /// from the address the app asked (`key.1`) to the app (`key.0`).
 async fn answer_hijacked(
@@ -364,13 +376,7 @@ async fn answer_hijacked(
     (client, server): Key,
     _permit: OwnedSemaphorePermit,
 ) {
-    let hdr = if server.is_ipv6() {
-        IPV6_UDP_HEADERS
-    } else {
-        IPV4_UDP_HEADERS
-    };
-    // The answer must fit one TUN packet of the device MTU (else TC is set).
-    let max_payload = usize::from(shared.mtu).saturating_sub(hdr);
+    let (hdr, max_payload) = udp_room(shared.mtu, server);
     let stats: &Stats = &shared.stats;
     let Some(reply) = dns.answer_udp(&query, max_payload, stats).await else {
         return;
@@ -461,13 +467,7 @@ async fn reply_loop(
     last_down: Arc<AtomicU64>,
     epoch: Instant,
 ) {
-    let hdr = if server.is_ipv6() {
-        IPV6_UDP_HEADERS
-    } else {
-        IPV4_UDP_HEADERS
-    };
-    // One datagram must fit in one TUN packet of the device MTU.
-    let max_payload = usize::from(shared.mtu).saturating_sub(hdr);
+    let (hdr, max_payload) = udp_room(shared.mtu, server);
     let stats: &Stats = &shared.stats;
     let mut buf: Option<Box<[u8]>> = None;
     loop {
@@ -555,12 +555,7 @@ async fn proxy_flow(
         Address::Ip(_) => Some(canonical(server)),
         Address::Domain(..) => None,
     };
-    let hdr = if server.is_ipv6() {
-        IPV6_UDP_HEADERS
-    } else {
-        IPV4_UDP_HEADERS
-    };
-    let max_payload = usize::from(shared.mtu).saturating_sub(hdr);
+    let (hdr, max_payload) = udp_room(shared.mtu, server);
     // Framing overhead: at most a SIP022 header with 900 bytes of padding.
     const MAX_DATAGRAM: usize = 65_535;
     let mut wire: Vec<u8> = Vec::new();

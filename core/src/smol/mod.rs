@@ -926,7 +926,7 @@ async fn sniff_session(sh: Arc<Shared>, app: SmolStream, server: SocketAddr, per
 }
 
 /// Read the app's first bytes into `first` until they name a domain, name
-/// none, reach [`dispatch::SNIFF_MAX`], or `timeout` passes.
+/// none, reach [`crate::sniff::MAX_SNIFF`], or `timeout` passes.
 async fn sniff_read(app: &SmolStream, first: &mut Vec<u8>, timeout: Duration) -> Option<String> {
     let deadline = tokio::time::Instant::now() + timeout;
     let mut chunk = vec![0u8; 4096];
@@ -935,12 +935,14 @@ async fn sniff_read(app: &SmolStream, first: &mut Vec<u8>, timeout: Duration) ->
             Ok(Ok(n)) if n > 0 => n,
             _ => return None,
         };
-        let take = n.min(dispatch::SNIFF_MAX - first.len());
+        let take = n.min(crate::sniff::MAX_SNIFF - first.len());
         first.extend_from_slice(&chunk[..take]);
         match crate::sniff::sniff(first) {
             crate::sniff::Sniffed::Domain { name, .. } => return Some(name.to_owned()),
             crate::sniff::Sniffed::NoDomain => return None,
-            crate::sniff::Sniffed::NeedMore if first.len() >= dispatch::SNIFF_MAX => return None,
+            crate::sniff::Sniffed::NeedMore if first.len() >= crate::sniff::MAX_SNIFF => {
+                return None;
+            }
             crate::sniff::Sniffed::NeedMore => {}
         }
     }
