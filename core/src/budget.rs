@@ -10,8 +10,6 @@ use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::BudgetConfig;
-
 /// The platform a budget is tuned for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -45,6 +43,40 @@ impl Platform {
             Platform::Android => 9000,
             Platform::Desktop => 65535,
         }
+    }
+}
+
+/// Limits that come from the platform unless overridden .
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct BudgetConfig {
+    /// Platform whose budget is the starting point; defaults to the build target.
+    pub platform: Option<Platform>,
+    /// NAT entries (system stack).
+    pub nat_entries: Option<usize>,
+    /// TCP admission permits at normal pressure (elevated and critical are 1/2 and 1/4).
+    pub tcp_sessions: Option<usize>,
+    /// Concurrent UDP flows; the least recently used flow is evicted past it.
+    pub udp_flows: Option<usize>,
+    /// Kernel listener backlog.
+    pub backlog: Option<u32>,
+    /// Userspace relay buffer per direction, allocated only while data flows.
+    pub relay_buffer: Option<usize>,
+}
+
+impl BudgetConfig {
+    /// The first field that is set to zero, if any (every limit must admit
+    /// at least one).
+    pub fn zero_field(&self) -> Option<&'static str> {
+        [
+            ("nat_entries", self.nat_entries),
+            ("tcp_sessions", self.tcp_sessions),
+            ("udp_flows", self.udp_flows),
+            ("relay_buffer", self.relay_buffer),
+            ("backlog", self.backlog.map(|b| b as usize)),
+        ]
+        .into_iter()
+        .find_map(|(name, v)| (v == Some(0)).then_some(name))
     }
 }
 

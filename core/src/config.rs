@@ -2,18 +2,32 @@
 //! records. Every field has a default that works on the platform it is
 //! compiled for; [`Config::validate`] turns a bad combination into a
 //! [`ConfigError`] that names the field before anything is opened.
+//!
+//! Each section belongs to the module that reads it (`[tun]` to
+//! [`crate::tun`], `[budget]` to [`crate::budget`], `[dns]` to
+//! [`crate::dns`], ...), which also checks it and reports its own error.
+//! This module only collects the sections and turns their errors into a
+//! [`ConfigError`]: nothing below the engine imports it
+//! (docs/architecture.md, "Layers").
 
 use std::collections::BTreeMap;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::net::IpAddr;
 use std::time::Duration;
 
-use ipnet::{IpNet, Ipv4Net, Ipv6Net};
+use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 
-use crate::budget::Platform;
-pub use crate::dns::DnsConfig;
-use crate::rules::{Action, Rule};
-pub use crate::sniff::SniffConfig;
+pub use crate::budget::BudgetConfig;
+pub use crate::dns::{DnsConfig, DnsConfigError};
+pub use crate::outbound::SetupError;
+pub use crate::outbound::config::{
+    BadOutbound, DirectConfig, OutboundConfig, ShadowsocksConfig, ShadowsocksMethod, Socks5Config,
+};
+pub use crate::relay::RelayConfig;
+use crate::rules::{Action, Rule, RuleError};
+pub use crate::sniff::{SniffConfig, SniffConfigError};
+pub use crate::translate::nat_address;
+pub use crate::tun::TunConfig;
 
 /// Which TCP stack turns TUN packets into streams.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -47,83 +61,6 @@ pub enum DriverMode {
     PerPacket,
 }
 
-/// The TUN device.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct TunConfig {
-    /// Interface name when kerntun creates the device (Linux desktop).
-    pub name: String,
-    /// Device MTU. Desktop Linux default 65535; iOS 4064 and Android 9000 are the
-    /// values peers settled on (DESIGN.md "Field notes").
-    pub mtu: u16,
-    /// Gateway address and prefix, e.g. `198.18.0.1/16`. The NAT address is gateway + 1.
-    pub ipv4: Option<Ipv4Net>,
-    /// IPv6 gateway address and prefix, e.g. `fd00:18::1/64`.
-    pub ipv6: Option<Ipv6Net>,
-    /// Transmit queue length set on a device kerntun creates. The kernel default of
-    /// 500 overflows under load (seed measurements); 10000 is what the benchmarks use.
-    pub tx_queue_len: u32,
-    /// iOS: the tunnel's `NETunnelProviderProtocol.includeAllNetworks` is on.
-    /// The system then routes everything, loopback included, into the tunnel
-    /// and the engine's kernel listener never sees the rewritten SYNs, so the
-    /// system stack cannot work: `auto` picks smoltcp and an explicit
-    /// `stack = "system"` is refused.
-    pub include_all_networks: bool,
-}
-
-impl Default for TunConfig {
-    fn default() -> Self {
-        Self {
-            name: "kerntun0".into(),
-            mtu: Platform::current().default_mtu(),
-            ipv4: Some(Ipv4Net::new(Ipv4Addr::new(198, 18, 0, 1), 16).expect("static prefix")),
-            ipv6: None,
-            tx_queue_len: 10_000,
-            include_all_networks: false,
-        }
-    }
-}
-
-/// How direct outbound sockets avoid looping back into the TUN.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct DirectConfig {
-    /// Bind outbound sockets to this interface (`SO_BINDTODEVICE`).
-    pub interface: Option<String>,
-    /// Mark outbound sockets (`SO_MARK`) for policy routing.
-    pub fwmark: Option<u32>,
-    /// Upper bound on an outbound TCP connect; the app sees a reset after it.
-    pub connect_timeout_ms: u64,
-}
-
-impl Default for DirectConfig {
-    fn default() -> Self {
-        Self {
-            interface: None,
-            fwmark: None,
-            connect_timeout_ms: 5_000,
-        }
-    }
-}
-
-/// Limits that come from the platform unless overridden (DESIGN.md part 10).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct BudgetConfig {
-    /// Platform whose budget is the starting point; defaults to the build target.
-    pub platform: Option<Platform>,
-    /// NAT entries (system stack).
-    pub nat_entries: Option<usize>,
-    /// TCP admission permits at normal pressure (elevated and critical are 1/2 and 1/4).
-    pub tcp_sessions: Option<usize>,
-    /// Concurrent UDP flows; the least recently used flow is evicted past it.
-    pub udp_flows: Option<usize>,
-    /// Kernel listener backlog.
-    pub backlog: Option<u32>,
-    /// Userspace relay buffer per direction, allocated only while data flows.
-    pub relay_buffer: Option<usize>,
-}
-
 /// Timeouts of the flow tables.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -143,102 +80,6 @@ impl Default for TimeoutConfig {
             udp_idle_s: 60,
             tcp_idle_s: 7_440,
             tcp_linger_s: 10,
-        }
-    }
-}
-
-/// A Shadowsocks method (the names shadowsocks-rust uses).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub enum ShadowsocksMethod {
-    /// No encryption: the target address, then the application's bytes
-    /// unchanged (spliced on Linux/Android).
-    #[serde(rename = "none", alias = "plain")]
-    None,
-    #[serde(rename = "aes-128-gcm")]
-    Aes128Gcm,
-    #[serde(rename = "aes-256-gcm")]
-    Aes256Gcm,
-    #[serde(rename = "chacha20-ietf-poly1305")]
-    Chacha20IetfPoly1305,
-    /// AEAD-2022: the password is a base64 16-byte key.
-    #[serde(rename = "2022-blake3-aes-128-gcm")]
-    Blake3Aes128Gcm,
-    /// AEAD-2022: the password is a base64 32-byte key.
-    #[serde(rename = "2022-blake3-aes-256-gcm")]
-    Blake3Aes256Gcm,
-}
-
-/// A Shadowsocks server.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ShadowsocksConfig {
-    /// The server's IP address and port (not resolved: the engine has no DNS).
-    pub server: SocketAddr,
-    pub method: ShadowsocksMethod,
-    /// The password (SIP004 methods), or the base64 key (AEAD-2022); ignored by `none`.
-    #[serde(default)]
-    pub password: String,
-    /// Relay UDP flows through the server too (else they go direct).
-    #[serde(default = "yes")]
-    pub udp: bool,
-}
-
-/// A SOCKS5 proxy (RFC 1928), optionally with username/password (RFC 1929).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Socks5Config {
-    /// The proxy's IP address and port.
-    pub server: SocketAddr,
-    /// Username and password go together, 1..=255 bytes each.
-    #[serde(default)]
-    pub username: Option<String>,
-    #[serde(default)]
-    pub password: Option<String>,
-    /// Relay UDP flows with UDP ASSOCIATE (else they go direct).
-    #[serde(default = "yes")]
-    pub udp: bool,
-}
-
-fn yes() -> bool {
-    true
-}
-
-/// A named proxy outbound that rules can send flows to (`action = "<name>"`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "type", rename_all = "snake_case")]
-pub enum OutboundConfig {
-    Socks5(Socks5Config),
-    Shadowsocks(ShadowsocksConfig),
-}
-
-impl OutboundConfig {
-    /// The proxy's address (where the engine's sockets connect).
-    pub fn server(&self) -> SocketAddr {
-        match self {
-            OutboundConfig::Socks5(c) => c.server,
-            OutboundConfig::Shadowsocks(c) => c.server,
-        }
-    }
-}
-
-/// How TCP bytes move between the app's socket and the outbound's.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct RelayConfig {
-    /// Linux/Android: relay plain kernel sockets (direct, SOCKS5, Shadowsocks
-    /// `none`) with splice(2), so the payload never enters userspace. `false`
-    /// forces the userspace copy (for comparisons). Ignored elsewhere.
-    pub splice: bool,
-    /// Pipe capacity asked for per spliced direction (best effort; a smaller
-    /// pipe than 64 KiB means the userspace copy).
-    pub pipe_size: usize,
-}
-
-impl Default for RelayConfig {
-    fn default() -> Self {
-        Self {
-            splice: true,
-            pipe_size: crate::relay::PIPE_SIZE,
         }
     }
 }
@@ -306,6 +147,44 @@ pub enum ConfigError {
     Sniff { field: &'static str, reason: String },
 }
 
+impl From<RuleError> for ConfigError {
+    fn from(e: RuleError) -> Self {
+        match e {
+            RuleError::Bad { rule, reason } => ConfigError::BadRule { rule, reason },
+            RuleError::UnknownOutbound { rule, name } => {
+                ConfigError::UnknownOutbound { rule, name }
+            }
+        }
+    }
+}
+
+impl From<BadOutbound> for ConfigError {
+    fn from(BadOutbound { name, reason }: BadOutbound) -> Self {
+        ConfigError::BadOutbound { name, reason }
+    }
+}
+
+impl From<SetupError> for ConfigError {
+    fn from(e: SetupError) -> Self {
+        match e {
+            SetupError::Outbound(b) => b.into(),
+            SetupError::Rule(r) => r.into(),
+        }
+    }
+}
+
+impl From<DnsConfigError> for ConfigError {
+    fn from(DnsConfigError { field, reason }: DnsConfigError) -> Self {
+        ConfigError::Dns { field, reason }
+    }
+}
+
+impl From<SniffConfigError> for ConfigError {
+    fn from(SniffConfigError { field, reason }: SniffConfigError) -> Self {
+        ConfigError::Sniff { field, reason }
+    }
+}
+
 impl Config {
     /// Check the combination before any descriptor is opened.
     pub fn validate(&self) -> Result<(), ConfigError> {
@@ -335,22 +214,11 @@ impl Config {
                 net: IpNet::V6(net),
             })?;
         }
-        let b = &self.budget;
-        for (name, v) in [
-            ("nat_entries", b.nat_entries),
-            ("tcp_sessions", b.tcp_sessions),
-            ("udp_flows", b.udp_flows),
-            ("relay_buffer", b.relay_buffer),
-        ] {
-            if v == Some(0) {
-                return Err(ConfigError::ZeroBudget(name));
-            }
-        }
-        if b.backlog == Some(0) {
-            return Err(ConfigError::ZeroBudget("backlog"));
+        if let Some(field) = self.budget.zero_field() {
+            return Err(ConfigError::ZeroBudget(field));
         }
         for (name, o) in &self.outbounds {
-            check_outbound(name, o)?;
+            o.check(name)?;
         }
         for (i, r) in self.rules.iter().enumerate() {
             if let Action::Outbound(name) = &r.action
@@ -362,9 +230,20 @@ impl Config {
                 });
             }
         }
-        self.dns.validate(&self.tun)?;
+        self.dns.validate(&self.reserved_addresses())?;
         self.sniff.validate()?;
         Ok(())
+    }
+
+    /// The TUN's gateway and NAT addresses: what no other service (the DNS
+    /// service's fake-ip pool) may hand out.
+    pub fn reserved_addresses(&self) -> Vec<IpAddr> {
+        self.tun
+            .nets()
+            .into_iter()
+            .flat_map(|net| [Some(net.addr()), nat_address(net)])
+            .flatten()
+            .collect()
     }
 
     /// Parse the engine's TOML and validate it. Syntax and type errors name
@@ -412,55 +291,6 @@ fn outbound_line(text: &str, name: &str) -> Option<usize> {
     text.lines()
         .position(|l| forms.iter().any(|f| l.trim() == f))
         .map(|i| i + 1)
-}
-
-/// Settings of one outbound that are wrong whatever the platform.
-fn check_outbound(name: &str, o: &OutboundConfig) -> Result<(), ConfigError> {
-    let bad = |reason: String| ConfigError::BadOutbound {
-        name: name.to_owned(),
-        reason,
-    };
-    if name == "direct" || name == "reject" {
-        return Err(bad(
-            "`direct` and `reject` are built in; pick another name".into()
-        ));
-    }
-    match o {
-        OutboundConfig::Socks5(c) => match (&c.username, &c.password) {
-            (None, None) => {}
-            (Some(u), Some(p)) => {
-                if u.is_empty() || p.is_empty() || u.len() > 255 || p.len() > 255 {
-                    return Err(bad("username and password must be 1..=255 bytes".into()));
-                }
-            }
-            _ => return Err(bad("username and password go together".into())),
-        },
-        OutboundConfig::Shadowsocks(c) => {
-            crate::outbound::shadowsocks::Key::new(c.method, &c.password)
-                .map_err(|e| bad(e.to_string()))?;
-            if c.method != ShadowsocksMethod::None && c.password.is_empty() {
-                return Err(bad("password is empty".into()));
-            }
-        }
-    }
-    Ok(())
-}
-
-/// The NAT address of a gateway prefix: gateway + 1, which must stay inside the
-/// prefix and not be its broadcast address (IPv4).
-pub fn nat_address(net: IpNet) -> Option<IpAddr> {
-    match net {
-        IpNet::V4(n) => {
-            let next = u32::from(n.addr()).checked_add(1)?;
-            let a = Ipv4Addr::from(next);
-            (n.contains(&a) && a != n.broadcast() && a != n.network()).then_some(IpAddr::V4(a))
-        }
-        IpNet::V6(n) => {
-            let next = u128::from(n.addr()).checked_add(1)?;
-            let a = Ipv6Addr::from(next);
-            n.contains(&a).then_some(IpAddr::V6(a))
-        }
-    }
 }
 
 #[cfg(test)]

@@ -322,21 +322,22 @@ async fn prepare(
     // domain lists, proxy keys, DNS upstreams) comes before any descriptor
     // is opened.
     let factory = SocketFactory::new(&config.direct, protect);
-    let outbounds = Arc::new(Outbounds::new(
-        config,
-        factory.clone(),
-        budget.relay_buffer,
-    )?);
+    let outbounds = Arc::new(
+        Outbounds::new(
+            &config.outbounds,
+            &config.rules,
+            &config.relay,
+            factory.clone(),
+            budget.relay_buffer,
+        )
+        .map_err(ConfigError::from)?,
+    );
     let stats = Stats::with_outbounds(outbounds.names());
-    let dns = crate::dns::Dns::new(config, outbounds.clone())?;
-    let tun = Tun::open(config, source).map_err(StartError::Tun)?;
-    let nets: Vec<IpNet> = config
-        .tun
-        .ipv4
-        .map(IpNet::V4)
-        .into_iter()
-        .chain(config.tun.ipv6.map(IpNet::V6))
-        .collect();
+    let nets: Vec<IpNet> = config.tun.nets();
+    let dns =
+        crate::dns::Dns::new(&config.dns, &nets, outbounds.clone()).map_err(ConfigError::from)?;
+    let offload = config.driver != DriverMode::PerPacket;
+    let tun = Tun::open(&config.tun, offload, source).map_err(StartError::Tun)?;
     tun.verify_addresses(&nets)
         .await
         .map_err(StartError::Address)?;

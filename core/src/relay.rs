@@ -22,6 +22,7 @@ use std::io;
 use std::net::Shutdown;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
+use serde::{Deserialize, Serialize};
 use socket2::SockRef;
 use tokio::net::TcpStream;
 
@@ -152,6 +153,28 @@ impl Default for RelayOptions {
         Self {
             splice: true,
             buffer: PLAIN_READ_SIZE,
+            pipe_size: PIPE_SIZE,
+        }
+    }
+}
+
+/// How TCP bytes move between the app's socket and the outbound's.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RelayConfig {
+    /// Linux/Android: relay plain kernel sockets (direct, SOCKS5, Shadowsocks
+    /// `none`) with splice(2), so the payload never enters userspace. `false`
+    /// forces the userspace copy (for comparisons). Ignored elsewhere.
+    pub splice: bool,
+    /// Pipe capacity asked for per spliced direction (best effort; a smaller
+    /// pipe than 64 KiB means the userspace copy).
+    pub pipe_size: usize,
+}
+
+impl Default for RelayConfig {
+    fn default() -> Self {
+        Self {
+            splice: true,
             pipe_size: PIPE_SIZE,
         }
     }

@@ -18,7 +18,19 @@ use std::sync::Arc;
 use ipnet::IpNet;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-use crate::config::ConfigError;
+/// A rule the configuration cannot use, by its index in `rules`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum RuleError {
+    /// A condition is malformed (a bad domain entry, an unreadable list).
+    #[error("rules[{rule}]: {reason}")]
+    Bad { rule: usize, reason: String },
+    /// The action names an outbound that is not configured.
+    #[error(
+        "rules[{rule}].action: no outbound named {name:?} (direct, reject, or a key of [outbounds])"
+    )]
+    UnknownOutbound { rule: usize, name: String },
+}
 
 /// What happens to a matching flow: `direct`, `reject`, or the name of a
 /// configured outbound (`[outbounds.NAME]`).
@@ -407,15 +419,15 @@ impl<T> Default for RuleSet<T> {
 impl<T> RuleSet<T> {
     /// Compile `rules`, resolving each one's action with `route`. A bad
     /// domain entry or an unreadable domain list is
-    /// [`ConfigError::BadRule`] naming the rule (and the file and line).
+    /// [`RuleError::Bad`] naming the rule (and the file and line).
     pub fn compile(
         rules: &[Rule],
-        mut route: impl FnMut(usize, &Rule) -> Result<T, ConfigError>,
-    ) -> Result<Self, ConfigError> {
+        mut route: impl FnMut(usize, &Rule) -> Result<T, RuleError>,
+    ) -> Result<Self, RuleError> {
         let mut out = Vec::with_capacity(rules.len());
         for (i, r) in rules.iter().enumerate() {
             let domains = if r.has_domain() {
-                let bad = |reason: String| ConfigError::BadRule { rule: i, reason };
+                let bad = |reason: String| RuleError::Bad { rule: i, reason };
                 let mut set = DomainSet::default();
                 for (j, d) in r.domain.iter().enumerate() {
                     set.add_exact(d)
@@ -633,7 +645,7 @@ mod tests {
         }
     }
 
-    fn compile(rules: &[Rule]) -> Result<RuleSet<Action>, ConfigError> {
+    fn compile(rules: &[Rule]) -> Result<RuleSet<Action>, RuleError> {
         RuleSet::compile(rules, |_, r| Ok(r.action.clone()))
     }
 
@@ -815,7 +827,7 @@ mod tests {
             },
         ])
         .expect_err("unknown entry type");
-        let ConfigError::BadRule { rule, reason } = &err else {
+        let RuleError::Bad { rule, reason } = &err else {
             panic!("{err:?}");
         };
         assert_eq!(*rule, 1);

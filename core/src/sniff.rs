@@ -18,7 +18,6 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::ConfigError;
 use crate::rules::PortRange;
 
 /// `[sniff]` in the engine's TOML.
@@ -50,10 +49,18 @@ impl Default for SniffConfig {
     }
 }
 
+/// A `[sniff]` field the engine cannot use.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("sniff.{field}: {reason}")]
+pub struct SniffConfigError {
+    pub field: &'static str,
+    pub reason: String,
+}
+
 impl SniffConfig {
-    pub fn validate(&self) -> Result<(), ConfigError> {
+    pub fn validate(&self) -> Result<(), SniffConfigError> {
         if self.enabled && self.timeout_ms == 0 {
-            return Err(ConfigError::Sniff {
+            return Err(SniffConfigError {
                 field: "timeout_ms",
                 reason: "must be greater than zero".into(),
             });

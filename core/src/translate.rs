@@ -7,7 +7,9 @@
 //! The caller (the engine's `Processor`) counts the outcome and acts on it:
 //! writes rewritten packets back, routes and holds new flows.
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+
+use ipnet::IpNet;
 use std::time::Instant;
 
 use crate::nat::{FlowKey, NatError, NatTable, Uplink};
@@ -36,6 +38,23 @@ impl StackAddrs {
         match addr {
             IpAddr::V4(_) => self.v4,
             IpAddr::V6(_) => self.v6,
+        }
+    }
+}
+
+/// The NAT address of a gateway prefix: gateway + 1, which must stay inside the
+/// prefix and not be its broadcast address (IPv4).
+pub fn nat_address(net: IpNet) -> Option<IpAddr> {
+    match net {
+        IpNet::V4(n) => {
+            let next = u32::from(n.addr()).checked_add(1)?;
+            let a = Ipv4Addr::from(next);
+            (n.contains(&a) && a != n.broadcast() && a != n.network()).then_some(IpAddr::V4(a))
+        }
+        IpNet::V6(n) => {
+            let next = u128::from(n.addr()).checked_add(1)?;
+            let a = Ipv6Addr::from(next);
+            n.contains(&a).then_some(IpAddr::V6(a))
         }
     }
 }

@@ -7,15 +7,16 @@
 //! headroom holds utun's 4-byte address-family header ([`crate::utun`]).
 
 use std::io;
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv4Addr};
 use std::os::fd::RawFd;
 use std::time::Duration;
 
 use ipnet::IpNet;
 
-use crate::config::Config;
-#[cfg(target_os = "linux")]
-use crate::config::DriverMode;
+use ipnet::{Ipv4Net, Ipv6Net};
+use serde::{Deserialize, Serialize};
+
+use crate::budget::Platform;
 
 /// Bytes reserved in front of every packet buffer (`VIRTIO_NET_HDR_LEN`).
 pub const HEADROOM: usize = 10;
@@ -30,6 +31,54 @@ pub enum TunSource {
     /// `--tun-fd`). The engine duplicates it: the caller keeps ownership of
     /// the one it passed and may close it after start.
     Fd(RawFd),
+}
+
+/// The TUN device.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TunConfig {
+    /// Interface name when kerntun creates the device (Linux desktop).
+    pub name: String,
+    /// Device MTU. Desktop Linux default 65535; iOS 4064 and Android 9000 are the
+    /// values peers settled on (DESIGN.md "Field notes").
+    pub mtu: u16,
+    /// Gateway address and prefix, e.g. `198.18.0.1/16`. The NAT address is gateway + 1.
+    pub ipv4: Option<Ipv4Net>,
+    /// IPv6 gateway address and prefix, e.g. `fd00:18::1/64`.
+    pub ipv6: Option<Ipv6Net>,
+    /// Transmit queue length set on a device kerntun creates. The kernel default of
+    /// 500 overflows under load (seed measurements); 10000 is what the benchmarks use.
+    pub tx_queue_len: u32,
+    /// iOS: the tunnel's `NETunnelProviderProtocol.includeAllNetworks` is on.
+    /// The system then routes everything, loopback included, into the tunnel
+    /// and the engine's kernel listener never sees the rewritten SYNs, so the
+    /// system stack cannot work: `auto` picks smoltcp and an explicit
+    /// `stack = "system"` is refused.
+    pub include_all_networks: bool,
+}
+
+impl TunConfig {
+    /// The configured gateway prefixes, IPv4 first.
+    pub fn nets(&self) -> Vec<IpNet> {
+        self.ipv4
+            .map(IpNet::V4)
+            .into_iter()
+            .chain(self.ipv6.map(IpNet::V6))
+            .collect()
+    }
+}
+
+impl Default for TunConfig {
+    fn default() -> Self {
+        Self {
+            name: "kerntun0".into(),
+            mtu: Platform::current().default_mtu(),
+            ipv4: Some(Ipv4Net::new(Ipv4Addr::new(198, 18, 0, 1), 16).expect("static prefix")),
+            ipv6: None,
+            tx_queue_len: 10_000,
+            include_all_networks: false,
+        }
+    }
 }
 
 /// The device plus what the drivers need to know about it.
@@ -50,10 +99,11 @@ impl std::fmt::Debug for Tun {
 }
 
 impl Tun {
-    /// Open the device per `source` and the config's driver mode.
-    pub fn open(cfg: &Config, source: TunSource) -> io::Result<Tun> {
+    /// Open the device per `source`. `offload`: ask a device kerntun
+    /// creates on Linux for `virtio_net_hdr` offload (the batch driver).
+    pub fn open(cfg: &TunConfig, offload: bool, source: TunSource) -> io::Result<Tun> {
         let dev = match source {
-            TunSource::Create => create(cfg)?,
+            TunSource::Create => create(cfg, offload)?,
             TunSource::Fd(fd) => crate::sys::async_device_from_owned(crate::sys::dup_lent_fd(fd)?)?,
         };
         #[cfg(target_os = "linux")]
@@ -208,7 +258,7 @@ fn interface_addresses(name: Option<&str>) -> io::Result<Vec<(IpAddr, u8)>> {
 }
 
 #[cfg(any(target_os = "ios", target_os = "android"))]
-fn create(_: &Config) -> io::Result<tun_rs::AsyncDevice> {
+fn create(_: &TunConfig, _: bool) -> io::Result<tun_rs::AsyncDevice> {
     Err(io::Error::new(
         io::ErrorKind::Unsupported,
         "creating a TUN device is not possible here; pass the platform's descriptor (TunSource::Fd)",
@@ -216,20 +266,22 @@ fn create(_: &Config) -> io::Result<tun_rs::AsyncDevice> {
 }
 
 #[cfg(not(any(target_os = "ios", target_os = "android")))]
-fn create(cfg: &Config) -> io::Result<tun_rs::AsyncDevice> {
+fn create(
+    cfg: &TunConfig,
+    #[allow(unused_variables)] offload: bool,
+) -> io::Result<tun_rs::AsyncDevice> {
     let mut b = tun_rs::DeviceBuilder::new()
-        .name(cfg.tun.name.clone())
-        .mtu(cfg.tun.mtu);
-    if let Some(v4) = cfg.tun.ipv4 {
+        .name(cfg.name.clone())
+        .mtu(cfg.mtu);
+    if let Some(v4) = cfg.ipv4 {
         b = b.ipv4(v4.addr(), v4.prefix_len(), None);
     }
-    if let Some(v6) = cfg.tun.ipv6 {
+    if let Some(v6) = cfg.ipv6 {
         b = b.ipv6(v6.addr(), v6.prefix_len());
     }
     #[cfg(target_os = "linux")]
     {
-        let offload = cfg.driver != DriverMode::PerPacket;
-        b = b.tx_queue_len(cfg.tun.tx_queue_len).offload(offload);
+        b = b.tx_queue_len(cfg.tx_queue_len).offload(offload);
     }
     b.build_async()
 }

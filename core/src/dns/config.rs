@@ -6,7 +6,13 @@ use std::path::PathBuf;
 use ipnet::{Ipv4Net, Ipv6Net};
 use serde::{Deserialize, Serialize};
 
-use crate::config::{ConfigError, TunConfig};
+/// A `[dns]` field the engine cannot use.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("dns.{field}: {reason}")]
+pub struct DnsConfigError {
+    pub field: &'static str,
+    pub reason: String,
+}
 
 /// The DNS service.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -112,8 +118,8 @@ impl std::str::FromStr for Upstream {
 }
 
 /// The error for a `tls://` upstream in a build without DNS over TLS.
-pub(crate) fn dot_missing() -> ConfigError {
-    ConfigError::Dns {
+pub(crate) fn dot_missing() -> DnsConfigError {
+    DnsConfigError {
         field: "upstreams",
         reason: "tls:// upstreams need kerntun built with the `dot` feature".into(),
     }
@@ -121,11 +127,11 @@ pub(crate) fn dot_missing() -> ConfigError {
 
 impl DnsConfig {
     /// The parsed upstreams (validated by [`DnsConfig::validate`]).
-    pub fn parsed_upstreams(&self) -> Result<Vec<Upstream>, ConfigError> {
+    pub fn parsed_upstreams(&self) -> Result<Vec<Upstream>, DnsConfigError> {
         self.upstreams
             .iter()
             .map(|u| {
-                u.parse().map_err(|reason| ConfigError::Dns {
+                u.parse().map_err(|reason| DnsConfigError {
                     field: "upstreams",
                     reason,
                 })
@@ -133,12 +139,13 @@ impl DnsConfig {
             .collect()
     }
 
-    /// Check the section against the TUN's addresses.
-    pub fn validate(&self, tun: &TunConfig) -> Result<(), ConfigError> {
+    /// Check the section. `reserved`: the TUN's own addresses (gateway and
+    /// NAT address per family), which no fake-ip pool may hold.
+    pub fn validate(&self, reserved: &[IpAddr]) -> Result<(), DnsConfigError> {
         if !self.enabled {
             return Ok(());
         }
-        let bad = |field, reason: String| ConfigError::Dns { field, reason };
+        let bad = |field, reason: String| DnsConfigError { field, reason };
         if self.upstreams.is_empty() {
             return Err(bad("upstreams", "at least one upstream is needed".into()));
         }
@@ -157,30 +164,22 @@ impl DnsConfig {
                     format!("{} is not inside 198.18.0.0/15", self.fake_ip_pool),
                 ));
             }
-            if let Some(gw) = tun.ipv4 {
-                let nat = crate::config::nat_address(ipnet::IpNet::V4(gw));
-                for a in [Some(IpAddr::V4(gw.addr())), nat].into_iter().flatten() {
-                    if let IpAddr::V4(a) = a
-                        && self.fake_ip_pool.contains(&a)
-                    {
+            for &a in reserved {
+                match a {
+                    IpAddr::V4(a) if self.fake_ip_pool.contains(&a) => {
                         return Err(bad(
                             "fake_ip_pool",
                             format!("{} holds the TUN's own address {a}", self.fake_ip_pool),
                         ));
                     }
-                }
-            }
-            if let (Some(p6), Some(gw)) = (self.fake_ip_pool6, tun.ipv6) {
-                let nat = crate::config::nat_address(ipnet::IpNet::V6(gw));
-                for a in [Some(IpAddr::V6(gw.addr())), nat].into_iter().flatten() {
-                    if let IpAddr::V6(a) = a
-                        && p6.contains(&a)
-                    {
+                    IpAddr::V6(a) if self.fake_ip_pool6.is_some_and(|p6| p6.contains(&a)) => {
+                        let p6 = self.fake_ip_pool6.expect("checked above");
                         return Err(bad(
                             "fake_ip_pool6",
                             format!("{p6} holds the TUN's own address {a}"),
                         ));
                     }
+                    _ => {}
                 }
             }
             if self.fake_ip_entries == 0 {

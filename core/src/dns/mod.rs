@@ -15,7 +15,7 @@ pub mod fuzzing;
 mod msg;
 mod upstream;
 
-pub use config::{DnsConfig, Upstream, UpstreamProto, default_resolver};
+pub use config::{DnsConfig, DnsConfigError, Upstream, UpstreamProto, default_resolver};
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -24,7 +24,6 @@ use std::time::{Duration, Instant};
 
 use hickory_proto::op::{Message, Query};
 
-use crate::config::{Config, ConfigError};
 use crate::dispatch::AppStream;
 use crate::outbound::Outbounds;
 use crate::stats::Stats;
@@ -107,26 +106,24 @@ fn random_id() -> u16 {
 }
 
 impl Dns {
-    /// The service, or `None` when `[dns]` is off. `config` has passed
-    /// [`Config::validate`].
+    /// The service, or `None` when `[dns]` is off. `c` has passed
+    /// [`DnsConfig::validate`]; `tun_nets` are the TUN's prefixes (the
+    /// default hijack addresses come from them).
     pub fn new(
-        config: &Config,
+        c: &DnsConfig,
+        tun_nets: &[ipnet::IpNet],
         outbounds: Arc<Outbounds>,
-    ) -> Result<Option<Arc<Self>>, ConfigError> {
-        let c = &config.dns;
+    ) -> Result<Option<Arc<Self>>, DnsConfigError> {
         if !c.enabled {
             return Ok(None);
         }
         let upstreams = c.parsed_upstreams()?;
         let hijack = if c.hijack.is_empty() {
-            [
-                config.tun.ipv4.map(ipnet::IpNet::V4),
-                config.tun.ipv6.map(ipnet::IpNet::V6),
-            ]
-            .into_iter()
-            .flatten()
-            .filter_map(config::default_resolver)
-            .collect()
+            tun_nets
+                .iter()
+                .copied()
+                .filter_map(config::default_resolver)
+                .collect()
         } else {
             c.hijack.clone()
         };
@@ -373,11 +370,11 @@ impl Dns {
 /// The TLS client for `tls://` upstreams: the Mozilla roots (webpki-roots)
 /// plus the PEM certificates of `tls_ca_file`.
 #[cfg(feature = "dot")]
-fn tls_connector(c: &DnsConfig) -> Result<upstream::Tls, ConfigError> {
+fn tls_connector(c: &DnsConfig) -> Result<upstream::Tls, DnsConfigError> {
     use rustls_pki_types::CertificateDer;
     use rustls_pki_types::pem::PemObject;
     use tokio_rustls::rustls;
-    let bad = |reason: String| ConfigError::Dns {
+    let bad = |reason: String| DnsConfigError {
         field: "tls_ca_file",
         reason,
     };
@@ -401,7 +398,7 @@ fn tls_connector(c: &DnsConfig) -> Result<upstream::Tls, ConfigError> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let cfg = rustls::ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
-        .map_err(|e| ConfigError::Dns {
+        .map_err(|e| DnsConfigError {
             field: "upstreams",
             reason: format!("TLS: {e}"),
         })?
@@ -411,13 +408,14 @@ fn tls_connector(c: &DnsConfig) -> Result<upstream::Tls, ConfigError> {
 }
 
 #[cfg(not(feature = "dot"))]
-fn tls_connector(_: &DnsConfig) -> Result<upstream::Tls, ConfigError> {
+fn tls_connector(_: &DnsConfig) -> Result<upstream::Tls, DnsConfigError> {
     Err(config::dot_missing())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::Config;
     use crate::outbound::SocketFactory;
     use hickory_proto::op::ResponseCode;
     use hickory_proto::rr::RecordType;
@@ -431,8 +429,17 @@ mod tests {
         c.dns.timeout_ms = 300;
         tweak(&mut c);
         c.validate().expect("valid");
-        let ob = Outbounds::new(&c, SocketFactory::new(&c.direct, None), 4096).expect("outbounds");
-        Dns::new(&c, Arc::new(ob)).expect("dns").expect("enabled")
+        let ob = Outbounds::new(
+            &c.outbounds,
+            &c.rules,
+            &c.relay,
+            SocketFactory::new(&c.direct, None),
+            4096,
+        )
+        .expect("outbounds");
+        Dns::new(&c.dns, &c.tun.nets(), Arc::new(ob))
+            .expect("dns")
+            .expect("enabled")
     }
 
     fn rt() -> tokio::runtime::Runtime {

@@ -7,6 +7,7 @@
 //! `protect(fd)` hook) before the first packet leaves, so nothing the engine
 //! sends loops back into the TUN.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -20,16 +21,17 @@ use socket2::{Domain, Protocol, SockRef, Socket, Type};
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpSocket, TcpStream, UdpSocket};
 
-use crate::config::{Config, ConfigError, DirectConfig, OutboundConfig};
-use crate::relay::RelayOptions;
-use crate::rules::{Action, RuleSet, Target};
+use crate::relay::{RelayConfig, RelayOptions};
+use crate::rules::{Action, Rule, RuleError, RuleSet, Target};
 use crate::stats::Stats;
 
 pub mod addr;
+pub mod config;
 pub mod shadowsocks;
 pub mod socks5;
 
 pub use addr::Address;
+use config::{BadOutbound, DirectConfig, OutboundConfig};
 use shadowsocks::{Key, ShadowsocksError, SsOpen, SsSeal, UdpSession};
 use socks5::{Credentials, HandshakeError, Socks5Error};
 
@@ -205,6 +207,16 @@ pub struct OutboundStream {
     pub route: Route,
 }
 
+/// Why the outbounds and rules of a configuration cannot be set up.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum SetupError {
+    #[error(transparent)]
+    Outbound(#[from] BadOutbound),
+    #[error(transparent)]
+    Rule(#[from] RuleError),
+}
+
 /// The outbounds and rules of one engine.
 #[derive(Debug)]
 pub struct Outbounds {
@@ -218,17 +230,18 @@ pub struct Outbounds {
 }
 
 impl Outbounds {
-    /// Resolve the rules against the configured outbounds and derive keys.
-    /// `config` must have passed [`Config::validate`].
+    /// Resolve `rules` against the configured outbounds and derive keys.
     pub fn new(
-        config: &Config,
+        outbounds: &BTreeMap<String, OutboundConfig>,
+        rules: &[Rule],
+        relay: &RelayConfig,
         factory: SocketFactory,
         relay_buffer: usize,
-    ) -> Result<Self, ConfigError> {
+    ) -> Result<Self, SetupError> {
         let mut names = Vec::new();
         let mut proxies = Vec::new();
-        for (name, o) in &config.outbounds {
-            let bad = |reason: String| ConfigError::BadOutbound {
+        for (name, o) in outbounds {
+            let bad = |reason: String| BadOutbound {
                 name: name.clone(),
                 reason,
             };
@@ -252,14 +265,14 @@ impl Outbounds {
             });
             names.push(name.clone());
         }
-        let rules = RuleSet::compile(&config.rules, |i, r| {
+        let rules = RuleSet::compile(rules, |i, r| {
             Ok(match &r.action {
                 Action::Direct => Route::Direct,
                 Action::Reject => Route::Reject,
                 Action::Outbound(n) => match names.iter().position(|x| **x == **n) {
                     Some(idx) => Route::Proxy(idx),
                     None => {
-                        return Err(ConfigError::UnknownOutbound {
+                        return Err(RuleError::UnknownOutbound {
                             rule: i,
                             name: n.to_string(),
                         });
@@ -273,9 +286,9 @@ impl Outbounds {
             proxies,
             rules,
             relay: RelayOptions {
-                splice: config.relay.splice,
+                splice: relay.splice,
                 buffer: relay_buffer,
-                pipe_size: config.relay.pipe_size,
+                pipe_size: relay.pipe_size,
             },
         })
     }

@@ -24,7 +24,7 @@ use shadowsocks_crypto::v2::tcp::TcpCipher;
 use shadowsocks_crypto::v2::udp::UdpCipher;
 
 use super::addr::{AddrError, Address};
-use crate::config::ShadowsocksMethod as Method;
+use super::config::ShadowsocksMethod as Method;
 use crate::relay::{Open, Seal};
 
 /// SIP004: a chunk carries at most 0x3FFF bytes (the top two length bits
