@@ -8,6 +8,7 @@
 //!   and UDP traffic through it with byte-for-byte checks, print throughput
 //!   and statistics, and clean up (also on Ctrl-C and on failure).
 
+use std::os::fd::BorrowedFd;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -190,9 +191,25 @@ fn load_config(args: &RunArgs) -> Result<Config, String> {
     Ok(cfg)
 }
 
+/// The descriptor passed with `--tun-fd`, inherited from the parent process.
+#[allow(unsafe_code)]
+fn inherited_fd(fd: i32) -> Result<BorrowedFd<'static>, String> {
+    // SAFETY: fcntl(F_GETFD) only reads the descriptor's flags; it fails
+    // (EBADF) for a number that is not an open descriptor.
+    if fd < 0 || unsafe { libc::fcntl(fd, libc::F_GETFD) } < 0 {
+        return Err(format!("--tun-fd {fd}: not an open descriptor"));
+    }
+    // SAFETY: the descriptor is open (checked above) and belongs to this
+    // process, which never closes it: the borrow is valid for its life.
+    Ok(unsafe { BorrowedFd::borrow_raw(fd) })
+}
+
 fn run(args: RunArgs) -> Result<(), String> {
     let cfg = load_config(&args)?;
-    let source = args.tun_fd.map_or(TunSource::Create, TunSource::Fd);
+    let source = match args.tun_fd {
+        Some(fd) => TunSource::Fd(inherited_fd(fd)?),
+        None => TunSource::Create,
+    };
     let mut engine = Engine::start(cfg, source, None).map_err(|e| e.to_string())?;
     let interrupted = Arc::new(AtomicBool::new(false));
     let flag = interrupted.clone();

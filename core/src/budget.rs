@@ -1,4 +1,4 @@
-//! One platform budget for every bounded resource (DESIGN.md part 10): NAT
+//! One platform budget for every bounded resource: NAT
 //! entries, TCP admission permits, UDP flows, the listener backlog and relay
 //! buffers all derive from it, so a phone's limits are set in one place.
 //!
@@ -36,7 +36,7 @@ impl Platform {
 
     /// MTUs peers settled on: iOS throughput drops above 4064 in a Network
     /// Extension, some Android devices return ENOBUFS at 65535, desktop Linux
-    /// takes 65535 (DESIGN.md "Field notes").
+    /// takes 65535 (the values sing-box settled on per platform).
     pub const fn default_mtu(self) -> u16 {
         match self {
             Platform::Ios => 4064,
@@ -114,7 +114,7 @@ pub struct Budget {
 }
 
 impl Budget {
-    /// The platform defaults. iOS: 64/32/16 sessions (DESIGN.md part 10) and
+    /// The platform defaults. iOS: 64/32/16 sessions and
     /// 16 KiB relay buffers, so 64 busy sessions cost at most 2 MiB of buffers.
     pub fn for_platform(platform: Platform) -> Self {
         match platform {

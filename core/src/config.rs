@@ -40,11 +40,11 @@ pub enum StackKind {
     /// wherever the kernel listener cannot work (`tun.include_all_networks`).
     #[default]
     Auto,
-    /// Kernel TCP behind an in-place NAT (DESIGN.md "system netstack"): the
+    /// Kernel TCP behind an in-place NAT (docs/architecture.md): the
     /// only stack with the splice(2) relay. Refused with
     /// `tun.include_all_networks`.
     System,
-    /// A userspace TCP stack (smoltcp, DESIGN.md part 7).
+    /// A userspace TCP stack (smoltcp).
     Smoltcp,
 }
 

@@ -7,23 +7,30 @@
 //! descriptor, task and thread; dropping the engine stops it.
 
 use std::io;
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
 use ipnet::IpNet;
 use parking_lot::Mutex;
+use tokio::net::TcpListener;
 use tokio::runtime::Runtime;
 
 use crate::budget::{Admission, Budget, MemoryPressure, Platform};
 use crate::config::{Config, ConfigError, DriverMode, StackKind, nat_address};
-use crate::driver::{self, DriverKind};
+use crate::dispatch::Dispatcher;
+use crate::driver::{self, DriverKind, Processor};
+use crate::lifecycle::{Lifecycle, Phase};
 use crate::nat::{NatConfig, NatTable, SystemClock};
 use crate::outbound::{Outbounds, Protect, SocketFactory};
-use crate::smol::{self, SmolStack};
-use crate::stats::{NatSnapshot, Stats, StatsSnapshot, WarnLimiter};
-use crate::system::{self, FamilyAddrs, Shared};
+use crate::stack::Stack;
+use crate::stack::smoltcp::{self, SmolStack, SmolTcp};
+use crate::stack::system::{self, SystemStack};
+use crate::stats::{Stats, StatsSnapshot, WarnLimiter};
+use crate::translate::{FamilyAddrs, StackAddrs};
 use crate::tun::{Tun, TunSource};
+use crate::udp::{UdpEnv, UdpTable};
 
 /// How long `stop` waits for tasks and worker threads before giving up on them.
 const STOP_TIMEOUT: Duration = Duration::from_secs(3);
@@ -89,9 +96,21 @@ pub struct Engine {
 #[derive(Debug)]
 struct Inner {
     rt: Runtime,
-    shared: Arc<Shared>,
+    parts: Parts,
     started: Instant,
     driver: DriverKind,
+}
+
+/// What the engine's handle keeps of the running parts: enough to stop them
+/// and to report on them.
+#[derive(Debug, Clone)]
+struct Parts {
+    life: Arc<Lifecycle>,
+    stats: Arc<Stats>,
+    admission: Arc<Admission>,
+    stack: Stack,
+    tun: Arc<Tun>,
+    mtu: u16,
 }
 
 impl Engine {
@@ -102,7 +121,7 @@ impl Engine {
     /// routing already keep outbound traffic off the TUN.
     pub fn start(
         config: Config,
-        source: TunSource,
+        source: TunSource<'_>,
         protect: Option<Arc<dyn Protect>>,
     ) -> Result<Engine, StartError> {
         Self::start_with(config, source, protect, StartOptions::default())
@@ -111,7 +130,7 @@ impl Engine {
     /// [`Engine::start`] with embedding options (see [`StartOptions`]).
     pub fn start_with(
         config: Config,
-        source: TunSource,
+        source: TunSource<'_>,
         protect: Option<Arc<dyn Protect>>,
         options: StartOptions,
     ) -> Result<Engine, StartError> {
@@ -144,28 +163,42 @@ impl Engine {
             builder.on_thread_stop(|| THREAD_DISPATCH.with(|slot| drop(slot.borrow_mut().take())));
         }
         let rt = builder.build().map_err(StartError::Runtime)?;
-        let (shared, listeners, driver) =
-            rt.block_on(prepare(&config, source, protect, budget, stack))?;
+        let assembled = rt.block_on(assemble(&config, source, protect, budget, stack))?;
+        let Assembled {
+            parts,
+            processor,
+            listeners,
+            driver,
+        } = assembled;
         let _enter = rt.enter();
-        for (listener, fam) in listeners {
-            rt.spawn(system::accept_loop(shared.clone(), listener, fam));
+        match &parts.stack {
+            Stack::System(st) => {
+                for (listener, fam) in listeners {
+                    rt.spawn(system::accept_loop(st.clone(), listener, fam));
+                }
+            }
+            Stack::Smoltcp(s) => {
+                rt.spawn(s.poller());
+            }
         }
-        if let Some(smol) = &shared.smol {
-            rt.spawn(smol.clone().run_poller(shared.clone()));
-        }
-        rt.spawn(driver::run(shared.clone(), driver));
+        rt.spawn(driver::run(
+            processor,
+            driver,
+            parts.life.clone(),
+            parts.mtu,
+        ));
         tracing::info!(
             "kerntun started on {} ({} stack: {why}; {} driver, mtu {})",
-            shared.tun.name.as_deref().unwrap_or("fd"),
-            stack_name(stack),
+            parts.tun.name.as_deref().unwrap_or("fd"),
+            parts.stack.name(),
             driver.as_str(),
-            shared.mtu
+            parts.mtu
         );
         drop(_enter);
         Ok(Engine {
             inner: Some(Inner {
                 rt,
-                shared,
+                parts,
                 started: Instant::now(),
                 driver,
             }),
@@ -185,10 +218,11 @@ impl Engine {
     /// sessions follows it; sessions already running keep their permits.
     pub fn set_memory_pressure(&self, level: MemoryPressure) {
         if let Some(inner) = &self.inner {
-            inner.shared.admission.set_pressure(level);
+            let admission = &inner.parts.admission;
+            admission.set_pressure(level);
             tracing::info!(
                 "memory pressure {level:?}: admission limit {}",
-                inner.shared.admission.limit()
+                admission.limit()
             );
         }
     }
@@ -197,45 +231,36 @@ impl Engine {
     /// timers) and the poller's deadline; empty with the system stack.
     #[doc(hidden)]
     pub fn debug_smol(&self) -> Vec<String> {
-        self.inner
-            .as_ref()
-            .and_then(|i| i.shared.smol.as_ref())
-            .map(|s| s.debug_sockets())
-            .unwrap_or_default()
+        match self.inner.as_ref().map(|i| &i.parts.stack) {
+            Some(Stack::Smoltcp(s)) => s.stack.debug_sockets(),
+            _ => Vec::new(),
+        }
     }
 
     /// Whether the engine is running (not stopped and no fatal error).
     pub fn is_running(&self) -> bool {
         self.inner
             .as_ref()
-            .is_some_and(|i| *i.shared.stop.borrow() == system::RUNNING)
+            .is_some_and(|i| i.parts.life.phase() == Phase::Running)
     }
 
     /// The fatal error that stopped the engine's loops, if any.
     pub fn error(&self) -> Option<String> {
-        self.inner
-            .as_ref()
-            .and_then(|i| i.shared.fatal.lock().clone())
+        self.inner.as_ref().and_then(|i| i.parts.life.fatal())
     }
 
     /// The TUN interface name, when known.
     pub fn tun_name(&self) -> Option<String> {
-        self.inner.as_ref().and_then(|i| i.shared.tun.name.clone())
+        self.inner.as_ref().and_then(|i| i.parts.tun.name.clone())
     }
 
     /// The kernel listeners' addresses (gateway and port per family); empty
     /// with the smoltcp stack, which binds none.
-    pub fn listen_addrs(&self) -> Vec<std::net::SocketAddr> {
-        let Some(inner) = &self.inner else {
-            return Vec::new();
-        };
-        [inner.shared.v4, inner.shared.v6]
-            .into_iter()
-            .flatten()
-            // Port 0: no kernel listener (the smoltcp stack).
-            .filter(|f| f.listen_port != 0)
-            .map(|f| std::net::SocketAddr::new(f.gateway, f.listen_port))
-            .collect()
+    pub fn listen_addrs(&self) -> Vec<SocketAddr> {
+        match self.inner.as_ref().map(|i| &i.parts.stack) {
+            Some(Stack::System(st)) => st.listen_addrs(),
+            _ => Vec::new(),
+        }
     }
 
     /// Stop: end every loop and session, close the device and the listeners,
@@ -244,57 +269,39 @@ impl Engine {
         let Some(inner) = self.inner.take() else {
             return;
         };
+        let parts = &inner.parts;
         // Drain first: sessions reset their connections while the driver still
         // runs, so apps see an RST at once instead of waiting for a timeout on
         // a vanished device. Bounded by DRAIN_TIMEOUT.
-        inner.shared.stop.send_if_modified(|p| {
-            let was = *p;
-            *p = (*p).max(system::DRAINING);
-            was != *p
-        });
+        parts.life.advance(Phase::Draining);
         let in_runtime = tokio::runtime::Handle::try_current().is_ok();
         if !in_runtime {
             let deadline = Instant::now() + DRAIN_TIMEOUT;
-            while inner
-                .shared
-                .stats
-                .tcp_sessions_active
-                .load(std::sync::atomic::Ordering::Relaxed)
-                > 0
-                && Instant::now() < deadline
-            {
+            while parts.stats.tcp_sessions_active.load(Relaxed) > 0 && Instant::now() < deadline {
                 std::thread::sleep(Duration::from_millis(5));
             }
             // Let the driver translate the kernel's RSTs (and the apps' answers
             // to them, RFC 5961 challenge ACKs included) until the device has
             // been quiet for 20 ms.
             loop {
-                let seen = inner
-                    .shared
-                    .stats
-                    .tun_read_packets
-                    .load(std::sync::atomic::Ordering::Relaxed);
+                let seen = parts.stats.tun_read_packets.load(Relaxed);
                 std::thread::sleep(Duration::from_millis(20));
-                let now_seen = inner
-                    .shared
-                    .stats
-                    .tun_read_packets
-                    .load(std::sync::atomic::Ordering::Relaxed);
+                let now_seen = parts.stats.tun_read_packets.load(Relaxed);
                 if now_seen == seen || Instant::now() >= deadline {
                     break;
                 }
             }
         }
         *self.last.lock() = Some(snapshot(&inner));
-        inner.shared.stop.send_replace(system::STOPPED);
-        let Inner { rt, shared, .. } = inner;
+        parts.life.advance(Phase::Stopped);
+        let Inner { rt, parts, .. } = inner;
         if in_runtime {
             // Called from inside another runtime: blocking here would panic.
             rt.shutdown_background();
         } else {
             rt.shutdown_timeout(STOP_TIMEOUT);
         }
-        drop(shared);
+        drop(parts);
         tracing::info!("kerntun stopped");
     }
 }
@@ -305,22 +312,26 @@ impl Drop for Engine {
     }
 }
 
-type Prepared = (
-    Arc<Shared>,
-    Vec<(tokio::net::TcpListener, FamilyAddrs)>,
-    DriverKind,
-);
+/// The engine's parts, wired, before their tasks are spawned.
+struct Assembled {
+    parts: Parts,
+    processor: Processor,
+    /// The system stack's kernel listeners (none for smoltcp).
+    listeners: Vec<(TcpListener, FamilyAddrs)>,
+    driver: DriverKind,
+}
 
-async fn prepare(
+/// Build every part of an engine: everything that can fail on the
+/// configuration alone (rules with their domain lists, proxy keys, DNS
+/// upstreams) before any descriptor is opened, then the device (addresses
+/// verified), the stack and the datagram path.
+async fn assemble(
     config: &Config,
-    source: TunSource,
+    source: TunSource<'_>,
     protect: Option<Arc<dyn Protect>>,
     budget: Budget,
     stack: StackKind,
-) -> Result<Prepared, StartError> {
-    // Everything that can fail on the configuration alone (rules with their
-    // domain lists, proxy keys, DNS upstreams) comes before any descriptor
-    // is opened.
+) -> Result<Assembled, StartError> {
     let factory = SocketFactory::new(&config.direct, protect);
     let outbounds = Arc::new(
         Outbounds::new(
@@ -332,7 +343,7 @@ async fn prepare(
         )
         .map_err(ConfigError::from)?,
     );
-    let stats = Stats::with_outbounds(outbounds.names());
+    let stats = Arc::new(Stats::with_outbounds(outbounds.names()));
     let nets: Vec<IpNet> = config.tun.nets();
     let dns =
         crate::dns::Dns::new(&config.dns, &nets, outbounds.clone()).map_err(ConfigError::from)?;
@@ -341,46 +352,7 @@ async fn prepare(
     tun.verify_addresses(&nets)
         .await
         .map_err(StartError::Address)?;
-    let tun_index = tun.if_index();
-    let mut listeners = Vec::new();
-    let mut fams = [None, None];
-    for net in &nets {
-        let gateway = net.addr();
-        let nat = nat_address(*net).ok_or(ConfigError::NoRoomForNat {
-            field: if gateway.is_ipv4() { "ipv4" } else { "ipv6" },
-            net: *net,
-        })?;
-        if stack == StackKind::Smoltcp {
-            // No kernel listener: smoltcp answers for every address itself.
-            fams[usize::from(gateway.is_ipv6())] = Some(FamilyAddrs {
-                gateway,
-                nat,
-                listen_port: 0,
-            });
-            continue;
-        }
-        let listener =
-            system::bind_listener(gateway, budget.backlog, tun_index).map_err(|source| {
-                StartError::Listener {
-                    addr: gateway,
-                    source,
-                }
-            })?;
-        let port = listener
-            .local_addr()
-            .map_err(|source| StartError::Listener {
-                addr: gateway,
-                source,
-            })?
-            .port();
-        let fam = FamilyAddrs {
-            gateway,
-            nat,
-            listen_port: port,
-        };
-        fams[usize::from(gateway.is_ipv6())] = Some(fam);
-        listeners.push((listener, fam));
-    }
+    let tun = Arc::new(tun);
     let driver = match (config.driver, tun.supports_batch()) {
         (DriverMode::PerPacket, _) | (DriverMode::Auto, false) => DriverKind::PerPacket,
         (DriverMode::Auto | DriverMode::Batch, true) => DriverKind::Batch,
@@ -389,46 +361,112 @@ async fn prepare(
             DriverKind::PerPacket
         }
     };
-    let nat_cfg = NatConfig {
-        max_entries: budget.nat_entries,
-        idle_timeout: Duration::from_secs(config.timeouts.tcp_idle_s.max(1)),
-        linger: Duration::from_secs(config.timeouts.tcp_linger_s),
-        ..NatConfig::default()
-    };
-    let half_open_timeout = nat_cfg.half_open_timeout;
-    let (stop, _) = tokio::sync::watch::channel(system::RUNNING);
-    let smol = (stack == StackKind::Smoltcp).then(|| {
-        Arc::new(SmolStack::new(
-            &nets,
-            config.tun.mtu,
-            smol::socket_buffer(budget.platform),
-            Duration::from_secs(config.timeouts.tcp_idle_s.max(1)),
-            Duration::from_secs(config.timeouts.tcp_linger_s),
-            budget.nat_entries,
-        ))
-    });
-    let shared = Arc::new(Shared {
-        nat: Arc::new(NatTable::new(nat_cfg, Arc::new(SystemClock))),
-        factory,
+    let life = Arc::new(Lifecycle::default());
+    let admission = Arc::new(Admission::new(budget.tcp_sessions));
+    let d = Arc::new(Dispatcher {
         outbounds,
-        admission: Arc::new(Admission::new(budget.tcp_sessions)),
-        budget,
-        stats,
-        warn: WarnLimiter::new(Duration::from_secs(5)),
-        pending: Mutex::new(Default::default()),
-        v4: fams[0],
-        v6: fams[1],
-        mtu: config.tun.mtu,
-        udp_idle: config.udp_idle(),
-        half_open_timeout,
-        stop,
-        fatal: Mutex::new(None),
-        tun,
-        smol,
         dns,
         sniff: config.sniff.clone(),
+        admission: admission.clone(),
+        stats: stats.clone(),
+        warn: WarnLimiter::new(Duration::from_secs(5)),
+        life: life.clone(),
     });
-    Ok((shared, listeners, driver))
+    let tcp_idle = Duration::from_secs(config.timeouts.tcp_idle_s.max(1));
+    let linger = Duration::from_secs(config.timeouts.tcp_linger_s);
+    let mut listeners = Vec::new();
+    let stack = match stack {
+        StackKind::Smoltcp => {
+            // No kernel listener: smoltcp answers for every address itself.
+            let smol = SmolStack::new(
+                &nets,
+                config.tun.mtu,
+                smoltcp::socket_buffer(budget.platform),
+                tcp_idle,
+                linger,
+                budget.nat_entries,
+            );
+            let families = (config.tun.ipv4.is_some(), config.tun.ipv6.is_some());
+            Stack::Smoltcp(SmolTcp::new(smol, d.clone(), tun.clone(), families))
+        }
+        StackKind::System | StackKind::Auto => {
+            let mut addrs = StackAddrs::default();
+            let tun_index = tun.if_index();
+            for net in &nets {
+                let (listener, fam) = bind_family(*net, budget.backlog, tun_index)?;
+                match fam.gateway {
+                    IpAddr::V4(_) => addrs.v4 = Some(fam),
+                    IpAddr::V6(_) => addrs.v6 = Some(fam),
+                }
+                listeners.push((listener, fam));
+            }
+            let nat_cfg = NatConfig {
+                max_entries: budget.nat_entries,
+                idle_timeout: tcp_idle,
+                linger,
+                ..NatConfig::default()
+            };
+            let half_open = nat_cfg.half_open_timeout;
+            let nat = NatTable::new(nat_cfg, Arc::new(SystemClock));
+            let st = SystemStack::new(d.clone(), tun.clone(), nat, addrs, half_open);
+            Stack::System(Arc::new(st))
+        }
+    };
+    let udp = UdpTable::new(
+        Arc::new(UdpEnv {
+            d,
+            tun: tun.clone(),
+            factory,
+            mtu: config.tun.mtu,
+            max_flows: budget.udp_flows,
+            idle: config.udp_idle(),
+        }),
+        Instant::now(),
+    );
+    let gateways = (
+        config.tun.ipv4.map(|n| IpAddr::V4(n.addr())),
+        config.tun.ipv6.map(|n| IpAddr::V6(n.addr())),
+    );
+    let processor = Processor::new(stack.clone(), udp, gateways, tun.clone(), stats.clone());
+    Ok(Assembled {
+        parts: Parts {
+            life,
+            stats,
+            admission,
+            stack,
+            tun,
+            mtu: config.tun.mtu,
+        },
+        processor,
+        listeners,
+        driver,
+    })
+}
+
+/// Bind the system stack's kernel listener for the family of `net` on its
+/// gateway address; the family's addresses with the port it got.
+fn bind_family(
+    net: IpNet,
+    backlog: u32,
+    tun_index: Option<u32>,
+) -> Result<(TcpListener, FamilyAddrs), StartError> {
+    let gateway = net.addr();
+    let nat = nat_address(net).ok_or(ConfigError::NoRoomForNat {
+        field: if gateway.is_ipv4() { "ipv4" } else { "ipv6" },
+        net,
+    })?;
+    let failed = |source: io::Error| StartError::Listener {
+        addr: gateway,
+        source,
+    };
+    let listener = system::bind_listener(gateway, backlog, tun_index).map_err(failed)?;
+    let port = listener.local_addr().map_err(failed)?.port();
+    let fam = FamilyAddrs {
+        gateway,
+        nat,
+        listen_port: port,
+    };
+    Ok((listener, fam))
 }
 
 /// The stack to run and why (logged at start). `auto`:
@@ -437,7 +475,7 @@ async fn prepare(
 ///   an explicit `system` there never gets here, `validate` refuses it;
 /// * the system stack on iOS and Android, where kernel TCP costs no
 ///   per-connection socket buffers inside a tight memory budget;
-/// * smoltcp on desktop (DESIGN.md part 7): memory is not the constraint
+/// * smoltcp on desktop: memory is not the constraint
 ///   there, and it needs no NAT address routed back to a kernel listener, so
 ///   it runs on any TUN whatever the host's routing and firewall. The system
 ///   stack (with the splice relay) stays one `stack = "system"` away.
@@ -466,44 +504,18 @@ fn choose_stack(
     }
 }
 
-fn stack_name(kind: StackKind) -> &'static str {
-    match kind {
-        StackKind::Smoltcp => "smoltcp",
-        _ => "system",
-    }
-}
-
 fn snapshot(inner: &Inner) -> StatsSnapshot {
-    let sh = &inner.shared;
-    let mut s = sh.stats.snapshot();
-    let c = sh.nat.counts();
-    s.nat = NatSnapshot {
-        half_open: c.half_open as u64,
-        active: c.active as u64,
-        closing: c.closing as u64,
-    };
-    if let Some(smol) = &sh.smol {
-        // smoltcp has no NAT table: its sockets (open or closing) and the
-        // connects in flight fill the same slots.
-        let (sockets, connecting) = smol.counts();
-        s.nat = NatSnapshot {
-            half_open: connecting as u64,
-            active: sockets as u64,
-            closing: 0,
-        };
-    }
-    s.stack = if sh.smol.is_some() {
-        stack_name(StackKind::Smoltcp)
-    } else {
-        stack_name(StackKind::System)
-    };
+    let parts = &inner.parts;
+    let mut s = parts.stats.snapshot();
+    s.nat = parts.stack.counts();
+    s.stack = parts.stack.name();
     s.driver = inner.driver.as_str();
-    s.memory_pressure = match sh.admission.pressure() {
+    s.memory_pressure = match parts.admission.pressure() {
         MemoryPressure::Normal => "normal",
         MemoryPressure::Elevated => "elevated",
         MemoryPressure::Critical => "critical",
     };
-    s.admission_limit = sh.admission.limit() as u64;
+    s.admission_limit = parts.admission.limit() as u64;
     s.uptime_ms = inner.started.elapsed().as_millis() as u64;
     s
 }
@@ -547,7 +559,5 @@ mod tests {
             why.starts_with("auto on desktop"),
             "the log line says why: {why}"
         );
-        assert_eq!(stack_name(StackKind::Smoltcp), "smoltcp");
-        assert_eq!(stack_name(StackKind::System), "system");
     }
 }

@@ -1,17 +1,31 @@
 //! kerntun: a TUN proxy engine.
 //!
-//! The crate is layered so the hard parts can be tested without a device:
+//! An app hands the engine a TUN device; the engine turns its packets back
+//! into TCP streams and UDP flows and relays them to outbounds chosen by
+//! rules. The modules are layers, listed in the order a packet meets them;
+//! imports never form a cycle (`scripts/check-layers.py` checks it in CI;
+//! docs/architecture.md draws the map):
 //!
-//! * [`packet`]: pure-bytes packet views, in-place NAT rewrite with RFC 1624
-//!   incremental checksums, echo replies. No I/O, no clock, no allocation.
-//! * [`nat`]: the system netstack's NAT table (64 shards, HalfOpen / Active /
-//!   Closing, generations, budgets). Time is passed in.
+//! * [`packet`], [`nat`], [`translate`], [`stats`]: pure and sans-I/O.
+//!   Zero-copy packet views with in-place NAT rewrite (RFC 1624 checksums),
+//!   the system stack's NAT table, the per-packet TCP step, the counters.
+//!   Time is passed in; no descriptors.
+//! * `driver`: one task reads the TUN (per-packet, Linux GRO/GSO or Darwin
+//!   `recvmsg_x`) and hands every packet to one processing step.
+//! * `stack`: the two TCP stacks behind one entry, the system netstack
+//!   (kernel TCP behind the NAT, the mobile default) and smoltcp.
+//! * `udp`: datagram flows (direct, proxied, hijacked DNS).
+//! * `dispatch`: connect-first admission of a new flow and the sessions that
+//!   serve it, written once for both stacks.
+//! * [`outbound`], [`rules`], [`dns`], [`sniff`]: where flows go.
+//! * [`relay`]: moving bytes between the app's side and the outbound
+//!   (splice on Linux/Android, a userspace copy elsewhere).
+//! * [`tun`]: the device, one file per OS; `sys`: the only `unsafe`.
+//! * [`Engine`]: lifecycle (start, stop, statistics) over all of it;
+//!   [`config`] collects every module's configuration section.
 //!
-//! * [`Engine`]: the system netstack on a TUN device: drivers, kernel
-//!   listener, dispatcher, direct outbound, UDP flows, statistics.
-//!
-//! Everything that touches raw descriptors lives in `sys` modules; `unsafe`
-//! is denied everywhere else.
+//! Everything that touches raw descriptors lives in `sys`; `unsafe` is
+//! denied everywhere else.
 #![deny(unsafe_code)]
 
 pub mod budget;
@@ -21,27 +35,25 @@ pub mod dns;
 mod driver;
 mod engine;
 /// Entry points of the fuzz targets (`fuzz/`), not part of the API.
+#[cfg(fuzzing)]
 #[doc(hidden)]
 pub mod fuzzing {
-    pub use crate::smol::fuzzing as smol;
+    pub use crate::stack::smoltcp::fuzzing as smol;
 }
+mod lifecycle;
 pub mod nat;
 pub mod outbound;
 pub mod packet;
 pub mod relay;
 pub mod rules;
-mod smol;
 pub mod sniff;
-#[cfg(any(target_os = "linux", target_os = "android"))]
-pub mod splice;
+mod stack;
 pub mod stats;
 #[allow(unsafe_code)]
 mod sys;
-mod system;
 pub mod translate;
 pub mod tun;
 mod udp;
-pub mod utun;
 
 pub use budget::MemoryPressure;
 pub use config::Config;

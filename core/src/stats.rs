@@ -276,7 +276,8 @@ pub struct LocalCounters {
     last_commit: Instant,
 }
 
-/// Commit after this many packets (DESIGN.md part 10)...
+/// Commit after this many packets (live statistics without an atomic
+/// add per packet)...
 const COMMIT_PACKETS: u64 = 64;
 /// ...or after this long, whichever comes first.
 const COMMIT_INTERVAL: Duration = Duration::from_millis(100);
@@ -501,7 +502,7 @@ impl Stats {
     }
 }
 
-/// At most one warning per interval (DESIGN.md part 10: one per 5 s), with a
+/// At most one warning per interval (the engine uses 5 s), with a
 /// count of what was suppressed in between. Lock-free.
 #[derive(Debug)]
 pub struct WarnLimiter {

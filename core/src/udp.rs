@@ -38,12 +38,12 @@ use tokio::net::UdpSocket;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio::task::AbortHandle;
 
+use crate::dispatch::Dispatcher;
 use crate::dns::Dns;
-use crate::outbound::{Address, ProxyUdp, Route};
-use crate::packet::{self, IPV4_UDP_HEADERS, IPV6_UDP_HEADERS, IpInfo};
+use crate::outbound::{Address, ProxyUdp, Route, SocketFactory};
+use crate::packet::{self, HEADROOM, IPV4_UDP_HEADERS, IPV6_UDP_HEADERS, IpInfo};
 use crate::stats::{EngineDrop, LocalCounters, Stats};
-use crate::system::Shared;
-use crate::tun::HEADROOM;
+use crate::tun::Tun;
 
 type Key = (SocketAddr, SocketAddr);
 
@@ -100,18 +100,34 @@ impl Drop for Flow {
     }
 }
 
+/// What the datagram path and its flow tasks need.
+#[derive(Debug)]
+pub(crate) struct UdpEnv {
+    /// Rules, outbounds, DNS, statistics.
+    pub d: Arc<Dispatcher>,
+    /// Where replies are written.
+    pub tun: Arc<Tun>,
+    /// Direct flows' sockets (bound, marked or protected off the TUN).
+    pub factory: SocketFactory,
+    pub mtu: u16,
+    /// `budget.udp_flows`: the least recently used flow is evicted past it.
+    pub max_flows: usize,
+    /// `timeouts.udp_idle_s`.
+    pub idle: Duration,
+}
+
 /// Flow table, owned by the TUN driver task.
 #[derive(Debug)]
 pub(crate) struct UdpTable {
     flows: HashMap<Key, Flow>,
-    shared: Arc<Shared>,
+    shared: Arc<UdpEnv>,
     epoch: Instant,
     /// Permits for hijacked DNS queries in flight.
     dns_slots: Arc<Semaphore>,
 }
 
 impl UdpTable {
-    pub fn new(shared: Arc<Shared>, now: Instant) -> Self {
+    pub fn new(shared: Arc<UdpEnv>, now: Instant) -> Self {
         Self {
             flows: HashMap::new(),
             shared,
@@ -136,7 +152,7 @@ impl UdpTable {
         );
         let payload = &buf[udp.payload_offset..udp.payload_offset + udp.payload_len];
         if udp.dst_port == 53
-            && let Some(dns) = &self.shared.dns
+            && let Some(dns) = &self.shared.d.dns
             && dns.hijacks(key.1)
         {
             return self.hijack(key, payload, local);
@@ -191,7 +207,7 @@ impl UdpTable {
     /// Hand a hijacked query to a task (one copy of the payload; the driver
     /// does not wait).
     fn hijack(&mut self, key: Key, payload: &[u8], local: &mut LocalCounters) {
-        let Some(dns) = self.shared.dns.clone() else {
+        let Some(dns) = self.shared.d.dns.clone() else {
             return;
         };
         let Ok(permit) = self.dns_slots.clone().try_acquire_owned() else {
@@ -209,9 +225,9 @@ impl UdpTable {
     fn open(&mut self, key: Key, now: Instant, local: &mut LocalCounters) -> bool {
         let (client, server) = key;
         let shared = self.shared.clone();
-        let outbounds = &shared.outbounds;
+        let outbounds = &shared.d.outbounds;
         // A fake address stands for a domain: route by it, and carry it on.
-        let fake = match &shared.dns {
+        let fake = match &shared.d.dns {
             Some(dns) if dns.is_fake(server.ip()) => match dns.fake_domain(server.ip()) {
                 Some(d) => Some((dns.clone(), d)),
                 None => {
@@ -229,7 +245,7 @@ impl UdpTable {
             local.drop(EngineDrop::UdpRejected);
             return false;
         }
-        if self.flows.len() >= self.shared.budget.udp_flows {
+        if self.flows.len() >= self.shared.max_flows {
             self.evict_oldest();
         }
         let last_down = Arc::new(AtomicU64::new(0));
@@ -284,6 +300,7 @@ impl UdpTable {
                     Err(e) => {
                         local.drop(EngineDrop::UdpOpenFailed);
                         self.shared
+                            .d
                             .warn
                             .warn(format_args!("udp flow to {server}: {e}"));
                         return false;
@@ -310,8 +327,8 @@ impl UdpTable {
                 task,
             },
         );
-        self.shared.stats.udp_flows_total.fetch_add(1, Relaxed);
-        self.shared.stats.udp_flows_active.fetch_add(1, Relaxed);
+        self.shared.d.stats.udp_flows_total.fetch_add(1, Relaxed);
+        self.shared.d.stats.udp_flows_active.fetch_add(1, Relaxed);
         true
     }
 
@@ -326,14 +343,14 @@ impl UdpTable {
             .map(|(k, _)| *k)
         {
             self.flows.remove(&key);
-            self.shared.stats.udp_flows_evicted.fetch_add(1, Relaxed);
-            self.shared.stats.udp_flows_active.fetch_sub(1, Relaxed);
+            self.shared.d.stats.udp_flows_evicted.fetch_add(1, Relaxed);
+            self.shared.d.stats.udp_flows_active.fetch_sub(1, Relaxed);
         }
     }
 
     /// Close flows idle for longer than the configured timeout.
     pub fn sweep(&mut self, now: Instant) {
-        let idle = self.shared.udp_idle;
+        let idle = self.shared.idle;
         let epoch = self.epoch;
         let before = self.flows.len();
         self.flows
@@ -341,6 +358,7 @@ impl UdpTable {
         let removed = (before - self.flows.len()) as u64;
         if removed > 0 {
             self.shared
+                .d
                 .stats
                 .udp_flows_active
                 .fetch_sub(removed, Relaxed);
@@ -351,7 +369,7 @@ impl UdpTable {
 impl Drop for UdpTable {
     fn drop(&mut self) {
         let n = self.flows.len() as u64;
-        self.shared.stats.udp_flows_active.fetch_sub(n, Relaxed);
+        self.shared.d.stats.udp_flows_active.fetch_sub(n, Relaxed);
     }
 }
 
@@ -370,14 +388,14 @@ fn udp_room(mtu: u16, server: SocketAddr) -> (usize, usize) {
 /// Answer one hijacked query and write the answer to the TUN as a datagram
 /// from the address the app asked (`key.1`) to the app (`key.0`).
 async fn answer_hijacked(
-    shared: Arc<Shared>,
+    shared: Arc<UdpEnv>,
     dns: Arc<Dns>,
     query: Vec<u8>,
     (client, server): Key,
     _permit: OwnedSemaphorePermit,
 ) {
     let (hdr, max_payload) = udp_room(shared.mtu, server);
-    let stats: &Stats = &shared.stats;
+    let stats: &Stats = &shared.d.stats;
     let Some(reply) = dns.answer_udp(&query, max_payload, stats).await else {
         return;
     };
@@ -395,12 +413,30 @@ async fn answer_hijacked(
     }
 }
 
+/// Write the reply of `len` bytes at `b[HEADROOM + header..]` to the app as a
+/// datagram from the flow's server to its client, headers written in place.
+async fn send_reply(env: &UdpEnv, b: &mut [u8], (client, server): Key, len: usize) {
+    let stats: &Stats = &env.d.stats;
+    match packet::write_udp_headers(&mut b[HEADROOM..], server, client, len) {
+        Ok(total) => match env.tun.send(b, total).await {
+            Ok(()) => {
+                stats.udp_packets_down.fetch_add(1, Relaxed);
+                stats.udp_bytes_down.fetch_add(len as u64, Relaxed);
+            }
+            Err(_) => stats.drop(EngineDrop::TunWrite),
+        },
+        Err(r) => {
+            stats.rejects[r.index()].fetch_add(1, Relaxed);
+        }
+    }
+}
+
 /// A direct flow to a fake address: resolve its domain through the DNS
 /// service (never the fake pool), connect to the real address, then relay
 /// what the driver queues; replies reach the app from the fake address.
 #[allow(clippy::too_many_arguments)]
 async fn resolved_flow(
-    shared: Arc<Shared>,
+    shared: Arc<UdpEnv>,
     dns: Arc<Dns>,
     domain: Arc<str>,
     client: SocketAddr,
@@ -410,11 +446,12 @@ async fn resolved_flow(
     last_down: Arc<AtomicU64>,
     epoch: Instant,
 ) {
-    let stats: &Stats = &shared.stats;
+    let stats: &Stats = &shared.d.stats;
     let ip = match dns.resolve(&domain, server.is_ipv6(), stats).await {
         Ok(ip) => ip,
         Err(e) => {
             shared
+                .d
                 .warn
                 .warn(format_args!("udp flow to {domain} ({server}): {e}"));
             return;
@@ -426,6 +463,7 @@ async fn resolved_flow(
         Err(e) => {
             stats.drop(EngineDrop::UdpOpenFailed);
             shared
+                .d
                 .warn
                 .warn(format_args!("udp flow to {domain} ({real}): {e}"));
             return;
@@ -461,14 +499,13 @@ async fn resolved_flow(
 /// `server` to `client`. The buffer exists only while replies are arriving.
 async fn reply_loop(
     sock: Arc<UdpSocket>,
-    shared: Arc<Shared>,
+    shared: Arc<UdpEnv>,
     client: SocketAddr,
     server: SocketAddr,
     last_down: Arc<AtomicU64>,
     epoch: Instant,
 ) {
     let (hdr, max_payload) = udp_room(shared.mtu, server);
-    let stats: &Stats = &shared.stats;
     let mut buf: Option<Box<[u8]>> = None;
     loop {
         if sock.readable().await.is_err() {
@@ -479,18 +516,7 @@ async fn reply_loop(
         match sock.try_recv(&mut b[HEADROOM + hdr..]) {
             Ok(n) => {
                 last_down.store(epoch.elapsed().as_millis() as u64, Relaxed);
-                match packet::write_udp_headers(&mut b[HEADROOM..], server, client, n) {
-                    Ok(len) => match shared.tun.send(b, len).await {
-                        Ok(()) => {
-                            stats.udp_packets_down.fetch_add(1, Relaxed);
-                            stats.udp_bytes_down.fetch_add(n as u64, Relaxed);
-                        }
-                        Err(_) => stats.drop(EngineDrop::TunWrite),
-                    },
-                    Err(r) => {
-                        stats.rejects[r.index()].fetch_add(1, Relaxed);
-                    }
-                }
+                send_reply(&shared, b, (client, server), n).await;
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => buf = None,
             // ICMP errors (port unreachable) surface as errors on a connected
@@ -510,7 +536,7 @@ async fn reply_loop(
 /// (the driver aborts the task), the queue closes, or the association ends.
 #[allow(clippy::too_many_arguments)]
 async fn proxy_flow(
-    shared: Arc<Shared>,
+    shared: Arc<UdpEnv>,
     idx: usize,
     client: SocketAddr,
     server: SocketAddr,
@@ -520,9 +546,9 @@ async fn proxy_flow(
     last_down: Arc<AtomicU64>,
     epoch: Instant,
 ) {
-    let stats: &Stats = &shared.stats;
+    let stats: &Stats = &shared.d.stats;
     let counters = stats.outbounds.get(idx);
-    let assoc = match shared.outbounds.udp(idx).await {
+    let assoc = match shared.d.outbounds.udp(idx).await {
         Ok(a) => {
             if let Some(c) = counters {
                 c.udp_flows.fetch_add(1, Relaxed);
@@ -537,9 +563,9 @@ async fn proxy_flow(
                     c.udp_failures.fetch_add(1, Relaxed);
                 }
             }
-            shared.warn.warn(format_args!(
+            shared.d.warn.warn(format_args!(
                 "udp flow to {server} via {}: {e}",
-                shared.outbounds.name(Route::Proxy(idx))
+                shared.d.outbounds.name(Route::Proxy(idx))
             ));
             return;
         }
@@ -631,18 +657,7 @@ async fn proxy_flow(
                             continue;
                         }
                         b.copy_within(start + range.start..start + range.end, start);
-                        match packet::write_udp_headers(&mut b[HEADROOM..], server, client, len) {
-                            Ok(total) => match shared.tun.send(b, total).await {
-                                Ok(()) => {
-                                    stats.udp_packets_down.fetch_add(1, Relaxed);
-                                    stats.udp_bytes_down.fetch_add(len as u64, Relaxed);
-                                }
-                                Err(_) => stats.drop(EngineDrop::TunWrite),
-                            },
-                            Err(r) => {
-                                stats.rejects[r.index()].fetch_add(1, Relaxed);
-                            }
-                        }
+                        send_reply(&shared, b, (client, server), len).await;
                     }
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => rbuf = None,
                     Err(e)

@@ -308,7 +308,7 @@ fn ping_to_gateway_is_answered(v6: bool, driver: DriverMode, stack: StackKind) {
 #[test]
 fn adopts_a_lent_descriptor_and_checks_its_addresses() {
     require_root!();
-    use std::os::fd::AsRawFd;
+    use std::os::fd::AsFd;
     let topo = Topology::new().expect("topology");
     topo.client.enter().expect("enter client ns");
     let name = format!("ktfd{}", topo.id);
@@ -324,13 +324,13 @@ fn adopts_a_lent_descriptor_and_checks_its_addresses() {
     // A config that does not match the device is refused before readiness.
     let mut wrong = cfg.clone();
     wrong.tun.ipv4 = Some("198.20.0.1/16".parse().expect("net"));
-    let err = Engine::start(wrong, TunSource::Fd(dev.as_raw_fd()), None).expect_err("mismatch");
+    let err = Engine::start(wrong, TunSource::Fd(dev.as_fd()), None).expect_err("mismatch");
     assert!(
         matches!(err, kerntun::StartError::Address(_)),
         "expected an address error, got {err}"
     );
 
-    let engine = Engine::start(cfg, TunSource::Fd(dev.as_raw_fd()), None).expect("start on fd");
+    let engine = Engine::start(cfg, TunSource::Fd(dev.as_fd()), None).expect("start on fd");
     assert_eq!(engine.tun_name().as_deref(), Some(name.as_str()));
     topo.route_via_tun(&name).expect("route");
     let srv = servers::tcp(&topo.server, topo.server_addr(false, 0), Mode::Echo).expect("srv");

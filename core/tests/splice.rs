@@ -14,8 +14,8 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use kerntun::relay::splice::{self, KernelSplice, Pipe, SpliceOps};
 use kerntun::relay::{Fallback, Meter, RelayOptions, Relayed};
-use kerntun::splice::{self, KernelSplice, Pipe, SpliceOps};
 use kerntun_testkit::pattern;
 use socket2::SockRef;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};

@@ -55,11 +55,6 @@ impl Engine {
     ) -> Result<Arc<Self>, KerntunError> {
         guard(|| {
             let core = config.to_core()?;
-            let source = if tun_fd < 0 {
-                TunSource::Create
-            } else {
-                TunSource::Fd(tun_fd)
-            };
             let dispatch = config
                 .log_level
                 .map(|level| hook_dispatch(platform.clone(), level));
@@ -68,8 +63,20 @@ impl Engine {
                 None => StartOptions::default(),
             };
             let protect = Arc::new(HookProtect(platform));
-            let engine = scoped(&dispatch, || {
-                kerntun::Engine::start_with(core, source, Some(protect), options)
+            let engine = crate::sys::with_lent_fd(tun_fd, |lent| {
+                let source = match lent {
+                    _ if tun_fd < 0 => TunSource::Create,
+                    Some(fd) => TunSource::Fd(fd),
+                    None => {
+                        return Err(KerntunError::Tun {
+                            reason: format!("tun_fd {tun_fd} is not an open descriptor"),
+                        });
+                    }
+                };
+                scoped(&dispatch, || {
+                    kerntun::Engine::start_with(core, source, Some(protect), options)
+                })
+                .map_err(KerntunError::from)
             })?;
             Ok(Arc::new(Engine {
                 inner: RwLock::new(engine),

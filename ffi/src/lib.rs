@@ -21,7 +21,6 @@ mod error;
 mod hooks;
 mod logging;
 mod stats;
-#[cfg(any(target_os = "ios", target_os = "macos"))]
 #[allow(unsafe_code)]
 mod sys;
 

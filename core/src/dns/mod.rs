@@ -10,6 +10,9 @@
 mod cache;
 mod config;
 mod fakeip;
+/// The `dns` fuzz target's entry point (`cargo fuzz` builds with
+/// `--cfg fuzzing`), not part of the API.
+#[cfg(fuzzing)]
 #[doc(hidden)]
 pub mod fuzzing;
 mod msg;
@@ -24,8 +27,8 @@ use std::time::{Duration, Instant};
 
 use hickory_proto::op::{Message, Query};
 
-use crate::dispatch::AppStream;
 use crate::outbound::Outbounds;
+use crate::relay::{self, Side};
 use crate::stats::Stats;
 use cache::Cache;
 use fakeip::FakePool;
@@ -242,21 +245,21 @@ impl Dns {
     /// or [`TCP_IDLE`] without one.
     /// Generic over the app's side of the connection: a kernel socket
     /// (system stack) or a smoltcp socket.
-    pub(crate) async fn serve_tcp<S: AppStream>(
+    pub(crate) async fn serve_tcp<S: Side>(
         &self,
-        stream: &mut S,
+        stream: &S,
         stats: &Stats,
     ) -> std::io::Result<()> {
         loop {
             let mut len = [0u8; 2];
-            match tokio::time::timeout(TCP_IDLE, stream.read_exact(&mut len)).await {
+            match tokio::time::timeout(TCP_IDLE, relay::read_exact(stream, &mut len)).await {
                 Err(_) => return Ok(()),
                 Ok(Err(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
                 Ok(Err(e)) => return Err(e),
                 Ok(Ok(_)) => {}
             }
             let mut q = vec![0u8; usize::from(u16::from_be_bytes(len))];
-            match tokio::time::timeout(TCP_IDLE, stream.read_exact(&mut q)).await {
+            match tokio::time::timeout(TCP_IDLE, relay::read_exact(stream, &mut q)).await {
                 Err(_) => return Ok(()),
                 Ok(r) => r.map(drop)?,
             }
@@ -270,7 +273,7 @@ impl Dns {
             else {
                 return Ok(());
             };
-            stream.send_all(&frame).await?;
+            stream.write_all(&frame).await?;
         }
     }
 
@@ -536,8 +539,8 @@ mod tests {
                 s.shutdown().await.expect("shutdown");
                 ids
             });
-            let (mut s, _) = l.accept().await.expect("accept");
-            d.serve_tcp(&mut s, &stats).await.expect("served");
+            let (s, _) = l.accept().await.expect("accept");
+            d.serve_tcp(&s, &stats).await.expect("served");
             assert_eq!(client.await.expect("client"), vec![11, 12]);
         });
         assert_eq!(stats.dns.tcp_queries.load(Relaxed), 2);

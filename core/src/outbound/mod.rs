@@ -63,7 +63,7 @@ impl SocketFactory {
 
     fn prepare(&self, sock: &Socket) -> io::Result<()> {
         sock.set_nonblocking(true)?;
-        #[cfg(any(target_os = "linux", target_os = "android"))]
+        #[cfg(linux_like)]
         {
             if let Some(ifname) = &self.interface {
                 sock.bind_device(Some(ifname.as_bytes()))?;
@@ -72,7 +72,7 @@ impl SocketFactory {
                 sock.set_mark(mark)?;
             }
         }
-        #[cfg(not(any(target_os = "linux", target_os = "android")))]
+        #[cfg(not(linux_like))]
         {
             if self.interface.is_some() || self.fwmark.is_some() {
                 return Err(io::Error::new(

@@ -179,13 +179,17 @@ impl std::fmt::Display for Reject {
 
 impl std::error::Error for Reject {}
 
+/// Bytes every packet buffer of the engine keeps free in front of the IP
+/// header, so a device header is written in place instead of copying the
+/// packet: Linux's 10-byte `virtio_net_hdr` when offload is on, utun's
+/// 4-byte address family on Darwin (`crate::tun`).
+pub const HEADROOM: usize = 10;
+
 /// What the I/O driver does with a packet after processing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Disposition {
     /// The first `len` bytes of the buffer were rewritten in place; write them to the TUN.
     WriteBack(usize),
-    /// A UDP datagram for the datagram dispatcher; the buffer is unchanged.
-    ForwardUdp,
     /// Nothing to write (consumed or dropped; drops are counted by the processor).
     Done,
 }

@@ -9,10 +9,10 @@
 
 use std::ffi::{c_char, c_int, c_uint, c_void};
 use std::io;
-use std::os::fd::RawFd;
+use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
 use std::sync::OnceLock;
 
-use crate::utun::MsghdrX;
+use super::utun::{IOV_ZERO, MAX_BATCH, MsghdrX, RecvBatch};
 
 /// `sys/sys_domain.h`: the system protocol of kernel-control sockets.
 const SYSPROTO_CONTROL: c_int = 2;
@@ -72,24 +72,37 @@ pub fn recvmsg_x_available() -> bool {
     recvmsg_x_fn().is_some()
 }
 
-/// Receive up to `hdrs.len()` packets in one call, non-blocking. Each header
-/// must have been prepared by [`crate::utun::RecvBatch::prepare`] (re-zeroed,
-/// iovecs pointing into live buffers) for this call.
-pub fn recvmsg_x(fd: RawFd, hdrs: &mut [MsghdrX]) -> io::Result<usize> {
+/// Receive up to `batch.slots()` packets in one non-blocking call. The
+/// message headers and iovecs (raw pointers into `batch`) are built here,
+/// re-zeroed, right before the call and never outlive it, so the safe
+/// signature cannot be misused.
+pub fn recvmsg_x(fd: BorrowedFd<'_>, batch: &mut RecvBatch) -> io::Result<usize> {
     let Some(f) = recvmsg_x_fn() else {
         return Err(io::Error::from_raw_os_error(libc::ENOSYS));
     };
-    let cnt = c_uint::try_from(hdrs.len()).unwrap_or(c_uint::MAX);
-    // SAFETY: `hdrs` is a live, exclusively borrowed array of `cnt` headers
-    // whose iovecs point into buffers that outlive this call (the
-    // `RecvBatch` arena, borrowed by the caller); the kernel writes at most
-    // `iov_len` bytes per iovec and fills `msg_datalen`/`msg_flags`.
-    let n = unsafe { f(fd, hdrs.as_mut_ptr(), cnt, libc::MSG_DONTWAIT) };
+    let mut hdrs = [MsghdrX::ZERO; MAX_BATCH];
+    let mut iovs = [IOV_ZERO; MAX_BATCH];
+    let prepared = batch.prepare(&mut hdrs, &mut iovs);
+    let cnt = c_uint::try_from(prepared.len()).unwrap_or(c_uint::MAX);
+    // SAFETY: `prepared` is a live, exclusively borrowed array of `cnt`
+    // headers just built by `RecvBatch::prepare`; their iovecs live in `iovs`
+    // and point into `batch`'s arena, both borrowed for the whole call. The
+    // kernel writes at most `iov_len` bytes per iovec and fills
+    // `msg_datalen`/`msg_flags`.
+    let n = unsafe {
+        f(
+            fd.as_raw_fd(),
+            prepared.as_mut_ptr(),
+            cnt,
+            libc::MSG_DONTWAIT,
+        )
+    };
     if n < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(n as usize)
+        return Err(io::Error::last_os_error());
     }
+    let n = n as usize;
+    batch.complete(&hdrs, n);
+    Ok(n)
 }
 
 /// The interface name of a utun control socket (`utun4`).

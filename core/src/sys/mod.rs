@@ -1,29 +1,19 @@
-//! The only place in the crate where `unsafe` is allowed: adopting descriptors
-//! handed over by the host app. Every block carries a `// SAFETY:` comment.
+//! The only place in the crate where `unsafe` is allowed: adopting the
+//! device's descriptor, splice(2), Darwin's utun calls. Every block carries a `// SAFETY:` comment.
 
 use std::io;
-use std::os::fd::{BorrowedFd, OwnedFd, RawFd};
+use std::os::fd::OwnedFd;
 
 /// Darwin utun: `recvmsg_x`, `UTUN_OPT_IFNAME`, the utun descriptor search.
-#[cfg(any(target_os = "macos", target_os = "ios"))]
+#[cfg(apple)]
 pub mod darwin;
 /// `recvmsg_x` emulated over `readv`, to test the batch bookkeeping on Linux.
 #[cfg(all(test, target_os = "linux"))]
 pub mod recvx_emul;
-
-/// Duplicate a descriptor the host app lent us, so the engine owns (and later
-/// closes) its own copy while the app keeps the original. On iOS the utun fd
-/// must never be closed by the engine; on Android the app can close its copy
-/// after start.
-pub fn dup_lent_fd(fd: RawFd) -> io::Result<OwnedFd> {
-    if fd < 0 {
-        return Err(io::Error::from_raw_os_error(libc::EBADF));
-    }
-    // SAFETY: the caller promises `fd` is open for the duration of this call;
-    // the borrow does not outlive it and is only used to duplicate.
-    let borrowed = unsafe { BorrowedFd::borrow_raw(fd) };
-    borrowed.try_clone_to_owned()
-}
+/// The utun wire format and `recvmsg_x` batches (platform-neutral, so the
+/// Linux tests cover them).
+#[cfg(any(apple, test))]
+pub mod utun;
 
 /// Wrap an owned TUN descriptor in a tun-rs async device.
 pub fn async_device_from_owned(fd: OwnedFd) -> io::Result<tun_rs::AsyncDevice> {
@@ -36,5 +26,5 @@ pub fn async_device_from_owned(fd: OwnedFd) -> io::Result<tun_rs::AsyncDevice> {
 }
 
 /// splice(2), pipes and the urgent-mark probe for the splice relay.
-#[cfg(any(target_os = "linux", target_os = "android"))]
+#[cfg(linux_like)]
 pub mod splice;

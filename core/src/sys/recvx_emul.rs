@@ -3,19 +3,23 @@
 //! kernel writes through the iovecs it prepares.
 
 use std::io;
-use std::os::fd::RawFd;
+use std::os::fd::{AsRawFd, BorrowedFd};
 
-use crate::utun::MsghdrX;
+use super::utun::{DARWIN_MSG_TRUNC, IOV_ZERO, MAX_BATCH, MsghdrX, RecvBatch};
 
-/// Read datagrams from a non-blocking `fd` into the prepared headers until
-/// they are all used or the socket is empty; fill `msg_datalen` and set
-/// `MSG_TRUNC` (Darwin's value) when a datagram did not fit.
-pub fn recv_batch(fd: RawFd, hdrs: &mut [MsghdrX]) -> io::Result<usize> {
+/// Read datagrams from a non-blocking `fd` into `batch` until its slots are
+/// used or the socket is empty, the way `recvmsg_x` fills them: each slot's
+/// length, and Darwin's `MSG_TRUNC` when a datagram did not fit.
+pub fn recv_batch(fd: BorrowedFd<'_>, batch: &mut RecvBatch) -> io::Result<usize> {
+    let mut hdrs = [MsghdrX::ZERO; MAX_BATCH];
+    let mut iovs = [IOV_ZERO; MAX_BATCH];
+    let prepared = batch.prepare(&mut hdrs, &mut iovs);
+    let fd = fd.as_raw_fd();
     let mut n = 0;
-    for h in hdrs.iter_mut() {
+    for h in prepared.iter_mut() {
         let capacity: usize = {
             // SAFETY: `msg_iov` points at `msg_iovlen` iovecs prepared by
-            // RecvBatch::prepare, alive for this call (the caller's scratch).
+            // RecvBatch::prepare in `iovs`, alive for this call.
             let iovs = unsafe { std::slice::from_raw_parts(h.msg_iov, h.msg_iovlen as usize) };
             iovs.iter().map(|v| v.iov_len).sum()
         };
@@ -36,17 +40,18 @@ pub fn recv_batch(fd: RawFd, hdrs: &mut [MsghdrX]) -> io::Result<usize> {
             }
             return Err(e);
         }
-        // SAFETY: the iovecs point into the RecvBatch arena, borrowed by the
-        // caller for this call; readv writes at most `iov_len` per iovec.
+        // SAFETY: the iovecs point into `batch`'s arena, exclusively borrowed
+        // for this call; readv writes at most `iov_len` per iovec.
         let got = unsafe { libc::readv(fd, h.msg_iov, h.msg_iovlen) };
         if got < 0 {
             return Err(io::Error::last_os_error());
         }
         h.msg_datalen = got as usize;
         if real as usize > capacity {
-            h.msg_flags |= crate::utun::DARWIN_MSG_TRUNC;
+            h.msg_flags |= DARWIN_MSG_TRUNC;
         }
         n += 1;
     }
+    batch.complete(&hdrs, n);
     Ok(n)
 }

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Kotlin-on-JVM end-to-end test of the kerntun FFI (issue 7).
+# Kotlin-on-JVM end-to-end test of the kerntun FFI.
 #
 #   sudo bash ffi/tests/kotlin/run.sh
 #

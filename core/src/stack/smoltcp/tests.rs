@@ -1,5 +1,10 @@
 //! The smoltcp stack without a TUN: packets in, packets out through a vector.
 
+use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
+
+use super::super::device::{Sink, shade_window};
+use super::super::stream::SmolStream;
 use super::*;
 use crate::packet::tcp::flags::{ACK, FIN, PSH, RST, SYN};
 use crate::packet::testutil::{corpus, tcp_v4, tcp_v6};

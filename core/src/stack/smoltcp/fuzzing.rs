@@ -3,8 +3,8 @@
 //!
 //! The program feeds raw packets and well-formed segments of a few flows
 //! (SYN-first handshakes, data, FIN, RST, odd options, stray sequence
-//! numbers) through the same gate the processor applies before
-//! [`SmolStack::input`] (`system::smol_tcp`: a TCP packet that parses, unicast
+//! numbers) through the same gate the engine applies before
+//! [`SmolStack::input`] (`gate.rs`: a TCP packet that parses, unicast
 //! addresses, SYNs classified by [`SmolStack::syn`] and held until the
 //! "outbound" connects), completes or fails connects, reads, writes, closes,
 //! aborts and drops sessions, moves the clock, and may make the sink refuse
@@ -26,10 +26,13 @@ use std::time::{Duration, Instant};
 
 use ipnet::IpNet;
 
-use super::{Key, Sink, SmolStack, SmolStream, Syn, is_unicast};
+use super::device::Sink;
+use super::gate::{Gate, gate};
+use super::stack::{Key, SmolStack};
+use super::stream::SmolStream;
+use crate::packet::HEADROOM;
 use crate::packet::{self, checksum, protocol, tcp_flags};
-use crate::stats::Stats;
-use crate::tun::HEADROOM;
+use crate::stats::{EngineDrop, Stats};
 
 /// Socket budget of the fuzzed stack: small, so `Syn::Full` is reachable.
 pub const MAX_SOCKETS: usize = 4;
@@ -230,49 +233,44 @@ struct Run {
 }
 
 impl Run {
-    /// What `system::smol_tcp` does with a packet from the TUN, minus the
-    /// routing and admission (a connect's outcome is a later step).
+    /// What the engine's smoltcp path does with a packet from the TUN
+    /// (the same gate), minus the routing and admission (a connect's outcome
+    /// is a later step).
     fn deliver(&mut self, pkt: &[u8]) {
         let Ok(ip) = packet::parse_ip(pkt) else {
             return;
         };
-        let Ok(tcp) = packet::parse_tcp(pkt, &ip) else {
-            return;
-        };
-        if !is_unicast(ip.src) || !is_unicast(ip.dst) {
-            return;
-        }
         let pkt = &pkt[..ip.len];
-        if tcp.is_syn_only() {
-            let key = (
-                SocketAddr::new(ip.src, tcp.src_port),
-                SocketAddr::new(ip.dst, tcp.dst_port),
-            );
-            match self.st.syn(key) {
-                Syn::Known => {}
-                Syn::Connecting => {
-                    assert!(
-                        self.pending.iter().any(|p| p.0 == key),
-                        "connecting without a held SYN"
-                    );
-                    return;
-                }
-                Syn::Full => {
-                    self.summary.full += 1;
-                    return;
-                }
-                Syn::New => {
-                    assert!(
-                        !self.pending.iter().any(|p| p.0 == key),
-                        "new while connecting"
-                    );
-                    self.pending.push((key, pkt.to_vec()));
-                    return;
-                }
+        match gate(&self.st, pkt, &ip, true) {
+            Gate::Reject(_) => {}
+            Gate::Drop(EngineDrop::SynWhileConnecting) => {
+                let held = |(key, _): &(Key, Vec<u8>)| {
+                    packet::parse_tcp(pkt, &ip).is_ok_and(|t| {
+                        *key == (
+                            SocketAddr::new(ip.src, t.src_port),
+                            SocketAddr::new(ip.dst, t.dst_port),
+                        )
+                    })
+                };
+                assert!(
+                    self.pending.iter().any(held),
+                    "connecting without a held SYN"
+                );
+            }
+            Gate::Drop(_) => {}
+            Gate::Full(_) => self.summary.full += 1,
+            Gate::New(key, _) => {
+                assert!(
+                    !self.pending.iter().any(|p| p.0 == key),
+                    "new while connecting"
+                );
+                self.pending.push((key, pkt.to_vec()));
+            }
+            Gate::Input => {
+                self.summary.inputs += 1;
+                self.st.input(pkt, self.now, &mut self.sink, &self.stats);
             }
         }
-        self.summary.inputs += 1;
-        self.st.input(pkt, self.now, &mut self.sink, &self.stats);
     }
 
     /// The outbound connect of pending SYN `i` finished.

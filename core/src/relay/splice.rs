@@ -1,6 +1,6 @@
 //! The splice relay (Linux/Android): between two plain kernel TCP sockets,
 //! each direction moves its bytes socket -> pipe -> socket with `splice(2)`,
-//! so the payload never enters userspace (DESIGN.md part 9, seed 000).
+//! so the payload never enters userspace.
 //!
 //! Semantics are those of [`crate::relay`]: EOF on one side shuts the other
 //! down for writing while the opposite direction goes on; the result is the
@@ -19,14 +19,12 @@
 //!   the next burst takes one again. An idle spliced connection therefore
 //!   holds its two sockets and no pipe, like the copy path, which frees its
 //!   buffers the same way. Handing back goes to a small per-thread pool
-//!   ([`POOL_PER_THREAD`] pipes) rather than closing: a fresh pipe
-//!   (`pipe2`, `F_SETPIPE_SZ`, two `close`s) costs about 14 µs on the
-//!   benchmark VM, and bulk uploads through the engine met EAGAIN about 550
-//!   times per GB with 1 stream and 5500-7100 with 16-64 streams, i.e. up to
-//!   0.1 CPU s/GB of fresh pipes (engine runs without the pool: 1.20 CPU
-//!   s/GB at 16 and 64 streams, with it 1.02 and 1.16). The pool costs a
+//!   ([`POOL_PER_THREAD`] pipes) rather than closing, because a fresh pipe
+//!   (`pipe2`, `F_SETPIPE_SZ`, two `close`s) costs tens of microseconds and
+//!   bulk transfers go idle thousands of times per GB (measured in
+//!   docs/architecture.md, "The splice pipe pool"). The pool costs a
 //!   thread-local pop and push; a task that moved to another worker thread
-//!   misses it now and then (20-37 `pipe2` per 5 GB run).
+//!   misses it now and then.
 //! * Fill, then drain: splice from the source into the empty pipe, then from
 //!   the pipe into the destination until the pipe is empty. Readiness goes
 //!   through tokio's `readable`/`writable` + `try_io`, so an EAGAIN from
@@ -55,9 +53,9 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use tokio::io::Interest;
 use tokio::net::TcpStream;
 
-use crate::relay::{
-    self, Fallback, Leg, LegMeter, Meter, RelayOptions, Relayed, shutdown_write, write_all,
-};
+use super::copy::{self, Codec};
+use super::copy::{shutdown_write, write_all};
+use super::{Fallback, Leg, LegMeter, Meter, PLAIN_READ_SIZE, RelayOptions, Relayed};
 use crate::sys::splice as sys;
 
 /// Below this a pipe is not worth splicing through: 64 KiB is the kernel's
@@ -171,7 +169,9 @@ pub async fn relay(
     ops: &dyn SpliceOps,
 ) -> io::Result<Relayed> {
     if sys::sigpipe_is_default() {
-        return relay::copy_relay(app, out, opts.buffer, meter, Fallback::SigpipeDefault).await;
+        let why = Some(Fallback::SigpipeDefault);
+        let (seal, open) = (Codec::Plain, Codec::Plain);
+        return copy::both(app, out, seal, open, opts.buffer, meter, why).await;
     }
     let (up, down) = tokio::try_join!(
         leg(app, out, opts, meter.up_leg(), ops),
@@ -373,7 +373,7 @@ async fn drain_pipe(
     leg: &mut Leg,
 ) -> io::Result<()> {
     let mut reader = File::from(p.read);
-    let mut buf = vec![0u8; left.min(relay::PLAIN_READ_SIZE)];
+    let mut buf = vec![0u8; left.min(PLAIN_READ_SIZE)];
     while left > 0 {
         let want = left.min(buf.len());
         // The bytes are already in the pipe: this read does not block.
@@ -401,5 +401,5 @@ async fn copy_rest(
 ) -> io::Result<Leg> {
     tracing::trace!("relay direction falls back to userspace copy: {why:?}");
     leg.fallback = Some(why);
-    relay::pump(src, dst, opts.buffer, meter, leg).await
+    copy::leg(src, dst, opts.buffer, Codec::Plain, meter, leg).await
 }

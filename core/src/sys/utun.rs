@@ -1,4 +1,5 @@
-//! Darwin utun framing and `recvmsg_x` batch bookkeeping.
+//! The utun wire format and `recvmsg_x` batch bookkeeping (Darwin), kept
+//! platform-neutral so Linux tests cover it.
 //!
 //! Every packet on a utun descriptor carries a 4-byte header in front of the
 //! IP header: the address family in network byte order
@@ -12,12 +13,13 @@
 //! wireguard-go and sing-tun read utun. The layout work (slots, iovecs,
 //! headers re-zeroed before every call, reading back `msg_datalen` and
 //! `msg_flags`) is platform-neutral and tested on Linux; only the system
-//! call itself is Darwin's (`sys::darwin`).
+//! call itself is Darwin's ([`super::darwin::recvmsg_x`], which takes a
+//! [`RecvBatch`] and prepares it itself, so no caller handles a raw header).
 
 use std::ffi::{c_int, c_void};
 use std::io;
 
-use crate::tun::HEADROOM;
+use crate::packet::HEADROOM;
 
 /// Length of the utun address-family header.
 pub const AF_HEADER_LEN: usize = 4;
@@ -151,16 +153,11 @@ impl RecvBatch {
         }
     }
 
-    /// Number of slots.
-    pub fn slots(&self) -> usize {
-        self.slots
-    }
-
     /// Fill `hdrs[..slots]` and `iovs[..slots]` for one call: every header
     /// re-zeroed, then pointed at its two iovecs: `[HEADER_AT, HEADROOM)`
     /// for the utun header and `[HEADROOM, slot end)` for the packet.
     /// Returns the headers to pass to `recvmsg_x`.
-    pub fn prepare<'a>(
+    pub(in crate::sys) fn prepare<'a>(
         &mut self,
         hdrs: &'a mut [MsghdrX; MAX_BATCH],
         iovs: &mut [[libc::iovec; 2]; MAX_BATCH],
@@ -189,7 +186,7 @@ impl RecvBatch {
     }
 
     /// Record what the kernel reported for the first `n` messages.
-    pub fn complete(&mut self, hdrs: &[MsghdrX], n: usize) {
+    pub(in crate::sys) fn complete(&mut self, hdrs: &[MsghdrX], n: usize) {
         let n = n.min(self.slots).min(hdrs.len());
         for (i, h) in hdrs[..n].iter().enumerate() {
             self.datalen[i] = h.msg_datalen;
@@ -199,6 +196,7 @@ impl RecvBatch {
     }
 
     /// Messages received by the last call.
+    #[cfg(test)]
     pub fn received(&self) -> usize {
         self.received
     }
@@ -222,183 +220,16 @@ impl RecvBatch {
     }
 
     /// Slot `i` for a single (fallback) read.
+    #[cfg_attr(not(apple), allow(dead_code))]
     pub fn slot_mut(&mut self, i: usize) -> &mut [u8] {
         let start = i.min(self.slots - 1) * self.slot_len;
         &mut self.arena[start..start + self.slot_len]
     }
 }
 
-#[cfg(any(target_os = "macos", target_os = "ios"))]
-pub(crate) use darwin_driver::run_batch;
-
-/// The Darwin batch driver: `recvmsg_x` reads (probed: the symbol must
-/// exist and the first calls must succeed; on any error the driver switches
-/// to per-packet reads for good and counts it as a failed batch read),
-/// per-packet writes (`sendmsg_x` is avoided: sing-tun found it takes the
-/// network down on some macOS versions).
-#[cfg(any(target_os = "macos", target_os = "ios"))]
-mod darwin_driver {
-    use std::os::fd::AsRawFd;
-    use std::time::Instant;
-
-    use super::*;
-    use crate::driver::CLEANUP_TICK;
-    use crate::packet::Disposition;
-    use crate::stats::EngineDrop;
-    use crate::system::{Processor, STOPPED};
-
-    /// Batches per readiness edge: with [`MAX_BATCH`] this is the 128-packet
-    /// bound wireguard-go's Darwin reader uses per wake-up.
-    const BATCHES_PER_EDGE: usize = 4;
-
-    pub(crate) async fn run_batch(proc: &mut Processor) -> io::Result<()> {
-        let shared = proc.shared.clone();
-        let tun = &shared.tun;
-        let fd = tun.dev.as_raw_fd();
-        let mut stop = shared.stop.subscribe();
-        let capacity = usize::from(shared.mtu).max(1500) + 64;
-        let mut batch = RecvBatch::new(MAX_BATCH, capacity);
-        let mut batching = crate::sys::darwin::recvmsg_x_available();
-        if !batching {
-            tracing::warn!("recvmsg_x is not available: reading the utun one packet at a time");
-            proc.local.drop(EngineDrop::TunReadBatch);
-        }
-        let mut tick = tokio::time::interval(CLEANUP_TICK);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            let armed = proc.has_state();
-            tokio::select! {
-                biased;
-                _ = stop.wait_for(|s| *s >= STOPPED) => return Ok(()),
-                r = tun.dev.readable() => r?,
-                _ = tick.tick(), if armed => {
-                    proc.cleanup(Instant::now());
-                    continue;
-                }
-            }
-            proc.now = Instant::now();
-            let mut drained = false;
-            for _ in 0..BATCHES_PER_EDGE {
-                if batching {
-                    match recv_batch(fd, &mut batch) {
-                        Ok(n) => {
-                            if n > 0 {
-                                handle_batch(proc, &mut batch).await;
-                                proc.local.read_done(n as u64, &shared.stats, proc.now);
-                                continue;
-                            }
-                            // 0 messages: nothing queued; fall through to the
-                            // readiness-clearing read below.
-                        }
-                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                        Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                        Err(e) => {
-                            tracing::warn!(
-                                "recvmsg_x failed ({e}): reading the utun one packet at a time"
-                            );
-                            proc.local.drop(EngineDrop::TunReadBatch);
-                            batching = false;
-                            continue;
-                        }
-                    }
-                }
-                // Per-packet read. After a batch found the queue empty it also
-                // consumes the readiness edge (tun-rs clears it only on its own
-                // WouldBlock), so the driver sleeps instead of spinning.
-                match read_one(proc, &mut batch).await {
-                    Ok(true) => {}
-                    Ok(false) => {
-                        drained = true;
-                        break;
-                    }
-                    Err(e) => return Err(e),
-                }
-            }
-            if drained {
-                // About to sleep: publish what was counted.
-                proc.local.commit(&shared.stats, proc.now);
-            }
-        }
-    }
-
-    /// One `recvmsg_x` call into `batch`. The headers and iovecs (raw
-    /// pointers) live only inside this call, never across an await.
-    fn recv_batch(fd: std::os::fd::RawFd, batch: &mut RecvBatch) -> io::Result<usize> {
-        let mut hdrs = [MsghdrX::ZERO; MAX_BATCH];
-        let mut iovs = [IOV_ZERO; MAX_BATCH];
-        let prepared = batch.prepare(&mut hdrs, &mut iovs);
-        let n = crate::sys::darwin::recvmsg_x(fd, prepared)?;
-        batch.complete(&hdrs, n);
-        Ok(n)
-    }
-
-    /// One packet through the device's own read. `Ok(false)`: queue empty.
-    async fn read_one(proc: &mut Processor, batch: &mut RecvBatch) -> io::Result<bool> {
-        let shared = proc.shared.clone();
-        let buf = batch.slot_mut(0);
-        let len = match shared.tun.try_recv(buf) {
-            Ok(len) => len,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
-            Err(e) if crate::driver::is_fatal(&e) => return Err(e),
-            Err(_) => return Ok(false),
-        };
-        handle_one(proc, buf, len).await;
-        proc.local.read_done(1, &shared.stats, proc.now);
-        Ok(true)
-    }
-
-    async fn handle_batch(proc: &mut Processor, batch: &mut RecvBatch) {
-        for i in 0..batch.received() {
-            match batch.packet(i) {
-                Ok((buf, len)) => handle_one(proc, buf, len).await,
-                Err(SlotError::Truncated) => proc.local.drop(EngineDrop::TunReadBatch),
-                // Counted by the parser as an empty packet.
-                Err(SlotError::Short) => {
-                    let _ = proc.process(&mut []);
-                }
-            }
-        }
-    }
-
-    /// Process one packet at `buf[HEADROOM..HEADROOM + len]` and act on it.
-    async fn handle_one(proc: &mut Processor, buf: &mut [u8], len: usize) {
-        let shared = proc.shared.clone();
-        let tun = &shared.tun;
-        let pkt = &mut buf[HEADROOM..HEADROOM + len];
-        match proc.process(pkt) {
-            Disposition::WriteBack(n) => {
-                proc.local.writes += 1;
-                match tun.try_send(buf, n) {
-                    Ok(()) => {}
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                        if tun.send(buf, n).await.is_err() {
-                            proc.local.drop(EngineDrop::TunWrite);
-                        }
-                    }
-                    Err(_) => proc.local.drop(EngineDrop::TunWrite),
-                }
-            }
-            Disposition::ForwardUdp => proc.forward_udp(pkt),
-            Disposition::Done => {}
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn msghdr_x_has_the_darwin_lp64_layout() {
-        // 56 bytes on LP64 (DESIGN.md field notes); msg_datalen last.
-        #[cfg(target_pointer_width = "64")]
-        {
-            assert_eq!(std::mem::size_of::<MsghdrX>(), 56);
-            assert_eq!(std::mem::offset_of!(MsghdrX, msg_iov), 16);
-            assert_eq!(std::mem::offset_of!(MsghdrX, msg_flags), 44);
-            assert_eq!(std::mem::offset_of!(MsghdrX, msg_datalen), 48);
-        }
-    }
 
     #[test]
     fn af_header_follows_the_ip_version() {
@@ -429,6 +260,18 @@ mod tests {
         assert_eq!(packet_len(24), 20);
         assert_eq!(packet_len(4), 0);
         assert_eq!(packet_len(1), 0);
+    }
+
+    #[test]
+    fn msghdr_x_has_the_darwin_lp64_layout() {
+        // 56 bytes on LP64 (`struct msghdr` plus a size_t); msg_datalen last.
+        #[cfg(target_pointer_width = "64")]
+        {
+            assert_eq!(std::mem::size_of::<MsghdrX>(), 56);
+            assert_eq!(std::mem::offset_of!(MsghdrX, msg_iov), 16);
+            assert_eq!(std::mem::offset_of!(MsghdrX, msg_flags), 44);
+            assert_eq!(std::mem::offset_of!(MsghdrX, msg_datalen), 48);
+        }
     }
 
     #[test]
@@ -486,7 +329,7 @@ mod tests {
     #[cfg(target_os = "linux")]
     #[test]
     fn kernel_scatter_reads_land_header_and_packet_in_place() {
-        use std::os::fd::AsRawFd;
+        use std::os::fd::AsFd;
         use std::os::unix::net::UnixDatagram;
         let (tx, rx) = UnixDatagram::pair().expect("socketpair");
         rx.set_nonblocking(true).expect("nonblocking");
@@ -498,12 +341,8 @@ mod tests {
             frames.push(f);
         }
         let mut b = RecvBatch::new(8, 64);
-        let mut hdrs = [MsghdrX::ZERO; MAX_BATCH];
-        let mut iovs = [IOV_ZERO; MAX_BATCH];
-        let prepared = b.prepare(&mut hdrs, &mut iovs);
-        let n = crate::sys::recvx_emul::recv_batch(rx.as_raw_fd(), prepared).expect("read");
+        let n = crate::sys::recvx_emul::recv_batch(rx.as_fd(), &mut b).expect("read");
         assert_eq!(n, 3);
-        b.complete(&hdrs, n);
         for (i, f) in frames.iter().enumerate() {
             let (slot, len) = b.packet(i).expect("packet");
             assert_eq!(len, f.len() - 4);
@@ -518,7 +357,7 @@ mod tests {
     #[cfg(target_os = "linux")]
     #[test]
     fn oversized_packets_are_flagged_truncated() {
-        use std::os::fd::AsRawFd;
+        use std::os::fd::AsFd;
         use std::os::unix::net::UnixDatagram;
         let (tx, rx) = UnixDatagram::pair().expect("socketpair");
         rx.set_nonblocking(true).expect("nonblocking");
@@ -526,12 +365,8 @@ mod tests {
         f.extend(std::iter::repeat_n(0x60, 100));
         tx.send(&f).expect("send");
         let mut b = RecvBatch::new(2, 64);
-        let mut hdrs = [MsghdrX::ZERO; MAX_BATCH];
-        let mut iovs = [IOV_ZERO; MAX_BATCH];
-        let prepared = b.prepare(&mut hdrs, &mut iovs);
-        let n = crate::sys::recvx_emul::recv_batch(rx.as_raw_fd(), prepared).expect("read");
+        let n = crate::sys::recvx_emul::recv_batch(rx.as_fd(), &mut b).expect("read");
         assert_eq!(n, 1);
-        b.complete(&hdrs, n);
         assert_eq!(b.packet(0).err(), Some(SlotError::Truncated));
     }
 }

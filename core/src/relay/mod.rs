@@ -3,28 +3,31 @@
 //! other side while the opposite direction carries on (a half-closed
 //! connection can still be answered). An error in either direction ends both.
 //!
-//! Three ways to move the bytes, chosen per connection:
+//! Two ways to move the bytes, chosen per connection:
 //!
-//! * [`relay`] between two plain kernel TCP sockets (direct outbound, SOCKS5
-//!   after its handshake, Shadowsocks `none` after the address header): on
-//!   Linux/Android through `splice(2)` ([`crate::splice`]), so the payload
-//!   never enters userspace; elsewhere, or when splicing is off or falls
-//!   back, a userspace copy.
-//! * [`relay_codec`] when the outbound frames or encrypts the stream
-//!   (Shadowsocks AEAD): a userspace copy through a [`Seal`] / [`Open`] pair.
+//! * `splice` (Linux/Android), between two plain kernel TCP sockets (direct
+//!   outbound, SOCKS5 after its handshake, Shadowsocks `none` after the
+//!   address header): the payload never enters userspace.
+//! * `copy`, everywhere else: one direction written once for every pair of
+//!   ends (a kernel or smoltcp socket toward the app) and every framing
+//!   (plain, or a [`Seal`] / [`Open`] pair for Shadowsocks AEAD).
 //!
-//! Userspace buffers exist only while data flows: a direction allocates its
-//! buffer when its source becomes readable and frees it as soon as the source
-//! has nothing more to give, so ten thousand idle connections hold no relay
-//! memory.
+//! [`relay`] picks between them for two kernel sockets; [`relay_codec`]
+//! copies through a codec. Userspace buffers exist only while data flows, so
+//! ten thousand idle connections hold no relay memory.
 
 use std::io;
-use std::net::Shutdown;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use serde::{Deserialize, Serialize};
-use socket2::SockRef;
 use tokio::net::TcpStream;
+
+pub(crate) mod copy;
+#[cfg(linux_like)]
+pub mod splice;
+
+use copy::Codec;
+pub(crate) use copy::{Side, read_exact, write_all};
 
 /// Where a relay reports bytes as they move, so statistics are live during
 /// long transfers.
@@ -43,7 +46,7 @@ pub struct Meter<'a> {
 /// One direction's counters.
 #[derive(Debug, Clone, Copy)]
 #[cfg_attr(
-    not(any(target_os = "linux", target_os = "android")),
+    not(linux_like),
     allow(dead_code) // `spliced` is only written by the splice relay
 )]
 pub(crate) struct LegMeter<'a> {
@@ -75,7 +78,7 @@ impl LegMeter<'_> {
         self.bytes.fetch_add(n as u64, Relaxed);
         self.copied.fetch_add(n as u64, Relaxed);
     }
-    #[cfg_attr(not(any(target_os = "linux", target_os = "android")), allow(dead_code))]
+    #[cfg_attr(not(linux_like), allow(dead_code))]
     pub(crate) fn add_spliced(&self, leg: &mut Leg, n: usize) {
         leg.spliced += n as u64;
         self.bytes.fetch_add(n as u64, Relaxed);
@@ -139,13 +142,13 @@ pub struct RelayOptions {
     pub pipe_size: usize,
 }
 
-/// Seed 000: 256 KiB per direction keeps 128 connections spliced both ways
-/// within the default 64 MiB per-user pipe budget, and measured within a few
-/// percent of Go's 1 MiB.
+/// 256 KiB per direction keeps 128 connections spliced both ways within
+/// Linux's default 64 MiB per-user pipe budget (`fs.pipe-user-pages-soft`),
+/// and moves bulk data within a few percent of a 1 MiB pipe.
 pub const PIPE_SIZE: usize = 256 * 1024;
 
-/// Seed 002: the userspace copy of an unframed stream reads 64 KiB at a time
-/// (a quarter of the syscalls of 16 KiB on bulk transfers).
+/// The userspace copy of an unframed stream reads 64 KiB at a time: a
+/// quarter of the system calls of 16 KiB reads on bulk transfers.
 pub const PLAIN_READ_SIZE: usize = 64 * 1024;
 
 impl Default for RelayOptions {
@@ -188,94 +191,20 @@ pub async fn relay(
     opts: &RelayOptions,
     meter: &Meter<'_>,
 ) -> io::Result<Relayed> {
-    #[cfg(any(target_os = "linux", target_os = "android"))]
+    #[cfg(linux_like)]
     if opts.splice {
-        return crate::splice::relay(app, out, opts, meter, &crate::splice::KernelSplice).await;
+        return splice::relay(app, out, opts, meter, &splice::KernelSplice).await;
     }
-    copy_relay(app, out, opts.buffer, meter, Fallback::Disabled).await
-}
-
-/// The userspace copy between two plain sockets, both directions.
-pub(crate) async fn copy_relay(
-    app: &TcpStream,
-    out: &TcpStream,
-    buf_size: usize,
-    meter: &Meter<'_>,
-    why: Fallback,
-) -> io::Result<Relayed> {
-    let start = |why| Leg {
-        fallback: Some(why),
-        ..Leg::default()
-    };
-    let (up, down) = tokio::try_join!(
-        pump(app, out, buf_size, meter.up_leg(), start(why)),
-        pump(out, app, buf_size, meter.down_leg(), start(why))
-    )?;
-    tracing::trace!(
-        "relay done, copied (splice not used: {why:?}): up {} B, down {} B",
-        up.copied,
-        down.copied
-    );
-    Ok(Relayed { up, down })
-}
-
-/// Pass a source's EOF on as a half-close of the destination. A peer that
-/// already reset counts as shut down (ENOTCONN), as in tokio.
-pub(crate) fn shutdown_write(dst: &TcpStream) -> io::Result<()> {
-    match SockRef::from(dst).shutdown(Shutdown::Write) {
-        Ok(()) => Ok(()),
-        Err(e) if e.kind() == io::ErrorKind::NotConnected => Ok(()),
-        Err(e) => Err(e),
-    }
-}
-
-/// One direction through userspace: `src` -> `dst`, then `shutdown(Write)`
-/// on `dst` at EOF. `leg` carries what an earlier (splice) phase moved.
-pub(crate) async fn pump(
-    src: &TcpStream,
-    dst: &TcpStream,
-    buf_size: usize,
-    meter: LegMeter<'_>,
-    mut leg: Leg,
-) -> io::Result<Leg> {
-    let mut buf: Option<Box<[u8]>> = None;
-    loop {
-        src.readable().await?;
-        let b = buf.get_or_insert_with(|| vec![0u8; buf_size.max(1)].into_boxed_slice());
-        match src.try_read(b) {
-            Ok(0) => {
-                // EOF: pass the half-close on; the other direction may still answer.
-                shutdown_write(dst)?;
-                return Ok(leg);
-            }
-            Ok(n) => {
-                write_all(dst, &b[..n]).await?;
-                meter.add_copied(&mut leg, n);
-            }
-            // Drained: release the buffer until the next readiness edge.
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => buf = None,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-}
-
-/// Write all of `data`, waiting for writability (a slow reader parks here).
-pub(crate) async fn write_all(dst: &TcpStream, mut data: &[u8]) -> io::Result<()> {
-    while !data.is_empty() {
-        dst.writable().await?;
-        match dst.try_write(data) {
-            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-            Ok(n) => data = &data[n..],
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
-                ) => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(())
+    copy::both(
+        app,
+        out,
+        Codec::Plain,
+        Codec::Plain,
+        opts.buffer,
+        meter,
+        Some(Fallback::Disabled),
+    )
+    .await
 }
 
 /// Encrypts/frames the app's bytes toward an outbound (sans-I/O).
@@ -303,66 +232,16 @@ pub async fn relay_codec<S: Seal, O: Open>(
     buf_size: usize,
     meter: &Meter<'_>,
 ) -> io::Result<Relayed> {
-    let (up, down) = tokio::try_join!(
-        codec_pump(app, out, buf_size, meter.up_leg(), true, |p, o| {
-            if let Some(p) = p {
-                seal.seal(p, o);
-            }
-            Ok(())
-        }),
-        codec_pump(
-            out,
-            app,
-            buf_size,
-            meter.down_leg(),
-            false,
-            |w, o| match w {
-                Some(w) => open.open(w, o),
-                None => open.finish(),
-            }
-        ),
-    )?;
-    Ok(Relayed { up, down })
-}
-
-/// One direction through a transform (`None` = the source's EOF). Counts
-/// plaintext bytes: read from the app on the up leg, written to it down.
-async fn codec_pump(
-    src: &TcpStream,
-    dst: &TcpStream,
-    buf_size: usize,
-    meter: LegMeter<'_>,
-    seal_side: bool,
-    mut transform: impl FnMut(Option<&[u8]>, &mut Vec<u8>) -> io::Result<()>,
-) -> io::Result<Leg> {
-    let mut leg = Leg::default();
-    let mut buf: Option<Box<[u8]>> = None;
-    let mut out: Vec<u8> = Vec::new();
-    loop {
-        src.readable().await?;
-        let b = buf.get_or_insert_with(|| vec![0u8; buf_size.max(1)].into_boxed_slice());
-        match src.try_read(b) {
-            Ok(0) => {
-                transform(None, &mut out)?;
-                shutdown_write(dst)?;
-                return Ok(leg);
-            }
-            Ok(n) => {
-                out.clear();
-                transform(Some(&b[..n]), &mut out)?;
-                write_all(dst, &out).await?;
-                // Plaintext: what the app sent (up) or received (down).
-                let plain = if seal_side { n } else { out.len() };
-                meter.add_copied(&mut leg, plain);
-            }
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                buf = None;
-                out = Vec::new();
-            }
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
+    copy::both(
+        app,
+        out,
+        Codec::Seal(seal),
+        Codec::Open(open),
+        buf_size,
+        meter,
+        None,
+    )
+    .await
 }
 
 #[cfg(test)]
@@ -418,7 +297,15 @@ mod tests {
         };
         let payload: Vec<u8> = (0..300_000u32).map(|i| (i * 7 % 251) as u8).collect();
         let meter = c.meter();
-        let relay_fut = copy_relay(a, b, 4096, &meter, Fallback::Disabled);
+        let relay_fut = copy::both(
+            a,
+            b,
+            Codec::Plain,
+            Codec::Plain,
+            4096,
+            &meter,
+            Some(Fallback::Disabled),
+        );
         let test = async {
             near.write_all(&payload).await.expect("write");
             near.shutdown().await.expect("half close");

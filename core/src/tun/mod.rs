@@ -1,36 +1,45 @@
-//! Opening the TUN device and writing single packets to it from any task.
+//! The TUN device: opening or adopting it, and writing single packets to it
+//! from any task.
 //!
-//! With Linux offload enabled every packet crossing the device carries a
-//! 10-byte `virtio_net_hdr` in front. Every buffer the engine writes from
-//! therefore reserves [`HEADROOM`] bytes before the IP header; [`Tun::send`]
-//! fills them with a "no offload" header or skips them. On Darwin the same
-//! headroom holds utun's 4-byte address-family header ([`crate::utun`]).
+//! Every buffer the engine reads into or writes from keeps
+//! [`HEADROOM`] bytes free in front of the IP header. With Linux offload on,
+//! each packet crossing the device carries a 10-byte `virtio_net_hdr` there;
+//! on Darwin, utun's 4-byte address-family header. [`Tun::send`] fills it in
+//! place (or skips it), so no packet is copied to add a header.
+//!
+//! One file per OS, picked at compile time: `linux.rs` (device creation with
+//! offload, the virtio header), `android.rs` (an adopted VpnService
+//! descriptor only), `darwin.rs` (utun framing and naming).
 
 use std::io;
 use std::net::{IpAddr, Ipv4Addr};
-use std::os::fd::RawFd;
+use std::os::fd::BorrowedFd;
 use std::time::Duration;
 
-use ipnet::IpNet;
-
-use ipnet::{Ipv4Net, Ipv6Net};
+use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use serde::{Deserialize, Serialize};
 
 use crate::budget::Platform;
+pub use crate::packet::HEADROOM;
 
-/// Bytes reserved in front of every packet buffer (`VIRTIO_NET_HDR_LEN`).
-pub const HEADROOM: usize = 10;
+#[cfg_attr(target_os = "linux", path = "linux.rs")]
+#[cfg_attr(target_os = "android", path = "android.rs")]
+#[cfg_attr(apple, path = "darwin.rs")]
+mod imp;
+
+pub use imp::find_platform_tun_fd;
 
 /// Where the device comes from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TunSource {
-    /// Create a device named `config.tun.name` with the configured addresses
-    /// (Linux desktop; needs CAP_NET_ADMIN).
+#[derive(Debug, Clone, Copy)]
+pub enum TunSource<'fd> {
+    /// Create a device named `tun.name` with the configured addresses
+    /// (Linux and macOS desktop; needs CAP_NET_ADMIN or root).
     Create,
-    /// Use a descriptor the host opened (iOS utun, Android VpnService, the CLI's
-    /// `--tun-fd`). The engine duplicates it: the caller keeps ownership of
-    /// the one it passed and may close it after start.
-    Fd(RawFd),
+    /// Use a descriptor the host opened (iOS utun, Android VpnService, the
+    /// CLI's `--tun-fd`). The engine duplicates it during `start`: the caller
+    /// keeps the one it lent and may close it afterwards (never on iOS,
+    /// where the system owns the utun descriptor).
+    Fd(BorrowedFd<'fd>),
 }
 
 /// The TUN device.
@@ -40,14 +49,15 @@ pub struct TunConfig {
     /// Interface name when kerntun creates the device (Linux desktop).
     pub name: String,
     /// Device MTU. Desktop Linux default 65535; iOS 4064 and Android 9000 are the
-    /// values peers settled on (DESIGN.md "Field notes").
+    /// values peers settled on.
     pub mtu: u16,
     /// Gateway address and prefix, e.g. `198.18.0.1/16`. The NAT address is gateway + 1.
     pub ipv4: Option<Ipv4Net>,
     /// IPv6 gateway address and prefix, e.g. `fd00:18::1/64`.
     pub ipv6: Option<Ipv6Net>,
     /// Transmit queue length set on a device kerntun creates. The kernel default of
-    /// 500 overflows under load (seed measurements); 10000 is what the benchmarks use.
+    /// 500 overflows under load (the device then drops segments); 10000 is
+    /// what the benchmarks use.
     pub tx_queue_len: u32,
     /// iOS: the tunnel's `NETunnelProviderProtocol.includeAllNetworks` is on.
     /// The system then routes everything, loopback included, into the tunnel
@@ -99,33 +109,14 @@ impl std::fmt::Debug for Tun {
 }
 
 impl Tun {
-    /// Open the device per `source`. `offload`: ask a device kerntun
-    /// creates on Linux for `virtio_net_hdr` offload (the batch driver).
-    pub fn open(cfg: &TunConfig, offload: bool, source: TunSource) -> io::Result<Tun> {
+    /// Open the device per `source`. `offload`: ask a device kerntun creates
+    /// on Linux for `virtio_net_hdr` offload (the batch driver).
+    pub fn open(cfg: &TunConfig, offload: bool, source: TunSource<'_>) -> io::Result<Tun> {
         let dev = match source {
-            TunSource::Create => create(cfg, offload)?,
-            TunSource::Fd(fd) => crate::sys::async_device_from_owned(crate::sys::dup_lent_fd(fd)?)?,
+            TunSource::Create => imp::create(cfg, offload)?,
+            TunSource::Fd(fd) => crate::sys::async_device_from_owned(fd.try_clone_to_owned()?)?,
         };
-        #[cfg(target_os = "linux")]
-        let vnet_hdr = dev.tcp_gso();
-        #[cfg(not(target_os = "linux"))]
-        let vnet_hdr = false;
-        #[cfg(target_os = "linux")]
-        let name = dev.name().ok();
-        // Darwin: the engine reads and writes utun's address-family header
-        // itself (in the headroom, see crate::utun) instead of letting tun-rs
-        // add a second iovec per packet; the name comes from UTUN_OPT_IFNAME,
-        // which also works on a descriptor adopted in an iOS extension.
-        #[cfg(any(target_os = "macos", target_os = "ios"))]
-        let name = {
-            use std::os::fd::AsRawFd;
-            dev.set_ignore_packet_info(false);
-            crate::sys::darwin::utun_name(dev.as_raw_fd()).ok()
-        };
-        // tun-rs cannot name an adopted descriptor on Android; the platform
-        // glue passes what it knows through the address check instead.
-        #[cfg(not(any(target_os = "linux", target_os = "macos", target_os = "ios")))]
-        let name = None;
+        let (vnet_hdr, name) = imp::describe(&dev);
         Ok(Tun {
             dev,
             vnet_hdr,
@@ -135,63 +126,32 @@ impl Tun {
 
     /// Write one packet found at `buf[HEADROOM..HEADROOM + len]`.
     pub async fn send(&self, buf: &mut [u8], len: usize) -> io::Result<()> {
-        let frame = self.frame(buf, len)?;
+        let frame = imp::frame(buf, len, self.vnet_hdr)?;
         self.dev.send(frame).await.map(|_| ())
     }
 
     /// Non-blocking [`Tun::send`]; `WouldBlock` when the device queue is full.
     pub fn try_send(&self, buf: &mut [u8], len: usize) -> io::Result<()> {
-        let frame = self.frame(buf, len)?;
+        let frame = imp::frame(buf, len, self.vnet_hdr)?;
         self.dev.try_send(frame).map(|_| ())
     }
 
     /// Read one packet into `buf[HEADROOM..]`, non-blocking; returns its
-    /// length. On Darwin the utun header lands just before it and is not
-    /// counted.
+    /// length (a device header in front of it is not counted).
     pub fn try_recv(&self, buf: &mut [u8]) -> io::Result<usize> {
-        #[cfg(any(target_os = "macos", target_os = "ios"))]
-        {
-            let n = self.dev.try_recv(&mut buf[crate::utun::HEADER_AT..])?;
-            Ok(crate::utun::packet_len(n))
-        }
-        #[cfg(not(any(target_os = "macos", target_os = "ios")))]
-        self.dev.try_recv(&mut buf[HEADROOM..])
+        imp::try_recv(&self.dev, buf)
     }
 
     /// Whether the batch driver can run on this device: Linux with the
     /// virtio header (GRO/GSO), Darwin always (recvmsg_x is probed at run
     /// time, with a per-packet fallback).
     pub fn supports_batch(&self) -> bool {
-        cfg!(any(target_os = "macos", target_os = "ios")) || self.vnet_hdr
-    }
-
-    fn frame<'a>(&self, buf: &'a mut [u8], len: usize) -> io::Result<&'a [u8]> {
-        #[cfg(any(target_os = "macos", target_os = "ios"))]
-        {
-            crate::utun::frame(buf, len)
-        }
-        #[cfg(not(any(target_os = "macos", target_os = "ios")))]
-        {
-            let end = HEADROOM
-                .checked_add(len)
-                .filter(|&e| e <= buf.len())
-                .ok_or_else(|| {
-                    io::Error::new(io::ErrorKind::InvalidInput, "packet exceeds buffer")
-                })?;
-            if self.vnet_hdr {
-                // A zeroed virtio_net_hdr: gso_type NONE, no checksum offload. The
-                // packet's checksums are complete.
-                buf[..HEADROOM].fill(0);
-                Ok(&buf[..end])
-            } else {
-                Ok(&buf[HEADROOM..end])
-            }
-        }
+        cfg!(apple) || self.vnet_hdr
     }
 
     /// Check that an interface (this device's, when its name is known) really
     /// carries the configured gateway addresses, retrying while the host
-    /// finishes configuring it (10 x 50 ms, DESIGN.md part 5).
+    /// finishes configuring it (10 x 50 ms).
     pub async fn verify_addresses(&self, want: &[IpNet]) -> io::Result<()> {
         let mut last = Vec::new();
         for attempt in 0..10 {
@@ -227,16 +187,6 @@ impl Tun {
     }
 }
 
-/// The TUN descriptor the platform opened for this process, when it can be
-/// found: the utun socket of an iOS/macOS Packet Tunnel extension. `None`
-/// elsewhere.
-pub fn find_platform_tun_fd() -> Option<RawFd> {
-    #[cfg(any(target_os = "macos", target_os = "ios"))]
-    return crate::sys::darwin::find_utun_fd();
-    #[cfg(not(any(target_os = "macos", target_os = "ios")))]
-    None
-}
-
 /// (address, prefix length) pairs of `name`, or of every interface when the
 /// name is unknown.
 fn interface_addresses(name: Option<&str>) -> io::Result<Vec<(IpAddr, u8)>> {
@@ -257,19 +207,10 @@ fn interface_addresses(name: Option<&str>) -> io::Result<Vec<(IpAddr, u8)>> {
         .collect())
 }
 
-#[cfg(any(target_os = "ios", target_os = "android"))]
-fn create(_: &TunConfig, _: bool) -> io::Result<tun_rs::AsyncDevice> {
-    Err(io::Error::new(
-        io::ErrorKind::Unsupported,
-        "creating a TUN device is not possible here; pass the platform's descriptor (TunSource::Fd)",
-    ))
-}
-
-#[cfg(not(any(target_os = "ios", target_os = "android")))]
-fn create(
-    cfg: &TunConfig,
-    #[allow(unused_variables)] offload: bool,
-) -> io::Result<tun_rs::AsyncDevice> {
+/// A builder for a device kerntun creates: name, MTU and the configured
+/// addresses (each OS file adds its own options).
+#[cfg(not(mobile))]
+fn builder(cfg: &TunConfig) -> tun_rs::DeviceBuilder {
     let mut b = tun_rs::DeviceBuilder::new()
         .name(cfg.name.clone())
         .mtu(cfg.mtu);
@@ -279,9 +220,15 @@ fn create(
     if let Some(v6) = cfg.ipv6 {
         b = b.ipv6(v6.addr(), v6.prefix_len());
     }
-    #[cfg(target_os = "linux")]
-    {
-        b = b.tx_queue_len(cfg.tx_queue_len).offload(offload);
-    }
-    b.build_async()
+    b
+}
+
+#[cfg(not(apple))]
+/// The bounds check every framing does: the end of a packet of `len` bytes
+/// at [`HEADROOM`], if `buf` holds it.
+fn packet_end(buf: &[u8], len: usize) -> io::Result<usize> {
+    HEADROOM
+        .checked_add(len)
+        .filter(|&e| e <= buf.len())
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "packet exceeds buffer"))
 }

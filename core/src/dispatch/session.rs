@@ -1,0 +1,281 @@
+//! The life of an accepted connection, written once for both stacks and
+//! generic over the app's side ([`App`]): a kernel socket accepted by the
+//! system stack's listener, or a smoltcp socket.
+//!
+//! * [`run`]: one of the three below, as the connection's plan says;
+//! * [`relay`]: relay to the outbound connected at SYN time;
+//! * [`dns`]: DNS over TCP, answered by the engine;
+//! * [`sniff`]: read the domain from the first bytes, route, connect, relay.
+//!
+//! Every session ends when the engine starts draining (the app then sees a
+//! reset at once), and holds `hold` (its admission permit, and on the
+//! system stack its NAT guard) until it ends.
+
+use std::io;
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::Duration;
+
+use tokio::net::TcpStream;
+
+use super::{Dispatcher, Next};
+use crate::lifecycle::Phase;
+use crate::outbound::shadowsocks::{SsOpen, SsSeal};
+use crate::outbound::{Address, OutboundStream, Route, reset_on_close};
+use crate::relay::{self, Meter, RelayOptions, Relayed, Side};
+use crate::sniff::{self, Sniffed};
+use crate::stats::Stats;
+
+/// The app's side of a connection, as a session needs it.
+pub(crate) trait App: Side {
+    /// Relay to the outbound until both directions end.
+    async fn relay(
+        &self,
+        out: &TcpStream,
+        codec: Option<Box<(SsSeal, SsOpen)>>,
+        opts: &RelayOptions,
+        meter: &Meter<'_>,
+    ) -> io::Result<Relayed>;
+
+    /// The domain the first bytes name, read within `timeout`, and the bytes
+    /// consumed to learn it (sent to the outbound before the relay starts).
+    async fn sniff(&self, timeout: Duration) -> (Option<String>, Vec<u8>);
+
+    /// Reset the connection toward the app.
+    fn reset(&self);
+}
+
+/// The system stack's side: a kernel socket. Plain outbounds are spliced
+/// (Linux/Android); sniffing peeks, so nothing is consumed.
+impl App for TcpStream {
+    async fn relay(
+        &self,
+        out: &TcpStream,
+        codec: Option<Box<(SsSeal, SsOpen)>>,
+        opts: &RelayOptions,
+        meter: &Meter<'_>,
+    ) -> io::Result<Relayed> {
+        match codec {
+            None => relay::relay(self, out, opts, meter).await,
+            Some(codec) => {
+                let (mut seal, mut open) = *codec;
+                relay::relay_codec(self, out, &mut seal, &mut open, opts.buffer, meter).await
+            }
+        }
+    }
+
+    async fn sniff(&self, timeout: Duration) -> (Option<String>, Vec<u8>) {
+        (sniff_peek(self, timeout).await, Vec::new())
+    }
+
+    fn reset(&self) {
+        reset_on_close(self);
+    }
+}
+
+/// How long sniffing waits between looks when the first bytes are
+/// incomplete (peek cannot wait for *more* data than it already saw).
+const SNIFF_RETRY: Duration = Duration::from_millis(5);
+
+/// Sniff a kernel socket without consuming anything (MSG_PEEK): the relay
+/// later moves every byte, spliced or copied.
+async fn sniff_peek(app: &TcpStream, timeout: Duration) -> Option<String> {
+    let mut buf = vec![0u8; sniff::MAX_SNIFF];
+    tokio::time::timeout(timeout, async {
+        loop {
+            let n = app.peek(&mut buf).await.ok()?;
+            if n == 0 {
+                return None;
+            }
+            match sniff::sniff(&buf[..n]) {
+                Sniffed::Domain { name, .. } => return Some(name.to_owned()),
+                Sniffed::NoDomain => return None,
+                Sniffed::NeedMore if n == buf.len() => return None,
+                Sniffed::NeedMore => tokio::time::sleep(SNIFF_RETRY).await,
+            }
+        }
+    })
+    .await
+    .ok()
+    .flatten()
+}
+
+/// Read an app's first bytes until they name a domain, name none, reach
+/// [`sniff::MAX_SNIFF`], or `timeout` passes, for an app side that cannot be
+/// peeked. Every byte read is returned, past the sniffing cap too.
+pub(crate) async fn sniff_read<S: Side>(app: &S, timeout: Duration) -> (Option<String>, Vec<u8>) {
+    let deadline = tokio::time::Instant::now() + timeout;
+    let mut first = Vec::new();
+    let mut chunk = vec![0u8; 4096];
+    loop {
+        let n = match tokio::time::timeout_at(deadline, app.read(&mut chunk)).await {
+            Ok(Ok(n)) if n > 0 => n,
+            Ok(Err(e)) if e.kind() == io::ErrorKind::WouldBlock => continue,
+            _ => return (None, first),
+        };
+        first.extend_from_slice(&chunk[..n]);
+        let seen = &first[..first.len().min(sniff::MAX_SNIFF)];
+        match sniff::sniff(seen) {
+            Sniffed::Domain { name, .. } => return (Some(name.to_owned()), first),
+            Sniffed::NoDomain => return (None, first),
+            Sniffed::NeedMore if first.len() >= sniff::MAX_SNIFF => return (None, first),
+            Sniffed::NeedMore => {}
+        }
+    }
+}
+
+/// Serve an accepted connection to `server` as its plan said.
+pub(crate) async fn run<A: App, H>(
+    d: &Dispatcher,
+    app: A,
+    next: Next,
+    server: SocketAddr,
+    hold: H,
+) {
+    match next {
+        Next::Relay(out) => relay(d, app, out, hold).await,
+        Next::Dns => dns(d, app, hold).await,
+        Next::Sniff => sniff(d, app, server, hold).await,
+    }
+}
+
+/// Counts a session as active for as long as it lives (also when aborted).
+struct Active<'a>(&'a Stats);
+
+impl<'a> Active<'a> {
+    fn new(stats: &'a Stats) -> Self {
+        stats.tcp_sessions_total.fetch_add(1, Relaxed);
+        stats.tcp_sessions_active.fetch_add(1, Relaxed);
+        Active(stats)
+    }
+}
+
+impl Drop for Active<'_> {
+    fn drop(&mut self) {
+        self.0.tcp_sessions_active.fetch_sub(1, Relaxed);
+    }
+}
+
+/// Relay `app` to the outbound connected for it. A failure resets both
+/// sides; a Shadowsocks frame that does not decrypt counts as the proxy's
+/// protocol error.
+pub(crate) async fn relay<A: App, H>(d: &Dispatcher, app: A, out: OutboundStream, hold: H) {
+    let active = Active::new(&d.stats);
+    let OutboundStream {
+        stream: out,
+        codec,
+        route,
+    } = out;
+    let stats = &d.stats;
+    let meter = Meter {
+        up: &stats.tcp_bytes_up,
+        down: &stats.tcp_bytes_down,
+        spliced: &stats.tcp_bytes_spliced,
+        copied: &stats.tcp_bytes_copied,
+    };
+    let r = tokio::select! {
+        r = app.relay(&out, codec, &d.outbounds.relay, &meter) => r,
+        () = d.life.reached(Phase::Draining) => Err(io::Error::other("engine stopping")),
+    };
+    match &r {
+        Ok(done) => {
+            let fell_back = [done.up, done.down]
+                .iter()
+                .filter(|l| {
+                    !matches!(l.fallback, None | Some(relay::Fallback::Disabled)) && l.bytes() > 0
+                })
+                .count();
+            if fell_back > 0 {
+                stats.splice_fallbacks.fetch_add(fell_back as u64, Relaxed);
+            }
+        }
+        Err(e) => {
+            if e.kind() == io::ErrorKind::InvalidData
+                && let Route::Proxy(i) = route
+                && let Some(c) = stats.outbounds.get(i)
+            {
+                c.protocol_errors.fetch_add(1, Relaxed);
+            }
+            // A failure reaches both sides as a reset, not a clean FIN.
+            tracing::debug!("relay via {} ended with {e}", d.outbounds.name(route));
+            app.reset();
+            reset_on_close(&out);
+        }
+    }
+    drop(active);
+    drop(app);
+    drop(hold);
+}
+
+/// DNS over TCP to a hijacked address: answered here, never relayed.
+pub(crate) async fn dns<A: App, H>(d: &Dispatcher, app: A, hold: H) {
+    if let Some(dns) = &d.dns {
+        let r = tokio::select! {
+            r = dns.serve_tcp(&app, &d.stats) => r,
+            () = d.life.reached(Phase::Draining) => Err(io::Error::other("engine stopping")),
+        };
+        if let Err(e) = r {
+            tracing::debug!("dns over tcp ended with {e}");
+            app.reset();
+        }
+    }
+    drop(app);
+    drop(hold);
+}
+
+/// A connection accepted before routing: read its domain from the first
+/// bytes, route, connect, send what sniffing consumed, relay. A refusal or a
+/// failed connect resets the app.
+pub(crate) async fn sniff<A: App, H>(d: &Dispatcher, app: A, server: SocketAddr, hold: H) {
+    let timeout = Duration::from_millis(d.sniff.timeout_ms);
+    let connected = async {
+        let (domain, first) = app.sniff(timeout).await;
+        count_sniff(&d.stats, domain.is_some());
+        let route = d.route_sniffed(server, domain.as_deref());
+        if route == Route::Reject {
+            d.stats.tcp_rejected_by_rule.fetch_add(1, Relaxed);
+            return None;
+        }
+        let dst = Address::Ip(server);
+        let mut out = d.connect(route, &dst, server.is_ipv6()).await.ok()?;
+        if !first.is_empty() {
+            // The bytes read while sniffing go out first, framed like the rest.
+            let sent = match out.codec.as_mut() {
+                Some(c) => {
+                    let mut wire = Vec::new();
+                    relay::Seal::seal(&mut c.0, &first, &mut wire);
+                    relay::write_all(&out.stream, &wire).await
+                }
+                None => relay::write_all(&out.stream, &first).await,
+            };
+            if sent.is_err() {
+                reset_on_close(&out.stream);
+                return None;
+            }
+            let n = first.len() as u64;
+            d.stats.tcp_bytes_up.fetch_add(n, Relaxed);
+            d.stats.tcp_bytes_copied.fetch_add(n, Relaxed);
+        }
+        Some(out)
+    };
+    let out = tokio::select! {
+        out = connected => out,
+        () = d.life.reached(Phase::Draining) => None,
+    };
+    match out {
+        Some(out) => Box::pin(relay(d, app, out, hold)).await,
+        None => {
+            app.reset();
+            drop(app);
+            drop(hold);
+        }
+    }
+}
+
+fn count_sniff(stats: &Stats, found: bool) {
+    if found {
+        stats.dns.sniffed.fetch_add(1, Relaxed);
+    } else {
+        stats.dns.sniff_misses.fetch_add(1, Relaxed);
+    }
+}

@@ -1,0 +1,80 @@
+//! The Darwin reader: `recvmsg_x` batch reads, probed at run time (the
+//! symbol must exist and the calls must succeed; on any error the reader
+//! switches to per-packet reads for good and counts it as a failed batch
+//! read). Writes stay per packet: `sendmsg_x` is avoided, since sing-tun
+//! found it takes the network down on some macOS versions.
+
+use std::io;
+use std::os::fd::AsFd;
+
+use super::{Head, Processor, is_fatal};
+use crate::lifecycle::Lifecycle;
+use crate::stats::EngineDrop;
+use crate::sys::utun::{MAX_BATCH, RecvBatch, SlotError};
+
+/// Batches per readiness edge: with [`MAX_BATCH`] this is the 128-packet
+/// bound wireguard-go's Darwin reader uses per wake-up.
+const BATCHES_PER_EDGE: usize = 4;
+
+pub(super) async fn run(proc: &mut Processor, life: &Lifecycle, mtu: usize) -> io::Result<()> {
+    let tun = proc.tun.clone();
+    let mut batch = RecvBatch::new(MAX_BATCH, mtu.max(1500) + 64);
+    let mut batching = crate::sys::darwin::recvmsg_x_available();
+    if !batching {
+        tracing::warn!("recvmsg_x is not available: reading the utun one packet at a time");
+        proc.local.drop(EngineDrop::TunReadBatch);
+    }
+    let mut head = Head::new(proc, life);
+    while head.readable(proc).await? {
+        let mut empty = false;
+        for _ in 0..BATCHES_PER_EDGE {
+            if batching {
+                match crate::sys::darwin::recvmsg_x(tun.dev.as_fd(), &mut batch) {
+                    Ok(n) if n > 0 => {
+                        for i in 0..n {
+                            match batch.packet(i) {
+                                Ok((buf, len)) => proc.handle(buf, len).await,
+                                Err(SlotError::Truncated) => {
+                                    proc.local.drop(EngineDrop::TunReadBatch)
+                                }
+                                // Counted by the parser as an empty packet.
+                                Err(SlotError::Short) => {
+                                    let _ = proc.process(&mut []);
+                                }
+                            }
+                        }
+                        proc.read_done(n as u64);
+                        continue;
+                    }
+                    // Nothing queued: the read below consumes the readiness
+                    // edge (tun-rs clears it only on its own WouldBlock), so
+                    // the driver sleeps instead of spinning.
+                    Ok(_) => {}
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(e) => {
+                        tracing::warn!(
+                            "recvmsg_x failed ({e}): reading the utun one packet at a time"
+                        );
+                        proc.local.drop(EngineDrop::TunReadBatch);
+                        batching = false;
+                        continue;
+                    }
+                }
+            }
+            let buf = batch.slot_mut(0);
+            let len = match tun.try_recv(buf) {
+                Ok(len) => len,
+                Err(e) if is_fatal(&e) => return Err(e),
+                Err(_) => {
+                    empty = true;
+                    break;
+                }
+            };
+            proc.handle(buf, len).await;
+            proc.read_done(1);
+        }
+        head.drained(proc, empty);
+    }
+    Ok(())
+}

@@ -1,0 +1,258 @@
+//! TUN I/O drivers. One task owns the device's read side. Its loop has one
+//! head ([`Head`]): sleep until the device is readable, the engine stops, or
+//! a cleanup tick is due; then the reader drains a bounded number of packets.
+//! Every reader feeds packets to the same [`Processor::process`] and writes
+//! back with the same [`Processor::write_back`], so batching is an I/O
+//! concern and never a second processing path.
+//!
+//! The readers, one file each, picked by platform:
+//!
+//! * `per_packet` (Android, iOS without `recvmsg_x`, Linux without offload):
+//!   drain up to [`DRAIN_PER_EDGE`] packets per readiness edge, each written
+//!   back with a non-blocking send, awaiting the device only when its queue
+//!   is full;
+//! * `linux_gro` (Linux `virtio_net_hdr` offload): one read returns a TCP
+//!   super-packet of up to 64 KiB that tun-rs splits into segments; the
+//!   rewritten segments are written with `send_multiple`, which coalesces
+//!   them again (GRO) before they reach the kernel;
+//! * `darwin` (macOS, iOS): `recvmsg_x` batch reads behind a run-time probe,
+//!   per-packet writes.
+
+use std::io;
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::watch;
+
+use crate::lifecycle::{Lifecycle, Phase};
+use crate::packet::{self, Disposition, HEADROOM, IpInfo, protocol};
+use crate::stack::Stack;
+use crate::stats::{EngineDrop, LocalCounters, Stats};
+use crate::tun::Tun;
+use crate::udp::UdpTable;
+
+#[cfg(apple)]
+mod darwin;
+#[cfg(target_os = "linux")]
+mod linux_gro;
+mod per_packet;
+
+/// Packets drained per readiness edge in per-packet mode. Bounds the time the
+/// driver monopolises a worker (32 x ~1 us) while amortising the wake-up
+/// over a burst, as sing-tun's drain loop does.
+pub const DRAIN_PER_EDGE: usize = 32;
+
+/// How often NAT entries, unaccepted outbounds and idle UDP flows are expired.
+/// Only armed while there is something to expire, so an idle tunnel sleeps.
+pub(crate) const CLEANUP_TICK: Duration = Duration::from_secs(1);
+
+/// Which driver runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DriverKind {
+    PerPacket,
+    Batch,
+}
+
+impl DriverKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DriverKind::PerPacket => "per_packet",
+            DriverKind::Batch => "batch",
+        }
+    }
+}
+
+/// The per-packet processing every reader shares: the stack for TCP, the
+/// flow table for UDP (owned here, so the uplink datagram path takes no
+/// locks), echo replies for pings to the gateway.
+#[derive(Debug)]
+pub(crate) struct Processor {
+    stack: Stack,
+    udp: UdpTable,
+    /// The TUN's own addresses (IPv4, IPv6): pings to them are answered.
+    gateways: (Option<IpAddr>, Option<IpAddr>),
+    tun: Arc<Tun>,
+    stats: Arc<Stats>,
+    pub local: LocalCounters,
+    /// The clock reading for the current drain (one `Instant::now()` per edge).
+    pub now: Instant,
+}
+
+impl Processor {
+    pub fn new(
+        stack: Stack,
+        udp: UdpTable,
+        gateways: (Option<IpAddr>, Option<IpAddr>),
+        tun: Arc<Tun>,
+        stats: Arc<Stats>,
+    ) -> Self {
+        let now = Instant::now();
+        Self {
+            stack,
+            udp,
+            gateways,
+            tun,
+            stats,
+            local: LocalCounters::new(now),
+            now,
+        }
+    }
+
+    /// Process one packet in place: `WriteBack(n)` asks the driver to write
+    /// `buf[..n]` to the TUN.
+    #[inline]
+    pub fn process(&mut self, buf: &mut [u8]) -> Disposition {
+        let ip = match packet::parse_ip(buf) {
+            Ok(ip) => ip,
+            Err(r) => {
+                self.local.reject(r);
+                return Disposition::Done;
+            }
+        };
+        match ip.protocol {
+            protocol::TCP => self.stack.tcp(buf, &ip, self.now, &mut self.local),
+            protocol::UDP => {
+                self.udp.handle(buf, &ip, self.now, &mut self.local);
+                Disposition::Done
+            }
+            protocol::ICMP | protocol::ICMPV6 => self.icmp(buf, &ip),
+            _ => {
+                self.local.reject(packet::Reject::UnsupportedProtocol);
+                Disposition::Done
+            }
+        }
+    }
+
+    fn icmp(&mut self, buf: &mut [u8], ip: &IpInfo) -> Disposition {
+        let gateway = match ip.dst {
+            IpAddr::V4(_) => self.gateways.0,
+            IpAddr::V6(_) => self.gateways.1,
+        };
+        if gateway == Some(ip.dst)
+            && let Ok(n) = packet::echo_reply_in_place(buf, ip)
+        {
+            self.local.icmp_echo_replies += 1;
+            return Disposition::WriteBack(n);
+        }
+        self.local.drop(EngineDrop::IcmpUnhandled);
+        Disposition::Done
+    }
+
+    /// Process the packet at `buf[HEADROOM..][..len]` and write the result
+    /// back from the same buffer.
+    pub async fn handle(&mut self, buf: &mut [u8], len: usize) {
+        if let Disposition::WriteBack(n) = self.process(&mut buf[HEADROOM..HEADROOM + len]) {
+            self.write_back(buf, n).await;
+        }
+    }
+
+    /// Write the packet at `buf[HEADROOM..][..len]` to the TUN: without
+    /// waiting first, awaiting the device only when its queue is full. A
+    /// failed write is a counted drop (TCP retransmits it).
+    pub async fn write_back(&mut self, buf: &mut [u8], len: usize) {
+        self.local.writes += 1;
+        match self.tun.try_send(buf, len) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                if self.tun.send(buf, len).await.is_err() {
+                    self.local.drop(EngineDrop::TunWrite);
+                }
+            }
+            Err(_) => self.local.drop(EngineDrop::TunWrite),
+        }
+    }
+
+    /// Count `n` packets read in this drain.
+    pub fn read_done(&mut self, n: u64) {
+        self.local.read_done(n, &self.stats, self.now);
+    }
+
+    /// Whether there is state a cleanup tick could expire.
+    fn has_state(&self) -> bool {
+        self.stack.has_state() || self.udp.len() > 0
+    }
+
+    /// The periodic cleanup: NAT entries, unaccepted outbounds, idle UDP flows.
+    fn cleanup(&mut self, now: Instant) {
+        self.stack.cleanup(now);
+        self.udp.sweep(now);
+    }
+}
+
+/// Run the driver until the engine stops or the device fails (then the
+/// engine fails with the reason).
+pub(crate) async fn run(mut proc: Processor, kind: DriverKind, life: Arc<Lifecycle>, mtu: u16) {
+    let mtu = usize::from(mtu);
+    let result = match kind {
+        DriverKind::PerPacket => per_packet::run(&mut proc, &life, mtu).await,
+        #[cfg(target_os = "linux")]
+        DriverKind::Batch => linux_gro::run(&mut proc, &life, mtu).await,
+        #[cfg(apple)]
+        DriverKind::Batch => darwin::run(&mut proc, &life, mtu).await,
+        #[cfg(not(any(target_os = "linux", apple)))]
+        DriverKind::Batch => per_packet::run(&mut proc, &life, mtu).await,
+    };
+    let stats = proc.stats.clone();
+    proc.local.commit(&stats, Instant::now());
+    if let Err(e) = result {
+        life.fail(format!("TUN device failed: {e}"));
+    }
+}
+
+/// The head of every reader's loop: sleep until the device is readable, the
+/// engine stops, or a cleanup tick is due (armed only while there is state
+/// to expire, so an idle tunnel sleeps).
+pub(crate) struct Head {
+    tun: Arc<Tun>,
+    stats: Arc<Stats>,
+    phase: watch::Receiver<Phase>,
+    tick: tokio::time::Interval,
+}
+
+impl Head {
+    pub fn new(proc: &Processor, life: &Lifecycle) -> Self {
+        let mut tick = tokio::time::interval(CLEANUP_TICK);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        Head {
+            tun: proc.tun.clone(),
+            stats: proc.stats.clone(),
+            phase: life.subscribe(),
+            tick,
+        }
+    }
+
+    /// Wait until the device is readable (true; `proc.now` is set for the
+    /// drain) or the engine stops (false). Due cleanups run here.
+    pub async fn readable(&mut self, proc: &mut Processor) -> io::Result<bool> {
+        loop {
+            let armed = proc.has_state();
+            tokio::select! {
+                biased;
+                _ = self.phase.wait_for(|p| *p >= Phase::Stopped) => return Ok(false),
+                r = self.tun.dev.readable() => {
+                    r?;
+                    proc.now = Instant::now();
+                    return Ok(true);
+                }
+                _ = self.tick.tick(), if armed => proc.cleanup(Instant::now()),
+            }
+        }
+    }
+
+    /// After a drain: a reader that found the device empty is about to
+    /// sleep, so what it counted is published now.
+    pub fn drained(&self, proc: &mut Processor, empty: bool) {
+        if empty {
+            proc.local.commit(&self.stats, proc.now);
+        }
+    }
+}
+
+/// Read errors that end the driver (device gone); the rest are retried.
+pub(crate) fn is_fatal(e: &io::Error) -> bool {
+    !matches!(
+        e.kind(),
+        io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+    ) && e.raw_os_error().is_some()
+}

@@ -1,0 +1,163 @@
+//! The NAT table's storage: the per-connection [`Mapping`], lock shards on
+//! their own cache lines, and the lock-order check of debug builds.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+use parking_lot::{RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use super::key::{FxBuild, PackedKey};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Phase {
+    HalfOpen,
+    Active,
+    Closing,
+}
+
+/// Reverse-map value: everything the table keeps per connection besides the
+/// forward map's copy of the key.
+#[derive(Debug)]
+pub(super) struct Mapping {
+    /// Unique per entry: drawn at creation and again at every accept, from
+    /// one counter, so a stale (port, generation) never matches a newer entry
+    /// on the same port.
+    pub(super) generation: u64,
+    /// Milliseconds since the table's epoch of the last packet; for Closing,
+    /// the moment it was marked (Closing entries are never refreshed).
+    pub(super) last_seen: AtomicU64,
+    pub(super) key: PackedKey,
+    pub(super) phase: Phase,
+    /// Initial sequence number of the SYN that created the entry: a SYN with
+    /// the same ISN is a retransmit, another ISN is a new connection.
+    pub(super) isn: u32,
+}
+
+impl Mapping {
+    /// Per-packet refresh, under a read lock. Closing entries are left alone
+    /// so late segments cannot extend the linger.
+    #[inline]
+    pub(super) fn touch(&self, now_ms: u64) {
+        if self.phase != Phase::Closing && self.last_seen.load(Relaxed) < now_ms {
+            self.last_seen.fetch_max(now_ms, Relaxed);
+        }
+    }
+}
+
+/// A lock on its own 128-byte block, so threads on different shards do not
+/// bounce one cache line (128: adjacent-line prefetch on x86, line size on
+/// Apple cores). `MAP` says which map it belongs to, for the lock-order
+/// check.
+#[repr(align(128))]
+#[derive(Default)]
+pub(super) struct Shard<T, const MAP: u8>(pub(super) RwLock<T>);
+
+impl<T, const MAP: u8> Shard<T, MAP> {
+    #[inline]
+    pub(super) fn read(&self) -> order::Held<RwLockReadGuard<'_, T>> {
+        order::acquire(MAP);
+        order::Held::new(self.0.read(), MAP)
+    }
+
+    #[inline]
+    pub(super) fn write(&self) -> order::Held<RwLockWriteGuard<'_, T>> {
+        order::acquire(MAP);
+        order::Held::new(self.0.write(), MAP)
+    }
+}
+
+pub(super) type ForwardShard = Shard<HashMap<PackedKey, u16, FxBuild>, { order::FORWARD }>;
+pub(super) type ReverseShard = Shard<HashMap<u16, Mapping, FxBuild>, { order::REVERSE }>;
+
+/// Lock-order check, in the spirit of the kernel's lockdep: in debug builds
+/// each thread records which maps it holds a shard of, and every acquisition
+/// asserts the rule (forward before reverse, one shard per map) *before*
+/// blocking, so every test that runs a path checks its order even when no
+/// second thread is there to deadlock with. Release builds keep only the
+/// plain lock.
+pub(super) mod order {
+    use std::ops::{Deref, DerefMut};
+
+    pub(in crate::nat) const FORWARD: u8 = 1;
+    pub(in crate::nat) const REVERSE: u8 = 2;
+
+    #[cfg(debug_assertions)]
+    thread_local! {
+        static HELD: std::cell::Cell<u8> = const { std::cell::Cell::new(0) };
+    }
+
+    #[inline]
+    pub(in crate::nat) fn acquire(map: u8) {
+        #[cfg(debug_assertions)]
+        HELD.with(|held| {
+            // A forward shard: nothing may be held yet. A reverse shard: no
+            // other reverse shard.
+            let forbidden = if map == FORWARD {
+                FORWARD | REVERSE
+            } else {
+                REVERSE
+            };
+            assert!(
+                held.get() & forbidden == 0,
+                "NAT lock order violated: taking {} while holding {:#b}",
+                if map == FORWARD { "forward" } else { "reverse" },
+                held.get()
+            );
+            held.set(held.get() | map);
+        });
+        #[cfg(not(debug_assertions))]
+        let _ = map;
+    }
+
+    /// A lock guard that clears its map's bit when dropped.
+    pub(in crate::nat) struct Held<G> {
+        guard: G,
+        #[cfg(debug_assertions)]
+        map: u8,
+    }
+
+    impl<G> Held<G> {
+        #[inline]
+        pub(in crate::nat) fn new(guard: G, map: u8) -> Self {
+            #[cfg(not(debug_assertions))]
+            let _ = map;
+            Self {
+                guard,
+                #[cfg(debug_assertions)]
+                map,
+            }
+        }
+    }
+
+    impl<G> Drop for Held<G> {
+        #[inline]
+        fn drop(&mut self) {
+            #[cfg(debug_assertions)]
+            HELD.with(|held| held.set(held.get() & !self.map));
+        }
+    }
+
+    impl<G: Deref> Deref for Held<G> {
+        type Target = G::Target;
+        #[inline]
+        fn deref(&self) -> &G::Target {
+            &self.guard
+        }
+    }
+
+    impl<G: DerefMut> DerefMut for Held<G> {
+        #[inline]
+        fn deref_mut(&mut self) -> &mut G::Target {
+            &mut self.guard
+        }
+    }
+}
+
+#[derive(Default)]
+pub(super) struct ErrorCounters {
+    pub(super) table_full: AtomicU64,
+    pub(super) no_free_port: AtomicU64,
+    pub(super) uplink_no_mapping: AtomicU64,
+    pub(super) downlink_no_mapping: AtomicU64,
+    pub(super) accept_refused: AtomicU64,
+}

@@ -1,0 +1,193 @@
+//! The NAT table's public types: configuration, keys, states, results.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::ops::RangeInclusive;
+use std::time::{Duration, Instant};
+
+use super::key::PackedKey;
+
+/// Configuration of a [`NatTable`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NatConfig {
+    /// NAT ports handed out. Port 0 is never used even if included (IANA
+    /// lists it as reserved, and to a socket it means "any port"). An empty
+    /// range makes every allocation fail with [`NatError::NoFreePort`].
+    pub port_range: RangeInclusive<u16>,
+    /// Entry budget: mappings in any state, lingering ones included.
+    pub max_entries: usize,
+    /// A HalfOpen entry with no packet for this long is removed (the kernel
+    /// never accepted it, or the client gave up).
+    pub half_open_timeout: Duration,
+    /// How long a Closing entry is kept so the kernel's FIN/ACK and the
+    /// app's last ACKs are still translated.
+    pub linger: Duration,
+    /// An Active entry with no packet for this long is removed.
+    pub idle_timeout: Duration,
+    /// Most candidate ports examined per allocation, so a nearly full range
+    /// costs bounded work instead of a spin.
+    pub max_probes: u32,
+}
+
+impl Default for NatConfig {
+    fn default() -> Self {
+        Self {
+            // Below 10000 are well-known and registered ports some hosts
+            // filter or reserve; 55536 ports is ample for one device.
+            port_range: 10000..=65535,
+            // The engine passes the platform budget; this default is the
+            // mobile one (4096 x ~200 B is under 1 MiB).
+            max_entries: 4096,
+            half_open_timeout: Duration::from_secs(30),
+            linger: Duration::from_secs(10),
+            // RFC 5382 REQ-5: an established-connection idle timeout must
+            // not be less than 2 hours 4 minutes.
+            idle_timeout: Duration::from_secs(7440),
+            max_probes: 4096,
+        }
+    }
+}
+
+/// A TCP flow as the app sees it (TCP implied).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct FlowKey {
+    /// The app's address and port.
+    pub client: SocketAddr,
+    /// The destination the app connected to.
+    pub server: SocketAddr,
+}
+
+impl FlowKey {
+    /// A flow from `client` to `server`.
+    pub fn new(client: SocketAddr, server: SocketAddr) -> Self {
+        Self { client, server }
+    }
+}
+
+/// Lifecycle of a mapping.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NatState {
+    /// Port allocated on a SYN, not yet accepted by the kernel listener.
+    HalfOpen,
+    /// Accepted; a session task owns it through a [`NatGuard`].
+    Active,
+    /// Session ended; kept for the linger so late segments are translated.
+    Closing {
+        /// When it was marked Closing.
+        since: Instant,
+    },
+}
+
+/// Why a NAT operation failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum NatError {
+    /// The entry budget (`max_entries`) is used up.
+    TableFull,
+    /// No free port among the probed candidates of `port_range`.
+    NoFreePort,
+    /// No mapping for this flow or port.
+    NoMapping,
+    /// The mapping exists but is not HalfOpen (already accepted or closing).
+    NotHalfOpen,
+}
+
+impl fmt::Display for NatError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::TableFull => "NAT table full (entry budget exhausted)",
+            Self::NoFreePort => "no free NAT port within the probe limit",
+            Self::NoMapping => "no NAT mapping",
+            Self::NotHalfOpen => "NAT mapping is not half-open",
+        })
+    }
+}
+
+impl std::error::Error for NatError {}
+
+/// Result of [`NatTable::uplink`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Uplink {
+    /// NAT port to write as the source port.
+    pub port: u16,
+    /// Whether this call created the mapping (a new connection).
+    pub created: bool,
+}
+
+/// Result of [`NatTable::accept`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Accepted {
+    /// The original flow.
+    pub key: FlowKey,
+    /// Its NAT port.
+    pub port: u16,
+    /// Generation stamped by this accept; later marks must carry it.
+    pub generation: u64,
+}
+
+/// Entries removed by one cleanup, per state they were in.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CleanupReport {
+    /// HalfOpen entries older than `half_open_timeout`.
+    pub half_open: usize,
+    /// Active entries idle longer than `idle_timeout`.
+    pub active: usize,
+    /// Closing entries past the linger.
+    pub closing: usize,
+}
+
+impl CleanupReport {
+    /// All entries removed.
+    pub fn total(&self) -> usize {
+        self.half_open + self.active + self.closing
+    }
+}
+
+/// Live entries per state (counters, no scan).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct NatCounts {
+    /// HalfOpen entries.
+    pub half_open: usize,
+    /// Active entries.
+    pub active: usize,
+    /// Closing (lingering) entries.
+    pub closing: usize,
+}
+
+impl NatCounts {
+    /// All entries.
+    pub fn total(&self) -> usize {
+        self.half_open + self.active + self.closing
+    }
+}
+
+/// Refusals and misses since the table was created.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct NatErrorCounts {
+    /// New flows refused because the entry budget was used up.
+    pub table_full: u64,
+    /// New flows refused because no free port was found.
+    pub no_free_port: u64,
+    /// Uplink segments of unknown flows plus downlink segments to unmapped ports.
+    pub no_mapping: u64,
+    /// The downlink share of `no_mapping`.
+    pub downlink_no_mapping: u64,
+    /// Accepts refused (unknown port or not HalfOpen).
+    pub accept_refused: u64,
+}
+
+/// An expired entry found by [`NatTable::collect_expired`], to be passed to
+/// [`NatTable::remove_if_expired`].
+#[derive(Debug, Clone, Copy)]
+pub struct Expired {
+    pub(super) port: u16,
+    pub(super) generation: u64,
+    pub(super) key: PackedKey,
+}
+
+impl Expired {
+    /// The entry's NAT port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+}

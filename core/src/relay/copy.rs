@@ -1,0 +1,198 @@
+//! The userspace copy: one direction of a relay, written once and used for
+//! every pair of ends (kernel socket to kernel socket, smoltcp socket to
+//! kernel socket) and every framing (plain, sealed toward a proxy, opened
+//! from it), and by the splice relay when a direction falls back.
+//!
+//! A direction holds a buffer only while its source has data: it allocates
+//! one when bytes arrive and frees it as soon as the source is drained, so
+//! idle connections hold no relay memory.
+
+use std::io;
+use std::net::Shutdown;
+
+use socket2::SockRef;
+use tokio::net::TcpStream;
+
+use super::{Fallback, Leg, LegMeter, Meter, Open, Relayed, Seal};
+
+/// One end of a relayed connection, as a copy leg reads and writes it.
+pub(crate) trait Side {
+    /// Whether a read shorter than the buffer means the source is drained,
+    /// so the buffer is freed at once. A kernel socket says "drained" with
+    /// `WouldBlock` instead (short reads are common while data flows).
+    const DRAINED_ON_SHORT_READ: bool;
+    /// Wait for data and read it: `Ok(0)` at the peer's FIN. May answer
+    /// `WouldBlock` (the source is drained; call again to wait).
+    async fn read(&self, buf: &mut [u8]) -> io::Result<usize>;
+    /// Write all of `data`, waiting for room (a slow reader parks here).
+    async fn write_all(&self, data: &[u8]) -> io::Result<()>;
+    /// Pass the other side's EOF on: a half-close toward this end.
+    fn shutdown_write(&self) -> io::Result<()>;
+}
+
+impl Side for TcpStream {
+    const DRAINED_ON_SHORT_READ: bool = false;
+
+    async fn read(&self, buf: &mut [u8]) -> io::Result<usize> {
+        self.readable().await?;
+        self.try_read(buf)
+    }
+
+    async fn write_all(&self, data: &[u8]) -> io::Result<()> {
+        write_all(self, data).await
+    }
+
+    fn shutdown_write(&self) -> io::Result<()> {
+        shutdown_write(self)
+    }
+}
+
+/// How a direction transforms the bytes it moves.
+pub(crate) enum Codec<'a> {
+    /// Unchanged.
+    Plain,
+    /// Toward a proxy: frame/encrypt what the app sent.
+    Seal(&'a mut (dyn Seal + 'a)),
+    /// From a proxy: decrypt/unframe toward the app.
+    Open(&'a mut (dyn Open + 'a)),
+}
+
+impl Codec<'_> {
+    /// Transform `input` into `out` (left empty for `Plain`); the plaintext
+    /// byte count: what the app sent (seal) or receives (open).
+    fn apply(&mut self, input: &[u8], out: &mut Vec<u8>) -> io::Result<usize> {
+        out.clear();
+        match self {
+            Codec::Plain => Ok(input.len()),
+            Codec::Seal(s) => {
+                s.seal(input, out);
+                Ok(input.len())
+            }
+            Codec::Open(o) => {
+                o.open(input, out)?;
+                Ok(out.len())
+            }
+        }
+    }
+
+    /// The source reached EOF: an error if it stopped inside a frame.
+    fn finish(&mut self) -> io::Result<()> {
+        match self {
+            Codec::Open(o) => o.finish(),
+            Codec::Plain | Codec::Seal(_) => Ok(()),
+        }
+    }
+}
+
+/// One direction: `src` -> `dst` until `src`'s EOF, then a half-close of
+/// `dst`. `leg` carries what an earlier phase (splice) moved; the result
+/// adds what this copy moved (plaintext bytes).
+pub(crate) async fn leg<S: Side, D: Side>(
+    src: &S,
+    dst: &D,
+    buf_size: usize,
+    mut codec: Codec<'_>,
+    meter: LegMeter<'_>,
+    mut leg: Leg,
+) -> io::Result<Leg> {
+    let mut buf: Option<Box<[u8]>> = None;
+    let mut out: Vec<u8> = Vec::new();
+    loop {
+        let b = buf.get_or_insert_with(|| vec![0u8; buf_size.max(1)].into_boxed_slice());
+        let n = match src.read(b).await {
+            Ok(0) => {
+                codec.finish()?;
+                dst.shutdown_write()?;
+                return Ok(leg);
+            }
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                // Drained: hold no buffer until the next burst.
+                buf = None;
+                out = Vec::new();
+                continue;
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        let plain = codec.apply(&b[..n], &mut out)?;
+        if matches!(codec, Codec::Plain) {
+            dst.write_all(&b[..n]).await?;
+        } else {
+            dst.write_all(&out).await?;
+        }
+        meter.add_copied(&mut leg, plain);
+        if S::DRAINED_ON_SHORT_READ && n < b.len() {
+            buf = None;
+            out = Vec::new();
+        }
+    }
+}
+
+/// Both directions through userspace until both reached EOF (Ok) or one
+/// failed (Err). `why` marks each direction as a fallback from splicing.
+pub(crate) async fn both<A: Side, B: Side>(
+    app: &A,
+    out: &B,
+    seal: Codec<'_>,
+    open: Codec<'_>,
+    buf_size: usize,
+    meter: &Meter<'_>,
+    why: Option<Fallback>,
+) -> io::Result<Relayed> {
+    let start = Leg {
+        fallback: why,
+        ..Leg::default()
+    };
+    let (up, down) = tokio::try_join!(
+        leg(app, out, buf_size, seal, meter.up_leg(), start),
+        leg(out, app, buf_size, open, meter.down_leg(), start),
+    )?;
+    Ok(Relayed { up, down })
+}
+
+/// Fill `buf` exactly from `src`, waiting as needed; `UnexpectedEof` if it
+/// closes first.
+pub(crate) async fn read_exact<S: Side>(src: &S, mut buf: &mut [u8]) -> io::Result<()> {
+    while !buf.is_empty() {
+        match src.read(buf).await {
+            Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+            Ok(n) => buf = &mut buf[n..],
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+                ) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// Pass a source's EOF on as a half-close of the destination. A peer that
+/// already reset counts as shut down (ENOTCONN), as in tokio.
+pub(crate) fn shutdown_write(dst: &TcpStream) -> io::Result<()> {
+    match SockRef::from(dst).shutdown(Shutdown::Write) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::NotConnected => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// Write all of `data`, waiting for writability (a slow reader parks here).
+pub(crate) async fn write_all(dst: &TcpStream, mut data: &[u8]) -> io::Result<()> {
+    while !data.is_empty() {
+        dst.writable().await?;
+        match dst.try_write(data) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => data = &data[n..],
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+                ) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}

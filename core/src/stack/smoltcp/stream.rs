@@ -1,0 +1,128 @@
+//! [`SmolStream`]: the app's side of one smoltcp connection, read and
+//! written by its session like a kernel socket (`relay::Side`,
+//! `dispatch::session::App`).
+
+use std::future::poll_fn;
+use std::io;
+use std::sync::Arc;
+use std::time::Duration;
+
+use smoltcp::iface::SocketHandle;
+use tokio::net::TcpStream;
+
+use super::stack::{Key, SmolStack};
+use crate::dispatch::session::{self, App};
+use crate::outbound::shadowsocks::{SsOpen, SsSeal};
+use crate::relay::copy::{self, Codec};
+use crate::relay::{Meter, RelayOptions, Relayed, Side};
+
+/// One connection's smoltcp socket. Dropping it hands the socket to the
+/// poller, which removes it once closed.
+pub(crate) struct SmolStream {
+    stack: Arc<SmolStack>,
+    pub(super) h: SocketHandle,
+    key: Key,
+}
+
+impl std::fmt::Debug for SmolStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SmolStream")
+            .field("key", &self.key)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SmolStream {
+    pub(crate) fn new(stack: Arc<SmolStack>, h: SocketHandle, key: Key) -> Self {
+        SmolStream { stack, h, key }
+    }
+
+    /// Read into `buf`; 0 at the app's FIN.
+    pub(crate) async fn recv(&self, buf: &mut [u8]) -> io::Result<usize> {
+        poll_fn(|cx| self.stack.poll_recv(self.h, cx, buf)).await
+    }
+
+    /// Write all of `data`, waiting for window space (a slow app parks here).
+    pub(crate) async fn send_all(&self, mut data: &[u8]) -> io::Result<()> {
+        while !data.is_empty() {
+            let n = poll_fn(|cx| self.stack.poll_send(self.h, cx, data)).await?;
+            data = &data[n..];
+        }
+        Ok(())
+    }
+
+    /// Send a FIN after what was queued (half-close toward the app).
+    pub(crate) fn close(&self) {
+        self.stack.with_socket(self.h, |s| s.close());
+    }
+
+    /// Reset the connection toward the app.
+    pub(crate) fn abort(&self) {
+        self.stack.with_socket(self.h, |s| s.abort());
+    }
+}
+
+impl Drop for SmolStream {
+    fn drop(&mut self) {
+        self.stack.detach(self.h, self.key);
+    }
+}
+
+impl Side for SmolStream {
+    /// A read returns what the socket buffer held: less than asked means it
+    /// is drained, so the relay buffer is freed at once.
+    const DRAINED_ON_SHORT_READ: bool = true;
+
+    async fn read(&self, buf: &mut [u8]) -> io::Result<usize> {
+        self.recv(buf).await
+    }
+
+    async fn write_all(&self, data: &[u8]) -> io::Result<()> {
+        self.send_all(data).await
+    }
+
+    fn shutdown_write(&self) -> io::Result<()> {
+        self.close();
+        Ok(())
+    }
+}
+
+/// No splice here: one side lives in userspace. A smoltcp socket cannot be
+/// peeked, so sniffing keeps what it read for the outbound.
+impl App for SmolStream {
+    async fn relay(
+        &self,
+        out: &TcpStream,
+        codec: Option<Box<(SsSeal, SsOpen)>>,
+        opts: &RelayOptions,
+        meter: &Meter<'_>,
+    ) -> io::Result<Relayed> {
+        match codec {
+            None => {
+                copy::both(
+                    self,
+                    out,
+                    Codec::Plain,
+                    Codec::Plain,
+                    opts.buffer,
+                    meter,
+                    None,
+                )
+                .await
+            }
+            Some(codec) => {
+                let (mut seal, mut open) = *codec;
+                let (seal, open) = (Codec::Seal(&mut seal), Codec::Open(&mut open));
+                copy::both(self, out, seal, open, opts.buffer, meter, None).await
+            }
+        }
+    }
+
+    async fn sniff(&self, timeout: Duration) -> (Option<String>, Vec<u8>) {
+        session::sniff_read(self, timeout).await
+    }
+
+    fn reset(&self) {
+        self.abort();
+    }
+}

@@ -1,0 +1,257 @@
+//! The system netstack: kerntun does not implement TCP. Each TCP packet read
+//! from the TUN is rewritten in place (source NAT, `crate::translate`) and
+//! written back, so the kernel's own TCP accepts it on a listener bound to
+//! the gateway address; the accepted socket's peer port is the NAT port,
+//! which the NAT table maps back to the app's original 5-tuple.
+//!
+//! Connect-first: a new connection's SYN is admitted, routed and held while
+//! the outbound connects. Only when the outbound answers is the SYN rewritten
+//! and handed to the kernel; if the outbound refuses or times out, the app
+//! receives an RST answering its SYN. The app therefore sees what a real
+//! network would show it (`ECONNREFUSED`, not a connection that opens and
+//! then dies), which keeps happy-eyeballs and fallback logic in apps working.
+//! A SYN retransmitted while the connect is pending is absorbed.
+//!
+//! `listener.rs`: the kernel listeners and the accept loop.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+
+use super::HeldSyn;
+use crate::budget::OwnedPermit;
+use crate::dispatch::{Dispatcher, Next, Plan};
+use crate::nat::{FlowKey, NatTable};
+use crate::packet::{self, Disposition, IpInfo, TcpInfo};
+use crate::stats::{EngineDrop, LocalCounters, NatSnapshot};
+use crate::translate::{self, Cause, FamilyAddrs, StackAddrs, TcpStep};
+use crate::tun::Tun;
+
+mod listener;
+
+pub(crate) use listener::{accept_loop, bind_listener};
+
+/// An admitted connection waiting for the kernel to accept the app's side.
+#[derive(Debug)]
+enum Pending {
+    /// The outbound connect is in flight; the app's SYN is held.
+    Connecting,
+    /// The SYN went to the kernel; the accepted connection goes on to
+    /// `next`. Expires if never accepted.
+    Ready {
+        next: Next,
+        permit: OwnedPermit,
+        since: Instant,
+    },
+}
+
+/// The system stack of one engine: its NAT table, its addresses, and the
+/// connections between SYN and accept.
+#[derive(Debug)]
+pub(crate) struct SystemStack {
+    d: Arc<Dispatcher>,
+    tun: Arc<Tun>,
+    nat: Arc<NatTable>,
+    /// Gateway, NAT address and listener port per family.
+    addrs: StackAddrs,
+    pending: Mutex<HashMap<u16, Pending>>,
+    /// How long a SYN handed to the kernel may wait for its accept.
+    half_open_timeout: Duration,
+}
+
+impl SystemStack {
+    pub fn new(
+        d: Arc<Dispatcher>,
+        tun: Arc<Tun>,
+        nat: NatTable,
+        addrs: StackAddrs,
+        half_open_timeout: Duration,
+    ) -> Self {
+        SystemStack {
+            d,
+            tun,
+            nat: Arc::new(nat),
+            addrs,
+            pending: Mutex::new(HashMap::new()),
+            half_open_timeout,
+        }
+    }
+
+    /// One TCP packet from the TUN, translated in place.
+    #[inline]
+    pub fn tcp(
+        self: &Arc<Self>,
+        buf: &mut [u8],
+        ip: &IpInfo,
+        now: Instant,
+        local: &mut LocalCounters,
+    ) -> Disposition {
+        let held = |port| matches!(self.pending.lock().get(&port), Some(Pending::Connecting));
+        match translate::translate_tcp(buf, ip, &self.nat, &self.addrs, now, held) {
+            TcpStep::Uplink(n) => {
+                local.packets_up += 1;
+                local.bytes_up += n as u64;
+                Disposition::WriteBack(n)
+            }
+            TcpStep::Downlink(n) => {
+                local.packets_down += 1;
+                local.bytes_down += n as u64;
+                Disposition::WriteBack(n)
+            }
+            TcpStep::NewFlow { key, port, tcp } => {
+                self.new_flow(buf, ip, &tcp, (key, port), now, local)
+            }
+            TcpStep::Reset { len, cause } => {
+                if matches!(cause, EngineDrop::NatTableFull | EngineDrop::NatNoFreePort) {
+                    self.d.warn.warn(format_args!(
+                        "NAT table refused a new flow ({})",
+                        cause.as_str()
+                    ));
+                }
+                local.drop(cause);
+                Disposition::WriteBack(len)
+            }
+            TcpStep::Drop(Cause::Reject(r)) => {
+                local.reject(r);
+                Disposition::Done
+            }
+            TcpStep::Drop(Cause::Engine(d)) => {
+                local.drop(d);
+                Disposition::Done
+            }
+        }
+    }
+
+    /// A SYN that created NAT entry `port`: admit it, then hold it while the
+    /// outbound connects, or (DNS, sniffing) hand it to the kernel at once.
+    fn new_flow(
+        self: &Arc<Self>,
+        buf: &mut [u8],
+        ip: &IpInfo,
+        tcp: &TcpInfo,
+        (key, port): (FlowKey, u16),
+        now: Instant,
+        local: &mut LocalCounters,
+    ) -> Disposition {
+        let Some((plan, permit)) = self.d.admit(key.server) else {
+            self.nat.abort_half_open(port, now);
+            return Disposition::WriteBack(packet::tcp_rst_reply(buf, ip, tcp));
+        };
+        let Some(fam) = self.addrs.family(key.server.ip()) else {
+            // translate_tcp only reports new flows of an enabled family.
+            self.nat.abort_half_open(port, now);
+            return Disposition::Done;
+        };
+        let next = match plan {
+            Plan::Connect { .. } => {
+                self.pending.lock().insert(port, Pending::Connecting);
+                let syn = HeldSyn::new(&buf[..ip.len]);
+                tokio::spawn(self.clone().connect(key, port, fam, syn, permit, plan));
+                return Disposition::Done;
+            }
+            // Nothing to connect first: the kernel accepts now and the
+            // session does the rest.
+            Plan::Dns => Next::Dns,
+            Plan::Sniff => Next::Sniff,
+        };
+        self.ready(port, next, permit, now);
+        match rewrite_to_listener(buf, ip, fam, port) {
+            Ok(()) => Disposition::WriteBack(ip.len),
+            Err(r) => {
+                self.pending.lock().remove(&port);
+                self.nat.abort_half_open(port, now);
+                local.reject(r);
+                Disposition::Done
+            }
+        }
+    }
+
+    /// The outbound is ready (or nothing needs connecting): the kernel's
+    /// accept of `port` goes on to `next`.
+    fn ready(&self, port: u16, next: Next, permit: OwnedPermit, now: Instant) {
+        let ready = Pending::Ready {
+            next,
+            permit,
+            since: now,
+        };
+        self.pending.lock().insert(port, ready);
+    }
+
+    /// Connect the outbound for a held SYN along its plan, then release the
+    /// SYN to the kernel (success) or answer the app with an RST (failure).
+    async fn connect(
+        self: Arc<Self>,
+        key: FlowKey,
+        port: u16,
+        fam: FamilyAddrs,
+        mut syn: HeldSyn,
+        permit: OwnedPermit,
+        plan: Plan,
+    ) {
+        let Some(next) = self.d.prepare(plan, key.server).await else {
+            self.pending.lock().remove(&port);
+            self.nat.abort_half_open(port, Instant::now());
+            drop(permit);
+            syn.refuse(&self.tun, &self.d.stats).await;
+            return;
+        };
+        let Ok(ip) = packet::parse_ip(syn.packet()) else {
+            return; // parsed once already; cannot happen
+        };
+        if rewrite_to_listener(syn.packet_mut(), &ip, fam, port).is_err() {
+            return;
+        }
+        self.ready(port, next, permit, Instant::now());
+        syn.send(&self.tun, &self.d.stats).await;
+    }
+
+    /// Whether there is state a cleanup tick could expire.
+    pub fn has_state(&self) -> bool {
+        !self.nat.is_empty() || !self.pending.lock().is_empty()
+    }
+
+    /// Expire NAT entries and outbounds whose SYN was never accepted.
+    pub fn cleanup(&self, now: Instant) {
+        self.nat.cleanup(now);
+        let timeout = self.half_open_timeout;
+        self.pending.lock().retain(|_, p| match p {
+            Pending::Connecting => true,
+            Pending::Ready { since, .. } => now.saturating_duration_since(*since) < timeout,
+        });
+    }
+
+    /// NAT entries by state.
+    pub fn counts(&self) -> NatSnapshot {
+        let c = self.nat.counts();
+        NatSnapshot {
+            half_open: c.half_open as u64,
+            active: c.active as u64,
+            closing: c.closing as u64,
+        }
+    }
+
+    /// The listeners' addresses (gateway and port per family).
+    pub fn listen_addrs(&self) -> Vec<SocketAddr> {
+        [self.addrs.v4, self.addrs.v6]
+            .into_iter()
+            .flatten()
+            .map(|f| SocketAddr::new(f.gateway, f.listen_port))
+            .collect()
+    }
+}
+
+/// Rewrite the app's SYN at `buf` from its own tuple to NAT address:`port`
+/// -> the family's listener.
+fn rewrite_to_listener(
+    buf: &mut [u8],
+    ip: &IpInfo,
+    fam: FamilyAddrs,
+    port: u16,
+) -> Result<(), packet::Reject> {
+    let nat_src = SocketAddr::new(fam.nat, port);
+    let listener = SocketAddr::new(fam.gateway, fam.listen_port);
+    packet::rewrite_tcp(buf, ip, nat_src, listener)
+}
