@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# Build what the Android module packages: libkerntun_ffi.so for arm64-v8a
-# and x86_64 (cargo-ndk) and the Kotlin bindings (the workspace's
+# Build what the Android module packages: libkerntun_ffi.so for the ABIs in
+# `abis` below (cargo-ndk) and the Kotlin bindings (the workspace's
 # uniffi-bindgen), both under android/kerntun/build/generated/.
+#
+# Every library is linked for 16 KB pages (.cargo/config.toml) and checked
+# after the build (scripts/check-android-config.sh --elf).
 #
 #   android/build.sh              release native libraries
 #   PROFILE=debug android/build.sh
@@ -14,6 +17,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# 64-bit only: Google Play requires 64-bit code and the 32-bit ABIs are left
+# out. Keep in step with abiFilters in kerntun/build.gradle.kts and
+# PackagedAbis in KerntunPolicy.kt (scripts/check-android-config.sh checks).
+abis=(arm64-v8a x86_64)
 profile=${PROFILE:-release}
 flag=$([[ $profile == release ]] && echo --release || true)
 # API 26 (Android 8.0) is the module's minSdk.
@@ -23,9 +30,23 @@ gen=android/kerntun/build/generated
 command -v cargo-ndk >/dev/null || { echo "cargo-ndk missing: cargo install cargo-ndk" >&2; exit 1; }
 [[ -n "${ANDROID_NDK_HOME:-}" ]] || { echo "set ANDROID_NDK_HOME to the NDK" >&2; exit 1; }
 rustup target add aarch64-linux-android x86_64-linux-android >/dev/null
+# RUSTFLAGS / CARGO_ENCODED_RUSTFLAGS replace the rustflags of
+# .cargo/config.toml, the 16 KB page flag with them.
+for var in RUSTFLAGS CARGO_ENCODED_RUSTFLAGS; do
+    if [[ -n "${!var:-}" && "${!var}" != *max-page-size=16384* ]]; then
+        echo "$var is set and would drop -Wl,-z,max-page-size=16384 from .cargo/config.toml: unset it or add the flag" >&2
+        exit 1
+    fi
+done
+bash scripts/check-android-config.sh
 
 rm -rf "$gen/jniLibs" "$gen/uniffi"
-cargo ndk -t arm64-v8a -t x86_64 -P "$api" -o "$gen/jniLibs" build $flag -p kerntun-ffi
+targets=()
+for abi in "${abis[@]}"; do targets+=(-t "$abi"); done
+cargo ndk "${targets[@]}" -P "$api" -o "$gen/jniLibs" build $flag -p kerntun-ffi
+mapfile -t libs < <(find "$gen/jniLibs" -name '*.so' | sort)
+((${#libs[@]} == ${#abis[@]})) || { echo "expected ${#abis[@]} libraries, got: ${libs[*]}" >&2; exit 1; }
+bash scripts/check-android-config.sh --elf "${libs[@]}"
 # The plain Kotlin flavour: the same bindings CI compiles and runs on the JVM.
 bash scripts/bindings.sh kotlin "$gen/uniffi/kotlin"
 find "$gen" -name '*.so' -o -name '*.kt' | sort

@@ -1,9 +1,31 @@
 // swift-tools-version:5.9
 // kerntun for iOS and macOS: the Swift bindings (module `Kerntun`, generated
 // by scripts/bindings.sh and checked for drift in CI) over the static
-// library in KerntunFFI.xcframework (built by build-xcframework.sh on a Mac),
-// and a Packet Tunnel provider base class (module `KerntunTunnel`).
+// library in KerntunFFI.xcframework, and a Packet Tunnel provider base class
+// (module `KerntunTunnel`).
+//
+// Where KerntunFFI.xcframework comes from (docs/integration-ios.md):
+// * development: apple/KerntunFFI.xcframework, built by build-xcframework.sh
+//   on a Mac (not committed). Used while the release section below is
+//   empty, or whenever KERNTUN_LOCAL_XCFRAMEWORK=1 is in the environment of
+//   the SwiftPM / Xcode process that reads this manifest;
+// * releases: the zip published at `releaseURL`, verified by SwiftPM
+//   against `releaseChecksum` (the SHA-256 of the zip). release-xcframework.sh
+//   builds the zip, prints both values and writes them here.
+import Foundation
 import PackageDescription
+
+// BEGIN release (written by apple/release-xcframework.sh set-release)
+let releaseURL = ""
+let releaseChecksum = ""
+// END release
+
+let useLocalFramework = releaseURL.isEmpty
+    || ProcessInfo.processInfo.environment["KERNTUN_LOCAL_XCFRAMEWORK"] == "1"
+
+let ffiTarget: Target = useLocalFramework
+    ? .binaryTarget(name: "KerntunFFI", path: "KerntunFFI.xcframework")
+    : .binaryTarget(name: "KerntunFFI", url: releaseURL, checksum: releaseChecksum)
 
 let package = Package(
     name: "Kerntun",
@@ -13,8 +35,7 @@ let package = Package(
         .library(name: "KerntunTunnel", targets: ["KerntunTunnel"]),
     ],
     targets: [
-        // Run ./build-xcframework.sh first; the framework is not committed.
-        .binaryTarget(name: "KerntunFFI", path: "KerntunFFI.xcframework"),
+        ffiTarget,
         .target(
             name: "Kerntun",
             dependencies: ["KerntunFFI"],

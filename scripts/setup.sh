@@ -1,15 +1,38 @@
 #!/usr/bin/env bash
 # Installs everything kerntun's tests, demo and benchmarks need on a fresh
-# Debian 12 machine (run as root). Idempotent: a second run only checks.
+# Debian 12 machine. Idempotent: a second run only checks.
+#
+#   bash scripts/setup.sh     as root (a fresh Debian has no sudo), or as a
+#                             user: the system steps (apt-get, the TUN node,
+#                             npm -g) then run through sudo, the Rust steps
+#                             (rustup) for the user who builds.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 log() { printf '\n== %s\n' "$*"; }
+die() { printf 'setup.sh: %s\n' "$*" >&2; exit 1; }
 
-# System packages: ip/netns/veth (iproute2), sysctl (procps), traffic tools.
+# Run a system step as root: directly when root, through sudo when it is
+# there, otherwise stop and say so.
+as_root() {
+    if ((EUID == 0)); then
+        "$@"
+    elif command -v sudo >/dev/null; then
+        sudo "$@"
+    else
+        die "'$*' needs root: run setup.sh as root (no sudo found)"
+    fi
+}
+
+# A command on PATH, or in the sbin directories a user's PATH may lack.
+have() { command -v "$1" >/dev/null || [[ -x /usr/sbin/$1 || -x /sbin/$1 ]]; }
+
+# System packages: ip/netns/veth (iproute2), sysctl (procps), traffic tools,
+# curl for the rustup installer.
 need_apt=()
-command -v ip >/dev/null || need_apt+=(iproute2)
-command -v sysctl >/dev/null || need_apt+=(procps)
+have ip || need_apt+=(iproute2)
+have sysctl || need_apt+=(procps)
+command -v curl >/dev/null || need_apt+=(curl ca-certificates)
 command -v iperf3 >/dev/null || need_apt+=(iperf3)
 command -v python3 >/dev/null || need_apt+=(python3)
 command -v cc >/dev/null || need_apt+=(build-essential)
@@ -19,21 +42,25 @@ command -v java >/dev/null || need_apt+=(openjdk-17-jdk-headless)
 command -v npm >/dev/null || need_apt+=(npm)
 if ((${#need_apt[@]})); then
     log "apt-get install ${need_apt[*]}"
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq
-    apt-get install -y -qq "${need_apt[@]}" >/dev/null
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null
 fi
 
 # The TUN device node (present on the CI machine; created if a container lacks it).
 if [[ ! -c /dev/net/tun ]]; then
-    mkdir -p /dev/net && mknod /dev/net/tun c 10 200 && chmod 0666 /dev/net/tun
+    as_root sh -c 'mkdir -p /dev/net && mknod /dev/net/tun c 10 200 && chmod 0666 /dev/net/tun'
 fi
 
 # kotlinc for the FFI test ships in the npm package kotlin-compiler.
 if [[ ! -x "$(npm root -g)/kotlin-compiler/bin/kotlinc" ]]; then
     log "npm install -g kotlin-compiler"
-    npm install -g --silent kotlin-compiler >/dev/null
+    as_root npm install -g --silent kotlin-compiler >/dev/null
 fi
+
+# The Rust toolchain comes from rustup, installed by the user who builds
+# (root on CI): setup.sh adds components and targets to it.
+command -v rustup >/dev/null && command -v cargo >/dev/null \
+    || die "no Rust toolchain on PATH: install rustup (https://rustup.rs) as the user who builds, open a new shell (or: . \"\$HOME/.cargo/env\"), then re-run setup.sh"
 
 log "rust toolchains and targets"
 rustup component add rustfmt clippy >/dev/null

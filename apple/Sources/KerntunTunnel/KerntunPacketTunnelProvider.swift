@@ -11,6 +11,9 @@
 // * tells the engine whether the tunnel has `includeAllNetworks` on (the
 //   system stack cannot run then, so the engine's `auto` picks smoltcp);
 // * forwards the system's memory-pressure events to the engine;
+// * watches the network the extension's own traffic leaves on
+//   (NWPathMonitor) and, when it moves to another interface, re-applies
+//   the tunnel settings with `reasserting` set;
 // * answers any app message (NETunnelProviderSession.sendProviderMessage)
 //   with the engine's statistics as a JSON object;
 // * cancels the tunnel if the engine stops on its own, and stops the engine
@@ -21,6 +24,7 @@
 
 import Foundation
 import Kerntun
+import Network
 import NetworkExtension
 import os
 
@@ -47,6 +51,11 @@ final class ProviderHooks: PlatformHooks, @unchecked Sendable {
 
     func protect(fd: Int32) throws {}
 
+    /// The provider's own messages, next to the engine's.
+    func logInfo(_ message: String) {
+        logger.info("\(message, privacy: .public)")
+    }
+
     func log(level: LogLevel, message: String) throws {
         switch level {
         case .error: logger.error("\(message, privacy: .public)")
@@ -71,10 +80,19 @@ open class KerntunPacketTunnelProvider: NEPacketTunnelProvider {
     /// How often the provider checks that the engine is still running.
     open var healthCheckInterval: DispatchTimeInterval { .seconds(2) }
 
+    /// Whether a move of the extension's traffic to another interface
+    /// (Wi-Fi to cellular, ...) re-applies the tunnel network settings with
+    /// `reasserting` set, so the system re-evaluates routes and DNS on the
+    /// new network and shows the tunnel as reconnecting meanwhile.
+    open var reassertOnNetworkChange: Bool { true }
+
     private let queue = DispatchQueue(label: "kerntun.provider")
     private let hooks = ProviderHooks()
     private var memoryPressure: DispatchSourceMemoryPressure?
     private var healthTimer: DispatchSourceTimer?
+    private var pathMonitor: NWPathMonitor?
+    private var lastInterface: String?
+    private var activeConfig: EngineConfig?
     private var stopping = false
 
     /// The engine configuration. Override to change it; keep `tun.ipv4` /
@@ -146,8 +164,10 @@ open class KerntunPacketTunnelProvider: NEPacketTunnelProvider {
                     let engine = try Engine.start(config: config, tunFd: fd, platform: self.hooks)
                     self.engine = engine
                     self.stopping = false
+                    self.activeConfig = config
                     self.watchMemoryPressure(engine)
                     self.watchHealth(engine)
+                    self.watchPath()
                     completionHandler(nil)
                 } catch {
                     completionHandler(error)
@@ -166,6 +186,10 @@ open class KerntunPacketTunnelProvider: NEPacketTunnelProvider {
             self.memoryPressure = nil
             self.healthTimer?.cancel()
             self.healthTimer = nil
+            self.pathMonitor?.cancel()
+            self.pathMonitor = nil
+            self.lastInterface = nil
+            self.activeConfig = nil
             // Resets the open connections, closes the engine's copy of the
             // descriptor, joins its threads (bounded).
             self.engine?.stop()
@@ -205,6 +229,46 @@ open class KerntunPacketTunnelProvider: NEPacketTunnelProvider {
         }
         source.resume()
         memoryPressure = source
+    }
+
+    /// Called on the provider's queue for every path update while the
+    /// engine runs. The path is the one the extension's own sockets use
+    /// (the provider's traffic bypasses its tunnel): the physical network.
+    /// Override to react further, calling super.
+    open func networkPathChanged(_ path: NWPath) {
+        // The first physical interface the system would use; utun (.other)
+        // and loopback are never the underlying network.
+        let primary = path.status == .satisfied
+            ? path.availableInterfaces.first(where: { $0.type != .other && $0.type != .loopback })?.name
+            : nil
+        let previous = lastInterface
+        lastInterface = primary
+        // Nothing to do on the first report, without a path (connections
+        // fail until one returns; the engine keeps running) or on the same
+        // interface.
+        guard reassertOnNetworkChange, let primary, let previous, primary != previous,
+              let config = activeConfig else { return }
+        hooks.logInfo("network moved from \(previous) to \(primary): re-applying tunnel settings")
+        reasserting = true
+        setTunnelNetworkSettings(makeNetworkSettings(config: config)) { [weak self] error in
+            guard let self else { return }
+            self.queue.async {
+                self.reasserting = false
+                if let error {
+                    self.hooks.logInfo("re-applying tunnel settings failed: \(error.localizedDescription)")
+                }
+            }
+        }
+    }
+
+    private func watchPath() {
+        let monitor = NWPathMonitor()
+        monitor.pathUpdateHandler = { [weak self] path in
+            guard let self, !self.stopping, self.engine != nil else { return }
+            self.networkPathChanged(path)
+        }
+        monitor.start(queue: queue)
+        pathMonitor = monitor
     }
 
     private func watchHealth(_ engine: Engine) {

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Kotlin-on-JVM end-to-end test of the kerntun FFI.
 #
-#   sudo bash ffi/tests/kotlin/run.sh
+#   bash ffi/tests/kotlin/run.sh        (as root)
 #
 # Builds the cdylib, generates the plain (JVM) Kotlin bindings with the
 # workspace's uniffi-bindgen, compiles them with `kotlinc -Werror` against
@@ -10,7 +10,8 @@
 # server. The script starts engines on real TUN devices, moves bytes through
 # them, reads stats, checks typed errors and the protect hook, and stops
 # them, twice in one JVM. Namespaces, the server and temp files are removed
-# on every exit.
+# on every exit. Before that, android_policy_test.kts tests the Android
+# module's platform-independent Kotlin (KerntunPolicy.kt) on the same JVM.
 #
 # Needs: root, ip (iproute2), python3, Java 17, JNA (apt-get install -y
 # libjna-java), the Kotlin compiler (npm install -g kotlin-compiler; its
@@ -66,8 +67,14 @@ target_dir=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import js
 libdir="$target_dir/debug"
 [[ -f "$libdir/libkerntun_ffi.so" ]] || { echo "missing $libdir/libkerntun_ffi.so" >&2; exit 1; }
 
-step "kotlinc -Werror the generated bindings (JNA $(basename "$(readlink -f "$JNA_JAR")"))"
-"$KOTLINC" -Werror -d "$work/kerntun.jar" -classpath "$JNA_JAR" "$work"/gen/org/kerntun/*.kt 2>&1
+# With them, the Android module's platform-independent Kotlin (no android.*
+# import): what the VpnService glue decides is compiled and tested here.
+policy="$root/android/kerntun/src/main/kotlin/org/kerntun/android/KerntunPolicy.kt"
+step "kotlinc -Werror the generated bindings and $(basename "$policy") (JNA $(basename "$(readlink -f "$JNA_JAR")"))"
+"$KOTLINC" -Werror -d "$work/kerntun.jar" -classpath "$JNA_JAR" "$work"/gen/org/kerntun/*.kt "$policy" 2>&1
+
+step "android_policy_test.kts (trim levels, app routing, ABIs, state reporting)"
+timeout 300 "$KOTLINC" -J-ea -classpath "$work/kerntun.jar:$JNA_JAR" -script "$here/android_policy_test.kts"
 
 step "namespaces $ns_c <-> $ns_s, echo server"
 ip netns add "$ns_c"

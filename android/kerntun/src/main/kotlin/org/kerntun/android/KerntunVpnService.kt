@@ -4,32 +4,45 @@
 //
 // What it does:
 // * Builder settings that agree with the engine config (addresses, v4/v6
-//   default routes, DNS, MTU 9000 by default), the app itself excluded;
+//   default routes, DNS, MTU 9000 by default) and the app routing
+//   ([appRouting]): the app stays inside its own VPN unless asked otherwise;
 // * establish() + detachFd(): the engine duplicates the descriptor, this
 //   class closes its own copy once the engine runs;
 // * protect(fd) wired to VpnService.protect, so the engine's outbound
 //   sockets never loop back into the tunnel;
-// * onTrimMemory forwarded as memory pressure;
+// * setUnderlyingNetworks fed by a ConnectivityManager network callback;
+// * onTrimMemory and ActivityManager.MemoryInfo turned into memory pressure;
+// * every failure (a Builder call, establish(), the native library, the
+//   engine) reported through TunnelStatus, never thrown at the system;
 // * a foreground notification with live statistics, a stop action;
 // * a clean stop on stop requests, onRevoke and onDestroy.
 //
-// This module is not compiled in this repository's CI (no Android SDK
-// there); the generated bindings it uses are compiled and run on the JVM.
+// The decisions (trim levels, app routing, ABIs, state) live in
+// KerntunPolicy.kt, which has no Android dependency and is compiled and
+// tested on the JVM by ffi/tests/kotlin/run.sh. This file needs the Android
+// SDK and is not compiled in this repository's CI.
 
 package org.kerntun.android
 
+import android.app.ActivityManager
 import android.app.Notification
 import android.app.NotificationChannel
 import android.app.NotificationManager
 import android.app.PendingIntent
-import android.content.ComponentCallbacks2
 import android.content.Intent
+import android.content.pm.PackageManager
 import android.content.pm.ServiceInfo
+import android.net.ConnectivityManager
+import android.net.LinkProperties
+import android.net.Network
+import android.net.NetworkCapabilities
+import android.net.NetworkRequest
 import android.net.VpnService
 import android.os.Build
 import android.os.Handler
 import android.os.Looper
 import android.os.ParcelFileDescriptor
+import android.os.SystemClock
 import android.util.Log
 import androidx.core.app.NotificationCompat
 import androidx.core.app.ServiceCompat
@@ -46,7 +59,7 @@ import org.kerntun.TunOptions
 import org.kerntun.resolverAddresses
 
 abstract class KerntunVpnService : VpnService() {
-    /** The running engine, if any. Touched only on [worker]. */
+    /** The running engine, if any. Set and cleared on [worker]. */
     @Volatile
     protected var engine: Engine? = null
         private set
@@ -54,6 +67,11 @@ abstract class KerntunVpnService : VpnService() {
     /** Engine start/stop run here: start blocks until the engine is ready. */
     private val worker: ExecutorService = Executors.newSingleThreadExecutor()
     private val main = Handler(Looper.getMainLooper())
+
+    /** Touched on the main thread only. */
+    private val pressure = PressureTracker()
+    private var pressureSent = MemoryPressure.NORMAL
+    private var networkCallback: ConnectivityManager.NetworkCallback? = null
 
     /** The engine configuration. Keep addresses and MTU in agreement with [configureBuilder]. */
     open fun engineConfig(): EngineConfig = EngineConfig(
@@ -67,6 +85,14 @@ abstract class KerntunVpnService : VpnService() {
     )
 
     /**
+     * Which apps the VPN covers. Default: every app, this one included (its
+     * engine sockets leave through protect). See [AppRouting] and the
+     * "Routing" section of docs/integration-android.md before setting
+     * `bypassSelf`.
+     */
+    open val appRouting: AppRouting = AppRouting()
+
+    /**
      * DNS servers announced to the system when the engine's DNS service is off
      * (queries are relayed like any UDP flow). With `config.dns.enabled`, the
      * addresses the engine answers on ([resolverAddresses]) are announced instead.
@@ -77,24 +103,49 @@ abstract class KerntunVpnService : VpnService() {
     open val notificationTitle: String = "kerntun"
     open val notificationIcon: Int = android.R.drawable.stat_sys_upload_done
 
-    /** VpnService.Builder settings for [config]: gateway address per family, default routes, DNS, MTU. */
-    open fun configureBuilder(builder: Builder, config: EngineConfig) {
-        builder.setSession(notificationTitle)
-        builder.setMtu(if (config.tun.mtu.toInt() == 0) 9000 else config.tun.mtu.toInt())
+    /**
+     * VpnService.Builder settings for [config]: gateway address per family,
+     * default routes, DNS, MTU, the app routing. Every call goes through
+     * [builderStep], so a refused value surfaces as a [BuilderStepException]
+     * naming the call. Returns the packages of the routing that are not
+     * installed (skipped and logged; an allow list left empty by them is
+     * refused, since Android would then route every app into the VPN).
+     */
+    open fun configureBuilder(builder: Builder, config: EngineConfig): List<String> {
+        builderStep("setSession") { builder.setSession(notificationTitle) }
+        val mtu = if (config.tun.mtu.toInt() == 0) 9000 else config.tun.mtu.toInt()
+        builderStep("setMtu($mtu)") { builder.setMtu(mtu) }
         config.tun.ipv4?.let { cidr ->
-            val (address, prefix) = split(cidr)
-            builder.addAddress(address, prefix)
-            builder.addRoute("0.0.0.0", 0)
+            val (address, prefix) = builderStep("addAddress($cidr)") { splitCidr(cidr) }
+            builderStep("addAddress($cidr)") { builder.addAddress(address, prefix) }
+            builderStep("addRoute(0.0.0.0/0)") { builder.addRoute("0.0.0.0", 0) }
         }
         config.tun.ipv6?.let { cidr ->
-            val (address, prefix) = split(cidr)
-            builder.addAddress(address, prefix)
-            builder.addRoute("::", 0)
+            val (address, prefix) = builderStep("addAddress($cidr)") { splitCidr(cidr) }
+            builderStep("addAddress($cidr)") { builder.addAddress(address, prefix) }
+            builderStep("addRoute(::/0)") { builder.addRoute("::", 0) }
         }
         val engineResolvers = runCatching { resolverAddresses(config) }.getOrDefault(emptyList())
-        engineResolvers.ifEmpty { dnsServers }.forEach { builder.addDnsServer(it) }
-        // The app's own traffic (UI, API calls) stays outside the tunnel.
-        builder.addDisallowedApplication(packageName)
+        engineResolvers.ifEmpty { dnsServers }.forEach { dns ->
+            builderStep("addDnsServer($dns)") { builder.addDnsServer(dns) }
+        }
+        // Until the network callback names one: the system's default network.
+        builderStep("setUnderlyingNetworks(null)") { builder.setUnderlyingNetworks(null) }
+
+        val plan = appRouting.plan(packageName)
+        val missing = mutableListOf<String>()
+        for (pkg in plan.packages) {
+            try {
+                when (plan.mode) {
+                    AppRouting.Mode.ALLOW -> builderStep("addAllowedApplication($pkg)") { builder.addAllowedApplication(pkg) }
+                    AppRouting.Mode.DENY -> builderStep("addDisallowedApplication($pkg)") { builder.addDisallowedApplication(pkg) }
+                    AppRouting.Mode.ALL -> Unit
+                }
+            } catch (e: PackageManager.NameNotFoundException) {
+                missing += pkg
+            }
+        }
+        return missing
     }
 
     /** The app's hooks: protect outbound sockets, log to logcat. */
@@ -120,63 +171,191 @@ abstract class KerntunVpnService : VpnService() {
     override fun onStartCommand(intent: Intent?, flags: Int, startId: Int): Int {
         if (intent?.action == ACTION_STOP) {
             worker.execute {
-                stopEngine()
+                stopEngine(TunnelState.Stopped)
                 main.post { stopSelf() }
             }
             return START_NOT_STICKY
         }
-        goForeground(notification("starting"))
+        try {
+            goForeground(notification("starting"))
+        } catch (e: RuntimeException) {
+            // ForegroundServiceStartNotAllowedException (started from the
+            // background, API 31+), SecurityException (a missing permission).
+            fail(FailureKind.FOREGROUND, "startForeground was refused: $e")
+            return START_NOT_STICKY
+        }
         worker.execute { startEngine() }
         return START_STICKY
     }
 
+    /** Publishes [state] on the main thread (TunnelStatus listeners run there). */
+    private fun report(state: TunnelState) {
+        when (state) {
+            is TunnelState.Failed -> Log.e(TAG, "${state.kind}: ${state.message}")
+            else -> Log.i(TAG, "state: $state")
+        }
+        main.post { TunnelStatus.publish(state) }
+    }
+
+    /** Reports [kind] and stops the service: the one exit of every failed start. */
+    private fun fail(kind: FailureKind, message: String) {
+        report(TunnelState.Failed(kind, message))
+        main.post { stopSelf() }
+    }
+
     private fun startEngine() {
         if (engine != null) return
-        val config = engineConfig()
-        val builder = Builder()
-        configureBuilder(builder, config)
-        val pfd: ParcelFileDescriptor? = builder.establish()
-        if (pfd == null) {
-            // Not prepared (VpnService.prepare() was not accepted) or revoked.
-            Log.e(TAG, "VpnService.Builder.establish() returned null")
-            main.post { stopSelf() }
-            return
+        report(TunnelState.Starting)
+        PackagedAbis.unsupported(Build.SUPPORTED_ABIS.toList())?.let { return fail(FailureKind.UNSUPPORTED_ABI, it) }
+
+        val config: EngineConfig
+        val plan: AppRouting.Plan
+        try {
+            val requested = engineConfig()
+            plan = appRouting.plan(packageName)
+            config = requested.copy(stack = appRouting.stackFor(requested.stack))
+        } catch (e: IllegalArgumentException) {
+            return fail(FailureKind.APP_ROUTING, e.message ?: e.toString())
+        } catch (e: RuntimeException) {
+            return fail(FailureKind.CONFIG, "engineConfig() threw: $e")
         }
+
+        // configureBuilder touches the native library (resolverAddresses): a
+        // missing or unloadable library or JNA is a LinkageError.
+        val pfd: ParcelFileDescriptor?
+        try {
+            val builder = Builder()
+            val missing = configureBuilder(builder, config)
+            if (missing.isNotEmpty()) Log.w(TAG, "apps not installed, left out of the routing: $missing")
+            AppRouting.emptyAllowList(plan, plan.packages.size - missing.size)?.let {
+                return fail(FailureKind.APP_ROUTING, it)
+            }
+            pfd = builder.establish()
+        } catch (e: BuilderStepException) {
+            return fail(FailureKind.BUILDER, e.message ?: e.toString())
+        } catch (e: LinkageError) {
+            return fail(FailureKind.NATIVE_LIBRARY, "libkerntun_ffi.so or JNA could not be loaded: $e")
+        } catch (e: RuntimeException) {
+            // From establish(): IllegalStateException / IllegalArgumentException
+            // for settings the system refuses, SecurityException when not prepared.
+            return fail(FailureKind.ESTABLISH, "VpnService.Builder.establish() failed: $e")
+        }
+        if (pfd == null) {
+            return fail(FailureKind.NOT_PREPARED, "establish() returned null: VpnService.prepare() not accepted, or another VPN took over")
+        }
+
         val fd = pfd.detachFd()
         try {
-            engine = Engine.start(config, fd, hooks)
-            Log.i(TAG, "engine started on ${engine?.tunName() ?: "fd $fd"}")
-            main.post(statsTick)
+            val started = Engine.start(config, fd, hooks)
+            engine = started
+            report(TunnelState.Running(started.tunName() ?: "fd $fd"))
+            main.post {
+                watchNetworks()
+                main.post(statsTick)
+            }
         } catch (e: KerntunException) {
-            Log.e(TAG, "engine did not start: ${e.message}", e)
-            main.post { stopSelf() }
+            fail(FailureKind.ENGINE_START, "engine did not start: ${e.message}")
+        } catch (e: RuntimeException) {
+            fail(FailureKind.ENGINE_START, "engine did not start: $e")
+        } catch (e: LinkageError) {
+            fail(FailureKind.NATIVE_LIBRARY, "libkerntun_ffi.so or JNA could not be loaded: $e")
         } finally {
             // The engine works on its own duplicate of the descriptor.
             ParcelFileDescriptor.adoptFd(fd).close()
         }
     }
 
-    private fun stopEngine() {
-        main.removeCallbacks(statsTick)
+    /** Stops the engine (on [worker]) and reports [then]. */
+    private fun stopEngine(then: TunnelState) {
+        main.post {
+            main.removeCallbacks(statsTick)
+            unwatchNetworks()
+        }
         engine?.let {
             it.stop()
             it.close()
         }
         engine = null
+        report(then)
     }
 
-    /** Refresh the notification with live statistics once a second. */
+    /**
+     * Tells the system which network the tunnel's traffic really leaves on
+     * (for metering, the status bar and apps that check connectivity).
+     * The request is for a non-VPN network with internet (NetworkRequest
+     * asks for NOT_VPN by default), so the app's own VPN, which covers this
+     * app too, is never picked. API 31+: the best matching network; 28-30:
+     * requestNetwork; 26-27: the default network, VPNs filtered out.
+     */
+    private fun watchNetworks() {
+        if (networkCallback != null) return
+        val cm = getSystemService(ConnectivityManager::class.java) ?: return
+        val callback = object : ConnectivityManager.NetworkCallback() {
+            private fun use(network: Network?) {
+                try {
+                    setUnderlyingNetworks(network?.let { arrayOf(it) })
+                } catch (e: RuntimeException) {
+                    Log.w(TAG, "setUnderlyingNetworks failed: $e")
+                }
+            }
+
+            override fun onAvailable(network: Network) {
+                val caps = cm.getNetworkCapabilities(network)
+                if (caps == null || caps.hasCapability(NetworkCapabilities.NET_CAPABILITY_NOT_VPN)) use(network)
+            }
+
+            override fun onCapabilitiesChanged(network: Network, caps: NetworkCapabilities) {
+                if (caps.hasCapability(NetworkCapabilities.NET_CAPABILITY_NOT_VPN)) use(network)
+            }
+
+            override fun onLinkPropertiesChanged(network: Network, lp: LinkProperties) {
+                val caps = cm.getNetworkCapabilities(network)
+                if (caps == null || caps.hasCapability(NetworkCapabilities.NET_CAPABILITY_NOT_VPN)) use(network)
+            }
+
+            override fun onLost(network: Network) = use(null)
+        }
+        val request = NetworkRequest.Builder()
+            .addCapability(NetworkCapabilities.NET_CAPABILITY_INTERNET)
+            .addCapability(NetworkCapabilities.NET_CAPABILITY_NOT_RESTRICTED)
+            .build()
+        try {
+            when {
+                Build.VERSION.SDK_INT >= 31 -> cm.registerBestMatchingNetworkCallback(request, callback, main)
+                Build.VERSION.SDK_INT >= 28 -> cm.requestNetwork(request, callback, main)
+                else -> cm.registerDefaultNetworkCallback(callback, main)
+            }
+            networkCallback = callback
+        } catch (e: RuntimeException) {
+            // SecurityException / TooManyRequestsException: the tunnel runs
+            // on with the system default as its underlying network.
+            Log.w(TAG, "network callback not registered: $e")
+        }
+    }
+
+    private fun unwatchNetworks() {
+        val callback = networkCallback ?: return
+        networkCallback = null
+        try {
+            getSystemService(ConnectivityManager::class.java)?.unregisterNetworkCallback(callback)
+        } catch (e: RuntimeException) {
+            Log.w(TAG, "unregisterNetworkCallback: $e")
+        }
+    }
+
+    /** Refresh the notification and the memory pressure once a second. */
     private val statsTick = object : Runnable {
         override fun run() {
             val e = engine ?: return
             if (!e.isRunning()) {
-                Log.e(TAG, "engine stopped: ${e.error()}")
+                val why = e.error() ?: "unknown error"
                 worker.execute {
-                    stopEngine()
+                    stopEngine(TunnelState.Failed(FailureKind.ENGINE_DIED, why))
                     main.post { stopSelf() }
                 }
                 return
             }
+            pollMemoryInfo()
             val s = e.stats()
             val text = "↑ ${human(s.tcpBytesUp + s.udpBytesUp)}  ↓ ${human(s.tcpBytesDown + s.udpBytesDown)}  " +
                 "· ${s.tcpSessionsActive} TCP · ${s.udpFlowsActive} UDP"
@@ -185,29 +364,43 @@ abstract class KerntunVpnService : VpnService() {
         }
     }
 
-    @Suppress("DEPRECATION") // The RUNNING_* levels are still delivered to running services.
+    private fun pollMemoryInfo() {
+        val am = getSystemService(ActivityManager::class.java) ?: return
+        val info = ActivityManager.MemoryInfo()
+        am.getMemoryInfo(info)
+        applyPressure(pressure.onMemoryInfo(info.lowMemory, info.availMem, info.threshold, SystemClock.elapsedRealtime()))
+    }
+
+    private fun applyPressure(tier: MemoryPressure) {
+        if (tier == pressureSent) return
+        pressureSent = tier
+        Log.i(TAG, "memory pressure: $tier")
+        engine?.setMemoryPressure(tier)
+    }
+
+    /**
+     * Android 14+ delivers only UI_HIDDEN and BACKGROUND here; older
+     * releases the RUNNING_* levels too. [PressureTracker] maps them and
+     * lets a raised tier decay (KerntunPolicy.kt).
+     */
     override fun onTrimMemory(level: Int) {
         super.onTrimMemory(level)
-        val pressure = when {
-            level == ComponentCallbacks2.TRIM_MEMORY_RUNNING_CRITICAL ||
-                level >= ComponentCallbacks2.TRIM_MEMORY_COMPLETE -> MemoryPressure.CRITICAL
-            level == ComponentCallbacks2.TRIM_MEMORY_RUNNING_LOW ||
-                level >= ComponentCallbacks2.TRIM_MEMORY_MODERATE -> MemoryPressure.ELEVATED
-            else -> MemoryPressure.NORMAL
-        }
-        engine?.setMemoryPressure(pressure)
+        val now = SystemClock.elapsedRealtime()
+        main.post { applyPressure(pressure.onTrim(level, now)) }
     }
 
     override fun onRevoke() {
         // Another VPN took over, or the user revoked the permission.
         worker.execute {
-            stopEngine()
+            stopEngine(TunnelState.Failed(FailureKind.REVOKED, "the VPN was revoked (another VPN app, or the user)"))
             main.post { stopSelf() }
         }
     }
 
     override fun onDestroy() {
-        worker.execute { stopEngine() }
+        worker.execute {
+            if (engine != null) stopEngine(TunnelState.Stopped)
+        }
         worker.shutdown()
         super.onDestroy()
     }
@@ -245,13 +438,6 @@ abstract class KerntunVpnService : VpnService() {
         private const val TAG = "kerntun"
         private const val CHANNEL = "kerntun"
         private const val NOTIFICATION_ID = 0x6b74
-
-        /** "198.18.0.1/16" -> ("198.18.0.1", 16). */
-        fun split(cidr: String): Pair<String, Int> {
-            val slash = cidr.indexOf('/')
-            require(slash > 0) { "expected address/prefix, got $cidr" }
-            return cidr.substring(0, slash) to cidr.substring(slash + 1).toInt()
-        }
 
         fun human(bytes: ULong): String {
             val b = bytes.toDouble()

@@ -1,0 +1,237 @@
+#!/usr/bin/env bash
+# Release KerntunFFI.xcframework for SwiftPM: build it, zip it, print the
+# checksum SwiftPM verifies, and write URL + checksum into apple/Package.swift.
+#
+#   apple/release-xcframework.sh release URL     on a Mac with Xcode: build-xcframework.sh,
+#                                                zip, checksum, set-release URL CHECKSUM.
+#                                                URL is where the zip will be downloadable
+#                                                (e.g. a release asset .../KerntunFFI.xcframework.zip)
+#   apple/release-xcframework.sh zip XCFRAMEWORK OUT.zip
+#                                                zip an .xcframework the way SwiftPM expects
+#                                                (the .xcframework directory at the top of the
+#                                                archive), reproducibly, and print its checksum
+#   apple/release-xcframework.sh checksum FILE.zip
+#                                                the SwiftPM checksum of a zip: the hex SHA-256 of
+#                                                its bytes, what `swift package compute-checksum`
+#                                                prints
+#   apple/release-xcframework.sh set-release URL CHECKSUM
+#                                                write the release section of apple/Package.swift
+#                                                (PACKAGE_SWIFT=path for another file);
+#                                                set-release "" "" goes back to the local framework
+#   apple/release-xcframework.sh self-test       every part that needs no Xcode, on a fake
+#                                                framework (runs on Linux)
+#
+# Only `release` needs macOS and Xcode (xcodebuild, lipo); the rest needs
+# python3.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/.." && pwd)
+
+die() { echo "release-xcframework.sh: $*" >&2; exit 1; }
+
+# checksum FILE.zip
+checksum() {
+    local file=$1
+    [[ -f "$file" ]] || die "no such file: $file"
+    [[ "$file" == *.zip ]] || die "$file: SwiftPM binary targets are .zip archives"
+    python3 - "$file" <<'PY'
+import hashlib, sys
+h = hashlib.sha256()
+with open(sys.argv[1], "rb") as f:
+    for chunk in iter(lambda: f.read(1 << 20), b""):
+        h.update(chunk)
+print(h.hexdigest())
+PY
+}
+
+# zip_framework XCFRAMEWORK OUT.zip: entries sorted, timestamps fixed, modes
+# kept, symlinks stored as links: the same tree always gives the same bytes,
+# so the same build gives the same checksum.
+zip_framework() {
+    local src=$1 out=$2
+    [[ -d "$src" && "$src" == *.xcframework ]] || die "$src: not an .xcframework directory"
+    [[ -f "$src/Info.plist" ]] || die "$src: no Info.plist (not built by xcodebuild -create-xcframework?)"
+    python3 - "$src" "$out" <<'PY'
+import os, stat, sys, zipfile
+src, out = os.path.abspath(sys.argv[1]), sys.argv[2]
+base = os.path.dirname(src)
+entries = []
+for dirpath, dirnames, filenames in os.walk(src):
+    dirnames.sort()
+    for name in sorted(dirnames) + sorted(filenames):
+        entries.append(os.path.join(dirpath, name))
+entries.sort()
+with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as z:
+    top = zipfile.ZipInfo(os.path.basename(src) + "/", date_time=(1980, 1, 1, 0, 0, 0))
+    top.external_attr = (stat.S_IFDIR | 0o755) << 16
+    z.writestr(top, b"")
+    for path in entries:
+        rel = os.path.relpath(path, base)
+        st = os.lstat(path)
+        if stat.S_ISLNK(st.st_mode):
+            info = zipfile.ZipInfo(rel, date_time=(1980, 1, 1, 0, 0, 0))
+            info.external_attr = (stat.S_IFLNK | 0o777) << 16
+            info.create_system = 3
+            z.writestr(info, os.readlink(path))
+        elif stat.S_ISDIR(st.st_mode):
+            info = zipfile.ZipInfo(rel + "/", date_time=(1980, 1, 1, 0, 0, 0))
+            info.external_attr = (stat.S_IFDIR | 0o755) << 16
+            info.create_system = 3
+            z.writestr(info, b"")
+        else:
+            info = zipfile.ZipInfo(rel, date_time=(1980, 1, 1, 0, 0, 0))
+            info.external_attr = (stat.S_IFREG | (0o755 if st.st_mode & 0o111 else 0o644)) << 16
+            info.create_system = 3
+            info.compress_type = zipfile.ZIP_DEFLATED
+            with open(path, "rb") as f:
+                z.writestr(info, f.read())
+PY
+    echo "$out"
+    echo "checksum: $(checksum "$out")"
+}
+
+# set_release URL CHECKSUM
+set_release() {
+    local url=$1 sum=$2 manifest=${PACKAGE_SWIFT:-$here/Package.swift}
+    if [[ -n "$url$sum" ]]; then
+        [[ "$url" == https://*.zip ]] || die "URL must be an https:// address of the .zip: $url"
+        [[ "$sum" =~ ^[0-9a-f]{64}$ ]] || die "checksum must be 64 lowercase hex digits (SHA-256): $sum"
+    fi
+    python3 - "$manifest" "$url" "$sum" <<'PY'
+import re, sys
+path, url, checksum = sys.argv[1:4]
+text = open(path).read()
+begin, end = "// BEGIN release", "// END release"
+if text.count(begin) != 1 or text.count(end) != 1:
+    sys.exit(f"{path}: expected one '{begin}' ... '{end}' section")
+head, rest = text.split(begin, 1)
+section, tail = rest.split(end, 1)
+first_line = section.split("\n", 1)[0]
+section = first_line + "\n" + f'let releaseURL = "{url}"\nlet releaseChecksum = "{checksum}"\n'
+open(path, "w").write(head + begin + section + end + tail)
+PY
+    if [[ -n "$url" ]]; then
+        echo "$manifest: release $url ($sum)"
+    else
+        echo "$manifest: release section cleared (the local KerntunFFI.xcframework is used)"
+    fi
+}
+
+release() {
+    local url=${1:-}
+    [[ -n "$url" ]] || die "usage: $0 release URL (where the zip will be published)"
+    [[ $(uname) == Darwin ]] || die "release builds the xcframework and needs macOS with Xcode; here: $(uname). The zip, checksum and set-release steps run anywhere (see $0 self-test)"
+    command -v xcodebuild >/dev/null || die "xcodebuild not found: install Xcode and run xcode-select"
+    command -v lipo >/dev/null || die "lipo not found: install the Xcode command line tools"
+    bash "$here/build-xcframework.sh"
+    local out="$here/build/KerntunFFI.xcframework.zip" sum
+    mkdir -p "$here/build"
+    rm -f "$out"
+    zip_framework "$here/KerntunFFI.xcframework" "$out" >/dev/null
+    sum=$(checksum "$out")
+    # Cross-check with SwiftPM's own computation where it is available.
+    if command -v swift >/dev/null; then
+        local swiftpm
+        swiftpm=$(cd "$here" && swift package compute-checksum "$out")
+        [[ "$swiftpm" == "$sum" ]] || die "swift package compute-checksum says $swiftpm, sha256 says $sum"
+    fi
+    set_release "$url" "$sum"
+    cat <<EOF
+
+zip:      $out
+checksum: $sum
+url:      $url
+
+Next: upload the zip to exactly that URL, commit apple/Package.swift, tag.
+Apps then resolve KerntunFFI by URL; KERNTUN_LOCAL_XCFRAMEWORK=1 (or
+set-release "" "") switches back to apple/KerntunFFI.xcframework.
+EOF
+}
+
+self_test() {
+    selftest_tmp=$(mktemp -d)
+    trap 'rm -rf "$selftest_tmp"' EXIT
+    local tmp=$selftest_tmp
+    ok() { echo "ok   $*"; }
+    # A fake framework with the layout xcodebuild produces for static libraries.
+    local fw="$tmp/KerntunFFI.xcframework"
+    mkdir -p "$fw/ios-arm64/Headers" "$fw/macos-arm64_x86_64/Headers"
+    printf '<?xml version="1.0"?><plist version="1.0"><dict/></plist>\n' >"$fw/Info.plist"
+    head -c 100000 /dev/urandom >"$fw/ios-arm64/libkerntun_ffi.a"
+    cp "$root/apple/Headers/KerntunFFI.h" "$fw/ios-arm64/Headers/"
+    cp "$root/apple/Headers/module.modulemap" "$fw/ios-arm64/Headers/"
+    head -c 50000 /dev/urandom >"$fw/macos-arm64_x86_64/libkerntun_ffi.a"
+    ln -s ../ios-arm64/Headers "$fw/macos-arm64_x86_64/Headers/link"
+
+    zip_framework "$fw" "$tmp/a.zip" >"$tmp/zip.out"
+    sleep 1
+    touch "$fw/Info.plist"
+    zip_framework "$fw" "$tmp/b.zip" >/dev/null
+    cmp -s "$tmp/a.zip" "$tmp/b.zip" || die "self-test: zipping the same tree twice gave different bytes"
+    ok "zip is reproducible (same tree, later mtimes: same bytes)"
+
+    local sum
+    sum=$(checksum "$tmp/a.zip")
+    [[ "$sum" == "$(sha256sum "$tmp/a.zip" | cut -d' ' -f1)" ]] || die "self-test: checksum is not the SHA-256 of the zip"
+    grep -q "checksum: $sum" "$tmp/zip.out" || die "self-test: zip did not print the checksum"
+    ok "checksum = sha256 of the zip ($sum)"
+
+    python3 - "$tmp/a.zip" "$fw" <<'PY' || die "self-test: the zip does not hold the framework as SwiftPM expects"
+import os, sys, zipfile
+z = zipfile.ZipFile(sys.argv[1])
+names = z.namelist()
+assert all(n.startswith("KerntunFFI.xcframework/") for n in names), names
+assert "KerntunFFI.xcframework/Info.plist" in names
+for rel in ("ios-arm64/libkerntun_ffi.a", "ios-arm64/Headers/KerntunFFI.h", "macos-arm64_x86_64/libkerntun_ffi.a"):
+    with open(os.path.join(sys.argv[2], rel), "rb") as f:
+        assert z.read("KerntunFFI.xcframework/" + rel) == f.read(), rel
+link = z.getinfo("KerntunFFI.xcframework/macos-arm64_x86_64/Headers/link")
+assert (link.external_attr >> 16) & 0o170000 == 0o120000 and z.read(link) == b"../ios-arm64/Headers"
+PY
+    ok "the archive holds KerntunFFI.xcframework/ at its top, contents and symlinks intact"
+
+    if command -v unzip >/dev/null; then
+        mkdir "$tmp/unz" && (cd "$tmp/unz" && unzip -q "$tmp/a.zip")
+        cmp -s "$fw/ios-arm64/libkerntun_ffi.a" "$tmp/unz/KerntunFFI.xcframework/ios-arm64/libkerntun_ffi.a" \
+            || die "self-test: unzip(1) does not restore the library"
+        ok "unzip(1), which SwiftPM uses to extract, restores it"
+    fi
+
+    if (checksum "$tmp/KerntunFFI.xcframework/Info.plist" >/dev/null 2>&1); then die "self-test: a non-zip was accepted"; fi
+    ok "checksum refuses a file that is not a .zip"
+
+    cp "$here/Package.swift" "$tmp/Package.swift"
+    PACKAGE_SWIFT="$tmp/Package.swift" set_release "https://example.com/v1/KerntunFFI.xcframework.zip" "$sum" >/dev/null
+    grep -qx 'let releaseURL = "https://example.com/v1/KerntunFFI.xcframework.zip"' "$tmp/Package.swift" \
+        && grep -qx "let releaseChecksum = \"$sum\"" "$tmp/Package.swift" \
+        || die "self-test: set-release did not write the section"
+    grep -q 'binaryTarget(name: "KerntunFFI", url: releaseURL, checksum: releaseChecksum)' "$tmp/Package.swift" \
+        || die "self-test: Package.swift lost its url + checksum target"
+    ok "set-release writes URL and checksum into Package.swift's release section"
+    PACKAGE_SWIFT="$tmp/Package.swift" set_release "" "" >/dev/null
+    cmp -s "$here/Package.swift" "$tmp/Package.swift" || die "self-test: set-release \"\" \"\" did not restore the committed manifest"
+    ok "set-release \"\" \"\" restores the committed (local framework) manifest byte for byte"
+    if (PACKAGE_SWIFT="$tmp/Package.swift" set_release "http://example.com/x.zip" "$sum" >/dev/null 2>&1); then
+        die "self-test: a plain-http URL was accepted"
+    fi
+    if (PACKAGE_SWIFT="$tmp/Package.swift" set_release "https://example.com/x.zip" "ABC" >/dev/null 2>&1); then
+        die "self-test: a malformed checksum was accepted"
+    fi
+    ok "set-release refuses a non-https URL and a malformed checksum"
+
+    if [[ $(uname) != Darwin ]]; then
+        if (release "https://example.com/x.zip" >/dev/null 2>"$tmp/err"); then die "self-test: release ran without Xcode"; fi
+        grep -q 'needs macOS with Xcode' "$tmp/err" || die "self-test: release failed without saying why: $(cat "$tmp/err")"
+        ok "release without macOS stops with: $(head -c 80 "$tmp/err")..."
+    fi
+    echo "release-xcframework.sh self-test passed"
+}
+
+case "${1:-}" in
+release) shift; release "$@" ;;
+zip) (($# == 3)) || die "usage: $0 zip XCFRAMEWORK OUT.zip"; zip_framework "$2" "$3" ;;
+checksum) (($# == 2)) || die "usage: $0 checksum FILE.zip"; checksum "$2" ;;
+set-release) (($# == 3)) || die "usage: $0 set-release URL CHECKSUM"; set_release "$2" "$3" ;;
+self-test) self_test ;;
+*) sed -n '2,26p' "$0" >&2; exit 2 ;;
+esac
