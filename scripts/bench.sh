@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The benchmark page in one command, as root, from anywhere in the repository:
 #
-#     sudo scripts/bench.sh [harness options]
+#     bash scripts/bench.sh [harness options]
 #
 # Installs what is missing (Debian: iperf3, python3-matplotlib, iproute2,
 # linux-perf), builds the release engine and the harness, runs the criterion
@@ -31,11 +31,11 @@ if [[ ${1:-} == -h || ${1:-} == --help ]]; then
 fi
 
 if [[ $EUID -ne 0 ]]; then
-    echo "bench.sh: needs root (network namespaces, veth, a TUN device): sudo $0 $*" >&2
+    echo "bench.sh: needs root (network namespaces, veth, a TUN device): run it in a root shell, or with sudo (sudo env PATH=\"\$PATH\" bash $0 $*)" >&2
     exit 2
 fi
 if ! command -v cargo >/dev/null; then
-    echo "bench.sh: cargo not on root's PATH; try: sudo env PATH=\"\$PATH\" $0 $*" >&2
+    echo "bench.sh: cargo not on PATH (when started through sudo: sudo env PATH=\"\$PATH\" bash $0 $*)" >&2
     exit 2
 fi
 
@@ -85,5 +85,5 @@ fi
 exec "$target/release/kerntun-netbench" \
     --engine "$target/release/kerntun" \
     --python "$python" \
-    --command "sudo scripts/bench.sh${*:+ $*}" \
+    --command "bash scripts/bench.sh${*:+ $*}" \
     "$@"

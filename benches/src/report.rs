@@ -114,7 +114,7 @@ pub fn render(records: &[Record], chart: &str) -> String {
     );
     let cmd = v
         .meta
-        .map_or("sudo scripts/bench.sh", |m| m.command.as_str());
+        .map_or("bash scripts/bench.sh", |m| m.command.as_str());
     let _ = writeln!(p, "```sh\n{cmd}\n```\n");
     let _ = writeln!(
         p,

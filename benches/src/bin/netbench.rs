@@ -373,7 +373,7 @@ fn prerequisites(args: &Args) -> Result<(), String> {
     let mut missing = Vec::new();
     let mut apt = Vec::new();
     if !nix::unistd::geteuid().is_root() {
-        missing.push("root (namespaces, veth and a TUN device): run with sudo".to_string());
+        missing.push("root (namespaces, veth and a TUN device): run as root".to_string());
     }
     if !Path::new("/dev/net/tun").exists() {
         missing.push("/dev/net/tun (modprobe tun, or mknod /dev/net/tun c 10 200)".into());
