@@ -2,7 +2,8 @@
 //!
 //! * `kerntun run`: run the engine on a TUN device (created, or an inherited
 //!   `--tun-fd`) from a TOML config plus flags, printing statistics as JSON
-//!   lines until SIGINT/SIGTERM.
+//!   lines until SIGINT, SIGTERM or SIGHUP (each stops the engine and prints
+//!   the final statistics).
 //! * `kerntun demo`: as root, build a client and a server namespace joined by
 //!   veth, start the engine on a TUN in the client namespace, move real TCP
 //!   and UDP traffic through it with byte-for-byte checks, print throughput
