@@ -511,11 +511,14 @@ impl AutoRoute {
         match plan.dns {
             DnsSetup::Off | DnsSetup::Auto => {}
             DnsSetup::Resolvectl => {
-                self.state.resolvectl = Some(tun.to_owned());
-                self.save()?;
                 let mut a = vec!["dns", tun];
                 a.extend(addrs.iter().map(String::as_str));
                 run_cmd("resolvectl", &a)?;
+                // Recorded once there is something to revert (the per-link
+                // settings also go away with the TUN, so a crash right
+                // here leaves nothing behind).
+                self.state.resolvectl = Some(tun.to_owned());
+                self.save()?;
                 run_cmd("resolvectl", &["domain", tun, "~."])?;
                 run_cmd("resolvectl", &["default-route", tun, "yes"])?;
                 tracing::info!(

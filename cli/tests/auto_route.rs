@@ -195,6 +195,11 @@ impl Net {
     /// Start `kerntun run --auto-route` in the host namespace and wait until
     /// its last setup step (the resolv.conf naming the engine) is done.
     fn start(&self, route_from: bool) -> Running {
+        self.start_with(route_from, &[])
+    }
+
+    /// The flags of every run here; `extra` adds to them.
+    fn args(&self, route_from: bool, extra: &[&str]) -> Vec<String> {
         let config = self.config.to_string_lossy().into_owned();
         let mut args = vec![
             "run",
@@ -209,13 +214,27 @@ impl Net {
             "--stats-interval",
             "0",
             "--auto-route",
-            "--dns-setup",
-            "resolv-conf",
         ];
         if route_from {
             args.extend_from_slice(&["--route-from", "lan0"]);
         }
-        let mut run = Running::in_netns(self.host.name(), &args);
+        args.extend_from_slice(extra);
+        args.into_iter().map(str::to_owned).collect()
+    }
+
+    /// `kerntun run` with `extra` flags in the host namespace.
+    fn spawn(&self, route_from: bool, extra: &[&str], env: &[(&str, String)]) -> Running {
+        let args = self.args(route_from, extra);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        Running::in_netns_env(self.host.name(), &args, env)
+    }
+
+    /// Start with `extra` flags and wait until its last setup step (the
+    /// resolv.conf naming the engine) is done.
+    fn start_with(&self, route_from: bool, extra: &[&str]) -> Running {
+        let mut extra = extra.to_vec();
+        extra.extend_from_slice(&["--dns-setup", "resolv-conf"]);
+        let mut run = self.spawn(route_from, &extra, &[]);
         let mark = format!("pid {}", run.pid());
         let ready = wait_until(Duration::from_secs(15), || {
             self.resolv_conf().contains(&mark) || run.exited().is_some()
@@ -257,11 +276,20 @@ fn stop(run: Running) -> (serde_json::Value, String) {
 }
 
 #[test]
-fn host_and_forwarded_traffic_go_through_the_engine_and_routing_is_restored() {
+fn host_and_forwarded_traffic_go_through_smoltcp_and_routing_is_restored() {
+    host_and_forwarded_traffic("ar1", "smoltcp");
+}
+
+#[test]
+fn host_and_forwarded_traffic_go_through_the_system_stack_and_routing_is_restored() {
+    host_and_forwarded_traffic("ar3", "system");
+}
+
+fn host_and_forwarded_traffic(tag: &str, stack: &str) {
     require_root!();
-    let net = Net::new("ar1");
+    let net = Net::new(tag);
     let before = net.snapshot();
-    let run = net.start(true);
+    let run = net.start_with(true, &["--stack", stack]);
     let during = net.snapshot();
     for want in [
         "7460:\tfrom all fwmark 0x6b74 lookup main proto 107",
@@ -359,4 +387,70 @@ fn a_killed_run_is_cleaned_up_by_the_next_start() {
     );
     assert_eq!(stats["tcp_sessions_total"], 2, "{stats}");
     assert_eq!(net.snapshot(), before, "nothing of either run is left");
+}
+
+#[test]
+fn a_second_run_is_refused_while_the_first_routes() {
+    require_root!();
+    let net = Net::new("ar4");
+    let before = net.snapshot();
+    let first = net.start(false);
+    let during = net.snapshot();
+    // The same TUN name: were the routing state not checked before the
+    // engine starts, the error would be about the busy device instead.
+    let second = net.spawn(false, &["--dns-setup", "off"], &[]);
+    let (status, _, err) = second.wait(Duration::from_secs(15));
+    assert_eq!(status.code(), Some(1), "second run refused: {err}");
+    assert!(
+        err.contains(&format!(
+            "kerntun pid {} already routes this network namespace",
+            first.pid()
+        )),
+        "the refusal names the running one:\n{err}"
+    );
+    assert_eq!(net.snapshot(), during, "the refused run changed nothing");
+    net.tcp_from(&net.host, false, 8);
+    let (stats, _) = stop(first);
+    assert_eq!(stats["tcp_sessions_total"], 1, "{stats}");
+    assert_eq!(net.snapshot(), before);
+}
+
+#[test]
+fn a_failed_setup_step_undoes_the_steps_before_it() {
+    require_root!();
+    let net = Net::new("ar5");
+    let before = net.snapshot();
+    // A resolvectl that fails, found first on PATH for this run only: the
+    // DNS step comes last, after the rules, routes and sysctls.
+    let bin = net.etc.join("bin");
+    std::fs::create_dir_all(&bin).expect("mkdir");
+    let fake = bin.join("resolvectl");
+    std::fs::write(
+        &fake,
+        "#!/bin/sh\necho 'Failed to set DNS configuration: test' >&2\nexit 1\n",
+    )
+    .expect("write fake resolvectl");
+    std::fs::set_permissions(&fake, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        .expect("chmod");
+    let path = format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let run = net.spawn(true, &["--dns-setup", "resolvectl"], &[("PATH", path)]);
+    let (status, out, err) = run.wait(Duration::from_secs(15));
+    assert_eq!(status.code(), Some(1), "setup failed: {err}");
+    assert!(
+        err.contains("`resolvectl dns ktar0 198.18.0.3 fd00:18::3` failed: Failed to set DNS configuration: test"),
+        "the error names the command and its message:\n{err}"
+    );
+    assert!(
+        stats_lines(&out).is_empty(),
+        "no engine run to report:\n{out}"
+    );
+    assert_eq!(
+        net.snapshot(),
+        before,
+        "rules, routes and sysctls removed again"
+    );
 }

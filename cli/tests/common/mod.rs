@@ -24,10 +24,16 @@ impl Running {
     /// `ip netns exec NS kerntun ARGS` (`ip` execs the command, so the
     /// child's pid is kerntun's own and signals reach it directly).
     pub fn in_netns(ns: &str, args: &[&str]) -> Running {
+        Running::in_netns_env(ns, args, &[])
+    }
+
+    /// [`Running::in_netns`] with extra environment variables.
+    pub fn in_netns_env(ns: &str, args: &[&str], env: &[(&str, String)]) -> Running {
         let mut full = vec!["netns", "exec", ns, KERNTUN];
         full.extend_from_slice(args);
         let child = Command::new("ip")
             .args(&full)
+            .envs(env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
