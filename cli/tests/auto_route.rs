@@ -22,6 +22,9 @@ mod common;
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::time::Duration;
 
 use common::{Running, stats_lines, wait_until};
@@ -32,6 +35,8 @@ use nix::sys::signal::Signal;
 
 const SERVER4: &str = "10.233.99.1";
 const SERVER6: &str = "fd00:233:99::1";
+/// The Shadowsocks server, also reached only by the host's default route.
+const SS_SERVER: &str = "10.233.99.2";
 const NAME: &str = "server.kt.test";
 const TUN: &str = "ktar0";
 
@@ -39,8 +44,7 @@ const TUN: &str = "ktar0";
 /// engine's config file; all removed on drop.
 struct Net {
     host: Netns,
-    /// Held for its drop, which deletes the namespace.
-    _server: Netns,
+    server: Netns,
     lan: Netns,
     tcp4: servers::Server,
     tcp6: servers::Server,
@@ -104,6 +108,9 @@ impl Net {
         server
             .ip(&["-6", "addr", "add", &format!("{SERVER6}/128"), "dev", "lo"])
             .expect("server addr6");
+        server
+            .ip(&["addr", "add", &format!("{SS_SERVER}/32"), "dev", "lo"])
+            .expect("ss server addr");
         host.ip(&["route", "add", "default", "via", "10.233.1.2"])
             .expect("default");
         host.ip(&["-6", "route", "add", "default", "via", "fd00:233:1::2"])
@@ -148,7 +155,7 @@ impl Net {
         .expect("config");
         Net {
             host,
-            _server: server,
+            server,
             lan,
             tcp4,
             tcp6,
@@ -157,6 +164,13 @@ impl Net {
             etc,
             config,
         }
+    }
+
+    /// Append `toml` to the engine's config file.
+    fn add_config(&self, toml: &str) {
+        let mut text = std::fs::read_to_string(&self.config).expect("read config");
+        text += toml;
+        std::fs::write(&self.config, text).expect("write config");
     }
 
     fn resolv_conf(&self) -> String {
@@ -453,4 +467,108 @@ fn a_failed_setup_step_undoes_the_steps_before_it() {
         before,
         "rules, routes and sysctls removed again"
     );
+}
+
+/// shadowsocks-rust's server (TCP and UDP) on a thread inside `ns`, until
+/// dropped; `relayed` counts the bytes it moved.
+struct SsServer {
+    stop: Arc<AtomicBool>,
+    relayed: Arc<AtomicU64>,
+    handle: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for SsServer {
+    fn drop(&mut self) {
+        self.stop.store(true, Relaxed);
+        if let Some(h) = self.handle.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+fn ss_server(ns: &Netns, addr: SocketAddr, method: &str, password: &str) -> SsServer {
+    use shadowsocks_service::shadowsocks::config::{Mode, ServerConfig};
+    use shadowsocks_service::shadowsocks::crypto::CipherKind;
+    let kind: CipherKind = method.parse().expect("method");
+    let password = password.to_owned();
+    let stop = Arc::new(AtomicBool::new(false));
+    let relayed = Arc::new(AtomicU64::new(0));
+    let (tx, rx) = std::sync::mpsc::channel::<Result<(), String>>();
+    let (stop2, relayed2) = (stop.clone(), relayed.clone());
+    let handle = ns
+        .spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime");
+            rt.block_on(async move {
+                let mut cfg = match ServerConfig::new(addr, password, kind) {
+                    Ok(c) => c,
+                    Err(e) => {
+                        let _ = tx.send(Err(format!("{e:?}")));
+                        return;
+                    }
+                };
+                cfg.set_mode(Mode::TcpAndUdp);
+                let builder = shadowsocks_service::server::ServerBuilder::new(cfg);
+                let flow = builder.flow_stat();
+                let server = match builder.build().await {
+                    Ok(s) => s,
+                    Err(e) => {
+                        let _ = tx.send(Err(e.to_string()));
+                        return;
+                    }
+                };
+                let _ = tx.send(Ok(()));
+                // Polled every 20 ms: the stop flag ends the server.
+                let watch = async {
+                    while !stop2.load(Relaxed) {
+                        relayed2.store(flow.tx() + flow.rx(), Relaxed);
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                };
+                tokio::select! {
+                    _ = server.run() => {}
+                    () = watch => {}
+                }
+            });
+        })
+        .expect("spawn");
+    rx.recv_timeout(Duration::from_secs(10))
+        .expect("ss server reported")
+        .expect("ss server bound");
+    SsServer {
+        stop,
+        relayed,
+        handle: Some(handle),
+    }
+}
+
+#[test]
+fn host_and_forwarded_traffic_go_through_shadowsocks() {
+    require_root!();
+    let net = Net::new("ar6");
+    let ss_addr: SocketAddr = format!("{SS_SERVER}:8388").parse().expect("addr");
+    let ss = ss_server(&net.server, ss_addr, "aes-256-gcm", "kerntun-auto-route");
+    net.add_config(&format!(
+        "\n[outbounds.ss]\ntype = \"shadowsocks\"\nserver = \"{ss_addr}\"\n\
+         method = \"aes-256-gcm\"\npassword = \"kerntun-auto-route\"\n\n\
+         [[rules]]\naction = \"ss\"\n"
+    ));
+    let before = net.snapshot();
+    let run = net.start(true);
+    net.tcp_from(&net.host, false, 11);
+    net.tcp_from(&net.lan, false, 12);
+    let (stats, _) = stop(run);
+    let ss_stats = &stats["outbounds"][0];
+    assert_eq!(ss_stats["name"], "ss", "{stats}");
+    assert_eq!(
+        ss_stats["tcp_connects"], 2,
+        "the host's and the LAN's connection went to the Shadowsocks server: {stats}"
+    );
+    assert!(
+        ss.relayed.load(Relaxed) >= 2 * 256 * 1024,
+        "the server relayed both transfers"
+    );
+    assert_eq!(net.snapshot(), before);
 }
