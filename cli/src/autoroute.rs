@@ -586,3 +586,74 @@ impl Drop for AutoRoute {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plan(cfg: &mut Config, route_from: &[&str]) -> Result<Plan, String> {
+        let from: Vec<String> = route_from.iter().map(|s| (*s).to_owned()).collect();
+        Plan::new(cfg, &from, DnsSetup::Off)
+    }
+
+    #[test]
+    fn the_engine_sockets_get_a_mark_when_none_is_configured() {
+        let mut cfg = Config::default();
+        assert_eq!(plan(&mut cfg, &[]).expect("plan").fwmark, DEFAULT_FWMARK);
+        assert_eq!(
+            cfg.direct.fwmark,
+            Some(DEFAULT_FWMARK),
+            "given to the engine"
+        );
+        let mut cfg = Config::default();
+        cfg.direct.fwmark = Some(0x2a);
+        assert_eq!(
+            plan(&mut cfg, &[]).expect("plan").fwmark,
+            0x2a,
+            "the configured one wins"
+        );
+        cfg.direct.fwmark = Some(0);
+        let e = plan(&mut cfg, &[]).expect_err("mark 0 marks nothing");
+        assert!(e.contains("fwmark 0"), "{e}");
+    }
+
+    #[test]
+    fn an_unknown_route_from_interface_is_named() {
+        let mut cfg = Config::default();
+        let e = plan(&mut cfg, &["no-such-if0"]).expect_err("refused");
+        assert_eq!(e, "--route-from no-such-if0: no such network interface");
+        let e = plan(&mut cfg, &["../lo"]).expect_err("not a path");
+        assert!(e.contains("no such network interface"), "{e}");
+    }
+
+    #[test]
+    fn resolvers_follow_the_dns_section() {
+        let mut cfg = Config::default();
+        cfg.tun.ipv6 = Some("fd00:18::1/64".parse().expect("net"));
+        let p = plan(&mut cfg, &[]).expect("plan");
+        assert!(p.resolvers.is_empty(), "dns off: no resolver to announce");
+        assert!((p.v4, p.v6) == (true, true));
+
+        cfg.dns.enabled = true;
+        let p = plan(&mut cfg, &[]).expect("plan");
+        let want: Vec<IpAddr> = vec![
+            "198.18.0.3".parse().expect("ip"),
+            "fd00:18::3".parse().expect("ip"),
+        ];
+        assert_eq!(p.resolvers, want, "gateway + 2 of each prefix");
+        assert!(p.resolvers_outside.is_empty(), "inside the TUN's prefixes");
+
+        cfg.dns.hijack = vec![
+            "198.18.0.3".parse().expect("ip"),
+            "10.0.0.53".parse().expect("ip"),
+        ];
+        cfg.dns.hijack_all = true;
+        let p = plan(&mut cfg, &[]).expect("plan");
+        assert_eq!(p.resolvers, cfg.dns.hijack);
+        assert_eq!(
+            p.resolvers_outside,
+            vec!["10.0.0.53".parse::<IpAddr>().expect("ip")]
+        );
+        assert!(p.hijack_all);
+    }
+}
