@@ -32,9 +32,8 @@ pub const TABLE: u32 = 0x6b74;
 /// rtnetlink protocol number on every rule and route we add (`proto 107`
 /// in `ip rule` / `ip route`); unassigned in iproute2's `rt_protos`.
 pub const PROTO: u8 = 107;
-/// First of our rule priorities (`PRIORITY..PRIORITY + 4`): before `main`
-/// (32766), clear of wg-quick (32764-32765), Tailscale (5210-5310) and
-/// sing-box (9000-9010).
+/// First of our rule priorities (`PRIORITY..=PRIORITY + 4`): after `local`
+/// (0), before `main` (32766).
 pub const PRIORITY: u32 = 7460;
 /// fwmark given to the engine's outbound sockets when the configuration
 /// sets none (`direct.fwmark`, `--fwmark`).
