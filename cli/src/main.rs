@@ -2,11 +2,18 @@
 //!
 //! * `kerntun run`: run the engine on a TUN device (created, or an inherited
 //!   `--tun-fd`) from a TOML config plus flags, printing statistics as JSON
-//!   lines until SIGINT/SIGTERM.
+//!   lines until SIGINT, SIGTERM or SIGHUP (each stops the engine and prints
+//!   the final statistics).
+//!   With `--auto-route` (Linux) it also routes the host's traffic (and
+//!   `--route-from` interfaces' forwarded traffic) into the TUN and removes
+//!   that routing again on exit (autoroute.rs, docs/linux-routing.md).
 //! * `kerntun demo`: as root, build a client and a server namespace joined by
 //!   veth, start the engine on a TUN in the client namespace, move real TCP
 //!   and UDP traffic through it with byte-for-byte checks, print throughput
 //!   and statistics, and clean up (also on Ctrl-C and on failure).
+
+#[cfg(target_os = "linux")]
+mod autoroute;
 
 use std::os::fd::BorrowedFd;
 use std::path::PathBuf;
@@ -107,6 +114,22 @@ struct RunArgs {
     /// Print statistics every N seconds (0 = only at exit).
     #[arg(long, default_value_t = 5)]
     stats_interval: u64,
+    /// Route the host's traffic into the TUN with policy routing (IPv4 and
+    /// IPv6; the engine's own sockets are excluded by their fwmark), point the
+    /// host's DNS at the engine's resolver when [dns] is on, and undo it all
+    /// on exit. Linux, root. See docs/linux-routing.md.
+    #[arg(long)]
+    auto_route: bool,
+    /// With --auto-route: also route traffic forwarded from this interface
+    /// (a LAN behind this host) into the TUN; turns IP forwarding on while
+    /// running. Repeatable.
+    #[arg(long, requires = "auto_route", value_name = "IFACE")]
+    route_from: Vec<String>,
+    /// With --auto-route and [dns] on: how the host is pointed at the engine's
+    /// resolver.
+    #[cfg(target_os = "linux")]
+    #[arg(long, value_enum, default_value_t = autoroute::DnsSetup::Auto, requires = "auto_route")]
+    dns_setup: autoroute::DnsSetup,
 }
 
 #[derive(clap::Args, Debug)]
@@ -205,16 +228,48 @@ fn inherited_fd(fd: i32) -> Result<BorrowedFd<'static>, String> {
 }
 
 fn run(args: RunArgs) -> Result<(), String> {
-    let cfg = load_config(&args)?;
+    #[cfg_attr(not(target_os = "linux"), allow(unused_mut))]
+    let mut cfg = load_config(&args)?;
+    // Installed first: a signal during the start (or the routing setup) is
+    // then a clean stop too, never a half-applied routing left behind.
+    let interrupted = Arc::new(AtomicBool::new(false));
+    let flag = interrupted.clone();
+    ctrlc::set_handler(move || flag.store(true, Ordering::Relaxed))
+        .map_err(|e| format!("installing the signal handler: {e}"))?;
+    #[cfg(target_os = "linux")]
+    let plan = if args.auto_route {
+        let plan = autoroute::Plan::new(&mut cfg, &args.route_from, args.dns_setup)?;
+        autoroute::clean_stale()?;
+        Some(plan)
+    } else {
+        None
+    };
+    #[cfg(not(target_os = "linux"))]
+    if args.auto_route {
+        return Err("--auto-route is Linux-only".into());
+    }
     let source = match args.tun_fd {
         Some(fd) => TunSource::Fd(inherited_fd(fd)?),
         None => TunSource::Create,
     };
     let mut engine = Engine::start(cfg, source, None).map_err(|e| e.to_string())?;
-    let interrupted = Arc::new(AtomicBool::new(false));
-    let flag = interrupted.clone();
-    ctrlc::set_handler(move || flag.store(true, Ordering::Relaxed))
-        .map_err(|e| format!("installing the signal handler: {e}"))?;
+    #[cfg(target_os = "linux")]
+    let routing = match &plan {
+        Some(plan) => {
+            let installed = engine
+                .tun_name()
+                .ok_or_else(|| "auto-route: the TUN's name is unknown".to_string())
+                .and_then(|tun| autoroute::AutoRoute::install(plan, &tun));
+            match installed {
+                Ok(r) => Some(r),
+                Err(e) => {
+                    engine.stop();
+                    return Err(e);
+                }
+            }
+        }
+        None => None,
+    };
     let interval = Duration::from_secs(args.stats_interval);
     let mut last = Instant::now();
     while !interrupted.load(Ordering::Relaxed) && engine.is_running() {
@@ -225,9 +280,19 @@ fn run(args: RunArgs) -> Result<(), String> {
         }
     }
     let failed = engine.error();
+    // Routing first: the host's traffic leaves the TUN before the engine
+    // that serves it stops.
+    #[cfg(target_os = "linux")]
+    let unrouted = routing.map_or(Ok(()), autoroute::AutoRoute::remove);
+    #[cfg(not(target_os = "linux"))]
+    let unrouted: Result<(), String> = Ok(());
     engine.stop();
     print_json(&engine.stats());
-    failed.map_or(Ok(()), Err)
+    match (failed, unrouted) {
+        (Some(e), Err(r)) => Err(format!("{e}; {r}")),
+        (Some(e), Ok(())) => Err(e),
+        (None, r) => r,
+    }
 }
 
 fn print_json(s: &kerntun::StatsSnapshot) {
