@@ -185,10 +185,11 @@ impl Engine {
     /// sessions follows it; sessions already running keep their permits.
     pub fn set_memory_pressure(&self, level: MemoryPressure) {
         if let Some(inner) = &self.inner {
-            inner.shared.admission.set_pressure(level);
+            let now = Instant::now();
+            inner.shared.admission.set_pressure(level, now);
             tracing::info!(
                 "memory pressure {level:?}: admission limit {}",
-                inner.shared.admission.limit()
+                inner.shared.admission.limit(now)
             );
         }
     }
@@ -498,12 +499,13 @@ fn snapshot(inner: &Inner) -> StatsSnapshot {
         stack_name(StackKind::System)
     };
     s.driver = inner.driver.as_str();
-    s.memory_pressure = match sh.admission.pressure() {
+    let now = Instant::now();
+    s.memory_pressure = match sh.admission.pressure(now) {
         MemoryPressure::Normal => "normal",
         MemoryPressure::Elevated => "elevated",
         MemoryPressure::Critical => "critical",
     };
-    s.admission_limit = sh.admission.limit() as u64;
+    s.admission_limit = sh.admission.limit(now) as u64;
     s.uptime_ms = inner.started.elapsed().as_millis() as u64;
     s
 }

@@ -246,14 +246,14 @@ impl Processor {
             why.count(&sh.stats);
             return Disposition::WriteBack(packet::tcp_rst_reply(buf, ip, tcp));
         }
-        let Some(permit) = sh.admission.try_acquire_owned() else {
+        let Some(permit) = sh.admission.try_acquire_owned(self.now) else {
             sh.nat.abort_half_open(port, self.now);
             sh.stats.admission_refused.fetch_add(1, Relaxed);
             sh.warn.warn(format_args!(
                 "TCP admission refused a session ({} active, limit {} at {:?} pressure)",
                 sh.admission.active(),
-                sh.admission.limit(),
-                sh.admission.pressure()
+                sh.admission.limit(self.now),
+                sh.admission.pressure(self.now)
             ));
             return Disposition::WriteBack(packet::tcp_rst_reply(buf, ip, tcp));
         };
@@ -383,14 +383,14 @@ fn smol_tcp(
                     why.count(&sh.stats);
                     return Disposition::WriteBack(packet::tcp_rst_reply(buf, ip, &tcp));
                 }
-                let Some(permit) = sh.admission.try_acquire_owned() else {
+                let Some(permit) = sh.admission.try_acquire_owned(now) else {
                     stack.unmark(&key);
                     sh.stats.admission_refused.fetch_add(1, Relaxed);
                     sh.warn.warn(format_args!(
                         "TCP admission refused a session ({} active, limit {} at {:?} pressure)",
                         sh.admission.active(),
-                        sh.admission.limit(),
-                        sh.admission.pressure()
+                        sh.admission.limit(now),
+                        sh.admission.pressure(now)
                     ));
                     return Disposition::WriteBack(packet::tcp_rst_reply(buf, ip, &tcp));
                 };
