@@ -5,8 +5,18 @@
 //! Admission is a counter, not a semaphore: raising the memory pressure lowers
 //! the limit new sessions are checked against, while sessions that already
 //! hold a permit keep it until they end.
+//!
+//! A pressure tier raised by the host decays by itself ([`PressureDecay`]):
+//! iOS warns a process nearing its own limit but reports `.normal` only
+//! when pressure recovers system-wide, and Android 14+ delivers no trim
+//! level that says pressure ended, so without decay a single warning would
+//! hold admission at the critical tier for the tunnel's life. The core
+//! reads no clock: the engine passes `now` in.
 
-use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
 
 use serde::{Deserialize, Serialize};
 
@@ -101,6 +111,60 @@ impl MemoryPressure {
     }
 }
 
+/// How long a tier raised by the host holds with no new report before it
+/// steps down one tier: critical to elevated after 2 minutes, to normal
+/// after 4. Two minutes because sessions admitted before a warning have
+/// mostly ended by then (servers close idle HTTP keep-alive connections
+/// after 60 to 120 s, browsers drop idle pooled ones on similar timers), so
+/// the footprint has had time to settle at the lower tier; if it climbs
+/// again the host warns again and the clock restarts. One tier per step,
+/// not straight back to normal, so a process still near its limit is
+/// warned at the elevated tier before it admits the full count.
+pub const PRESSURE_DECAY_STEP: Duration = Duration::from_secs(120);
+
+/// The host's memory-pressure reports and how they decay (sans-I/O: every
+/// call takes `now`). The latest report is the level at once, whether it
+/// raises or lowers the tier; then every [`PRESSURE_DECAY_STEP`] without a
+/// new report lowers it one tier, down to normal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PressureDecay {
+    reported: MemoryPressure,
+    /// When the host last reported (`None`: never, normal).
+    at: Option<Instant>,
+}
+
+impl Default for PressureDecay {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl PressureDecay {
+    pub const fn new() -> Self {
+        PressureDecay {
+            reported: MemoryPressure::Normal,
+            at: None,
+        }
+    }
+
+    /// The host reported `level` at `now`.
+    pub fn report(&mut self, level: MemoryPressure, now: Instant) {
+        self.reported = level;
+        self.at = Some(now);
+    }
+
+    /// The level in force at `now`.
+    pub fn level(&self, now: Instant) -> MemoryPressure {
+        let Some(at) = self.at else {
+            return self.reported;
+        };
+        let quiet = now.saturating_duration_since(at);
+        let steps = quiet.as_millis() / PRESSURE_DECAY_STEP.as_millis();
+        let steps = u8::try_from(steps).unwrap_or(u8::MAX);
+        MemoryPressure::from_u8((self.reported as u8).saturating_sub(steps))
+    }
+}
+
 /// Resolved limits.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Budget {
@@ -171,7 +235,9 @@ impl Budget {
 #[derive(Debug)]
 pub struct Admission {
     limits: [usize; 3],
-    pressure: AtomicU8,
+    /// Taken once per new session and per host report: never contended
+    /// for long.
+    pressure: Mutex<PressureDecay>,
     active: AtomicUsize,
 }
 
@@ -185,22 +251,24 @@ impl Admission {
     pub fn new(limits: [usize; 3]) -> Self {
         Self {
             limits,
-            pressure: AtomicU8::new(MemoryPressure::Normal as u8),
+            pressure: Mutex::new(PressureDecay::new()),
             active: AtomicUsize::new(0),
         }
     }
 
-    pub fn set_pressure(&self, level: MemoryPressure) {
-        self.pressure.store(level as u8, Ordering::Relaxed);
+    /// The host reported `level` at `now` (see [`PressureDecay`]).
+    pub fn set_pressure(&self, level: MemoryPressure, now: Instant) {
+        self.pressure.lock().report(level, now);
     }
 
-    pub fn pressure(&self) -> MemoryPressure {
-        MemoryPressure::from_u8(self.pressure.load(Ordering::Relaxed))
+    /// The pressure in force at `now`: the host's last report, decayed.
+    pub fn pressure(&self, now: Instant) -> MemoryPressure {
+        self.pressure.lock().level(now)
     }
 
-    /// The limit new sessions are checked against right now.
-    pub fn limit(&self) -> usize {
-        self.limits[self.pressure() as usize]
+    /// The limit new sessions are checked against at `now`.
+    pub fn limit(&self, now: Instant) -> usize {
+        self.limits[self.pressure(now) as usize]
     }
 
     /// Sessions currently holding a permit.
@@ -208,15 +276,15 @@ impl Admission {
         self.active.load(Ordering::Relaxed)
     }
 
-    /// Take a permit if the current limit allows one. Never blocks.
-    pub fn try_acquire(&self) -> Option<Permit<'_>> {
+    /// Take a permit if the limit at `now` allows one. Never blocks.
+    pub fn try_acquire(&self, now: Instant) -> Option<Permit<'_>> {
         // `then`, not `then_some`: a Permit built eagerly would be dropped on
         // refusal and release a permit nobody took.
-        self.try_increment().then(|| Permit { owner: self })
+        self.try_increment(now).then(|| Permit { owner: self })
     }
 
-    fn try_increment(&self) -> bool {
-        let limit = self.limit();
+    fn try_increment(&self, now: Instant) -> bool {
+        let limit = self.limit(now);
         self.active
             .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |n| {
                 (n < limit).then_some(n + 1)
@@ -239,8 +307,8 @@ pub struct OwnedPermit {
 
 impl Admission {
     /// [`Admission::try_acquire`] for an `Arc`, yielding a `'static` permit.
-    pub fn try_acquire_owned(self: &std::sync::Arc<Self>) -> Option<OwnedPermit> {
-        self.try_increment().then(|| OwnedPermit {
+    pub fn try_acquire_owned(self: &std::sync::Arc<Self>, now: Instant) -> Option<OwnedPermit> {
+        self.try_increment(now).then(|| OwnedPermit {
             owner: self.clone(),
         })
     }
@@ -259,30 +327,81 @@ mod tests {
 
     #[test]
     fn ios_admission_follows_pressure_and_keeps_existing_permits() {
+        let t = Instant::now();
         let a = Arc::new(Admission::new(
             Budget::for_platform(Platform::Ios).tcp_sessions,
         ));
         let held: Vec<_> = (0..40)
-            .map(|_| a.try_acquire_owned().expect("permit"))
+            .map(|_| a.try_acquire_owned(t).expect("permit"))
             .collect();
-        a.set_pressure(MemoryPressure::Elevated);
-        assert_eq!(a.limit(), 32);
+        a.set_pressure(MemoryPressure::Elevated, t);
+        assert_eq!(a.limit(t), 32);
         assert!(
-            a.try_acquire().is_none(),
+            a.try_acquire(t).is_none(),
             "40 held > 32: new sessions refused"
         );
         assert_eq!(a.active(), 40, "existing sessions keep their permits");
         drop(held);
         assert_eq!(a.active(), 0);
         let held: Vec<_> = (0..32)
-            .map(|_| a.try_acquire_owned().expect("permit"))
+            .map(|_| a.try_acquire_owned(t).expect("permit"))
             .collect();
-        assert!(a.try_acquire().is_none());
-        a.set_pressure(MemoryPressure::Critical);
-        assert_eq!(a.limit(), 16);
-        a.set_pressure(MemoryPressure::Normal);
-        assert_eq!(a.limit(), 64);
-        assert!(a.try_acquire().is_some());
+        assert!(a.try_acquire(t).is_none());
+        a.set_pressure(MemoryPressure::Critical, t);
+        assert_eq!(a.limit(t), 16);
+        a.set_pressure(MemoryPressure::Normal, t);
+        assert_eq!(a.limit(t), 64);
+        assert!(a.try_acquire(t).is_some());
+        drop(held);
+    }
+
+    /// A critical warning and then silence: elevated after one step, normal
+    /// after two, and admission follows. A new warning restarts the clock;
+    /// the host's own "normal" takes effect at once.
+    #[test]
+    fn host_pressure_decays_after_quiet_minutes() {
+        let t0 = Instant::now();
+        let step = PRESSURE_DECAY_STEP;
+        let a = Admission::new(Budget::for_platform(Platform::Ios).tcp_sessions);
+        assert_eq!(a.pressure(t0), MemoryPressure::Normal, "never reported");
+        a.set_pressure(MemoryPressure::Critical, t0);
+        let held: Vec<_> = (0..16)
+            .map(|_| a.try_acquire(t0).expect("permit"))
+            .collect();
+        assert!(a.try_acquire(t0 + step / 2).is_none(), "critical: 16");
+        let just_before = t0 + step - Duration::from_millis(1);
+        assert_eq!(a.pressure(just_before), MemoryPressure::Critical);
+        assert_eq!(a.pressure(t0 + step), MemoryPressure::Elevated);
+        assert_eq!(a.limit(t0 + step), 32);
+        assert!(a.try_acquire(t0 + step).is_some(), "room again at elevated");
+        assert_eq!(a.pressure(t0 + 2 * step), MemoryPressure::Normal);
+        assert_eq!(a.pressure(t0 + 100 * step), MemoryPressure::Normal);
+        assert_eq!(a.limit(t0 + 2 * step), 64);
+        // A new warning while decaying restarts the clock from its level.
+        let t1 = t0 + step + step / 2;
+        a.set_pressure(MemoryPressure::Critical, t1);
+        assert_eq!(a.pressure(t0 + 2 * step), MemoryPressure::Critical);
+        assert_eq!(a.pressure(t1 + step), MemoryPressure::Elevated);
+        // An elevated report decays straight to normal after one step.
+        a.set_pressure(MemoryPressure::Elevated, t1);
+        assert_eq!(a.pressure(t1 + step), MemoryPressure::Normal);
+        // The host's own all-clear is immediate.
+        a.set_pressure(MemoryPressure::Critical, t1);
+        a.set_pressure(MemoryPressure::Normal, t1 + Duration::from_secs(1));
+        assert_eq!(
+            a.pressure(t1 + Duration::from_secs(1)),
+            MemoryPressure::Normal
+        );
+        // A clock read before the report (another thread's older `now`)
+        // sees the report undecayed.
+        assert_eq!(
+            {
+                let mut d = PressureDecay::new();
+                d.report(MemoryPressure::Critical, t1);
+                d.level(t0)
+            },
+            MemoryPressure::Critical
+        );
         drop(held);
     }
 

@@ -219,10 +219,11 @@ impl Engine {
     pub fn set_memory_pressure(&self, level: MemoryPressure) {
         if let Some(inner) = &self.inner {
             let admission = &inner.parts.admission;
-            admission.set_pressure(level);
+            let now = Instant::now();
+            admission.set_pressure(level, now);
             tracing::info!(
                 "memory pressure {level:?}: admission limit {}",
-                admission.limit()
+                admission.limit(now)
             );
         }
     }
@@ -510,12 +511,13 @@ fn snapshot(inner: &Inner) -> StatsSnapshot {
     s.nat = parts.stack.counts();
     s.stack = parts.stack.name();
     s.driver = inner.driver.as_str();
-    s.memory_pressure = match parts.admission.pressure() {
+    let now = Instant::now();
+    s.memory_pressure = match parts.admission.pressure(now) {
         MemoryPressure::Normal => "normal",
         MemoryPressure::Elevated => "elevated",
         MemoryPressure::Critical => "critical",
     };
-    s.admission_limit = parts.admission.limit() as u64;
+    s.admission_limit = parts.admission.limit(now) as u64;
     s.uptime_ms = inner.started.elapsed().as_millis() as u64;
     s
 }

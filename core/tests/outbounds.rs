@@ -287,6 +287,120 @@ fn shadowsocks_wrong_password_reaches_nothing() {
     );
 }
 
+/// Connect to `addr` through the TUN and read until the test server's
+/// banner is complete, the stream ends or fails: the bytes that arrived.
+fn read_banner(addr: SocketAddr) -> io::Result<Vec<u8>> {
+    use std::io::Read;
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(3))?;
+    s.set_read_timeout(Some(Duration::from_secs(3)))?;
+    let mut got = Vec::new();
+    let mut b = [0u8; 256];
+    while got.len() < servers::BANNER.len() {
+        match s.read(&mut b) {
+            Ok(0) => break,
+            Ok(n) => got.extend_from_slice(&b[..n]),
+            Err(e) if got.is_empty() => return Err(e),
+            Err(_) => break,
+        }
+    }
+    Ok(got)
+}
+
+/// An on-path attacker between the client and a real server records the
+/// server's stream of the first connection and sends it back on every later
+/// one. SIP004 does not bind a response to its request, so without the
+/// client's salt filter the app would read the first connection's bytes
+/// again; with it the replay is a counted protocol error and an RST.
+#[test]
+fn shadowsocks_replayed_server_stream_is_refused() {
+    require_root!();
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let topo = Topology::new().expect("topology");
+    let ss_addr = topo.server_addr(false, 8388);
+    let _ss = ss_server(&topo.server, ss_addr, "aes-256-gcm", "kerntun-test");
+    let mitm = topo.server_addr(false, 8389);
+    let recorded = Arc::new(parking_lot::Mutex::new(Vec::<u8>::new()));
+    let rec = recorded.clone();
+    let _mitm = in_process(&topo.server, move |ready, _| async move {
+        let l = match tokio::net::TcpListener::bind(mitm).await {
+            Ok(l) => l,
+            Err(e) => {
+                let _ = ready.send(Err(e));
+                return;
+            }
+        };
+        let _ = ready.send(Ok(()));
+        let mut first = true;
+        while let Ok((client, _)) = l.accept().await {
+            let rec = rec.clone();
+            if std::mem::take(&mut first) {
+                // Relay to the real server, recording what it sends.
+                tokio::spawn(async move {
+                    let Ok(server) = tokio::net::TcpStream::connect(ss_addr).await else {
+                        return;
+                    };
+                    let (mut cr, mut cw) = client.into_split();
+                    let (mut sr, mut sw) = server.into_split();
+                    let up = tokio::io::copy(&mut cr, &mut sw);
+                    let down = async {
+                        let mut b = [0u8; 4096];
+                        while let Ok(n @ 1..) = sr.read(&mut b).await {
+                            rec.lock().extend_from_slice(&b[..n]);
+                            if cw.write_all(&b[..n]).await.is_err() {
+                                break;
+                            }
+                        }
+                        let _ = cw.shutdown().await;
+                    };
+                    let _ = tokio::join!(up, down);
+                });
+            } else {
+                // Replay the recording; swallow the client's request.
+                let bytes = rec.lock().clone();
+                tokio::spawn(async move {
+                    let mut client = client;
+                    let _ = client.write_all(&bytes).await;
+                    let mut b = [0u8; 4096];
+                    while let Ok(1..) = client.read(&mut b).await {}
+                });
+            }
+        }
+    });
+    let rig = Rig::new(
+        topo,
+        Some(ss_outbound(
+            mitm,
+            ShadowsocksMethod::Aes256Gcm,
+            "kerntun-test",
+        )),
+        |_| {},
+    );
+    let target = servers::tcp(
+        &rig.topo.server,
+        rig.topo.server_addr(false, 0),
+        Mode::SpeakFirst,
+    )
+    .expect("speak-first");
+    assert_eq!(
+        read_banner(target.addr).expect("first connection"),
+        servers::BANNER,
+        "the first connection is relayed"
+    );
+    assert!(!recorded.lock().is_empty(), "the attacker recorded it");
+    let replayed = read_banner(target.addr);
+    assert!(
+        replayed.as_ref().map_or(true, |b| b.is_empty()),
+        "a replayed server stream reaches the app: {replayed:?}"
+    );
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while rig.stats().outbounds[0].protocol_errors == 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let s = rig.stats();
+    assert_eq!(s.outbounds[0].protocol_errors, 1, "{s:?}");
+    assert_eq!(target.accepted.load(Relaxed), 1, "only the real request");
+}
+
 // ---------------------------------------------------------------- SOCKS5
 
 /// fast-socks5's server on `addr`: CONNECT and UDP ASSOCIATE, with

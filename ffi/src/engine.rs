@@ -1,9 +1,18 @@
 //! The [`Engine`] object: a running kerntun engine owned by the app.
+//!
+//! Calls from the app's main thread (`stats`, `is_running`, a stats timer)
+//! must never wait on `stop`, which takes up to a few seconds (it drains the
+//! sessions, then joins the runtime). So the core engine sits behind a lock
+//! held only long enough to clone or take an `Arc`: `stop` takes it out and
+//! stops it outside any lock the other calls take, and from that moment
+//! those calls answer from what `stop` saved (the last snapshot, then the
+//! final one).
 
 use std::sync::Arc;
+use std::time::Duration;
 
-use kerntun::{StartOptions, TunSource};
-use parking_lot::RwLock;
+use kerntun::{StartOptions, StatsSnapshot, TunSource};
+use parking_lot::Mutex;
 
 use crate::config::{EngineConfig, MemoryPressure};
 use crate::error::{KerntunError, guard, panic_message};
@@ -16,10 +25,24 @@ use crate::stats::EngineStats;
 /// never exits the process.
 #[derive(uniffi::Object)]
 pub struct Engine {
-    inner: RwLock<kerntun::Engine>,
+    /// The core engine until `stop` takes it. Locked only to clone or take
+    /// the `Arc`, never across a call into the engine.
+    core: Mutex<Option<Arc<kerntun::Engine>>>,
+    /// What the calls answer once `stop` began: the statistics (at the
+    /// start of `stop`, then the final ones) and the fatal error, if any.
+    stopped: Mutex<Stopped>,
+    /// Held for the whole of `stop` (and only by it), so a second `stop`
+    /// returns once the first finished.
+    stopping: Mutex<()>,
     /// The engine's own log dispatcher (`EngineConfig.log_level`), also used
     /// for the lines `stop` logs on the caller's thread.
     dispatch: Option<tracing::Dispatch>,
+}
+
+#[derive(Debug, Default)]
+struct Stopped {
+    stats: StatsSnapshot,
+    error: Option<String>,
 }
 
 impl std::fmt::Debug for Engine {
@@ -32,6 +55,48 @@ fn scoped<T>(dispatch: &Option<tracing::Dispatch>, f: impl FnOnce() -> T) -> T {
     match dispatch {
         Some(d) => tracing::dispatcher::with_default(d, f),
         None => f(),
+    }
+}
+
+impl Engine {
+    /// The core engine, if `stop` has not taken it yet.
+    fn running(&self) -> Option<Arc<kerntun::Engine>> {
+        self.core.lock().clone()
+    }
+
+    /// Take the core engine out (saving what the other calls answer from
+    /// then on) and stop it. Returns once it stopped; a no-op after that.
+    fn stop_core(&self) {
+        let _one_at_a_time = self.stopping.lock();
+        let taken = {
+            let mut core = self.core.lock();
+            if let Some(e) = core.as_ref() {
+                // Saved under the same lock: a call that finds the engine
+                // gone finds these already in place.
+                *self.stopped.lock() = Stopped {
+                    stats: e.stats(),
+                    error: e.error(),
+                };
+            }
+            core.take()
+        };
+        let Some(mut engine) = taken else {
+            return;
+        };
+        // Calls that cloned the Arc just before it was taken finish in
+        // microseconds (a snapshot, a flag, one log line); no new ones start.
+        let mut engine = loop {
+            match Arc::try_unwrap(engine) {
+                Ok(e) => break e,
+                Err(shared) => {
+                    engine = shared;
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            }
+        };
+        engine.stop();
+        let final_stats = engine.stats();
+        self.stopped.lock().stats = final_stats;
     }
 }
 
@@ -79,62 +144,78 @@ impl Engine {
                 .map_err(KerntunError::from)
             })?;
             Ok(Arc::new(Engine {
-                inner: RwLock::new(engine),
+                core: Mutex::new(Some(Arc::new(engine))),
+                stopped: Mutex::new(Stopped::default()),
+                stopping: Mutex::new(()),
                 dispatch,
             }))
         })
     }
 
     /// Stop: reset the connections, close the device copy and the listeners,
-    /// join the engine's threads (bounded: a few seconds at worst).
-    /// Idempotent; `stats()` keeps answering with the final counts.
+    /// join the engine's threads (bounded: a few seconds at worst; call it
+    /// off the main thread). Idempotent; a second call returns once the
+    /// first finished. The other calls never wait for it: from the moment
+    /// it begins `is_running()` is false and `stats()` answers with the
+    /// counts at that moment, then with the final ones.
     pub fn stop(&self) {
         let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            scoped(&self.dispatch, || self.inner.write().stop());
+            scoped(&self.dispatch, || self.stop_core());
         }));
         if let Err(p) = r {
             tracing::error!("kerntun stop panicked: {}", panic_message(p.as_ref()));
         }
     }
 
-    /// A snapshot of every counter (the final one after `stop`).
+    /// A snapshot of every counter (the final one after `stop`). Never
+    /// blocks on `stop`.
     pub fn stats(&self) -> EngineStats {
         std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            EngineStats::from(self.inner.read().stats())
+            let s = match self.running() {
+                Some(e) => e.stats(),
+                None => self.stopped.lock().stats.clone(),
+            };
+            EngineStats::from(s)
         }))
         .unwrap_or_default()
     }
 
     /// Forward the platform's memory pressure (iOS dispatch source, Android
     /// `onTrimMemory`): new TCP sessions are admitted against a lower limit;
-    /// running ones keep going.
+    /// running ones keep going. A raised level decays by itself after quiet
+    /// minutes (`core/src/budget.rs`, `PRESSURE_DECAY_STEP`).
     pub fn set_memory_pressure(&self, level: MemoryPressure) {
         let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            scoped(&self.dispatch, || {
-                self.inner.read().set_memory_pressure(level.into())
-            });
+            if let Some(e) = self.running() {
+                scoped(&self.dispatch, || e.set_memory_pressure(level.into()));
+            }
         }));
     }
 
-    /// Whether the engine is running (not stopped, no fatal error).
+    /// Whether the engine is running (not stopping or stopped, no fatal
+    /// error). Never blocks on `stop`.
     pub fn is_running(&self) -> bool {
         std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            self.inner.read().is_running()
+            self.running().is_some_and(|e| e.is_running())
         }))
         .unwrap_or(false)
     }
 
     /// The fatal error that stopped the engine on its own (device gone,
-    /// listener failed), if any.
+    /// listener failed), if any; still answered after `stop`.
     pub fn error(&self) -> Option<String> {
-        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.inner.read().error()))
-            .unwrap_or_else(|p| Some(panic_message(p.as_ref())))
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match self.running() {
+            Some(e) => e.error(),
+            None => self.stopped.lock().error.clone(),
+        }))
+        .unwrap_or_else(|p| Some(panic_message(p.as_ref())))
     }
 
-    /// The TUN interface name, when known (`utun4`, `kerntun0`).
+    /// The TUN interface name, when known (`utun4`, `kerntun0`); `None`
+    /// once stopped.
     pub fn tun_name(&self) -> Option<String> {
         std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            self.inner.read().tun_name()
+            self.running().and_then(|e| e.tun_name())
         }))
         .unwrap_or(None)
     }
@@ -142,7 +223,27 @@ impl Engine {
 
 impl Drop for Engine {
     fn drop(&mut self) {
-        // The foreign side released its last reference: stop like `stop()`.
-        self.stop();
+        // The foreign side released its last reference (Kotlin `close()`,
+        // its cleaner, Swift `deinit`) without stopping first. That release
+        // may happen on the app's main thread, on the platform's cleaner
+        // thread, or at the end of whichever call was still in flight: none
+        // of them should wait seconds. So a running engine is stopped on a
+        // thread of its own; `stop()` first is how an app knows when the
+        // device and sockets are gone.
+        let Some(core) = self.core.get_mut().take() else {
+            return;
+        };
+        let dispatch = self.dispatch.clone();
+        // No call can be in flight (they borrow `self`), so this is the last
+        // reference: dropping it stops the core engine (its own `Drop`).
+        // Should the spawn fail, the closure, and the engine in it, is
+        // dropped right here instead: stopped inline, late rather than never.
+        let _ = std::thread::Builder::new()
+            .name("kerntun-stop".into())
+            .spawn(move || {
+                let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    scoped(&dispatch, || drop(core));
+                }));
+            });
     }
 }

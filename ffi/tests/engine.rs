@@ -141,3 +141,126 @@ fn engine_through_the_ffi_moves_bytes_counts_and_stops() {
         assert!(engine.stats().tcp_bytes_up >= s.tcp_bytes_up);
     }
 }
+
+/// `stop` drains sessions and joins the runtime, which takes a while when
+/// the device is busy; `stats()` and `is_running()` from another thread (the
+/// app's main thread, a stats timer) must answer at once meanwhile, and
+/// after. Dropping a running engine (Kotlin `close()`, Swift `deinit`) must
+/// not wait for the stop either.
+#[test]
+fn calls_answer_at_once_while_stop_runs_and_drop_does_not_wait() {
+    use std::net::UdpSocket;
+    use std::sync::atomic::AtomicBool;
+    use std::time::{Duration, Instant};
+
+    /// The bound on one call. Today's stop takes hundreds of milliseconds
+    /// on a busy device (the drain's deadline); a call that waits for it
+    /// shows up as that long.
+    const CALL_BOUND: Duration = Duration::from_millis(50);
+
+    require_root!();
+    let topo = Topology::new().expect("topology");
+    let udp = servers::udp_echo(&topo.server, topo.server_addr(false, 0)).expect("udp");
+    topo.client.enter().expect("enter client namespace");
+    let tun = "ktffistop";
+    let cfg = EngineConfig {
+        stack: Some(Stack::System),
+        ..config(tun)
+    };
+    let engine = Engine::start(cfg, -1, Arc::new(Hooks::default())).expect("start");
+    topo.route_via_tun(tun).expect("route");
+
+    // Keep the device busy, so stop's drain runs until its deadline
+    // instead of finishing on the first quiet 20 ms.
+    let busy = Arc::new(AtomicBool::new(true));
+    let flood = {
+        let busy = busy.clone();
+        std::thread::spawn(move || {
+            let s = UdpSocket::bind("0.0.0.0:0").expect("udp socket");
+            while busy.load(Ordering::Relaxed) {
+                for _ in 0..10 {
+                    let _ = s.send_to(&[0u8; 64], udp.addr);
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        })
+    };
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(engine.stats().udp_packets_up > 0, "the flood goes through");
+
+    // The prober: (when the call began, how long it took, is_running).
+    let done = Arc::new(AtomicBool::new(false));
+    let prober = {
+        let (engine, done) = (engine.clone(), done.clone());
+        std::thread::spawn(move || {
+            let mut calls = Vec::new();
+            while !done.load(Ordering::Relaxed) {
+                let t = Instant::now();
+                let s = engine.stats();
+                let running = engine.is_running();
+                calls.push((t, t.elapsed(), running, s.tcp_bytes_up));
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            calls
+        })
+    };
+    std::thread::sleep(Duration::from_millis(50));
+    let stop_began = Instant::now();
+    engine.stop();
+    let stop_took = stop_began.elapsed();
+    std::thread::sleep(Duration::from_millis(50));
+    done.store(true, Ordering::Relaxed);
+    let calls = prober.join().expect("prober");
+    busy.store(false, Ordering::Relaxed);
+    flood.join().expect("flood");
+
+    assert!(
+        stop_took >= Duration::from_millis(100),
+        "the busy device kept stop draining ({stop_took:?}): the test needs a slow stop"
+    );
+    let during: Vec<_> = calls
+        .iter()
+        .filter(|(t, ..)| *t >= stop_began && *t < stop_began + stop_took)
+        .collect();
+    let slowest = calls.iter().map(|c| c.1).max().unwrap_or_default();
+    eprintln!(
+        "stop took {stop_took:?}; {} calls, {} during stop, slowest {slowest:?}",
+        calls.len(),
+        during.len()
+    );
+    assert!(
+        slowest < CALL_BOUND,
+        "stats() + is_running() took {slowest:?} (stop took {stop_took:?})"
+    );
+    assert!(
+        during.len() >= 10,
+        "calls made while stop ran: {} in {stop_took:?}",
+        during.len()
+    );
+    assert!(
+        during.iter().all(|c| !c.2),
+        "is_running() is false as soon as stop began"
+    );
+    assert!(!engine.is_running());
+    assert!(engine.stats().udp_packets_up > 0, "final counts after stop");
+    assert_eq!(engine.tun_name(), None);
+    assert_eq!(engine.error(), None);
+
+    // Dropping a running engine returns at once; the stop happens on a
+    // thread of its own and the device goes away shortly after.
+    let tun2 = "ktffidrop";
+    let engine = Engine::start(config(tun2), -1, Arc::new(Hooks::default())).expect("start");
+    assert!(engine.is_running());
+    let t = Instant::now();
+    drop(engine);
+    let drop_took = t.elapsed();
+    assert!(drop_took < CALL_BOUND, "drop took {drop_took:?}");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while std::path::Path::new(&format!("/sys/class/net/{tun2}")).exists() {
+        assert!(
+            Instant::now() < deadline,
+            "{tun2} still exists 5 s after the drop"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}

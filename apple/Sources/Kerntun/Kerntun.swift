@@ -614,36 +614,43 @@ public protocol EngineProtocol: AnyObject, Sendable {
     
     /**
      * The fatal error that stopped the engine on its own (device gone,
-     * listener failed), if any.
+     * listener failed), if any; still answered after `stop`.
      */
     func error()  -> String?
     
     /**
-     * Whether the engine is running (not stopped, no fatal error).
+     * Whether the engine is running (not stopping or stopped, no fatal
+     * error). Never blocks on `stop`.
      */
     func isRunning()  -> Bool
     
     /**
      * Forward the platform's memory pressure (iOS dispatch source, Android
      * `onTrimMemory`): new TCP sessions are admitted against a lower limit;
-     * running ones keep going.
+     * running ones keep going. A raised level decays by itself after quiet
+     * minutes (`core/src/budget.rs`, `PRESSURE_DECAY_STEP`).
      */
     func setMemoryPressure(level: MemoryPressure) 
     
     /**
-     * A snapshot of every counter (the final one after `stop`).
+     * A snapshot of every counter (the final one after `stop`). Never
+     * blocks on `stop`.
      */
     func stats()  -> EngineStats
     
     /**
      * Stop: reset the connections, close the device copy and the listeners,
-     * join the engine's threads (bounded: a few seconds at worst).
-     * Idempotent; `stats()` keeps answering with the final counts.
+     * join the engine's threads (bounded: a few seconds at worst; call it
+     * off the main thread). Idempotent; a second call returns once the
+     * first finished. The other calls never wait for it: from the moment
+     * it begins `is_running()` is false and `stats()` answers with the
+     * counts at that moment, then with the final ones.
      */
     func stop() 
     
     /**
-     * The TUN interface name, when known (`utun4`, `kerntun0`).
+     * The TUN interface name, when known (`utun4`, `kerntun0`); `None`
+     * once stopped.
      */
     func tunName()  -> String?
     
@@ -731,7 +738,7 @@ public static func start(config: EngineConfig, tunFd: Int32, platform: PlatformH
     
     /**
      * The fatal error that stopped the engine on its own (device gone,
-     * listener failed), if any.
+     * listener failed), if any; still answered after `stop`.
      */
 open func error() -> String?  {
     return try!  FfiConverterOptionString.lift(try! rustCall() {
@@ -743,7 +750,8 @@ open func error() -> String?  {
 }
     
     /**
-     * Whether the engine is running (not stopped, no fatal error).
+     * Whether the engine is running (not stopping or stopped, no fatal
+     * error). Never blocks on `stop`.
      */
 open func isRunning() -> Bool  {
     return try!  FfiConverterBool.lift(try! rustCall() {
@@ -757,7 +765,8 @@ open func isRunning() -> Bool  {
     /**
      * Forward the platform's memory pressure (iOS dispatch source, Android
      * `onTrimMemory`): new TCP sessions are admitted against a lower limit;
-     * running ones keep going.
+     * running ones keep going. A raised level decays by itself after quiet
+     * minutes (`core/src/budget.rs`, `PRESSURE_DECAY_STEP`).
      */
 open func setMemoryPressure(level: MemoryPressure)  {try! rustCall() {
         uniffiCallStatus in
@@ -769,7 +778,8 @@ open func setMemoryPressure(level: MemoryPressure)  {try! rustCall() {
 }
     
     /**
-     * A snapshot of every counter (the final one after `stop`).
+     * A snapshot of every counter (the final one after `stop`). Never
+     * blocks on `stop`.
      */
 open func stats() -> EngineStats  {
     return try!  FfiConverterTypeEngineStats_lift(try! rustCall() {
@@ -782,8 +792,11 @@ open func stats() -> EngineStats  {
     
     /**
      * Stop: reset the connections, close the device copy and the listeners,
-     * join the engine's threads (bounded: a few seconds at worst).
-     * Idempotent; `stats()` keeps answering with the final counts.
+     * join the engine's threads (bounded: a few seconds at worst; call it
+     * off the main thread). Idempotent; a second call returns once the
+     * first finished. The other calls never wait for it: from the moment
+     * it begins `is_running()` is false and `stats()` answers with the
+     * counts at that moment, then with the final ones.
      */
 open func stop()  {try! rustCall() {
         uniffiCallStatus in
@@ -794,7 +807,8 @@ open func stop()  {try! rustCall() {
 }
     
     /**
-     * The TUN interface name, when known (`utun4`, `kerntun0`).
+     * The TUN interface name, when known (`utun4`, `kerntun0`); `None`
+     * once stopped.
      */
 open func tunName() -> String?  {
     return try!  FfiConverterOptionString.lift(try! rustCall() {
@@ -4260,22 +4274,22 @@ private let initializationResult: InitializationResult = {
     if (uniffi_kerntun_ffi_checksum_func_init_logging() != 23383) {
         return InitializationResult.apiChecksumMismatch
     }
-    if (uniffi_kerntun_ffi_checksum_method_engine_error() != 10563) {
+    if (uniffi_kerntun_ffi_checksum_method_engine_error() != 42560) {
         return InitializationResult.apiChecksumMismatch
     }
-    if (uniffi_kerntun_ffi_checksum_method_engine_is_running() != 29182) {
+    if (uniffi_kerntun_ffi_checksum_method_engine_is_running() != 37654) {
         return InitializationResult.apiChecksumMismatch
     }
-    if (uniffi_kerntun_ffi_checksum_method_engine_set_memory_pressure() != 53218) {
+    if (uniffi_kerntun_ffi_checksum_method_engine_set_memory_pressure() != 38109) {
         return InitializationResult.apiChecksumMismatch
     }
-    if (uniffi_kerntun_ffi_checksum_method_engine_stats() != 53058) {
+    if (uniffi_kerntun_ffi_checksum_method_engine_stats() != 25584) {
         return InitializationResult.apiChecksumMismatch
     }
-    if (uniffi_kerntun_ffi_checksum_method_engine_stop() != 61395) {
+    if (uniffi_kerntun_ffi_checksum_method_engine_stop() != 32218) {
         return InitializationResult.apiChecksumMismatch
     }
-    if (uniffi_kerntun_ffi_checksum_method_engine_tun_name() != 56163) {
+    if (uniffi_kerntun_ffi_checksum_method_engine_tun_name() != 46394) {
         return InitializationResult.apiChecksumMismatch
     }
     if (uniffi_kerntun_ffi_checksum_method_platformhooks_protect() != 55524) {

@@ -13,6 +13,7 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
+use std::time::Instant;
 
 use crate::budget::{Admission, OwnedPermit};
 use crate::dns::Dns;
@@ -77,9 +78,10 @@ impl Dispatcher {
     /// Connect-first admission of a new connection to `server`: its plan
     /// and an admission permit, or `None` when it is refused (a rule, an
     /// unknown fake address, or admission full; counted here, and the
-    /// caller answers the SYN with an RST). No await, no I/O: called from
+    /// caller answers the SYN with an RST). `now`: the driver's clock for
+    /// this packet (memory pressure decays with it). No await, no I/O: called from
     /// the driver for every new flow's SYN, by both stacks.
-    pub fn admit(&self, server: SocketAddr) -> Option<(Plan, OwnedPermit)> {
+    pub fn admit(&self, server: SocketAddr, now: Instant) -> Option<(Plan, OwnedPermit)> {
         let plan = match self.plan(server) {
             Ok(plan) => plan,
             Err(Refusal::Rule) => {
@@ -91,13 +93,13 @@ impl Dispatcher {
                 return None;
             }
         };
-        let Some(permit) = self.admission.try_acquire_owned() else {
+        let Some(permit) = self.admission.try_acquire_owned(now) else {
             self.stats.admission_refused.fetch_add(1, Relaxed);
             self.warn.warn(format_args!(
                 "TCP admission refused a session ({} active, limit {} at {:?} pressure)",
                 self.admission.active(),
-                self.admission.limit(),
-                self.admission.pressure()
+                self.admission.limit(now),
+                self.admission.pressure(now)
             ));
             return None;
         };

@@ -300,5 +300,104 @@ try {
     println("FAIL unexpected ${e::class.qualifiedName}: ${e.message}")
     e.printStackTrace()
 }
+// ==== begin: calls during stop and close (stats from a second thread) ====
+// An app's stats timer keeps calling while another thread stops and closes
+// the engine. Every call made before close() must answer without an
+// exception and within CALL_BOUND_MS, also while stop drains a busy device
+// (hundreds of ms). A call begun after close() meets the generated
+// bindings' own use-after-close IllegalStateException ("object has already
+// been destroyed"): that is the only exception allowed, and only then.
+// close() itself returns at once, even on a running engine (it is then
+// stopped on a thread of its own), and the device goes away.
+val CALL_BOUND_MS = 50.0
+
+fun hammerWhileStoppingAndClosing(stopFirst: Boolean) {
+    val what = if (stopFirst) "stop() then close()" else "close() of a running engine"
+    val tun = if (stopFirst) "kthammer1" else "kthammer2"
+    val engine = Engine.start(config(tun, "198.18.0.1/16", null, Driver.PER_PACKET, Stack.SYSTEM), -1, Hooks())
+    check(sh("ip", "route", "replace", "$serverV4/32", "dev", tun) == 0, "$what: route v4 via $tun")
+    // A UDP flood keeps the device busy, so stop drains until its deadline.
+    val busy = java.util.concurrent.atomic.AtomicBoolean(true)
+    val flood = thread {
+        DatagramSocket().use { s ->
+            val to = InetSocketAddress(InetAddress.getByName(serverV4), port)
+            val d = ByteArray(64)
+            while (busy.get()) {
+                repeat(10) { s.send(DatagramPacket(d, d.size, to)) }
+                Thread.sleep(1)
+            }
+        }
+    }
+    val closeAt = java.util.concurrent.atomic.AtomicLong(Long.MAX_VALUE)
+    val done = java.util.concurrent.atomic.AtomicBoolean(false)
+    val slowestNs = java.util.concurrent.atomic.AtomicLong(0)
+    val calls = AtomicInteger()
+    val afterClose = AtomicInteger()
+    val unexpected: MutableList<String> = Collections.synchronizedList(mutableListOf())
+    // Warm up (JIT, JNA) before anything is timed.
+    repeat(20) { engine.stats(); engine.isRunning(); engine.error() }
+    val hammer = thread {
+        var i = 0
+        while (!done.get()) {
+            val t0 = System.nanoTime()
+            try {
+                when (i++ % 3) {
+                    0 -> engine.stats()
+                    1 -> engine.isRunning()
+                    else -> engine.error()
+                }
+                slowestNs.accumulateAndGet(System.nanoTime() - t0) { a, b -> maxOf(a, b) }
+                calls.incrementAndGet()
+            } catch (e: IllegalStateException) {
+                if (t0 >= closeAt.get()) afterClose.incrementAndGet()
+                else unexpected.add("before close: $e")
+            } catch (e: Throwable) {
+                unexpected.add(e.toString())
+            }
+            Thread.sleep(1)
+        }
+    }
+    Thread.sleep(300)
+    val callsBeforeStop = calls.get()
+    val stopStart = System.nanoTime()
+    if (stopFirst) engine.stop()
+    val stopMs = (System.nanoTime() - stopStart) / 1e6
+    val callsDuringStop = calls.get() - callsBeforeStop
+    closeAt.set(System.nanoTime())
+    engine.close()
+    val closeMs = (System.nanoTime() - closeAt.get()) / 1e6
+    Thread.sleep(100)
+    done.set(true)
+    hammer.join(5000)
+    busy.set(false)
+    flood.join(5000)
+    val slowestMs = slowestNs.get() / 1e6
+    println("$what: stop ${"%.0f".format(stopMs)} ms, close ${"%.1f".format(closeMs)} ms, " +
+        "${calls.get()} calls (slowest ${"%.2f".format(slowestMs)} ms), ${afterClose.get()} after close")
+    check(unexpected.isEmpty(), "$what: no exception from calls made before close() ($unexpected)")
+    check(slowestMs < CALL_BOUND_MS, "$what: every call answered within $CALL_BOUND_MS ms (slowest ${"%.1f".format(slowestMs)} ms)")
+    if (stopFirst) {
+        check(stopMs >= 100, "$what: stop drained a busy device (${"%.0f".format(stopMs)} ms) while being hammered")
+        check(callsDuringStop >= 30, "$what: calls kept answering during stop ($callsDuringStop)")
+    }
+    check(closeMs < CALL_BOUND_MS, "$what: close() returned at once (${"%.1f".format(closeMs)} ms)")
+    var gone = false
+    for (i in 0 until 250) {
+        if (sh("ip", "link", "show", tun, expectFailure = true) != 0) { gone = true; break }
+        Thread.sleep(20)
+    }
+    check(gone, "$what: TUN $tun removed")
+}
+
+try {
+    hammerWhileStoppingAndClosing(stopFirst = true)
+    hammerWhileStoppingAndClosing(stopFirst = false)
+} catch (e: Throwable) {
+    failed++
+    println("FAIL unexpected in the stop/close hammer: ${e::class.qualifiedName}: ${e.message}")
+    e.printStackTrace()
+}
+// ==== end: calls during stop and close ====
+
 println("$passed passed, $failed failed")
 exitProcess(if (failed == 0) 0 else 1)

@@ -104,7 +104,7 @@ impl SmolTcp {
                 ));
                 Disposition::WriteBack(packet::tcp_rst_reply(buf, ip, &tcp))
             }
-            Gate::New(key, tcp) => match self.d.admit(key.1) {
+            Gate::New(key, tcp) => match self.d.admit(key.1, now) {
                 None => {
                     self.stack.unmark(&key);
                     Disposition::WriteBack(packet::tcp_rst_reply(buf, ip, &tcp))

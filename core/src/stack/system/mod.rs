@@ -136,7 +136,7 @@ impl SystemStack {
         now: Instant,
         local: &mut LocalCounters,
     ) -> Disposition {
-        let Some((plan, permit)) = self.d.admit(key.server) else {
+        let Some((plan, permit)) = self.d.admit(key.server, now) else {
             self.nat.abort_half_open(port, now);
             return Disposition::WriteBack(packet::tcp_rst_reply(buf, ip, tcp));
         };
