@@ -27,6 +27,7 @@ use crate::stats::Stats;
 
 pub mod addr;
 pub mod config;
+pub mod link;
 pub mod shadowsocks;
 pub mod socks5;
 
