@@ -12,8 +12,8 @@ mod config;
 mod fakeip;
 #[doc(hidden)]
 pub mod fuzzing;
-mod msg;
-mod upstream;
+pub(crate) mod msg;
+pub(crate) mod upstream;
 
 pub use config::{DnsConfig, DnsConfigError, Upstream, UpstreamProto, default_resolver};
 

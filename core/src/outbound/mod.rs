@@ -28,6 +28,7 @@ use crate::stats::Stats;
 pub mod addr;
 pub mod config;
 pub mod link;
+pub mod resolve;
 pub mod shadowsocks;
 pub mod socks5;
 
