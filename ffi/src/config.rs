@@ -14,6 +14,7 @@ use std::str::FromStr;
 use ipnet::{Ipv4Net, Ipv6Net};
 use kerntun::budget::Platform as CorePlatform;
 use kerntun::config as core;
+use kerntun::outbound::link::Link;
 use kerntun::rules::{Action, PortRange, Rule as CoreRule};
 
 use crate::error::KerntunError;
@@ -520,6 +521,21 @@ impl From<ShadowsocksMethod> for core::ShadowsocksMethod {
     }
 }
 
+impl From<core::ShadowsocksMethod> for ShadowsocksMethod {
+    fn from(m: core::ShadowsocksMethod) -> Self {
+        match m {
+            core::ShadowsocksMethod::None => ShadowsocksMethod::Plain,
+            core::ShadowsocksMethod::Aes128Gcm => ShadowsocksMethod::Aes128Gcm,
+            core::ShadowsocksMethod::Aes256Gcm => ShadowsocksMethod::Aes256Gcm,
+            core::ShadowsocksMethod::Chacha20IetfPoly1305 => {
+                ShadowsocksMethod::Chacha20IetfPoly1305
+            }
+            core::ShadowsocksMethod::Blake3Aes128Gcm => ShadowsocksMethod::Blake3Aes128Gcm,
+            core::ShadowsocksMethod::Blake3Aes256Gcm => ShadowsocksMethod::Blake3Aes256Gcm,
+        }
+    }
+}
+
 impl From<MemoryPressure> for kerntun::MemoryPressure {
     fn from(p: MemoryPressure) -> Self {
         match p {
@@ -694,6 +710,36 @@ pub fn default_config() -> EngineConfig {
     EngineConfig::default()
 }
 
+/// An outbound from a share link: `ss://` (SIP002, or the whole-base64
+/// form) or `socks5://[user:pass@]host:port`. UDP is on; change it with
+/// `copy(udp = false)` (Kotlin). The link's `#tag` is not kept: the app
+/// names the outbound when it puts it into `EngineConfig.outbounds`.
+#[uniffi::export]
+pub fn outbound_from_url(url: String) -> Result<Outbound, KerntunError> {
+    crate::error::guard(|| {
+        let link = Link::parse(&url).map_err(|e| KerntunError::Link {
+            reason: e.to_string(),
+        })?;
+        Ok(match link {
+            Link::Shadowsocks(l) => Outbound::Shadowsocks {
+                server: l.server.to_string(),
+                method: l.method.into(),
+                password: l.password,
+                udp: true,
+            },
+            Link::Socks5(l) => {
+                let (username, password) = l.credentials.unzip();
+                Outbound::Socks5 {
+                    server: l.server.to_string(),
+                    username,
+                    password,
+                    udp: true,
+                }
+            }
+        })
+    })
+}
+
 /// The addresses the engine answers DNS on for `config`: what the VPN
 /// profile should announce as its DNS servers (iOS `NEDNSSettings`, Android
 /// `addDnsServer`). Empty when `dns.enabled` is off (or `hijack_all` alone
@@ -786,6 +832,44 @@ mod tests {
                 assert!(reason.contains("empty"), "{reason}");
             }
             other => panic!("expected a config error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn outbounds_from_links() {
+        let o = outbound_from_url(
+            "ss://2022-blake3-aes-256-gcm:AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8%3D@203.0.113.7:8388#x"
+                .into(),
+        )
+        .expect("ss link");
+        assert_eq!(
+            o,
+            Outbound::Shadowsocks {
+                server: "203.0.113.7:8388".into(),
+                method: ShadowsocksMethod::Blake3Aes256Gcm,
+                password: "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=".into(),
+                udp: true,
+            }
+        );
+        let o = outbound_from_url("socks5://me:p%40ss@[2001:db8::5]:1080".into()).expect("socks");
+        assert_eq!(
+            o,
+            Outbound::Socks5 {
+                server: "[2001:db8::5]:1080".into(),
+                username: Some("me".into()),
+                password: Some("p@ss".into()),
+                udp: true,
+            }
+        );
+        let e =
+            outbound_from_url("ss://aes-256-gcm:secret@h.example:1/?plugin=v2ray-plugin".into())
+                .expect_err("plugin");
+        match e {
+            KerntunError::Link { reason } => {
+                assert!(reason.contains("v2ray-plugin"), "{reason}");
+                assert!(!reason.contains("secret"), "{reason}");
+            }
+            other => panic!("wrong error {other:?}"),
         }
     }
 
