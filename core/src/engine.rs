@@ -305,6 +305,20 @@ impl Drop for Engine {
     }
 }
 
+/// Who resolves proxy host names (docs/configuration.md, "Host names").
+fn proxy_resolvers(config: &Config) -> Result<crate::outbound::resolve::Resolvers, ConfigError> {
+    let bootstrap = config
+        .direct
+        .parsed_bootstrap()
+        .map_err(ConfigError::Direct)?;
+    let upstreams = config.dns.parsed_upstreams().map_err(ConfigError::from)?;
+    Ok(crate::outbound::resolve::Resolvers::pick(
+        &bootstrap,
+        &upstreams,
+        std::time::Duration::from_millis(config.dns.timeout_ms.max(1)),
+    ))
+}
+
 type Prepared = (
     Arc<Shared>,
     Vec<(tokio::net::TcpListener, FamilyAddrs)>,
@@ -329,6 +343,7 @@ async fn prepare(
             &config.relay,
             factory.clone(),
             budget.relay_buffer,
+            proxy_resolvers(config)?,
         )
         .map_err(ConfigError::from)?,
     );

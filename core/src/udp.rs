@@ -39,7 +39,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio::task::AbortHandle;
 
 use crate::dns::Dns;
-use crate::outbound::{Address, ProxyUdp, Route};
+use crate::outbound::{Address, OutboundError, ProxyUdp, Route};
 use crate::packet::{self, IPV4_UDP_HEADERS, IPV6_UDP_HEADERS, IpInfo};
 use crate::stats::{EngineDrop, LocalCounters, Stats};
 use crate::system::Shared;
@@ -533,6 +533,8 @@ async fn proxy_flow(
             if let Some(c) = counters {
                 if e.is_protocol() {
                     c.protocol_errors.fetch_add(1, Relaxed);
+                } else if matches!(e, OutboundError::Resolve { .. }) {
+                    c.resolve_failures.fetch_add(1, Relaxed);
                 } else {
                     c.udp_failures.fetch_add(1, Relaxed);
                 }

@@ -7,14 +7,14 @@
 //! same thing on every platform.
 
 use std::collections::{BTreeMap, HashMap};
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
 use std::path::PathBuf;
 use std::str::FromStr;
 
 use ipnet::{Ipv4Net, Ipv6Net};
 use kerntun::budget::Platform as CorePlatform;
 use kerntun::config as core;
-use kerntun::outbound::link::Link;
+use kerntun::outbound::link::{Link, parse_server};
 use kerntun::rules::{Action, PortRange, Rule as CoreRule};
 
 use crate::error::KerntunError;
@@ -106,7 +106,7 @@ pub enum ShadowsocksMethod {
 pub enum Outbound {
     /// A SOCKS5 proxy (RFC 1928), optionally with username/password (RFC 1929).
     Socks5 {
-        /// `ip:port` (`[v6]:port`); the engine has no DNS.
+        /// `ip:port`, `[v6]:port` or `name:port` (see `DirectOptions.bootstrap`).
         server: String,
         username: Option<String>,
         password: Option<String>,
@@ -115,7 +115,7 @@ pub enum Outbound {
     },
     /// A Shadowsocks server.
     Shadowsocks {
-        /// `ip:port` (`[v6]:port`); the engine has no DNS.
+        /// `ip:port`, `[v6]:port` or `name:port` (see `DirectOptions.bootstrap`).
         server: String,
         method: ShadowsocksMethod,
         /// The password (SIP004 methods) or base64 key (AEAD-2022); ignored by `Plain`.
@@ -179,6 +179,12 @@ pub struct DirectOptions {
     /// Upper bound on an outbound TCP connect, in milliseconds.
     #[uniffi(default = 5000)]
     pub connect_timeout_ms: u64,
+    /// Resolvers for proxy host names (`udp://IP:PORT`, `tcp://IP:PORT`),
+    /// asked on protected sockets. Empty: `dns.upstreams` (UDP/TCP ones).
+    /// Android and iOS have no system list the engine can read, so a
+    /// host-name server needs one of the two.
+    #[uniffi(default = [])]
+    pub bootstrap: Vec<String>,
 }
 
 /// Limits that come from the platform unless overridden. `null`/`nil` keeps
@@ -380,6 +386,7 @@ impl Default for DirectOptions {
             interface: None,
             fwmark: None,
             connect_timeout_ms: 5_000,
+            bootstrap: Vec::new(),
         }
     }
 }
@@ -623,7 +630,12 @@ impl EngineConfig {
         }
         let mut outbounds = BTreeMap::new();
         for (name, o) in &self.outbounds {
-            let server = |s: &str| parse::<SocketAddr>(&format!("outbounds.{name}.server"), s);
+            let server = |s: &str| {
+                parse_server(s).map_err(|e| KerntunError::Config {
+                    field: format!("outbounds.{name}.server"),
+                    reason: e.to_string(),
+                })
+            };
             let out = match o {
                 Outbound::Socks5 {
                     server: addr,
@@ -675,6 +687,7 @@ impl EngineConfig {
                 interface: self.direct.interface.clone(),
                 fwmark: self.direct.fwmark,
                 connect_timeout_ms: self.direct.connect_timeout_ms,
+                bootstrap: self.direct.bootstrap.clone(),
             },
             budget: core::BudgetConfig {
                 platform: b.platform.map(CorePlatform::from),
@@ -907,7 +920,7 @@ mod tests {
         assert_eq!(k.outbounds.len(), 2);
         match &k.outbounds["proxy"] {
             core::OutboundConfig::Shadowsocks(s) => {
-                assert_eq!(s.server, "[fd00::5]:8388".parse().expect("addr"));
+                assert_eq!(s.server.to_string(), "[fd00::5]:8388");
                 assert_eq!(s.method, core::ShadowsocksMethod::Chacha20IetfPoly1305);
                 assert!(!s.udp);
             }

@@ -79,6 +79,9 @@ impl From<ConfigError> for KerntunError {
             ConfigError::BadRule { rule, .. } => format!("rules[{rule}]"),
             ConfigError::Dns { field, .. } => format!("dns.{field}"),
             ConfigError::Sniff { field, .. } => format!("sniff.{field}"),
+            ConfigError::Direct(reason) => {
+                format!("direct.{}", reason.split(':').next().unwrap_or_default())
+            }
             _ => String::new(),
         };
         KerntunError::Config {

@@ -435,6 +435,7 @@ mod tests {
             &c.relay,
             SocketFactory::new(&c.direct, None),
             4096,
+            crate::outbound::resolve::Resolvers::default(),
         )
         .expect("outbounds");
         Dns::new(&c.dns, &c.tun.nets(), Arc::new(ob))

@@ -26,8 +26,8 @@ use base64::alphabet;
 use base64::engine::{DecodePaddingMode, GeneralPurpose, GeneralPurposeConfig};
 
 use super::addr::Address;
-use super::shadowsocks::Key;
 use super::config::ShadowsocksMethod;
+use super::shadowsocks::Key;
 
 /// Longest host name (RFC 1035 section 2.3.4: 255 octets on the wire, which
 /// is 253 characters written out without the trailing dot).

@@ -46,6 +46,143 @@ pub const MAX_TTL: Duration = Duration::from_secs(3_600);
 /// Largest DNS message read over TCP or UDP.
 const MAX_MESSAGE: usize = 65_535;
 
+/// The resolvers asked for proxy host names, and the time one try may take.
+#[derive(Debug, Clone, Default)]
+pub struct Resolvers {
+    list: Vec<Upstream>,
+    timeout: Duration,
+}
+
+impl Resolvers {
+    /// The first non-empty of: `bootstrap` (`[direct] bootstrap`), the UDP
+    /// and TCP entries of `upstreams` (`[dns] upstreams`; DNS over TLS is
+    /// not spoken here), the system's resolvers ([`system_resolvers`]).
+    pub fn pick(bootstrap: &[Upstream], upstreams: &[Upstream], timeout: Duration) -> Resolvers {
+        let list = if !bootstrap.is_empty() {
+            bootstrap.to_vec()
+        } else {
+            let plain: Vec<Upstream> = upstreams
+                .iter()
+                .filter(|u| u.proto != UpstreamProto::Tls)
+                .cloned()
+                .collect();
+            if plain.is_empty() {
+                system_resolvers()
+            } else {
+                plain
+            }
+        };
+        Resolvers { list, timeout }
+    }
+
+    /// Exactly these resolvers.
+    pub fn new(list: Vec<Upstream>, timeout: Duration) -> Resolvers {
+        Resolvers { list, timeout }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.list.is_empty()
+    }
+
+    pub fn list(&self) -> &[Upstream] {
+        &self.list
+    }
+}
+
+/// The system's resolvers over UDP port 53: on Linux and macOS the
+/// `nameserver` lines of systemd-resolved's list of real upstreams
+/// (`/run/systemd/resolve/resolv.conf`) when it exists, else of
+/// `/etc/resolv.conf`. Loopback entries are skipped: a local stub resolver
+/// sends its own queries on sockets the engine's loop avoidance does not
+/// cover, so with the host's traffic routed into the tunnel, resolving the
+/// proxy would wait on the proxy. Android and iOS have no such file: set
+/// `[direct] bootstrap` or `[dns] upstreams` there.
+pub fn system_resolvers() -> Vec<Upstream> {
+    for path in ["/run/systemd/resolve/resolv.conf", "/etc/resolv.conf"] {
+        if let Ok(text) = std::fs::read_to_string(path) {
+            let list: Vec<Upstream> = nameservers(&text)
+                .into_iter()
+                .map(|ip| Upstream {
+                    proto: UpstreamProto::Udp,
+                    addr: SocketAddr::new(ip, 53),
+                    server_name: None,
+                })
+                .collect();
+            if !list.is_empty() {
+                return list;
+            }
+        }
+    }
+    Vec::new()
+}
+
+/// The non-loopback `nameserver` addresses of a resolv.conf (an IPv6
+/// address with a `%zone` is skipped: a socket address cannot carry it
+/// here).
+pub fn nameservers(resolv_conf: &str) -> Vec<IpAddr> {
+    resolv_conf
+        .lines()
+        .filter_map(|l| {
+            let mut w = l.split_whitespace();
+            (w.next() == Some("nameserver")).then(|| w.next())?
+        })
+        .filter_map(|a| a.parse::<IpAddr>().ok())
+        .filter(|ip| !ip.is_loopback() && !ip.is_unspecified())
+        .collect()
+}
+
+/// A proxy's host name, port and cache; one per configured outbound. The
+/// lock is held across a lookup, so concurrent connections wait for one
+/// lookup instead of each sending their own.
+#[derive(Debug)]
+pub struct Named {
+    name: String,
+    port: u16,
+    cache: tokio::sync::Mutex<NameCache>,
+}
+
+impl Named {
+    pub fn new(name: &str, port: u16) -> Named {
+        Named {
+            name: name.to_owned(),
+            port,
+            cache: tokio::sync::Mutex::new(NameCache::default()),
+        }
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The addresses to try, in order (resolving first when the cache says so).
+    pub async fn addresses(
+        &self,
+        factory: &SocketFactory,
+        resolvers: &Resolvers,
+    ) -> Result<Vec<SocketAddr>, ResolveError> {
+        let mut c = self.cache.lock().await;
+        match c.lookup(Instant::now(), self.port) {
+            Lookup::Use(a) => Ok(a),
+            Lookup::Fail(e) => Err(e),
+            Lookup::Resolve => {
+                let r = resolve(factory, &resolvers.list, &self.name, resolvers.timeout).await;
+                if let Ok(a) = &r {
+                    tracing::debug!("{} -> {:?} (ttl {:?})", self.name, a.addrs, a.ttl);
+                }
+                c.answer(Instant::now(), self.port, r)
+            }
+        }
+    }
+
+    pub async fn connected(&self, ip: IpAddr) {
+        self.cache.lock().await.connected(ip);
+    }
+
+    pub async fn connect_failed(&self) {
+        self.cache.lock().await.connect_failed();
+    }
+}
+
 /// Why a proxy's name has no address.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
@@ -493,6 +630,30 @@ mod tests {
         assert_eq!(
             combine(Err("x".into()), Err("timed out".into())),
             Err(ResolveError::NoAnswer("timed out".into()))
+        );
+    }
+
+    #[test]
+    fn resolv_conf_nameservers() {
+        let text = "# generated\nsearch lan\nnameserver 127.0.0.53\nnameserver 192.0.2.53\n\
+                    nameserver   2001:db8::53 \nnameserver fe80::1%eth0\nnameserver ::1\noptions edns0\n";
+        assert_eq!(
+            nameservers(text),
+            vec![ip("192.0.2.53"), ip("2001:db8::53")]
+        );
+        assert!(nameservers("nameserver\n").is_empty());
+        let up = |s: &str| s.parse::<Upstream>().expect("upstream");
+        let t = Duration::from_secs(1);
+        let boot = [up("udp://192.0.2.1:53")];
+        let dns = [
+            up("tls://192.0.2.2:853#dns.example"),
+            up("tcp://192.0.2.3:53"),
+        ];
+        assert_eq!(Resolvers::pick(&boot, &dns, t).list(), &boot);
+        assert_eq!(
+            Resolvers::pick(&[], &dns, t).list(),
+            &dns[1..],
+            "not DNS over TLS"
         );
     }
 
