@@ -355,6 +355,11 @@ RustBuffer uniffi_kerntun_ffi_fn_func_default_config(RustCallStatus *_Nonnull ou
     
 );
 #endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_FN_FUNC_OUTBOUND_FROM_URL
+#define UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_FN_FUNC_OUTBOUND_FROM_URL
+RustBuffer uniffi_kerntun_ffi_fn_func_outbound_from_url(RustBuffer url, RustCallStatus *_Nonnull out_status
+);
+#endif
 #ifndef UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_FN_FUNC_RESOLVER_ADDRESSES
 #define UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_FN_FUNC_RESOLVER_ADDRESSES
 RustBuffer uniffi_kerntun_ffi_fn_func_resolver_addresses(RustBuffer config, RustCallStatus *_Nonnull out_status
@@ -640,6 +645,12 @@ uint16_t uniffi_kerntun_ffi_checksum_func_version(void
 #ifndef UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_CHECKSUM_FUNC_DEFAULT_CONFIG
 #define UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_CHECKSUM_FUNC_DEFAULT_CONFIG
 uint16_t uniffi_kerntun_ffi_checksum_func_default_config(void
+    
+);
+#endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_CHECKSUM_FUNC_OUTBOUND_FROM_URL
+#define UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_CHECKSUM_FUNC_OUTBOUND_FROM_URL
+uint16_t uniffi_kerntun_ffi_checksum_func_outbound_from_url(void
     
 );
 #endif

@@ -23,7 +23,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use clap::{Parser, Subcommand, ValueEnum};
-use kerntun::config::{Config, DriverMode, StackKind};
+use kerntun::config::{Config, DriverMode, OutboundConfig, StackKind};
+use kerntun::outbound::link::Link;
+use kerntun::rules::{Action, Rule};
 use kerntun::{Engine, TunSource};
 
 #[derive(Parser, Debug)]
@@ -130,6 +132,10 @@ struct RunArgs {
     #[cfg(target_os = "linux")]
     #[arg(long, value_enum, default_value_t = autoroute::DnsSetup::Auto, requires = "auto_route")]
     dns_setup: autoroute::DnsSetup,
+    /// Send everything the config's rules do not route elsewhere through
+    /// this proxy: an `ss://` or `socks5://` link (outbound name `proxy`).
+    #[arg(long, value_name = "URL")]
+    proxy: Option<String>,
 }
 
 #[derive(clap::Args, Debug)]
@@ -210,6 +216,9 @@ fn load_config(args: &RunArgs) -> Result<Config, String> {
     if let Some(m) = args.fwmark {
         cfg.direct.fwmark = Some(m);
     }
+    if let Some(url) = &args.proxy {
+        add_proxy(&mut cfg, url)?;
+    }
     cfg.validate().map_err(|e| e.to_string())?;
     Ok(cfg)
 }
@@ -226,6 +235,27 @@ fn inherited_fd(fd: i32) -> Result<BorrowedFd<'static>, String> {
     // process, which never closes it: the borrow is valid for its life.
     Ok(unsafe { BorrowedFd::borrow_raw(fd) })
 }
+
+/// `--proxy URL`: an outbound named `proxy` from the link, and a catch-all
+/// rule to it after the config's own rules.
+fn add_proxy(cfg: &mut Config, url: &str) -> Result<(), String> {
+    let link = Link::parse(url).map_err(|e| format!("--proxy: {e}"))?;
+    if cfg.outbounds.contains_key(PROXY) {
+        return Err(format!(
+            "--proxy: the config already has an outbound named {PROXY:?}"
+        ));
+    }
+    cfg.outbounds
+        .insert(PROXY.into(), OutboundConfig::from(link));
+    cfg.rules.push(Rule {
+        action: Action::from(PROXY),
+        ..Rule::default()
+    });
+    Ok(())
+}
+
+/// The outbound `--proxy` adds.
+const PROXY: &str = "proxy";
 
 fn run(args: RunArgs) -> Result<(), String> {
     #[cfg_attr(not(target_os = "linux"), allow(unused_mut))]
@@ -438,4 +468,38 @@ fn demo(args: DemoArgs) -> Result<(), String> {
     }
     println!("kerntun demo: ok (namespaces removed)");
     Ok(())
+}
+
+#[cfg(test)]
+mod proxy_tests {
+    use super::*;
+
+    fn run_args(args: &[&str]) -> RunArgs {
+        let argv = ["kerntun", "run"].into_iter().chain(args.iter().copied());
+        match Cli::try_parse_from(argv).expect("arguments").cmd {
+            Cmd::Run(a) => a,
+            Cmd::Demo(_) => panic!("not run"),
+        }
+    }
+
+    #[test]
+    fn proxy_routes_everything_else_to_the_link() {
+        let cfg = load_config(&run_args(&[
+            "--proxy",
+            "ss://YWVzLTI1Ni1nY206c2VjcmV0@ss.example.com:8388#t",
+        ]))
+        .expect("config");
+        match &cfg.outbounds[PROXY] {
+            OutboundConfig::Shadowsocks(s) => {
+                assert_eq!(s.server.to_string(), "ss.example.com:8388");
+                assert_eq!(s.password, "secret");
+            }
+            other => panic!("{other:?}"),
+        }
+        let last = cfg.rules.last().expect("a rule");
+        assert_eq!(last.action, Action::from(PROXY));
+        assert!(last.cidr.is_none() && last.ports.is_none(), "a catch-all");
+        let e = load_config(&run_args(&["--proxy", "socks5://h"])).expect_err("no port");
+        assert!(e.starts_with("--proxy: ") && e.contains("port"), "{e}");
+    }
 }

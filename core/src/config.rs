@@ -145,6 +145,9 @@ pub enum ConfigError {
     /// A `[sniff]` setting is unusable.
     #[error("sniff.{field}: {reason}")]
     Sniff { field: &'static str, reason: String },
+    /// A `[direct]` setting is unusable.
+    #[error("direct.{0}")]
+    Direct(String),
 }
 
 impl From<RuleError> for ConfigError {
@@ -217,6 +220,9 @@ impl Config {
         if let Some(field) = self.budget.zero_field() {
             return Err(ConfigError::ZeroBudget(field));
         }
+        self.direct
+            .parsed_bootstrap()
+            .map_err(ConfigError::Direct)?;
         for (name, o) in &self.outbounds {
             o.check(name)?;
         }
@@ -405,9 +411,10 @@ action = "ss-none"
         // Unknown fields and syntax errors: the toml crate's line numbers.
         let text = OUTBOUNDS.replace("udp = false", "udp = false\ncolour = 1");
         let e = Config::from_toml(&text).expect_err("unknown field");
+        let colour = 1 + text.lines().position(|l| l == "colour = 1").expect("l");
         assert!(
-            e.contains(&format!("line {line}")) && e.contains("colour"),
-            "{e}"
+            e.contains(&format!("line {colour}")) && e.contains("colour"),
+            "the line of the unknown field itself: {e}"
         );
         let e = Config::from_toml("[relay]\nsplice = maybe\n").expect_err("syntax");
         assert!(e.contains("line 2"), "{e}");

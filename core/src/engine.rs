@@ -322,6 +322,21 @@ struct Assembled {
     driver: DriverKind,
 }
 
+/// Who resolves proxy host names (docs/configuration.md, "Host names").
+fn proxy_resolvers(config: &Config) -> Result<crate::outbound::resolve::Resolvers, ConfigError> {
+    let bootstrap = config
+        .direct
+        .parsed_bootstrap()
+        .map_err(ConfigError::Direct)?;
+    let upstreams = config.dns.parsed_upstreams().map_err(ConfigError::from)?;
+    Ok(crate::outbound::resolve::Resolvers::pick(
+        &bootstrap,
+        &upstreams,
+        std::time::Duration::from_millis(config.dns.timeout_ms.max(1)),
+    ))
+}
+
+
 /// Build every part of an engine: everything that can fail on the
 /// configuration alone (rules with their domain lists, proxy keys, DNS
 /// upstreams) before any descriptor is opened, then the device (addresses
@@ -341,6 +356,7 @@ async fn assemble(
             &config.relay,
             factory.clone(),
             budget.relay_buffer,
+            proxy_resolvers(config)?,
         )
         .map_err(ConfigError::from)?,
     );

@@ -223,6 +223,9 @@ pub struct OutboundCounters {
     pub udp_flows: AtomicU64,
     /// UDP associations that could not be opened.
     pub udp_failures: AtomicU64,
+    /// TCP connections and UDP flows that failed because the server's host
+    /// name did not resolve (NXDOMAIN, no records, no resolver answered).
+    pub resolve_failures: AtomicU64,
 }
 
 /// A snapshot of one proxy outbound's counters.
@@ -234,6 +237,7 @@ pub struct OutboundSnapshot {
     pub protocol_errors: u64,
     pub udp_flows: u64,
     pub udp_failures: u64,
+    pub resolve_failures: u64,
 }
 
 impl Stats {
@@ -495,6 +499,7 @@ impl Stats {
                     protocol_errors: g(&o.protocol_errors),
                     udp_flows: g(&o.udp_flows),
                     udp_failures: g(&o.udp_failures),
+                    resolve_failures: g(&o.resolve_failures),
                 })
                 .collect(),
             ..Default::default()

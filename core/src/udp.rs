@@ -40,7 +40,7 @@ use tokio::task::AbortHandle;
 
 use crate::dispatch::Dispatcher;
 use crate::dns::Dns;
-use crate::outbound::{Address, ProxyUdp, Route, SocketFactory};
+use crate::outbound::{Address, OutboundError, ProxyUdp, Route, SocketFactory};
 use crate::packet::{self, HEADROOM, IPV4_UDP_HEADERS, IPV6_UDP_HEADERS, IpInfo};
 use crate::stats::{EngineDrop, LocalCounters, Stats};
 use crate::tun::Tun;
@@ -559,6 +559,8 @@ async fn proxy_flow(
             if let Some(c) = counters {
                 if e.is_protocol() {
                     c.protocol_errors.fetch_add(1, Relaxed);
+                } else if matches!(e, OutboundError::Resolve { .. }) {
+                    c.resolve_failures.fetch_add(1, Relaxed);
                 } else {
                     c.udp_failures.fetch_add(1, Relaxed);
                 }

@@ -250,7 +250,7 @@ fn fake_ip_tcp_goes_to_socks5_as_a_domain(stack: StackKind, driver: DriverMode) 
         c.outbounds.insert(
             "proxy".into(),
             OutboundConfig::Socks5(Socks5Config {
-                server: proxy,
+                server: proxy.into(),
                 username: None,
                 password: None,
                 udp: false,

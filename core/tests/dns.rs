@@ -227,7 +227,7 @@ fn fake_ip_rig(topo: Topology, pool: &str, proxy: SocketAddr, upstream: String) 
         c.outbounds.insert(
             "proxy".into(),
             OutboundConfig::Socks5(Socks5Config {
-                server: proxy,
+                server: proxy.into(),
                 username: None,
                 password: None,
                 udp: true,

@@ -178,7 +178,7 @@ fn ss_server(ns: &Netns, addr: SocketAddr, method: &str, password: &str) -> InPr
 
 fn ss_outbound(server: SocketAddr, method: ShadowsocksMethod, password: &str) -> OutboundConfig {
     OutboundConfig::Shadowsocks(ShadowsocksConfig {
-        server,
+        server: server.into(),
         method,
         password: password.into(),
         udp: true,
@@ -454,7 +454,7 @@ fn socks5_server(ns: &Netns, addr: SocketAddr, creds: Option<(&str, &str)>) -> I
 
 fn socks5_outbound(server: SocketAddr, creds: Option<(&str, &str)>) -> OutboundConfig {
     OutboundConfig::Socks5(Socks5Config {
-        server,
+        server: server.into(),
         username: creds.map(|c| c.0.into()),
         password: creds.map(|c| c.1.into()),
         udp: true,

@@ -7,13 +7,14 @@
 //! same thing on every platform.
 
 use std::collections::{BTreeMap, HashMap};
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
 use std::path::PathBuf;
 use std::str::FromStr;
 
 use ipnet::{Ipv4Net, Ipv6Net};
 use kerntun::budget::Platform as CorePlatform;
 use kerntun::config as core;
+use kerntun::outbound::link::{Link, parse_server};
 use kerntun::rules::{Action, PortRange, Rule as CoreRule};
 
 use crate::error::KerntunError;
@@ -105,7 +106,7 @@ pub enum ShadowsocksMethod {
 pub enum Outbound {
     /// A SOCKS5 proxy (RFC 1928), optionally with username/password (RFC 1929).
     Socks5 {
-        /// `ip:port` (`[v6]:port`); the engine has no DNS.
+        /// `ip:port`, `[v6]:port` or `name:port` (see `DirectOptions.bootstrap`).
         server: String,
         username: Option<String>,
         password: Option<String>,
@@ -114,7 +115,7 @@ pub enum Outbound {
     },
     /// A Shadowsocks server.
     Shadowsocks {
-        /// `ip:port` (`[v6]:port`); the engine has no DNS.
+        /// `ip:port`, `[v6]:port` or `name:port` (see `DirectOptions.bootstrap`).
         server: String,
         method: ShadowsocksMethod,
         /// The password (SIP004 methods) or base64 key (AEAD-2022); ignored by `Plain`.
@@ -178,6 +179,12 @@ pub struct DirectOptions {
     /// Upper bound on an outbound TCP connect, in milliseconds.
     #[uniffi(default = 5000)]
     pub connect_timeout_ms: u64,
+    /// Resolvers for proxy host names (`udp://IP:PORT`, `tcp://IP:PORT`),
+    /// asked on protected sockets. Empty: `dns.upstreams` (UDP/TCP ones).
+    /// Android and iOS have no system list the engine can read, so a
+    /// host-name server needs one of the two.
+    #[uniffi(default = [])]
+    pub bootstrap: Vec<String>,
 }
 
 /// Limits that come from the platform unless overridden. `null`/`nil` keeps
@@ -379,6 +386,7 @@ impl Default for DirectOptions {
             interface: None,
             fwmark: None,
             connect_timeout_ms: 5_000,
+            bootstrap: Vec::new(),
         }
     }
 }
@@ -520,6 +528,21 @@ impl From<ShadowsocksMethod> for core::ShadowsocksMethod {
     }
 }
 
+impl From<core::ShadowsocksMethod> for ShadowsocksMethod {
+    fn from(m: core::ShadowsocksMethod) -> Self {
+        match m {
+            core::ShadowsocksMethod::None => ShadowsocksMethod::Plain,
+            core::ShadowsocksMethod::Aes128Gcm => ShadowsocksMethod::Aes128Gcm,
+            core::ShadowsocksMethod::Aes256Gcm => ShadowsocksMethod::Aes256Gcm,
+            core::ShadowsocksMethod::Chacha20IetfPoly1305 => {
+                ShadowsocksMethod::Chacha20IetfPoly1305
+            }
+            core::ShadowsocksMethod::Blake3Aes128Gcm => ShadowsocksMethod::Blake3Aes128Gcm,
+            core::ShadowsocksMethod::Blake3Aes256Gcm => ShadowsocksMethod::Blake3Aes256Gcm,
+        }
+    }
+}
+
 impl From<MemoryPressure> for kerntun::MemoryPressure {
     fn from(p: MemoryPressure) -> Self {
         match p {
@@ -607,7 +630,12 @@ impl EngineConfig {
         }
         let mut outbounds = BTreeMap::new();
         for (name, o) in &self.outbounds {
-            let server = |s: &str| parse::<SocketAddr>(&format!("outbounds.{name}.server"), s);
+            let server = |s: &str| {
+                parse_server(s).map_err(|e| KerntunError::Config {
+                    field: format!("outbounds.{name}.server"),
+                    reason: e.to_string(),
+                })
+            };
             let out = match o {
                 Outbound::Socks5 {
                     server: addr,
@@ -659,6 +687,7 @@ impl EngineConfig {
                 interface: self.direct.interface.clone(),
                 fwmark: self.direct.fwmark,
                 connect_timeout_ms: self.direct.connect_timeout_ms,
+                bootstrap: self.direct.bootstrap.clone(),
             },
             budget: core::BudgetConfig {
                 platform: b.platform.map(CorePlatform::from),
@@ -692,6 +721,36 @@ impl EngineConfig {
 #[uniffi::export]
 pub fn default_config() -> EngineConfig {
     EngineConfig::default()
+}
+
+/// An outbound from a share link: `ss://` (SIP002, or the whole-base64
+/// form) or `socks5://[user:pass@]host:port`. UDP is on; change it with
+/// `copy(udp = false)` (Kotlin). The link's `#tag` is not kept: the app
+/// names the outbound when it puts it into `EngineConfig.outbounds`.
+#[uniffi::export]
+pub fn outbound_from_url(url: String) -> Result<Outbound, KerntunError> {
+    crate::error::guard(|| {
+        let link = Link::parse(&url).map_err(|e| KerntunError::Link {
+            reason: e.to_string(),
+        })?;
+        Ok(match link {
+            Link::Shadowsocks(l) => Outbound::Shadowsocks {
+                server: l.server.to_string(),
+                method: l.method.into(),
+                password: l.password,
+                udp: true,
+            },
+            Link::Socks5(l) => {
+                let (username, password) = l.credentials.unzip();
+                Outbound::Socks5 {
+                    server: l.server.to_string(),
+                    username,
+                    password,
+                    udp: true,
+                }
+            }
+        })
+    })
 }
 
 /// The addresses the engine answers DNS on for `config`: what the VPN
@@ -790,6 +849,44 @@ mod tests {
     }
 
     #[test]
+    fn outbounds_from_links() {
+        let o = outbound_from_url(
+            "ss://2022-blake3-aes-256-gcm:AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8%3D@203.0.113.7:8388#x"
+                .into(),
+        )
+        .expect("ss link");
+        assert_eq!(
+            o,
+            Outbound::Shadowsocks {
+                server: "203.0.113.7:8388".into(),
+                method: ShadowsocksMethod::Blake3Aes256Gcm,
+                password: "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=".into(),
+                udp: true,
+            }
+        );
+        let o = outbound_from_url("socks5://me:p%40ss@[2001:db8::5]:1080".into()).expect("socks");
+        assert_eq!(
+            o,
+            Outbound::Socks5 {
+                server: "[2001:db8::5]:1080".into(),
+                username: Some("me".into()),
+                password: Some("p@ss".into()),
+                udp: true,
+            }
+        );
+        let e =
+            outbound_from_url("ss://aes-256-gcm:secret@h.example:1/?plugin=v2ray-plugin".into())
+                .expect_err("plugin");
+        match e {
+            KerntunError::Link { reason } => {
+                assert!(reason.contains("v2ray-plugin"), "{reason}");
+                assert!(!reason.contains("secret"), "{reason}");
+            }
+            other => panic!("wrong error {other:?}"),
+        }
+    }
+
+    #[test]
     fn outbounds_and_rule_targets_translate() {
         let mut c = EngineConfig::default();
         c.outbounds.insert(
@@ -823,7 +920,7 @@ mod tests {
         assert_eq!(k.outbounds.len(), 2);
         match &k.outbounds["proxy"] {
             core::OutboundConfig::Shadowsocks(s) => {
-                assert_eq!(s.server, "[fd00::5]:8388".parse().expect("addr"));
+                assert_eq!(s.server.to_string(), "[fd00::5]:8388");
                 assert_eq!(s.method, core::ShadowsocksMethod::Chacha20IetfPoly1305);
                 assert!(!s.udp);
             }

@@ -14,6 +14,10 @@ pub enum KerntunError {
     /// names it (`tun.ipv4`, `rules[2].ports`, `budget.udp_flows`, ...).
     #[error("invalid configuration: {field}: {reason}")]
     Config { field: String, reason: String },
+    /// A share link (`outboundFromUrl`) is not one kerntun can use; the
+    /// reason says what is wrong with it (never the password).
+    #[error("invalid link: {reason}")]
+    Link { reason: String },
     /// The engine's runtime (threads, event loop) could not be created.
     #[error("creating the engine runtime: {reason}")]
     Runtime { reason: String },
@@ -75,6 +79,9 @@ impl From<ConfigError> for KerntunError {
             ConfigError::BadRule { rule, .. } => format!("rules[{rule}]"),
             ConfigError::Dns { field, .. } => format!("dns.{field}"),
             ConfigError::Sniff { field, .. } => format!("sniff.{field}"),
+            ConfigError::Direct(reason) => {
+                format!("direct.{}", reason.split(':').next().unwrap_or_default())
+            }
             _ => String::new(),
         };
         KerntunError::Config {

@@ -27,7 +27,7 @@ mod sys;
 pub use config::{
     BudgetOptions, DirectOptions, DnsOptions, Driver, EngineConfig, LogLevel, MemoryPressure,
     Outbound, Platform, RelayOptions, RuleAction, RuleOptions, ShadowsocksMethod, SniffOptions,
-    Stack, TimeoutOptions, TunOptions, default_config, resolver_addresses,
+    Stack, TimeoutOptions, TunOptions, default_config, outbound_from_url, resolver_addresses,
 };
 pub use engine::Engine;
 pub use error::{HookError, KerntunError};

@@ -43,6 +43,9 @@ pub struct OutboundStats {
     pub udp_flows: u64,
     /// UDP associations that could not be opened.
     pub udp_failures: u64,
+    /// TCP connections and UDP flows that failed because the server's host
+    /// name did not resolve.
+    pub resolve_failures: u64,
 }
 
 /// DNS hijack, cache, fake-ip and domain sniffing.
@@ -283,6 +286,7 @@ impl From<OutboundSnapshot> for OutboundStats {
             protocol_errors,
             udp_flows,
             udp_failures,
+            resolve_failures,
         } = o;
         OutboundStats {
             name,
@@ -291,6 +295,7 @@ impl From<OutboundSnapshot> for OutboundStats {
             protocol_errors,
             udp_flows,
             udp_failures,
+            resolve_failures,
         }
     }
 }

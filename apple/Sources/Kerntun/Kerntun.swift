@@ -1270,6 +1270,13 @@ public struct DirectOptions: Equatable, Hashable {
      * Upper bound on an outbound TCP connect, in milliseconds.
      */
     public var connectTimeoutMs: UInt64
+    /**
+     * Resolvers for proxy host names (`udp://IP:PORT`, `tcp://IP:PORT`),
+     * asked on protected sockets. Empty: `dns.upstreams` (UDP/TCP ones).
+     * Android and iOS have no system list the engine can read, so a
+     * host-name server needs one of the two.
+     */
+    public var bootstrap: [String]
 
     // Default memberwise initializers are never public by default, so we
     // declare one manually.
@@ -1283,10 +1290,17 @@ public struct DirectOptions: Equatable, Hashable {
          */fwmark: UInt32? = nil, 
         /**
          * Upper bound on an outbound TCP connect, in milliseconds.
-         */connectTimeoutMs: UInt64 = UInt64(5000)) {
+         */connectTimeoutMs: UInt64 = UInt64(5000), 
+        /**
+         * Resolvers for proxy host names (`udp://IP:PORT`, `tcp://IP:PORT`),
+         * asked on protected sockets. Empty: `dns.upstreams` (UDP/TCP ones).
+         * Android and iOS have no system list the engine can read, so a
+         * host-name server needs one of the two.
+         */bootstrap: [String] = []) {
         self.interface = interface
         self.fwmark = fwmark
         self.connectTimeoutMs = connectTimeoutMs
+        self.bootstrap = bootstrap
     }
 
     
@@ -1307,7 +1321,8 @@ public struct FfiConverterTypeDirectOptions: FfiConverterRustBuffer {
             try DirectOptions(
                 interface: FfiConverterOptionString.read(from: &buf), 
                 fwmark: FfiConverterOptionUInt32.read(from: &buf), 
-                connectTimeoutMs: FfiConverterUInt64.read(from: &buf)
+                connectTimeoutMs: FfiConverterUInt64.read(from: &buf), 
+                bootstrap: FfiConverterSequenceString.read(from: &buf)
         )
     }
 
@@ -1315,6 +1330,7 @@ public struct FfiConverterTypeDirectOptions: FfiConverterRustBuffer {
         FfiConverterOptionString.write(value.interface, into: &buf)
         FfiConverterOptionUInt32.write(value.fwmark, into: &buf)
         FfiConverterUInt64.write(value.connectTimeoutMs, into: &buf)
+        FfiConverterSequenceString.write(value.bootstrap, into: &buf)
     }
 }
 
@@ -2285,6 +2301,11 @@ public struct OutboundStats: Equatable, Hashable {
      * UDP associations that could not be opened.
      */
     public var udpFailures: UInt64
+    /**
+     * TCP connections and UDP flows that failed because the server's host
+     * name did not resolve.
+     */
+    public var resolveFailures: UInt64
 
     // Default memberwise initializers are never public by default, so we
     // declare one manually.
@@ -2307,13 +2328,18 @@ public struct OutboundStats: Equatable, Hashable {
          */udpFlows: UInt64, 
         /**
          * UDP associations that could not be opened.
-         */udpFailures: UInt64) {
+         */udpFailures: UInt64, 
+        /**
+         * TCP connections and UDP flows that failed because the server's host
+         * name did not resolve.
+         */resolveFailures: UInt64) {
         self.name = name
         self.tcpConnects = tcpConnects
         self.tcpFailures = tcpFailures
         self.protocolErrors = protocolErrors
         self.udpFlows = udpFlows
         self.udpFailures = udpFailures
+        self.resolveFailures = resolveFailures
     }
 
     
@@ -2337,7 +2363,8 @@ public struct FfiConverterTypeOutboundStats: FfiConverterRustBuffer {
                 tcpFailures: FfiConverterUInt64.read(from: &buf), 
                 protocolErrors: FfiConverterUInt64.read(from: &buf), 
                 udpFlows: FfiConverterUInt64.read(from: &buf), 
-                udpFailures: FfiConverterUInt64.read(from: &buf)
+                udpFailures: FfiConverterUInt64.read(from: &buf), 
+                resolveFailures: FfiConverterUInt64.read(from: &buf)
         )
     }
 
@@ -2348,6 +2375,7 @@ public struct FfiConverterTypeOutboundStats: FfiConverterRustBuffer {
         FfiConverterUInt64.write(value.protocolErrors, into: &buf)
         FfiConverterUInt64.write(value.udpFlows, into: &buf)
         FfiConverterUInt64.write(value.udpFailures, into: &buf)
+        FfiConverterUInt64.write(value.resolveFailures, into: &buf)
     }
 }
 
@@ -3029,6 +3057,12 @@ enum KerntunError: Swift.Error, Equatable, Hashable, Foundation.LocalizedError {
     case Config(field: String, reason: String
     )
     /**
+     * A share link (`outboundFromUrl`) is not one kerntun can use; the
+     * reason says what is wrong with it (never the password).
+     */
+    case Link(reason: String
+    )
+    /**
      * The engine's runtime (threads, event loop) could not be created.
      */
     case Runtime(reason: String
@@ -3093,23 +3127,26 @@ public struct FfiConverterTypeKerntunError: FfiConverterRustBuffer {
             field: try FfiConverterString.read(from: &buf), 
             reason: try FfiConverterString.read(from: &buf)
             )
-        case 2: return .Runtime(
+        case 2: return .Link(
             reason: try FfiConverterString.read(from: &buf)
             )
-        case 3: return .Tun(
+        case 3: return .Runtime(
             reason: try FfiConverterString.read(from: &buf)
             )
-        case 4: return .Address(
+        case 4: return .Tun(
             reason: try FfiConverterString.read(from: &buf)
             )
-        case 5: return .Listener(
+        case 5: return .Address(
+            reason: try FfiConverterString.read(from: &buf)
+            )
+        case 6: return .Listener(
             address: try FfiConverterString.read(from: &buf), 
             reason: try FfiConverterString.read(from: &buf)
             )
-        case 6: return .Logging(
+        case 7: return .Logging(
             reason: try FfiConverterString.read(from: &buf)
             )
-        case 7: return .Internal(
+        case 8: return .Internal(
             reason: try FfiConverterString.read(from: &buf)
             )
 
@@ -3130,34 +3167,39 @@ public struct FfiConverterTypeKerntunError: FfiConverterRustBuffer {
             FfiConverterString.write(reason, into: &buf)
             
         
-        case let .Runtime(reason):
+        case let .Link(reason):
             writeInt(&buf, Int32(2))
             FfiConverterString.write(reason, into: &buf)
             
         
-        case let .Tun(reason):
+        case let .Runtime(reason):
             writeInt(&buf, Int32(3))
             FfiConverterString.write(reason, into: &buf)
             
         
-        case let .Address(reason):
+        case let .Tun(reason):
             writeInt(&buf, Int32(4))
             FfiConverterString.write(reason, into: &buf)
             
         
-        case let .Listener(address,reason):
+        case let .Address(reason):
             writeInt(&buf, Int32(5))
+            FfiConverterString.write(reason, into: &buf)
+            
+        
+        case let .Listener(address,reason):
+            writeInt(&buf, Int32(6))
             FfiConverterString.write(address, into: &buf)
             FfiConverterString.write(reason, into: &buf)
             
         
         case let .Logging(reason):
-            writeInt(&buf, Int32(6))
+            writeInt(&buf, Int32(7))
             FfiConverterString.write(reason, into: &buf)
             
         
         case let .Internal(reason):
-            writeInt(&buf, Int32(7))
+            writeInt(&buf, Int32(8))
             FfiConverterString.write(reason, into: &buf)
             
         }
@@ -3358,7 +3400,7 @@ public enum Outbound: Equatable, Hashable {
      */
     case socks5(
         /**
-         * `ip:port` (`[v6]:port`); the engine has no DNS.
+         * `ip:port`, `[v6]:port` or `name:port` (see `DirectOptions.bootstrap`).
          */server: String, username: String?, password: String?, 
         /**
          * Relay UDP flows with UDP ASSOCIATE (else they go direct).
@@ -3369,7 +3411,7 @@ public enum Outbound: Equatable, Hashable {
      */
     case shadowsocks(
         /**
-         * `ip:port` (`[v6]:port`); the engine has no DNS.
+         * `ip:port`, `[v6]:port` or `name:port` (see `DirectOptions.bootstrap`).
          */server: String, method: ShadowsocksMethod, 
         /**
          * The password (SIP004 methods) or base64 key (AEAD-2022); ignored by `Plain`.
@@ -4216,6 +4258,20 @@ public func defaultConfig() -> EngineConfig  {
 })
 }
 /**
+ * An outbound from a share link: `ss://` (SIP002, or the whole-base64
+ * form) or `socks5://[user:pass@]host:port`. UDP is on; change it with
+ * `copy(udp = false)` (Kotlin). The link's `#tag` is not kept: the app
+ * names the outbound when it puts it into `EngineConfig.outbounds`.
+ */
+public func outboundFromUrl(url: String)throws  -> Outbound  {
+    return try  FfiConverterTypeOutbound_lift(try rustCallWithError(FfiConverterTypeKerntunError_lift) {
+        uniffiCallStatus in
+    uniffi_kerntun_ffi_fn_func_outbound_from_url(
+        FfiConverterString.lower(url),uniffiCallStatus
+    )
+})
+}
+/**
  * The addresses the engine answers DNS on for `config`: what the VPN
  * profile should announce as its DNS servers (iOS `NEDNSSettings`, Android
  * `addDnsServer`). Empty when `dns.enabled` is off (or `hijack_all` alone
@@ -4266,6 +4322,9 @@ private let initializationResult: InitializationResult = {
         return InitializationResult.apiChecksumMismatch
     }
     if (uniffi_kerntun_ffi_checksum_func_default_config() != 56504) {
+        return InitializationResult.apiChecksumMismatch
+    }
+    if (uniffi_kerntun_ffi_checksum_func_outbound_from_url() != 32589) {
         return InitializationResult.apiChecksumMismatch
     }
     if (uniffi_kerntun_ffi_checksum_func_resolver_addresses() != 8589) {

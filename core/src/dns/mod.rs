@@ -15,8 +15,8 @@ mod fakeip;
 #[cfg(fuzzing)]
 #[doc(hidden)]
 pub mod fuzzing;
-mod msg;
-mod upstream;
+pub(crate) mod msg;
+pub(crate) mod upstream;
 
 pub use config::{DnsConfig, DnsConfigError, Upstream, UpstreamProto, default_resolver};
 
@@ -438,6 +438,7 @@ mod tests {
             &c.relay,
             SocketFactory::new(&c.direct, None),
             4096,
+            crate::outbound::resolve::Resolvers::default(),
         )
         .expect("outbounds");
         Dns::new(&c.dns, &c.tun.nets(), Arc::new(ob))

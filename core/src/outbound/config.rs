@@ -1,9 +1,11 @@
 //! The `[direct]` and `[outbounds.NAME]` sections: how direct sockets stay
 //! off the TUN, and the proxies rules can send flows to.
 
-use std::net::SocketAddr;
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-use serde::{Deserialize, Serialize};
+use super::addr::Address;
+use super::link::{Link, parse_server};
+use crate::dns::Upstream;
 
 /// An outbound the configuration cannot use, named by its key.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -23,6 +25,29 @@ pub struct DirectConfig {
     pub fwmark: Option<u32>,
     /// Upper bound on an outbound TCP connect; the app sees a reset after it.
     pub connect_timeout_ms: u64,
+    /// Resolvers for proxy host names (`udp://IP:PORT`, `tcp://IP:PORT`),
+    /// asked on direct sockets. Empty: the `[dns]` upstreams, else the
+    /// system's (docs/configuration.md, "Host names").
+    pub bootstrap: Vec<String>,
+}
+
+impl DirectConfig {
+    /// The parsed `bootstrap` list; the error names the entry.
+    pub fn parsed_bootstrap(&self) -> Result<Vec<Upstream>, String> {
+        self.bootstrap
+            .iter()
+            .enumerate()
+            .map(|(i, b)| {
+                let u: Upstream = b.parse().map_err(|e| format!("bootstrap[{i}]: {e}"))?;
+                if u.proto == crate::dns::UpstreamProto::Tls {
+                    return Err(format!(
+                        "bootstrap[{i}]: {b:?}: udp:// or tcp:// (a bootstrap resolver cannot be DNS over TLS)"
+                    ));
+                }
+                Ok(u)
+            })
+            .collect()
+    }
 }
 
 impl Default for DirectConfig {
@@ -31,6 +56,7 @@ impl Default for DirectConfig {
             interface: None,
             fwmark: None,
             connect_timeout_ms: 5_000,
+            bootstrap: Vec::new(),
         }
     }
 }
@@ -60,8 +86,10 @@ pub enum ShadowsocksMethod {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ShadowsocksConfig {
-    /// The server's IP address and port (not resolved: the engine has no DNS).
-    pub server: SocketAddr,
+    /// `IP:PORT`, `[IPv6]:PORT` or `NAME:PORT` (a name is resolved on
+    /// direct sockets, see [`super::resolve`]).
+    #[serde(with = "server_text")]
+    pub server: Address,
     pub method: ShadowsocksMethod,
     /// The password (SIP004 methods), or the base64 key (AEAD-2022); ignored by `none`.
     #[serde(default)]
@@ -75,8 +103,9 @@ pub struct ShadowsocksConfig {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Socks5Config {
-    /// The proxy's IP address and port.
-    pub server: SocketAddr,
+    /// `IP:PORT`, `[IPv6]:PORT` or `NAME:PORT`.
+    #[serde(with = "server_text")]
+    pub server: Address,
     /// Username and password go together, 1..=255 bytes each.
     #[serde(default)]
     pub username: Option<String>,
@@ -91,20 +120,147 @@ fn yes() -> bool {
     true
 }
 
+/// `server = "host:port"` in the TOML: read with [`parse_server`], written
+/// as [`Address`] displays itself.
+mod server_text {
+    use super::*;
+
+    pub fn serialize<S: Serializer>(a: &Address, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(a)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Address, D::Error> {
+        let text = String::deserialize(d)?;
+        parse_server(&text).map_err(serde::de::Error::custom)
+    }
+}
+
 /// A named proxy outbound that rules can send flows to (`action = "<name>"`).
+/// In the TOML either a table with `type` and the fields, or
+/// `url = "ss://..."` / `url = "socks5://..."` (with `udp` as the only other
+/// field).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "type", rename_all = "snake_case")]
+#[serde(tag = "type", rename_all = "snake_case", try_from = "OutboundToml")]
 pub enum OutboundConfig {
     Socks5(Socks5Config),
     Shadowsocks(ShadowsocksConfig),
 }
 
+/// What an `[outbounds.NAME]` table may hold, before the type is known.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct OutboundToml {
+    #[serde(rename = "type")]
+    kind: Option<OutboundKind>,
+    url: Option<String>,
+    #[serde(default, with = "opt_server_text")]
+    server: Option<Address>,
+    method: Option<ShadowsocksMethod>,
+    username: Option<String>,
+    password: Option<String>,
+    udp: Option<bool>,
+}
+
+#[derive(Deserialize, Clone, Copy, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+enum OutboundKind {
+    Socks5,
+    Shadowsocks,
+}
+
+mod opt_server_text {
+    use super::*;
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Address>, D::Error> {
+        super::server_text::deserialize(d).map(Some)
+    }
+}
+
+impl TryFrom<OutboundToml> for OutboundConfig {
+    type Error = String;
+    fn try_from(t: OutboundToml) -> Result<Self, String> {
+        let udp = t.udp.unwrap_or(true);
+        if let Some(url) = t.url {
+            if t.kind.is_some()
+                || t.server.is_some()
+                || t.method.is_some()
+                || t.username.is_some()
+                || t.password.is_some()
+            {
+                return Err("url: the link says it all; only `udp` may go with it".into());
+            }
+            let mut o = OutboundConfig::from(Link::parse(&url).map_err(|e| format!("url: {e}"))?);
+            o.set_udp(udp);
+            return Ok(o);
+        }
+        let kind = t
+            .kind
+            .ok_or("type (\"socks5\" or \"shadowsocks\") or url is needed")?;
+        let server = t.server.ok_or("server is needed")?;
+        Ok(match kind {
+            OutboundKind::Socks5 => {
+                if t.method.is_some() {
+                    return Err("method: not a socks5 field".into());
+                }
+                OutboundConfig::Socks5(Socks5Config {
+                    server,
+                    username: t.username,
+                    password: t.password,
+                    udp,
+                })
+            }
+            OutboundKind::Shadowsocks => {
+                if t.username.is_some() {
+                    return Err("username: not a shadowsocks field".into());
+                }
+                OutboundConfig::Shadowsocks(ShadowsocksConfig {
+                    server,
+                    method: t.method.ok_or("method is needed")?,
+                    password: t.password.unwrap_or_default(),
+                    udp,
+                })
+            }
+        })
+    }
+}
+
+impl From<Link> for OutboundConfig {
+    /// A share link's proxy, UDP on (the link's tag is not kept: the
+    /// outbound's name is its key in `[outbounds]`).
+    fn from(l: Link) -> Self {
+        match l {
+            Link::Shadowsocks(l) => OutboundConfig::Shadowsocks(ShadowsocksConfig {
+                server: l.server,
+                method: l.method,
+                password: l.password,
+                udp: true,
+            }),
+            Link::Socks5(l) => {
+                let (username, password) = l.credentials.unzip();
+                OutboundConfig::Socks5(Socks5Config {
+                    server: l.server,
+                    username,
+                    password,
+                    udp: true,
+                })
+            }
+        }
+    }
+}
+
 impl OutboundConfig {
     /// The proxy's address (where the engine's sockets connect).
-    pub fn server(&self) -> SocketAddr {
+    pub fn server(&self) -> &Address {
         match self {
-            OutboundConfig::Socks5(c) => c.server,
-            OutboundConfig::Shadowsocks(c) => c.server,
+            OutboundConfig::Socks5(c) => &c.server,
+            OutboundConfig::Shadowsocks(c) => &c.server,
+        }
+    }
+
+    fn set_udp(&mut self, udp: bool) {
+        match self {
+            OutboundConfig::Socks5(c) => c.udp = udp,
+            OutboundConfig::Shadowsocks(c) => c.udp = udp,
         }
     }
 }
@@ -141,5 +297,101 @@ impl OutboundConfig {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+
+    fn outbounds(text: &str) -> Result<BTreeMap<String, OutboundConfig>, String> {
+        #[derive(Deserialize)]
+        struct T {
+            outbounds: BTreeMap<String, OutboundConfig>,
+        }
+        toml::from_str::<T>(text)
+            .map(|t| t.outbounds)
+            .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn host_names_and_urls_in_toml() {
+        let o = outbounds(
+            r#"
+            [outbounds.byname]
+            type = "shadowsocks"
+            server = "SS.Example.com:8388"
+            method = "aes-256-gcm"
+            password = "pw"
+            [outbounds.link]
+            url = "ss://2022-blake3-aes-128-gcm:AAECAwQFBgcICQoLDA0ODw%3D%3D@[2001:db8::1]:443#tag"
+            udp = false
+            [outbounds.corp]
+            url = "socks5://me:p%40ss@proxy.corp:1080"
+            "#,
+        )
+        .expect("parse");
+        assert_eq!(
+            o["byname"].server(),
+            &Address::Domain("ss.example.com".into(), 8388)
+        );
+        match &o["link"] {
+            OutboundConfig::Shadowsocks(c) => {
+                assert_eq!(c.method, ShadowsocksMethod::Blake3Aes128Gcm);
+                assert_eq!(c.password, "AAECAwQFBgcICQoLDA0ODw==");
+                assert!(!c.udp, "udp = false next to url");
+                assert_eq!(
+                    c.server,
+                    Address::Ip("[2001:db8::1]:443".parse().expect("a"))
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        match &o["corp"] {
+            OutboundConfig::Socks5(c) => {
+                assert_eq!(c.username.as_deref(), Some("me"));
+                assert_eq!(c.password.as_deref(), Some("p@ss"));
+                assert!(c.udp);
+            }
+            other => panic!("{other:?}"),
+        }
+        // Written back as a table with `type`, read back the same.
+        #[derive(Serialize)]
+        struct T<'a> {
+            outbounds: &'a BTreeMap<String, OutboundConfig>,
+        }
+        let text = toml::to_string(&T { outbounds: &o }).expect("serialize");
+        assert_eq!(outbounds(&text).expect("reparse"), o);
+    }
+
+    #[test]
+    fn toml_errors_say_what_is_wrong() {
+        for (text, want) in [
+            ("url = \"ss://x\"\ntype = \"socks5\"", "only `udp`"),
+            ("url = \"ss://none:@h:1/?plugin=obfs\"", "plugin \"obfs\""),
+            ("url = \"http://h:1\"", "unknown scheme"),
+            ("server = \"h:1\"", "type"),
+            ("type = \"socks5\"", "server is needed"),
+            ("type = \"socks5\"\nserver = \"h\"", "no port"),
+            (
+                "type = \"socks5\"\nserver = \"h:1\"\nmethod = \"none\"",
+                "not a socks5 field",
+            ),
+            (
+                "type = \"shadowsocks\"\nserver = \"h:1\"",
+                "method is needed",
+            ),
+            (
+                "type = \"shadowsocks\"\nserver = \"h:1\"\nmethod = \"none\"\nusername = \"u\"",
+                "not a shadowsocks field",
+            ),
+            ("type = \"socks5\"\nserver = \"h:1\"\ncolour = 1", "colour"),
+        ] {
+            let e = outbounds(&format!("[outbounds.x]\n{text}\n")).expect_err(text);
+            assert!(e.contains(want), "{text}: {e}");
+            assert!(e.contains("line "), "{text}: {e}");
+        }
     }
 }

@@ -27,6 +27,8 @@ use crate::stats::Stats;
 
 pub mod addr;
 pub mod config;
+pub mod link;
+pub mod resolve;
 pub mod shadowsocks;
 pub mod socks5;
 
@@ -139,15 +141,31 @@ pub enum Route {
 #[derive(Debug)]
 enum Proxy {
     Socks5 {
-        server: SocketAddr,
+        server: Server,
         creds: Option<Credentials>,
         udp: bool,
     },
     Shadowsocks {
-        server: SocketAddr,
+        server: Server,
         key: Key,
         udp: bool,
     },
+}
+
+/// Where a proxy is: an address, or a host name resolved when needed.
+#[derive(Debug)]
+enum Server {
+    Ip(SocketAddr),
+    Name(Box<resolve::Named>),
+}
+
+impl Server {
+    fn new(a: &Address) -> Server {
+        match a {
+            Address::Ip(a) => Server::Ip(*a),
+            Address::Domain(name, port) => Server::Name(Box::new(resolve::Named::new(name, *port))),
+        }
+    }
 }
 
 /// Why an outbound could not be opened. Counted (per outbound for proxies);
@@ -173,6 +191,13 @@ pub enum OutboundError {
     /// A direct connection was asked for a domain that was not resolved.
     #[error("direct connection to unresolved {0}")]
     Unresolved(String),
+    /// The host name of a proxy server did not resolve.
+    #[error("outbound {outbound}: cannot resolve {name}: {reason}")]
+    Resolve {
+        outbound: String,
+        name: String,
+        reason: resolve::ResolveError,
+    },
 }
 
 impl From<HandshakeError> for OutboundError {
@@ -221,6 +246,8 @@ pub enum SetupError {
 #[derive(Debug)]
 pub struct Outbounds {
     factory: SocketFactory,
+    /// Who resolves proxy host names.
+    resolvers: resolve::Resolvers,
     names: Vec<String>,
     proxies: Vec<Proxy>,
     /// The configured rules, compiled, each with its route.
@@ -237,6 +264,7 @@ impl Outbounds {
         relay: &RelayConfig,
         factory: SocketFactory,
         relay_buffer: usize,
+        resolvers: resolve::Resolvers,
     ) -> Result<Self, SetupError> {
         let mut names = Vec::new();
         let mut proxies = Vec::new();
@@ -245,9 +273,17 @@ impl Outbounds {
                 name: name.clone(),
                 reason,
             };
+            if let Address::Domain(host, _) = o.server()
+                && resolvers.is_empty()
+            {
+                return Err(bad(format!(
+                    "server {host} is a host name and no resolver is known: set direct.bootstrap (or dns.upstreams)"
+                ))
+                .into());
+            }
             proxies.push(match o {
                 OutboundConfig::Socks5(c) => Proxy::Socks5 {
-                    server: c.server,
+                    server: Server::new(&c.server),
                     creds: match (&c.username, &c.password) {
                         (Some(u), Some(p)) => Some(Credentials {
                             username: u.clone(),
@@ -258,7 +294,7 @@ impl Outbounds {
                     udp: c.udp,
                 },
                 OutboundConfig::Shadowsocks(c) => Proxy::Shadowsocks {
-                    server: c.server,
+                    server: Server::new(&c.server),
                     key: Key::new(c.method, &c.password).map_err(|e| bad(e.to_string()))?,
                     udp: c.udp,
                 },
@@ -282,6 +318,7 @@ impl Outbounds {
         })?;
         Ok(Outbounds {
             factory,
+            resolvers,
             names,
             proxies,
             rules,
@@ -336,6 +373,7 @@ impl Outbounds {
         {
             match &r {
                 Ok(_) => c.tcp_connects.fetch_add(1, Relaxed),
+                Err(OutboundError::Resolve { .. }) => c.resolve_failures.fetch_add(1, Relaxed),
                 Err(e) if e.is_protocol() => c.protocol_errors.fetch_add(1, Relaxed),
                 Err(_) => c.tcp_failures.fetch_add(1, Relaxed),
             };
@@ -367,7 +405,7 @@ impl Outbounds {
         };
         match proxy {
             Proxy::Socks5 { server, creds, .. } => {
-                let mut s = self.factory.connect_tcp(*server).await?;
+                let (mut s, _) = self.connect_server(route, server).await?;
                 socks5::handshake(
                     &mut s,
                     creds.as_ref(),
@@ -383,7 +421,7 @@ impl Outbounds {
                 })
             }
             Proxy::Shadowsocks { server, key, .. } => {
-                let mut s = self.factory.connect_tcp(*server).await?;
+                let (mut s, _) = self.connect_server(route, server).await?;
                 let session = shadowsocks::tcp_session(key, dst)?;
                 match tokio::time::timeout(timeout, s.write_all(&session.header)).await {
                     Ok(r) => r?,
@@ -396,6 +434,48 @@ impl Outbounds {
                 })
             }
         }
+    }
+
+    /// A TCP connection to a proxy server, and the address it reached.
+    async fn connect_server(
+        &self,
+        route: Route,
+        server: &Server,
+    ) -> Result<(TcpStream, SocketAddr), OutboundError> {
+        let n = match server {
+            Server::Ip(a) => return Ok((self.factory.connect_tcp(*a).await?, *a)),
+            Server::Name(n) => n,
+        };
+        let addrs = self.server_addresses(route, n).await?;
+        match resolve::connect_happy(&self.factory, &addrs).await {
+            Ok((s, a)) => {
+                n.connected(a.ip()).await;
+                Ok((s, a))
+            }
+            Err(e) => {
+                n.connect_failed().await;
+                Err(io::Error::new(
+                    e.kind(),
+                    format!("{} ({}): {e}", n.name(), self.name(route)),
+                )
+                .into())
+            }
+        }
+    }
+
+    /// The addresses of a named proxy server, from the cache or the resolvers.
+    async fn server_addresses(
+        &self,
+        route: Route,
+        n: &resolve::Named,
+    ) -> Result<Vec<SocketAddr>, OutboundError> {
+        n.addresses(&self.factory, &self.resolvers)
+            .await
+            .map_err(|reason| OutboundError::Resolve {
+                outbound: self.name(route).to_owned(),
+                name: n.name().to_owned(),
+                reason,
+            })
     }
 
     /// Whether UDP flows on `route` go through a proxy (the queued path).
@@ -424,7 +504,7 @@ impl Outbounds {
                 creds,
                 udp: true,
             }) => {
-                let mut control = self.factory.connect_tcp(*server).await?;
+                let (mut control, server) = self.connect_server(Route::Proxy(i), server).await?;
                 // The client's own UDP address is not known before the socket
                 // is connected; the unspecified address says "any" (RFC 1928).
                 let any = match server.ip() {
@@ -439,7 +519,7 @@ impl Outbounds {
                     timeout,
                 )
                 .await?;
-                let relay = socks5::udp_relay_addr(&bound, *server);
+                let relay = socks5::udp_relay_addr(&bound, server);
                 let sock = self.factory.udp_connected(relay)?;
                 Ok(ProxyUdp {
                     sock,
@@ -452,7 +532,13 @@ impl Outbounds {
                 key,
                 udp: true,
             }) => Ok(ProxyUdp {
-                sock: self.factory.udp_connected(*server)?,
+                sock: match server {
+                    Server::Ip(a) => self.factory.udp_connected(*a)?,
+                    Server::Name(n) => {
+                        let addrs = self.server_addresses(Route::Proxy(i), n).await?;
+                        resolve::udp_first(&self.factory, &addrs)?
+                    }
+                },
                 control: None,
                 codec: UdpCodec {
                     session: Some(UdpSession::new(key)),

@@ -197,6 +197,12 @@ impl Key {
     pub fn method(&self) -> Method {
         self.method
     }
+
+    /// The derived key (tests compare it with shadowsocks-rust's).
+    #[cfg(test)]
+    pub(crate) fn bytes(&self) -> &[u8] {
+        &self.key
+    }
 }
 
 fn unix_now() -> u64 {

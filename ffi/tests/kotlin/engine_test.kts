@@ -293,6 +293,19 @@ try {
     } catch (e: KerntunException.Config) {
         check(e.field == "dns.upstreams", "resolverAddresses() names the bad field: ${e.field}")
     }
+    val ss = outboundFromUrl("ss://YWVzLTI1Ni1nY206c2VjcmV0@198.19.1.2:8388#tokyo")
+    check(ss == Outbound.Shadowsocks("198.19.1.2:8388", ShadowsocksMethod.AES256_GCM, "secret", true),
+        "outboundFromUrl() reads an ss:// link: $ss")
+    val socks = outboundFromUrl("socks5://me:p%40ss@proxy.example:1080")
+    check(socks == Outbound.Socks5("proxy.example:1080", "me", "p@ss", true),
+        "outboundFromUrl() reads a socks5:// link with a host name: $socks")
+    try {
+        outboundFromUrl("ss://YWVzLTI1Ni1nY206c2VjcmV0@198.19.1.2:8388/?plugin=obfs-local")
+        check(false, "outboundFromUrl() must refuse a plugin link")
+    } catch (e: KerntunException.Link) {
+        check(e.reason.contains("obfs-local") && !e.reason.contains("secret"),
+            "a plugin link -> KerntunException.Link naming the plugin: ${e.reason}")
+    }
     round(1)
     round(2)
 } catch (e: Throwable) {
