@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Release KerntunFFI.xcframework for SwiftPM: build it, zip it, print the
-# checksum SwiftPM verifies, and write URL + checksum into apple/Package.swift.
+# checksum SwiftPM verifies, and write URL + checksum into the root Package.swift.
 #
 #   apple/release-xcframework.sh release URL     on a Mac with Xcode: build-xcframework.sh,
 #                                                zip, checksum, set-release URL CHECKSUM.
@@ -15,7 +15,7 @@
 #                                                its bytes, what `swift package compute-checksum`
 #                                                prints
 #   apple/release-xcframework.sh set-release URL CHECKSUM
-#                                                write the release section of apple/Package.swift
+#                                                write the release section of the root Package.swift
 #                                                (PACKAGE_SWIFT=path for another file);
 #                                                set-release "" "" goes back to the local framework
 #   apple/release-xcframework.sh self-test       every part that needs no Xcode, on a fake
@@ -92,7 +92,7 @@ PY
 
 # set_release URL CHECKSUM
 set_release() {
-    local url=$1 sum=$2 manifest=${PACKAGE_SWIFT:-$here/Package.swift}
+    local url=$1 sum=$2 manifest=${PACKAGE_SWIFT:-$here/../Package.swift}
     if [[ -n "$url$sum" ]]; then
         [[ "$url" == https://*.zip ]] || die "URL must be an https:// address of the .zip: $url"
         [[ "$sum" =~ ^[0-9a-f]{64}$ ]] || die "checksum must be 64 lowercase hex digits (SHA-256): $sum"
@@ -142,7 +142,7 @@ zip:      $out
 checksum: $sum
 url:      $url
 
-Next: upload the zip to exactly that URL, commit apple/Package.swift, tag.
+Next: upload the zip to exactly that URL, commit Package.swift, tag.
 Apps then resolve KerntunFFI by URL; KERNTUN_LOCAL_XCFRAMEWORK=1 (or
 set-release "" "") switches back to apple/KerntunFFI.xcframework.
 EOF
@@ -200,7 +200,7 @@ PY
     if (checksum "$tmp/KerntunFFI.xcframework/Info.plist" >/dev/null 2>&1); then die "self-test: a non-zip was accepted"; fi
     ok "checksum refuses a file that is not a .zip"
 
-    cp "$here/Package.swift" "$tmp/Package.swift"
+    cp "$here/../Package.swift" "$tmp/Package.swift"
     PACKAGE_SWIFT="$tmp/Package.swift" set_release "https://example.com/v1/KerntunFFI.xcframework.zip" "$sum" >/dev/null
     grep -qx 'let releaseURL = "https://example.com/v1/KerntunFFI.xcframework.zip"' "$tmp/Package.swift" \
         && grep -qx "let releaseChecksum = \"$sum\"" "$tmp/Package.swift" \
@@ -209,7 +209,7 @@ PY
         || die "self-test: Package.swift lost its url + checksum target"
     ok "set-release writes URL and checksum into Package.swift's release section"
     PACKAGE_SWIFT="$tmp/Package.swift" set_release "" "" >/dev/null
-    cmp -s "$here/Package.swift" "$tmp/Package.swift" || die "self-test: set-release \"\" \"\" did not restore the committed manifest"
+    cmp -s "$here/../Package.swift" "$tmp/Package.swift" || die "self-test: set-release \"\" \"\" did not restore the committed manifest"
     ok "set-release \"\" \"\" restores the committed (local framework) manifest byte for byte"
     if (PACKAGE_SWIFT="$tmp/Package.swift" set_release "http://example.com/x.zip" "$sum" >/dev/null 2>&1); then
         die "self-test: a plain-http URL was accepted"

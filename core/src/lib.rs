@@ -17,7 +17,8 @@
 //! * `udp`: datagram flows (direct, proxied, hijacked DNS).
 //! * `dispatch`: connect-first admission of a new flow and the sessions that
 //!   serve it, written once for both stacks.
-//! * [`outbound`], [`rules`], [`dns`], [`sniff`]: where flows go.
+//! * [`outbound`], [`rules`], [`dns`], [`sniff`]: where flows go; `dnswire`
+//!   is the DNS wire format the DNS service and the proxy-name resolver share.
 //! * [`relay`]: moving bytes between the app's side and the outbound
 //!   (splice on Linux/Android, a userspace copy elsewhere).
 //! * [`tun`]: the device, one file per OS; `sys`: the only `unsafe`.
@@ -32,6 +33,7 @@ pub mod budget;
 pub mod config;
 mod dispatch;
 pub mod dns;
+mod dnswire;
 mod driver;
 mod engine;
 /// Entry points of the fuzz targets (`fuzz/`), not part of the API.

@@ -6,6 +6,8 @@ use std::path::PathBuf;
 use ipnet::{Ipv4Net, Ipv6Net};
 use serde::{Deserialize, Serialize};
 
+use crate::dnswire::{Upstream, UpstreamProto};
+
 /// A `[dns]` field the engine cannot use.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("dns.{field}: {reason}")]
@@ -67,53 +69,6 @@ impl Default for DnsConfig {
             fake_ip_filter: Vec::new(),
             tls_ca_file: None,
         }
-    }
-}
-
-/// How an upstream is spoken to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum UpstreamProto {
-    Udp,
-    Tcp,
-    Tls,
-}
-
-/// One parsed `upstreams` entry.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Upstream {
-    pub proto: UpstreamProto,
-    pub addr: SocketAddr,
-    /// TLS server name (DNS over TLS).
-    pub server_name: Option<String>,
-}
-
-impl std::str::FromStr for Upstream {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        let (scheme, rest) = s
-            .split_once("://")
-            .ok_or_else(|| format!("{s:?}: expected udp://, tcp:// or tls://"))?;
-        let (addr, name) = match rest.split_once('#') {
-            Some((a, n)) => (a, Some(n.to_owned())),
-            None => (rest, None),
-        };
-        let proto = match scheme {
-            "udp" => UpstreamProto::Udp,
-            "tcp" => UpstreamProto::Tcp,
-            "tls" => UpstreamProto::Tls,
-            other => return Err(format!("{s:?}: unknown scheme {other:?}")),
-        };
-        let addr: SocketAddr = addr
-            .parse()
-            .map_err(|e| format!("{s:?}: {e} (an IP address and port)"))?;
-        if proto == UpstreamProto::Tls && name.as_deref().is_none_or(str::is_empty) {
-            return Err(format!("{s:?}: tls:// needs #server-name"));
-        }
-        Ok(Upstream {
-            proto,
-            addr,
-            server_name: name,
-        })
     }
 }
 

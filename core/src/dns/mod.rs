@@ -15,10 +15,11 @@ mod fakeip;
 #[cfg(fuzzing)]
 #[doc(hidden)]
 pub mod fuzzing;
-pub(crate) mod msg;
-pub(crate) mod upstream;
+mod upstream;
 
-pub use config::{DnsConfig, DnsConfigError, Upstream, UpstreamProto, default_resolver};
+pub use crate::dnswire::{Upstream, UpstreamProto};
+use crate::dnswire::msg;
+pub use config::{DnsConfig, DnsConfigError, default_resolver};
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -267,9 +268,9 @@ impl Dns {
             let Some(r) = self.answer(&q, stats).await else {
                 return Ok(());
             };
-            let Some(frame) = upstream::length_prefixed(&r)
+            let Some(frame) = crate::dnswire::length_prefixed(&r)
                 .ok()
-                .or_else(|| msg::truncate(&r).and_then(|t| upstream::length_prefixed(&t).ok()))
+                .or_else(|| msg::truncate(&r).and_then(|t| crate::dnswire::length_prefixed(&t).ok()))
             else {
                 return Ok(());
             };
@@ -529,12 +530,12 @@ mod tests {
                 let mut wire = Vec::new();
                 for id in [11u16, 12] {
                     let q = msg::tests::query("t.test.", RecordType::A, id);
-                    wire.extend_from_slice(&upstream::length_prefixed(&q).expect("frame"));
+                    wire.extend_from_slice(&crate::dnswire::length_prefixed(&q).expect("frame"));
                 }
                 // Both queries in one write: the server must split frames.
                 s.write_all(&wire).await.expect("write");
                 for _ in 0..2 {
-                    let r = upstream::read_frame(&mut s).await.expect("reply");
+                    let r = crate::dnswire::read_frame(&mut s).await.expect("reply");
                     ids.push(Message::from_vec(&r).expect("decode").metadata.id);
                 }
                 s.shutdown().await.expect("shutdown");

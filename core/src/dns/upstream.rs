@@ -11,8 +11,7 @@ use std::io;
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
-use super::msg;
-use super::{Upstream, UpstreamProto};
+use crate::dnswire::{Upstream, UpstreamProto, length_prefixed, msg, read_frame};
 use crate::outbound::{Address, OutboundError, OutboundStream, Outbounds, ProxyUdp, Route};
 use crate::relay::{Open, Seal};
 use crate::rules::Target;
@@ -215,30 +214,12 @@ fn check_id(reply: Vec<u8>, id: u16) -> Result<Vec<u8>, ExchangeError> {
     }
 }
 
-/// `wire` with its two-byte length in front (RFC 1035 section 4.2.2).
-pub(crate) fn length_prefixed(wire: &[u8]) -> io::Result<Vec<u8>> {
-    let len =
-        u16::try_from(wire.len()).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
-    let mut v = Vec::with_capacity(2 + wire.len());
-    v.extend_from_slice(&len.to_be_bytes());
-    v.extend_from_slice(wire);
-    Ok(v)
-}
-
 /// The first whole frame in `buf`, if it holds one.
 fn complete_frame(buf: &[u8]) -> Option<&[u8]> {
     let len = usize::from(u16::from_be_bytes([*buf.first()?, *buf.get(1)?]));
     buf.get(2..2 + len)
 }
 
-/// Read one length-prefixed message.
-pub(crate) async fn read_frame<S: AsyncRead + Unpin>(s: &mut S) -> io::Result<Vec<u8>> {
-    let mut len = [0u8; 2];
-    s.read_exact(&mut len).await?;
-    let mut v = vec![0u8; usize::from(u16::from_be_bytes(len))];
-    s.read_exact(&mut v).await?;
-    Ok(v)
-}
 
 #[cfg(test)]
 mod tests {

@@ -26,9 +26,7 @@ use tokio::net::{TcpStream, UdpSocket};
 use tokio::task::JoinSet;
 
 use super::SocketFactory;
-use crate::dns::msg;
-use crate::dns::upstream::{length_prefixed, read_frame};
-use crate::dns::{Upstream, UpstreamProto};
+use crate::dnswire::{Upstream, UpstreamProto, length_prefixed, msg, read_frame};
 
 /// RFC 8305 section 8: "a recommended value of 250 milliseconds" between
 /// connection attempts to successive addresses.

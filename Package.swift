@@ -4,6 +4,10 @@
 // library in KerntunFFI.xcframework, and a Packet Tunnel provider base class
 // (module `KerntunTunnel`).
 //
+// The manifest sits at the repository's root so an app adds the package by
+// the repository's URL (SwiftPM reads only a root Package.swift); everything
+// it names lives under apple/.
+//
 // Where KerntunFFI.xcframework comes from (docs/integration-ios.md):
 // * development: apple/KerntunFFI.xcframework, built by build-xcframework.sh
 //   on a Mac (not committed). Used while the release section below is
@@ -24,7 +28,7 @@ let useLocalFramework = releaseURL.isEmpty
     || ProcessInfo.processInfo.environment["KERNTUN_LOCAL_XCFRAMEWORK"] == "1"
 
 let ffiTarget: Target = useLocalFramework
-    ? .binaryTarget(name: "KerntunFFI", path: "KerntunFFI.xcframework")
+    ? .binaryTarget(name: "KerntunFFI", path: "apple/KerntunFFI.xcframework")
     : .binaryTarget(name: "KerntunFFI", url: releaseURL, checksum: releaseChecksum)
 
 let package = Package(
@@ -39,12 +43,12 @@ let package = Package(
         .target(
             name: "Kerntun",
             dependencies: ["KerntunFFI"],
-            path: "Sources/Kerntun"
+            path: "apple/Sources/Kerntun"
         ),
         .target(
             name: "KerntunTunnel",
             dependencies: ["Kerntun"],
-            path: "Sources/KerntunTunnel"
+            path: "apple/Sources/KerntunTunnel"
         ),
     ]
 )
