@@ -166,13 +166,6 @@ impl Net {
         }
     }
 
-    /// Append `toml` to the engine's config file.
-    fn add_config(&self, toml: &str) {
-        let mut text = std::fs::read_to_string(&self.config).expect("read config");
-        text += toml;
-        std::fs::write(&self.config, text).expect("write config");
-    }
-
     fn resolv_conf(&self) -> String {
         std::fs::read_to_string(self.etc.join("resolv.conf")).expect("read resolv.conf")
     }
@@ -550,18 +543,23 @@ fn host_and_forwarded_traffic_go_through_shadowsocks() {
     let net = Net::new("ar6");
     let ss_addr: SocketAddr = format!("{SS_SERVER}:8388").parse().expect("addr");
     let ss = ss_server(&net.server, ss_addr, "aes-256-gcm", "kerntun-auto-route");
-    net.add_config(&format!(
-        "\n[outbounds.ss]\ntype = \"shadowsocks\"\nserver = \"{ss_addr}\"\n\
-         method = \"aes-256-gcm\"\npassword = \"kerntun-auto-route\"\n\n\
-         [[rules]]\naction = \"ss\"\n"
-    ));
+    // What a user gets: a share link, here made by shadowsocks-rust's own
+    // encoder, handed to `--proxy` (no outbound in the config file).
+    let link = {
+        use shadowsocks_service::shadowsocks::config::ServerConfig;
+        let kind = "aes-256-gcm".parse().expect("method");
+        ServerConfig::new(ss_addr, "kerntun-auto-route", kind)
+            .expect("server config")
+            .to_url()
+    };
+    assert!(link.starts_with("ss://"), "{link}");
     let before = net.snapshot();
-    let run = net.start(true);
+    let run = net.start_with(true, &["--proxy", &link]);
     net.tcp_from(&net.host, false, 11);
     net.tcp_from(&net.lan, false, 12);
     let (stats, _) = stop(run);
     let ss_stats = &stats["outbounds"][0];
-    assert_eq!(ss_stats["name"], "ss", "{stats}");
+    assert_eq!(ss_stats["name"], "proxy", "{stats}");
     assert_eq!(
         ss_stats["tcp_connects"], 2,
         "the host's and the LAN's connection went to the Shadowsocks server: {stats}"

@@ -336,7 +336,6 @@ fn proxy_resolvers(config: &Config) -> Result<crate::outbound::resolve::Resolver
     ))
 }
 
-
 /// Build every part of an engine: everything that can fail on the
 /// configuration alone (rules with their domain lists, proxy keys, DNS
 /// upstreams) before any descriptor is opened, then the device (addresses

@@ -13,6 +13,7 @@
 
 use std::io;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
@@ -108,9 +109,8 @@ pub(crate) async fn sniff_read<S: Side>(app: &S, timeout: Duration) -> (Option<S
     let mut first = Vec::new();
     let mut chunk = vec![0u8; 4096];
     loop {
-        let n = match tokio::time::timeout_at(deadline, app.read(&mut chunk)).await {
+        let n = match tokio::time::timeout_at(deadline, relay::read(app, &mut chunk)).await {
             Ok(Ok(n)) if n > 0 => n,
-            Ok(Err(e)) if e.kind() == io::ErrorKind::WouldBlock => continue,
             _ => return (None, first),
         };
         first.extend_from_slice(&chunk[..n]);
@@ -124,18 +124,22 @@ pub(crate) async fn sniff_read<S: Side>(app: &S, timeout: Duration) -> (Option<S
     }
 }
 
-/// Serve an accepted connection to `server` as its plan said.
+/// Serve an accepted connection to `server` as its plan said. Spawn this
+/// future itself (not inside another async block): every idle connection
+/// holds one, so its size is the engine's memory per connection.
 pub(crate) async fn run<A: App, H>(
-    d: &Dispatcher,
+    d: Arc<Dispatcher>,
     app: A,
     next: Next,
     server: SocketAddr,
     hold: H,
 ) {
     match next {
-        Next::Relay(out) => relay(d, app, out, hold).await,
-        Next::Dns => dns(d, app, hold).await,
-        Next::Sniff => sniff(d, app, server, hold).await,
+        Next::Relay(out) => relay(&d, app, out, hold).await,
+        // Boxed: rare, and their state would otherwise size every session's
+        // future (docs/benchmarks.md, idle connections).
+        Next::Dns => Box::pin(dns(&d, app, hold)).await,
+        Next::Sniff => Box::pin(sniff(&d, app, server, hold)).await,
     }
 }
 

@@ -1,6 +1,6 @@
 //! `[dns]` in the engine's TOML.
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr};
 use std::path::PathBuf;
 
 use ipnet::{Ipv4Net, Ipv6Net};

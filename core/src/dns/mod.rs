@@ -17,8 +17,8 @@ mod fakeip;
 pub mod fuzzing;
 mod upstream;
 
-pub use crate::dnswire::{Upstream, UpstreamProto};
 use crate::dnswire::msg;
+pub use crate::dnswire::{Upstream, UpstreamProto};
 pub use config::{DnsConfig, DnsConfigError, default_resolver};
 
 use std::net::{IpAddr, SocketAddr};
@@ -268,10 +268,9 @@ impl Dns {
             let Some(r) = self.answer(&q, stats).await else {
                 return Ok(());
             };
-            let Some(frame) = crate::dnswire::length_prefixed(&r)
-                .ok()
-                .or_else(|| msg::truncate(&r).and_then(|t| crate::dnswire::length_prefixed(&t).ok()))
-            else {
+            let Some(frame) = crate::dnswire::length_prefixed(&r).ok().or_else(|| {
+                msg::truncate(&r).and_then(|t| crate::dnswire::length_prefixed(&t).ok())
+            }) else {
                 return Ok(());
             };
             stream.write_all(&frame).await?;

@@ -220,7 +220,6 @@ fn complete_frame(buf: &[u8]) -> Option<&[u8]> {
     buf.get(2..2 + len)
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;

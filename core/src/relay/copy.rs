@@ -21,9 +21,12 @@ pub(crate) trait Side {
     /// so the buffer is freed at once. A kernel socket says "drained" with
     /// `WouldBlock` instead (short reads are common while data flows).
     const DRAINED_ON_SHORT_READ: bool;
-    /// Wait for data and read it: `Ok(0)` at the peer's FIN. May answer
-    /// `WouldBlock` (the source is drained; call again to wait).
-    async fn read(&self, buf: &mut [u8]) -> io::Result<usize>;
+    /// Wait until a read would not block (data, the peer's FIN, an error).
+    /// Takes no buffer: a direction waiting here holds none.
+    async fn readable(&self) -> io::Result<()>;
+    /// Read without waiting: `Ok(0)` at the peer's FIN, `WouldBlock` when
+    /// the source is drained.
+    fn try_read(&self, buf: &mut [u8]) -> io::Result<usize>;
     /// Write all of `data`, waiting for room (a slow reader parks here).
     async fn write_all(&self, data: &[u8]) -> io::Result<()>;
     /// Pass the other side's EOF on: a half-close toward this end.
@@ -33,9 +36,12 @@ pub(crate) trait Side {
 impl Side for TcpStream {
     const DRAINED_ON_SHORT_READ: bool = false;
 
-    async fn read(&self, buf: &mut [u8]) -> io::Result<usize> {
-        self.readable().await?;
-        self.try_read(buf)
+    async fn readable(&self) -> io::Result<()> {
+        TcpStream::readable(self).await
+    }
+
+    fn try_read(&self, buf: &mut [u8]) -> io::Result<usize> {
+        TcpStream::try_read(self, buf)
     }
 
     async fn write_all(&self, data: &[u8]) -> io::Result<()> {
@@ -98,8 +104,9 @@ pub(crate) async fn leg<S: Side, D: Side>(
     let mut buf: Option<Box<[u8]>> = None;
     let mut out: Vec<u8> = Vec::new();
     loop {
+        src.readable().await?;
         let b = buf.get_or_insert_with(|| vec![0u8; buf_size.max(1)].into_boxed_slice());
-        let n = match src.read(b).await {
+        let n = match src.try_read(b) {
             Ok(0) => {
                 codec.finish()?;
                 dst.shutdown_write()?;
@@ -151,11 +158,26 @@ pub(crate) async fn both<A: Side, B: Side>(
     Ok(Relayed { up, down })
 }
 
+/// Wait for data and read it into `buf`: `Ok(0)` at the peer's FIN.
+pub(crate) async fn read<S: Side>(src: &S, buf: &mut [u8]) -> io::Result<usize> {
+    loop {
+        src.readable().await?;
+        match src.try_read(buf) {
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+                ) => {}
+            r => return r,
+        }
+    }
+}
+
 /// Fill `buf` exactly from `src`, waiting as needed; `UnexpectedEof` if it
 /// closes first.
 pub(crate) async fn read_exact<S: Side>(src: &S, mut buf: &mut [u8]) -> io::Result<()> {
     while !buf.is_empty() {
-        match src.read(buf).await {
+        match read(src, buf).await {
             Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
             Ok(n) => buf = &mut buf[n..],
             Err(e)

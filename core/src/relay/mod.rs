@@ -27,7 +27,7 @@ pub(crate) mod copy;
 pub mod splice;
 
 use copy::Codec;
-pub(crate) use copy::{Side, read_exact, write_all};
+pub(crate) use copy::{Side, read, read_exact, write_all};
 
 /// Where a relay reports bytes as they move, so statistics are live during
 /// long transfers.

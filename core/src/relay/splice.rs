@@ -297,7 +297,7 @@ async fn leg(
                     let Some(p) = pipe.take() else {
                         return Err(io::Error::other("splice relay lost its pipe"));
                     };
-                    drain_pipe(p, in_pipe, dst, meter, &mut leg).await?;
+                    Box::pin(drain_pipe(p, in_pipe, dst, meter, &mut leg)).await?;
                     return copy_rest(src, dst, opts, meter, leg, why).await;
                 }
                 Err(e) => return Err(e),
@@ -401,5 +401,7 @@ async fn copy_rest(
 ) -> io::Result<Leg> {
     tracing::trace!("relay direction falls back to userspace copy: {why:?}");
     leg.fallback = Some(why);
-    copy::leg(src, dst, opts.buffer, Codec::Plain, meter, leg).await
+    // Boxed: a fallback is rare, and inline its state would size every
+    // spliced connection's future (docs/benchmarks.md, idle connections).
+    Box::pin(copy::leg(src, dst, opts.buffer, Codec::Plain, meter, leg)).await
 }

@@ -184,6 +184,8 @@ impl Connect {
         };
         drop(syn);
         let app = SmolStream::new(stack, h, key);
-        session::run(&d, app, next, server, permit).await;
+        // A task of its own, sized for the session alone (this one, sized
+        // for the connect, ends here).
+        tokio::spawn(session::run(d, app, next, server, permit));
     }
 }

@@ -422,10 +422,13 @@ impl SmolStack {
         at
     }
 
+    /// Read what the socket holds into `buf`: `Ok(0)` after the app's FIN.
+    /// With nothing to read, register `cx` and pend, or (no `cx`) answer
+    /// `WouldBlock`.
     pub(super) fn poll_recv(
         &self,
         h: SocketHandle,
-        cx: &mut Context<'_>,
+        cx: Option<&mut Context<'_>>,
         buf: &mut [u8],
     ) -> Poll<io::Result<usize>> {
         let mut g = self.inner.lock();
@@ -444,14 +447,34 @@ impl SmolStack {
                 }
             };
         }
-        match s.state() {
-            State::Closed => Poll::Ready(Err(io::ErrorKind::ConnectionReset.into())),
-            State::Listen | State::SynReceived | State::SynSent => {
-                s.register_recv_waker(cx.waker());
-                Poll::Pending
-            }
-            _ if !s.may_recv() => Poll::Ready(Ok(0)),
-            _ => {
+        match recv_readiness(s) {
+            Some(Ok(())) => Poll::Ready(Ok(0)),
+            Some(Err(e)) => Poll::Ready(Err(e)),
+            None => match cx {
+                Some(cx) => {
+                    s.register_recv_waker(cx.waker());
+                    Poll::Pending
+                }
+                None => Poll::Ready(Err(io::ErrorKind::WouldBlock.into())),
+            },
+        }
+    }
+
+    /// Ready once a read would not pend: data, the app's FIN, or a reset.
+    /// Takes no buffer, so a waiting relay direction holds none.
+    pub(super) fn poll_readable(
+        &self,
+        h: SocketHandle,
+        cx: &mut Context<'_>,
+    ) -> Poll<io::Result<()>> {
+        let mut g = self.inner.lock();
+        let s = g.socket(h);
+        if s.can_recv() {
+            return Poll::Ready(Ok(()));
+        }
+        match recv_readiness(s) {
+            Some(_) => Poll::Ready(Ok(())),
+            None => {
                 s.register_recv_waker(cx.waker());
                 Poll::Pending
             }
@@ -507,6 +530,17 @@ impl SmolStack {
     pub(super) fn with_socket(&self, h: SocketHandle, f: impl FnOnce(&mut tcp::Socket<'static>)) {
         f(self.inner.lock().socket(h));
         self.wake.notify_one();
+    }
+}
+
+/// What a read of a socket with an empty receive buffer finds: the app's
+/// FIN (`Ok`), a reset (`Err`), or nothing yet (`None`: wait).
+fn recv_readiness(s: &tcp::Socket<'_>) -> Option<io::Result<()>> {
+    match s.state() {
+        State::Closed => Some(Err(io::ErrorKind::ConnectionReset.into())),
+        State::Listen | State::SynReceived | State::SynSent => None,
+        _ if !s.may_recv() => Some(Ok(())),
+        _ => None,
     }
 }
 

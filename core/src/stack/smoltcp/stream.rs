@@ -37,9 +37,11 @@ impl SmolStream {
         SmolStream { stack, h, key }
     }
 
-    /// Read into `buf`; 0 at the app's FIN.
+    /// Read into `buf`; 0 at the app's FIN (tests and the fuzz target; the
+    /// relay waits with `Side::readable` and reads with `Side::try_read`).
+    #[cfg(any(test, fuzzing))]
     pub(crate) async fn recv(&self, buf: &mut [u8]) -> io::Result<usize> {
-        poll_fn(|cx| self.stack.poll_recv(self.h, cx, buf)).await
+        poll_fn(|cx| self.stack.poll_recv(self.h, Some(cx), buf)).await
     }
 
     /// Write all of `data`, waiting for window space (a slow app parks here).
@@ -73,8 +75,15 @@ impl Side for SmolStream {
     /// is drained, so the relay buffer is freed at once.
     const DRAINED_ON_SHORT_READ: bool = true;
 
-    async fn read(&self, buf: &mut [u8]) -> io::Result<usize> {
-        self.recv(buf).await
+    async fn readable(&self) -> io::Result<()> {
+        poll_fn(|cx| self.stack.poll_readable(self.h, cx)).await
+    }
+
+    fn try_read(&self, buf: &mut [u8]) -> io::Result<usize> {
+        match self.stack.poll_recv(self.h, None, buf) {
+            std::task::Poll::Ready(r) => r,
+            std::task::Poll::Pending => Err(io::ErrorKind::WouldBlock.into()),
+        }
     }
 
     async fn write_all(&self, data: &[u8]) -> io::Result<()> {

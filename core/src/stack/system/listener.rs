@@ -122,7 +122,6 @@ pub(crate) async fn accept_loop(st: Arc<SystemStack>, listener: TcpListener, fam
         let guard = st.nat.guard(&accepted);
         let _ = app.set_nodelay(true);
         let server = accepted.key.server;
-        let d = d.clone();
-        tokio::spawn(async move { session::run(&d, app, next, server, (permit, guard)).await });
+        tokio::spawn(session::run(d.clone(), app, next, server, (permit, guard)));
     }
 }
