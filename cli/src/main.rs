@@ -47,8 +47,8 @@ enum Cmd {
     Demo(DemoArgs),
 }
 
-/// `auto` is the platform's choice: smoltcp on desktop, the system
-/// netstack on mobile (the engine logs which and why).
+/// `auto` is the engine's choice: the system netstack unless the kernel
+/// listener cannot work (the engine logs which and why).
 #[derive(ValueEnum, Clone, Copy, Debug)]
 enum Stack {
     Auto,
@@ -146,7 +146,7 @@ struct DemoArgs {
     /// Parallel TCP streams.
     #[arg(long, default_value_t = 4)]
     streams: usize,
-    /// TCP stack; `auto` is smoltcp on desktop.
+    /// TCP stack; `auto` is the system stack.
     #[arg(long, value_enum, default_value_t = Stack::Auto)]
     stack: Stack,
     #[arg(long, value_enum, default_value_t = Driver::Auto)]

@@ -33,11 +33,10 @@ pub use crate::tun::TunConfig;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum StackKind {
-    /// The platform's choice, logged with its reason at start: the system
-    /// stack on iOS/Android (no per-connection socket buffers in the 50 MiB
-    /// extension budget), smoltcp on desktop (no NAT address or kernel
-    /// listener to set up, the TUN is the only thing it needs), and smoltcp
-    /// wherever the kernel listener cannot work (`tun.include_all_networks`).
+    /// The engine's choice, logged with its reason at start: the system
+    /// stack (no per-connection socket buffers, splice for direct traffic),
+    /// and smoltcp wherever the kernel listener cannot work
+    /// (`tun.include_all_networks`).
     #[default]
     Auto,
     /// Kernel TCP behind an in-place NAT (docs/architecture.md): the

@@ -136,11 +136,7 @@ impl Engine {
     ) -> Result<Engine, StartError> {
         config.validate()?;
         let budget = Budget::resolve(&config.budget);
-        let (stack, why) = choose_stack(
-            config.stack,
-            budget.platform,
-            config.tun.include_all_networks,
-        );
+        let (stack, why) = choose_stack(config.stack, config.tun.include_all_networks);
         let workers = match config.workers {
             0 if budget.platform == Platform::Desktop => 2,
             0 => 1,
@@ -486,20 +482,14 @@ fn bind_family(
 }
 
 /// The stack to run and why (logged at start). `auto`:
-/// * smoltcp wherever the kernel listener cannot receive the tunnel's
-///   connections (`tun.include_all_networks`, iOS `includeAllNetworks`);
-///   an explicit `system` there never gets here, `validate` refuses it;
-/// * the system stack on iOS and Android, where kernel TCP costs no
-///   per-connection socket buffers inside a tight memory budget;
-/// * smoltcp on desktop: memory is not the constraint
-///   there, and it needs no NAT address routed back to a kernel listener, so
-///   it runs on any TUN whatever the host's routing and firewall. The system
-///   stack (with the splice relay) stays one `stack = "system"` away.
-fn choose_stack(
-    kind: StackKind,
-    platform: Platform,
-    include_all_networks: bool,
-) -> (StackKind, &'static str) {
+/// * the system stack wherever a kernel listener can see the tunnel's
+///   connections, desktop included: kernel TCP costs no per-connection
+///   buffers, splices direct traffic, and measured ahead of smoltcp with
+///   MTU-sized segments and many connections (docs/benchmarks.md);
+/// * smoltcp where it cannot (`tun.include_all_networks`, iOS
+///   `includeAllNetworks`); an explicit `system` there never gets here,
+///   `validate` refuses it.
+fn choose_stack(kind: StackKind, include_all_networks: bool) -> (StackKind, &'static str) {
     match kind {
         StackKind::System => (StackKind::System, "configured"),
         StackKind::Smoltcp => (StackKind::Smoltcp, "configured"),
@@ -507,16 +497,10 @@ fn choose_stack(
             StackKind::Smoltcp,
             "auto with includeAllNetworks: the kernel listener of the system stack would never see the tunnel's SYNs",
         ),
-        StackKind::Auto => match platform {
-            Platform::Ios | Platform::Android => (
-                StackKind::System,
-                "auto on mobile: kernel TCP costs no per-connection buffers",
-            ),
-            Platform::Desktop => (
-                StackKind::Smoltcp,
-                "auto on desktop: userspace TCP needs no NAT address or kernel listener (stack = \"system\" for kernel TCP and splice)",
-            ),
-        },
+        StackKind::Auto => (
+            StackKind::System,
+            "auto: kernel TCP costs no per-connection buffers and splices direct traffic (stack = \"smoltcp\" for userspace TCP)",
+        ),
     }
 }
 
@@ -542,38 +526,22 @@ mod tests {
     use super::*;
 
     #[test]
-    fn stack_choice_follows_config_then_platform() {
-        for p in [Platform::Ios, Platform::Android, Platform::Desktop] {
-            for all in [false, true] {
-                // An explicit choice is kept (validate refuses system + all).
-                assert_eq!(
-                    choose_stack(StackKind::Smoltcp, p, all).0,
-                    StackKind::Smoltcp
-                );
-                assert_eq!(choose_stack(StackKind::System, p, all).1, "configured");
-            }
-            assert_eq!(
-                choose_stack(StackKind::System, p, false).0,
-                StackKind::System
-            );
-            // includeAllNetworks forbids the kernel listener on any platform.
-            let (auto, why) = choose_stack(StackKind::Auto, p, true);
-            assert_eq!(auto, StackKind::Smoltcp, "{p:?}");
-            assert!(why.contains("includeAllNetworks"), "{why}");
+    fn stack_choice_follows_config_then_the_listener() {
+        for all in [false, true] {
+            // An explicit choice is kept (validate refuses system + all).
+            assert_eq!(choose_stack(StackKind::Smoltcp, all).0, StackKind::Smoltcp);
+            assert_eq!(choose_stack(StackKind::System, all).1, "configured");
         }
-        let mobile = [Platform::Ios, Platform::Android];
-        for p in mobile {
-            let (auto, why) = choose_stack(StackKind::Auto, p, false);
-            assert_eq!(auto, StackKind::System, "{p:?}");
-            assert!(
-                why.starts_with("auto on mobile"),
-                "the log line says why: {why}"
-            );
-        }
-        let (auto, why) = choose_stack(StackKind::Auto, Platform::Desktop, false);
+        assert_eq!(choose_stack(StackKind::System, false).0, StackKind::System);
+        // includeAllNetworks forbids the kernel listener.
+        let (auto, why) = choose_stack(StackKind::Auto, true);
         assert_eq!(auto, StackKind::Smoltcp);
+        assert!(why.contains("includeAllNetworks"), "{why}");
+        // Everywhere else auto is the system stack, desktop included.
+        let (auto, why) = choose_stack(StackKind::Auto, false);
+        assert_eq!(auto, StackKind::System);
         assert!(
-            why.starts_with("auto on desktop"),
+            why.starts_with("auto: kernel TCP"),
             "the log line says why: {why}"
         );
     }

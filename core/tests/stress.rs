@@ -22,7 +22,7 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
 }
 
 fn config(topo: &Topology) -> Config {
-    // The system stack, named since smoltcp is the desktop default: the
+    // The system stack, named (not left to `auto`): the
     // floods are sized against its NAT table (`nat_table_full`) and
     // docs/reliability.md records its figures. smoltcp's own storms are in
     // the `smol` unit tests and the e2e matrix.

@@ -23,11 +23,11 @@ use crate::error::KerntunError;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, uniffi::Enum)]
 pub enum Stack {
     /// Kernel TCP behind an in-place NAT: one ~100-byte NAT entry per
-    /// connection, the mobile default. Unavailable with
+    /// connection, the default. Unavailable with
     /// `TunOptions.include_all_networks`.
     System,
-    /// A userspace TCP stack (smoltcp): the desktop default, and the mobile
-    /// one where the kernel listener cannot work.
+    /// A userspace TCP stack (smoltcp): the default where the kernel
+    /// listener cannot work (`TunOptions.include_all_networks`).
     Smoltcp,
 }
 
@@ -328,8 +328,8 @@ pub struct DnsOptions {
 /// Everything [`crate::Engine::start`] needs besides the device.
 #[derive(Debug, Clone, Default, PartialEq, Eq, uniffi::Record)]
 pub struct EngineConfig {
-    /// `null`/`nil` = the platform default: the system stack on mobile,
-    /// smoltcp on desktop and under `tun.include_all_networks`.
+    /// `null`/`nil` = the default: the system stack, or smoltcp under
+    /// `tun.include_all_networks`.
     #[uniffi(default = None)]
     pub stack: Option<Stack>,
     /// `null`/`nil` = batched where the device supports it, else per-packet.

@@ -67,9 +67,9 @@ fn engine_through_the_ffi_moves_bytes_counts_and_stops() {
     let srv6 = servers::tcp(&topo.server, topo.server_addr(true, 0), Mode::Echo).expect("server6");
     topo.client.enter().expect("enter client namespace");
 
-    // Round 0 leaves the stack unset (smoltcp on desktop), round 1 asks for
-    // the system stack: the FFI surface behaves the same on both.
-    for (round, stack, want) in [(0, None, "smoltcp"), (1, Some(Stack::System), "system")] {
+    // Round 0 leaves the stack unset (the system stack), round 1 asks for
+    // smoltcp: the FFI surface behaves the same on both.
+    for (round, stack, want) in [(0, None, "system"), (1, Some(Stack::Smoltcp), "smoltcp")] {
         let tun = format!("ktffi{round}");
         let hooks = Arc::new(Hooks::default());
         let cfg = EngineConfig {

@@ -1759,8 +1759,8 @@ public func FfiConverterTypeDropCount_lower(_ value: DropCount) -> RustBuffer {
  */
 public struct EngineConfig: Equatable, Hashable {
     /**
-     * `null`/`nil` = the platform default: the system stack on mobile,
-     * smoltcp on desktop and under `tun.include_all_networks`.
+     * `null`/`nil` = the default: the system stack, or smoltcp under
+     * `tun.include_all_networks`.
      */
     public var stack: Stack?
     /**
@@ -1799,8 +1799,8 @@ public struct EngineConfig: Equatable, Hashable {
     // declare one manually.
     public init(
         /**
-         * `null`/`nil` = the platform default: the system stack on mobile,
-         * smoltcp on desktop and under `tun.include_all_networks`.
+         * `null`/`nil` = the default: the system stack, or smoltcp under
+         * `tun.include_all_networks`.
          */stack: Stack? = nil, 
         /**
          * `null`/`nil` = batched where the device supports it, else per-packet.
@@ -3789,13 +3789,13 @@ public enum Stack: Equatable, Hashable {
     
     /**
      * Kernel TCP behind an in-place NAT: one ~100-byte NAT entry per
-     * connection, the mobile default. Unavailable with
+     * connection, the default. Unavailable with
      * `TunOptions.include_all_networks`.
      */
     case system
     /**
-     * A userspace TCP stack (smoltcp): the desktop default, and the mobile
-     * one where the kernel listener cannot work.
+     * A userspace TCP stack (smoltcp): the default where the kernel
+     * listener cannot work (`TunOptions.include_all_networks`).
      */
     case smoltcp
 

@@ -151,9 +151,9 @@ fun round(n: Int) {
     val hooks = Hooks()
     val tun = "ktun$n"
     val driver = if (n == 1) null else Driver.PER_PACKET
-    // Round 1 leaves the stack to the engine (smoltcp on desktop), round 2
-    // asks for the system stack: the bindings behave the same on both.
-    val stack = if (n == 1) null else Stack.SYSTEM
+    // Round 1 leaves the stack to the engine (the system stack), round 2
+    // asks for smoltcp: the bindings behave the same on both.
+    val stack = if (n == 1) null else Stack.SMOLTCP
     val started = System.nanoTime()
     val engine = Engine.start(config(tun, "198.18.0.1/16", "fd00:18::1/64", driver, stack), -1, hooks)
     println("engine started in ${(System.nanoTime() - started) / 1_000_000} ms on ${engine.tunName()}")
@@ -196,7 +196,7 @@ fun round(n: Int) {
     println("stats: up ${s.tcpBytesUp} B, down ${s.tcpBytesDown} B, sessions ${s.tcpSessionsTotal}, " +
         "udp flows ${s.udpFlowsTotal}, tun reads ${s.tunReads} (${s.tunReadPackets} pkts, max batch ${s.tunReadMaxBatch}), " +
         "driver ${s.driver}, connect failures ${s.tcpConnectFailed}, drops ${s.totalDrops} ${s.drops}")
-    val wantStack = if (n == 1) "smoltcp" else "system"
+    val wantStack = if (n == 1) "system" else "smoltcp"
     check(s.stack == wantStack, "round $n: stats.stack = ${s.stack} (want $wantStack)")
     check(s.driver == (if (n == 1) "batch" else "per_packet"), "round $n: stats.driver = ${s.driver}")
     check(s.tcpBytesUp.toLong() >= big + (1 shl 20), "round $n: stats count TCP bytes up (${s.tcpBytesUp})")
