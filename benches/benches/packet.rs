@@ -111,5 +111,29 @@ fn rewrite(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, rewrite);
+/// What the uplink adds per packet since malformed input is dropped before
+/// it can create state: `check_segment` (flag table, then the checksum over
+/// pseudo-header and segment, one pass over the payload) on top of the
+/// parse. Unlike the rewrite, this grows with the packet size.
+fn uplink_check(c: &mut Criterion) {
+    let mut g = c.benchmark_group("check_segment");
+    g.throughput(Throughput::Elements(1));
+    for (family, v6) in [("ipv4", false), ("ipv6", true)] {
+        let [client, server, ..] = addrs(v6);
+        for size in [64usize, 1500, 9000] {
+            let buf = tcp_packet(client, server, size);
+            g.bench_with_input(BenchmarkId::new(family, size), &size, |b, _| {
+                b.iter(|| {
+                    let pkt = black_box(&buf[..]);
+                    let ip = packet::parse_ip(pkt).expect("valid ip");
+                    let t = packet::parse_tcp(pkt, &ip).expect("valid tcp");
+                    black_box(packet::check_segment(pkt, &ip, &t)).expect("valid");
+                })
+            });
+        }
+    }
+    g.finish();
+}
+
+criterion_group!(benches, rewrite, uplink_check);
 criterion_main!(benches);

@@ -115,6 +115,11 @@ pub fn translate_tcp(
             Err(r) => TcpStep::Drop(Cause::Reject(r)),
         };
     }
+    // From the app: nothing malformed may create a NAT entry, refresh one
+    // or reach the kernel listener (the downlink above is the local TCP's own).
+    if let Err(r) = packet::check_segment(buf, ip, &tcp) {
+        return TcpStep::Drop(Cause::Reject(r));
+    }
     let key = FlowKey {
         client: SocketAddr::new(ip.src, tcp.src_port),
         server: SocketAddr::new(ip.dst, tcp.dst_port),
@@ -267,6 +272,85 @@ mod tests {
                 ..
             }
         ));
+    }
+
+    /// Malformed segments from the app are counted rejects that create no
+    /// entry, get no RST and leave an existing flow's entry untouched:
+    /// a bad checksum (IPv4 and IPv6) and each invalid flag combination.
+    #[test]
+    fn malformed_uplink_creates_nothing_and_is_rejected() {
+        use crate::packet::tcp_flags::{FIN, PSH, URG};
+        use crate::packet::testutil::tcp_v6;
+        let (nat, now) = table(16);
+        let mut v6addrs = addrs();
+        v6addrs.v6 = Some(FamilyAddrs {
+            gateway: "fd00:18::1".parse().expect("ip"),
+            nat: "fd00:18::2".parse().expect("ip"),
+            listen_port: 40000,
+        });
+        let corrupt = |mut p: Vec<u8>| {
+            let ip = packet::parse_ip(&p).expect("ip");
+            p[ip.l4_offset + 16] ^= 0x5a; // the TCP checksum field
+            p
+        };
+        let bad_sum = [
+            corrupt(tcp_v4("10.0.0.9:3000", "1.1.1.1:443", 1, 0, SYN, &[], b"")),
+            corrupt(tcp_v6(
+                "[fd00:18::9]:3000",
+                "[2001:db8::1]:443",
+                &[],
+                1,
+                0,
+                SYN,
+                &[],
+                b"",
+            )),
+        ];
+        for mut p in bad_sum {
+            let ip = packet::parse_ip(&p).expect("ip");
+            assert_eq!(
+                translate_tcp(&mut p, &ip, &nat, &v6addrs, now, |_| false),
+                TcpStep::Drop(Cause::Reject(Reject::TcpBadChecksum))
+            );
+        }
+        for flags in [
+            0,
+            FIN,
+            SYN | FIN,
+            SYN | RST,
+            FIN | PSH | URG,
+            SYN | FIN | RST | ACK,
+        ] {
+            let mut p = tcp_v4("10.0.0.9:3001", "1.1.1.1:443", 1, 0, flags, &[], b"x");
+            assert_eq!(
+                step(&nat, now, &mut p),
+                TcpStep::Drop(Cause::Reject(Reject::TcpBadFlags)),
+                "flags {flags:#04x}"
+            );
+        }
+        assert!(nat.is_empty(), "no entry for malformed segments");
+        // An established flow: a corrupted segment does not reach it.
+        let mut syn = tcp_v4("10.0.0.9:3002", "1.1.1.1:443", 1, 0, SYN, &[], b"");
+        let TcpStep::NewFlow { port, .. } = step(&nat, now, &mut syn) else {
+            panic!("new flow");
+        };
+        nat.accept(port, now).expect("accept");
+        let mut data = corrupt(tcp_v4(
+            "10.0.0.9:3002",
+            "1.1.1.1:443",
+            2,
+            1,
+            ACK,
+            &[],
+            b"hi",
+        ));
+        let before = data.clone();
+        assert_eq!(
+            step(&nat, now, &mut data),
+            TcpStep::Drop(Cause::Reject(Reject::TcpBadChecksum))
+        );
+        assert_eq!(data, before, "not rewritten");
+        assert_eq!(nat.len(), 1);
     }
 
     #[test]

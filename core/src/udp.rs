@@ -146,6 +146,10 @@ impl UdpTable {
             Ok(u) => u,
             Err(r) => return local.reject(r),
         };
+        // A bad checksum opens no flow and reaches no outbound.
+        if let Err(r) = packet::check_datagram(buf, ip, &udp) {
+            return local.reject(r);
+        }
         let key = (
             SocketAddr::new(ip.src, udp.src_port),
             SocketAddr::new(ip.dst, udp.dst_port),

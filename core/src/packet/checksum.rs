@@ -125,8 +125,18 @@ pub fn checksum_offset(protocol: u8) -> Option<usize> {
 /// protocol has no known checksum, the segment is too short to hold the
 /// field, `ip` does not fit `buf`, or ICMP is carried by the wrong family.
 fn transport_sum(buf: &[u8], ip: &IpInfo) -> Option<(u32, u16)> {
+    segment_sum(buf, ip, ip.len)
+}
+
+/// [`transport_sum`] over `buf[ip.l4_offset..end]`: a UDP datagram ends
+/// where its length field says, which may be before the IP payload does
+/// (RFC 768: the pseudo-header carries the UDP length).
+fn segment_sum(buf: &[u8], ip: &IpInfo, end: usize) -> Option<(u32, u16)> {
     let field = checksum_offset(ip.protocol)?;
-    let seg = buf.get(ip.l4_offset..ip.len)?;
+    if end > ip.len {
+        return None;
+    }
+    let seg = buf.get(ip.l4_offset..end)?;
     let stored = seg.get(field..field + 2)?;
     let stored = u16::from_be_bytes([stored[0], stored[1]]);
     let len = u32::try_from(seg.len()).ok()?;
@@ -183,7 +193,21 @@ pub fn fill_transport_checksum(buf: &mut [u8], ip: &IpInfo) -> bool {
 /// sender computed none (RFC 768) and verifies; over IPv6 it is invalid
 /// (RFC 8200 8.1). False when the checksum cannot be computed.
 pub fn verify_transport_checksum(buf: &[u8], ip: &IpInfo) -> bool {
-    match transport_sum(buf, ip) {
+    verify_segment(buf, ip, ip.len)
+}
+
+/// [`verify_transport_checksum`] over the segment `buf[ip.l4_offset..end]`
+/// (`end` <= `ip.len`): what the uplink checks before a packet may create
+/// state or reach an outbound. One pass over the payload, with the same
+/// 32-bit-word summing the rest of this module uses.
+///
+/// Packets from the Linux offload reader verify too: tun-rs completes a
+/// `CHECKSUM_PARTIAL` packet's checksum (`gso_none_checksum`) and computes
+/// every segment's in full when it splits a super-packet. A completed sum
+/// of +0 stored as 0x0000 instead of 0xFFFF still folds to 0xFFFF here.
+#[inline]
+pub fn verify_segment(buf: &[u8], ip: &IpInfo, end: usize) -> bool {
+    match segment_sum(buf, ip, end) {
         Some((_, 0)) if ip.protocol == protocol::UDP && ip.src.is_ipv4() => true,
         Some((sum, _)) => fold(sum) == 0xffff,
         None => false,

@@ -31,9 +31,12 @@ pub(crate) mod testutil;
 pub use icmp::echo_reply_in_place;
 pub use ipv4::Ipv4Packet;
 pub use ipv6::Ipv6Packet;
-pub use tcp::{TcpInfo, TcpPacket, flags as tcp_flags, parse_tcp, rewrite_tcp, tcp_rst_reply};
+pub use tcp::{
+    TcpInfo, TcpPacket, check_segment, flags as tcp_flags, parse_tcp, rewrite_tcp, tcp_rst_reply,
+};
 pub use udp::{
-    IPV4_UDP_HEADERS, IPV6_UDP_HEADERS, UdpInfo, UdpPacket, parse_udp, write_udp_headers,
+    IPV4_UDP_HEADERS, IPV6_UDP_HEADERS, UdpInfo, UdpPacket, check_datagram, parse_udp,
+    write_udp_headers,
 };
 
 /// IP protocol numbers this layer knows (IANA "Assigned Internet Protocol
@@ -94,10 +97,18 @@ pub enum Reject {
     TcpTruncated,
     /// TCP data offset below 5 or beyond the segment.
     TcpBadDataOffset,
+    /// An uplink TCP segment whose checksum does not verify.
+    TcpBadChecksum,
+    /// A combination of control bits no TCP endpoint sends (no flags,
+    /// SYN+FIN, SYN+RST, FIN without ACK, ...): see [`tcp::valid_flags`].
+    TcpBadFlags,
     /// Fewer than 8 bytes of UDP header.
     UdpTruncated,
     /// UDP length field below 8 or beyond the IP payload.
     UdpBadLength,
+    /// A UDP datagram whose checksum does not verify (or is zero over
+    /// IPv6, RFC 8200 8.1).
+    UdpBadChecksum,
     /// Fewer than 8 bytes of ICMP echo header.
     IcmpTruncated,
     /// ICMP message other than an echo request with code 0.
@@ -110,7 +121,7 @@ pub enum Reject {
 
 impl Reject {
     /// Number of variants (size of the engine's counter array).
-    pub const COUNT: usize = 22;
+    pub const COUNT: usize = 25;
     /// Every variant, in `index()` order.
     pub const ALL: [Reject; Self::COUNT] = [
         Reject::Empty,
@@ -129,8 +140,11 @@ impl Reject {
         Reject::UnsupportedProtocol,
         Reject::TcpTruncated,
         Reject::TcpBadDataOffset,
+        Reject::TcpBadChecksum,
+        Reject::TcpBadFlags,
         Reject::UdpTruncated,
         Reject::UdpBadLength,
+        Reject::UdpBadChecksum,
         Reject::IcmpTruncated,
         Reject::IcmpNotEchoRequest,
         Reject::FamilyMismatch,
@@ -156,8 +170,11 @@ impl Reject {
             Reject::UnsupportedProtocol => "unsupported_protocol",
             Reject::TcpTruncated => "tcp_truncated",
             Reject::TcpBadDataOffset => "tcp_bad_data_offset",
+            Reject::TcpBadChecksum => "tcp_bad_checksum",
+            Reject::TcpBadFlags => "tcp_bad_flags",
             Reject::UdpTruncated => "udp_truncated",
             Reject::UdpBadLength => "udp_bad_length",
+            Reject::UdpBadChecksum => "udp_bad_checksum",
             Reject::IcmpTruncated => "icmp_truncated",
             Reject::IcmpNotEchoRequest => "icmp_not_echo_request",
             Reject::FamilyMismatch => "family_mismatch",
@@ -379,6 +396,28 @@ mod tests {
             write_udp_headers(&mut small, a, a, 3).map(|_| ()),
             Reject::BufferTooSmall,
         );
+
+        let mut p = v4.clone();
+        p[20 + 16] ^= 0x01; // the TCP checksum field
+        let t = parse_tcp(&p, &ip4).expect("valid");
+        expect(check_segment(&p, &ip4, &t), Reject::TcpBadChecksum);
+        let p = tcp_v4(
+            "10.0.0.9:12345",
+            "1.1.1.1:443",
+            1,
+            0,
+            tcp_flags::SYN | tcp_flags::FIN,
+            &[],
+            b"",
+        );
+        let ip = parse_ip(&p).expect("valid ip");
+        let t = parse_tcp(&p, &ip).expect("valid");
+        expect(check_segment(&p, &ip, &t), Reject::TcpBadFlags);
+        let mut p = udp.clone();
+        p[20 + 6] ^= 0x01; // the UDP checksum field
+        let ip = parse_ip(&p).expect("valid ip");
+        let u = parse_udp(&p, &ip).expect("valid");
+        expect(check_datagram(&p, &ip, &u), Reject::UdpBadChecksum);
 
         let missing: Vec<_> = Reject::ALL.iter().filter(|r| !seen.contains(r)).collect();
         assert!(missing.is_empty(), "not produced: {missing:?}");

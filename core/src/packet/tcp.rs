@@ -185,6 +185,45 @@ impl TcpInfo {
     }
 }
 
+/// Whether `flags` is a combination of control bits some TCP endpoint
+/// sends. PSH, ECE and CWR may go with anything; of SYN, FIN, RST, ACK and
+/// URG only these pass: SYN (URG), SYN+ACK, RST, RST+ACK, FIN+ACK (URG),
+/// ACK (URG). The same table Linux conntrack holds as `tcp_valid_flags`
+/// (nf_conntrack_proto_tcp.c): no flags at all (a "null scan"), SYN+FIN,
+/// SYN+RST, FIN without ACK ("FIN scan", "Xmas") and the like are marked
+/// invalid there, and a stack behind a firewall never sees them.
+#[inline]
+pub const fn valid_flags(f: u8) -> bool {
+    use flags::*;
+    const SYN_URG: u8 = SYN | URG;
+    const SYN_ACK: u8 = SYN | ACK;
+    const RST_ACK: u8 = RST | ACK;
+    const FIN_ACK: u8 = FIN | ACK;
+    const FIN_ACK_URG: u8 = FIN | ACK | URG;
+    const ACK_URG: u8 = ACK | URG;
+    matches!(
+        f & !(PSH | ECE | CWR),
+        SYN | SYN_URG | SYN_ACK | RST | RST_ACK | FIN_ACK | FIN_ACK_URG | ACK | ACK_URG
+    )
+}
+
+/// The uplink's check of a segment from the app, before it may create a
+/// flow or reach an outbound: valid control bits ([`valid_flags`], else
+/// [`Reject::TcpBadFlags`]), then the checksum over pseudo-header and
+/// segment ([`Reject::TcpBadChecksum`]). `tcp` must come from [`parse_tcp`]
+/// on this buffer. The kernel listener's own segments (the system stack's
+/// downlink) skip it: they come from the local TCP, checksummed.
+#[inline]
+pub fn check_segment(buf: &[u8], ip: &IpInfo, tcp: &TcpInfo) -> Result<(), Reject> {
+    if !valid_flags(tcp.flags) {
+        return Err(Reject::TcpBadFlags);
+    }
+    if !checksum::verify_segment(buf, ip, ip.len) {
+        return Err(Reject::TcpBadChecksum);
+    }
+    Ok(())
+}
+
 /// Validates the TCP header of the packet `ip` describes: at least 20
 /// bytes, data offset >= 5 and within `ip.len`.
 #[inline]
@@ -354,6 +393,109 @@ mod tests {
     use crate::packet::{Ipv4Packet, is_downlink, parse_ip};
     use proptest::prelude::*;
     use std::net::{Ipv4Addr, Ipv6Addr, SocketAddrV4, SocketAddrV6};
+
+    /// Conntrack's table, spelled out: every combination of the five bits
+    /// that matter, and PSH/ECE/CWR never changing the answer.
+    #[test]
+    fn valid_flags_is_conntracks_table() {
+        use flags::*;
+        let valid = [
+            SYN,
+            SYN | URG,
+            SYN | ACK,
+            RST,
+            RST | ACK,
+            FIN | ACK,
+            FIN | ACK | URG,
+            ACK,
+            ACK | URG,
+        ];
+        for f in 0..=u8::MAX {
+            let core = f & (FIN | SYN | RST | ACK | URG);
+            assert_eq!(valid_flags(f), valid.contains(&core), "flags {f:#04x}");
+        }
+        for bad in [
+            0,
+            FIN,
+            SYN | FIN,
+            SYN | RST,
+            FIN | PSH | URG,
+            SYN | FIN | RST | PSH | ACK | URG,
+            RST | FIN,
+        ] {
+            assert!(!valid_flags(bad), "{bad:#04x}");
+        }
+        assert!(valid_flags(SYN | ECE | CWR), "an ECN-setup SYN");
+        assert!(valid_flags(ACK | PSH));
+        assert!(valid_flags(RST | ACK | PSH));
+    }
+
+    /// A segment from the app passes only with valid flags and a checksum
+    /// that verifies, both families; any flipped bit is caught.
+    #[test]
+    fn check_segment_needs_flags_and_checksum() {
+        let pkts = [
+            tcp_v4(
+                "10.0.0.9:40000",
+                "1.1.1.1:443",
+                7,
+                0,
+                flags::SYN,
+                &[2, 4, 5, 180],
+                b"",
+            ),
+            tcp_v4(
+                "10.0.0.9:40000",
+                "1.1.1.1:443",
+                7,
+                9,
+                flags::ACK | flags::PSH,
+                &[],
+                b"hello world",
+            ),
+            tcp_v6(
+                "[fd00::9]:40000",
+                "[2001:db8::1]:443",
+                &[],
+                7,
+                0,
+                flags::SYN,
+                &[],
+                b"",
+            ),
+            tcp_v6(
+                "[fd00::9]:40000",
+                "[2001:db8::1]:443",
+                &[ExtHdr::DestOpts { units: 0 }],
+                7,
+                9,
+                flags::FIN | flags::ACK,
+                &[],
+                b"odd",
+            ),
+        ];
+        let mut rng = crate::packet::testutil::Rng::new(1071);
+        for p in pkts {
+            let ip = parse_ip(&p).expect("ip");
+            let t = parse_tcp(&p, &ip).expect("tcp");
+            assert_eq!(check_segment(&p, &ip, &t), Ok(()));
+            for _ in 0..200 {
+                let mut q = p.clone();
+                let at = ip.l4_offset + rng.below(ip.len - ip.l4_offset);
+                q[at] ^= 1 << rng.below(8);
+                let Ok(t) = parse_tcp(&q, &ip) else { continue };
+                let r = check_segment(&q, &ip, &t);
+                assert!(
+                    matches!(r, Err(Reject::TcpBadChecksum | Reject::TcpBadFlags)),
+                    "a flipped bit at {at} passed: {r:?}"
+                );
+            }
+            let mut q = p.clone();
+            q[ip.l4_offset + field::FLAGS] = 0; // a null scan
+            let t = parse_tcp(&q, &ip).expect("tcp");
+            assert_eq!(check_segment(&q, &ip, &t), Err(Reject::TcpBadFlags));
+        }
+    }
 
     fn sa(s: &str) -> SocketAddr {
         s.parse().expect("socket address")

@@ -32,6 +32,10 @@ pub(crate) fn gate(stack: &SmolStack, pkt: &[u8], ip: &IpInfo, family: bool) -> 
         Ok(t) => t,
         Err(r) => return Gate::Reject(r),
     };
+    // Nothing malformed may mark a connect or reach smoltcp.
+    if let Err(r) = packet::check_segment(pkt, ip, &tcp) {
+        return Gate::Reject(r);
+    }
     if !family {
         return Gate::Drop(EngineDrop::FamilyDisabled);
     }

@@ -194,6 +194,59 @@ fn refused_before_connect_unmarks() {
     assert_eq!(st.counts(), (0, 0));
 }
 
+/// Malformed SYNs (bad checksum, either family; invalid flags) are rejects
+/// at the gate: no connect is marked, so no outbound is dialled.
+#[test]
+fn malformed_syn_at_the_gate_marks_no_connect() {
+    use super::super::gate::{Gate, gate};
+    use crate::packet::Reject;
+    let st = stack();
+    let corrupt = |mut p: Vec<u8>| {
+        let ip = parse_ip(&p).expect("test input");
+        p[ip.l4_offset + 16] ^= 0x55; // the TCP checksum field
+        p
+    };
+    let cases = [
+        (
+            corrupt(tcp_v4("10.0.0.9:40000", "1.1.1.1:443", 7, 0, SYN, &[], &[])),
+            Reject::TcpBadChecksum,
+        ),
+        (
+            corrupt(tcp_v6(
+                "[fd00:18::9]:40000",
+                "[2001:db8::1]:443",
+                &[],
+                7,
+                0,
+                SYN,
+                &[],
+                &[],
+            )),
+            Reject::TcpBadChecksum,
+        ),
+        (
+            tcp_v4("10.0.0.9:40001", "1.1.1.1:443", 7, 0, SYN | FIN, &[], &[]),
+            Reject::TcpBadFlags,
+        ),
+        (
+            tcp_v4("10.0.0.9:40002", "1.1.1.1:443", 7, 0, SYN | RST, &[], &[]),
+            Reject::TcpBadFlags,
+        ),
+        (
+            tcp_v4("10.0.0.9:40003", "1.1.1.1:443", 7, 0, 0, &[], &[]),
+            Reject::TcpBadFlags,
+        ),
+    ];
+    for (p, want) in cases {
+        let ip = parse_ip(&p).expect("test input");
+        assert_eq!(gate(&st, &p, &ip, true), Gate::Reject(want));
+    }
+    assert_eq!(st.counts(), (0, 0), "nothing marked connecting");
+    let ok = tcp_v4("10.0.0.9:40000", "1.1.1.1:443", 7, 0, SYN, &[], &[]);
+    let ip = parse_ip(&ok).expect("test input");
+    assert!(matches!(gate(&st, &ok, &ip, true), Gate::New(..)));
+}
+
 #[test]
 fn syn_smoltcp_does_not_take_is_refused() {
     let st = stack();
