@@ -1,6 +1,6 @@
 //! The packed flow key stored in both maps, and the hasher for shards and maps.
 
-use std::hash::{BuildHasherDefault, Hash, Hasher};
+use std::hash::{BuildHasher, Hash, Hasher};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use super::FlowKey;
@@ -94,18 +94,25 @@ impl Hash for PackedKey {
 }
 
 /// A multiply-rotate word hasher (the FxHash scheme from rustc) with a
-/// murmur3 `fmix64` finaliser.
+/// murmur3 `fmix64` finaliser, keyed: its state starts at a secret `k0` and
+/// `k1` is mixed in before the finaliser, both drawn at random per table
+/// ([`KeyedBuild::random`]).
 ///
-/// Why not std's SipHash: it is DoS-resistant but several times slower on
-/// short keys, and it runs on every packet. Flow keys come from apps on the
-/// device, and a crafted-collision flood is bounded anyway: by the entry
-/// budget (`max_entries`) and by the 64-way sharding. Why the finaliser: the
-/// Fx step leaves the low bits weakly mixed, and hashbrown takes its bucket
-/// index from the low bits and its tag from the top 7; the shard index takes
-/// bits 40..46 (see [`shard_index`]), so all three need good bits.
-#[derive(Debug, Default, Clone, Copy)]
+/// Why keyed: flow keys come from apps on the device, and with a fixed hash
+/// an app choosing its source ports (or, with a raw socket, its addresses)
+/// can compute which keys share a shard and a bucket run and aim a flood at
+/// one lock. Without the key it cannot: the shard bits depend on `k0`
+/// through every multiply. Why not std's SipHash (`RandomState`): it is
+/// several times slower on short keys, and this runs twice on every uplink
+/// packet; the budget (`max_entries`) and the 64-way sharding bound what a
+/// collision could cost anyway. Why the finaliser: the Fx step leaves the
+/// low bits weakly mixed, and hashbrown takes its bucket index from the low
+/// bits and its tag from the top 7; the shard index takes bits 40..46 (see
+/// [`shard_index`]), so all three need good bits.
+#[derive(Default, Clone, Copy)]
 pub(crate) struct FxHasher {
     hash: u64,
+    k1: u64,
 }
 
 const SEED: u64 = 0x51_7c_c1_b7_27_22_0a_95;
@@ -120,7 +127,7 @@ impl FxHasher {
 impl Hasher for FxHasher {
     #[inline]
     fn finish(&self) -> u64 {
-        let mut h = self.hash;
+        let mut h = self.hash ^ self.k1;
         h ^= h >> 33;
         h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
         h ^= h >> 33;
@@ -160,15 +167,50 @@ impl Hasher for FxHasher {
     }
 }
 
-/// `BuildHasher` for both maps.
-pub(crate) type FxBuild = BuildHasherDefault<FxHasher>;
+/// `BuildHasher` for both maps and the shard choice of one table: the
+/// table's key (never printed: `Debug` leaves it out).
+#[derive(Clone, Copy)]
+pub(crate) struct KeyedBuild {
+    k0: u64,
+    k1: u64,
+}
 
-/// Hash of a flow key with the same hasher the forward map uses.
-#[inline]
-pub(crate) fn hash_key(key: &PackedKey) -> u64 {
-    let mut h = FxHasher::default();
-    key.hash(&mut h);
-    h.finish()
+impl KeyedBuild {
+    /// A fresh random key. std's `RandomState` carries 128 bits seeded from
+    /// the OS's random source once per thread (and stepped per instance);
+    /// hashing two constants under it yields two words an app cannot
+    /// predict, without a dependency on a random number crate.
+    pub(crate) fn random() -> Self {
+        let s = std::hash::RandomState::new();
+        KeyedBuild {
+            k0: s.hash_one(0x6b65_726e_u64),
+            k1: s.hash_one(0x7475_6e00_u64),
+        }
+    }
+
+    /// Hash of a flow key, as the forward map computes it.
+    #[inline]
+    pub(crate) fn hash_key(&self, key: &PackedKey) -> u64 {
+        self.hash_one(key)
+    }
+}
+
+impl std::fmt::Debug for KeyedBuild {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KeyedBuild").finish_non_exhaustive()
+    }
+}
+
+impl BuildHasher for KeyedBuild {
+    type Hasher = FxHasher;
+
+    #[inline]
+    fn build_hasher(&self) -> FxHasher {
+        FxHasher {
+            hash: self.k0,
+            k1: self.k1,
+        }
+    }
 }
 
 /// Shard of a forward-map key: bits 40..46 of its hash. hashbrown uses the
@@ -225,6 +267,47 @@ mod tests {
         let b = FlowKey::new(SocketAddr::V6(SocketAddrV6::new(ip, 5, 7, 3)), server);
         assert_eq!(PackedKey::new(&a), PackedKey::new(&b));
         assert_eq!(PackedKey::new(&b).to_flow_key(), a);
+    }
+
+    /// Two tables place the same keys in different shards: an app that
+    /// picks its source ports cannot know which of them share a shard.
+    /// With an unkeyed hash both partitions would be the same.
+    #[test]
+    fn shard_choice_depends_on_the_tables_key() {
+        let keys: Vec<PackedKey> = (1024u16..5120)
+            .map(|p| {
+                PackedKey::new(&FlowKey::new(
+                    SocketAddr::from(([10, 0, 0, 9], p)),
+                    "1.1.1.1:443".parse().unwrap(),
+                ))
+            })
+            .collect();
+        let (a, b) = (KeyedBuild::random(), KeyedBuild::random());
+        let shard = |h: &KeyedBuild, k: &PackedKey| shard_index(h.hash_key(k));
+        // Of the keys in table a's shard 0, how many share table b's most
+        // common shard: about 1/64 + noise when the keys are independent,
+        // all of them when the hash is not keyed.
+        let in_a0: Vec<&PackedKey> = keys.iter().filter(|k| shard(&a, k) == 0).collect();
+        assert!(in_a0.len() > 20, "{} keys in shard 0", in_a0.len());
+        let mut per_b = [0usize; crate::nat::SHARDS];
+        for k in &in_a0 {
+            per_b[shard(&b, k)] += 1;
+        }
+        let most = per_b.iter().max().copied().unwrap_or(0);
+        assert!(
+            most * 4 < in_a0.len(),
+            "{most} of {} keys share a shard in both tables",
+            in_a0.len()
+        );
+        // Each table still spreads the keys evenly.
+        for h in [&a, &b] {
+            let mut per = [0usize; crate::nat::SHARDS];
+            for k in &keys {
+                per[shard(h, k)] += 1;
+            }
+            let (lo, hi) = (per.iter().min().unwrap(), per.iter().max().unwrap());
+            assert!(*lo > 20 && *hi < 120, "uneven shards: {lo}..{hi}");
+        }
     }
 
     #[test]

@@ -64,20 +64,23 @@ mod shard;
 mod types;
 
 use std::collections::hash_map::Entry as MapEntry;
+use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
+use parking_lot::RwLock;
+
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use guard::NatGuard;
-use key::{PackedKey, hash_key, shard_index};
+use key::{KeyedBuild, PackedKey, shard_index};
 use shard::{ErrorCounters, ForwardShard, Mapping, Phase, ReverseShard, Shard};
 pub use types::*;
 
 /// Shards per map. 64 keeps two threads on different flows off each other's
 /// locks nearly always (1/64 collision) for 2 x 64 x 128 B = 16 KiB of locks.
-const SHARDS: usize = 64;
+pub(crate) const SHARDS: usize = 64;
 
 /// The NAT table. Share it as `Arc<NatTable>`; every method takes `&self`.
 pub struct NatTable {
@@ -90,6 +93,8 @@ pub struct NatTable {
     range_start: u16,
     /// Ports in `port_range` (0 when empty; up to 65536, hence u32).
     range_len: u32,
+    /// The table's random hash key: shard choice and both maps' buckets.
+    hasher: KeyedBuild,
     forward: Box<[ForwardShard; SHARDS]>,
     reverse: Box<[ReverseShard; SHARDS]>,
     /// Rotating allocation cursor. Wrapping at 2^32 only makes one jump in
@@ -119,6 +124,7 @@ impl NatTable {
             let (s, e) = (*cfg.port_range.start(), *cfg.port_range.end());
             (s, u32::from(e) - u32::from(s) + 1)
         };
+        let hasher = KeyedBuild::random();
         Self {
             epoch: clock.now(),
             half_open_ms: millis(cfg.half_open_timeout),
@@ -126,8 +132,13 @@ impl NatTable {
             idle_ms: millis(cfg.idle_timeout),
             range_start,
             range_len,
-            forward: Box::new(std::array::from_fn(|_| Shard::default())),
-            reverse: Box::new(std::array::from_fn(|_| Shard::default())),
+            hasher,
+            forward: Box::new(std::array::from_fn(|_| {
+                Shard(RwLock::new(HashMap::with_hasher(hasher)))
+            })),
+            reverse: Box::new(std::array::from_fn(|_| {
+                Shard(RwLock::new(HashMap::with_hasher(hasher)))
+            })),
             cursor: AtomicU32::new(0),
             next_generation: AtomicU64::new(1),
             len: AtomicUsize::new(0),
@@ -171,7 +182,7 @@ impl NatTable {
         now: Instant,
     ) -> Result<Uplink, NatError> {
         let pk = PackedKey::new(key);
-        let fshard = &self.forward[shard_index(hash_key(&pk))];
+        let fshard = &self.forward[shard_index(self.hasher.hash_key(&pk))];
         let now_ms = self.ms(now);
         {
             let fwd = fshard.read();
@@ -439,7 +450,7 @@ impl NatTable {
         let now_ms = self.ms(now);
         let mut report = CleanupReport::default();
         for e in expired {
-            let mut fwd = self.forward[shard_index(hash_key(&e.key))].write();
+            let mut fwd = self.forward[shard_index(self.hasher.hash_key(&e.key))].write();
             let mut rev = self.reverse_shard(e.port).write();
             let phase = match rev.entry(e.port) {
                 MapEntry::Occupied(o)
@@ -494,7 +505,7 @@ impl NatTable {
     /// The port mapped to `key`, without refreshing it.
     pub fn lookup(&self, key: &FlowKey) -> Option<u16> {
         let pk = PackedKey::new(key);
-        self.forward[shard_index(hash_key(&pk))]
+        self.forward[shard_index(self.hasher.hash_key(&pk))]
             .0
             .read()
             .get(&pk)
@@ -557,7 +568,7 @@ impl NatTable {
             let fwd = shard.read();
             for (k, &port) in fwd.iter() {
                 forward_len += 1;
-                if shard_index(hash_key(k)) != i {
+                if shard_index(self.hasher.hash_key(k)) != i {
                     return Err(format!("forward key for port {port} in wrong shard {i}"));
                 }
                 // Forward then reverse, one shard of each: the lock order.

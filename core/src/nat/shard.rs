@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use parking_lot::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-use super::key::{FxBuild, PackedKey};
+use super::key::{KeyedBuild, PackedKey};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Phase {
@@ -66,8 +66,8 @@ impl<T, const MAP: u8> Shard<T, MAP> {
     }
 }
 
-pub(super) type ForwardShard = Shard<HashMap<PackedKey, u16, FxBuild>, { order::FORWARD }>;
-pub(super) type ReverseShard = Shard<HashMap<u16, Mapping, FxBuild>, { order::REVERSE }>;
+pub(super) type ForwardShard = Shard<HashMap<PackedKey, u16, KeyedBuild>, { order::FORWARD }>;
+pub(super) type ReverseShard = Shard<HashMap<u16, Mapping, KeyedBuild>, { order::REVERSE }>;
 
 /// Lock-order check, in the spirit of the kernel's lockdep: in debug builds
 /// each thread records which maps it holds a shard of, and every acquisition
