@@ -397,7 +397,8 @@ async fn assemble(
                 tcp_idle,
                 linger,
                 budget.nat_entries,
-            );
+            )
+            .with_half_open(crate::stack::HALF_OPEN_MAX.min(budget.tcp_sessions[0] / 2));
             let families = (config.tun.ipv4.is_some(), config.tun.ipv6.is_some());
             Stack::Smoltcp(SmolTcp::new(smol, d.clone(), tun.clone(), families))
         }

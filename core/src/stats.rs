@@ -55,10 +55,18 @@ pub enum EngineDrop {
     /// A flow to a fake-ip address that stands for no domain (never handed
     /// out, or its domain was evicted): TCP gets an RST, UDP is dropped.
     FakeIpUnknown,
+    /// A connection between its SYN and the end of its handshake (connect
+    /// in flight, or SYN handed over and never completed) evicted, oldest
+    /// first, to make room for a newer one: a SYN flood recycles its own
+    /// half-open connections instead of locking out the next one.
+    HalfOpenEvicted,
+    /// A connection whose app never completed the handshake within the
+    /// handshake timeout: its outbound is closed.
+    HandshakeTimeout,
 }
 
 impl EngineDrop {
-    pub const COUNT: usize = 17;
+    pub const COUNT: usize = 19;
     pub const ALL: [EngineDrop; Self::COUNT] = [
         EngineDrop::NoMapping,
         EngineDrop::StrayTcp,
@@ -77,6 +85,8 @@ impl EngineDrop {
         EngineDrop::UdpProxyReply,
         EngineDrop::DnsQueueFull,
         EngineDrop::FakeIpUnknown,
+        EngineDrop::HalfOpenEvicted,
+        EngineDrop::HandshakeTimeout,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -98,6 +108,8 @@ impl EngineDrop {
             EngineDrop::UdpProxyReply => "udp_proxy_reply",
             EngineDrop::DnsQueueFull => "dns_queue_full",
             EngineDrop::FakeIpUnknown => "fake_ip_unknown",
+            EngineDrop::HalfOpenEvicted => "half_open_evicted",
+            EngineDrop::HandshakeTimeout => "handshake_timeout",
         }
     }
 }

@@ -79,6 +79,8 @@ pub enum TcpStep {
         key: FlowKey,
         port: u16,
         tcp: TcpInfo,
+        /// The table was full and evicted its oldest unanswered entry.
+        evicted: bool,
     },
     /// An RST answering the packet was written in place (`len` bytes), because
     /// the NAT table refused the flow or the segment belongs to no flow.
@@ -129,7 +131,13 @@ pub fn translate_tcp(
         Ok(Uplink {
             port,
             created: true,
-        }) => TcpStep::NewFlow { key, port, tcp },
+            evicted,
+        }) => TcpStep::NewFlow {
+            key,
+            port,
+            tcp,
+            evicted,
+        },
         Ok(Uplink { port, .. }) => {
             if syn_only && held(port) {
                 return TcpStep::Drop(Cause::Engine(EngineDrop::SynWhileConnecting));
@@ -259,21 +267,6 @@ mod tests {
         assert!(nat.is_empty(), "nothing was allocated for strays");
     }
 
-    #[test]
-    fn full_table_answers_syn_with_rst() {
-        let (nat, now) = table(1);
-        let mut a = tcp_v4("10.0.0.9:1000", "1.1.1.1:443", 1, 0, SYN, &[], b"");
-        assert!(matches!(step(&nat, now, &mut a), TcpStep::NewFlow { .. }));
-        let mut b = tcp_v4("10.0.0.9:1001", "1.1.1.1:443", 1, 0, SYN, &[], b"");
-        assert!(matches!(
-            step(&nat, now, &mut b),
-            TcpStep::Reset {
-                cause: EngineDrop::NatTableFull,
-                ..
-            }
-        ));
-    }
-
     /// Malformed segments from the app are counted rejects that create no
     /// entry, get no RST and leave an existing flow's entry untouched:
     /// a bad checksum (IPv4 and IPv6) and each invalid flag combination.
@@ -351,6 +344,38 @@ mod tests {
         );
         assert_eq!(data, before, "not rewritten");
         assert_eq!(nat.len(), 1);
+    }
+
+    #[test]
+    fn full_table_answers_syn_with_rst() {
+        let (nat, now) = table(1);
+        let mut a = tcp_v4("10.0.0.9:1000", "1.1.1.1:443", 1, 0, SYN, &[], b"");
+        let TcpStep::NewFlow { port, .. } = step(&nat, now, &mut a) else {
+            panic!("new flow");
+        };
+        // Only an answered (accepted) flow holds its entry against a newcomer.
+        nat.accept(port, now).expect("accept");
+        let mut b = tcp_v4("10.0.0.9:1001", "1.1.1.1:443", 1, 0, SYN, &[], b"");
+        assert!(matches!(
+            step(&nat, now, &mut b),
+            TcpStep::Reset {
+                cause: EngineDrop::NatTableFull,
+                ..
+            }
+        ));
+    }
+
+    /// A full table of SYNs nobody answered takes the newest and evicts
+    /// the oldest: a flood never locks out the next connection.
+    #[test]
+    fn full_table_of_unanswered_syns_takes_the_newcomer() {
+        let (nat, now) = table(4);
+        for p in 1000..1010 {
+            let mut syn = tcp_v4(&format!("10.0.0.9:{p}"), "1.1.1.1:443", 1, 0, SYN, &[], b"");
+            assert!(matches!(step(&nat, now, &mut syn), TcpStep::NewFlow { .. }));
+        }
+        assert_eq!(nat.len(), 4);
+        assert_eq!(nat.error_counts().evicted, 6);
     }
 
     #[test]

@@ -64,13 +64,13 @@ mod shard;
 mod types;
 
 use std::collections::hash_map::Entry as MapEntry;
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
-use parking_lot::RwLock;
+use parking_lot::{Mutex, RwLock};
 
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use guard::NatGuard;
@@ -102,6 +102,12 @@ pub struct NatTable {
     /// at once, while the kernel may still hold its old socket in TIME_WAIT.
     cursor: AtomicU32,
     next_generation: AtomicU64,
+    /// (port, generation) of entries a SYN created, oldest first: the
+    /// candidates a full table evicts for a newcomer. An accept stamps a new
+    /// generation, so accepted entries stop matching and are skipped (and
+    /// pruned, [`Self::note_unanswered`]); entries whose outbound connect
+    /// failed (Closing, same generation) still match and go first in line.
+    unanswered: Mutex<VecDeque<(u16, u64)>>,
     /// Entries plus in-flight reservations; the budget is enforced on it.
     len: AtomicUsize,
     half_open: AtomicUsize,
@@ -141,6 +147,7 @@ impl NatTable {
             })),
             cursor: AtomicU32::new(0),
             next_generation: AtomicU64::new(1),
+            unanswered: Mutex::new(VecDeque::new()),
             len: AtomicUsize::new(0),
             half_open: AtomicUsize::new(0),
             active: AtomicUsize::new(0),
@@ -196,6 +203,7 @@ impl NatTable {
                             return Ok(Uplink {
                                 port,
                                 created: false,
+                                evicted: false,
                             });
                         }
                         Phase::HalfOpen | Phase::Active => {} // new ISN: replaced below
@@ -203,6 +211,7 @@ impl NatTable {
                             return Ok(Uplink {
                                 port,
                                 created: false,
+                                evicted: false,
                             });
                         }
                         Phase::Closing => {} // replaced below, under write locks
@@ -217,7 +226,81 @@ impl NatTable {
             self.errors.uplink_no_mapping.fetch_add(1, Relaxed);
             return Err(NatError::NoMapping);
         };
-        self.uplink_syn(pk, isn, fshard, now_ms)
+        // A full table makes room by evicting the oldest entry the kernel
+        // never accepted, before the key's forward shard is locked (the
+        // victim's may be another: one shard per map at a time). A flood
+        // of SYNs that are never answered thus recycles its own entries
+        // instead of locking out the next connection.
+        let evicted = self.len.load(Relaxed) >= self.cfg.max_entries && self.evict_unanswered();
+        let mut up = self.uplink_syn(pk, isn, fshard, now_ms)?;
+        up.evicted = evicted;
+        Ok(up)
+    }
+
+    /// Remove the oldest entry that a SYN created and no accept answered
+    /// (HalfOpen, or Closing after its connect failed), from both maps.
+    /// Returns whether one was removed (counted as `evicted`).
+    #[cold]
+    fn evict_unanswered(&self) -> bool {
+        loop {
+            let Some((port, generation)) = self.unanswered.lock().pop_front() else {
+                return false;
+            };
+            let key = {
+                let rev = self.reverse_shard(port).read();
+                match rev.get(&port) {
+                    Some(m) if m.generation == generation => m.key,
+                    _ => continue, // accepted, replaced or expired since
+                }
+            };
+            // Forward before reverse: the lock order.
+            let mut fwd = self.forward[shard_index(self.hasher.hash_key(&key))].write();
+            let mut rev = self.reverse_shard(port).write();
+            let phase = match rev.entry(port) {
+                MapEntry::Occupied(o) if o.get().generation == generation => o.remove().phase,
+                _ => continue,
+            };
+            if fwd.get(&key) == Some(&port) {
+                fwd.remove(&key);
+            }
+            self.len.fetch_sub(1, Relaxed);
+            match phase {
+                Phase::HalfOpen => self.half_open.fetch_sub(1, Relaxed),
+                Phase::Active => self.active.fetch_sub(1, Relaxed),
+                Phase::Closing => self.closing.fetch_sub(1, Relaxed),
+            };
+            self.errors.evicted.fetch_add(1, Relaxed);
+            return true;
+        }
+    }
+
+    /// Queue a new entry as an eviction candidate. The queue holds stale
+    /// entries too (accepted or removed since); past twice the budget it
+    /// is pruned to the live ones, so its length stays within a small
+    /// multiple of the budget and the pruning costs O(1) per entry
+    /// amortised. No other lock is held while pruning.
+    fn note_unanswered(&self, port: u16, generation: u64) {
+        let len = {
+            let mut q = self.unanswered.lock();
+            q.push_back((port, generation));
+            q.len()
+        };
+        if len <= 2 * self.cfg.max_entries.max(1) {
+            return;
+        }
+        let old = std::mem::take(&mut *self.unanswered.lock());
+        let kept: VecDeque<(u16, u64)> = old
+            .into_iter()
+            .filter(|&(p, g)| {
+                self.reverse_shard(p)
+                    .read()
+                    .get(&p)
+                    .is_some_and(|m| m.generation == g)
+            })
+            .collect();
+        let mut q = self.unanswered.lock();
+        let newer = std::mem::replace(&mut *q, kept);
+        q.extend(newer);
     }
 
     /// New-connection path: holds the key's forward shard for writing
@@ -244,6 +327,7 @@ impl NatTable {
                     return Ok(Uplink {
                         port,
                         created: false,
+                        evicted: false,
                     });
                 }
             }
@@ -290,6 +374,7 @@ impl NatTable {
         Ok(Uplink {
             port,
             created: true,
+            evicted: false,
         })
     }
 
@@ -319,14 +404,17 @@ impl NatTable {
             }
             let mut rev = self.reverse_shard(port).write();
             if let MapEntry::Vacant(v) = rev.entry(port) {
+                let generation = self.next_generation.fetch_add(1, Relaxed);
                 v.insert(Mapping {
-                    generation: self.next_generation.fetch_add(1, Relaxed),
+                    generation,
                     last_seen: AtomicU64::new(now_ms),
                     key,
                     phase: Phase::HalfOpen,
                     isn,
                 });
                 self.half_open.fetch_add(1, Relaxed);
+                drop(rev);
+                self.note_unanswered(port, generation);
                 return Some(port);
             }
         }
@@ -553,6 +641,7 @@ impl NatTable {
             no_mapping: e.uplink_no_mapping.load(Relaxed) + downlink,
             downlink_no_mapping: downlink,
             accept_refused: e.accept_refused.load(Relaxed),
+            evicted: e.evicted.load(Relaxed),
         }
     }
 
@@ -783,7 +872,8 @@ mod tests {
             t.uplink(&k, None, now).unwrap(),
             Uplink {
                 port: u.port,
-                created: false
+                created: false,
+                evicted: false
             }
         );
         assert_eq!(
@@ -809,7 +899,8 @@ mod tests {
             again,
             Uplink {
                 port: first.port,
-                created: false
+                created: false,
+                evicted: false
             }
         );
         assert_eq!(t.len(), 1);
@@ -977,7 +1068,8 @@ mod tests {
             t.uplink(&k, None, clock.now()).unwrap(),
             Uplink {
                 port,
-                created: false
+                created: false,
+                evicted: false
             }
         );
         assert_eq!(t.downlink(port, clock.now()), Some(k));
@@ -1098,6 +1190,64 @@ mod tests {
         assert!(t.uplink(&flow(2), Some(0), clock.now()).unwrap().created);
         assert_eq!(t.error_counts().table_full, 2);
         ok(&t);
+    }
+
+    /// A full table of unanswered entries (HalfOpen, or Closing after a
+    /// failed connect) evicts its oldest for a newcomer; accepted entries
+    /// are never evicted, so a table full of them still refuses.
+    #[test]
+    fn full_table_evicts_the_oldest_unanswered_never_an_accepted_one() {
+        let (clock, t) = table(NatConfig {
+            max_entries: 3,
+            ..cfg()
+        });
+        let now = clock.now();
+        let g = open(&t, &flow(1), now);
+        let a = t.uplink(&flow(2), Some(0), now).unwrap();
+        let b = t.uplink(&flow(3), Some(0), now).unwrap();
+        assert!(t.abort_half_open(b.port, now), "b's connect failed");
+        // Full: the oldest unanswered (a, HalfOpen) goes first, then b.
+        let c = t.uplink(&flow(4), Some(0), now).unwrap();
+        assert!(c.created && c.evicted);
+        assert_eq!(t.state(a.port), None);
+        assert_eq!(t.lookup(&flow(2)), None);
+        let d = t.uplink(&flow(5), Some(0), now).unwrap();
+        assert!(d.created && d.evicted);
+        assert_eq!(t.state(b.port), None);
+        ok(&t);
+        // c and d answered: now the table holds only accepted entries.
+        t.accept(c.port, now).unwrap();
+        t.accept(d.port, now).unwrap();
+        assert_eq!(t.uplink(&flow(6), Some(0), now), Err(NatError::TableFull));
+        assert_eq!(t.lookup(&flow(1)), Some(g.port()));
+        assert_eq!(t.error_counts().evicted, 2);
+        assert_eq!(t.len(), 3);
+        ok(&t);
+    }
+
+    /// A long flood of never-answered SYNs through a small table: every
+    /// newcomer gets an entry, the eviction queue stays bounded, and the
+    /// table stays consistent.
+    #[test]
+    fn unanswered_flood_recycles_its_own_entries() {
+        let (clock, t) = table(NatConfig {
+            max_entries: 16,
+            ..cfg()
+        });
+        let now = clock.now();
+        let live = open(&t, &flow(1), now);
+        for i in 0..2_000u16 {
+            let u = t.uplink(&flow6(i), Some(u32::from(i)), now).unwrap();
+            assert!(u.created, "SYN {i} refused");
+            if i < 6 {
+                // Some are answered: never evicted after.
+                t.accept(u.port, now).unwrap();
+            }
+            assert!(t.unanswered.lock().len() <= 2 * 16 + 1);
+        }
+        ok(&t);
+        assert_eq!(t.lookup(&flow(1)), Some(live.port()));
+        assert_eq!(t.len(), 16);
     }
 
     #[test]
@@ -1546,7 +1696,8 @@ mod tests {
                             t.uplink(&key, None, now),
                             Ok(Uplink {
                                 port,
-                                created: false
+                                created: false,
+                                evicted: false
                             })
                         );
                         assert_eq!(t.downlink(port, now), Some(key));
@@ -1673,9 +1824,10 @@ mod tests {
         match rx.recv_timeout(Duration::from_secs(60)) {
             Ok(errors) => {
                 worker.join().unwrap();
-                // The test is only worth something if it hit the limits.
+                // The test is only worth something if it hit the limits: a
+                // full table refuses, or evicts an entry nobody accepted.
                 eprintln!("stress: {errors:?}");
-                assert!(errors.table_full > 0, "{errors:?}");
+                assert!(errors.table_full + errors.evicted > 0, "{errors:?}");
             }
             Err(mpsc::RecvTimeoutError::Disconnected) => {
                 if let Err(p) = worker.join() {

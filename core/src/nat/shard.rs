@@ -160,4 +160,5 @@ pub(super) struct ErrorCounters {
     pub(super) uplink_no_mapping: AtomicU64,
     pub(super) downlink_no_mapping: AtomicU64,
     pub(super) accept_refused: AtomicU64,
+    pub(super) evicted: AtomicU64,
 }

@@ -112,6 +112,9 @@ pub struct Uplink {
     pub port: u16,
     /// Whether this call created the mapping (a new connection).
     pub created: bool,
+    /// Whether the table was full and evicted its oldest unanswered entry
+    /// to make room for this one.
+    pub evicted: bool,
 }
 
 /// Result of [`NatTable::accept`].
@@ -174,6 +177,9 @@ pub struct NatErrorCounts {
     pub downlink_no_mapping: u64,
     /// Accepts refused (unknown port or not HalfOpen).
     pub accept_refused: u64,
+    /// Unanswered entries (never accepted) evicted to make room for a new
+    /// flow in a full table.
+    pub evicted: u64,
 }
 
 /// An expired entry found by [`NatTable::collect_expired`], to be passed to

@@ -13,7 +13,7 @@
 //! connection with the same sessions (`dispatch::session`).
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::packet::{self, Disposition, HEADROOM, IpInfo};
 use crate::stats::{EngineDrop, LocalCounters, NatSnapshot, Stats};
@@ -21,6 +21,21 @@ use crate::tun::Tun;
 
 pub(crate) mod smoltcp;
 pub(crate) mod system;
+
+/// Half-open connections (between a new SYN and the end of its handshake:
+/// connect in flight, or SYN answered and not yet completed by the app) at
+/// most, whatever the admission limit; both stacks also keep them to half
+/// the admission limit, so they never take the permits answered
+/// connections need.
+pub(crate) const HALF_OPEN_MAX: usize = 512;
+/// Half-open connections one source address may hold: a bound on the
+/// outbound connects one app (a port scanner, a flood) keeps in flight.
+pub(crate) const HALF_OPEN_PER_SOURCE: usize = 256;
+/// How long the app may take to complete a handshake the kernel answered.
+/// The app's side is local (the SYN-ACK crosses the TUN, not a network), so
+/// a real app answers within milliseconds; 3 s allows for its stack
+/// retransmitting a lost ACK once (Linux's initial RTO is 1 s).
+pub(crate) const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// The stack an engine runs (chosen at start, never switched).
 #[derive(Debug, Clone)]

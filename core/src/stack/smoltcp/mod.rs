@@ -34,7 +34,6 @@ pub(crate) use stack::{Key, SmolStack, socket_buffer};
 use stream::SmolStream;
 
 use super::HeldSyn;
-use crate::budget::OwnedPermit;
 
 /// The smoltcp stack of one engine, as the driver and the engine see it.
 #[derive(Debug, Clone)]
@@ -116,7 +115,11 @@ impl SmolTcp {
                         d: self.d.clone(),
                         tun: self.tun.clone(),
                     };
-                    tokio::spawn(conn.run(key, syn, permit, plan));
+                    let task = tokio::spawn(conn.run(key, syn, plan));
+                    // Evicting the connection aborts the connect and hands
+                    // the permit back at once.
+                    self.stack
+                        .connecting_task(&key, task.abort_handle(), permit);
                     Disposition::Done
                 }
             },
@@ -158,7 +161,7 @@ impl Connect {
     /// Connect the outbound (connect-first, as in the system stack), then
     /// give smoltcp the SYN and run the session; on failure the app gets an
     /// RST answering its SYN.
-    async fn run(self, key: Key, syn: HeldSyn, permit: OwnedPermit, plan: Plan) {
+    async fn run(self, key: Key, syn: HeldSyn, plan: Plan) {
         let Connect { stack, d, tun } = self;
         let server = key.1;
         let next = d.prepare(plan, server).await;
@@ -169,13 +172,18 @@ impl Connect {
                     reset_on_close(&out.stream);
                 }
                 stack.connect_failed(&key);
-                drop(permit);
                 syn.refuse(&tun, &d.stats).await;
                 return;
             }
         };
-        let accepted = stack.accept(key, syn.packet(), Instant::now(), &mut TunSink(&tun));
-        let Some(h) = accepted else {
+        // The permit waits in the stack while connecting; none left means
+        // the connection was evicted meanwhile.
+        let permit = stack.take_permit(&key);
+        let accepted = permit.and_then(|p| {
+            let h = stack.accept(key, syn.packet(), Instant::now(), &mut TunSink(&tun))?;
+            Some((h, p))
+        });
+        let Some((h, permit)) = accepted else {
             if let Next::Relay(out) = &next {
                 reset_on_close(&out.stream);
             }

@@ -8,7 +8,7 @@
 //! `poll_at` (or until a session or the driver wakes it) and sleeps without a
 //! deadline when no socket has a timer, so an idle tunnel never wakes up.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -22,12 +22,14 @@ use smoltcp::socket::tcp::{self, State};
 use smoltcp::time::Instant as SmolInstant;
 use smoltcp::wire::{HardwareAddress, IpAddress, IpCidr, IpListenEndpoint};
 use tokio::sync::Notify;
+use tokio::task::AbortHandle;
 
 use super::device::{Dev, Sink, TunSink, TxCount};
-use crate::budget::Platform;
+use crate::budget::{OwnedPermit, Platform};
 use crate::lifecycle::{Lifecycle, Phase};
 use crate::packet::HEADROOM;
-use crate::stats::Stats;
+use crate::stack::{HALF_OPEN_PER_SOURCE, HANDSHAKE_TIMEOUT};
+use crate::stats::{EngineDrop, Stats};
 use crate::tun::Tun;
 
 /// A flow as the app sees it: (client, server).
@@ -80,6 +82,10 @@ pub(crate) struct SmolStack {
     /// Sockets (open, closing) plus connects in flight: `budget.nat_entries`,
     /// the same bound the system stack puts on its NAT table.
     max_sockets: usize,
+    /// Half-open connections (connect in flight, or socket still in
+    /// SYN-RECEIVED) past which a new SYN evicts the oldest, as the system
+    /// stack does (`stack::system`, "Half-open connections").
+    max_half_open: usize,
 }
 
 impl std::fmt::Debug for SmolStack {
@@ -94,7 +100,17 @@ pub(super) struct Inner {
     pub(super) iface: Interface,
     pub(super) sockets: SocketSet<'static>,
     pub(super) flows: HashMap<Key, SocketHandle>,
-    pub(super) connecting: HashSet<Key>,
+    /// Connects in flight, with when their SYN came and (once spawned) the
+    /// task to abort if the connection is evicted and its admission permit
+    /// (held here so an eviction hands it back at once).
+    pub(super) connecting: HashMap<Key, Connecting>,
+    /// Sockets given their SYN whose handshake the app has not completed,
+    /// oldest first (entries past SYN-RECEIVED are dropped lazily).
+    pub(super) handshaking: VecDeque<(Key, SocketHandle, Instant)>,
+    /// Half-open connections evicted and handshakes timed out, not yet
+    /// published to the statistics.
+    pub(super) evicted: u64,
+    pub(super) timed_out: u64,
     /// Sockets whose session ended, with when; removed once closed.
     pub(super) detached: Vec<(Key, SocketHandle, Instant)>,
     /// Transmit scratch: HEADROOM + MTU.
@@ -102,6 +118,14 @@ pub(super) struct Inner {
     pub(super) count: TxCount,
     /// When the poller will wake next (None: no deadline).
     pub(super) armed: Option<Instant>,
+}
+
+/// A connect in flight.
+#[derive(Debug)]
+pub(super) struct Connecting {
+    since: Instant,
+    task: Option<AbortHandle>,
+    permit: Option<OwnedPermit>,
 }
 
 /// Addresses smoltcp may answer from or to: unicast only (its routing
@@ -138,6 +162,7 @@ impl Inner {
             sockets,
             flows,
             detached,
+            handshaking,
             ..
         } = self;
         detached.retain(|&(key, h, since)| {
@@ -145,6 +170,7 @@ impl Inner {
             let done = matches!(state, State::Closed | State::TimeWait)
                 || now.saturating_duration_since(since) >= linger;
             if done {
+                handshaking.retain(|e| e.1 != h);
                 sockets.remove(h);
                 if flows.get(&key) == Some(&h) {
                     flows.remove(&key);
@@ -156,6 +182,71 @@ impl Inner {
 
     pub(super) fn socket(&mut self, h: SocketHandle) -> &mut tcp::Socket<'static> {
         self.sockets.get_mut::<tcp::Socket>(h)
+    }
+
+    /// Abort the sockets whose app has not completed the handshake within
+    /// [`HANDSHAKE_TIMEOUT`] (their sessions end and close the outbound),
+    /// and forget those that moved on. The next deadline, if any.
+    fn expire_handshakes(&mut self, now: Instant) -> Option<Instant> {
+        while let Some(&(_, h, since)) = self.handshaking.front() {
+            let s = self.sockets.get_mut::<tcp::Socket>(h);
+            if s.state() != State::SynReceived {
+                self.handshaking.pop_front();
+                continue;
+            }
+            if now.saturating_duration_since(since) < HANDSHAKE_TIMEOUT {
+                return Some(since + HANDSHAKE_TIMEOUT);
+            }
+            s.abort();
+            self.timed_out += 1;
+            self.handshaking.pop_front();
+        }
+        None
+    }
+
+    /// Half-open connections (connects in flight, sockets in SYN-RECEIVED).
+    fn half_open(&self) -> usize {
+        self.connecting.len() + self.handshaking.len()
+    }
+
+    /// Evict the oldest half-open connection (of `source` only, if given):
+    /// abort its connect, or reset its socket (its session then ends).
+    fn evict_oldest(&mut self, source: Option<IpAddr>) {
+        let mine = |k: &Key| source.is_none_or(|s| k.0.ip() == s);
+        let connecting = self
+            .connecting
+            .iter()
+            .filter(|(k, _)| mine(k))
+            .min_by_key(|(_, c)| c.since)
+            .map(|(k, c)| (*k, c.since));
+        let handshaking = self
+            .handshaking
+            .iter()
+            .enumerate()
+            .find(|(_, (k, h, _))| {
+                mine(k) && self.sockets.get::<tcp::Socket>(*h).state() == State::SynReceived
+            })
+            .map(|(i, (_, _, since))| (i, *since));
+        match (connecting, handshaking) {
+            (Some((k, a)), Some((_, b))) if a <= b => self.evict_connecting(&k),
+            (Some((k, _)), None) => self.evict_connecting(&k),
+            (_, Some((i, _))) => {
+                if let Some((_, h, _)) = self.handshaking.remove(i) {
+                    self.sockets.get_mut::<tcp::Socket>(h).abort();
+                    self.evicted += 1;
+                }
+            }
+            (None, None) => {}
+        }
+    }
+
+    fn evict_connecting(&mut self, key: &Key) {
+        if let Some(c) = self.connecting.remove(key) {
+            if let Some(t) = c.task {
+                t.abort();
+            }
+            self.evicted += 1;
+        }
     }
 }
 
@@ -214,7 +305,10 @@ impl SmolStack {
                 iface,
                 sockets: SocketSet::new(Vec::new()),
                 flows: HashMap::new(),
-                connecting: HashSet::new(),
+                connecting: HashMap::new(),
+                handshaking: VecDeque::new(),
+                evicted: 0,
+                timed_out: 0,
                 detached: Vec::new(),
                 tx,
                 count,
@@ -226,7 +320,14 @@ impl SmolStack {
             idle,
             linger,
             max_sockets,
+            max_half_open: max_sockets,
         }
+    }
+
+    /// Bound half-open connections at `n` (see `max_half_open`).
+    pub(crate) fn with_half_open(mut self, n: usize) -> Self {
+        self.max_half_open = n.max(1);
+        self
     }
 
     /// Classify a SYN (without ACK); a new one is marked connecting.
@@ -239,17 +340,70 @@ impl SmolStack {
             // The app reuses a port whose previous connection is still
             // closing here: drop the old socket, this is a new connection.
             g.detached.retain(|d| d.1 != h);
+            g.handshaking.retain(|d| d.1 != h);
             g.sockets.remove(h);
             g.flows.remove(&key);
         }
-        if g.connecting.contains(&key) {
+        if g.connecting.contains_key(&key) {
             return Syn::Connecting;
         }
         if g.flows.len() + g.connecting.len() >= self.max_sockets {
             return Syn::Full;
         }
-        g.connecting.insert(key);
+        // The half-open bounds: evict the oldest, never refuse the newcomer.
+        let per_source = HALF_OPEN_PER_SOURCE.min(self.max_half_open);
+        let source = key.0.ip();
+        if g.half_open() >= per_source {
+            // Count only sockets still in SYN-RECEIVED.
+            let Inner {
+                sockets,
+                handshaking,
+                ..
+            } = &mut *g;
+            handshaking.retain(|e| sockets.get::<tcp::Socket>(e.1).state() == State::SynReceived);
+        }
+        if g.half_open() >= per_source {
+            let from_source = g.connecting.keys().filter(|k| k.0.ip() == source).count()
+                + g.handshaking
+                    .iter()
+                    .filter(|e| e.0.0.ip() == source)
+                    .count();
+            if from_source >= per_source {
+                g.evict_oldest(Some(source));
+            } else if g.half_open() >= self.max_half_open {
+                g.evict_oldest(None);
+            }
+        }
+        let connecting = Connecting {
+            since: Instant::now(),
+            task: None,
+            permit: None,
+        };
+        g.connecting.insert(key, connecting);
         Syn::New
+    }
+
+    /// The connect task and admission permit of a connection marked
+    /// connecting: the task is aborted and the permit dropped if the
+    /// connection is evicted (at once, if it already was).
+    pub(crate) fn connecting_task(&self, key: &Key, task: AbortHandle, permit: OwnedPermit) {
+        match self.inner.lock().connecting.get_mut(key) {
+            Some(c) => {
+                c.task = Some(task);
+                c.permit = Some(permit);
+            }
+            None => task.abort(),
+        }
+    }
+
+    /// The admission permit of a connection still connecting (`None` if it
+    /// was evicted).
+    pub(crate) fn take_permit(&self, key: &Key) -> Option<OwnedPermit> {
+        self.inner
+            .lock()
+            .connecting
+            .get_mut(key)
+            .and_then(|c| c.permit.take())
     }
 
     /// A new connection was refused before connecting (rule, admission).
@@ -309,7 +463,8 @@ impl SmolStack {
         };
         let ts = Inner::now(self.epoch, now);
         let mut g = self.inner.lock();
-        g.connecting.remove(&key);
+        // Not connecting any more: evicted meanwhile.
+        g.connecting.remove(&key)?;
         if sock.listen(ep).is_err() {
             return None;
         }
@@ -326,6 +481,7 @@ impl SmolStack {
             return None;
         }
         g.flows.insert(key, h);
+        g.handshaking.push_back((key, h, now));
         drop(g);
         self.wake.notify_one();
         Some(h)
@@ -408,15 +564,30 @@ impl SmolStack {
     ) -> Option<Instant> {
         let ts = Inner::now(self.epoch, now);
         let mut g = self.inner.lock();
+        let handshake = g.expire_handshakes(now);
         g.poll(ts, None, sink);
         g.sweep(now, self.linger);
         g.count.commit(stats);
+        let inner = &mut *g;
+        for (n, why) in [
+            (&mut inner.evicted, EngineDrop::HalfOpenEvicted),
+            (&mut inner.timed_out, EngineDrop::HandshakeTimeout),
+        ] {
+            if *n > 0 {
+                stats.drops[why as usize].fetch_add(*n, std::sync::atomic::Ordering::Relaxed);
+                *n = 0;
+            }
+        }
         let Inner { iface, sockets, .. } = &mut *g;
         let delay = iface.poll_delay(ts, sockets);
         let mut at = delay.map(|d| now + Duration::from_micros(d.total_micros()));
         if at.is_none() && !g.detached.is_empty() {
             // Lingering sockets with no smoltcp timer still need a sweep.
             at = Some(now + self.linger);
+        }
+        // A handshake's deadline wakes the poller too.
+        if let Some(h) = handshake {
+            at = Some(at.map_or(h, |a| a.min(h)));
         }
         g.armed = at;
         at
