@@ -66,6 +66,10 @@ pub enum DriverMode {
 pub struct TimeoutConfig {
     /// Idle UDP flows are closed after this many seconds.
     pub udp_idle_s: u64,
+    /// UDP flows that never saw a reply are closed after this many idle
+    /// seconds (at most `udp_idle_s`), and are evicted first when the flow
+    /// budget is full.
+    pub udp_unreplied_s: u64,
     /// Active TCP NAT entries with no packet for this long are dropped
     /// (RFC 5382 REQ-5 asks for at least 2 h 4 min).
     pub tcp_idle_s: u64,
@@ -77,6 +81,7 @@ impl Default for TimeoutConfig {
     fn default() -> Self {
         Self {
             udp_idle_s: 60,
+            udp_unreplied_s: 30,
             tcp_idle_s: 7_440,
             tcp_linger_s: 10,
         }
@@ -275,6 +280,12 @@ impl Config {
     /// UDP idle timeout.
     pub fn udp_idle(&self) -> Duration {
         Duration::from_secs(self.timeouts.udp_idle_s.max(1))
+    }
+
+    /// Idle timeout of a UDP flow that never saw a reply (at most
+    /// [`udp_idle`](Self::udp_idle)).
+    pub fn udp_unreplied(&self) -> Duration {
+        Duration::from_secs(self.timeouts.udp_unreplied_s.max(1)).min(self.udp_idle())
     }
 }
 

@@ -433,6 +433,7 @@ async fn assemble(
             mtu: config.tun.mtu,
             max_flows: budget.udp_flows,
             idle: config.udp_idle(),
+            unreplied: config.udp_unreplied(),
         }),
         Instant::now(),
     );

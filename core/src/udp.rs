@@ -2,11 +2,16 @@
 //! UDP socket, owned by the TUN driver's flow table (no locks on the uplink),
 //! and a reply task that turns received datagrams back into IP packets.
 //!
-//! Bounds: at most `budget.udp_flows` flows (the least recently used is
-//! evicted and counted past that), idle flows closed after
+//! Bounds: at most `budget.udp_flows` flows, idle flows closed after
 //! `timeouts.udp_idle_s`, and uplink datagrams are handed to the kernel with
 //! a non-blocking send, so the socket's own send buffer is the only queue: a
-//! full one is a counted drop, never unbounded memory.
+//! full one is a counted drop, never unbounded memory. A flow that never
+//! saw a reply closes sooner, after `timeouts.udp_unreplied_s` (as Linux
+//! conntrack's unreplied UDP timeout, 30 s against 120-180 s), and past the
+//! flow budget the oldest unreplied flow is evicted first (counted): a
+//! one-way flood (a port scan, datagrams to dead peers) recycles its own
+//! flows and never evicts a flow that was answered while an unanswered one
+//! is left.
 //!
 //! Flows the rules send through a proxy (SOCKS5 UDP ASSOCIATE, Shadowsocks
 //! UDP) need a handshake and framing before a datagram can leave, which the
@@ -82,7 +87,8 @@ struct Flow {
     io: FlowIo,
     /// Last uplink datagram (driver-local, no atomics needed).
     last_up: Instant,
-    /// Last downlink datagram, milliseconds since the table's epoch.
+    /// Last downlink datagram, milliseconds since the table's epoch, at
+    /// least 1; 0 while the flow never saw a reply ([`mark_reply`]).
     last_down: Arc<AtomicU64>,
     task: AbortHandle,
 }
@@ -92,6 +98,18 @@ impl Flow {
         let down = epoch + Duration::from_millis(self.last_down.load(Relaxed));
         self.last_up.max(down)
     }
+
+    /// Whether a reply ever came back on this flow.
+    fn replied(&self) -> bool {
+        self.last_down.load(Relaxed) != 0
+    }
+}
+
+/// Record a reply at the present moment: milliseconds since `epoch`, never
+/// 0, which stands for "never replied".
+fn mark_reply(last_down: &AtomicU64, epoch: Instant) {
+    let ms = u64::try_from(epoch.elapsed().as_millis()).unwrap_or(u64::MAX);
+    last_down.store(ms.max(1), Relaxed);
 }
 
 impl Drop for Flow {
@@ -114,6 +132,9 @@ pub(crate) struct UdpEnv {
     pub max_flows: usize,
     /// `timeouts.udp_idle_s`.
     pub idle: Duration,
+    /// `timeouts.udp_unreplied_s`: the idle timeout of a flow that never
+    /// saw a reply (at most `idle`).
+    pub unreplied: Duration,
 }
 
 /// Flow table, owned by the TUN driver task.
@@ -336,14 +357,16 @@ impl UdpTable {
         true
     }
 
-    /// Least-recently-used eviction when the flow budget is reached. O(n) over
-    /// a bounded table, and only when a new flow arrives at the limit.
+    /// Eviction when the flow budget is reached: the least recently used
+    /// flow that never saw a reply, or, when every flow was answered, the
+    /// least recently used of all. O(n) over a bounded table, and only when
+    /// a new flow arrives at the limit.
     fn evict_oldest(&mut self) {
         let epoch = self.epoch;
         if let Some(key) = self
             .flows
             .iter()
-            .min_by_key(|(_, f)| f.last_active(epoch))
+            .min_by_key(|(_, f)| (f.replied(), f.last_active(epoch)))
             .map(|(k, _)| *k)
         {
             self.flows.remove(&key);
@@ -352,13 +375,16 @@ impl UdpTable {
         }
     }
 
-    /// Close flows idle for longer than the configured timeout.
+    /// Close flows idle for longer than their timeout: `unreplied` for a
+    /// flow that never saw a reply, `idle` for one that did.
     pub fn sweep(&mut self, now: Instant) {
-        let idle = self.shared.idle;
+        let (idle, unreplied) = (self.shared.idle, self.shared.unreplied);
         let epoch = self.epoch;
         let before = self.flows.len();
-        self.flows
-            .retain(|_, f| now.saturating_duration_since(f.last_active(epoch)) < idle);
+        self.flows.retain(|_, f| {
+            let limit = if f.replied() { idle } else { unreplied };
+            now.saturating_duration_since(f.last_active(epoch)) < limit
+        });
         let removed = (before - self.flows.len()) as u64;
         if removed > 0 {
             self.shared
@@ -519,7 +545,7 @@ async fn reply_loop(
             buf.get_or_insert_with(|| vec![0u8; HEADROOM + hdr + max_payload].into_boxed_slice());
         match sock.try_recv(&mut b[HEADROOM + hdr..]) {
             Ok(n) => {
-                last_down.store(epoch.elapsed().as_millis() as u64, Relaxed);
+                mark_reply(&last_down, epoch);
                 send_reply(&shared, b, (client, server), n).await;
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => buf = None,
@@ -639,7 +665,6 @@ async fn proxy_flow(
                 let start = HEADROOM + hdr;
                 match sock.try_recv(&mut b[start..]) {
                     Ok(n) => {
-                        last_down.store(epoch.elapsed().as_millis() as u64, Relaxed);
                         let (from, range) = match codec.decode(&mut b[start..start + n]) {
                             Ok(v) => v,
                             Err(e) => {
@@ -657,6 +682,7 @@ async fn proxy_flow(
                             stats.drop(EngineDrop::UdpProxyReply);
                             continue;
                         }
+                        mark_reply(&last_down, epoch);
                         let len = range.len();
                         if len > max_payload {
                             stats.drop(EngineDrop::UdpProxyReply);

@@ -219,6 +219,10 @@ pub struct TimeoutOptions {
     /// Idle UDP flows are closed after this long.
     #[uniffi(default = 60)]
     pub udp_idle_s: u64,
+    /// UDP flows that never saw a reply are closed after this long (at
+    /// most `udp_idle_s`) and are evicted first when the flow budget is full.
+    #[uniffi(default = 30)]
+    pub udp_unreplied_s: u64,
     /// Active TCP NAT entries with no packet for this long are dropped
     /// (RFC 5382 REQ-5 asks for at least 2 h 4 min).
     #[uniffi(default = 7440)]
@@ -497,6 +501,7 @@ impl Default for TimeoutOptions {
     fn default() -> Self {
         Self {
             udp_idle_s: 60,
+            udp_unreplied_s: 30,
             tcp_idle_s: 7_440,
             tcp_linger_s: 10,
         }
@@ -699,6 +704,7 @@ impl EngineConfig {
             },
             timeouts: core::TimeoutConfig {
                 udp_idle_s: self.timeouts.udp_idle_s,
+                udp_unreplied_s: self.timeouts.udp_unreplied_s,
                 tcp_idle_s: self.timeouts.tcp_idle_s,
                 tcp_linger_s: self.timeouts.tcp_linger_s,
             },

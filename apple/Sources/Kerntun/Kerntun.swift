@@ -2680,6 +2680,11 @@ public struct TimeoutOptions: Equatable, Hashable {
      */
     public var udpIdleS: UInt64
     /**
+     * UDP flows that never saw a reply are closed after this long (at
+     * most `udp_idle_s`) and are evicted first when the flow budget is full.
+     */
+    public var udpUnrepliedS: UInt64
+    /**
      * Active TCP NAT entries with no packet for this long are dropped
      * (RFC 5382 REQ-5 asks for at least 2 h 4 min).
      */
@@ -2696,6 +2701,10 @@ public struct TimeoutOptions: Equatable, Hashable {
          * Idle UDP flows are closed after this long.
          */udpIdleS: UInt64 = UInt64(60), 
         /**
+         * UDP flows that never saw a reply are closed after this long (at
+         * most `udp_idle_s`) and are evicted first when the flow budget is full.
+         */udpUnrepliedS: UInt64 = UInt64(30), 
+        /**
          * Active TCP NAT entries with no packet for this long are dropped
          * (RFC 5382 REQ-5 asks for at least 2 h 4 min).
          */tcpIdleS: UInt64 = UInt64(7440), 
@@ -2703,6 +2712,7 @@ public struct TimeoutOptions: Equatable, Hashable {
          * Closing NAT entries are kept this long so late FIN/ACKs are translated.
          */tcpLingerS: UInt64 = UInt64(10)) {
         self.udpIdleS = udpIdleS
+        self.udpUnrepliedS = udpUnrepliedS
         self.tcpIdleS = tcpIdleS
         self.tcpLingerS = tcpLingerS
     }
@@ -2724,6 +2734,7 @@ public struct FfiConverterTypeTimeoutOptions: FfiConverterRustBuffer {
         return
             try TimeoutOptions(
                 udpIdleS: FfiConverterUInt64.read(from: &buf), 
+                udpUnrepliedS: FfiConverterUInt64.read(from: &buf), 
                 tcpIdleS: FfiConverterUInt64.read(from: &buf), 
                 tcpLingerS: FfiConverterUInt64.read(from: &buf)
         )
@@ -2731,6 +2742,7 @@ public struct FfiConverterTypeTimeoutOptions: FfiConverterRustBuffer {
 
     public static func write(_ value: TimeoutOptions, into buf: inout [UInt8]) {
         FfiConverterUInt64.write(value.udpIdleS, into: &buf)
+        FfiConverterUInt64.write(value.udpUnrepliedS, into: &buf)
         FfiConverterUInt64.write(value.tcpIdleS, into: &buf)
         FfiConverterUInt64.write(value.tcpLingerS, into: &buf)
     }
