@@ -63,10 +63,39 @@ pub enum EngineDrop {
     /// A connection whose app never completed the handshake within the
     /// handshake timeout: its outbound is closed.
     HandshakeTimeout,
+    /// A reply datagram larger than the engine fragments
+    /// (`udp::FRAGMENTED_REPLY_MAX`): dropped, never passed on truncated.
+    UdpReplyTooBig,
+    /// An IP fragment overlapping one already held: its datagram is
+    /// discarded (`packet::frag`).
+    FragOverlap,
+    /// An exact or contained copy of a fragment already held.
+    FragDuplicate,
+    /// A malformed fragment: not a multiple of 8 bytes before the last,
+    /// past 65535 bytes, a first fragment without the UDP header, lengths
+    /// that disagree, not UDP.
+    FragMalformed,
+    /// A datagram in reassembly discarded for the memory bounds (its own
+    /// size, or evicted for a newer one).
+    FragNoRoom,
+    /// A datagram that did not complete within the reassembly timeout.
+    FragTimeout,
 }
 
 impl EngineDrop {
-    pub const COUNT: usize = 19;
+    /// The counter of a reassembly discard.
+    pub fn of_frag(d: crate::packet::frag::FragDrop) -> Self {
+        use crate::packet::frag::FragDrop;
+        match d {
+            FragDrop::Overlap => EngineDrop::FragOverlap,
+            FragDrop::Duplicate => EngineDrop::FragDuplicate,
+            FragDrop::Malformed => EngineDrop::FragMalformed,
+            FragDrop::NoRoom => EngineDrop::FragNoRoom,
+            FragDrop::Timeout => EngineDrop::FragTimeout,
+        }
+    }
+
+    pub const COUNT: usize = 25;
     pub const ALL: [EngineDrop; Self::COUNT] = [
         EngineDrop::NoMapping,
         EngineDrop::StrayTcp,
@@ -87,6 +116,12 @@ impl EngineDrop {
         EngineDrop::FakeIpUnknown,
         EngineDrop::HalfOpenEvicted,
         EngineDrop::HandshakeTimeout,
+        EngineDrop::UdpReplyTooBig,
+        EngineDrop::FragOverlap,
+        EngineDrop::FragDuplicate,
+        EngineDrop::FragMalformed,
+        EngineDrop::FragNoRoom,
+        EngineDrop::FragTimeout,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -110,6 +145,12 @@ impl EngineDrop {
             EngineDrop::FakeIpUnknown => "fake_ip_unknown",
             EngineDrop::HalfOpenEvicted => "half_open_evicted",
             EngineDrop::HandshakeTimeout => "handshake_timeout",
+            EngineDrop::UdpReplyTooBig => "udp_reply_too_big",
+            EngineDrop::FragOverlap => "frag_overlap",
+            EngineDrop::FragDuplicate => "frag_duplicate",
+            EngineDrop::FragMalformed => "frag_malformed",
+            EngineDrop::FragNoRoom => "frag_no_room",
+            EngineDrop::FragTimeout => "frag_timeout",
         }
     }
 }

@@ -35,8 +35,9 @@
 use std::collections::HashMap;
 use std::io;
 use std::net::SocketAddr;
+use std::os::fd::AsFd;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
 use tokio::net::UdpSocket;
@@ -403,9 +404,22 @@ impl Drop for UdpTable {
     }
 }
 
+/// Reply datagrams up to this size are sent to the app as IP fragments
+/// when they do not fit one TUN packet (`packet::frag::fragment_at`; the
+/// app's stack reassembles them), larger ones are dropped and counted
+/// (`udp_reply_too_big`), never truncated. 16 KiB covers large DNS answers
+/// over EDNS0 (4096 is the common buffer size), games, VoIP and tunnels at
+/// jumbo sizes, and bounds the receive buffer of a direct flow while
+/// replies arrive (it is freed when they stop).
+pub(crate) const FRAGMENTED_REPLY_MAX: usize = 16 * 1024;
+
+/// Identification of the reply datagrams the engine fragments (RFC 6864:
+/// unique per source, destination and protocol while fragments may live).
+static FRAG_ID: AtomicU32 = AtomicU32::new(1);
+
 /// IP + UDP header bytes for datagrams from `server`, and the payload that
 /// still fits one TUN packet of the device MTU (a larger DNS answer is
-/// truncated with TC set; a larger reply datagram is dropped).
+/// truncated with TC set; a larger reply datagram is fragmented).
 fn udp_room(mtu: u16, server: SocketAddr) -> (usize, usize) {
     let hdr = if server.is_ipv6() {
         IPV6_UDP_HEADERS
@@ -447,14 +461,37 @@ async fn answer_hijacked(
 /// datagram from the flow's server to its client, headers written in place.
 async fn send_reply(env: &UdpEnv, b: &mut [u8], (client, server): Key, len: usize) {
     let stats: &Stats = &env.d.stats;
+    let mtu = usize::from(env.mtu);
     match packet::write_udp_headers(&mut b[HEADROOM..], server, client, len) {
-        Ok(total) => match env.tun.send(b, total).await {
+        Ok(total) if total <= mtu => match env.tun.send(b, total).await {
             Ok(()) => {
                 stats.udp_packets_down.fetch_add(1, Relaxed);
                 stats.udp_bytes_down.fetch_add(len as u64, Relaxed);
             }
             Err(_) => stats.drop(EngineDrop::TunWrite),
         },
+        Ok(total) => {
+            // Larger than one TUN packet: as fragments, which the app's
+            // stack puts back together. One buffer per such reply.
+            let id = FRAG_ID.fetch_add(1, Relaxed);
+            let pkt = &b[HEADROOM..HEADROOM + total];
+            let mut frag = vec![0u8; HEADROOM + mtu];
+            let mut off = 0;
+            while let Some((n, next)) =
+                packet::frag::fragment_at(pkt, mtu, id, off, &mut frag[HEADROOM..])
+            {
+                if env.tun.send(&mut frag, n).await.is_err() {
+                    return stats.drop(EngineDrop::TunWrite);
+                }
+                off = next;
+            }
+            if off == 0 {
+                // The MTU leaves no room for a fragment (never below 1280).
+                return stats.drop(EngineDrop::UdpReplyTooBig);
+            }
+            stats.udp_packets_down.fetch_add(1, Relaxed);
+            stats.udp_bytes_down.fetch_add(len as u64, Relaxed);
+        }
         Err(r) => {
             stats.rejects[r.index()].fetch_add(1, Relaxed);
         }
@@ -536,15 +573,25 @@ async fn reply_loop(
     epoch: Instant,
 ) {
     let (hdr, max_payload) = udp_room(shared.mtu, server);
+    let room = max_payload.max(FRAGMENTED_REPLY_MAX);
     let mut buf: Option<Box<[u8]>> = None;
     loop {
         if sock.readable().await.is_err() {
             return;
         }
-        let b =
-            buf.get_or_insert_with(|| vec![0u8; HEADROOM + hdr + max_payload].into_boxed_slice());
-        match sock.try_recv(&mut b[HEADROOM + hdr..]) {
-            Ok(n) => {
+        let b = buf.get_or_insert_with(|| vec![0u8; HEADROOM + hdr + room].into_boxed_slice());
+        // recvmsg, not recv: a datagram longer than the room is dropped and
+        // counted, never passed on cut to the room's size.
+        let room = &mut b[HEADROOM + hdr..];
+        let got = sock.try_io(tokio::io::Interest::READABLE, || {
+            crate::sys::recv_datagram(sock.as_fd(), room)
+        });
+        match got {
+            Ok((_, true)) => {
+                mark_reply(&last_down, epoch);
+                Stats::drop(&shared.d.stats, EngineDrop::UdpReplyTooBig);
+            }
+            Ok((n, false)) => {
                 mark_reply(&last_down, epoch);
                 send_reply(&shared, b, (client, server), n).await;
             }
@@ -614,6 +661,7 @@ async fn proxy_flow(
         Address::Domain(..) => None,
     };
     let (hdr, max_payload) = udp_room(shared.mtu, server);
+    let max_payload = max_payload.max(FRAGMENTED_REPLY_MAX);
     // Framing overhead: at most a SIP022 header with 900 bytes of padding.
     const MAX_DATAGRAM: usize = 65_535;
     let mut wire: Vec<u8> = Vec::new();
@@ -685,7 +733,7 @@ async fn proxy_flow(
                         mark_reply(&last_down, epoch);
                         let len = range.len();
                         if len > max_payload {
-                            stats.drop(EngineDrop::UdpProxyReply);
+                            stats.drop(EngineDrop::UdpReplyTooBig);
                             continue;
                         }
                         b.copy_within(start + range.start..start + range.end, start);

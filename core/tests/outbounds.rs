@@ -153,7 +153,22 @@ fn ss_server(ns: &Netns, addr: SocketAddr, method: &str, password: &str) -> InPr
             }
         };
         cfg.set_mode(SsMode::TcpAndUdp);
-        let builder = shadowsocks_service::server::ServerBuilder::new(cfg);
+        let mut builder = shadowsocks_service::server::ServerBuilder::new(cfg);
+        // shadowsocks-rust sets DF on its UDP sockets unless told otherwise,
+        // so its own 8000-byte replies could not leave over a 1500-byte
+        // link; a server on a real path fragments them like any host.
+        let udp = shadowsocks_service::shadowsocks::net::UdpSocketOpts {
+            allow_fragmentation: true,
+            ..Default::default()
+        };
+        builder.set_accept_opts(shadowsocks_service::shadowsocks::net::AcceptOpts {
+            udp: udp.clone(),
+            ..Default::default()
+        });
+        builder.set_connect_opts(shadowsocks_service::shadowsocks::net::ConnectOpts {
+            udp,
+            ..Default::default()
+        });
         let flow = builder.flow_stat();
         let server = match builder.build().await {
             Ok(s) => s,
@@ -235,6 +250,11 @@ fn shadowsocks_method(method: ShadowsocksMethod, name: &str, password: &str, v6:
         assert_eq!(s.tcp_bytes_spliced, 0, "{name}: AEAD is never spliced");
         assert!(s.tcp_bytes_copied >= 8 * MIB as u64, "{name}: {s:?}");
     }
+    // 8000-byte datagrams: reassembled from the app's fragments, relayed,
+    // their echoes fragmented back to the app.
+    let ok =
+        client::udp_round_trips(udp.addr, 10, 8000).expect("8000-byte UDP through shadowsocks");
+    assert_eq!(ok, 10, "{name}: {:?}", rig.stats());
 }
 
 macro_rules! ss_tests {
@@ -483,6 +503,10 @@ fn socks5_case(creds: Option<(&str, &str)>, v6: bool) {
     assert_eq!((o.tcp_connects, o.udp_flows), (1, 1), "{s:?}");
     // After CONNECT the proxy socket is plain TCP: spliced.
     assert!(s.tcp_bytes_spliced >= 8 * MIB as u64, "{s:?}");
+    // 8000-byte datagrams: reassembled from the app's fragments, relayed,
+    // their echoes fragmented back to the app.
+    let ok = client::udp_round_trips(udp.addr, 10, 8000).expect("8000-byte UDP through SOCKS5");
+    assert_eq!(ok, 10, "{:?}", rig.stats());
 }
 
 #[test]

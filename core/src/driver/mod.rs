@@ -26,7 +26,8 @@ use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
 use crate::lifecycle::{Lifecycle, Phase};
-use crate::packet::{self, Disposition, HEADROOM, IpInfo, protocol};
+use crate::packet::frag::{Limits, Reassembler};
+use crate::packet::{self, Disposition, HEADROOM, IpInfo, Reject, protocol};
 use crate::stack::Stack;
 use crate::stats::{EngineDrop, LocalCounters, Stats};
 use crate::tun::Tun;
@@ -70,6 +71,10 @@ impl DriverKind {
 pub(crate) struct Processor {
     stack: Stack,
     udp: UdpTable,
+    /// IP fragments from the app, until their datagram is whole.
+    frags: Reassembler,
+    /// Where a reassembled datagram is written (kept while small).
+    frag_out: Vec<u8>,
     /// The TUN's own addresses (IPv4, IPv6): pings to them are answered.
     gateways: (Option<IpAddr>, Option<IpAddr>),
     tun: Arc<Tun>,
@@ -91,6 +96,8 @@ impl Processor {
         Self {
             stack,
             udp,
+            frags: Reassembler::new(Limits::default()),
+            frag_out: Vec::new(),
             gateways,
             tun,
             stats,
@@ -105,6 +112,10 @@ impl Processor {
     pub fn process(&mut self, buf: &mut [u8]) -> Disposition {
         let ip = match packet::parse_ip(buf) {
             Ok(ip) => ip,
+            Err(Reject::Ipv4Fragment | Reject::Ipv6Fragment) => {
+                self.fragment(buf);
+                return Disposition::Done;
+            }
             Err(r) => {
                 self.local.reject(r);
                 return Disposition::Done;
@@ -121,6 +132,32 @@ impl Processor {
                 self.local.reject(packet::Reject::UnsupportedProtocol);
                 Disposition::Done
             }
+        }
+    }
+
+    /// One IP fragment: held until its datagram is whole, which then takes
+    /// the UDP path like any datagram (only UDP is reassembled; TCP never
+    /// needs it). Every discard is counted.
+    #[cold]
+    fn fragment(&mut self, buf: &[u8]) {
+        let mut out = std::mem::take(&mut self.frag_out);
+        let local = &mut self.local;
+        let pushed = self.frags.push(buf, self.now, &mut out, |d| {
+            local.drop(EngineDrop::of_frag(d));
+        });
+        match pushed {
+            Ok(Some(n)) => match packet::parse_ip(&out[..n]) {
+                Ok(ip) if ip.protocol == protocol::UDP => {
+                    self.udp.handle(&out[..n], &ip, self.now, &mut self.local);
+                }
+                _ => self.local.drop(EngineDrop::FragMalformed),
+            },
+            Ok(None) => {}
+            Err(d) => self.local.drop(EngineDrop::of_frag(d)),
+        }
+        // A buffer that held a large datagram is not kept.
+        if out.capacity() <= 16 * 1024 {
+            self.frag_out = out;
         }
     }
 
@@ -170,13 +207,17 @@ impl Processor {
 
     /// Whether there is state a cleanup tick could expire.
     fn has_state(&self) -> bool {
-        self.stack.has_state() || self.udp.len() > 0
+        self.stack.has_state() || self.udp.len() > 0 || !self.frags.is_empty()
     }
 
-    /// The periodic cleanup: NAT entries, unaccepted outbounds, idle UDP flows.
+    /// The periodic cleanup: NAT entries, unaccepted outbounds, idle UDP
+    /// flows, datagrams whose fragments stopped coming.
     fn cleanup(&mut self, now: Instant) {
         self.stack.cleanup(now);
         self.udp.sweep(now);
+        let stats = &self.stats;
+        self.frags
+            .expire(now, |d| Stats::drop(stats, EngineDrop::of_frag(d)));
     }
 }
 

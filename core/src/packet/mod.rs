@@ -19,6 +19,7 @@
 use std::net::IpAddr;
 
 pub mod checksum;
+pub mod frag;
 pub mod icmp;
 pub mod ipv4;
 pub mod ipv6;
@@ -71,8 +72,8 @@ pub enum Reject {
     Ipv4BadHeaderLength,
     /// Total length below the header length or beyond the buffer.
     Ipv4BadTotalLength,
-    /// More-fragments set or a nonzero fragment offset; fragments are not
-    /// reassembled.
+    /// More-fragments set or a nonzero fragment offset: not a whole packet
+    /// (the engine hands it to reassembly, [`frag`]).
     Ipv4Fragment,
     /// Shorter than the 40-byte fixed IPv6 header.
     Ipv6Truncated,
@@ -83,7 +84,8 @@ pub enum Reject {
     Ipv6Jumbogram,
     /// An extension header runs past the declared packet length.
     Ipv6ExtTruncated,
-    /// Fragment header (44); fragments are not reassembled.
+    /// Fragment header (44): not a whole packet (the engine hands it to
+    /// reassembly, [`frag`]).
     Ipv6Fragment,
     /// ESP (50): everything after it is encrypted.
     Ipv6Esp,

@@ -25,6 +25,31 @@ pub fn async_device_from_owned(fd: OwnedFd) -> io::Result<tun_rs::AsyncDevice> {
     unsafe { tun_rs::AsyncDevice::from_fd(raw) }
 }
 
+/// One `recvmsg(2)` into `buf` on a datagram socket: the length received
+/// and whether the datagram was longer than `buf` (`MSG_TRUNC` in the
+/// message flags, POSIX), so a caller can drop it instead of passing on a
+/// truncated one. Non-blocking sockets answer `WouldBlock` as usual.
+pub fn recv_datagram(fd: std::os::fd::BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<(usize, bool)> {
+    use std::os::fd::AsRawFd;
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
+    // SAFETY: msghdr is a plain C struct for which all-zero is a valid value
+    // (no name, no control data); the fields recvmsg needs are set below.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    // SAFETY: `fd` is borrowed for the call; `msg` points at one iovec
+    // describing `buf`, which is valid and writable for `buf.len()` bytes
+    // and outlives the call.
+    let n = unsafe { libc::recvmsg(fd.as_raw_fd(), &mut msg, 0) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok((n as usize, msg.msg_flags & libc::MSG_TRUNC != 0))
+}
+
 /// splice(2), pipes and the urgent-mark probe for the splice relay.
 #[cfg(linux_like)]
 pub mod splice;
