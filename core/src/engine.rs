@@ -182,6 +182,7 @@ impl Engine {
             driver,
             parts.life.clone(),
             parts.mtu,
+            config.tun.coalesce,
         ));
         tracing::info!(
             "kerntun started on {} ({} stack: {why}; {} driver, mtu {})",
