@@ -247,6 +247,29 @@ mod tests {
         );
     }
 
+    /// The idle watch sits inside every relay session's future, so its size
+    /// is memory per connection: one timer and a few words.
+    #[test]
+    fn the_idle_watch_costs_a_timer_per_session() {
+        use crate::budget::Admission;
+        use crate::nat::{FlowKey, NatConfig, NatTable, SystemClock};
+        let t = Arc::new(NatTable::new(NatConfig::default(), Arc::new(SystemClock)));
+        let now = Instant::now();
+        let key = FlowKey::new(
+            "10.0.0.1:1000".parse().expect("sa"),
+            "10.0.0.2:80".parse().expect("sa"),
+        );
+        let u = t.uplink(&key, Some(1), now).expect("syn");
+        let guard = t.guard(&t.accept(u.port, now).expect("accept"));
+        let admission = Arc::new(Admission::new([1, 1, 1]));
+        let hold = (admission.try_acquire_owned(now).expect("permit"), guard);
+        let watch = hold.idle();
+        let size = std::mem::size_of_val(&watch);
+        let sleep = std::mem::size_of::<tokio::time::Sleep>();
+        println!("[size] idle watch {size} B, a tokio Sleep {sleep} B");
+        assert!(size <= sleep + 64, "idle watch {size} B, a Sleep {sleep} B");
+    }
+
     #[test]
     fn linux_binds_by_name_when_it_is_known() {
         assert_eq!(
