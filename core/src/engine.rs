@@ -188,7 +188,8 @@ impl Engine {
                 rt.spawn(supervised(life.clone(), EngineTask::Poller, s.poller()));
             }
         }
-        let read = driver::run(processor, driver, life.clone(), parts.mtu);
+        let coalesce = config.tun.coalesce;
+        let read = driver::run(processor, driver, life.clone(), parts.mtu, coalesce);
         rt.spawn(supervised(life.clone(), EngineTask::Driver, read));
         tracing::info!(
             "kerntun started on {} ({} stack: {why}; {} driver, mtu {})",
