@@ -75,9 +75,13 @@ pub enum TcpStep {
     Downlink(usize),
     /// A SYN created NAT entry `port` for `key`; the buffer is unchanged. The
     /// caller routes it, admits it, and holds it while the outbound connects.
+    /// `generation` is the one the entry was created with: everything the
+    /// caller does later for this flow carries it, so it can never touch a
+    /// newer flow that reuses the port.
     NewFlow {
         key: FlowKey,
         port: u16,
+        generation: u64,
         tcp: TcpInfo,
         /// The table was full and evicted its oldest unanswered entry.
         evicted: bool,
@@ -131,10 +135,12 @@ pub fn translate_tcp(
         Ok(Uplink {
             port,
             created: true,
+            generation,
             evicted,
         }) => TcpStep::NewFlow {
             key,
             port,
+            generation,
             tcp,
             evicted,
         },

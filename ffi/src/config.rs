@@ -385,12 +385,19 @@ impl Default for TunOptions {
 }
 
 impl Default for DirectOptions {
+    /// The core's defaults.
     fn default() -> Self {
+        let core::DirectConfig {
+            interface,
+            fwmark,
+            connect_timeout_ms,
+            bootstrap,
+        } = core::DirectConfig::default();
         Self {
-            interface: None,
-            fwmark: None,
-            connect_timeout_ms: 5_000,
-            bootstrap: Vec::new(),
+            interface,
+            fwmark,
+            connect_timeout_ms,
+            bootstrap,
         }
     }
 }
@@ -687,6 +694,7 @@ impl EngineConfig {
                 ipv6,
                 tx_queue_len: self.tun.tx_queue_len,
                 include_all_networks: self.tun.include_all_networks,
+                ..core::TunConfig::default()
             },
             direct: core::DirectConfig {
                 interface: self.direct.interface.clone(),

@@ -9,7 +9,8 @@
 //!
 //! Every session ends when the engine starts draining (the app then sees a
 //! reset at once), and holds `hold` (its admission permit, and on the
-//! system stack its NAT guard) until it ends.
+//! system stack its NAT guard) until it ends. A relay also ends, resetting
+//! both sides, when its hold says the connection went idle ([`Hold::idle`]).
 
 use std::io;
 use std::net::SocketAddr;
@@ -20,6 +21,7 @@ use std::time::Duration;
 use tokio::net::TcpStream;
 
 use super::{Dispatcher, Next};
+use crate::budget::OwnedPermit;
 use crate::lifecycle::Phase;
 use crate::outbound::shadowsocks::{SsOpen, SsSeal};
 use crate::outbound::{Address, OutboundStream, Route, reset_on_close};
@@ -71,6 +73,23 @@ impl App for TcpStream {
 
     fn reset(&self) {
         reset_on_close(self);
+    }
+}
+
+/// What a session holds until it ends, and how it learns that its
+/// connection went idle.
+pub(crate) trait Hold {
+    /// Resolves once the connection has been idle for `timeouts.tcp_idle_s`
+    /// and the session should end (the system stack's NAT entry; see its
+    /// impl in `stack/system/listener.rs`).
+    async fn idle(&self);
+}
+
+/// smoltcp's sessions: smoltcp itself aborts a connection that hears
+/// nothing for `timeouts.tcp_idle_s`, and the relay then ends with it.
+impl Hold for OwnedPermit {
+    async fn idle(&self) {
+        std::future::pending().await
     }
 }
 
@@ -127,7 +146,7 @@ pub(crate) async fn sniff_read<S: Side>(app: &S, timeout: Duration) -> (Option<S
 /// Serve an accepted connection to `server` as its plan said. Spawn this
 /// future itself (not inside another async block): every idle connection
 /// holds one, so its size is the engine's memory per connection.
-pub(crate) async fn run<A: App, H>(
+pub(crate) async fn run<A: App, H: Hold>(
     d: Arc<Dispatcher>,
     app: A,
     next: Next,
@@ -163,7 +182,7 @@ impl Drop for Active<'_> {
 /// Relay `app` to the outbound connected for it. A failure resets both
 /// sides; a Shadowsocks frame that does not decrypt counts as the proxy's
 /// protocol error.
-pub(crate) async fn relay<A: App, H>(d: &Dispatcher, app: A, out: OutboundStream, hold: H) {
+pub(crate) async fn relay<A: App, H: Hold>(d: &Dispatcher, app: A, out: OutboundStream, hold: H) {
     let active = Active::new(&d.stats);
     let OutboundStream {
         stream: out,
@@ -180,6 +199,7 @@ pub(crate) async fn relay<A: App, H>(d: &Dispatcher, app: A, out: OutboundStream
     let r = tokio::select! {
         r = app.relay(&out, codec, &d.outbounds.relay, &meter) => r,
         () = d.life.reached(Phase::Draining) => Err(io::Error::other("engine stopping")),
+        () = hold.idle() => Err(io::Error::new(io::ErrorKind::TimedOut, "idle timeout")),
     };
     match &r {
         Ok(done) => {
@@ -230,7 +250,7 @@ pub(crate) async fn dns<A: App, H>(d: &Dispatcher, app: A, hold: H) {
 /// A connection accepted before routing: read its domain from the first
 /// bytes, route, connect, send what sniffing consumed, relay. A refusal or a
 /// failed connect resets the app.
-pub(crate) async fn sniff<A: App, H>(d: &Dispatcher, app: A, server: SocketAddr, hold: H) {
+pub(crate) async fn sniff<A: App, H: Hold>(d: &Dispatcher, app: A, server: SocketAddr, hold: H) {
     let timeout = Duration::from_millis(d.sniff.timeout_ms);
     let connected = async {
         let (domain, first) = app.sniff(timeout).await;

@@ -19,6 +19,7 @@
 use std::net::IpAddr;
 
 pub mod checksum;
+pub mod coalesce;
 pub mod frag;
 pub mod icmp;
 pub mod ipv4;
