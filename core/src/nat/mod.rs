@@ -1295,7 +1295,10 @@ mod tests {
         let g = open(&t, &flow(1), now);
         let a = t.uplink(&flow(2), Some(0), now).unwrap();
         let b = t.uplink(&flow(3), Some(0), now).unwrap();
-        assert!(t.abort_half_open(b.port, b.generation, now), "b's connect failed");
+        assert!(
+            t.abort_half_open(b.port, b.generation, now),
+            "b's connect failed"
+        );
         // Full: the oldest unanswered (a, HalfOpen) goes first, then b.
         let c = t.uplink(&flow(4), Some(0), now).unwrap();
         assert!(c.created && c.evicted);
