@@ -176,6 +176,7 @@ pub(crate) async fn relay<A: App, H>(d: &Dispatcher, app: A, out: OutboundStream
         down: &stats.tcp_bytes_down,
         spliced: &stats.tcp_bytes_spliced,
         copied: &stats.tcp_bytes_copied,
+        pool: Some(&*d.relay_pool),
     };
     let r = tokio::select! {
         r = app.relay(&out, codec, &d.outbounds.relay, &meter) => r,
