@@ -70,7 +70,9 @@ pub struct BudgetConfig {
     pub platform: Option<Platform>,
     /// NAT entries (system stack).
     pub nat_entries: Option<usize>,
-    /// TCP admission permits at normal pressure (elevated and critical are 1/2 and 1/4).
+    /// TCP admission permits at normal pressure (elevated and critical are
+    /// 1/2 and 1/4). Unset: the TCP memory budget over the most one session
+    /// of the running stack holds ([`Budget::tcp_sessions`]).
     pub tcp_sessions: Option<usize>,
     /// Concurrent UDP flows; the least recently used flow is evicted past it.
     pub udp_flows: Option<usize>,
