@@ -184,6 +184,7 @@ impl Engine {
             driver,
             parts.life.clone(),
             parts.mtu,
+            config.tun.coalesce,
         ));
         tracing::info!(
             "kerntun started on {} ({} stack: {why}; {} driver, mtu {})",

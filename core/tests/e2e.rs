@@ -142,6 +142,42 @@ fn bulk_64mib_each_way_with_half_close(v6: bool, driver: DriverMode, stack: Stac
     assert_eq!(s.drop_count("no_mapping"), 0, "{s:?}");
 }
 
+/// The per-packet driver merges an upload's segments before the kernel
+/// sees them (`packet::coalesce`): the same bytes arrive, in fewer TUN
+/// writes than packets read; with `tun.coalesce = false` every packet is
+/// written back on its own.
+#[test]
+fn per_packet_uploads_are_coalesced_byte_exact() {
+    require_root!();
+    for v6 in [false, true] {
+        let mut writes_per_read = Vec::new();
+        for coalesce in [true, false] {
+            let rig = Rig::with_config(v6, DriverMode::PerPacket, StackKind::System, |_, c| {
+                c.tun.coalesce = coalesce;
+            });
+            let srv = rig.server(Mode::Echo);
+            client::echo_transfer(srv.addr, 11, 16 * MIB, false).expect("16 MiB echo");
+            let s = rig.engine.stats();
+            assert!(s.tcp_bytes_up >= 16 * MIB as u64, "{s:?}");
+            assert_eq!(
+                s.drop_count("tun_write"),
+                0,
+                "no merged packet refused: {s:?}"
+            );
+            writes_per_read.push(s.tun_writes as f64 / s.tun_read_packets as f64);
+        }
+        eprintln!("v6 {v6}: TUN writes per packet read, merged / not: {writes_per_read:?}");
+        assert!(
+            writes_per_read[1] > 0.95,
+            "without merging every packet is written back: {writes_per_read:?}"
+        );
+        assert!(
+            writes_per_read[0] < 0.9 * writes_per_read[1],
+            "merging writes fewer packets: {writes_per_read:?}"
+        );
+    }
+}
+
 fn concurrent_200_connections(v6: bool, driver: DriverMode, stack: StackKind) {
     let rig = Rig::new(v6, driver, stack);
     let srv = rig.server(Mode::Echo);

@@ -682,6 +682,7 @@ impl EngineConfig {
                 ipv6,
                 tx_queue_len: self.tun.tx_queue_len,
                 include_all_networks: self.tun.include_all_networks,
+                ..core::TunConfig::default()
             },
             direct: core::DirectConfig {
                 interface: self.direct.interface.clone(),

@@ -10,7 +10,8 @@
 //! * `per_packet` (Android, iOS without `recvmsg_x`, Linux without offload):
 //!   drain up to [`DRAIN_PER_EDGE`] packets per readiness edge, each written
 //!   back with a non-blocking send, awaiting the device only when its queue
-//!   is full;
+//!   is full; on Linux/Android consecutive segments of a flow toward the
+//!   kernel listener are merged first (`packet::coalesce`);
 //! * `linux_gro` (Linux `virtio_net_hdr` offload): one read returns a TCP
 //!   super-packet of up to 64 KiB that tun-rs splits into segments; the
 //!   rewritten segments are written with `send_multiple`, which coalesces
@@ -140,7 +141,9 @@ impl Processor {
     }
 
     /// Process the packet at `buf[HEADROOM..][..len]` and write the result
-    /// back from the same buffer.
+    /// back from the same buffer (the batch readers; the per-packet reader
+    /// may hold packets aside to merge them).
+    #[cfg_attr(not(any(target_os = "linux", apple)), allow(dead_code))]
     pub async fn handle(&mut self, buf: &mut [u8], len: usize) {
         if let Disposition::WriteBack(n) = self.process(&mut buf[HEADROOM..HEADROOM + len]) {
             self.write_back(buf, n).await;
@@ -149,18 +152,35 @@ impl Processor {
 
     /// Write the packet at `buf[HEADROOM..][..len]` to the TUN: without
     /// waiting first, awaiting the device only when its queue is full. A
-    /// failed write is a counted drop (TCP retransmits it).
-    pub async fn write_back(&mut self, buf: &mut [u8], len: usize) {
+    /// failed write is a counted drop (TCP retransmits it); false then.
+    pub async fn write_back(&mut self, buf: &mut [u8], len: usize) -> bool {
         self.local.writes += 1;
-        match self.tun.try_send(buf, len) {
-            Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                if self.tun.send(buf, len).await.is_err() {
-                    self.local.drop(EngineDrop::TunWrite);
-                }
-            }
-            Err(_) => self.local.drop(EngineDrop::TunWrite),
+        let sent = match self.tun.try_send(buf, len) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => self.tun.send(buf, len).await,
+            Err(e) => Err(e),
+        };
+        if sent.is_err() {
+            self.local.drop(EngineDrop::TunWrite);
         }
+        sent.is_ok()
+    }
+
+    /// Whether a packet to be written back may be merged with its flow's
+    /// neighbours: a plain TCP data segment toward the TUN's own address
+    /// (the system stack's uplink to its kernel listener, always delivered
+    /// locally, so a packet above the MTU never has to leave the host).
+    pub fn coalescible(&self, pkt: &[u8]) -> bool {
+        let to_gateway = match pkt.first().map(|b| b >> 4) {
+            Some(4) => pkt.get(16..20).is_some_and(|d| {
+                self.gateways.0 == Some(IpAddr::from(<[u8; 4]>::try_from(d).unwrap_or_default()))
+            }),
+            Some(6) => pkt.get(24..40).is_some_and(|d| {
+                self.gateways.1 == Some(IpAddr::from(<[u8; 16]>::try_from(d).unwrap_or_default()))
+            }),
+            _ => false,
+        };
+        to_gateway && packet::coalesce::candidate(pkt)
     }
 
     /// Count `n` packets read in this drain.
@@ -182,16 +202,25 @@ impl Processor {
 
 /// Run the driver until the engine stops or the device fails (then the
 /// engine fails with the reason).
-pub(crate) async fn run(mut proc: Processor, kind: DriverKind, life: Arc<Lifecycle>, mtu: u16) {
+pub(crate) async fn run(
+    mut proc: Processor,
+    kind: DriverKind,
+    life: Arc<Lifecycle>,
+    mtu: u16,
+    coalesce: bool,
+) {
     let mtu = usize::from(mtu);
+    // Merged packets exceed the MTU: only where the kernel is known to take
+    // them on a TUN without offload (Linux; utun is not checked).
+    let coalesce = coalesce && cfg!(linux_like);
     let result = match kind {
-        DriverKind::PerPacket => per_packet::run(&mut proc, &life, mtu).await,
+        DriverKind::PerPacket => per_packet::run(&mut proc, &life, mtu, coalesce).await,
         #[cfg(target_os = "linux")]
         DriverKind::Batch => linux_gro::run(&mut proc, &life, mtu).await,
         #[cfg(apple)]
         DriverKind::Batch => darwin::run(&mut proc, &life, mtu).await,
         #[cfg(not(any(target_os = "linux", apple)))]
-        DriverKind::Batch => per_packet::run(&mut proc, &life, mtu).await,
+        DriverKind::Batch => per_packet::run(&mut proc, &life, mtu, coalesce).await,
     };
     let stats = proc.stats.clone();
     proc.local.commit(&stats, Instant::now());

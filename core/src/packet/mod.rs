@@ -19,6 +19,7 @@
 use std::net::IpAddr;
 
 pub mod checksum;
+pub mod coalesce;
 pub mod icmp;
 pub mod ipv4;
 pub mod ipv6;

@@ -65,6 +65,12 @@ pub struct TunConfig {
     /// system stack cannot work: `auto` picks smoltcp and an explicit
     /// `stack = "system"` is refused.
     pub include_all_networks: bool,
+    /// Per-packet driver on Linux/Android: merge consecutive in-order
+    /// segments of a flow, read in the same drain, into one larger segment
+    /// before writing them back toward the kernel listener (a userspace GRO,
+    /// `packet::coalesce`; docs/architecture.md "Drivers"). Turned off for
+    /// the engine's life, logged, if the device ever refuses a merged packet.
+    pub coalesce: bool,
 }
 
 impl TunConfig {
@@ -87,6 +93,7 @@ impl Default for TunConfig {
             ipv6: None,
             tx_queue_len: 10_000,
             include_all_networks: false,
+            coalesce: true,
         }
     }
 }

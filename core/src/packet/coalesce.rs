@@ -1,0 +1,382 @@
+//! Write-back coalescing: a userspace GRO for devices without offload.
+//!
+//! A phone's TUN carries one MTU-sized packet per read and per write, and the
+//! kernel's TCP receive of every packet the engine writes back runs in the
+//! engine's context. [`append`] merges the next in-order segment of a TCP
+//! flow into the one before it, in place, so the kernel receives one larger
+//! segment instead of several (Linux accepts a locally delivered IP packet
+//! above the device MTU on a TUN without offload).
+//!
+//! Two segments merge only when the result is what the sender could have
+//! sent as one segment, the rules of Linux's `tcp_gro_receive` and
+//! wireguard-go's `tcpGRO`:
+//! * same addresses and ports, IPv4 without options (same TOS, TTL, DF) or
+//!   IPv6 without extension headers (same traffic class, flow label, hop
+//!   limit);
+//! * both carry data; the head is a plain ACK segment, the next one ACK or
+//!   ACK|PSH (a PSH ends the run: nothing is appended after it); no SYN,
+//!   FIN, RST, URG, ECE or CWR;
+//! * equal acknowledgement number, window and TCP options (timestamps
+//!   included), and the next segment starts where the head ends;
+//! * the next segment's checksum verifies (its payload is summed for the
+//!   merge anyway), so a corrupted segment is never folded into a valid one.
+//!
+//! The merged checksums are updated from partial sums (RFC 1624): the TCP
+//! length in the pseudo-header, the appended payload (byte-swapped when it
+//! starts at an odd offset, RFC 1071 2(B)), the PSH bit; the IPv4 header
+//! checksum for the new total length. The cost is one pass over the
+//! appended payload, which the copy makes anyway.
+
+use super::checksum::{self, finish, fold, nonzero, replaced, sum_bytes};
+use super::tcp::{HEADER_LEN as TCP_HEADER_LEN, field as tcpf, flags};
+use super::{IpInfo, ipv4, ipv6, parse_ip, parse_tcp, protocol};
+
+/// Flags that forbid a merge (anything but ACK and PSH).
+const STOP: u8 = flags::SYN | flags::FIN | flags::RST | flags::URG | flags::ECE | flags::CWR;
+
+/// Largest IP packet a merge may produce: the IPv4 total length and the
+/// IPv6 payload length are 16 bits.
+pub const MAX_PACKET: usize = 65_535;
+
+/// Append the payload of `next` (a whole IP packet) to the TCP segment at
+/// `buf[..head_len]` when `next` continues it (module docs); the merged
+/// packet may grow up to `buf.len()` and [`MAX_PACKET`]. Returns the new
+/// length of the head, or `None` with `buf` untouched.
+pub fn append(buf: &mut [u8], head_len: usize, next: &[u8]) -> Option<usize> {
+    let head = buf.get(..head_len)?;
+    let (hip, htcp) = parse_plain(head)?;
+    let (nip, ntcp) = parse_plain(next)?;
+    if hip.src != nip.src
+        || hip.dst != nip.dst
+        || hip.l4_offset != nip.l4_offset
+        || htcp.src_port != ntcp.src_port
+        || htcp.dst_port != ntcp.dst_port
+        || htcp.flags != flags::ACK
+        || ntcp.flags & !flags::PSH != flags::ACK
+        || htcp.payload_len == 0
+        || ntcp.payload_len == 0
+        || ntcp.seq != htcp.seq.wrapping_add(htcp.payload_len as u32)
+        || htcp.header_len != ntcp.header_len
+    {
+        return None;
+    }
+    let (hl4, nl4) = (&head[hip.l4_offset..], &next[nip.l4_offset..]);
+    // ACK number, data offset, window, and the options must be equal; the
+    // flags byte (13) is compared above, the checksum and urgent pointer
+    // (16..20) are not part of the segment's meaning (URG is refused).
+    if hl4[tcpf::ACK] != nl4[tcpf::ACK]
+        || hl4[tcpf::DATA_OFF] != nl4[tcpf::DATA_OFF]
+        || hl4[tcpf::WINDOW] != nl4[tcpf::WINDOW]
+    {
+        return None;
+    }
+    if hl4[TCP_HEADER_LEN..htcp.header_len] != nl4[TCP_HEADER_LEN..ntcp.header_len] {
+        return None;
+    }
+    // The IP fields a merge must not hide a difference in.
+    let same_ip = if hip.src.is_ipv4() {
+        head[ipv4::field::TOS] == next[ipv4::field::TOS]
+            && head[ipv4::field::TTL] == next[ipv4::field::TTL]
+            && head[ipv4::field::FLAGS_FRAG] == next[ipv4::field::FLAGS_FRAG]
+    } else {
+        head[ipv6::field::VER_TC_FLOW] == next[ipv6::field::VER_TC_FLOW]
+            && head[ipv6::field::HOP_LIMIT] == next[ipv6::field::HOP_LIMIT]
+    };
+    let new_len = head_len + ntcp.payload_len;
+    if !same_ip || new_len > MAX_PACKET.min(buf.len()) {
+        return None;
+    }
+    let payload = &next[nip.l4_offset + ntcp.header_len..nip.len];
+    let payload_sum = sum_bytes(payload);
+    if !verifies(next, &nip, payload_sum, ntcp.header_len) {
+        return None;
+    }
+
+    // Checksum delta: the pseudo-header's TCP length, the appended payload
+    // (swapped if it lands at an odd offset of the segment), the PSH bit.
+    let old_tcp_len = (head_len - hip.l4_offset) as u32;
+    let new_tcp_len = (new_len - hip.l4_offset) as u32;
+    let mut delta = if hip.src.is_ipv4() {
+        replaced(
+            &(old_tcp_len as u16).to_be_bytes(),
+            &(new_tcp_len as u16).to_be_bytes(),
+        )
+    } else {
+        replaced(&old_tcp_len.to_be_bytes(), &new_tcp_len.to_be_bytes())
+    };
+    delta += if htcp.payload_len % 2 == 1 {
+        u32::from(fold(payload_sum).swap_bytes())
+    } else {
+        payload_sum
+    };
+    let l4 = hip.l4_offset;
+    let flags_word = l4 + tcpf::DATA_OFF..l4 + tcpf::FLAGS + 1;
+    let old_flags: [u8; 2] = buf[flags_word.clone()].try_into().ok()?;
+    let mut new_flags = old_flags;
+    new_flags[1] |= ntcp.flags & flags::PSH;
+    delta += replaced(&old_flags, &new_flags);
+    let csum_at = l4 + tcpf::CHECKSUM.start;
+    let old_csum = u16::from_be_bytes([buf[csum_at], buf[csum_at + 1]]);
+    let new_csum = nonzero(finish(u32::from(!old_csum) + delta));
+
+    buf[head_len..new_len].copy_from_slice(payload);
+    buf[flags_word].copy_from_slice(&new_flags);
+    buf[csum_at..csum_at + 2].copy_from_slice(&new_csum.to_be_bytes());
+    if hip.src.is_ipv4() {
+        let old = (head_len as u16).to_be_bytes();
+        let new = (new_len as u16).to_be_bytes();
+        buf[ipv4::field::TOTAL_LEN].copy_from_slice(&new);
+        let at = ipv4::field::CHECKSUM.start;
+        let c = u16::from_be_bytes([buf[at], buf[at + 1]]);
+        let c = finish(u32::from(!c) + replaced(&old, &new));
+        buf[ipv4::field::CHECKSUM].copy_from_slice(&c.to_be_bytes());
+    } else {
+        let payload_len = ((new_len - ipv6::HEADER_LEN) as u16).to_be_bytes();
+        buf[ipv6::field::PAYLOAD_LEN].copy_from_slice(&payload_len);
+    }
+    Some(new_len)
+}
+
+/// Whether a packet could start or continue a merge at all: a TCP data
+/// segment without IP options or extension headers and without flags
+/// beyond ACK/PSH. Cheap (headers only): the driver asks it before it
+/// copies a segment aside to merge into.
+pub fn candidate(pkt: &[u8]) -> bool {
+    parse_plain(pkt).is_some_and(|(_, t)| t.payload_len > 0 && t.flags & !flags::PSH == flags::ACK)
+}
+
+/// The headers of a TCP segment with no IPv4 options / IPv6 extension
+/// headers and none of the [`STOP`] flags.
+fn parse_plain(pkt: &[u8]) -> Option<(IpInfo, super::TcpInfo)> {
+    let ip = parse_ip(pkt).ok()?;
+    let plain_l4 = if ip.src.is_ipv4() {
+        ipv4::HEADER_LEN
+    } else {
+        ipv6::HEADER_LEN
+    };
+    if ip.protocol != protocol::TCP || ip.l4_offset != plain_l4 {
+        return None;
+    }
+    let tcp = parse_tcp(pkt, &ip).ok()?;
+    (tcp.flags & STOP == 0).then_some((ip, tcp))
+}
+
+/// Whether the TCP checksum of `pkt` verifies, given the sum of its payload.
+fn verifies(pkt: &[u8], ip: &IpInfo, payload_sum: u32, header_len: usize) -> bool {
+    let l4 = &pkt[ip.l4_offset..ip.len];
+    let len = l4.len();
+    let pseudo = match (ip.src, ip.dst) {
+        (std::net::IpAddr::V4(s), std::net::IpAddr::V4(d)) => {
+            checksum::pseudo_header_v4(s, d, protocol::TCP, len as u16)
+        }
+        (std::net::IpAddr::V6(s), std::net::IpAddr::V6(d)) => {
+            checksum::pseudo_header_v6(&s, &d, protocol::TCP, len as u32)
+        }
+        _ => return false,
+    };
+    // The header is a whole number of 32-bit words, so the payload's sum
+    // adds at an even offset.
+    fold(pseudo + sum_bytes(&l4[..header_len]) + payload_sum) == 0xffff
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::packet::checksum::verify_transport_checksum;
+    use crate::packet::tcp_flags::{ACK, FIN, PSH, RST, SYN};
+    use crate::packet::testutil::{Rng, tcp_v4, tcp_v6};
+
+    const C4: &str = "198.18.0.2:40000";
+    const S4: &str = "198.18.0.1:5201";
+    const C6: &str = "[fd00:18::2]:40000";
+    const S6: &str = "[fd00:18::1]:5201";
+    /// A timestamp option (NOP NOP TS), as Linux sends on every segment.
+    const TS: [u8; 12] = [1, 1, 8, 10, 0, 0, 0, 7, 0, 0, 0, 9];
+
+    fn seg(v6: bool, seq: u32, flags: u8, opts: &[u8], payload: &[u8]) -> Vec<u8> {
+        if v6 {
+            tcp_v6(C6, S6, &[], seq, 77, flags, opts, payload)
+        } else {
+            tcp_v4(C4, S4, seq, 77, flags, opts, payload)
+        }
+    }
+
+    /// Merge `segs` in order into a 64 KiB buffer; the packets that result.
+    fn merge_all(segs: &[Vec<u8>]) -> Vec<Vec<u8>> {
+        let mut out = Vec::new();
+        let mut buf = vec![0u8; MAX_PACKET];
+        let mut len = 0;
+        for s in segs {
+            if len > 0
+                && let Some(n) = append(&mut buf, len, s)
+            {
+                len = n;
+                continue;
+            }
+            if len > 0 {
+                out.push(buf[..len].to_vec());
+            }
+            buf[..s.len()].copy_from_slice(s);
+            len = s.len();
+        }
+        if len > 0 {
+            out.push(buf[..len].to_vec());
+        }
+        out
+    }
+
+    fn valid(p: &[u8]) -> bool {
+        let ip = parse_ip(p).expect("ip");
+        let v4_ok = !ip.src.is_ipv4() || fold(sum_bytes(&p[..ipv4::HEADER_LEN])) == 0xffff;
+        v4_ok && verify_transport_checksum(p, &ip)
+    }
+
+    #[test]
+    fn a_run_becomes_the_segment_the_sender_could_have_sent() {
+        for v6 in [false, true] {
+            for opts in [&[][..], &TS[..]] {
+                // Odd lengths put later payloads at odd offsets.
+                let parts: [&[u8]; 4] = [b"hello", b" wor", b"ld, odd", b"!"];
+                let mut seq = 1000u32;
+                let mut segs = Vec::new();
+                for (i, p) in parts.iter().enumerate() {
+                    let f = if i == parts.len() - 1 { ACK | PSH } else { ACK };
+                    segs.push(seg(v6, seq, f, opts, p));
+                    seq += p.len() as u32;
+                }
+                let merged = merge_all(&segs);
+                let want = seg(v6, 1000, ACK | PSH, opts, b"hello world, odd!");
+                assert_eq!(merged, vec![want], "v6 {v6}, options {}", opts.len());
+            }
+        }
+    }
+
+    #[test]
+    fn random_runs_match_a_segment_built_whole() {
+        let mut rng = Rng::new(1624);
+        // Miri runs the packet tests in CI: fewer rounds there.
+        for round in 0..if cfg!(miri) { 8 } else { 400 } {
+            let v6 = round % 2 == 1;
+            let n = 1 + rng.below(6);
+            let mut seq = rng.next_u64() as u32;
+            let start = seq;
+            let mut all = Vec::new();
+            let mut segs = Vec::new();
+            for i in 0..n {
+                let len = 1 + rng.below(1400);
+                let p: Vec<u8> = (0..len).map(|_| rng.next_u64() as u8).collect();
+                let f = if i == n - 1 && rng.below(2) == 0 {
+                    ACK | PSH
+                } else {
+                    ACK
+                };
+                segs.push(seg(v6, seq, f, &TS, &p));
+                seq = seq.wrapping_add(len as u32);
+                all.extend_from_slice(&p);
+            }
+            let last_psh = segs.last().is_some_and(|s| {
+                let ip = parse_ip(s).expect("ip");
+                parse_tcp(s, &ip).expect("tcp").flags & PSH != 0
+            });
+            let merged = merge_all(&segs);
+            let want = seg(v6, start, if last_psh { ACK | PSH } else { ACK }, &TS, &all);
+            assert_eq!(merged, vec![want.clone()], "round {round}");
+            assert!(valid(&want));
+        }
+    }
+
+    #[test]
+    fn what_must_not_merge_stays_apart() {
+        for v6 in [false, true] {
+            let a = seg(v6, 100, ACK, &[], b"aaaa");
+            // Out of order, a gap, a retransmit.
+            for seq in [99, 105, 100] {
+                assert_eq!(
+                    merge_all(&[a.clone(), seg(v6, seq, ACK, &[], b"bb")]).len(),
+                    2,
+                    "seq {seq}"
+                );
+            }
+            // FIN, RST, SYN inside a run; a PSH ends it.
+            for f in [ACK | FIN, ACK | RST, SYN | ACK] {
+                assert_eq!(
+                    merge_all(&[a.clone(), seg(v6, 104, f, &[], b"bb")]).len(),
+                    2,
+                    "flags {f:#x}"
+                );
+            }
+            let pushed = seg(v6, 100, ACK | PSH, &[], b"aaaa");
+            assert_eq!(merge_all(&[pushed, seg(v6, 104, ACK, &[], b"bb")]).len(), 2);
+            // Pure ACKs (duplicate ACKs carry meaning) and different options.
+            assert_eq!(
+                merge_all(&[seg(v6, 100, ACK, &[], b""), seg(v6, 100, ACK, &[], b"")]).len(),
+                2
+            );
+            let mut ts2 = TS;
+            ts2[7] = 8;
+            assert_eq!(
+                merge_all(&[
+                    seg(v6, 100, ACK, &TS, b"aaaa"),
+                    seg(v6, 104, ACK, &ts2, b"bb")
+                ])
+                .len(),
+                2
+            );
+        }
+        // Another flow (ports, then family).
+        let a = seg(false, 100, ACK, &[], b"aaaa");
+        let other = tcp_v4("198.18.0.2:40001", S4, 104, 77, ACK, &[], b"bb");
+        assert_eq!(merge_all(&[a.clone(), other]).len(), 2);
+        assert_eq!(merge_all(&[a, seg(true, 104, ACK, &[], b"bb")]).len(), 2);
+    }
+
+    #[test]
+    fn a_corrupted_next_segment_is_not_folded_in() {
+        for v6 in [false, true] {
+            let a = seg(v6, 100, ACK, &[], b"aaaa");
+            let mut b = seg(v6, 104, ACK, &[], b"bbbb");
+            let last = b.len() - 1;
+            b[last] ^= 0x20;
+            assert_eq!(merge_all(&[a, b]).len(), 2);
+        }
+    }
+
+    #[test]
+    fn the_result_never_outgrows_the_buffer_or_an_ip_packet() {
+        let a = seg(false, 0, ACK, &[], &[1; 1000]);
+        let b = seg(false, 1000, ACK, &[], &[2; 1000]);
+        let mut buf = vec![0u8; a.len() + 999];
+        buf[..a.len()].copy_from_slice(&a);
+        assert_eq!(append(&mut buf, a.len(), &b), None, "no room");
+        assert_eq!(buf[..a.len()], a[..], "untouched");
+        // 44 segments of 1460 bytes reach the 16-bit IP length limit.
+        let mut segs = Vec::new();
+        for i in 0..50u32 {
+            segs.push(seg(false, i * 1460, ACK, &[], &[i as u8; 1460]));
+        }
+        let merged = merge_all(&segs);
+        assert_eq!(merged.len(), 2);
+        assert!(merged.iter().all(|p| p.len() <= MAX_PACKET && valid(p)));
+        assert!(candidate(&segs[0]) && !candidate(&seg(false, 0, ACK, &[], b"")));
+    }
+
+    #[test]
+    fn arbitrary_bytes_never_panic_and_never_change_a_refused_head() {
+        let mut rng = Rng::new(7);
+        let head = seg(false, 100, ACK, &TS, b"head");
+        for _ in 0..if cfg!(miri) { 50 } else { 2000 } {
+            let len = rng.below(120);
+            let mut next: Vec<u8> = (0..len).map(|_| rng.next_u64() as u8).collect();
+            if rng.below(2) == 0 && next.len() > 20 {
+                next[0] = 0x45;
+            }
+            let mut buf = vec![0u8; 4096];
+            buf[..head.len()].copy_from_slice(&head);
+            let before = buf.clone();
+            if append(&mut buf, head.len(), &next).is_none() {
+                assert_eq!(buf, before);
+            }
+            let _ = candidate(&next);
+        }
+    }
+}
