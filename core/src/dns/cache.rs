@@ -152,6 +152,7 @@ impl Cache {
     }
 
     /// Bytes the entries cost.
+    #[cfg(any(test, fuzzing))]
     pub fn bytes(&self) -> usize {
         self.inner.lock().bytes
     }

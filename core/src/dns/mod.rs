@@ -387,11 +387,6 @@ impl Dns {
         self.cache.trim(self.cache_bytes.limit(now));
     }
 
-    /// Bytes the cache holds now.
-    pub fn cache_bytes(&self) -> usize {
-        self.cache.bytes()
-    }
-
     /// The cache, else the upstreams. A question already being asked
     /// upstream is not asked again: this lookup waits for that one's
     /// outcome (and asks itself only if that lookup was cancelled).
