@@ -263,3 +263,43 @@ pub(crate) async fn write_all(dst: &TcpStream, mut data: &[u8]) -> io::Result<()
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::budget::{MemoryPressure, Pressure};
+
+    /// Full-size buffers while the relay pool has room (a codec's output
+    /// counted too), the fallback size past it, under pressure too, and
+    /// every charge given back when the buffer goes.
+    #[test]
+    fn buffers_come_from_the_pool_then_fall_back() {
+        let now = Instant::now();
+        let pressure = Arc::new(Pressure::default());
+        let pool = ByteBudget::new(64 * 1024, pressure.clone());
+        let plain = LegBuffer::take(16 * 1024, Some(&pool), false);
+        let coded = LegBuffer::take(16 * 1024, Some(&pool), true);
+        assert_eq!((plain.buf.len(), coded.buf.len()), (16 * 1024, 16 * 1024));
+        assert_eq!(pool.used(), 48 * 1024, "a codec's output is charged too");
+        let more = LegBuffer::take(16 * 1024, Some(&pool), true);
+        assert_eq!(more.buf.len(), RELAY_FALLBACK_BUFFER, "no room for 32 KiB");
+        assert_eq!(pool.used(), 48 * 1024, "the fallback is not charged");
+        drop((plain, coded, more));
+        assert_eq!(pool.used(), 0);
+        // Critical pressure: a quarter of the pool.
+        pressure.report(MemoryPressure::Critical, now);
+        let a = LegBuffer::take(16 * 1024, Some(&pool), false);
+        let b = LegBuffer::take(16 * 1024, Some(&pool), false);
+        assert_eq!(
+            (a.buf.len(), b.buf.len()),
+            (16 * 1024, RELAY_FALLBACK_BUFFER)
+        );
+        // Without a pool (tests, benchmarks): always the configured size;
+        // a size below the fallback's is never charged.
+        assert_eq!(LegBuffer::take(64 * 1024, None, true).buf.len(), 64 * 1024);
+        drop(LegBuffer::take(1024, Some(&pool), false));
+        assert_eq!(pool.used(), 16 * 1024);
+    }
+}
