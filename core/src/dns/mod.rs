@@ -596,6 +596,16 @@ mod tests {
 
     /// The service with `in_flight` bytes for queries and exchanges.
     fn service_with(tweak: impl FnOnce(&mut Config), in_flight: usize) -> Arc<Dns> {
+        service_under(tweak, in_flight, 1 << 20, Arc::new(Pressure::default()))
+    }
+
+    /// The service with `in_flight` and `cache` bytes under `pressure`.
+    fn service_under(
+        tweak: impl FnOnce(&mut Config),
+        in_flight: usize,
+        cache: usize,
+        pressure: Arc<Pressure>,
+    ) -> Arc<Dns> {
         let mut c = Config::default();
         c.tun.ipv4 = Some("198.18.0.1/16".parse().expect("net"));
         c.dns.enabled = true;
@@ -613,8 +623,7 @@ mod tests {
             crate::outbound::resolve::Resolvers::default(),
         )
         .expect("outbounds");
-        let pressure = Arc::new(Pressure::default());
-        let cache = Arc::new(ByteBudget::new(1 << 20, pressure.clone()));
+        let cache = Arc::new(ByteBudget::new(cache, pressure.clone()));
         let in_flight = Arc::new(ByteBudget::new(in_flight, pressure));
         Dns::new(&c.dns, &c.tun.nets(), Arc::new(ob), cache, in_flight)
             .expect("dns")
@@ -788,6 +797,41 @@ mod tests {
             assert_eq!(d.in_flight().used(), 0, "charges released");
             let q = msg::tests::query("two.test.", RecordType::A, 3);
             assert!(d.answer(&q, &stats).await.is_some(), "room again");
+        });
+    }
+
+    /// Raised memory pressure shrinks the cache's byte limit: `trim` (the
+    /// engine calls it when the host reports) evicts down to it at once, and
+    /// later answers keep to it.
+    #[test]
+    fn cache_shrinks_with_memory_pressure() {
+        use crate::budget::MemoryPressure;
+        rt().block_on(async {
+            let (up, _) = slow_upstream(Duration::ZERO).await;
+            let pressure = Arc::new(Pressure::default());
+            let tweak = |c: &mut Config| c.dns.upstreams = vec![format!("udp://{up}")];
+            let d = service_under(tweak, 1 << 20, 8 * 1024, pressure.clone());
+            let stats = Stats::default();
+            let ask = |i: u16| {
+                let (d, stats) = (&d, &stats);
+                async move {
+                    let q = msg::tests::query(&format!("n{i}.test."), RecordType::A, i);
+                    assert!(d.answer(&q, stats).await.is_some(), "answer {i}");
+                }
+            };
+            for i in 0..40 {
+                ask(i).await;
+            }
+            let full = d.cache.bytes();
+            assert!(full <= 8 * 1024 && full > 6 * 1024, "{full} bytes");
+            pressure.report(MemoryPressure::Critical, Instant::now());
+            d.trim(Instant::now());
+            assert!(d.cache.bytes() <= 2 * 1024, "{} bytes", d.cache.bytes());
+            for i in 40..60 {
+                ask(i).await;
+            }
+            assert!(d.cache.bytes() <= 2 * 1024, "{} bytes", d.cache.bytes());
+            assert!(d.cache.len() > 0, "still caching");
         });
     }
 
