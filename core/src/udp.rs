@@ -257,13 +257,14 @@ impl UdpTable {
     }
 
     /// Hand a hijacked query to a task (one copy of the payload; the driver
-    /// does not wait). The task is charged its state, the query and a reply
-    /// of up to one MTU against the DNS in-flight budget while it runs.
+    /// does not wait). The task is charged its state, the query and the
+    /// reply (up to one MTU, held once as the answer and once as the packet
+    /// written) against the DNS in-flight budget while it runs.
     fn hijack(&mut self, key: Key, payload: &[u8], now: Instant, local: &mut LocalCounters) {
         let Some(dns) = self.shared.d.dns.clone() else {
             return;
         };
-        let cost = dns::QUERY_STATE + payload.len() + usize::from(self.shared.mtu);
+        let cost = dns::QUERY_STATE + payload.len() + 2 * usize::from(self.shared.mtu);
         let Some(charge) = dns.in_flight().try_charge(cost, now) else {
             return local.drop(EngineDrop::DnsQueueFull);
         };
