@@ -366,6 +366,8 @@ async fn assemble(
     );
     let stats = Arc::new(Stats::with_outbounds(outbounds.names()));
     let nets: Vec<IpNet> = config.tun.nets();
+    // Every memory budget (admission too) reads the one pressure the host
+    // reports through `set_memory_pressure`.
     let pressure = Arc::new(Pressure::default());
     let bytes = |normal| Arc::new(ByteBudget::new(normal, pressure.clone()));
     let mem = budget.memory;
@@ -392,7 +394,6 @@ async fn assemble(
         }
     };
     let life = Arc::new(Lifecycle::default());
-    // Every memory budget reads the one pressure the host reports.
     let tcp_stack = match stack {
         StackKind::Smoltcp => TcpStack::Smoltcp,
         StackKind::System | StackKind::Auto => TcpStack::System,
