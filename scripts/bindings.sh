@@ -10,6 +10,10 @@
 #                                       module alike (it picks java.lang.ref.Cleaner
 #                                       or JNA's cleaner at run time)
 #
+# KERNTUN_FFI_FEATURES (kotlin mode only): cargo features of kerntun-ffi to
+# build with, e.g. `fault-injection` for the JVM test's fault hook; the
+# committed Swift bindings are always generated without.
+#
 # Bindings are generated from the host build of the library: the interface
 # metadata is the same for every target (the XCFramework's staticlib and the
 # Android .so carry identical metadata). Runs inside the workspace because
@@ -23,7 +27,7 @@ target_dir=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import js
 build() {
     # Two invocations on purpose: built together, cargo would unify uniffi's
     # `cli` feature into the library.
-    cargo build --quiet -p kerntun-ffi
+    cargo build --quiet -p kerntun-ffi ${1:+--features "$1"}
     cargo build --quiet -p kerntun-uniffi-bindgen
 }
 
@@ -76,7 +80,7 @@ check)
     ;;
 kotlin)
     out=${2:?usage: scripts/bindings.sh $mode OUT_DIR}
-    build
+    build "${KERNTUN_FFI_FEATURES:-}"
     generate kotlin "$out"
     echo "Kotlin bindings written to $out"
     ;;

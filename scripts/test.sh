@@ -22,6 +22,9 @@ cargo test --workspace --all-targets "$@"
 # DNS over TLS is a cargo feature (ring needs a C compiler for the target):
 # its end-to-end test runs with the feature on.
 cargo test -p kerntun --features dot --test dns "$@"
+# The fault hook that makes engine tasks panic or end is a test-only cargo
+# feature: the tests that use it run with it on.
+cargo test -p kerntun --features fault-injection --test faults "$@"
 # The FFI as Swift/Kotlin apps see it: generated Kotlin bindings on the JVM
 # against the real cdylib, engines on real TUN devices (root; skipped
 # otherwise), then the Swift bindings checked for drift against apple/.

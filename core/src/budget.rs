@@ -361,7 +361,13 @@ pub struct Permit<'a> {
 }
 
 impl Admission {
-    pub fn new(limits: [usize; 3], pressure: Arc<Pressure>) -> Self {
+    /// Admission with a pressure of its own.
+    pub fn new(limits: [usize; 3]) -> Self {
+        Self::with_pressure(limits, Arc::new(Pressure::default()))
+    }
+
+    /// Admission that follows `pressure`, shared with other budgets.
+    pub fn with_pressure(limits: [usize; 3], pressure: Arc<Pressure>) -> Self {
         Self {
             limits,
             pressure,
@@ -583,7 +589,7 @@ mod tests {
     fn ios_admission_follows_pressure_and_keeps_existing_permits() {
         let t = Instant::now();
         // The tiers of a 64-session budget.
-        let a = Arc::new(Admission::new(tiers(64), Arc::new(Pressure::default())));
+        let a = Arc::new(Admission::new(tiers(64)));
         let held: Vec<_> = (0..40)
             .map(|_| a.try_acquire_owned(t).expect("permit"))
             .collect();
@@ -615,7 +621,7 @@ mod tests {
     fn host_pressure_decays_after_quiet_minutes() {
         let t0 = Instant::now();
         let step = PRESSURE_DECAY_STEP;
-        let a = Admission::new(tiers(64), Arc::new(Pressure::default()));
+        let a = Admission::new(tiers(64));
         assert_eq!(a.pressure(t0), MemoryPressure::Normal, "never reported");
         a.set_pressure(MemoryPressure::Critical, t0);
         let held: Vec<_> = (0..16)

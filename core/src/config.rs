@@ -19,6 +19,7 @@ use serde::{Deserialize, Serialize};
 
 pub use crate::budget::BudgetConfig;
 pub use crate::dns::{DnsConfig, DnsConfigError};
+use crate::nat::NatConfig;
 pub use crate::outbound::SetupError;
 pub use crate::outbound::config::{
     BadOutbound, DirectConfig, OutboundConfig, ShadowsocksConfig, ShadowsocksMethod, Socks5Config,
@@ -144,7 +145,7 @@ pub enum ConfigError {
     /// A `[sniff]` setting is unusable.
     #[error("sniff.{field}: {reason}")]
     Sniff { field: &'static str, reason: String },
-    /// A `[direct]` setting is unusable.
+    /// A `[direct]` setting is unusable (the text starts with its field).
     #[error("direct.{0}")]
     Direct(String),
 }
@@ -222,6 +223,19 @@ impl Config {
         self.direct
             .parsed_bootstrap()
             .map_err(ConfigError::Direct)?;
+        // The system stack holds the app's SYN in a HalfOpen NAT entry while
+        // the outbound connects; past the entry's expiry its port may go to
+        // another flow. Generations keep a late connect from touching that
+        // flow (stack/system/pending.rs), and this bound keeps a direct
+        // connect from ever arriving that late.
+        let max_ms =
+            u64::try_from(NatConfig::default().half_open_timeout.as_millis()).unwrap_or(u64::MAX);
+        let ms = self.direct.connect_timeout_ms;
+        if ms >= max_ms {
+            return Err(ConfigError::Direct(format!(
+                "connect_timeout_ms: {ms} must be below {max_ms}: an outbound connect may not outlive the NAT entry that holds its SYN"
+            )));
+        }
         for (name, o) in &self.outbounds {
             o.check(name)?;
         }
@@ -330,6 +344,24 @@ mod tests {
         c.tun.mtu = 500;
         assert_eq!(c.validate(), Err(ConfigError::BadMtu(500)));
         assert_eq!(Config::default().validate(), Ok(()));
+    }
+
+    #[test]
+    fn a_connect_timeout_reaching_the_half_open_expiry_is_refused() {
+        let half_open = NatConfig::default().half_open_timeout.as_millis() as u64;
+        let mut c = Config::default();
+        c.direct.connect_timeout_ms = half_open - 1;
+        assert_eq!(c.validate(), Ok(()));
+        for ms in [half_open, half_open + 1, u64::MAX] {
+            c.direct.connect_timeout_ms = ms;
+            let e = c.validate().expect_err("refused");
+            assert!(
+                e.to_string().starts_with("direct.connect_timeout_ms: "),
+                "the error names the field: {e}"
+            );
+        }
+        let e = Config::from_toml("[direct]\nconnect_timeout_ms = 60000\n").expect_err("refused");
+        assert!(e.contains("must be below 30000"), "{e}");
     }
 
     const OUTBOUNDS: &str = r#"

@@ -21,7 +21,7 @@ use crate::budget::{Admission, Budget, ByteBudget, MemoryPressure, Platform, Pre
 use crate::config::{Config, ConfigError, DriverMode, StackKind, nat_address};
 use crate::dispatch::Dispatcher;
 use crate::driver::{self, DriverKind, Processor};
-use crate::lifecycle::{Lifecycle, Phase};
+use crate::lifecycle::{EngineTask, Lifecycle, Phase, supervised};
 use crate::nat::{NatConfig, NatTable, SystemClock};
 use crate::outbound::{Outbounds, Protect, SocketFactory};
 use crate::stack::Stack;
@@ -56,6 +56,13 @@ pub enum StartError {
     /// The kernel listener could not be bound on the gateway.
     #[error("binding the kernel listener on {addr}: {source}")]
     Listener { addr: IpAddr, source: io::Error },
+    /// Darwin: the utun's interface index could not be found, so the system
+    /// stack's kernel listener cannot be bound to the utun (IP_BOUND_IF),
+    /// and an unbound listener would never receive the tunnel's connections.
+    #[error(
+        "the TUN's interface index is unknown, so the system stack's listener cannot be bound to it and would never receive a connection; stack = \"smoltcp\" needs no listener"
+    )]
+    TunIndex,
 }
 
 /// Options for embedding the engine that are not configuration (the FFI
@@ -169,23 +176,23 @@ impl Engine {
             driver,
         } = assembled;
         let _enter = rt.enter();
+        // Every loop runs supervised: a panic or an early end fails the
+        // engine with the reason (lifecycle.rs).
+        let life = &parts.life;
         match &parts.stack {
             Stack::System(st) => {
                 for (listener, fam) in listeners {
-                    rt.spawn(system::accept_loop(st.clone(), listener, fam));
+                    let accept = system::accept_loop(st.clone(), listener, fam);
+                    rt.spawn(supervised(life.clone(), EngineTask::AcceptLoop, accept));
                 }
             }
             Stack::Smoltcp(s) => {
-                rt.spawn(s.poller());
+                rt.spawn(supervised(life.clone(), EngineTask::Poller, s.poller()));
             }
         }
-        rt.spawn(driver::run(
-            processor,
-            driver,
-            parts.life.clone(),
-            parts.mtu,
-            config.tun.coalesce,
-        ));
+        let coalesce = config.tun.coalesce;
+        let read = driver::run(processor, driver, life.clone(), parts.mtu, coalesce);
+        rt.spawn(supervised(life.clone(), EngineTask::Driver, read));
         tracing::info!(
             "kerntun started on {} ({} stack: {why}; {} driver, mtu {})",
             parts.tun.name.as_deref().unwrap_or("fd"),
@@ -250,9 +257,22 @@ impl Engine {
             .is_some_and(|i| i.parts.life.phase() == Phase::Running)
     }
 
-    /// The fatal error that stopped the engine's loops, if any.
+    /// The fatal error that stopped the engine's loops, if any: a device or
+    /// listener failure, or an engine task that panicked or ended.
     pub fn error(&self) -> Option<String> {
         self.inner.as_ref().and_then(|i| i.parts.life.fatal())
+    }
+
+    /// Tests only (cargo feature `fault-injection`): make one of the
+    /// engine's tasks panic or end, to see the engine report it through
+    /// [`Engine::is_running`] and [`Engine::error`]. A DNS fault hits the
+    /// next hijacked query.
+    #[cfg(feature = "fault-injection")]
+    #[doc(hidden)]
+    pub fn inject_fault(&self, task: crate::EngineTask, fault: crate::Fault) {
+        if let Some(inner) = &self.inner {
+            inner.parts.life.inject(task, fault);
+        }
     }
 
     /// The TUN interface name, when known.
@@ -398,7 +418,7 @@ async fn assemble(
         StackKind::Smoltcp => TcpStack::Smoltcp,
         StackKind::System | StackKind::Auto => TcpStack::System,
     };
-    let admission = Arc::new(Admission::new(
+    let admission = Arc::new(Admission::with_pressure(
         budget.tcp_sessions(tcp_stack),
         pressure.clone(),
     ));
@@ -432,9 +452,17 @@ async fn assemble(
         }
         StackKind::System | StackKind::Auto => {
             let mut addrs = StackAddrs::default();
-            let tun_index = tun.if_index();
+            // Only Darwin binds by index (and needs it).
+            let tun_index = if cfg!(apple) { tun.if_index() } else { None };
+            let on = system::listen_on(cfg!(apple), tun.name.as_deref(), tun_index)
+                .map_err(|system::NoTunIndex| StartError::TunIndex)?;
+            if on == system::ListenOn::Any {
+                tracing::warn!(
+                    "the TUN's name is unknown: the kernel listener is not bound to it (accepts are still checked against the NAT address)"
+                );
+            }
             for net in &nets {
-                let (listener, fam) = bind_family(*net, budget.backlog, tun_index)?;
+                let (listener, fam) = bind_family(*net, budget.backlog, on)?;
                 match fam.gateway {
                     IpAddr::V4(_) => addrs.v4 = Some(fam),
                     IpAddr::V6(_) => addrs.v6 = Some(fam),
@@ -491,7 +519,7 @@ async fn assemble(
 fn bind_family(
     net: IpNet,
     backlog: u32,
-    tun_index: Option<u32>,
+    on: system::ListenOn<'_>,
 ) -> Result<(TcpListener, FamilyAddrs), StartError> {
     let gateway = net.addr();
     let nat = nat_address(net).ok_or(ConfigError::NoRoomForNat {
@@ -502,7 +530,7 @@ fn bind_family(
         addr: gateway,
         source,
     };
-    let listener = system::bind_listener(gateway, backlog, tun_index).map_err(failed)?;
+    let listener = system::bind_listener(gateway, backlog, on).map_err(failed)?;
     let port = listener.local_addr().map_err(failed)?.port();
     let fam = FamilyAddrs {
         gateway,

@@ -61,6 +61,10 @@ pub use budget::MemoryPressure;
 pub use config::Config;
 pub use driver::DriverKind;
 pub use engine::{Engine, StartError, StartOptions};
+/// The test-only fault hook's vocabulary (`Engine::inject_fault`).
+#[cfg(feature = "fault-injection")]
+#[doc(hidden)]
+pub use lifecycle::{EngineTask, Fault};
 pub use outbound::Protect;
 pub use stats::StatsSnapshot;
 pub use tun::TunSource;

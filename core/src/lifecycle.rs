@@ -1,9 +1,22 @@
-//! The engine's phase, watched by every loop and session, and the fatal
-//! error that ended it early.
+//! The engine's phase, watched by every loop and session, the fatal error
+//! that ended it early, and the supervision of the engine's own tasks.
 //!
 //! Running, then draining (sessions reset their connections and accept
 //! loops end while the driver still runs, so the kernel's RSTs are
 //! translated and reach the apps at once), then stopped (everything ends).
+//!
+//! Every task the engine cannot run without (the TUN driver, the accept
+//! loops, the smoltcp poller) and every hijacked DNS query runs inside
+//! [`supervised`]: a panic, or the end of a loop while the engine is still
+//! running, fails the engine with the reason ([`Lifecycle::fail`]), so
+//! `Engine::is_running` turns false and `Engine::error` says why, instead
+//! of a tunnel whose device nobody reads any more.
+
+use std::any::Any;
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::task::Poll;
 
 use parking_lot::Mutex;
 use tokio::sync::watch;
@@ -21,6 +34,9 @@ pub(crate) enum Phase {
 pub(crate) struct Lifecycle {
     phase: watch::Sender<Phase>,
     fatal: Mutex<Option<String>>,
+    /// The test-only fault hook (`Engine::inject_fault`).
+    #[cfg(any(test, feature = "fault-injection"))]
+    fault: watch::Sender<Option<(EngineTask, Fault)>>,
 }
 
 impl Default for Lifecycle {
@@ -28,7 +44,100 @@ impl Default for Lifecycle {
         Self {
             phase: watch::Sender::new(Phase::Running),
             fatal: Mutex::new(None),
+            #[cfg(any(test, feature = "fault-injection"))]
+            fault: watch::Sender::new(None),
         }
+    }
+}
+
+/// A task of the engine, as failure reasons name it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum EngineTask {
+    /// The TUN read loop.
+    Driver,
+    /// A system-stack accept loop (one per address family).
+    AcceptLoop,
+    /// The smoltcp poller.
+    Poller,
+    /// A hijacked DNS query being answered (one task per query).
+    Dns,
+}
+
+impl EngineTask {
+    /// How failure reasons name the task.
+    pub fn name(self) -> &'static str {
+        match self {
+            EngineTask::Driver => "TUN driver",
+            EngineTask::AcceptLoop => "accept loop",
+            EngineTask::Poller => "smoltcp poller",
+            EngineTask::Dns => "DNS query task",
+        }
+    }
+
+    /// Whether the task runs for the engine's whole life, so that its end
+    /// while the engine is still running is a failure. A DNS query task
+    /// ends when its answer is written.
+    fn runs_until_stop(self) -> bool {
+        !matches!(self, EngineTask::Dns)
+    }
+}
+
+/// What the test-only fault hook does to a task.
+#[cfg(any(test, feature = "fault-injection"))]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Fault {
+    /// The task panics.
+    Panic,
+    /// The task returns as if its loop had ended.
+    End,
+}
+
+/// Run `task`'s future under supervision: a panic inside it, or its end
+/// while the engine is still running (for a task that runs until stop),
+/// fails the engine with the reason. The cost is a landing pad around each
+/// poll of the task, not of each packet: no allocation, no lock, no clock.
+pub(crate) async fn supervised<F>(life: Arc<Lifecycle>, task: EngineTask, fut: F)
+where
+    F: Future<Output = ()>,
+{
+    #[cfg(any(test, feature = "fault-injection"))]
+    let fut = life.clone().faulty(task, fut);
+    let mut fut = std::pin::pin!(fut);
+    // `AssertUnwindSafe`: after a panic the future is dropped, never polled
+    // again, so no state it left half-changed is observed; what it shares
+    // with the rest of the engine sits behind parking_lot locks (which do
+    // not poison) and atomics.
+    let panicked = std::future::poll_fn(|cx| {
+        match std::panic::catch_unwind(AssertUnwindSafe(|| fut.as_mut().poll(cx))) {
+            Ok(Poll::Pending) => Poll::Pending,
+            Ok(Poll::Ready(())) => Poll::Ready(None),
+            Err(payload) => Poll::Ready(Some(payload)),
+        }
+    })
+    .await;
+    match panicked {
+        Some(payload) => life.fail(format!(
+            "{} panicked: {}",
+            task.name(),
+            panic_message(payload.as_ref())
+        )),
+        None if task.runs_until_stop() && life.phase() == Phase::Running => {
+            life.fail(format!("{} ended unexpectedly", task.name()))
+        }
+        None => {}
+    }
+}
+
+/// The message of a panic payload (`panic!` with a literal or a format).
+fn panic_message(payload: &(dyn Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "a panic without a message".to_string()
     }
 }
 
@@ -71,6 +180,39 @@ impl Lifecycle {
     pub fn fatal(&self) -> Option<String> {
         self.fatal.lock().clone()
     }
+
+    /// Test-only fault hook: make `task` fail as `fault` says. A task that
+    /// runs until stop fails at once; the next DNS query task fails when
+    /// it starts (the fault stays armed until another is injected).
+    #[cfg(any(test, feature = "fault-injection"))]
+    pub fn inject(&self, task: EngineTask, fault: Fault) {
+        self.fault.send_replace(Some((task, fault)));
+    }
+
+    /// `fut`, unless a fault for `task` is injected first.
+    #[cfg(any(test, feature = "fault-injection"))]
+    async fn faulty<F: Future<Output = ()>>(self: Arc<Self>, task: EngineTask, fut: F) {
+        let mut rx = self.fault.subscribe();
+        let fired = async move {
+            let fault = rx
+                .wait_for(|f| matches!(f, Some((t, _)) if *t == task))
+                .await
+                .ok()
+                .and_then(|f| (*f).map(|(_, fault)| fault));
+            match fault {
+                Some(fault) => fault,
+                // The sender lives in `self`: cannot happen.
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            biased;
+            fault = fired => if fault == Fault::Panic {
+                panic!("fault injected into the {}", task.name());
+            },
+            () = fut => {}
+        }
+    }
 }
 
 #[cfg(test)]
@@ -88,6 +230,97 @@ mod tests {
         l.fail("second".into());
         assert_eq!(l.phase(), Phase::Stopped);
         assert_eq!(l.fatal().as_deref(), Some("first"));
+    }
+
+    fn rt() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime")
+    }
+
+    /// Spawn `fut` as `task` under supervision and wait for it to end.
+    fn run_supervised(
+        life: &Arc<Lifecycle>,
+        task: EngineTask,
+        fut: impl Future<Output = ()> + Send + 'static,
+    ) {
+        rt().block_on(async {
+            let h = tokio::spawn(supervised(life.clone(), task, fut));
+            tokio::time::timeout(std::time::Duration::from_secs(5), h)
+                .await
+                .expect("the supervised task ends")
+                .expect("the supervisor itself never panics");
+        });
+    }
+
+    #[test]
+    fn a_panicking_task_fails_the_engine_with_its_name_and_message() {
+        for task in [
+            EngineTask::Driver,
+            EngineTask::AcceptLoop,
+            EngineTask::Poller,
+            EngineTask::Dns,
+        ] {
+            let life = Arc::new(Lifecycle::default());
+            run_supervised(&life, task, async { panic!("boom") });
+            assert_eq!(life.phase(), Phase::Stopped, "{task:?}");
+            let why = life.fatal().expect("a reason");
+            assert!(why.contains(task.name()) && why.contains("boom"), "{why}");
+        }
+    }
+
+    #[test]
+    fn a_loop_ending_while_running_fails_the_engine_a_dns_query_does_not() {
+        let life = Arc::new(Lifecycle::default());
+        run_supervised(&life, EngineTask::Dns, async {});
+        assert_eq!((life.phase(), life.fatal()), (Phase::Running, None));
+        run_supervised(&life, EngineTask::AcceptLoop, async {});
+        assert_eq!(life.phase(), Phase::Stopped);
+        assert_eq!(
+            life.fatal().as_deref(),
+            Some("accept loop ended unexpectedly")
+        );
+    }
+
+    #[test]
+    fn loops_that_end_because_the_engine_stops_are_no_failure() {
+        let life = Arc::new(Lifecycle::default());
+        life.advance(Phase::Draining);
+        run_supervised(&life, EngineTask::AcceptLoop, async {});
+        assert_eq!((life.phase(), life.fatal()), (Phase::Draining, None));
+    }
+
+    #[test]
+    fn injected_faults_reach_the_task_they_name() {
+        let life = Arc::new(Lifecycle::default());
+        let l = life.clone();
+        rt().block_on(async move {
+            let forever = || std::future::pending::<()>();
+            let driver = tokio::spawn(supervised(l.clone(), EngineTask::Driver, forever()));
+            let poller = tokio::spawn(supervised(l.clone(), EngineTask::Poller, forever()));
+            tokio::task::yield_now().await;
+            l.inject(EngineTask::Driver, Fault::End);
+            tokio::time::timeout(std::time::Duration::from_secs(5), driver)
+                .await
+                .expect("the driver ends")
+                .expect("no panic escapes");
+            assert!(!poller.is_finished(), "other tasks are left alone");
+            poller.abort();
+        });
+        assert_eq!(
+            life.fatal().as_deref(),
+            Some("TUN driver ended unexpectedly")
+        );
+        // A DNS fault stays armed for the next query task.
+        let life = Arc::new(Lifecycle::default());
+        life.inject(EngineTask::Dns, Fault::Panic);
+        run_supervised(&life, EngineTask::Dns, std::future::pending());
+        let why = life.fatal().expect("failed");
+        assert!(
+            why.starts_with("DNS query task panicked: fault injected"),
+            "{why}"
+        );
     }
 
     #[test]

@@ -75,9 +75,13 @@ pub enum TcpStep {
     Downlink(usize),
     /// A SYN created NAT entry `port` for `key`; the buffer is unchanged. The
     /// caller routes it, admits it, and holds it while the outbound connects.
+    /// `generation` is the one the entry was created with: everything the
+    /// caller does later for this flow carries it, so it can never touch a
+    /// newer flow that reuses the port.
     NewFlow {
         key: FlowKey,
         port: u16,
+        generation: u64,
         tcp: TcpInfo,
     },
     /// An RST answering the packet was written in place (`len` bytes), because
@@ -124,7 +128,13 @@ pub fn translate_tcp(
         Ok(Uplink {
             port,
             created: true,
-        }) => TcpStep::NewFlow { key, port, tcp },
+            generation,
+        }) => TcpStep::NewFlow {
+            key,
+            port,
+            generation,
+            tcp,
+        },
         Ok(Uplink { port, .. }) => {
             if syn_only && held(port) {
                 return TcpStep::Drop(Cause::Engine(EngineDrop::SynWhileConnecting));

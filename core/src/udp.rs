@@ -46,6 +46,7 @@ use tokio::task::AbortHandle;
 use crate::budget::{ByteBudget, Charge};
 use crate::dispatch::Dispatcher;
 use crate::dns::{self, Dns};
+use crate::lifecycle::{EngineTask, supervised};
 use crate::outbound::{Address, OutboundError, ProxyUdp, Route, SocketFactory};
 use crate::packet::{self, HEADROOM, IPV4_UDP_HEADERS, IPV6_UDP_HEADERS, IpInfo};
 use crate::stats::{EngineDrop, LocalCounters, Stats};
@@ -268,13 +269,9 @@ impl UdpTable {
         let Some(charge) = dns.in_flight().try_charge(cost, now) else {
             return local.drop(EngineDrop::DnsQueueFull);
         };
-        tokio::spawn(answer_hijacked(
-            self.shared.clone(),
-            dns,
-            payload.to_vec(),
-            key,
-            charge,
-        ));
+        let answer = answer_hijacked(self.shared.clone(), dns, payload.to_vec(), key, charge);
+        let life = self.shared.d.life.clone();
+        tokio::spawn(supervised(life, EngineTask::Dns, answer));
     }
 
     fn open(&mut self, key: Key, now: Instant, local: &mut LocalCounters) -> bool {

@@ -118,6 +118,7 @@ matrix!(
     closed_port_is_refused_quickly,
     rule_reject_gets_rst,
     foreign_local_peer_is_refused,
+    nat_sourced_peer_from_another_interface_is_refused,
     ping_to_gateway_is_answered,
 );
 
@@ -306,6 +307,84 @@ fn foreign_local_peer_is_refused(v6: bool, driver: DriverMode, stack: StackKind)
         std::thread::sleep(Duration::from_millis(10));
     }
     assert_eq!(rig.engine.stats().accept_foreign_peer, 1);
+}
+
+fn nat_sourced_peer_from_another_interface_is_refused(
+    v6: bool,
+    driver: DriverMode,
+    stack: StackKind,
+) {
+    let rig = Rig::new(v6, driver, stack);
+    if stack == StackKind::Smoltcp {
+        assert!(rig.engine.listen_addrs().is_empty(), "no kernel listener");
+        return;
+    }
+    let listener = rig
+        .engine
+        .listen_addrs()
+        .into_iter()
+        .find(|a| a.is_ipv6() == v6)
+        .expect("listener of this family");
+    // A host on another interface (the server namespace, over the veth)
+    // sends from the NAT address itself, which the accept loop's peer check
+    // lets through. A rule sends the kernel's answers to the NAT address
+    // back to that host instead of into the TUN, so a connection the
+    // listener took would complete there.
+    let topo = &rig.topo;
+    let nat: std::net::IpAddr = if v6 { "fd00:18::2" } else { "198.18.0.2" }
+        .parse()
+        .expect("ip");
+    let (fam, host) = if v6 { ("-6", 128) } else { ("-4", 32) };
+    let (nat_host, gateway) = (format!("{nat}/{host}"), format!("{}/{host}", listener.ip()));
+    let server = topo.server(v6).to_string();
+    let client = if v6 {
+        topo.client_v6().to_string()
+    } else {
+        topo.client_v4().to_string()
+    };
+    let ns = &topo.server;
+    ns.ip(&[fam, "addr", "add", &nat_host, "dev", "kts", "nodad"][..if v6 { 7 } else { 6 }])
+        .expect("NAT address on the other host");
+    ns.ip(&[fam, "route", "add", &gateway, "via", &client])
+        .expect("route to the gateway");
+    let c = &topo.client;
+    let veth = kerntun_testkit::CLIENT_VETH;
+    for rp in ["all", veth] {
+        let off = format!("net.ipv4.conf.{rp}.rp_filter=0");
+        c.exec("sysctl", &["-qw", &off]).expect("rp_filter");
+    }
+    // Through the veth: the server's own address is routed into the TUN.
+    c.ip(&[
+        fam, "route", "add", &nat_host, "via", &server, "dev", veth, "table", "100",
+    ])
+    .expect("return route");
+    let from = listener.ip().to_string();
+    c.ip(&[
+        fam, "rule", "add", "from", &from, "to", &nat_host, "lookup", "100", "pref", "100",
+    ])
+    .expect("return rule");
+    let attempt = ns
+        .spawn(move || {
+            let sock = socket2::Socket::new(
+                socket2::Domain::for_address(listener),
+                socket2::Type::STREAM,
+                None,
+            )?;
+            sock.bind(&SocketAddr::new(nat, 0).into())?;
+            sock.connect_timeout(&listener.into(), Duration::from_secs(2))
+        })
+        .expect("thread in the server namespace");
+    let r = attempt.join().expect("attempt");
+    // The listener is bound to the TUN: the kernel refuses a connection
+    // that came in anywhere else before the engine sees it.
+    let e = r.expect_err("a NAT-sourced connection from another interface is refused");
+    assert_eq!(e.kind(), io::ErrorKind::ConnectionRefused, "{e}");
+    let s = rig.engine.stats();
+    assert_eq!(
+        (s.accept_foreign_peer, s.accept_unknown_port),
+        (0, 0),
+        "nothing reached the accept loop: {s:?}"
+    );
 }
 
 fn ping_to_gateway_is_answered(v6: bool, driver: DriverMode, stack: StackKind) {

@@ -381,12 +381,19 @@ impl Default for TunOptions {
 }
 
 impl Default for DirectOptions {
+    /// The core's defaults.
     fn default() -> Self {
+        let core::DirectConfig {
+            interface,
+            fwmark,
+            connect_timeout_ms,
+            bootstrap,
+        } = core::DirectConfig::default();
         Self {
-            interface: None,
-            fwmark: None,
-            connect_timeout_ms: 5_000,
-            bootstrap: Vec::new(),
+            interface,
+            fwmark,
+            connect_timeout_ms,
+            bootstrap,
         }
     }
 }

@@ -221,6 +221,51 @@ impl Engine {
     }
 }
 
+/// Tests only (cargo feature `fault-injection`): an engine task that
+/// [`Engine::inject_fault`] makes fail.
+#[cfg(feature = "fault-injection")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, uniffi::Enum)]
+pub enum FaultTask {
+    Driver,
+    AcceptLoop,
+    Poller,
+    /// The next hijacked DNS query's task.
+    Dns,
+}
+
+/// Tests only (cargo feature `fault-injection`): how the task fails.
+#[cfg(feature = "fault-injection")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, uniffi::Enum)]
+pub enum FaultKind {
+    Panic,
+    End,
+}
+
+#[cfg(feature = "fault-injection")]
+#[uniffi::export]
+impl Engine {
+    /// Tests only (cargo feature `fault-injection`, which
+    /// ffi/tests/kotlin/run.sh builds with): make one of the engine's tasks
+    /// panic or end, to see `is_running()` and `error()` report it.
+    pub fn inject_fault(&self, task: FaultTask, fault: FaultKind) {
+        let task = match task {
+            FaultTask::Driver => kerntun::EngineTask::Driver,
+            FaultTask::AcceptLoop => kerntun::EngineTask::AcceptLoop,
+            FaultTask::Poller => kerntun::EngineTask::Poller,
+            FaultTask::Dns => kerntun::EngineTask::Dns,
+        };
+        let fault = match fault {
+            FaultKind::Panic => kerntun::Fault::Panic,
+            FaultKind::End => kerntun::Fault::End,
+        };
+        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            if let Some(e) = self.running() {
+                e.inject_fault(task, fault);
+            }
+        }));
+    }
+}
+
 impl Drop for Engine {
     fn drop(&mut self) {
         // The foreign side released its last reference (Kotlin `close()`,

@@ -57,6 +57,10 @@ impl From<StartError> for KerntunError {
                 address: addr.to_string(),
                 reason: source.to_string(),
             },
+            // The utun's index is a property of the device.
+            StartError::TunIndex => KerntunError::Tun {
+                reason: StartError::TunIndex.to_string(),
+            },
             // StartError is non_exhaustive: a variant added later still
             // arrives typed, with its message.
             other => KerntunError::Internal {

@@ -30,6 +30,8 @@ pub use config::{
     Stack, TimeoutOptions, TunOptions, default_config, outbound_from_url, resolver_addresses,
 };
 pub use engine::Engine;
+#[cfg(feature = "fault-injection")]
+pub use engine::{FaultKind, FaultTask};
 pub use error::{HookError, KerntunError};
 pub use hooks::PlatformHooks;
 pub use logging::init_logging;

@@ -9,7 +9,8 @@
 //!
 //! Every session ends when the engine starts draining (the app then sees a
 //! reset at once), and holds `hold` (its admission permit, and on the
-//! system stack its NAT guard) until it ends.
+//! system stack its NAT guard) until it ends. A relay also ends, resetting
+//! both sides, when its hold says the connection went idle ([`Hold::idle`]).
 
 use std::io;
 use std::net::SocketAddr;
@@ -74,6 +75,25 @@ impl App for TcpStream {
     }
 }
 
+/// What a session holds until it ends, and how it learns that its
+/// connection went idle.
+pub(crate) trait Hold {
+    /// Resolves once the connection has been idle for `timeouts.tcp_idle_s`
+    /// and the session should end (the system stack's NAT entry; see its
+    /// impl in `stack/system/listener.rs`).
+    async fn idle(&self);
+}
+
+/// smoltcp's sessions hold nothing here (their stream carries the permit,
+/// and hands it to the closing socket): smoltcp itself aborts a connection
+/// that hears nothing for `timeouts.tcp_idle_s`, and the relay then ends
+/// with it.
+impl Hold for () {
+    async fn idle(&self) {
+        std::future::pending().await
+    }
+}
+
 /// How long sniffing waits between looks when the first bytes are
 /// incomplete (peek cannot wait for *more* data than it already saw).
 const SNIFF_RETRY: Duration = Duration::from_millis(5);
@@ -127,7 +147,7 @@ pub(crate) async fn sniff_read<S: Side>(app: &S, timeout: Duration) -> (Option<S
 /// Serve an accepted connection to `server` as its plan said. Spawn this
 /// future itself (not inside another async block): every idle connection
 /// holds one, so its size is the engine's memory per connection.
-pub(crate) async fn run<A: App, H>(
+pub(crate) async fn run<A: App, H: Hold>(
     d: Arc<Dispatcher>,
     app: A,
     next: Next,
@@ -163,7 +183,7 @@ impl Drop for Active<'_> {
 /// Relay `app` to the outbound connected for it. A failure resets both
 /// sides; a Shadowsocks frame that does not decrypt counts as the proxy's
 /// protocol error.
-pub(crate) async fn relay<A: App, H>(d: &Dispatcher, app: A, out: OutboundStream, hold: H) {
+pub(crate) async fn relay<A: App, H: Hold>(d: &Dispatcher, app: A, out: OutboundStream, hold: H) {
     let active = Active::new(&d.stats);
     let OutboundStream {
         stream: out,
@@ -181,6 +201,7 @@ pub(crate) async fn relay<A: App, H>(d: &Dispatcher, app: A, out: OutboundStream
     let r = tokio::select! {
         r = app.relay(&out, codec, &d.outbounds.relay, &meter) => r,
         () = d.life.reached(Phase::Draining) => Err(io::Error::other("engine stopping")),
+        () = hold.idle() => Err(io::Error::new(io::ErrorKind::TimedOut, "idle timeout")),
     };
     match &r {
         Ok(done) => {
@@ -231,7 +252,7 @@ pub(crate) async fn dns<A: App, H>(d: &Dispatcher, app: A, hold: H) {
 /// A connection accepted before routing: read its domain from the first
 /// bytes, route, connect, send what sniffing consumed, relay. A refusal or a
 /// failed connect resets the app.
-pub(crate) async fn sniff<A: App, H>(d: &Dispatcher, app: A, server: SocketAddr, hold: H) {
+pub(crate) async fn sniff<A: App, H: Hold>(d: &Dispatcher, app: A, server: SocketAddr, hold: H) {
     let timeout = Duration::from_millis(d.sniff.timeout_ms);
     let connected = async {
         let (domain, first) = app.sniff(timeout).await;

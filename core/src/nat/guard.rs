@@ -2,6 +2,7 @@
 
 use std::fmt;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use super::{Accepted, NatTable};
 
@@ -24,6 +25,13 @@ impl NatGuard {
     /// The generation the guard will mark with.
     pub fn generation(&self) -> u64 {
         self.accepted.generation
+    }
+
+    /// How long the guarded entry may still go without a packet
+    /// ([`NatTable::idle_left`]); `None` once it is gone or replaced.
+    pub fn idle_left(&self, now: Instant) -> Option<Duration> {
+        self.table
+            .idle_left(self.accepted.port, self.accepted.generation, now)
     }
 }
 

@@ -185,6 +185,7 @@ impl NatTable {
                             return Ok(Uplink {
                                 port,
                                 created: false,
+                                generation: m.generation,
                             });
                         }
                         Phase::HalfOpen | Phase::Active => {} // new ISN: replaced below
@@ -192,6 +193,7 @@ impl NatTable {
                             return Ok(Uplink {
                                 port,
                                 created: false,
+                                generation: m.generation,
                             });
                         }
                         Phase::Closing => {} // replaced below, under write locks
@@ -233,6 +235,7 @@ impl NatTable {
                     return Ok(Uplink {
                         port,
                         created: false,
+                        generation: m.generation,
                     });
                 }
             }
@@ -246,7 +249,7 @@ impl NatTable {
         // its port is skipped like any other in use: the new connection gets
         // a different port, and the kernel never sees the new SYN land on the
         // old connection's socket.
-        let Some(port) = self.allocate(pk, isn, now_ms) else {
+        let Some((port, generation)) = self.allocate(pk, isn, now_ms) else {
             if replacing.is_none() {
                 self.len.fetch_sub(1, Relaxed);
             }
@@ -279,6 +282,7 @@ impl NatTable {
         Ok(Uplink {
             port,
             created: true,
+            generation,
         })
     }
 
@@ -291,8 +295,9 @@ impl NatTable {
     }
 
     /// Probes at most `max_probes` candidates from the rotating cursor and
-    /// inserts a HalfOpen mapping on the first vacant one.
-    fn allocate(&self, key: PackedKey, isn: u32, now_ms: u64) -> Option<u16> {
+    /// inserts a HalfOpen mapping on the first vacant one: its port and the
+    /// generation stamped on it.
+    fn allocate(&self, key: PackedKey, isn: u32, now_ms: u64) -> Option<(u16, u64)> {
         if self.range_len == 0 {
             return None;
         }
@@ -308,15 +313,16 @@ impl NatTable {
             }
             let mut rev = self.reverse_shard(port).write();
             if let MapEntry::Vacant(v) = rev.entry(port) {
+                let generation = self.next_generation.fetch_add(1, Relaxed);
                 v.insert(Mapping {
-                    generation: self.next_generation.fetch_add(1, Relaxed),
+                    generation,
                     last_seen: AtomicU64::new(now_ms),
                     key,
                     phase: Phase::HalfOpen,
                     isn,
                 });
                 self.half_open.fetch_add(1, Relaxed);
-                return Some(port);
+                return Some((port, generation));
             }
         }
         None
@@ -340,7 +346,10 @@ impl NatTable {
     }
 
     /// Accept loop: looks the port up, marks it Active and stamps a new,
-    /// strictly increasing generation, in one critical section.
+    /// strictly increasing generation, in one critical section. The
+    /// generation the entry carried until then (stamped by the SYN that
+    /// opened it, [`Uplink::generation`]) comes back as
+    /// [`Accepted::opened`], so the caller can match state it keyed by it.
     ///
     /// [`NatError::NoMapping`] if the port is unknown, [`NatError::NotHalfOpen`]
     /// if it was already accepted or is closing. Both are counted.
@@ -350,6 +359,7 @@ impl NatTable {
             None => Err(NatError::NoMapping),
             Some(m) if m.phase != Phase::HalfOpen => Err(NatError::NotHalfOpen),
             Some(m) => {
+                let opened = m.generation;
                 m.phase = Phase::Active;
                 m.generation = self.next_generation.fetch_add(1, Relaxed);
                 m.touch(self.ms(now));
@@ -359,6 +369,7 @@ impl NatTable {
                     key: m.key.to_flow_key(),
                     port,
                     generation: m.generation,
+                    opened,
                 })
             }
         };
@@ -376,9 +387,29 @@ impl NatTable {
     }
 
     /// Marks a HalfOpen entry Closing (the outbound connect for its SYN
-    /// failed before any accept). Returns whether it marked.
-    pub fn abort_half_open(&self, port: u16, now: Instant) -> bool {
-        self.close_if(port, now, |m| m.phase == Phase::HalfOpen)
+    /// failed before any accept) if it still carries `generation`, the one
+    /// [`Uplink::generation`] reported when the SYN created it: a connect
+    /// that outlived its entry never closes a newer flow that reuses the
+    /// port. Returns whether it marked.
+    pub fn abort_half_open(&self, port: u16, generation: u64, now: Instant) -> bool {
+        self.close_if(port, now, |m| {
+            m.phase == Phase::HalfOpen && m.generation == generation
+        })
+    }
+
+    /// How long the Active entry at `port` that carries `generation` may
+    /// still go without a packet before it is idle for `idle_timeout` (zero
+    /// once it is), or `None` when that entry is gone, replaced or no longer
+    /// Active. A session polls this (through its [`NatGuard`]) to end when
+    /// its connection went idle, instead of holding its sockets and permit
+    /// after cleanup dropped the mapping.
+    pub fn idle_left(&self, port: u16, generation: u64, now: Instant) -> Option<Duration> {
+        let rev = self.reverse_shard(port).read();
+        let m = rev
+            .get(&port)
+            .filter(|m| m.generation == generation && m.phase == Phase::Active)?;
+        let idle = self.ms(now).saturating_sub(m.last_seen.load(Relaxed));
+        Some(Duration::from_millis(self.idle_ms.saturating_sub(idle)))
     }
 
     fn close_if(&self, port: u16, now: Instant, pred: impl FnOnce(&Mapping) -> bool) -> bool {
@@ -772,7 +803,8 @@ mod tests {
             t.uplink(&k, None, now).unwrap(),
             Uplink {
                 port: u.port,
-                created: false
+                created: false,
+                generation: u.generation,
             }
         );
         assert_eq!(
@@ -798,7 +830,8 @@ mod tests {
             again,
             Uplink {
                 port: first.port,
-                created: false
+                created: false,
+                generation: first.generation,
             }
         );
         assert_eq!(t.len(), 1);
@@ -959,14 +992,15 @@ mod tests {
         let (clock, t) = table(cfg());
         let k = flow(1);
         let g = open(&t, &k, clock.now());
-        let port = g.port();
+        let (port, generation) = (g.port(), g.generation());
         drop(g);
         clock.advance(9 * SEC);
         assert_eq!(
             t.uplink(&k, None, clock.now()).unwrap(),
             Uplink {
                 port,
-                created: false
+                created: false,
+                generation,
             }
         );
         assert_eq!(t.downlink(port, clock.now()), Some(k));
@@ -1045,12 +1079,14 @@ mod tests {
         let (clock, t) = table(cfg());
         let now = clock.now();
         let u = t.uplink(&flow(1), Some(0), now).unwrap();
-        assert!(t.abort_half_open(u.port, now));
-        assert!(!t.abort_half_open(u.port, now));
+        assert!(!t.abort_half_open(u.port, u.generation + 1, now));
+        assert!(t.abort_half_open(u.port, u.generation, now));
+        assert!(!t.abort_half_open(u.port, u.generation, now));
         assert!(matches!(t.state(u.port), Some(NatState::Closing { .. })));
         let g = open(&t, &flow(2), now);
-        assert!(!t.abort_half_open(g.port(), now));
-        assert!(!t.abort_half_open(1, now));
+        assert!(!t.abort_half_open(g.port(), g.generation(), now));
+        assert!(!t.abort_half_open(g.port(), g.accepted().opened, now));
+        assert!(!t.abort_half_open(1, 0, now));
         assert_eq!(
             t.counts(),
             NatCounts {
@@ -1059,6 +1095,61 @@ mod tests {
                 closing: 1
             }
         );
+        ok(&t);
+    }
+
+    #[test]
+    fn a_stale_abort_leaves_a_newer_flow_on_the_same_port_alone() {
+        // One port, so the second flow must reuse the first one's.
+        let (clock, t) = table(NatConfig {
+            port_range: 40000..=40000,
+            ..cfg()
+        });
+        let a = t.uplink(&flow(1), Some(0), clock.now()).unwrap();
+        // A's connect outlives its HalfOpen entry, which expires...
+        clock.advance(t.config().half_open_timeout);
+        assert_eq!(t.cleanup(clock.now()).half_open, 1);
+        // ...and a new flow gets the same port.
+        let b = t.uplink(&flow(2), Some(0), clock.now()).unwrap();
+        assert_eq!((b.port, b.created), (a.port, true));
+        assert_ne!(b.generation, a.generation);
+        // A's connect now fails: its abort must not close B.
+        assert!(!t.abort_half_open(a.port, a.generation, clock.now()));
+        assert_eq!(t.state(b.port), Some(NatState::HalfOpen));
+        let acc = t.accept(b.port, clock.now()).unwrap();
+        assert_eq!((acc.key, acc.opened), (flow(2), b.generation));
+        ok(&t);
+    }
+
+    #[test]
+    fn idle_left_counts_down_from_the_last_packet_and_ends_with_the_entry() {
+        let (clock, t) = table(NatConfig {
+            idle_timeout: 10 * SEC,
+            ..cfg()
+        });
+        let k = flow(1);
+        let g = open(&t, &k, clock.now());
+        let (port, generation) = (g.port(), g.generation());
+        assert_eq!(t.idle_left(port, generation, clock.now()), Some(10 * SEC));
+        clock.advance(4 * SEC);
+        assert_eq!(t.idle_left(port, generation, clock.now()), Some(6 * SEC));
+        // A packet in either direction restarts the count.
+        t.downlink(port, clock.now());
+        assert_eq!(t.idle_left(port, generation, clock.now()), Some(10 * SEC));
+        clock.advance(10 * SEC);
+        assert_eq!(
+            t.idle_left(port, generation, clock.now()),
+            Some(Duration::ZERO)
+        );
+        // Another generation, an expired or a Closing entry: nothing to wait for.
+        assert_eq!(t.idle_left(port, generation + 1, clock.now()), None);
+        assert_eq!(t.cleanup(clock.now()).active, 1);
+        assert_eq!(t.idle_left(port, generation, clock.now()), None);
+        let g2 = open(&t, &flow(2), clock.now());
+        let (p2, gen2) = (g2.port(), g2.generation());
+        drop(g2);
+        assert_eq!(t.idle_left(p2, gen2, clock.now()), None);
+        drop(g);
         ok(&t);
     }
 
@@ -1219,7 +1310,7 @@ mod tests {
     fn cursor_rotates_instead_of_reusing_a_freed_port() {
         let (clock, t) = table(cfg());
         let u = t.uplink(&flow(1), Some(0), clock.now()).unwrap();
-        assert!(t.abort_half_open(u.port, clock.now()));
+        assert!(t.abort_half_open(u.port, u.generation, clock.now()));
         clock.advance(10 * SEC);
         assert_eq!(t.cleanup(clock.now()).closing, 1);
         assert_ne!(
@@ -1402,6 +1493,9 @@ mod tests {
                     ..cfg()
                 });
                 let mut guards: Vec<NatGuard> = Vec::new();
+                // The generation each port's latest SYN was given: what a
+                // connect task would abort with.
+                let mut opened = std::collections::HashMap::new();
                 for op in ops {
                     let now = clock.now();
                     match op {
@@ -1412,6 +1506,9 @@ mod tests {
                                 Ok(u) => {
                                     prop_assert!(syn || !u.created);
                                     prop_assert_eq!(t.downlink(u.port, now), Some(key));
+                                    if u.created {
+                                        opened.insert(u.port, u.generation);
+                                    }
                                 }
                                 Err(_) => prop_assert_eq!(t.len(), before),
                             }
@@ -1433,7 +1530,8 @@ mod tests {
                             }
                         }
                         Op::Abort { port } => {
-                            t.abort_half_open(port, now);
+                            let generation = opened.get(&port).copied().unwrap_or(0);
+                            t.abort_half_open(port, generation, now);
                         }
                         Op::Advance { secs } => clock.advance(Duration::from_secs(u64::from(secs))),
                         Op::Cleanup => {
@@ -1484,7 +1582,7 @@ mod tests {
         if let Ok(u) = shared_result {
             if u.created {
                 // Nobody accepts it: the creator aborts it, so it lingers.
-                assert!(t.abort_half_open(u.port, now));
+                assert!(t.abort_half_open(u.port, u.generation, now));
             }
         }
         for _ in 0..3 {
@@ -1535,7 +1633,8 @@ mod tests {
                             t.uplink(&key, None, now),
                             Ok(Uplink {
                                 port,
-                                created: false
+                                created: false,
+                                generation: g.generation(),
                             })
                         );
                         assert_eq!(t.downlink(port, now), Some(key));

@@ -112,6 +112,11 @@ pub struct Uplink {
     pub port: u16,
     /// Whether this call created the mapping (a new connection).
     pub created: bool,
+    /// The entry's generation: for a new mapping, the one stamped when it
+    /// was created, which [`NatTable::abort_half_open`] and the system
+    /// stack's pending connects are keyed by, so nothing done for this
+    /// flow can touch a later flow on the same port.
+    pub generation: u64,
 }
 
 /// Result of [`NatTable::accept`].
@@ -123,6 +128,9 @@ pub struct Accepted {
     pub port: u16,
     /// Generation stamped by this accept; later marks must carry it.
     pub generation: u64,
+    /// The generation the entry carried before this accept: the one its SYN
+    /// was given ([`Uplink::generation`]).
+    pub opened: u64,
 }
 
 /// Entries removed by one cleanup, per state they were in.

@@ -222,15 +222,9 @@ pub(crate) async fn read<S: Side>(src: &S, buf: &mut [u8]) -> io::Result<usize> 
 /// closes first.
 pub(crate) async fn read_exact<S: Side>(src: &S, mut buf: &mut [u8]) -> io::Result<()> {
     while !buf.is_empty() {
-        match read(src, buf).await {
-            Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
-            Ok(n) => buf = &mut buf[n..],
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
-                ) => {}
-            Err(e) => return Err(e),
+        match read(src, buf).await? {
+            0 => return Err(io::ErrorKind::UnexpectedEof.into()),
+            n => buf = &mut buf[n..],
         }
     }
     Ok(())

@@ -412,5 +412,42 @@ try {
 }
 // ==== end: calls during stop and close ====
 
+// ==== begin: a dead engine task, seen at the FFI ====
+/**
+ * A dead engine task ends the engine visibly: the test-only fault hook
+ * (run.sh builds the cdylib with the cargo feature `fault-injection`)
+ * makes one task panic or end, and the FFI reports it.
+ */
+fun faults() {
+    println("--- faults")
+    for ((task, fault, want) in listOf(
+        Triple(FaultTask.DRIVER, FaultKind.PANIC, "TUN driver panicked"),
+        Triple(FaultTask.ACCEPT_LOOP, FaultKind.END, "accept loop ended unexpectedly"),
+    )) {
+        val hooks = Hooks()
+        val engine = Engine.start(config("ktfault", "198.18.0.1/16", null, Driver.PER_PACKET, Stack.SYSTEM), -1, hooks)
+        check(engine.isRunning() && engine.error() == null, "faults: engine running before the $task fault")
+        engine.injectFault(task, fault)
+        val deadline = System.nanoTime() + 3_000_000_000L
+        while (engine.isRunning() && System.nanoTime() < deadline) Thread.sleep(5)
+        check(!engine.isRunning(), "faults: $task $fault -> isRunning() false")
+        val err = engine.error()
+        check(err != null && err.startsWith(want), "faults: $task $fault -> error() says why: $err")
+        check(hooks.logs.any { it.startsWith("ERROR") && it.contains(want) }, "faults: the failure is logged through PlatformHooks.log")
+        engine.stop()
+        engine.close()
+        check(sh("ip", "link", "show", "ktfault", expectFailure = true) != 0, "faults: the failed engine's TUN is removed on stop")
+    }
+}
+
+try {
+    faults()
+} catch (e: Throwable) {
+    failed++
+    println("FAIL unexpected in the fault checks: ${e::class.qualifiedName}: ${e.message}")
+    e.printStackTrace()
+}
+// ==== end: a dead engine task ====
+
 println("$passed passed, $failed failed")
 exitProcess(if (failed == 0) 0 else 1)

@@ -9,7 +9,9 @@
 # it creates: a veth pair leads to a server namespace running a TCP+UDP echo
 # server. The script starts engines on real TUN devices, moves bytes through
 # them, reads stats, checks typed errors and the protect hook, and stops
-# them, twice in one JVM. Namespaces, the server and temp files are removed
+# them, twice in one JVM; then it makes an engine task panic through the
+# test-only fault hook (the cdylib is built with the cargo feature
+# `fault-injection`) and checks isRunning()/error(). Namespaces, the server and temp files are removed
 # on every exit. Before that, android_policy_test.kts tests the Android
 # module's platform-independent Kotlin (KerntunPolicy.kt) on the same JVM.
 #
@@ -61,8 +63,8 @@ trap 'exit 130' INT TERM
 step() { printf '\n== %s\n' "$*"; }
 t0=$(date +%s)
 
-step "build the cdylib and generate plain Kotlin bindings"
-bash scripts/bindings.sh kotlin "$work/gen"
+step "build the cdylib (with the test-only fault hook) and generate plain Kotlin bindings"
+KERNTUN_FFI_FEATURES=fault-injection bash scripts/bindings.sh kotlin "$work/gen"
 target_dir=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
 libdir="$target_dir/debug"
 [[ -f "$libdir/libkerntun_ffi.so" ]] || { echo "missing $libdir/libkerntun_ffi.so" >&2; exit 1; }

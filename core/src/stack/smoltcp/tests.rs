@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use super::super::device::{Sink, shade_window};
 use super::super::stream::SmolStream;
 use super::*;
-use crate::budget::{Admission, Pressure};
+use crate::budget::Admission;
 use crate::packet::tcp::flags::{ACK, FIN, PSH, RST, SYN};
 use crate::packet::testutil::{corpus, tcp_v4, tcp_v6};
 use crate::packet::{parse_ip, parse_tcp};
@@ -180,7 +180,7 @@ fn closing_socket_keeps_its_permit_until_removed() {
     let stats = Stats::default();
     let mut out = Capture::default();
     let t0 = Instant::now();
-    let admission = Arc::new(Admission::new([1, 1, 1], Arc::new(Pressure::default())));
+    let admission = Arc::new(Admission::new([1, 1, 1]));
     let (k, h, _) = handshake(&st, &mut out, &stats, false);
     let permit = admission.try_acquire_owned(t0).expect("permit");
     drop(SmolStream::new(st.clone(), h, k, Some(permit)));

@@ -4,24 +4,69 @@
 
 use std::io;
 use std::net::{IpAddr, SocketAddr};
+use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
-use socket2::{Domain, Protocol, Socket, Type};
+use socket2::{Domain, Protocol, SockRef, Socket, Type};
 use tokio::net::TcpListener;
 
-use super::{Pending, SystemStack};
-use crate::dispatch::session;
+use super::SystemStack;
+use crate::budget::OwnedPermit;
+use crate::dispatch::session::{self, Hold};
 use crate::lifecycle::Phase;
-use crate::outbound::reset_on_close;
+use crate::nat::NatGuard;
+use crate::outbound::{reset_on_close, set_keepalive};
 use crate::translate::FamilyAddrs;
 
-/// Bind the kernel listener for one family on the gateway address, port 0.
+/// The interface the kernel listener is bound to, so that it takes only
+/// connections that came in through the TUN.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ListenOn<'a> {
+    /// Linux/Android: SO_BINDTODEVICE by name. Without it, a local process
+    /// that can source the NAT address (IP_TRANSPARENT, IPV6_FREEBIND)
+    /// reaches the listener through loopback and would pass the accept
+    /// loop's peer check.
+    Name(&'a str),
+    /// Darwin: IP_BOUND_IF / IPV6_BOUND_IF by index. SYNs rewritten onto
+    /// the utun reach only a listener bound to it.
+    Index(NonZeroU32),
+    /// Unbound: the TUN's name is unknown (a descriptor whose interface
+    /// could not be named); the accept loop's peer check still applies.
+    Any,
+}
+
+/// Darwin: the utun's interface index is unknown, so the listener cannot
+/// be bound to it (`StartError::TunIndex`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct NoTunIndex;
+
+/// Where the listener binds, from what is known of the TUN (`darwin`: the
+/// Darwin rules apply; a pure function so that both are tested on Linux).
+/// Darwin needs the index, or no TCP connection ever reaches the listener:
+/// a missing one is an error, never a silently unbound listener. Linux
+/// binds by name when it is known.
+pub(crate) fn listen_on(
+    darwin: bool,
+    name: Option<&str>,
+    index: Option<u32>,
+) -> Result<ListenOn<'_>, NoTunIndex> {
+    if darwin {
+        return index
+            .and_then(NonZeroU32::new)
+            .map(ListenOn::Index)
+            .ok_or(NoTunIndex);
+    }
+    Ok(name.map_or(ListenOn::Any, ListenOn::Name))
+}
+
+/// Bind the kernel listener for one family on the gateway address, port 0,
+/// to the TUN interface `on`.
 pub(crate) fn bind_listener(
     gateway: IpAddr,
     backlog: u32,
-    #[allow(unused_variables)] tun_index: Option<u32>,
+    on: ListenOn<'_>,
 ) -> io::Result<TcpListener> {
     let sock = Socket::new(
         Domain::for_address(SocketAddr::new(gateway, 0)),
@@ -36,15 +81,11 @@ pub(crate) fn bind_listener(
         #[cfg(linux_like)]
         sock.set_freebind_v6(true)?;
     }
-    // Darwin: SYNs rewritten onto the utun only reach a listener bound to that
-    // interface (IP_BOUND_IF / IPV6_BOUND_IF), set before bind.
-    #[cfg(apple)]
-    if let Some(idx) = tun_index.and_then(std::num::NonZeroU32::new) {
-        if gateway.is_ipv6() {
-            sock.bind_device_by_index_v6(Some(idx))?;
-        } else {
-            sock.bind_device_by_index_v4(Some(idx))?;
-        }
+    // Set before bind, so no connection from elsewhere is ever queued.
+    match on {
+        ListenOn::Name(name) => bind_to_name(&sock, name)?,
+        ListenOn::Index(idx) => bind_to_index(&sock, gateway, idx)?,
+        ListenOn::Any => {}
     }
     let bound = sock.bind(&SocketAddr::new(gateway, 0).into());
     #[cfg(not(linux_like))]
@@ -59,6 +100,69 @@ pub(crate) fn bind_listener(
     bound?;
     sock.listen(i32::try_from(backlog).unwrap_or(i32::MAX))?;
     TcpListener::from_std(sock.into())
+}
+
+/// SO_BINDTODEVICE. Kernels before 5.7 refuse it without CAP_NET_RAW,
+/// which an Android app does not hold: the listener then stays unbound
+/// (said in the start log) and the accept loop's peer check is what
+/// remains, as quinn-udp falls back when an option is refused.
+#[cfg(linux_like)]
+fn bind_to_name(sock: &Socket, name: &str) -> io::Result<()> {
+    match sock.bind_device(Some(name.as_bytes())) {
+        Err(e) if e.raw_os_error() == Some(libc::EPERM) => {
+            tracing::warn!(
+                "binding the kernel listener to {name}: {e}; it stays unbound (accepts are still checked against the NAT address)"
+            );
+            Ok(())
+        }
+        other => other,
+    }
+}
+
+/// `listen_on` names the device only where SO_BINDTODEVICE exists.
+#[cfg(not(linux_like))]
+fn bind_to_name(_: &Socket, name: &str) -> io::Result<()> {
+    Err(io::Error::new(
+        io::ErrorKind::Unsupported,
+        format!("no SO_BINDTODEVICE here to bind the listener to {name}"),
+    ))
+}
+
+/// IP_BOUND_IF / IPV6_BOUND_IF.
+#[cfg(apple)]
+fn bind_to_index(sock: &Socket, gateway: IpAddr, idx: NonZeroU32) -> io::Result<()> {
+    if gateway.is_ipv6() {
+        sock.bind_device_by_index_v6(Some(idx))
+    } else {
+        sock.bind_device_by_index_v4(Some(idx))
+    }
+}
+
+/// `listen_on` asks for an index only on Darwin.
+#[cfg(not(apple))]
+fn bind_to_index(_: &Socket, gateway: IpAddr, idx: NonZeroU32) -> io::Result<()> {
+    Err(io::Error::new(
+        io::ErrorKind::Unsupported,
+        format!("no IP_BOUND_IF here to bind the listener on {gateway} to interface {idx}"),
+    ))
+}
+
+/// What a system-stack session holds until it ends: its admission permit
+/// and its NAT entry. The session ends (both sides reset) once the entry
+/// has seen no packet for `timeouts.tcp_idle_s`, as the NAT table would
+/// drop it then and leave the session holding its sockets and permit for
+/// a connection nothing can reach any more.
+impl Hold for (OwnedPermit, NatGuard) {
+    async fn idle(&self) {
+        // One timer per session, armed for the whole idle period: a busy
+        // connection wakes it once per period, to find a later packet.
+        while let Some(left) = self.1.idle_left(Instant::now()) {
+            if left.is_zero() {
+                return;
+            }
+            tokio::time::sleep(left).await;
+        }
+    }
 }
 
 /// Accept kernel-side connections, match them to their outbound and start the
@@ -109,8 +213,7 @@ pub(crate) async fn accept_loop(st: Arc<SystemStack>, listener: TcpListener, fam
                 continue;
             }
         };
-        let pending = st.pending.lock().remove(&peer.port());
-        let Some(Pending::Ready { next, permit, .. }) = pending else {
+        let Some((next, permit)) = st.pending.take_ready(accepted.port, accepted.opened) else {
             // No outbound waiting (expired): close now and keep the mapping in
             // Closing so the kernel's RST reaches the app, instead of deleting
             // it and blackholing the app.
@@ -121,7 +224,62 @@ pub(crate) async fn accept_loop(st: Arc<SystemStack>, listener: TcpListener, fam
         };
         let guard = st.nat.guard(&accepted);
         let _ = app.set_nodelay(true);
+        let _ = set_keepalive(SockRef::from(&app));
         let server = accepted.key.server;
         tokio::spawn(session::run(d.clone(), app, next, server, (permit, guard)));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn darwin_without_the_utun_index_is_an_error_never_an_unbound_listener() {
+        // Before, a missing index left the listener unbound and start
+        // succeeded although no TCP connection could reach it.
+        assert_eq!(listen_on(true, Some("utun4"), None), Err(NoTunIndex));
+        assert_eq!(listen_on(true, None, Some(0)), Err(NoTunIndex));
+        let idx = NonZeroU32::new(17).expect("nonzero");
+        assert_eq!(
+            listen_on(true, Some("utun4"), Some(17)),
+            Ok(ListenOn::Index(idx))
+        );
+    }
+
+    /// The idle watch sits inside every relay session's future, so its size
+    /// is memory per connection: one timer and a few words.
+    #[test]
+    fn the_idle_watch_costs_a_timer_per_session() {
+        use crate::budget::Admission;
+        use crate::nat::{FlowKey, NatConfig, NatTable, SystemClock};
+        let t = Arc::new(NatTable::new(NatConfig::default(), Arc::new(SystemClock)));
+        let now = Instant::now();
+        let key = FlowKey::new(
+            "10.0.0.1:1000".parse().expect("sa"),
+            "10.0.0.2:80".parse().expect("sa"),
+        );
+        let u = t.uplink(&key, Some(1), now).expect("syn");
+        let guard = t.guard(&t.accept(u.port, now).expect("accept"));
+        let admission = Arc::new(Admission::new([1, 1, 1]));
+        let hold = (admission.try_acquire_owned(now).expect("permit"), guard);
+        let watch = hold.idle();
+        let size = std::mem::size_of_val(&watch);
+        let sleep = std::mem::size_of::<tokio::time::Sleep>();
+        println!("[size] idle watch {size} B, a tokio Sleep {sleep} B");
+        assert!(size <= sleep + 64, "idle watch {size} B, a Sleep {sleep} B");
+    }
+
+    #[test]
+    fn linux_binds_by_name_when_it_is_known() {
+        assert_eq!(
+            listen_on(false, Some("kt0"), None),
+            Ok(ListenOn::Name("kt0"))
+        );
+        assert_eq!(
+            listen_on(false, Some("kt0"), Some(3)),
+            Ok(ListenOn::Name("kt0"))
+        );
+        assert_eq!(listen_on(false, None, None), Ok(ListenOn::Any));
     }
 }

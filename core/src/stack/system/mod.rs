@@ -12,41 +12,28 @@
 //! then dies), which keeps happy-eyeballs and fallback logic in apps working.
 //! A SYN retransmitted while the connect is pending is absorbed.
 //!
-//! `listener.rs`: the kernel listeners and the accept loop.
+//! `listener.rs`: the kernel listeners and the accept loop; `pending.rs`:
+//! the connections between SYN and accept, keyed by NAT port and generation.
 
-use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-use parking_lot::Mutex;
 
 use super::HeldSyn;
 use crate::budget::OwnedPermit;
 use crate::dispatch::{Dispatcher, Next, Plan};
 use crate::nat::{FlowKey, NatTable};
+use crate::outbound::reset_on_close;
 use crate::packet::{self, Disposition, IpInfo, TcpInfo};
 use crate::stats::{EngineDrop, LocalCounters, NatSnapshot};
 use crate::translate::{self, Cause, FamilyAddrs, StackAddrs, TcpStep};
 use crate::tun::Tun;
 
 mod listener;
+mod pending;
 
-pub(crate) use listener::{accept_loop, bind_listener};
-
-/// An admitted connection waiting for the kernel to accept the app's side.
-#[derive(Debug)]
-enum Pending {
-    /// The outbound connect is in flight; the app's SYN is held.
-    Connecting,
-    /// The SYN went to the kernel; the accepted connection goes on to
-    /// `next`. Expires if never accepted.
-    Ready {
-        next: Next,
-        permit: OwnedPermit,
-        since: Instant,
-    },
-}
+pub(crate) use listener::{ListenOn, NoTunIndex, accept_loop, bind_listener, listen_on};
+use pending::PendingMap;
 
 /// The system stack of one engine: its NAT table, its addresses, and the
 /// connections between SYN and accept.
@@ -57,7 +44,7 @@ pub(crate) struct SystemStack {
     nat: Arc<NatTable>,
     /// Gateway, NAT address and listener port per family.
     addrs: StackAddrs,
-    pending: Mutex<HashMap<u16, Pending>>,
+    pending: PendingMap,
     /// How long a SYN handed to the kernel may wait for its accept.
     half_open_timeout: Duration,
 }
@@ -75,7 +62,7 @@ impl SystemStack {
             tun,
             nat: Arc::new(nat),
             addrs,
-            pending: Mutex::new(HashMap::new()),
+            pending: PendingMap::default(),
             half_open_timeout,
         }
     }
@@ -89,7 +76,7 @@ impl SystemStack {
         now: Instant,
         local: &mut LocalCounters,
     ) -> Disposition {
-        let held = |port| matches!(self.pending.lock().get(&port), Some(Pending::Connecting));
+        let held = |port| self.pending.is_connecting(port);
         match translate::translate_tcp(buf, ip, &self.nat, &self.addrs, now, held) {
             TcpStep::Uplink(n) => {
                 local.packets_up += 1;
@@ -101,9 +88,12 @@ impl SystemStack {
                 local.bytes_down += n as u64;
                 Disposition::WriteBack(n)
             }
-            TcpStep::NewFlow { key, port, tcp } => {
-                self.new_flow(buf, ip, &tcp, (key, port), now, local)
-            }
+            TcpStep::NewFlow {
+                key,
+                port,
+                generation,
+                tcp,
+            } => self.new_flow(buf, ip, &tcp, (key, port, generation), now, local),
             TcpStep::Reset { len, cause } => {
                 if matches!(cause, EngineDrop::NatTableFull | EngineDrop::NatNoFreePort) {
                     self.d.warn.warn(format_args!(
@@ -125,31 +115,38 @@ impl SystemStack {
         }
     }
 
-    /// A SYN that created NAT entry `port`: admit it, then hold it while the
-    /// outbound connects, or (DNS, sniffing) hand it to the kernel at once.
+    /// A SYN that created NAT entry `port` (stamped `generation`): admit it,
+    /// then hold it while the outbound connects, or (DNS, sniffing) hand it
+    /// to the kernel at once.
     fn new_flow(
         self: &Arc<Self>,
         buf: &mut [u8],
         ip: &IpInfo,
         tcp: &TcpInfo,
-        (key, port): (FlowKey, u16),
+        (key, port, generation): (FlowKey, u16, u64),
         now: Instant,
         local: &mut LocalCounters,
     ) -> Disposition {
         let Some((plan, permit)) = self.d.admit(key.server, now) else {
-            self.nat.abort_half_open(port, now);
+            self.nat.abort_half_open(port, generation, now);
             return Disposition::WriteBack(packet::tcp_rst_reply(buf, ip, tcp));
         };
         let Some(fam) = self.addrs.family(key.server.ip()) else {
             // translate_tcp only reports new flows of an enabled family.
-            self.nat.abort_half_open(port, now);
+            self.nat.abort_half_open(port, generation, now);
             return Disposition::Done;
+        };
+        let flow = Flow {
+            key,
+            port,
+            generation,
+            fam,
         };
         let next = match plan {
             Plan::Connect { .. } => {
-                self.pending.lock().insert(port, Pending::Connecting);
+                self.pending.connecting(port, generation);
                 let syn = HeldSyn::new(&buf[..ip.len]);
-                tokio::spawn(self.clone().connect(key, port, fam, syn, permit, plan));
+                tokio::spawn(self.clone().connect(flow, syn, permit, plan));
                 return Disposition::Done;
             }
             // Nothing to connect first: the kernel accepts now and the
@@ -157,70 +154,77 @@ impl SystemStack {
             Plan::Dns => Next::Dns,
             Plan::Sniff => Next::Sniff,
         };
-        self.ready(port, next, permit, now);
+        self.pending.ready_now(port, generation, next, permit, now);
         match rewrite_to_listener(buf, ip, fam, port) {
             Ok(()) => Disposition::WriteBack(ip.len),
             Err(r) => {
-                self.pending.lock().remove(&port);
-                self.nat.abort_half_open(port, now);
+                self.pending.forget(port, generation);
+                self.nat.abort_half_open(port, generation, now);
                 local.reject(r);
                 Disposition::Done
             }
         }
     }
 
-    /// The outbound is ready (or nothing needs connecting): the kernel's
-    /// accept of `port` goes on to `next`.
-    fn ready(&self, port: u16, next: Next, permit: OwnedPermit, now: Instant) {
-        let ready = Pending::Ready {
-            next,
-            permit,
-            since: now,
-        };
-        self.pending.lock().insert(port, ready);
-    }
-
     /// Connect the outbound for a held SYN along its plan, then release the
     /// SYN to the kernel (success) or answer the app with an RST (failure).
+    /// A flow whose NAT entry expired meanwhile, its port perhaps reused by a
+    /// newer flow, is dropped quietly: its outbound is reset, its SYN never
+    /// reaches the kernel, and the app (which has retransmitted its SYN into
+    /// a new entry by now, or given up) hears nothing from this task.
     async fn connect(
         self: Arc<Self>,
-        key: FlowKey,
-        port: u16,
-        fam: FamilyAddrs,
+        flow: Flow,
         mut syn: HeldSyn,
         permit: OwnedPermit,
         plan: Plan,
     ) {
+        let Flow {
+            key,
+            port,
+            generation,
+            fam,
+        } = flow;
         let Some(next) = self.d.prepare(plan, key.server).await else {
-            self.pending.lock().remove(&port);
-            self.nat.abort_half_open(port, Instant::now());
-            drop(permit);
-            syn.refuse(&self.tun, &self.d.stats).await;
+            if self.pending.forget(port, generation) {
+                self.nat.abort_half_open(port, generation, Instant::now());
+                drop(permit);
+                syn.refuse(&self.tun, &self.d.stats).await;
+            }
             return;
         };
-        let Ok(ip) = packet::parse_ip(syn.packet()) else {
-            return; // parsed once already; cannot happen
-        };
-        if rewrite_to_listener(syn.packet_mut(), &ip, fam, port).is_err() {
+        // Parsed and rewritten once already in the driver: cannot fail.
+        let rewritten = packet::parse_ip(syn.packet())
+            .ok()
+            .and_then(|ip| rewrite_to_listener(syn.packet_mut(), &ip, fam, port).ok());
+        if rewritten.is_none() {
+            if self.pending.forget(port, generation) {
+                self.nat.abort_half_open(port, generation, Instant::now());
+            }
             return;
         }
-        self.ready(port, next, permit, Instant::now());
-        syn.send(&self.tun, &self.d.stats).await;
+        match self
+            .pending
+            .connected(port, generation, next, permit, Instant::now())
+        {
+            Ok(()) => syn.send(&self.tun, &self.d.stats).await,
+            Err((next, _permit)) => {
+                if let Next::Relay(out) = &next {
+                    reset_on_close(&out.stream);
+                }
+            }
+        }
     }
 
     /// Whether there is state a cleanup tick could expire.
     pub fn has_state(&self) -> bool {
-        !self.nat.is_empty() || !self.pending.lock().is_empty()
+        !self.nat.is_empty() || !self.pending.is_empty()
     }
 
     /// Expire NAT entries and outbounds whose SYN was never accepted.
     pub fn cleanup(&self, now: Instant) {
         self.nat.cleanup(now);
-        let timeout = self.half_open_timeout;
-        self.pending.lock().retain(|_, p| match p {
-            Pending::Connecting => true,
-            Pending::Ready { since, .. } => now.saturating_duration_since(*since) < timeout,
-        });
+        self.pending.expire(now, self.half_open_timeout);
     }
 
     /// NAT entries by state.
@@ -241,6 +245,16 @@ impl SystemStack {
             .map(|f| SocketAddr::new(f.gateway, f.listen_port))
             .collect()
     }
+}
+
+/// A new flow as the system stack tracks it until the kernel accepts it.
+#[derive(Debug, Clone, Copy)]
+struct Flow {
+    key: FlowKey,
+    port: u16,
+    /// Stamped by the NAT table on the entry the SYN created.
+    generation: u64,
+    fam: FamilyAddrs,
 }
 
 /// Rewrite the app's SYN at `buf` from its own tuple to NAT address:`port`
