@@ -538,7 +538,7 @@ pub fn section(records: &[Record]) -> String {
         let r = &m.run;
         let _ = writeln!(
             p,
-            "Measured by:\n\n```sh\n{}\n```\n\n{} UTC, kerntun `{}`, {} cores, iperf3 {} s per \
+            "Measured by:\n\n```sh\n{}\n```\n\n{}, kerntun `{}`, {} cores, iperf3 {} s per \
              run, a fresh engine per run; load average (1 min) {} at the start and {} at the end; \
              {:.0} s.\n",
             r.command,
