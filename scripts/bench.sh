@@ -7,8 +7,8 @@
 # linux-perf), builds the release engine and the harness, runs the criterion
 # benches and the netns harness (with perf-sampled splice/copy runs), and
 # writes docs/benchmarks.md, docs/benchmarks/results.jsonl and
-# docs/benchmarks/chart.png. About 22 minutes on a 2-core machine once built,
-# 10 of them the phone profiles.
+# docs/benchmarks/chart.png. About 21 minutes on a 2-core machine once built,
+# 9 of them the phone profiles (`--phone` runs those alone).
 #
 # Harness options (all optional; `scripts/bench.sh --help` lists them):
 #   --duration 5            seconds per iperf3 run

@@ -369,13 +369,20 @@ pub fn parse_perf_stat(csv: &str) -> Result<Syscalls, String> {
     })
 }
 
-/// Records a phone run writes; `--phone` replaces these in `results.jsonl`
-/// and keeps the rest.
+/// Records a phone run writes.
 pub fn is_phone(r: &Record) -> bool {
     matches!(
         r,
         Record::PhoneMeta(_) | Record::Phone(_) | Record::PhoneIntegrity(_)
     )
+}
+
+/// What `--phone` does to `results.jsonl`: drop the phone records of
+/// `data`, keep every other record (the last full run's), append the
+/// phone records of `fresh`.
+pub fn replace(data: &mut Vec<Record>, fresh: &[Record]) {
+    data.retain(|r| !is_phone(r));
+    data.extend(fresh.iter().filter(|r| is_phone(r)).cloned());
 }
 
 // ---------------------------------------------------------------------------
@@ -1029,6 +1036,42 @@ mod tests {
         assert!(lines[0].contains("engine 1.50–1.50 CPU s/GB"), "{lines:?}");
         // No phone records: no section (the rest of the page renders as before).
         assert_eq!(section(&records[..0]), "");
+    }
+
+    #[test]
+    fn a_phone_run_replaces_only_the_phone_records() {
+        let integrity = |id: &str| Integrity {
+            scenario: id.into(),
+            bytes: 1,
+            ok: true,
+            secs: 0.1,
+            error: None,
+        };
+        let up = Direction::Upload;
+        let mut data = vec![
+            Record::Meta(Meta::default()),
+            Record::PhoneMeta(PhoneMeta::default()),
+            Record::Integrity(integrity("system-batch")),
+            Record::Phone(run(Topo::Local, 1500, None, 1, up, 1.0)),
+            Record::PhoneIntegrity(integrity("local-1500-batch")),
+        ];
+        let fresh = vec![
+            Record::PhoneMeta(PhoneMeta {
+                mtus: vec![9000],
+                ..PhoneMeta::default()
+            }),
+            Record::Phone(run(Topo::Router, 9000, None, 1, up, 2.0)),
+        ];
+        replace(&mut data, &fresh);
+        assert_eq!(
+            data,
+            vec![
+                Record::Meta(Meta::default()),
+                Record::Integrity(integrity("system-batch")),
+                fresh[0].clone(),
+                fresh[1].clone(),
+            ]
+        );
     }
 
     #[test]

@@ -466,7 +466,7 @@ fn run(args: Args) -> Result<(), String> {
     meta.requested_connections = args.connections.clone();
     let cap = max_connections(nofile);
     let mut args = args;
-    if args.connections.iter().any(|&n| n > cap) {
+    if args.connections.iter().any(|&n| n > cap) && !args.phone {
         eprintln!(
             "kerntun-netbench: RLIMIT_NOFILE is {nofile} and cannot be raised here; \
              idle-connection steps capped at {cap} (2 engine sockets per connection)"
@@ -686,8 +686,7 @@ fn run(args: Args) -> Result<(), String> {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
             Err(e) => return Err(format!("{}: {e}", data.display())),
         };
-        kept.retain(|r| !kerntun_benches::phone::is_phone(r));
-        kept.extend(records.iter().cloned());
+        kerntun_benches::phone::replace(&mut kept, &records);
         kept
     } else {
         records.insert(0, Record::Meta(meta));
