@@ -195,6 +195,26 @@ impl PhoneRun {
         (calls > 0).then(|| self.stat("tun_writes").unwrap_or(0) as f64 / calls as f64)
     }
 
+    /// The same two from `/proc` (read- and write-family calls on any
+    /// descriptor), for the measured runs: (per read, per write).
+    pub fn packets_per_call_proc(&self) -> Option<(f64, f64)> {
+        let c = self.proc_counts.as_ref()?;
+        let per = |packets: u64, calls: u64| (calls > 0).then(|| packets as f64 / calls as f64);
+        Some((
+            per(self.stat("tun_read_packets")?, c.read_calls)?,
+            per(self.stat("tun_writes")?, c.write_calls)?,
+        ))
+    }
+
+    /// How far `/proc`'s read and write calls were from perf's counts on the
+    /// TUN descriptor (the larger of the two relative differences), in a
+    /// counted run.
+    pub fn proc_vs_perf(&self) -> Option<f64> {
+        let (c, s) = (self.proc_counts.as_ref()?, self.syscalls.as_ref()?);
+        let diff = |a: u64, b: u64| (b > 0).then(|| a.abs_diff(b) as f64 / b as f64);
+        Some(diff(c.read_calls, s.tun_read)?.max(diff(c.write_calls, s.tun_write)?))
+    }
+
     /// Voluntary context switches of the engine's threads per GB: each is a
     /// thread going to sleep, to be woken by the next event.
     pub fn wakeups_per_gb(&self) -> Option<f64> {
@@ -581,19 +601,36 @@ pub fn section(records: &[Record]) -> String {
             .join(" / ")
     };
     let stream_list = joined(&|s| s.to_string());
+    let agree = v
+        .runs
+        .iter()
+        .filter(|r| r.counted && r.error.is_none())
+        .filter_map(|r| r.proc_vs_perf())
+        .reduce(f64::max);
     let _ = writeln!(p, "### Throughput and engine cost\n");
     let _ = writeln!(
         p,
         "At {stream_list} streams: iperf3 Gbit/s at the receiver; the fraction of the baseline of \
          the same topology and MTU; the engine's CPU (user + system) per 10^9 payload bytes; \
-         and its wake-ups per GB, the voluntary context switches of its threads (each one a \
-         thread that went to sleep and was woken again; `/proc/<pid>/task/*/status`). Upload: \
-         client to server; download: `iperf3 -R`.\n"
+         its wake-ups per GB, the voluntary context switches of its threads (each one a \
+         thread that went to sleep and was woken again; `/proc/<pid>/task/*/status`); and the \
+         IP packets it read from the TUN per read call and handed to it per write call (its \
+         counters `tun_read_packets` and `tun_writes` over the read- and write-family calls in \
+         `/proc/<pid>/io`, which count every descriptor{}). Upload: client to server; download: \
+         `iperf3 -R`.\n",
+        match agree {
+            Some(x) => format!(
+                ": in the counted runs below they were within {:.1} % of perf's counts on the \
+                 TUN descriptor alone",
+                100.0 * x
+            ),
+            None => String::new(),
+        }
     );
     let _ = writeln!(
         p,
-        "| topology | MTU | driver | direction | Gbit/s | of baseline | engine CPU s/GB | wake-ups per GB |\n\
-         |---|---:|---|---|---:|---:|---:|---:|"
+        "| topology | MTU | driver | direction | Gbit/s | of baseline | engine CPU s/GB | wake-ups per GB | TUN packets per read | TUN packets per write |\n\
+         |---|---:|---|---|---:|---:|---:|---:|---:|---:|"
     );
     for k in v.keys() {
         for dir in [Direction::Upload, Direction::Download] {
@@ -615,7 +652,7 @@ pub fn section(records: &[Record]) -> String {
             let engine = k.2.is_some();
             let _ = writeln!(
                 p,
-                "| {} | {} | {} | {} | {} | {} | {} | {} |",
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
                 k.0.as_str(),
                 k.1,
                 driver_name(k.2),
@@ -633,6 +670,16 @@ pub fn section(records: &[Record]) -> String {
                 },
                 if engine {
                     cell(&|r| Some(count(r.wakeups_per_gb())))
+                } else {
+                    "–".into()
+                },
+                if engine {
+                    cell(&|r| r.packets_per_call_proc().map(|(x, _)| format!("{x:.2}")))
+                } else {
+                    "–".into()
+                },
+                if engine {
+                    cell(&|r| r.packets_per_call_proc().map(|(_, y)| format!("{y:.2}")))
                 } else {
                     "–".into()
                 },
@@ -942,6 +989,8 @@ mod tests {
             hwm_kib: None,
             tun_tx_dropped: Some(0),
             proc_counts: driver.map(|_| ProcCounts {
+                read_calls: 1_400_000,
+                write_calls: 350_000,
                 voluntary_switches: 300_000,
                 ..ProcCounts::default()
             }),
@@ -1004,14 +1053,18 @@ mod tests {
             "{page}"
         );
         assert!(
-            page.contains("| router | 1500 | none (baseline) | upload | 8.00 / 6.00 | – | – | – |"),
+            page.contains(
+                "| router | 1500 | none (baseline) | upload | 8.00 / 6.00 | – | – | – | – | – |"
+            ),
             "{page}"
         );
         // 2.0 of 8.0 at 1 stream; the 16-stream run failed.
         assert!(
-            page.contains("| router | 1500 | per-packet | upload | 2.00 / failed | 25 % / – | 1.50 / failed | 150k / failed |"),
+            page.contains("| router | 1500 | per-packet | upload | 2.00 / failed | 25 % / – | 1.50 / failed | 150k / failed | 1.00 / failed | 2.00 / failed |"),
             "{page}"
         );
+        // The counted run: /proc saw 350k writes where perf saw 700k on the TUN.
+        assert!(page.contains("within 50.0 % of perf's counts"), "{page}");
         assert!(page.contains("iperf3: unable to connect"), "{page}");
         // 1.4M packets in 1.4M reads, 700k packets in 700k writes, per 2 GB.
         assert!(
