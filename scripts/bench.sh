@@ -7,15 +7,21 @@
 # linux-perf), builds the release engine and the harness, runs the criterion
 # benches and the netns harness (with perf-sampled splice/copy runs), and
 # writes docs/benchmarks.md, docs/benchmarks/results.jsonl and
-# docs/benchmarks/chart.png. About 12 minutes on a 2-core machine once built.
+# docs/benchmarks/chart.png. About 21 minutes on a 2-core machine once built,
+# 9 of them the phone profiles (`--phone` runs those alone).
 #
 # Harness options (all optional; `scripts/bench.sh --help` lists them):
 #   --duration 5            seconds per iperf3 run
 #   --streams 1,16,64       iperf3 parallel streams
 #   --connections 1000,4000,10000   idle connections held through the engine
 #   --only system-batch     only these engine scenarios (the baseline always runs)
-#   --skip-criterion --skip-scale --skip-profile   leave those parts out
+#   --skip-criterion --skip-scale --skip-profile --skip-phone   leave those parts out
 #   --profile-streams 1,16  streams of the perf-sampled splice/copy runs
+#   --phone                 only the phone profiles (router/local topology, MTU
+#                           1500/9000, per-packet/batch driver, baselines); keeps
+#                           the other records of results.jsonl
+#   --phone-mtus 1500,9000 --phone-topologies router,local
+#   --phone-syscall-streams 16   streams of the perf-stat-counted phone runs (0: none)
 #   --render-only           re-render the page and chart from results.jsonl
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,7 +29,7 @@ cd "$(dirname "$0")/.."
 target=${CARGO_TARGET_DIR:-target}
 
 if [[ ${1:-} == -h || ${1:-} == --help ]]; then
-    sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'
     if [[ -x $target/release/kerntun-netbench ]]; then
         "$target/release/kerntun-netbench" --help
     fi
@@ -45,7 +51,8 @@ fi
 need=()
 command -v ip >/dev/null || need+=(iproute2)
 command -v iperf3 >/dev/null || need+=(iperf3)
-# perf samples the engine for the splice section's CPU breakdown.
+# perf samples the engine for the splice section's CPU breakdown and counts
+# the phone profiles' system calls.
 command -v perf >/dev/null || need+=(linux-perf)
 python=""
 for p in python3 /usr/bin/python3; do

@@ -9,6 +9,7 @@
 
 pub mod crit;
 pub mod iperf;
+pub mod phone;
 pub mod procfs;
 pub mod profile;
 pub mod record;

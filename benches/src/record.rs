@@ -16,6 +16,12 @@ pub enum Record {
     Criterion(CriterionFigure),
     /// Where the engine's CPU went during one sampled run (`perf record`).
     Profile(crate::profile::Profile),
+    /// The phone profiles' run (`crate::phone`): its command and machine.
+    PhoneMeta(crate::phone::PhoneMeta),
+    /// One iperf3 run of a phone profile.
+    Phone(crate::phone::PhoneRun),
+    /// The echo check of a phone profile (`scenario` is the profile id).
+    PhoneIntegrity(Integrity),
 }
 
 /// The machine and the run.

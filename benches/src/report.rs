@@ -49,6 +49,8 @@ impl<'a> View<'a> {
                 Record::Scale(s) => v.scale.push(s),
                 Record::Criterion(c) => v.criterion.push(c),
                 Record::Profile(x) => v.profiles.push(x),
+                // Rendered by `crate::phone`.
+                Record::PhoneMeta(_) | Record::Phone(_) | Record::PhoneIntegrity(_) => {}
             }
         }
         v
@@ -123,7 +125,8 @@ pub fn render(records: &[Record], chart: &str) -> String {
          `scripts/bench.sh --help` lists the options.)\n"
     );
     machine(&mut p, &v);
-    summary(&mut p, &v);
+    summary(&mut p, &v, records);
+    p.push_str(&crate::phone::section(records));
     scenarios(&mut p, &v);
     throughput(&mut p, &v, chart);
     cost(&mut p, &v);
@@ -194,8 +197,11 @@ fn machine(p: &mut String, v: &View) {
 }
 
 /// The headline figures, each computed from the tables below.
-fn summary(p: &mut String, v: &View) {
+fn summary(p: &mut String, v: &View, records: &[Record]) {
     let _ = writeln!(p, "## Summary\n");
+    for line in crate::phone::summary(records) {
+        let _ = writeln!(p, "{line}");
+    }
     let streams = v.streams();
     let stream_list = streams
         .iter()

@@ -2,6 +2,13 @@
 //! entries, TCP admission permits, UDP flows, the listener backlog and relay
 //! buffers all derive from it, so a phone's limits are set in one place.
 //!
+//! Memory is budgeted in bytes ([`Memory`]): TCP admission is the TCP
+//! budget over what one session of the running stack costs at most
+//! ([`Budget::session_cost`]); the relay pool, the DNS cache, DNS queries in
+//! flight and proxied UDP queues are [`ByteBudget`]s their holders charge.
+//! Every one of them shrinks with the host's memory pressure ([`tiers`]:
+//! all, a half, a quarter), read from one [`Pressure`].
+//!
 //! Admission is a counter, not a semaphore: raising the memory pressure lowers
 //! the limit new sessions are checked against, while sessions that already
 //! hold a permit keep it until they end.
@@ -13,10 +20,9 @@
 //! hold admission at the critical tier for the tunnel's life. The core
 //! reads no clock: the engine passes `now` in.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
-
-use parking_lot::Mutex;
 
 use serde::{Deserialize, Serialize};
 
@@ -64,7 +70,9 @@ pub struct BudgetConfig {
     pub platform: Option<Platform>,
     /// NAT entries (system stack).
     pub nat_entries: Option<usize>,
-    /// TCP admission permits at normal pressure (elevated and critical are 1/2 and 1/4).
+    /// TCP admission permits at normal pressure (elevated and critical are
+    /// 1/2 and 1/4). Unset: the TCP memory budget over the most one session
+    /// of the running stack holds ([`Budget::tcp_sessions`]).
     pub tcp_sessions: Option<usize>,
     /// Concurrent UDP flows; the least recently used flow is evicted past it.
     pub udp_flows: Option<usize>,
@@ -165,46 +173,129 @@ impl PressureDecay {
     }
 }
 
+/// Userspace memory one idle system-stack session holds: its task (the
+/// relay's state machine), the two sockets' runtime registrations, its NAT
+/// entry and permit. `core/tests/memory.rs` holds 1000 idle sessions under
+/// the iOS budget and checks the engine's resident memory grows by no more
+/// than this per session (docs/reliability.md records the measured figure).
+pub const SESSION_STATE: usize = 5 * 1024;
+
+/// What a smoltcp socket holds besides its two rings: the socket itself
+/// (`stack::smoltcp` tests check its size against this), its slot in the
+/// socket set, its entries in the flow maps.
+pub const SMOLTCP_SOCKET_STATE: usize = 2 * 1024;
+
+/// The copy buffer a relay direction uses while the relay pool has no room
+/// for a full one (and, with a codec, as much again for its output). Small
+/// enough that it can be counted in every session's cost; large enough for
+/// a TCP segment of the common 1500-byte path MTU.
+pub const RELAY_FALLBACK_BUFFER: usize = 2 * 1024;
+
+/// Which TCP stack a session cost is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TcpStack {
+    /// Kernel TCP via NAT: no socket buffers in the process.
+    System,
+    /// smoltcp: a receive and a send ring per connection.
+    Smoltcp,
+}
+
+/// Bytes each memory budget allows at normal pressure; the elevated and
+/// critical tiers allow a half and a quarter ([`tiers`]). docs/reliability.md
+/// tabulates the worst case each allows per platform.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Memory {
+    /// TCP sessions: admission permits are this over the stack's
+    /// [`Budget::session_cost`].
+    pub tcp: usize,
+    /// Full-size relay copy buffers of busy sessions, all together.
+    pub relay: usize,
+    /// Cached DNS answers.
+    pub dns_cache: usize,
+    /// Hijacked DNS queries being answered and upstream exchanges.
+    pub dns_in_flight: usize,
+    /// Proxied UDP flows' queued datagrams beyond one buffer per flow.
+    pub udp_queues: usize,
+}
+
+const MIB: usize = 1024 * 1024;
+
 /// Resolved limits.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Budget {
     pub platform: Platform,
     pub nat_entries: usize,
-    /// Admission permits at normal, elevated and critical pressure.
-    pub tcp_sessions: [usize; 3],
+    /// `budget.tcp_sessions` when configured: admission permits at normal
+    /// pressure instead of the count the memory budget gives.
+    pub tcp_sessions_override: Option<usize>,
     pub udp_flows: usize,
     pub backlog: u32,
+    /// Userspace relay buffer per direction while data flows (charged to
+    /// [`Memory::relay`]; [`RELAY_FALLBACK_BUFFER`] past it).
     pub relay_buffer: usize,
+    /// smoltcp's receive and send ring per connection, each.
+    pub smoltcp_buffer: usize,
+    /// Bytes per memory budget at normal pressure.
+    pub memory: Memory,
 }
 
 impl Budget {
-    /// The platform defaults. iOS: 64/32/16 sessions and
-    /// 16 KiB relay buffers, so 64 busy sessions cost at most 2 MiB of buffers.
+    /// The platform defaults, in bytes first: iOS keeps its worst case
+    /// near 25 MiB of the Network Extension's 50 MiB (docs/reliability.md,
+    /// "Memory budgets"), which admits 1365 system-stack sessions; Android
+    /// and desktop give each budget more room.
     pub fn for_platform(platform: Platform) -> Self {
         match platform {
             Platform::Ios => Budget {
                 platform,
                 nat_entries: 2_048,
-                tcp_sessions: [64, 32, 16],
+                tcp_sessions_override: None,
                 udp_flows: 128,
                 backlog: 64,
                 relay_buffer: 16 * 1024,
+                // 64 KiB rings: enough window for the tens of Mbit/s of a
+                // phone link at cellular round trips.
+                smoltcp_buffer: 64 * 1024,
+                memory: Memory {
+                    tcp: 16 * MIB,
+                    relay: 4 * MIB,
+                    dns_cache: MIB,
+                    dns_in_flight: MIB,
+                    udp_queues: MIB,
+                },
             },
             Platform::Android => Budget {
                 platform,
                 nat_entries: 8_192,
-                tcp_sessions: [512, 256, 128],
+                tcp_sessions_override: None,
                 udp_flows: 512,
                 backlog: 256,
                 relay_buffer: 32 * 1024,
+                smoltcp_buffer: 128 * 1024,
+                memory: Memory {
+                    tcp: 128 * MIB,
+                    relay: 16 * MIB,
+                    dns_cache: 4 * MIB,
+                    dns_in_flight: 4 * MIB,
+                    udp_queues: 8 * MIB,
+                },
             },
             Platform::Desktop => Budget {
                 platform,
                 nat_entries: 50_000,
-                tcp_sessions: [20_000, 10_000, 5_000],
+                tcp_sessions_override: None,
                 udp_flows: 4_096,
                 backlog: 1_024,
                 relay_buffer: 64 * 1024,
+                // Enough window for multi-Gbit/s on a sub-millisecond path.
+                smoltcp_buffer: 512 * 1024,
+                memory: Memory {
+                    tcp: 2048 * MIB,
+                    relay: 256 * MIB,
+                    dns_cache: 32 * MIB,
+                    dns_in_flight: 32 * MIB,
+                    udp_queues: 256 * MIB,
+                },
             },
         }
     }
@@ -215,9 +306,7 @@ impl Budget {
         if let Some(v) = cfg.nat_entries {
             b.nat_entries = v;
         }
-        if let Some(v) = cfg.tcp_sessions {
-            b.tcp_sessions = [v, (v / 2).max(1), (v / 4).max(1)];
-        }
+        b.tcp_sessions_override = cfg.tcp_sessions;
         if let Some(v) = cfg.udp_flows {
             b.udp_flows = v;
         }
@@ -229,15 +318,39 @@ impl Budget {
         }
         b
     }
+
+    /// The most one session of `stack` holds: its state, for smoltcp its
+    /// two full rings, and the relay's fallback buffers (two directions, a
+    /// read buffer and a codec's output each). Full-size relay buffers come
+    /// out of [`Memory::relay`] instead.
+    pub fn session_cost(&self, stack: TcpStack) -> usize {
+        let relay = 4 * RELAY_FALLBACK_BUFFER;
+        match stack {
+            TcpStack::System => SESSION_STATE + relay,
+            TcpStack::Smoltcp => {
+                SESSION_STATE + SMOLTCP_SOCKET_STATE + 2 * self.smoltcp_buffer + relay
+            }
+        }
+    }
+
+    /// Admission permits at normal, elevated and critical pressure for
+    /// `stack`: the TCP memory budget over the session cost (at most one
+    /// per NAT entry, which both stacks also bound their flows by), or the
+    /// configured count; the tiers are its [`tiers`].
+    pub fn tcp_sessions(&self, stack: TcpStack) -> [usize; 3] {
+        let n = self
+            .tcp_sessions_override
+            .unwrap_or_else(|| (self.memory.tcp / self.session_cost(stack)).min(self.nat_entries));
+        tiers(n.max(1))
+    }
 }
 
 /// TCP admission under memory pressure.
 #[derive(Debug)]
 pub struct Admission {
     limits: [usize; 3],
-    /// Taken once per new session and per host report: never contended
-    /// for long.
-    pressure: Mutex<PressureDecay>,
+    /// The host's pressure, shared with every other memory budget.
+    pressure: Arc<Pressure>,
     active: AtomicUsize,
 }
 
@@ -248,22 +361,29 @@ pub struct Permit<'a> {
 }
 
 impl Admission {
+    /// Admission with a pressure of its own.
     pub fn new(limits: [usize; 3]) -> Self {
+        Self::with_pressure(limits, Arc::new(Pressure::default()))
+    }
+
+    /// Admission that follows `pressure`, shared with other budgets.
+    pub fn with_pressure(limits: [usize; 3], pressure: Arc<Pressure>) -> Self {
         Self {
             limits,
-            pressure: Mutex::new(PressureDecay::new()),
+            pressure,
             active: AtomicUsize::new(0),
         }
     }
 
-    /// The host reported `level` at `now` (see [`PressureDecay`]).
+    /// The host reported `level` at `now` (see [`PressureDecay`]); every
+    /// budget sharing this admission's [`Pressure`] follows.
     pub fn set_pressure(&self, level: MemoryPressure, now: Instant) {
-        self.pressure.lock().report(level, now);
+        self.pressure.report(level, now);
     }
 
     /// The pressure in force at `now`: the host's last report, decayed.
     pub fn pressure(&self, now: Instant) -> MemoryPressure {
-        self.pressure.lock().level(now)
+        self.pressure.level(now)
     }
 
     /// The limit new sessions are checked against at `now`.
@@ -320,6 +440,146 @@ impl Drop for OwnedPermit {
     }
 }
 
+/// The host's memory pressure as every budget reads it: one atomic word, so
+/// the driver can read it on its path without a lock. It holds the last
+/// report and when it came (nanoseconds from an epoch, either side of it);
+/// the level in force decays from it as [`PressureDecay`] says.
+#[derive(Debug)]
+pub struct Pressure {
+    /// Report times count from here.
+    epoch: Instant,
+    /// `level << 62 | (nanoseconds from epoch + PRESSURE_TIME_BIAS)`;
+    /// 0: never reported.
+    word: AtomicU64,
+}
+
+impl Default for Pressure {
+    fn default() -> Self {
+        Pressure {
+            epoch: Instant::now(),
+            word: AtomicU64::new(0),
+        }
+    }
+}
+
+const PRESSURE_TIME_MASK: u64 = (1 << 62) - 1;
+/// Times within about 73 years either side of the epoch are exact.
+const PRESSURE_TIME_BIAS: i128 = 1 << 61;
+
+impl Pressure {
+    /// The host reported `level` at `now`.
+    pub fn report(&self, level: MemoryPressure, now: Instant) {
+        let offset = match now.checked_duration_since(self.epoch) {
+            Some(d) => d.as_nanos() as i128,
+            None => -(self.epoch.duration_since(now).as_nanos() as i128),
+        };
+        let time = (offset + PRESSURE_TIME_BIAS).clamp(1, PRESSURE_TIME_MASK as i128) as u64;
+        self.word
+            .store(((level as u64) << 62) | time, Ordering::Relaxed);
+    }
+
+    /// The last report as a [`PressureDecay`].
+    fn decay(&self) -> PressureDecay {
+        let word = self.word.load(Ordering::Relaxed);
+        let mut d = PressureDecay::new();
+        if word != 0 {
+            let offset = (word & PRESSURE_TIME_MASK) as i128 - PRESSURE_TIME_BIAS;
+            let at = if offset >= 0 {
+                self.epoch.checked_add(Duration::from_nanos(offset as u64))
+            } else {
+                self.epoch
+                    .checked_sub(Duration::from_nanos((-offset) as u64))
+            };
+            d.report(
+                MemoryPressure::from_u8((word >> 62) as u8),
+                at.unwrap_or(self.epoch),
+            );
+        }
+        d
+    }
+
+    /// The level in force at `now`.
+    pub fn level(&self, now: Instant) -> MemoryPressure {
+        self.decay().level(now)
+    }
+}
+
+/// What each pressure tier leaves of a budget: all of it at normal, half
+/// when elevated, a quarter when critical (never below one unit).
+pub const fn tiers(normal: usize) -> [usize; 3] {
+    let half = if normal / 2 > 0 { normal / 2 } else { 1 };
+    let quarter = if normal / 4 > 0 { normal / 4 } else { 1 };
+    [normal, half, quarter]
+}
+
+/// A memory budget in bytes that shrinks with the pressure tier: holders
+/// charge what they hold and give it back when done. Like admission, a
+/// lower limit refuses new charges while existing ones stay until released.
+/// One atomic counter; charging never blocks.
+#[derive(Debug)]
+pub struct ByteBudget {
+    limits: [usize; 3],
+    pressure: Arc<Pressure>,
+    used: AtomicUsize,
+}
+
+impl ByteBudget {
+    /// `normal` bytes at normal pressure, the tiers of [`tiers`] above it.
+    pub fn new(normal: usize, pressure: Arc<Pressure>) -> Self {
+        ByteBudget {
+            limits: tiers(normal),
+            pressure,
+            used: AtomicUsize::new(0),
+        }
+    }
+
+    /// The bytes allowed at `now`.
+    pub fn limit(&self, now: Instant) -> usize {
+        self.limits[self.pressure.level(now) as usize]
+    }
+
+    /// Bytes charged now.
+    pub fn used(&self) -> usize {
+        self.used.load(Ordering::Relaxed)
+    }
+
+    /// Charge `n` bytes if the limit at `now` has room for them.
+    pub fn take(&self, n: usize, now: Instant) -> bool {
+        let limit = self.limit(now);
+        self.used
+            .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |u| {
+                (u + n <= limit).then_some(u + n)
+            })
+            .is_ok()
+    }
+
+    /// Give back `n` bytes taken earlier.
+    pub fn give_back(&self, n: usize) {
+        self.used.fetch_sub(n, Ordering::AcqRel);
+    }
+
+    /// [`ByteBudget::take`] as a charge given back on drop.
+    pub fn try_charge(self: &Arc<Self>, n: usize, now: Instant) -> Option<Charge> {
+        self.take(n, now).then(|| Charge {
+            owner: self.clone(),
+            n,
+        })
+    }
+}
+
+/// Bytes charged to a [`ByteBudget`]; given back on drop.
+#[derive(Debug)]
+pub struct Charge {
+    owner: Arc<ByteBudget>,
+    n: usize,
+}
+
+impl Drop for Charge {
+    fn drop(&mut self) {
+        self.owner.give_back(self.n);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -328,9 +588,8 @@ mod tests {
     #[test]
     fn ios_admission_follows_pressure_and_keeps_existing_permits() {
         let t = Instant::now();
-        let a = Arc::new(Admission::new(
-            Budget::for_platform(Platform::Ios).tcp_sessions,
-        ));
+        // The tiers of a 64-session budget.
+        let a = Arc::new(Admission::new(tiers(64)));
         let held: Vec<_> = (0..40)
             .map(|_| a.try_acquire_owned(t).expect("permit"))
             .collect();
@@ -362,7 +621,7 @@ mod tests {
     fn host_pressure_decays_after_quiet_minutes() {
         let t0 = Instant::now();
         let step = PRESSURE_DECAY_STEP;
-        let a = Admission::new(Budget::for_platform(Platform::Ios).tcp_sessions);
+        let a = Admission::new(tiers(64));
         assert_eq!(a.pressure(t0), MemoryPressure::Normal, "never reported");
         a.set_pressure(MemoryPressure::Critical, t0);
         let held: Vec<_> = (0..16)
@@ -413,7 +672,136 @@ mod tests {
             ..Default::default()
         };
         let b = Budget::resolve(&cfg);
-        assert_eq!(b.tcp_sessions, [10, 5, 2]);
+        assert_eq!(b.tcp_sessions(TcpStack::System), [10, 5, 2]);
+        assert_eq!(b.tcp_sessions(TcpStack::Smoltcp), [10, 5, 2]);
         assert_eq!(b.udp_flows, 512);
+    }
+
+    /// The worst case each budget allows on `p` at normal pressure, for the
+    /// system stack and the platform's default MTU: (what, bytes).
+    fn worst_case(p: Platform) -> Vec<(&'static str, usize)> {
+        let b = Budget::for_platform(p);
+        let mtu = usize::from(p.default_mtu());
+        let sessions = b.tcp_sessions(TcpStack::System)[0];
+        vec![
+            ("tcp sessions", sessions * b.session_cost(TcpStack::System)),
+            ("relay pool", b.memory.relay),
+            ("dns cache", b.memory.dns_cache),
+            ("dns in flight", b.memory.dns_in_flight),
+            ("udp queues", b.memory.udp_queues),
+            // One queue buffer and one reply buffer (with room for a
+            // proxy's framing) per flow.
+            ("udp flow buffers", b.udp_flows * (2 * mtu + 2 * 1024)),
+        ]
+    }
+
+    /// The table in docs/reliability.md ("Memory budgets"):
+    /// `cargo test -p kerntun --lib budget::tests::worst_case_per_platform -- --nocapture`.
+    /// The iOS total stays near half of the extension's 50 MiB, and admits
+    /// at least 1000 system-stack sessions at normal pressure.
+    #[test]
+    fn worst_case_per_platform() {
+        const MIB: f64 = 1024.0 * 1024.0;
+        for p in [Platform::Ios, Platform::Android, Platform::Desktop] {
+            let b = Budget::for_platform(p);
+            let rows = worst_case(p);
+            let total: usize = rows.iter().map(|r| r.1).sum();
+            eprintln!(
+                "[budget] {p:?}: sessions system {:?} ({} B each), smoltcp {:?} ({} B each)",
+                b.tcp_sessions(TcpStack::System),
+                b.session_cost(TcpStack::System),
+                b.tcp_sessions(TcpStack::Smoltcp),
+                b.session_cost(TcpStack::Smoltcp),
+            );
+            for (what, bytes) in &rows {
+                eprintln!("[budget] {p:?}: {what}: {:.2} MiB", *bytes as f64 / MIB);
+            }
+            eprintln!("[budget] {p:?}: total {:.2} MiB", total as f64 / MIB);
+            if p == Platform::Ios {
+                assert!(b.tcp_sessions(TcpStack::System)[0] >= 1000);
+                assert!(total <= 26 * 1024 * 1024, "{total}");
+            }
+        }
+    }
+
+    #[test]
+    fn admission_follows_the_memory_budget_and_the_stack() {
+        let ios = Budget::for_platform(Platform::Ios);
+        let system = ios.tcp_sessions(TcpStack::System);
+        assert_eq!(
+            system[0],
+            ios.memory.tcp / ios.session_cost(TcpStack::System)
+        );
+        assert_eq!(system, tiers(system[0]), "tiers stay fractions");
+        assert_eq!((system[1], system[2]), (system[0] / 2, system[0] / 4));
+        // smoltcp sessions hold two rings each: fewer fit the same bytes.
+        let smol = ios.tcp_sessions(TcpStack::Smoltcp);
+        assert!(
+            ios.session_cost(TcpStack::Smoltcp) >= 2 * ios.smoltcp_buffer,
+            "the rings are counted"
+        );
+        assert_eq!(
+            smol[0],
+            ios.memory.tcp / ios.session_cost(TcpStack::Smoltcp)
+        );
+        assert!(smol[0] < system[0]);
+        // Never more sessions than NAT entries.
+        let desktop = Budget::for_platform(Platform::Desktop);
+        assert_eq!(
+            desktop.tcp_sessions(TcpStack::System)[0],
+            desktop.nat_entries
+        );
+    }
+
+    /// A byte budget shrinks with the pressure tier: charges past the tier's
+    /// limit are refused, charges already held stay until given back, and
+    /// the tier decays as admission's does.
+    #[test]
+    fn byte_budget_follows_pressure() {
+        let t0 = Instant::now();
+        let pressure = Arc::new(Pressure::default());
+        let b = Arc::new(ByteBudget::new(1000, pressure.clone()));
+        let held = b.try_charge(600, t0).expect("room");
+        assert!(b.try_charge(401, t0).is_none());
+        let more = b.try_charge(400, t0).expect("exactly full");
+        pressure.report(MemoryPressure::Elevated, t0);
+        assert_eq!(b.limit(t0), 500);
+        assert_eq!(b.used(), 1000, "held charges stay");
+        assert!(b.try_charge(1, t0).is_none());
+        drop(more);
+        assert!(b.try_charge(1, t0).is_none(), "600 held > 500");
+        drop(held);
+        pressure.report(MemoryPressure::Critical, t0);
+        assert_eq!(b.limit(t0), 250);
+        assert!(b.try_charge(251, t0).is_none());
+        assert!(!b.take(251, t0));
+        assert!(b.take(250, t0));
+        b.give_back(250);
+        assert_eq!(b.used(), 0);
+        // Decay: elevated after one quiet step, normal after two.
+        assert_eq!(b.limit(t0 + PRESSURE_DECAY_STEP), 500);
+        assert_eq!(b.limit(t0 + 2 * PRESSURE_DECAY_STEP), 1000);
+    }
+
+    /// The one-word pressure says what [`PressureDecay`] says.
+    #[test]
+    fn pressure_word_matches_the_decay() {
+        let t0 = Instant::now();
+        let p = Pressure::default();
+        let mut d = PressureDecay::new();
+        assert_eq!(p.level(t0), MemoryPressure::Normal);
+        for (level, at) in [
+            (MemoryPressure::Critical, t0 + Duration::from_millis(5)),
+            (MemoryPressure::Elevated, t0 + Duration::from_secs(300)),
+            (MemoryPressure::Normal, t0 + Duration::from_secs(301)),
+            (MemoryPressure::Critical, t0 + Duration::from_secs(400)),
+        ] {
+            p.report(level, at);
+            d.report(level, at);
+            for later in [0, 1, 119, 120, 239, 240, 10_000] {
+                let now = at + Duration::from_secs(later);
+                assert_eq!(p.level(now), d.level(now), "{level:?} +{later}s");
+            }
+        }
     }
 }

@@ -17,7 +17,7 @@ use parking_lot::Mutex;
 use tokio::net::TcpListener;
 use tokio::runtime::Runtime;
 
-use crate::budget::{Admission, Budget, MemoryPressure, Platform};
+use crate::budget::{Admission, Budget, ByteBudget, MemoryPressure, Platform, Pressure, TcpStack};
 use crate::config::{Config, ConfigError, DriverMode, StackKind, nat_address};
 use crate::dispatch::Dispatcher;
 use crate::driver::{self, DriverKind, Processor};
@@ -25,7 +25,7 @@ use crate::lifecycle::{EngineTask, Lifecycle, Phase, supervised};
 use crate::nat::{NatConfig, NatTable, SystemClock};
 use crate::outbound::{Outbounds, Protect, SocketFactory};
 use crate::stack::Stack;
-use crate::stack::smoltcp::{self, SmolStack, SmolTcp};
+use crate::stack::smoltcp::{SmolStack, SmolTcp};
 use crate::stack::system::{self, SystemStack};
 use crate::stats::{Stats, StatsSnapshot, WarnLimiter};
 use crate::translate::{FamilyAddrs, StackAddrs};
@@ -115,6 +115,8 @@ struct Parts {
     life: Arc<Lifecycle>,
     stats: Arc<Stats>,
     admission: Arc<Admission>,
+    /// Trimmed when the host raises the memory pressure.
+    dns: Option<Arc<crate::dns::Dns>>,
     stack: Stack,
     tun: Arc<Tun>,
     mtu: u16,
@@ -219,12 +221,18 @@ impl Engine {
     }
 
     /// Forward the host's memory-pressure level: admission of new TCP
-    /// sessions follows it; sessions already running keep their permits.
+    /// sessions and every memory budget follow it; what is held already
+    /// (sessions' permits, queued datagrams) stays until released.
     pub fn set_memory_pressure(&self, level: MemoryPressure) {
         if let Some(inner) = &self.inner {
             let admission = &inner.parts.admission;
             let now = Instant::now();
+            // Every memory budget shares this pressure; the DNS cache, which
+            // only caches, gives up what the new tier does not allow at once.
             admission.set_pressure(level, now);
+            if let Some(dns) = &inner.parts.dns {
+                dns.trim(now);
+            }
             tracing::info!(
                 "memory pressure {level:?}: admission limit {}",
                 admission.limit(now)
@@ -378,8 +386,19 @@ async fn assemble(
     );
     let stats = Arc::new(Stats::with_outbounds(outbounds.names()));
     let nets: Vec<IpNet> = config.tun.nets();
-    let dns =
-        crate::dns::Dns::new(&config.dns, &nets, outbounds.clone()).map_err(ConfigError::from)?;
+    // Every memory budget (admission too) reads the one pressure the host
+    // reports through `set_memory_pressure`.
+    let pressure = Arc::new(Pressure::default());
+    let bytes = |normal| Arc::new(ByteBudget::new(normal, pressure.clone()));
+    let mem = budget.memory;
+    let dns = crate::dns::Dns::new(
+        &config.dns,
+        &nets,
+        outbounds.clone(),
+        bytes(mem.dns_cache),
+        bytes(mem.dns_in_flight),
+    )
+    .map_err(ConfigError::from)?;
     let offload = config.driver != DriverMode::PerPacket;
     let tun = Tun::open(&config.tun, offload, source).map_err(StartError::Tun)?;
     tun.verify_addresses(&nets)
@@ -395,12 +414,21 @@ async fn assemble(
         }
     };
     let life = Arc::new(Lifecycle::default());
-    let admission = Arc::new(Admission::new(budget.tcp_sessions));
+    let tcp_stack = match stack {
+        StackKind::Smoltcp => TcpStack::Smoltcp,
+        StackKind::System | StackKind::Auto => TcpStack::System,
+    };
+    let admission = Arc::new(Admission::with_pressure(
+        budget.tcp_sessions(tcp_stack),
+        pressure.clone(),
+    ));
+    let dns_part = dns.clone();
     let d = Arc::new(Dispatcher {
         outbounds,
         dns,
         sniff: config.sniff.clone(),
         admission: admission.clone(),
+        relay_pool: bytes(mem.relay),
         stats: stats.clone(),
         warn: WarnLimiter::new(Duration::from_secs(5)),
         life: life.clone(),
@@ -414,12 +442,12 @@ async fn assemble(
             let smol = SmolStack::new(
                 &nets,
                 config.tun.mtu,
-                smoltcp::socket_buffer(budget.platform),
+                budget.smoltcp_buffer,
                 tcp_idle,
                 linger,
                 budget.nat_entries,
             )
-            .with_half_open(crate::stack::HALF_OPEN_MAX.min(budget.tcp_sessions[0] / 2));
+            .with_half_open(crate::stack::HALF_OPEN_MAX.min(budget.tcp_sessions(tcp_stack)[0] / 2));
             let families = (config.tun.ipv4.is_some(), config.tun.ipv6.is_some());
             Stack::Smoltcp(SmolTcp::new(smol, d.clone(), tun.clone(), families))
         }
@@ -463,6 +491,7 @@ async fn assemble(
             max_flows: budget.udp_flows,
             idle: config.udp_idle(),
             unreplied: config.udp_unreplied(),
+            queues: bytes(mem.udp_queues),
         }),
         Instant::now(),
     );
@@ -476,6 +505,7 @@ async fn assemble(
             life,
             stats,
             admission,
+            dns: dns_part,
             stack,
             tun,
             mtu: config.tun.mtu,

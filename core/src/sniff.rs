@@ -588,7 +588,10 @@ mod tests {
             assert_eq!(sniff(&b), want, "cut at {cut}");
         }
         // Many small records, the name in one of them.
-        let cuts: Vec<usize> = (1..at).step_by(5).chain([at + name.len() + 1]).collect();
+        // The name can end the handshake (seen in about one run in four:
+        // rustls's hellos vary); the cut after it is only made where it fits.
+        let after = Some(at + name.len() + 1).filter(|&c| c < hs_len);
+        let cuts: Vec<usize> = (1..at).step_by(5).chain(after).collect();
         let b = refragment(&h, &cuts);
         check_prefixes(&b, tls(name));
         // One byte per record: the name straddles.

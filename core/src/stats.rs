@@ -43,14 +43,16 @@ pub enum EngineDrop {
     TunReadBatch,
     /// A packet the TUN refused to take.
     TunWrite,
-    /// A proxied UDP flow's bounded queue was full (proxy slow or still
+    /// A proxied UDP flow's bounded queue was full, or the UDP queue byte
+    /// budget had no room for another buffer (proxy slow or still
     /// handshaking).
     UdpQueueFull,
     /// A datagram from a proxy that did not decode (bad header, tag,
-    /// fragment, or a source other than the flow's server).
+    /// fragment, or a source other than the flow's server), or too long for
+    /// one TUN packet.
     UdpProxyReply,
-    /// A hijacked DNS query arrived while the bounded number of queries in
-    /// flight was reached.
+    /// A hijacked DNS query, or an upstream exchange for one, found the DNS
+    /// in-flight byte budget spent.
     DnsQueueFull,
     /// A flow to a fake-ip address that stands for no domain (never handed
     /// out, or its domain was evicted): TCP gets an RST, UDP is dropped.

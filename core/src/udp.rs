@@ -18,14 +18,19 @@
 //! driver must not wait for. They take a queued path: the driver copies the
 //! payload into one of the flow's [`QUEUE_DEPTH`] recycled buffers and hands
 //! it to the flow's task over a bounded channel; a full queue is a counted
-//! drop. The task opens the association, frames and sends, and turns the
-//! proxy's replies back into IP packets.
+//! drop. A flow's first buffer always exists; each further one is charged
+//! one MTU against the proxied-queue byte budget (`budget.memory`), so all
+//! flows together hold at most `udp_flows` x MTU plus that budget, and a
+//! buffer the budget refuses is a counted drop too. The task opens the
+//! association, frames and sends, and turns the proxy's replies back into
+//! IP packets.
 //!
 //! DNS (when `[dns]` is on): a datagram to a hijacked address's port 53 opens
 //! no flow. Its payload is copied to a task that asks the DNS service and
-//! writes the answer to the TUN from the address the app asked; at most
-//! [`DNS_IN_FLIGHT`] queries are in flight, past that a query is a counted
-//! drop (the app's resolver retries), so the driver never waits for DNS.
+//! writes the answer to the TUN from the address the app asked; each query
+//! is charged against the DNS in-flight byte budget while it is answered,
+//! past that a query is a counted drop (the app's resolver retries), so the
+//! driver never waits for DNS.
 //! A flow to a fake-ip address is routed by the domain behind it: a proxy
 //! gets the domain in its UDP header, a direct flow resolves it once (in the
 //! flow's task, on the queued path) and sends to the real address; replies
@@ -41,11 +46,12 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
 use tokio::net::UdpSocket;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
+use tokio::sync::mpsc;
 use tokio::task::AbortHandle;
 
+use crate::budget::{ByteBudget, Charge};
 use crate::dispatch::Dispatcher;
-use crate::dns::Dns;
+use crate::dns::{self, Dns};
 use crate::lifecycle::{EngineTask, supervised};
 use crate::outbound::{Address, OutboundError, ProxyUdp, Route, SocketFactory};
 use crate::packet::{self, HEADROOM, IPV4_UDP_HEADERS, IPV6_UDP_HEADERS, IpInfo};
@@ -60,12 +66,6 @@ type Key = (SocketAddr, SocketAddr);
 /// 4064 bytes is 64 KiB per flow.
 pub(crate) const QUEUE_DEPTH: usize = 16;
 
-/// Hijacked DNS queries being answered at once. An app resolving a page's
-/// names sends tens of queries in a burst; 256 in flight (each a task holding
-/// a query of at most one MTU) covers that with room, and bounds what a
-/// query flood can make the engine hold while upstreams are slow.
-pub(crate) const DNS_IN_FLIGHT: usize = 256;
-
 /// The driver's end of a proxied flow's queue.
 #[derive(Debug)]
 struct Queue {
@@ -74,6 +74,61 @@ struct Queue {
     spare: mpsc::Receiver<Vec<u8>>,
     /// Buffers created so far (at most [`QUEUE_DEPTH`]).
     made: usize,
+    /// Proxied-queue bytes; every buffer after the first is charged `unit`.
+    budget: Arc<ByteBudget>,
+    /// The most a buffer holds: the TUN's MTU (a datagram's payload is
+    /// smaller, and buffers grow only to the payload they carry).
+    unit: usize,
+    /// Bytes charged for this flow's buffers, given back when it closes.
+    charged: usize,
+}
+
+impl Queue {
+    /// The driver's end, the flow task's receiver, and the task's way to
+    /// hand buffers back.
+    fn new(
+        budget: Arc<ByteBudget>,
+        mtu: u16,
+    ) -> (Queue, mpsc::Receiver<Vec<u8>>, mpsc::Sender<Vec<u8>>) {
+        let (tx, rx) = mpsc::channel(QUEUE_DEPTH);
+        let (spare_tx, spare) = mpsc::channel(QUEUE_DEPTH);
+        let q = Queue {
+            tx,
+            spare,
+            made: 0,
+            budget,
+            unit: usize::from(mtu),
+            charged: 0,
+        };
+        (q, rx, spare_tx)
+    }
+
+    /// A buffer for the next datagram: one the task handed back, else a new
+    /// one while the flow has fewer than [`QUEUE_DEPTH`] (the first always,
+    /// later ones while the byte budget in force at `now` has room). `None`:
+    /// the queue is full.
+    fn buffer(&mut self, now: Instant) -> Option<Vec<u8>> {
+        if let Ok(b) = self.spare.try_recv() {
+            return Some(b);
+        }
+        if self.made >= QUEUE_DEPTH {
+            return None;
+        }
+        if self.made > 0 {
+            if !self.budget.take(self.unit, now) {
+                return None;
+            }
+            self.charged += self.unit;
+        }
+        self.made += 1;
+        Some(Vec::new())
+    }
+}
+
+impl Drop for Queue {
+    fn drop(&mut self) {
+        self.budget.give_back(self.charged);
+    }
 }
 
 #[derive(Debug)]
@@ -137,6 +192,8 @@ pub(crate) struct UdpEnv {
     /// `timeouts.udp_unreplied_s`: the idle timeout of a flow that never
     /// saw a reply (at most `idle`).
     pub unreplied: Duration,
+    /// Bytes the proxied flows' queues may hold beyond one buffer each.
+    pub queues: Arc<ByteBudget>,
 }
 
 /// Flow table, owned by the TUN driver task.
@@ -145,8 +202,6 @@ pub(crate) struct UdpTable {
     flows: HashMap<Key, Flow>,
     shared: Arc<UdpEnv>,
     epoch: Instant,
-    /// Permits for hijacked DNS queries in flight.
-    dns_slots: Arc<Semaphore>,
 }
 
 impl UdpTable {
@@ -155,7 +210,6 @@ impl UdpTable {
             flows: HashMap::new(),
             shared,
             epoch: now,
-            dns_slots: Arc::new(Semaphore::new(DNS_IN_FLIGHT)),
         }
     }
 
@@ -182,7 +236,7 @@ impl UdpTable {
             && let Some(dns) = &self.shared.d.dns
             && dns.hijacks(key.1)
         {
-            return self.hijack(key, payload, local);
+            return self.hijack(key, payload, now, local);
         }
         if !self.flows.contains_key(&key) && !self.open(key, now, local) {
             return;
@@ -209,15 +263,13 @@ impl UdpTable {
                 }
             }
             FlowIo::Queued(q) => {
-                let mut buf = match q.spare.try_recv() {
-                    Ok(b) => b,
-                    Err(_) if q.made < QUEUE_DEPTH => {
-                        q.made += 1;
-                        Vec::new()
-                    }
-                    Err(_) => return local.drop(EngineDrop::UdpQueueFull),
+                let Some(mut buf) = q.buffer(now) else {
+                    return local.drop(EngineDrop::UdpQueueFull);
                 };
                 buf.clear();
+                // Exact: a buffer never holds more than the largest payload
+                // it carried (at most the MTU it is charged for).
+                buf.reserve_exact(payload.len());
                 buf.extend_from_slice(payload);
                 match q.tx.try_send(buf) {
                     Ok(()) => {}
@@ -232,15 +284,18 @@ impl UdpTable {
     }
 
     /// Hand a hijacked query to a task (one copy of the payload; the driver
-    /// does not wait).
-    fn hijack(&mut self, key: Key, payload: &[u8], local: &mut LocalCounters) {
+    /// does not wait). The task is charged its state, the query and the
+    /// reply (up to one MTU, held once as the answer and once as the packet
+    /// written) against the DNS in-flight budget while it runs.
+    fn hijack(&mut self, key: Key, payload: &[u8], now: Instant, local: &mut LocalCounters) {
         let Some(dns) = self.shared.d.dns.clone() else {
             return;
         };
-        let Ok(permit) = self.dns_slots.clone().try_acquire_owned() else {
+        let cost = dns::QUERY_STATE + payload.len() + 2 * usize::from(self.shared.mtu);
+        let Some(charge) = dns.in_flight().try_charge(cost, now) else {
             return local.drop(EngineDrop::DnsQueueFull);
         };
-        let answer = answer_hijacked(self.shared.clone(), dns, payload.to_vec(), key, permit);
+        let answer = answer_hijacked(self.shared.clone(), dns, payload.to_vec(), key, charge);
         let life = self.shared.d.life.clone();
         tokio::spawn(supervised(life, EngineTask::Dns, answer));
     }
@@ -274,8 +329,7 @@ impl UdpTable {
         let last_down = Arc::new(AtomicU64::new(0));
         let (io, task) = match route {
             Route::Proxy(i) if outbounds.udp_proxied(route) => {
-                let (tx, rx) = mpsc::channel(QUEUE_DEPTH);
-                let (spare_tx, spare) = mpsc::channel(QUEUE_DEPTH);
+                let (queue, rx, spare_tx) = Queue::new(shared.queues.clone(), shared.mtu);
                 let target = match &fake {
                     Some((_, d)) => Address::Domain(d.to_string(), server.port()),
                     None => Address::Ip(server),
@@ -292,7 +346,7 @@ impl UdpTable {
                     self.epoch,
                 ))
                 .abort_handle();
-                (FlowIo::Queued(Queue { tx, spare, made: 0 }), task)
+                (FlowIo::Queued(queue), task)
             }
             // Direct to a domain: resolved in the flow's task, so the flow
             // takes the queued path while that happens.
@@ -300,8 +354,7 @@ impl UdpTable {
                 let Some((dns, domain)) = fake else {
                     return false;
                 };
-                let (tx, rx) = mpsc::channel(QUEUE_DEPTH);
-                let (spare_tx, spare) = mpsc::channel(QUEUE_DEPTH);
+                let (queue, rx, spare_tx) = Queue::new(shared.queues.clone(), shared.mtu);
                 let task = tokio::spawn(resolved_flow(
                     self.shared.clone(),
                     dns,
@@ -314,7 +367,7 @@ impl UdpTable {
                     self.epoch,
                 ))
                 .abort_handle();
-                (FlowIo::Queued(Queue { tx, spare, made: 0 }), task)
+                (FlowIo::Queued(queue), task)
             }
             // Direct, or a proxy configured without UDP.
             _ => {
@@ -433,7 +486,7 @@ async fn answer_hijacked(
     dns: Arc<Dns>,
     query: Vec<u8>,
     (client, server): Key,
-    _permit: OwnedSemaphorePermit,
+    _charge: Charge,
 ) {
     let (hdr, max_payload) = udp_room(shared.mtu, server);
     let stats: &Stats = &shared.d.stats;
@@ -659,8 +712,16 @@ async fn proxy_flow(
     };
     let (hdr, max_payload) = udp_room(shared.mtu, server);
     let max_payload = max_payload.max(FRAGMENTED_REPLY_MAX);
-    // Framing overhead: at most a SIP022 header with 900 bytes of padding.
     const MAX_DATAGRAM: usize = 65_535;
+    // Framing around a reply's payload: at most a SIP022 header with 900
+    // bytes of padding, session ids, a domain address (up to 259 bytes) and
+    // the AEAD tag, under 2 KiB.
+    const MAX_FRAMING: usize = 2 * 1024;
+    // Every reply whose payload fits one TUN packet fits here with its
+    // framing; a datagram that fills the room was longer, and its payload
+    // could not be delivered anyway. So a flow holds about one MTU while
+    // replies arrive, not 64 KiB.
+    let recv_room = max_payload + MAX_FRAMING + 1;
     let mut wire: Vec<u8> = Vec::new();
     let mut rbuf: Option<Box<[u8]>> = None;
     let control_closed = async {
@@ -706,9 +767,13 @@ async fn proxy_flow(
                 if r.is_err() {
                     return;
                 }
-                let b = rbuf.get_or_insert_with(|| vec![0u8; HEADROOM + hdr + MAX_DATAGRAM].into_boxed_slice());
+                let b = rbuf.get_or_insert_with(|| vec![0u8; HEADROOM + hdr + recv_room].into_boxed_slice());
                 let start = HEADROOM + hdr;
                 match sock.try_recv(&mut b[start..]) {
+                    Ok(n) if n == recv_room => {
+                        last_down.store(epoch.elapsed().as_millis() as u64, Relaxed);
+                        stats.drop(EngineDrop::UdpProxyReply);
+                    }
                     Ok(n) => {
                         let (from, range) = match codec.decode(&mut b[start..start + n]) {
                             Ok(v) => v,
@@ -752,4 +817,52 @@ async fn proxy_flow(
 
 fn canonical(a: SocketAddr) -> SocketAddr {
     Address::Ip(a).canonical_ip().unwrap_or(a)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::budget::{MemoryPressure, Pressure};
+
+    /// Proxied flows that never drain: each gets its first buffer, the
+    /// buffers past it come out of the byte budget, and a closed flow gives
+    /// its bytes back. Raised pressure shrinks what new buffers may take.
+    /// (Each flow used to fill all 16 buffers, whatever the flow count.)
+    #[test]
+    fn proxied_queues_stay_within_their_byte_budget() {
+        const MTU: u16 = 1500;
+        let unit = usize::from(MTU);
+        let now = Instant::now();
+        let pressure = Arc::new(Pressure::default());
+        let budget = Arc::new(ByteBudget::new(10 * unit, pressure.clone()));
+        let mut flows: Vec<_> = (0..4).map(|_| Queue::new(budget.clone(), MTU)).collect();
+        let mut made = Vec::new();
+        for (q, _, _) in &mut flows {
+            let mut n = 0;
+            while let Some(b) = q.buffer(now) {
+                n += 1;
+                assert!(n <= QUEUE_DEPTH);
+                drop(b);
+            }
+            made.push(n);
+        }
+        assert_eq!(made, [11, 1, 1, 1], "one each, ten from the budget");
+        assert_eq!(budget.used(), 10 * unit);
+        // A buffer the task hands back is reused without a charge.
+        let (q, _, spare) = &mut flows[1];
+        spare.try_send(Vec::with_capacity(unit)).expect("room");
+        assert!(q.buffer(now).is_some());
+        assert!(q.buffer(now).is_none());
+        // Critical pressure: a quarter of the budget for new buffers.
+        pressure.report(MemoryPressure::Critical, now);
+        drop(flows.remove(0));
+        assert_eq!(budget.used(), 0, "a closed flow gives its bytes back");
+        let (q, _, _) = &mut flows[0];
+        let mut n = 0;
+        while q.buffer(now).is_some() {
+            n += 1;
+        }
+        assert_eq!(n, 10 * unit / 4 / unit, "a quarter of the budget");
+        assert!(budget.used() <= 10 * unit / 4);
+    }
 }

@@ -173,6 +173,41 @@ fn sniffed_domain_picks_the_rule(stack: StackKind, driver: DriverMode) {
     );
 }
 
+/// An HTTP request whose header runs past the sniffing cap (20 KiB before
+/// the Host line): sniffing gives up at `sniff::MAX_SNIFF` without a domain,
+/// the connection is routed by its address, and every byte read while
+/// sniffing reaches the server once, in order. smoltcp cannot peek, so its
+/// sniffing reads the bytes and must replay all of them, also the part of
+/// a read that crossed the cap.
+fn large_http_header_is_relayed_byte_exact(stack: StackKind, driver: DriverMode) {
+    let port = 8080;
+    let rig = Rig::new(stack, driver, RULES, port);
+    let srv = servers::tcp(
+        &rig.topo.server,
+        rig.topo.server_addr(false, port),
+        Mode::Echo,
+    )
+    .expect("server");
+    let mut header = b"GET / HTTP/1.1\r\nX-Pad: ".to_vec();
+    // Not a multiple of the sniffing reads, so a read straddles the cap.
+    header.extend((0..20 * 1024 + 7).map(|i| b'a' + (i % 26) as u8));
+    header.extend_from_slice(b"\r\nHost: ok.test\r\n\r\n");
+    for round in 0..3 {
+        let got = exchange(srv.addr, &header).expect("relayed");
+        let mut want = header.clone();
+        want.extend_from_slice(b"payload after the hello");
+        want.extend_from_slice(servers::TRAILER);
+        assert_eq!(got.len(), want.len(), "round {round}: bytes lost or added");
+        assert!(got == want, "round {round}: the stream arrived changed");
+    }
+    let s = rig.engine.stats();
+    assert!(
+        s.dns.sniff_misses >= 3,
+        "no domain within the cap: {:?}",
+        s.dns
+    );
+}
+
 fn silent_client_is_routed_after_the_timeout(stack: StackKind, driver: DriverMode) {
     let port = 8025;
     let rig = Rig::new(stack, driver, RULES, port);
@@ -362,6 +397,7 @@ both_stacks!(
     fake_ip_tcp_direct_is_resolved_upstream,
     dns_over_tcp_is_answered_by_the_engine,
     sniffed_domain_picks_the_rule,
+    large_http_header_is_relayed_byte_exact,
     silent_client_is_routed_after_the_timeout,
     unsniffed_port_is_connected_first,
 );

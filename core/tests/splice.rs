@@ -49,6 +49,7 @@ impl Counters {
             down: &self.down,
             spliced: &self.spliced,
             copied: &self.copied,
+            pool: None,
         }
     }
 }

@@ -16,6 +16,10 @@
 //! to the veth, so they bypass the TUN route. Namespaces are deleted on drop,
 //! also when a test panics; names carry the pid so stale ones from a killed
 //! run are recognisable and swept by [`sweep_stale`].
+//!
+//! [`router::Router`] adds a third namespace whose traffic the client
+//! namespace forwards into the TUN (the router topology of the benchmark's
+//! phone profiles).
 
 use std::fs::File;
 use std::io;
@@ -25,6 +29,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::thread::JoinHandle;
 
 pub mod dns;
+pub mod router;
 
 /// Whether this process can create namespaces and TUN devices.
 pub fn have_root() -> bool {

@@ -9,7 +9,11 @@
 //!   TUN's TX drops;
 //! * a byte-for-byte checked echo transfer through every scenario;
 //! * engine RSS with 1k/4k/10k idle TCP connections held through it;
-//! * the criterion benches of the packet core and the NAT table.
+//! * the criterion benches of the packet core and the NAT table;
+//! * the phone profiles (`--phone` alone; [`kerntun_benches::phone`]): a
+//!   client routed through a forwarding namespace or local to the TUN, MTU
+//!   1500 and 9000, per-packet and batch drivers, each against the no-TUN
+//!   baseline of its topology, with the engine's system calls and wake-ups.
 //!
 //! It writes `docs/benchmarks/results.jsonl`, renders `docs/benchmarks.md`
 //! from those records and draws the chart with `benches/plot.py`.
@@ -42,6 +46,9 @@ use kerntun_testkit::{CLIENT_VETH, Topology, client};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use serde_json::Value;
+
+#[path = "netbench/phone.rs"]
+mod phone;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -106,6 +113,25 @@ struct Args {
     /// Re-render the page and the chart from the existing results.jsonl.
     #[arg(long)]
     render_only: bool,
+    /// Run the phone profiles only: the other records of results.jsonl are
+    /// kept, the phone records replaced and the page re-rendered.
+    #[arg(long)]
+    phone: bool,
+    /// Leave the phone profiles out of a full run.
+    #[arg(long, conflicts_with = "phone")]
+    skip_phone: bool,
+    /// MTUs of the phone profiles (the TUN and every veth).
+    #[arg(long, value_delimiter = ',', default_value = "1500,9000")]
+    phone_mtus: Vec<u16>,
+    /// Topologies of the phone profiles: router (the client in a namespace
+    /// of its own, forwarded into the TUN), local (the client next to the
+    /// engine).
+    #[arg(long, value_delimiter = ',', default_value = "router,local")]
+    phone_topologies: Vec<kerntun_benches::phone::Topo>,
+    /// iperf3 streams of the phone profiles' extra runs with the engine's
+    /// system calls counted by `perf stat` (0: none).
+    #[arg(long, value_delimiter = ',', default_value = "16")]
+    phone_syscall_streams: Vec<u32>,
 }
 
 /// Gateway of the engine's TUN; the NAT address is the next one.
@@ -440,7 +466,7 @@ fn run(args: Args) -> Result<(), String> {
     meta.requested_connections = args.connections.clone();
     let cap = max_connections(nofile);
     let mut args = args;
-    if args.connections.iter().any(|&n| n > cap) {
+    if args.connections.iter().any(|&n| n > cap) && !args.phone {
         eprintln!(
             "kerntun-netbench: RLIMIT_NOFILE is {nofile} and cannot be raised here; \
              idle-connection steps capped at {cap} (2 engine sockets per connection)"
@@ -462,7 +488,7 @@ fn run(args: Args) -> Result<(), String> {
     let mut records = Vec::new();
 
     // Criterion first, while nothing of ours is running.
-    if !args.skip_criterion {
+    if !args.skip_criterion && !args.phone {
         match run_criterion(&args, &tmp) {
             Ok(c) => {
                 meta.criterion_load = Some(c.load);
@@ -505,9 +531,9 @@ fn run(args: Args) -> Result<(), String> {
     start_iperf_server(&mut ctx)?;
     start_ss_server(&mut ctx)?;
 
-    // Which scenarios can this build run?
+    // Which scenarios can this build run? (None of them with `--phone`.)
     let mut runnable: Vec<&'static Scenario> = Vec::new();
-    for sc in SCENARIOS {
+    for sc in SCENARIOS.iter().filter(|_| !ctx.args.phone) {
         if sc.config.is_some()
             && !ctx.args.only.is_empty()
             && !ctx.args.only.iter().any(|o| o == sc.id)
@@ -566,7 +592,7 @@ fn run(args: Args) -> Result<(), String> {
         }
     }
 
-    if !ctx.args.skip_profile {
+    if !ctx.args.skip_profile && !ctx.args.phone {
         if perf_available() {
             let profiled: Vec<&&Scenario> =
                 runnable.iter().filter(|s| s.splice.is_some()).collect();
@@ -615,6 +641,10 @@ fn run(args: Args) -> Result<(), String> {
         records.push(Record::Integrity(i));
     }
 
+    if !ctx.args.skip_phone {
+        records.extend(phone::run(&mut ctx));
+    }
+
     if !ctx.args.skip_scale {
         for sc in runnable.iter().filter(|s| s.scale) {
             for s in scale(&ctx, sc) {
@@ -644,12 +674,25 @@ fn run(args: Args) -> Result<(), String> {
     meta.duration_s = ctx.args.duration;
     meta.mtu = ctx.args.mtu;
     meta.integrity_bytes = ctx.args.integrity_mib << 20;
-    records.insert(0, Record::Meta(meta));
-
     std::fs::create_dir_all(&ctx.args.data_dir)
         .map_err(|e| format!("{}: {e}", ctx.args.data_dir.display()))?;
     let data = ctx.args.data_dir.join("results.jsonl");
-    std::fs::write(&data, to_lines(&records)).map_err(|e| format!("{}: {e}", data.display()))?;
+    let all = if ctx.args.phone {
+        // Keep what the last full run measured; replace its phone records.
+        let mut kept = match std::fs::read_to_string(&data) {
+            Ok(text) => {
+                record::parse_lines(&text).map_err(|e| format!("{}: {e}", data.display()))?
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+            Err(e) => return Err(format!("{}: {e}", data.display())),
+        };
+        kerntun_benches::phone::replace(&mut kept, &records);
+        kept
+    } else {
+        records.insert(0, Record::Meta(meta));
+        records.clone()
+    };
+    std::fs::write(&data, to_lines(&all)).map_err(|e| format!("{}: {e}", data.display()))?;
     eprintln!("wrote {}", data.display());
     render(&ctx.args)?;
     let failures = records
@@ -658,6 +701,8 @@ fn run(args: Args) -> Result<(), String> {
             Record::Throughput(t) => t.error.is_some(),
             Record::Integrity(i) => !i.ok,
             Record::Scale(s) => s.error.is_some(),
+            Record::Phone(r) => r.error.is_some(),
+            Record::PhoneIntegrity(i) => !i.ok,
             _ => false,
         })
         .count();
@@ -929,7 +974,27 @@ enum Start {
     Failed(String),
 }
 
+/// Where the client's traffic enters the TUN.
+#[derive(Debug, Clone, Copy)]
+enum RouteIn<'a> {
+    /// The client runs in the engine's namespace: a route to the server.
+    Local,
+    /// The client runs in the router's app namespace: a route in the
+    /// table its policy rule looks up.
+    Router(&'a kerntun_testkit::router::Router),
+}
+
 fn start_engine(ctx: &Ctx, sc: &Scenario, stats_interval: u64) -> Start {
+    start_engine_at(ctx, sc, stats_interval, ctx.args.mtu, RouteIn::Local)
+}
+
+fn start_engine_at(
+    ctx: &Ctx,
+    sc: &Scenario,
+    stats_interval: u64,
+    mtu: u16,
+    route: RouteIn,
+) -> Start {
     let Some(cfg) = sc.config else {
         return Start::Failed("the baseline has no engine".into());
     };
@@ -939,7 +1004,7 @@ fn start_engine(ctx: &Ctx, sc: &Scenario, stats_interval: u64) -> Start {
         return Start::Failed(format!("{}: {e}", path.display()));
     }
     let path_s = path.to_string_lossy().into_owned();
-    let mtu = ctx.args.mtu.to_string();
+    let mtu = mtu.to_string();
     let interval = stats_interval.to_string();
     let mut proc = match Proc::spawn(
         &ctx.tmp,
@@ -1007,8 +1072,14 @@ fn start_engine(ctx: &Ctx, sc: &Scenario, stats_interval: u64) -> Start {
             comm.trim()
         ));
     }
-    let dst = format!("{}/32", ctx.server_ip());
-    if let Err(e) = ctx.topo.client.ip(&["route", "add", &dst, "dev", TUN]) {
+    let routed = match route {
+        RouteIn::Local => {
+            let dst = format!("{}/32", ctx.server_ip());
+            ctx.topo.client.ip(&["route", "add", &dst, "dev", TUN])
+        }
+        RouteIn::Router(r) => r.route_via_tun(&ctx.topo, TUN),
+    };
+    if let Err(e) = routed {
         return Start::Failed(format!("route via the TUN: {e}"));
     }
     Start::Ready(Engine { proc })
@@ -1084,6 +1155,16 @@ fn tun_tx(ctx: &Ctx) -> Option<(u64, u64)> {
 }
 
 fn run_iperf(ctx: &Ctx, streams: u32, dir: Direction) -> Result<iperf::IperfRun, String> {
+    run_iperf_in(ctx, ctx.topo.client.name(), streams, dir)
+}
+
+/// An iperf3 client run in namespace `ns`.
+fn run_iperf_in(
+    ctx: &Ctx,
+    ns: &str,
+    streams: u32,
+    dir: Direction,
+) -> Result<iperf::IperfRun, String> {
     let server = ctx.server_ip().to_string();
     let (t, p, port) = (
         ctx.args.duration.to_string(),
@@ -1109,7 +1190,7 @@ fn run_iperf(ctx: &Ctx, streams: u32, dir: Direction) -> Result<iperf::IperfRun,
     let mut proc = Proc::spawn(
         &ctx.tmp,
         "iperf3-client",
-        ctx.topo.client.name(),
+        ns,
         Path::new("iperf3"),
         &a,
         false,

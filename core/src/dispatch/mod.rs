@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Instant;
 
-use crate::budget::{Admission, OwnedPermit};
+use crate::budget::{Admission, ByteBudget, OwnedPermit};
 use crate::dns::Dns;
 use crate::lifecycle::Lifecycle;
 use crate::outbound::{Address, OutboundError, OutboundStream, Outbounds, Route};
@@ -35,6 +35,8 @@ pub(crate) struct Dispatcher {
     /// Domain sniffing (`[sniff]`).
     pub sniff: SniffConfig,
     pub admission: Arc<Admission>,
+    /// Bytes the sessions' full-size relay buffers may hold at once.
+    pub relay_pool: Arc<ByteBudget>,
     pub stats: Arc<Stats>,
     /// Rate-limited warnings (one per interval) for refusals under load.
     pub warn: WarnLimiter,

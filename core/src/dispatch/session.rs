@@ -21,7 +21,6 @@ use std::time::Duration;
 use tokio::net::TcpStream;
 
 use super::{Dispatcher, Next};
-use crate::budget::OwnedPermit;
 use crate::lifecycle::Phase;
 use crate::outbound::shadowsocks::{SsOpen, SsSeal};
 use crate::outbound::{Address, OutboundStream, Route, reset_on_close};
@@ -85,9 +84,11 @@ pub(crate) trait Hold {
     async fn idle(&self);
 }
 
-/// smoltcp's sessions: smoltcp itself aborts a connection that hears
-/// nothing for `timeouts.tcp_idle_s`, and the relay then ends with it.
-impl Hold for OwnedPermit {
+/// smoltcp's sessions hold nothing here (their stream carries the permit,
+/// and hands it to the closing socket): smoltcp itself aborts a connection
+/// that hears nothing for `timeouts.tcp_idle_s`, and the relay then ends
+/// with it.
+impl Hold for () {
     async fn idle(&self) {
         std::future::pending().await
     }
@@ -195,6 +196,7 @@ pub(crate) async fn relay<A: App, H: Hold>(d: &Dispatcher, app: A, out: Outbound
         down: &stats.tcp_bytes_down,
         spliced: &stats.tcp_bytes_spliced,
         copied: &stats.tcp_bytes_copied,
+        pool: Some(&*d.relay_pool),
     };
     let r = tokio::select! {
         r = app.relay(&out, codec, &d.outbounds.relay, &meter) => r,

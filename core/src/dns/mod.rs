@@ -4,8 +4,15 @@
 //! ordinary flows. docs/dns.md describes the configuration and behaviour.
 //!
 //! Every hijacked query gets an answer: a packet that is not a query at all
-//! is the only thing dropped (counted as malformed); when every upstream
-//! fails the client hears SERVFAIL within the sum of the per-try timeouts.
+//! is dropped (counted as malformed), and so is a query that finds the
+//! in-flight byte budget spent (counted as `dns_queue_full`; the client's
+//! resolver retries); when every upstream fails the client hears SERVFAIL
+//! within the sum of the per-try timeouts.
+//!
+//! Memory: the cache is bounded in bytes ([`cache`]), and every query being
+//! answered and every upstream exchange holds a charge against the
+//! in-flight byte budget while it lasts. Identical questions in flight are
+//! asked upstream once: later askers wait for the first one's outcome.
 
 mod cache;
 mod config;
@@ -21,16 +28,20 @@ use crate::dnswire::msg;
 pub use crate::dnswire::{Upstream, UpstreamProto};
 pub use config::{DnsConfig, DnsConfigError, default_resolver};
 
+use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
 use hickory_proto::op::{Message, Query};
+use parking_lot::Mutex;
+use tokio::sync::watch;
 
+use crate::budget::{ByteBudget, Charge};
 use crate::outbound::Outbounds;
 use crate::relay::{self, Side};
-use crate::stats::Stats;
+use crate::stats::{EngineDrop, Stats};
 use cache::Cache;
 use fakeip::FakePool;
 use msg::{BadReply, Incoming};
@@ -45,6 +56,23 @@ const FAKE_TTL: u32 = 1;
 /// server under load).
 const TCP_IDLE: Duration = Duration::from_secs(10);
 
+/// What a hijacked query holds while it is answered, besides the query and
+/// the reply (charged at their size): its task and the lookup's state
+/// (decoded query and reply messages, a few hundred bytes to a few KiB).
+pub(crate) const QUERY_STATE: usize = 4 * 1024;
+/// What one upstream exchange over UDP holds while it waits: the socket,
+/// the encoded query, the future's state. The receive buffer (the largest
+/// datagram, 64 KiB) exists only for the one non-blocking receive after the
+/// socket is readable, never across an await.
+pub(crate) const UDP_EXCHANGE: usize = 4 * 1024;
+/// What one exchange over TCP or TLS holds: the stream, the reply frame
+/// being read (at most 65 535 bytes, the length prefix is 16 bits), and for
+/// TLS the session's record buffers (two 16 KiB records).
+pub(crate) const STREAM_EXCHANGE: usize = 4 * 1024 + 65_535 + 2 * 16 * 1024;
+
+/// An upstream outcome shared with the askers that waited for it.
+type Shared = Result<(Arc<Message>, Arc<[u8]>), DnsError>;
+
 /// The DNS service of one engine.
 pub struct Dns {
     outbounds: Arc<Outbounds>,
@@ -54,6 +82,12 @@ pub struct Dns {
     hijack: Vec<IpAddr>,
     hijack_all: bool,
     cache: Cache,
+    /// Bytes the cache may hold (shrinks with memory pressure).
+    cache_bytes: Arc<ByteBudget>,
+    /// Bytes queries being answered and upstream exchanges may hold.
+    in_flight: Arc<ByteBudget>,
+    /// Questions being asked upstream: later askers wait on the channel.
+    pending: Mutex<HashMap<cache::Key, watch::Receiver<Option<Shared>>>>,
     fake: Option<FakePool>,
     /// Lower-case, without trailing dots.
     filter: Vec<Box<str>>,
@@ -73,7 +107,7 @@ impl std::fmt::Debug for Dns {
 }
 
 /// Why a domain could not be resolved.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum DnsError {
     /// Every upstream failed, timed out or was rejected by the rules.
@@ -85,19 +119,52 @@ pub enum DnsError {
     /// Not a domain name.
     #[error("not a valid domain name")]
     BadName,
+    /// The in-flight byte budget is spent (counted as `dns_queue_full`).
+    #[error("too many DNS queries in flight")]
+    Busy,
 }
 
 /// An answer found in the cache or fetched.
 enum Found {
-    Cached(Arc<Message>, u32),
+    Cached(Message, u32),
     /// The decoded reply and its wire form (ID still the upstream one).
     Fresh(Arc<Message>, Vec<u8>),
+}
+
+/// Whose turn it is to ask upstream.
+enum Turn<'a> {
+    /// Nobody asks this question yet: ask, then tell the waiters.
+    Lead(Lead<'a>),
+    /// Someone does: wait for the outcome.
+    Follow(watch::Receiver<Option<Shared>>),
+}
+
+/// The asker of a question in flight; its entry leaves the pending map
+/// when it is done or dropped (a cancelled lookup: the waiters then ask
+/// themselves).
+struct Lead<'a> {
+    dns: &'a Dns,
+    key: cache::Key,
+    tx: watch::Sender<Option<Shared>>,
+}
+
+impl Drop for Lead<'_> {
+    fn drop(&mut self) {
+        let mut pending = self.dns.pending.lock();
+        if pending
+            .get(&self.key)
+            .is_some_and(|rx| rx.same_channel(&self.tx.subscribe()))
+        {
+            pending.remove(&self.key);
+        }
+    }
 }
 
 impl Found {
     fn msg(&self) -> &Message {
         match self {
-            Found::Cached(m, _) | Found::Fresh(m, _) => m,
+            Found::Cached(m, _) => m,
+            Found::Fresh(m, _) => m,
         }
     }
 }
@@ -113,10 +180,13 @@ impl Dns {
     /// The service, or `None` when `[dns]` is off. `c` has passed
     /// [`DnsConfig::validate`]; `tun_nets` are the TUN's prefixes (the
     /// default hijack addresses come from them).
+    /// `cache_bytes` and `in_flight` are the service's memory budgets.
     pub fn new(
         c: &DnsConfig,
         tun_nets: &[ipnet::IpNet],
         outbounds: Arc<Outbounds>,
+        cache_bytes: Arc<ByteBudget>,
+        in_flight: Arc<ByteBudget>,
     ) -> Result<Option<Arc<Self>>, DnsConfigError> {
         if !c.enabled {
             return Ok(None);
@@ -155,6 +225,9 @@ impl Dns {
             hijack,
             hijack_all: c.hijack_all,
             cache: Cache::new(c.cache_entries),
+            cache_bytes,
+            in_flight,
+            pending: Mutex::new(HashMap::new()),
             fake,
             filter,
             tls,
@@ -168,7 +241,8 @@ impl Dns {
     }
 
     /// The answer to one hijacked query; `None` for a packet that is not a
-    /// DNS query (counted as malformed).
+    /// DNS query (counted as malformed) or when the in-flight budget is
+    /// spent (counted as `dns_queue_full`).
     pub async fn answer(&self, query: &[u8], stats: &Stats) -> Option<Vec<u8>> {
         self.answer_limited(query, stats).await.map(|(r, _)| r)
     }
@@ -223,6 +297,7 @@ impl Dns {
                 raw[..2].copy_from_slice(&q.metadata.id.to_be_bytes());
                 raw
             }
+            Err(DnsError::Busy) => return None,
             Err(_) => {
                 d.servfail.fetch_add(1, Relaxed);
                 msg::servfail(&q)
@@ -300,18 +375,84 @@ impl Dns {
             .ok_or(DnsError::NoAddress)
     }
 
-    /// The cache, else the upstreams in order (each try bounded by the
-    /// timeout); a cacheable reply is stored.
+    /// The in-flight byte budget, charged by the driver for each hijacked
+    /// query it hands to a task.
+    pub(crate) fn in_flight(&self) -> &Arc<ByteBudget> {
+        &self.in_flight
+    }
+
+    /// Evict cached answers down to the byte limit in force at `now` (the
+    /// host raised the memory pressure).
+    pub fn trim(&self, now: Instant) {
+        self.cache.trim(self.cache_bytes.limit(now));
+    }
+
+    /// The cache, else the upstreams. A question already being asked
+    /// upstream is not asked again: this lookup waits for that one's
+    /// outcome (and asks itself only if that lookup was cancelled).
     async fn lookup(&self, q: &Message, qq: &Query, stats: &Stats) -> Result<Found, DnsError> {
         let key: cache::Key = (
             msg::key_name(&qq.name).into_boxed_str(),
             u16::from(qq.query_type),
             u16::from(qq.query_class),
         );
-        if let Some((m, age)) = self.cache.get(&key, Instant::now()) {
-            stats.dns.cache_hits.fetch_add(1, Relaxed);
-            return Ok(Found::Cached(m, age));
+        // Twice at most: a leader cancelled under us hands the turn over once.
+        for _ in 0..2 {
+            if let Some((wire, age)) = self.cache.get(&key, Instant::now())
+                && let Ok(m) = Message::from_vec(&wire)
+            {
+                stats.dns.cache_hits.fetch_add(1, Relaxed);
+                return Ok(Found::Cached(m, age));
+            }
+            match self.turn(&key) {
+                Turn::Follow(mut rx) => {
+                    let Ok(outcome) = rx.wait_for(Option::is_some).await else {
+                        continue;
+                    };
+                    let shared = outcome.clone().unwrap_or(Err(DnsError::Upstream));
+                    drop(outcome);
+                    return shared.map(|(m, raw)| Found::Fresh(m, raw.to_vec()));
+                }
+                Turn::Lead(lead) => {
+                    let r = self.ask_upstreams(q, qq, key, stats).await;
+                    let shared = match &r {
+                        Ok((m, raw)) => Ok((m.clone(), Arc::from(raw.as_slice()))),
+                        Err(e) => Err(e.clone()),
+                    };
+                    lead.tx.send_replace(Some(shared));
+                    return r.map(|(m, raw)| Found::Fresh(m, raw));
+                }
+            }
         }
+        Err(DnsError::Upstream)
+    }
+
+    /// Join the question in flight for `key`, or become its asker.
+    fn turn(&self, key: &cache::Key) -> Turn<'_> {
+        let mut pending = self.pending.lock();
+        if let Some(rx) = pending.get(key)
+            && rx.has_changed().is_ok()
+        {
+            return Turn::Follow(rx.clone());
+        }
+        let (tx, rx) = watch::channel(None);
+        pending.insert(key.clone(), rx);
+        Turn::Lead(Lead {
+            dns: self,
+            key: key.clone(),
+            tx,
+        })
+    }
+
+    /// The upstreams in order (each try bounded by the timeout and charged
+    /// against the in-flight budget); a cacheable reply is stored.
+    async fn ask_upstreams(
+        &self,
+        q: &Message,
+        qq: &Query,
+        key: cache::Key,
+        stats: &Stats,
+    ) -> Result<(Arc<Message>, Vec<u8>), DnsError> {
         let mut up_q = q.clone();
         for up in &self.upstreams {
             let id = random_id();
@@ -319,14 +460,25 @@ impl Dns {
             let Ok(wire) = up_q.to_vec() else {
                 return Err(DnsError::BadName);
             };
-            match tokio::time::timeout(self.timeout, self.ask(up, &wire, id, qq, stats)).await {
+            let cost = match up.proto {
+                UpstreamProto::Udp => UDP_EXCHANGE,
+                UpstreamProto::Tcp | UpstreamProto::Tls => STREAM_EXCHANGE,
+            };
+            let Some(charge) = self.charge(cost + wire.len(), stats) else {
+                return Err(DnsError::Busy);
+            };
+            let asked = self.ask(up, &wire, id, qq, stats, charge);
+            match tokio::time::timeout(self.timeout, asked).await {
                 Ok(Ok((m, raw))) => {
                     let m = Arc::new(m);
                     if let Some(ttl) = msg::cache_ttl(&m) {
-                        self.cache.insert(key, m.clone(), ttl, Instant::now());
+                        let now = Instant::now();
+                        let limit = self.cache_bytes.limit(now);
+                        self.cache.insert(key, &raw, ttl, now, limit);
                     }
-                    return Ok(Found::Fresh(m, raw));
+                    return Ok((m, raw));
                 }
+                Ok(Err(ExchangeError::Busy)) => return Err(DnsError::Busy),
                 Ok(Err(ExchangeError::Rejected)) => {}
                 Ok(Err(e)) => {
                     stats.dns.upstream_failures.fetch_add(1, Relaxed);
@@ -341,8 +493,18 @@ impl Dns {
         Err(DnsError::Upstream)
     }
 
+    /// `bytes` of the in-flight budget, or `None` (counted) when it is spent.
+    fn charge(&self, bytes: usize, stats: &Stats) -> Option<Charge> {
+        let c = self.in_flight.try_charge(bytes, Instant::now());
+        if c.is_none() {
+            stats.drop(EngineDrop::DnsQueueFull);
+        }
+        c
+    }
+
     /// One try: exchange, check the reply; a truncated UDP reply is asked
-    /// again over TCP (same address, same outbound, same time budget).
+    /// again over TCP (same address, same outbound, same time budget, the
+    /// charge raised to a stream exchange's).
     async fn ask(
         &self,
         up: &Upstream,
@@ -350,12 +512,16 @@ impl Dns {
         id: u16,
         qq: &Query,
         stats: &Stats,
+        _charge: Charge,
     ) -> Result<(Message, Vec<u8>), ExchangeError> {
         let tls = self.tls.as_ref();
         let raw = upstream::exchange(&self.outbounds, up, tls, wire, id, stats).await?;
         match msg::check_reply(&raw, id, qq) {
             Ok(m) => Ok((m, raw)),
             Err(BadReply::Truncated) if up.proto == UpstreamProto::Udp => {
+                let _more = self
+                    .charge(STREAM_EXCHANGE - UDP_EXCHANGE, stats)
+                    .ok_or(ExchangeError::Busy)?;
                 let tcp = Upstream {
                     proto: UpstreamProto::Tcp,
                     ..up.clone()
@@ -418,12 +584,28 @@ fn tls_connector(_: &DnsConfig) -> Result<upstream::Tls, DnsConfigError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::budget::Pressure;
     use crate::config::Config;
     use crate::outbound::SocketFactory;
     use hickory_proto::op::ResponseCode;
     use hickory_proto::rr::RecordType;
 
     fn service(tweak: impl FnOnce(&mut Config)) -> Arc<Dns> {
+        service_with(tweak, 1 << 20)
+    }
+
+    /// The service with `in_flight` bytes for queries and exchanges.
+    fn service_with(tweak: impl FnOnce(&mut Config), in_flight: usize) -> Arc<Dns> {
+        service_under(tweak, in_flight, 1 << 20, Arc::new(Pressure::default()))
+    }
+
+    /// The service with `in_flight` and `cache` bytes under `pressure`.
+    fn service_under(
+        tweak: impl FnOnce(&mut Config),
+        in_flight: usize,
+        cache: usize,
+        pressure: Arc<Pressure>,
+    ) -> Arc<Dns> {
         let mut c = Config::default();
         c.tun.ipv4 = Some("198.18.0.1/16".parse().expect("net"));
         c.dns.enabled = true;
@@ -441,7 +623,9 @@ mod tests {
             crate::outbound::resolve::Resolvers::default(),
         )
         .expect("outbounds");
-        Dns::new(&c.dns, &c.tun.nets(), Arc::new(ob))
+        let cache = Arc::new(ByteBudget::new(cache, pressure.clone()));
+        let in_flight = Arc::new(ByteBudget::new(in_flight, pressure));
+        Dns::new(&c.dns, &c.tun.nets(), Arc::new(ob), cache, in_flight)
             .expect("dns")
             .expect("enabled")
     }
@@ -511,6 +695,144 @@ mod tests {
         );
         assert_eq!(rt.block_on(d.answer(b"\x00\x01junk", &stats)), None);
         assert_eq!(stats.dns.malformed.load(Relaxed), 1);
+    }
+
+    /// A UDP upstream on 127.0.0.1 that answers every A query with
+    /// 192.0.2.1 after `delay`, and counts the queries it got.
+    async fn slow_upstream(delay: Duration) -> (SocketAddr, Arc<std::sync::atomic::AtomicUsize>) {
+        let sock = Arc::new(
+            tokio::net::UdpSocket::bind("127.0.0.1:0")
+                .await
+                .expect("bind"),
+        );
+        let addr = sock.local_addr().expect("addr");
+        let asked = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counter = asked.clone();
+        tokio::spawn(async move {
+            let mut buf = vec![0u8; 2048];
+            while let Ok((n, from)) = sock.recv_from(&mut buf).await {
+                counter.fetch_add(1, Relaxed);
+                let reply = msg::tests::answer_a(&buf[..n], [192, 0, 2, 1], 60)
+                    .to_vec()
+                    .expect("encode");
+                let sock = sock.clone();
+                tokio::spawn(async move {
+                    tokio::time::sleep(delay).await;
+                    let _ = sock.send_to(&reply, from).await;
+                });
+            }
+        });
+        (addr, asked)
+    }
+
+    /// Twenty hijacked queries for one name while the upstream is slow: it
+    /// is asked once, and all twenty clients get the answer with their own
+    /// ID. (Each used to open its own upstream socket with its own 64 KiB
+    /// buffer.)
+    #[test]
+    fn identical_questions_in_flight_are_asked_upstream_once() {
+        rt().block_on(async {
+            let (up, asked) = slow_upstream(Duration::from_millis(200)).await;
+            let d = service(|c| {
+                c.dns.upstreams = vec![format!("udp://{up}")];
+                c.dns.timeout_ms = 2_000;
+            });
+            let stats = Arc::new(Stats::default());
+            let mut set = tokio::task::JoinSet::new();
+            for id in 0..20u16 {
+                let (d, stats) = (d.clone(), stats.clone());
+                set.spawn(async move {
+                    let q = msg::tests::query("same.test.", RecordType::A, 1000 + id);
+                    let r = d.answer(&q, &stats).await.expect("answered");
+                    (id, Message::from_vec(&r).expect("decode"))
+                });
+            }
+            while let Some(done) = set.join_next().await {
+                let (id, r) = done.expect("task");
+                assert_eq!(r.metadata.id, 1000 + id, "the client's own ID");
+                assert_eq!(r.metadata.response_code, ResponseCode::NoError);
+                assert_eq!(msg::addresses(&r, false).count(), 1, "{r:?}");
+            }
+            assert_eq!(asked.load(Relaxed), 1, "one upstream query for 20 askers");
+            assert!(d.pending.lock().is_empty(), "nothing left in flight");
+            // Later askers are answered from the cache.
+            let q = msg::tests::query("same.test.", RecordType::A, 7);
+            assert!(d.answer(&q, &stats).await.is_some());
+            assert_eq!(asked.load(Relaxed), 1);
+            assert_eq!(stats.dns.cache_hits.load(Relaxed), 1);
+        });
+    }
+
+    /// An in-flight budget with room for one exchange: a second question
+    /// asked meanwhile is dropped and counted (the client retries), the
+    /// first is answered, and the budget is whole again afterwards.
+    #[test]
+    fn exchanges_past_the_in_flight_budget_are_dropped_and_counted() {
+        rt().block_on(async {
+            let (up, asked) = slow_upstream(Duration::from_millis(200)).await;
+            let d = service_with(
+                |c| {
+                    c.dns.upstreams = vec![format!("udp://{up}")];
+                    c.dns.timeout_ms = 2_000;
+                },
+                UDP_EXCHANGE + 100,
+            );
+            let stats = Arc::new(Stats::default());
+            let first = {
+                let (d, stats) = (d.clone(), stats.clone());
+                tokio::spawn(async move {
+                    let q = msg::tests::query("one.test.", RecordType::A, 1);
+                    d.answer(&q, &stats).await
+                })
+            };
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            let q = msg::tests::query("two.test.", RecordType::A, 2);
+            assert_eq!(d.answer(&q, &stats).await, None, "no room: dropped");
+            assert_eq!(stats.snapshot().drop_count("dns_queue_full"), 1);
+            assert!(
+                first.await.expect("task").is_some(),
+                "the first is answered"
+            );
+            assert_eq!(asked.load(Relaxed), 1);
+            assert_eq!(d.in_flight().used(), 0, "charges released");
+            let q = msg::tests::query("two.test.", RecordType::A, 3);
+            assert!(d.answer(&q, &stats).await.is_some(), "room again");
+        });
+    }
+
+    /// Raised memory pressure shrinks the cache's byte limit: `trim` (the
+    /// engine calls it when the host reports) evicts down to it at once, and
+    /// later answers keep to it.
+    #[test]
+    fn cache_shrinks_with_memory_pressure() {
+        use crate::budget::MemoryPressure;
+        rt().block_on(async {
+            let (up, _) = slow_upstream(Duration::ZERO).await;
+            let pressure = Arc::new(Pressure::default());
+            let tweak = |c: &mut Config| c.dns.upstreams = vec![format!("udp://{up}")];
+            let d = service_under(tweak, 1 << 20, 8 * 1024, pressure.clone());
+            let stats = Stats::default();
+            let ask = |i: u16| {
+                let (d, stats) = (&d, &stats);
+                async move {
+                    let q = msg::tests::query(&format!("n{i}.test."), RecordType::A, i);
+                    assert!(d.answer(&q, stats).await.is_some(), "answer {i}");
+                }
+            };
+            for i in 0..40 {
+                ask(i).await;
+            }
+            let full = d.cache.bytes();
+            assert!(full <= 8 * 1024 && full > 6 * 1024, "{full} bytes");
+            pressure.report(MemoryPressure::Critical, Instant::now());
+            d.trim(Instant::now());
+            assert!(d.cache.bytes() <= 2 * 1024, "{} bytes", d.cache.bytes());
+            for i in 40..60 {
+                ask(i).await;
+            }
+            assert!(d.cache.bytes() <= 2 * 1024, "{} bytes", d.cache.bytes());
+            assert!(d.cache.len() > 0, "still caching");
+        });
     }
 
     #[test]

@@ -34,6 +34,9 @@ pub(crate) enum ExchangeError {
     Unsupported(&'static str),
     #[error("the reply does not answer the query ({0:?})")]
     Reply(msg::BadReply),
+    /// The in-flight byte budget had no room for a retry over TCP.
+    #[error("too many DNS queries in flight")]
+    Busy,
 }
 
 /// TLS client state for `tls://` upstreams.
@@ -110,14 +113,28 @@ async fn udp_direct(
 ) -> Result<Vec<u8>, ExchangeError> {
     let sock = ob.factory().udp_connected(up.addr)?;
     sock.send(wire).await?;
-    let mut buf = vec![0u8; MAX_MESSAGE];
     loop {
         // A connected socket only hears the upstream; the ID check drops
         // late replies to an earlier try and guesses at the ID.
-        let n = sock.recv(&mut buf).await?;
-        if msg::id_matches(&buf[..n], id) {
-            buf.truncate(n);
-            return Ok(buf);
+        let reply = recv_datagram(&sock).await?;
+        if msg::id_matches(&reply, id) {
+            return Ok(reply);
+        }
+    }
+}
+
+/// The next datagram on `sock`, in a vector of its size. The 64 KiB
+/// receive buffer exists only for the non-blocking receive once the socket
+/// is readable, so an exchange waiting for its reply holds none (the
+/// in-flight budget counts it that way, `super::UDP_EXCHANGE`).
+async fn recv_datagram(sock: &tokio::net::UdpSocket) -> io::Result<Vec<u8>> {
+    loop {
+        sock.readable().await?;
+        let mut buf = vec![0u8; MAX_MESSAGE];
+        match sock.try_recv(&mut buf) {
+            Ok(n) => return Ok(buf[..n].to_vec()),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(e) => return Err(e),
         }
     }
 }
@@ -152,10 +169,9 @@ async fn udp_proxy(
     let mut out = Vec::with_capacity(wire.len() + 64);
     codec.encode(&target, wire, &mut out)?;
     sock.send(&out).await?;
-    let mut buf = vec![0u8; MAX_MESSAGE];
     loop {
-        let n = sock.recv(&mut buf).await?;
-        let Ok((_, range)) = codec.decode(&mut buf[..n]) else {
+        let mut buf = recv_datagram(&sock).await?;
+        let Ok((_, range)) = codec.decode(&mut buf) else {
             continue;
         };
         let payload = &buf[range];

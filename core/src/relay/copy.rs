@@ -5,15 +5,57 @@
 //!
 //! A direction holds a buffer only while its source has data: it allocates
 //! one when bytes arrive and frees it as soon as the source is drained, so
-//! idle connections hold no relay memory.
+//! idle connections hold no relay memory. The buffer is the configured size
+//! while the relay pool (`Meter::pool`, the `relay` memory budget) has room
+//! for it, charged until it is freed; past that, or under memory pressure,
+//! a direction copies through a [`RELAY_FALLBACK_BUFFER`] instead: slower,
+//! never blocked, and counted in each session's admission cost.
 
 use std::io;
 use std::net::Shutdown;
+use std::time::Instant;
 
 use socket2::SockRef;
 use tokio::net::TcpStream;
 
 use super::{Fallback, Leg, LegMeter, Meter, Open, Relayed, Seal};
+use crate::budget::{ByteBudget, RELAY_FALLBACK_BUFFER};
+
+/// A direction's read buffer and what it charged the relay pool (the
+/// buffer, and as much again for a codec's output).
+struct LegBuffer<'a> {
+    buf: Box<[u8]>,
+    pool: Option<&'a ByteBudget>,
+    charged: usize,
+}
+
+impl<'a> LegBuffer<'a> {
+    /// `size` bytes if the pool (if any) has room for them now, else the
+    /// fallback size.
+    fn take(size: usize, pool: Option<&'a ByteBudget>, codec: bool) -> Self {
+        let size = size.max(1);
+        let charge = if codec { 2 * size } else { size };
+        let (len, charged) = match pool {
+            None => (size, 0),
+            Some(_) if size <= RELAY_FALLBACK_BUFFER => (size, 0),
+            Some(p) if p.take(charge, Instant::now()) => (size, charge),
+            Some(_) => (RELAY_FALLBACK_BUFFER, 0),
+        };
+        LegBuffer {
+            buf: vec![0u8; len].into_boxed_slice(),
+            pool,
+            charged,
+        }
+    }
+}
+
+impl Drop for LegBuffer<'_> {
+    fn drop(&mut self) {
+        if let Some(p) = self.pool {
+            p.give_back(self.charged);
+        }
+    }
+}
 
 /// One end of a relayed connection, as a copy leg reads and writes it.
 pub(crate) trait Side {
@@ -101,11 +143,14 @@ pub(crate) async fn leg<S: Side, D: Side>(
     meter: LegMeter<'_>,
     mut leg: Leg,
 ) -> io::Result<Leg> {
-    let mut buf: Option<Box<[u8]>> = None;
+    let mut buf: Option<LegBuffer<'_>> = None;
     let mut out: Vec<u8> = Vec::new();
+    let coded = !matches!(codec, Codec::Plain);
     loop {
         src.readable().await?;
-        let b = buf.get_or_insert_with(|| vec![0u8; buf_size.max(1)].into_boxed_slice());
+        let b = &mut buf
+            .get_or_insert_with(|| LegBuffer::take(buf_size, meter.pool, coded))
+            .buf;
         let n = match src.try_read(b) {
             Ok(0) => {
                 codec.finish()?;
@@ -211,4 +256,44 @@ pub(crate) async fn write_all(dst: &TcpStream, mut data: &[u8]) -> io::Result<()
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::budget::{MemoryPressure, Pressure};
+
+    /// Full-size buffers while the relay pool has room (a codec's output
+    /// counted too), the fallback size past it, under pressure too, and
+    /// every charge given back when the buffer goes.
+    #[test]
+    fn buffers_come_from_the_pool_then_fall_back() {
+        let now = Instant::now();
+        let pressure = Arc::new(Pressure::default());
+        let pool = ByteBudget::new(64 * 1024, pressure.clone());
+        let plain = LegBuffer::take(16 * 1024, Some(&pool), false);
+        let coded = LegBuffer::take(16 * 1024, Some(&pool), true);
+        assert_eq!((plain.buf.len(), coded.buf.len()), (16 * 1024, 16 * 1024));
+        assert_eq!(pool.used(), 48 * 1024, "a codec's output is charged too");
+        let more = LegBuffer::take(16 * 1024, Some(&pool), true);
+        assert_eq!(more.buf.len(), RELAY_FALLBACK_BUFFER, "no room for 32 KiB");
+        assert_eq!(pool.used(), 48 * 1024, "the fallback is not charged");
+        drop((plain, coded, more));
+        assert_eq!(pool.used(), 0);
+        // Critical pressure: a quarter of the pool.
+        pressure.report(MemoryPressure::Critical, now);
+        let a = LegBuffer::take(16 * 1024, Some(&pool), false);
+        let b = LegBuffer::take(16 * 1024, Some(&pool), false);
+        assert_eq!(
+            (a.buf.len(), b.buf.len()),
+            (16 * 1024, RELAY_FALLBACK_BUFFER)
+        );
+        // Without a pool (tests, benchmarks): always the configured size;
+        // a size below the fallback's is never charged.
+        assert_eq!(LegBuffer::take(64 * 1024, None, true).buf.len(), 64 * 1024);
+        drop(LegBuffer::take(1024, Some(&pool), false));
+        assert_eq!(pool.used(), 16 * 1024);
+    }
 }

@@ -26,11 +26,12 @@ pub(crate) mod copy;
 #[cfg(linux_like)]
 pub mod splice;
 
+use crate::budget::ByteBudget;
 use copy::Codec;
 pub(crate) use copy::{Side, read, read_exact, write_all};
 
 /// Where a relay reports bytes as they move, so statistics are live during
-/// long transfers.
+/// long transfers, and where its userspace buffers are charged.
 #[derive(Debug, Clone, Copy)]
 pub struct Meter<'a> {
     /// Payload bytes from the app to the outbound.
@@ -41,6 +42,9 @@ pub struct Meter<'a> {
     pub spliced: &'a AtomicU64,
     /// Bytes (either direction) that went through a userspace buffer.
     pub copied: &'a AtomicU64,
+    /// The relay pool full-size copy buffers are charged to (`None`: no
+    /// bound, every buffer is full size).
+    pub pool: Option<&'a ByteBudget>,
 }
 
 /// One direction's counters.
@@ -53,6 +57,7 @@ pub(crate) struct LegMeter<'a> {
     pub bytes: &'a AtomicU64,
     pub spliced: &'a AtomicU64,
     pub copied: &'a AtomicU64,
+    pub pool: Option<&'a ByteBudget>,
 }
 
 impl<'a> Meter<'a> {
@@ -61,6 +66,7 @@ impl<'a> Meter<'a> {
             bytes: self.up,
             spliced: self.spliced,
             copied: self.copied,
+            pool: self.pool,
         }
     }
     pub(crate) fn down_leg(&self) -> LegMeter<'a> {
@@ -68,6 +74,7 @@ impl<'a> Meter<'a> {
             bytes: self.down,
             spliced: self.spliced,
             copied: self.copied,
+            pool: self.pool,
         }
     }
 }
@@ -275,6 +282,7 @@ mod tests {
                 down: &self.down,
                 spliced: &self.spliced,
                 copied: &self.copied,
+                pool: None,
             }
         }
     }

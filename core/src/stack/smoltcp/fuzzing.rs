@@ -287,7 +287,8 @@ impl Run {
         match self.st.accept(key, &syn, self.now, &mut self.sink) {
             Some(h) => {
                 self.summary.accepted += 1;
-                self.sessions.push(SmolStream::new(self.st.clone(), h, key));
+                self.sessions
+                    .push(SmolStream::new(self.st.clone(), h, key, None));
                 true
             }
             None => false,
@@ -454,7 +455,7 @@ impl Run {
         let g = self.st.inner.lock();
         let sockets = g.sockets.iter().count();
         assert_eq!(sockets, g.flows.len(), "every socket is a flow's");
-        for (key, h, _) in &g.detached {
+        for (key, h, _, _) in &g.detached {
             assert_eq!(
                 g.flows.get(key),
                 Some(h),

@@ -30,7 +30,7 @@ mod stream;
 
 use device::TunSink;
 use gate::Gate;
-pub(crate) use stack::{Key, SmolStack, socket_buffer};
+pub(crate) use stack::{Key, SmolStack};
 use stream::SmolStream;
 
 use super::HeldSyn;
@@ -191,9 +191,10 @@ impl Connect {
             return;
         };
         drop(syn);
-        let app = SmolStream::new(stack, h, key);
+        // The stream holds the permit, and hands it to the closing socket.
+        let app = SmolStream::new(stack, h, key, Some(permit));
         // A task of its own, sized for the session alone (this one, sized
         // for the connect, ends here).
-        tokio::spawn(session::run(d, app, next, server, permit));
+        tokio::spawn(session::run(d, app, next, server, ()));
     }
 }

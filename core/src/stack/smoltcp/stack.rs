@@ -25,7 +25,7 @@ use tokio::sync::Notify;
 use tokio::task::AbortHandle;
 
 use super::device::{Dev, Sink, TunSink, TxCount};
-use crate::budget::{OwnedPermit, Platform};
+use crate::budget::OwnedPermit;
 use crate::lifecycle::{Lifecycle, Phase};
 use crate::packet::HEADROOM;
 use crate::stack::{HALF_OPEN_PER_SOURCE, HANDSHAKE_TIMEOUT};
@@ -37,19 +37,6 @@ pub(crate) type Key = (SocketAddr, SocketAddr);
 
 /// Transmit counters are published after this many packets (or by the poller).
 const COMMIT_PACKETS: u64 = 64;
-
-/// Per-connection socket buffer (each of receive and send) for a platform:
-/// 64 KiB on iOS (64 sessions x 128 KiB fits the extension's budget), 128 KiB
-/// on Android, 512 KiB on desktop (enough window for multi-Gbit/s on a
-/// sub-millisecond path). Allocated zeroed by the allocator (`calloc`), so
-/// large buffers are paged in only as the window fills.
-pub(crate) fn socket_buffer(platform: Platform) -> usize {
-    match platform {
-        Platform::Ios => 64 * 1024,
-        Platform::Android => 128 * 1024,
-        Platform::Desktop => 512 * 1024,
-    }
-}
 
 /// What to do with a connection request (SYN without ACK).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -111,8 +98,9 @@ pub(super) struct Inner {
     /// published to the statistics.
     pub(super) evicted: u64,
     pub(super) timed_out: u64,
-    /// Sockets whose session ended, with when; removed once closed.
-    pub(super) detached: Vec<(Key, SocketHandle, Instant)>,
+    /// Sockets whose session ended, with when and the session's admission
+    /// permit (released with the socket); removed once closed.
+    pub(super) detached: Vec<(Key, SocketHandle, Instant, Option<OwnedPermit>)>,
     /// Transmit scratch: HEADROOM + MTU.
     pub(super) tx: Box<[u8]>,
     pub(super) count: TxCount,
@@ -165,7 +153,7 @@ impl Inner {
             handshaking,
             ..
         } = self;
-        detached.retain(|&(key, h, since)| {
+        detached.retain(|&(key, h, since, _)| {
             let state = sockets.get::<tcp::Socket>(h).state();
             let done = matches!(state, State::Closed | State::TimeWait)
                 || now.saturating_duration_since(since) >= linger;
@@ -685,15 +673,16 @@ impl SmolStack {
     }
 
     /// The session of `h` ended: close the socket gracefully (unless it is
-    /// already closed) and hand it to the poller, which removes it once the
-    /// FIN exchange is over or the linger time has passed.
-    pub(super) fn detach(&self, h: SocketHandle, key: Key) {
+    /// already closed) and hand it to the poller, which removes it (and
+    /// releases `permit`) once the FIN exchange is over or the linger time
+    /// has passed.
+    pub(super) fn detach(&self, h: SocketHandle, key: Key, permit: Option<OwnedPermit>) {
         let mut g = self.inner.lock();
         let s = g.socket(h);
         if !matches!(s.state(), State::Closed | State::TimeWait) {
             s.close();
         }
-        g.detached.push((key, h, Instant::now()));
+        g.detached.push((key, h, Instant::now(), permit));
         drop(g);
         self.wake.notify_one();
     }

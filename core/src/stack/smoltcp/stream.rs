@@ -11,17 +11,21 @@ use smoltcp::iface::SocketHandle;
 use tokio::net::TcpStream;
 
 use super::stack::{Key, SmolStack};
+use crate::budget::OwnedPermit;
 use crate::dispatch::session::{self, App};
 use crate::outbound::shadowsocks::{SsOpen, SsSeal};
 use crate::relay::copy::{self, Codec};
 use crate::relay::{Meter, RelayOptions, Relayed, Side};
 
 /// One connection's smoltcp socket. Dropping it hands the socket to the
-/// poller, which removes it once closed.
+/// poller, which removes it once closed, together with the connection's
+/// admission permit: a closing socket keeps its buffers, so it keeps
+/// counting against admission until it is gone.
 pub(crate) struct SmolStream {
     stack: Arc<SmolStack>,
     pub(super) h: SocketHandle,
     key: Key,
+    permit: Option<OwnedPermit>,
 }
 
 impl std::fmt::Debug for SmolStream {
@@ -33,8 +37,18 @@ impl std::fmt::Debug for SmolStream {
 }
 
 impl SmolStream {
-    pub(crate) fn new(stack: Arc<SmolStack>, h: SocketHandle, key: Key) -> Self {
-        SmolStream { stack, h, key }
+    pub(crate) fn new(
+        stack: Arc<SmolStack>,
+        h: SocketHandle,
+        key: Key,
+        permit: Option<OwnedPermit>,
+    ) -> Self {
+        SmolStream {
+            stack,
+            h,
+            key,
+            permit,
+        }
     }
 
     /// Read into `buf`; 0 at the app's FIN (tests and the fuzz target; the
@@ -66,7 +80,7 @@ impl SmolStream {
 
 impl Drop for SmolStream {
     fn drop(&mut self) {
-        self.stack.detach(self.h, self.key);
+        self.stack.detach(self.h, self.key, self.permit.take());
     }
 }
 

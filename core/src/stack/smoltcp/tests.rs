@@ -6,6 +6,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use super::super::device::{Sink, shade_window};
 use super::super::stream::SmolStream;
 use super::*;
+use crate::budget::Admission;
 use crate::packet::tcp::flags::{ACK, FIN, PSH, RST, SYN};
 use crate::packet::testutil::{corpus, tcp_v4, tcp_v6};
 use crate::packet::{parse_ip, parse_tcp};
@@ -125,7 +126,7 @@ fn handshake_data_and_close_both_families() {
         let rt = tokio::runtime::Builder::new_current_thread()
             .build()
             .expect("test input");
-        let app = SmolStream::new(st.clone(), h, k);
+        let app = SmolStream::new(st.clone(), h, k, None);
         let mut buf = [0u8; 64];
         let n = rt.block_on(app.recv(&mut buf)).expect("test input");
         assert_eq!(&buf[..n], b"hello");
@@ -158,7 +159,7 @@ fn abort_sends_rst_and_socket_is_swept() {
     let stats = Stats::default();
     let mut out = Capture::default();
     let (k, h, _) = handshake(&st, &mut out, &stats, false);
-    let app = SmolStream::new(st.clone(), h, k);
+    let app = SmolStream::new(st.clone(), h, k, None);
     app.abort();
     drop(app);
     out.0.clear();
@@ -166,6 +167,56 @@ fn abort_sends_rst_and_socket_is_swept() {
     assert!(out.0.iter().any(|p| seg(p).4 & RST != 0), "RST to the app");
     assert_eq!(st.counts(), (0, 0), "socket removed once closed");
     assert_eq!(st.syn(k), Syn::New, "the tuple is free again");
+}
+
+/// A session that ended while its socket still closes (our FIN not yet
+/// acknowledged by the app) keeps its admission permit until the poller
+/// removes the socket: the rings still exist, so they still count. (The
+/// permit used to be released when the session ended, leaving closing
+/// sockets outside admission.)
+#[test]
+fn closing_socket_keeps_its_permit_until_removed() {
+    let st = stack(); // linger 10 s
+    let stats = Stats::default();
+    let mut out = Capture::default();
+    let t0 = Instant::now();
+    let admission = Arc::new(Admission::new([1, 1, 1]));
+    let (k, h, _) = handshake(&st, &mut out, &stats, false);
+    let permit = admission.try_acquire_owned(t0).expect("permit");
+    drop(SmolStream::new(st.clone(), h, k, Some(permit)));
+    out.0.clear();
+    st.poll_once(&mut out, &stats, t0);
+    assert!(
+        out.0.iter().any(|p| seg(p).4 & FIN != 0),
+        "our FIN went out"
+    );
+    assert_eq!(st.counts(), (1, 0), "the socket is closing");
+    assert_eq!(admission.active(), 1, "and holds its permit");
+    assert!(
+        admission.try_acquire(t0).is_none(),
+        "a new session waits for it"
+    );
+    // The app never answers: the linger time ends it.
+    st.poll_once(&mut out, &stats, t0 + Duration::from_secs(11));
+    assert_eq!(st.counts(), (0, 0));
+    assert_eq!(admission.active(), 0, "released with the socket");
+}
+
+/// What a socket holds besides its rings (its slot in the socket set, which
+/// contains the socket, and its flow map entries) fits the state the budget
+/// charges each smoltcp session for it.
+#[test]
+fn socket_state_fits_the_budget() {
+    use std::mem::size_of;
+    let slot = size_of::<smoltcp::iface::SocketStorage<'static>>();
+    let entries = size_of::<(Key, SocketHandle)>()
+        + size_of::<(Key, SocketHandle, Instant, Option<OwnedPermit>)>();
+    // Hash maps keep up to half their slots free after growing.
+    let state = slot + 2 * entries;
+    assert!(
+        state <= crate::budget::SMOLTCP_SOCKET_STATE,
+        "{state} bytes (slot {slot}, entries {entries})"
+    );
 }
 
 #[test]
@@ -336,9 +387,11 @@ fn idle_stack_has_no_deadline_and_garbage_does_not_panic() {
 
 #[test]
 fn buffers_follow_the_platform() {
-    assert_eq!(socket_buffer(Platform::Ios), 64 * 1024);
-    assert!(socket_buffer(Platform::Android) <= 128 * 1024);
-    assert!(socket_buffer(Platform::Desktop) > socket_buffer(Platform::Android));
+    let buf = |p| crate::budget::Budget::for_platform(p).smoltcp_buffer;
+    use crate::budget::Platform;
+    assert_eq!(buf(Platform::Ios), 64 * 1024);
+    assert!(buf(Platform::Android) <= 128 * 1024);
+    assert!(buf(Platform::Desktop) > buf(Platform::Android));
 }
 
 /// The TCP window field of a segment.
@@ -466,7 +519,7 @@ fn window_edge_never_strands_the_sender() {
         let rt = tokio::runtime::Builder::new_current_thread()
             .build()
             .expect("test input");
-        let app = SmolStream::new(st.clone(), h, k);
+        let app = SmolStream::new(st.clone(), h, k, None);
         rt.block_on(app.send_all(b"echoed bytes")).expect("queued");
         out.0.clear();
         st.poll_once(&mut out, &stats, t);

@@ -1,0 +1,308 @@
+//! Memory budgets measured end to end: 1000 idle TCP connections held
+//! through an engine running under the iOS budget (system stack), and the
+//! engine's resident memory read against what `budget` documents per
+//! session. The engine runs in a child process of its own (this test binary
+//! again, with [`CHILD`] set), so its memory is read alone: the clients and
+//! the server that hold the other ends live in this process.
+//!
+//! Needs root (CI runs as root); otherwise the test prints why it skipped.
+//! Bounded: 1000 connections, every wait has a deadline, the child stops
+//! when its stdin closes (also when this process dies) and is killed if it
+//! does not.
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use kerntun::budget::{self, Budget, Platform, TcpStack};
+use kerntun::config::{Config, DriverMode, StackKind};
+use kerntun::{Engine, TunSource};
+use kerntun_testkit::{Topology, require_root};
+
+/// Set in the child: the engine's TUN name.
+const CHILD: &str = "KERNTUN_MEMORY_ENGINE_CHILD";
+/// Connections held at once.
+const HELD: usize = 1000;
+
+/// The engine's side: start under the iOS budget, say so, answer `stats`
+/// lines with the session counts, stop when stdin closes.
+fn engine_child(tun: &str) {
+    let mut c = Config {
+        stack: StackKind::System,
+        driver: DriverMode::PerPacket,
+        ..Config::default()
+    };
+    c.budget.platform = Some(Platform::Ios);
+    c.tun.name = tun.into();
+    c.tun.mtu = Platform::Ios.default_mtu();
+    c.tun.ipv4 = Some("198.18.0.1/16".parse().expect("net"));
+    c.direct.interface = Some(kerntun_testkit::CLIENT_VETH.into());
+    c.direct.connect_timeout_ms = 2_000;
+    let mut engine = Engine::start(c, TunSource::Create, None).expect("engine");
+    println!("KT READY {}", engine.tun_name().expect("name"));
+    for line in std::io::stdin().lock().lines() {
+        let Ok(line) = line else { break };
+        if line == "stats" {
+            let s = engine.stats();
+            println!(
+                "KT STATS {} {} {}",
+                s.tcp_sessions_active, s.admission_limit, s.admission_refused
+            );
+        }
+    }
+    engine.stop();
+}
+
+/// The child process and its pipes; stopped (or killed) on drop.
+struct EngineProcess {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    stdout: BufReader<ChildStdout>,
+}
+
+impl EngineProcess {
+    /// Run this test again in a child (it inherits the calling thread's
+    /// network namespace) as the engine.
+    fn start(tun: &str) -> EngineProcess {
+        let exe = std::env::current_exe().expect("test executable");
+        let mut child = Command::new(exe)
+            .args([
+                "--exact",
+                "thousand_idle_connections_fit_the_ios_budget",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(CHILD, tun)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("child test process");
+        let stdin = child.stdin.take();
+        let stdout = BufReader::new(child.stdout.take().expect("stdout"));
+        EngineProcess {
+            child,
+            stdin,
+            stdout,
+        }
+    }
+
+    /// What follows `KT ` on the next line that has it (the test harness
+    /// prints lines of its own).
+    fn line(&mut self) -> String {
+        let mut l = String::new();
+        loop {
+            l.clear();
+            let n = self.stdout.read_line(&mut l).expect("child stdout");
+            assert!(n > 0, "the engine process ended early");
+            // The harness prints "test <name> ... " before the first line.
+            if let Some(i) = l.find("KT ") {
+                return l[i + 3..].trim_end().to_owned();
+            }
+        }
+    }
+
+    /// (sessions active, admission limit, refusals) as the engine counts them.
+    fn stats(&mut self) -> (u64, u64, u64) {
+        let stdin = self.stdin.as_mut().expect("stdin");
+        writeln!(stdin, "stats").expect("ask for stats");
+        let l = self.line();
+        let v: Vec<u64> = l
+            .strip_prefix("STATS ")
+            .expect("a stats line")
+            .split(' ')
+            .map(|n| n.parse().expect("number"))
+            .collect();
+        (v[0], v[1], v[2])
+    }
+
+    /// Resident memory of the engine process, in KiB.
+    fn rss_kib(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
+            .unwrap_or_default();
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|v| v.parse().ok())
+            .expect("VmRSS of the engine process")
+    }
+}
+
+impl Drop for EngineProcess {
+    fn drop(&mut self) {
+        // EOF on stdin: the child stops its engine and exits.
+        drop(self.stdin.take());
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A server in the server namespace that accepts and holds every connection
+/// (one thread, no per-connection state beyond the socket).
+struct HoldServer {
+    addr: SocketAddr,
+    accepted: Arc<AtomicUsize>,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl HoldServer {
+    fn start(topo: &Topology) -> HoldServer {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (acc, st) = (accepted.clone(), stop.clone());
+        let at = topo.server_addr(false, 0);
+        let thread = topo
+            .server
+            .spawn(move || {
+                let l = TcpListener::bind(at).expect("bind");
+                l.set_nonblocking(true).expect("nonblocking");
+                tx.send(l.local_addr().expect("addr")).expect("send addr");
+                let mut held = Vec::new();
+                while !st.load(Ordering::Relaxed) {
+                    match l.accept() {
+                        Ok((s, _)) => {
+                            held.push(s);
+                            acc.store(held.len(), Ordering::Relaxed);
+                        }
+                        Err(_) => std::thread::sleep(Duration::from_millis(2)),
+                    }
+                }
+            })
+            .expect("server thread");
+        let addr = rx.recv().expect("server address");
+        HoldServer {
+            addr,
+            accepted,
+            stop,
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for HoldServer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Enough descriptors for 1000 connections on each side (the engine's
+/// child inherits the limit); root may raise it.
+fn raise_nofile() {
+    let limits = std::fs::read_to_string("/proc/self/limits").unwrap_or_default();
+    let soft: u64 = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .and_then(|l| l.split_whitespace().nth(3))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    if soft < 8192 {
+        let pid = std::process::id().to_string();
+        kerntun_testkit::sh("prlimit", &["--pid", &pid, "--nofile=8192:8192"])
+            .expect("raise RLIMIT_NOFILE");
+    }
+}
+
+fn wait_until(what: &str, limit: Duration, mut ok: impl FnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !ok() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// 1000 idle connections through an engine under the iOS budget: all are
+/// admitted (the budget admits more than 1000 at normal pressure), and the
+/// engine's resident memory grows by no more than the per-session state the
+/// budget charges each system-stack session while it is idle
+/// (`budget::SESSION_STATE`), so 1000 sessions stay far below the 50 MiB
+/// a Network Extension may use.
+#[test]
+fn thousand_idle_connections_fit_the_ios_budget() {
+    if let Some(tun) = std::env::var_os(CHILD) {
+        return engine_child(&tun.to_string_lossy());
+    }
+    require_root!();
+    let ios = Budget::for_platform(Platform::Ios);
+    raise_nofile();
+    let topo = Topology::new().expect("topology");
+    let server = HoldServer::start(&topo);
+    topo.client.enter().expect("enter client ns");
+    let mut engine = EngineProcess::start(&format!("kt{}", topo.id));
+    let tun = engine
+        .line()
+        .strip_prefix("READY ")
+        .expect("a ready line")
+        .to_owned();
+    topo.route_via_tun(&tun).expect("route");
+    eprintln!("[memory] engine ready on {tun}");
+    // Warm up (the first sessions build runtime state lazily), then let the
+    // engine settle before the baseline. The server holds these too.
+    const WARM: usize = 8;
+    let warm: Vec<_> = (0..WARM)
+        .map(|_| TcpStream::connect_timeout(&server.addr, Duration::from_secs(3)).expect("warm-up"))
+        .collect();
+    wait_until("warm-up sessions running", Duration::from_secs(10), || {
+        engine.stats().0 == WARM as u64
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    let rss0 = engine.rss_kib();
+    eprintln!("[memory] baseline {rss0} KiB");
+    let started = Instant::now();
+    let mut held = Vec::with_capacity(HELD);
+    for i in 0..HELD {
+        match TcpStream::connect_timeout(&server.addr, Duration::from_secs(3)) {
+            Ok(s) => held.push(s),
+            Err(e) => panic!("connection {} of {HELD} failed: {e}", i + 1),
+        }
+    }
+    let took = started.elapsed();
+    wait_until(
+        "the server holds every connection",
+        Duration::from_secs(10),
+        || server.accepted.load(Ordering::Relaxed) >= HELD + WARM,
+    );
+    wait_until("every session running", Duration::from_secs(10), || {
+        engine.stats().0 == (HELD + WARM) as u64
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    let rss1 = engine.rss_kib();
+    let (active, limit, refused) = engine.stats();
+    let per_session = (rss1.saturating_sub(rss0) * 1024) / HELD as u64;
+    eprintln!(
+        "[memory] {HELD} idle system-stack sessions under the iOS budget (admission limit {limit}): \
+         opened in {:.1} s; engine rss {rss0} -> {rss1} KiB, {per_session} bytes per session \
+         (budgeted state {} bytes, worst case with both relay buffers {} bytes)",
+        took.as_secs_f64(),
+        budget::SESSION_STATE,
+        ios.session_cost(TcpStack::System),
+    );
+    assert_eq!((active, refused), ((HELD + WARM) as u64, 0));
+    assert!(limit >= HELD as u64, "admission limit {limit}");
+    assert!(
+        per_session <= budget::SESSION_STATE as u64,
+        "an idle session costs {per_session} bytes, more than the {} the budget charges",
+        budget::SESSION_STATE
+    );
+    // Whatever else the engine holds, 1000 sessions leave it far below
+    // the extension's 50 MiB.
+    assert!(rss1 < 25 * 1024, "engine rss {rss1} KiB");
+    drop(held);
+    drop(warm);
+    drop(engine);
+    drop(server);
+}
