@@ -625,7 +625,13 @@ fn large_udp_replies_are_fragmented_and_oversize_ones_dropped_never_truncated() 
         let mut buf = vec![0u8; 32 * 1024];
         let mut ask = |what: &[u8]| {
             app.send(what).expect("send");
-            app.recv(&mut buf).map(|n| buf[..n].to_vec())
+            // A signal can interrupt the wait (seen once under load): wait on.
+            loop {
+                match app.recv(&mut buf) {
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    r => return r.map(|n| buf[..n].to_vec()),
+                }
+            }
         };
         let pattern = kerntun_testkit::pattern;
         assert_eq!(ask(b"small").expect("a reply that fits"), pattern(7, 1000));
