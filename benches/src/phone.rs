@@ -852,7 +852,7 @@ fn targets(p: &mut String, v: &View) {
     }
     let _ = writeln!(
         p,
-        "### Targets\n\nThe per-packet path (issue 15), router topology, MTU 1500 unless said, \
+        "### Targets\n\nThe per-packet path's targets, router topology, MTU 1500 unless said, \
          single runs:\n\n{}\n",
         lines.join("\n")
     );

@@ -16,7 +16,7 @@ use crate::record::{
 pub const SEED_GBIT: [(u32, f64, f64); 3] = [(1, 3.39, 4.82), (16, 4.36, 4.68), (64, 4.13, 4.09)];
 pub const SEED_VETH_GBIT: f64 = 66.0;
 
-/// Per idle connection, system stack at 10k connections (issue 8's target).
+/// Per idle connection, system stack at 10k connections (the target the page checks).
 pub const TARGET_PER_CONN_BYTES: f64 = 2048.0;
 
 struct View<'a> {
@@ -494,7 +494,7 @@ fn cost(p: &mut String, v: &View) {
     let _ = writeln!(p);
 }
 
-/// System stack next to smoltcp (the issue's headline comparison).
+/// System stack next to smoltcp, side by side.
 fn stacks(p: &mut String, v: &View) {
     let _ = writeln!(p, "## System stack and smoltcp\n");
     let sys = "system-batch";
@@ -575,7 +575,7 @@ fn stacks(p: &mut String, v: &View) {
             }
             let _ = writeln!(
                 p,
-                "Target (issue 8), system stack at least as fast as smoltcp, {}: met at {} \
+                "Target: system stack at least as fast as smoltcp, {}: met at {} \
                  streams, not met at {} streams (single runs on a shared machine: differences \
                  of a few tens of percent are within this run's noise, see the baseline's own \
                  spread).\n",
@@ -596,7 +596,7 @@ fn stacks(p: &mut String, v: &View) {
 }
 
 /// Splice against the userspace copy, direct and Shadowsocks `none`
-/// (issue 5's benchmark: splice at most half the CPU per GB of the copy).
+/// (the splice benchmark: splice at most half the CPU per GB of the copy).
 fn splice(p: &mut String, v: &View) {
     let pairs = SPLICE_PAIRS;
     let _ = writeln!(
@@ -996,7 +996,7 @@ fn scale(p: &mut String, v: &View) {
         let met = top.per_conn_bytes < TARGET_PER_CONN_BYTES;
         let _ = writeln!(
             p,
-            "Target (issue 8): under 2 KiB of engine RSS per idle connection for the system \
+            "Target: under 2 KiB of engine RSS per idle connection for the system \
              stack at 10k connections. Measured at {}: {:.0} B per connection — {}.\n",
             top.connections,
             top.per_conn_bytes,
