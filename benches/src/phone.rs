@@ -713,28 +713,7 @@ pub fn section(records: &[Record]) -> String {
              byte for byte, FIN and the answer after it included \
              (`kerntun_testkit::client::echo_transfer`).\n"
         );
-        let _ = writeln!(
-            p,
-            "| profile | bytes each way | result | time |\n|---|---:|---|---:|"
-        );
-        for i in &v.integrity {
-            let _ = writeln!(
-                p,
-                "| `{}` | {} MiB | {} | {:.2} s |",
-                i.scenario,
-                i.bytes >> 20,
-                if i.ok {
-                    "identical".to_string()
-                } else {
-                    format!(
-                        "FAILED: {}",
-                        i.error.as_deref().unwrap_or("?").replace('|', "\\|")
-                    )
-                },
-                i.secs
-            );
-        }
-        let _ = writeln!(p);
+        crate::report::integrity_table(&mut p, "profile", &v.integrity);
     }
     p
 }

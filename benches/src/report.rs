@@ -906,11 +906,17 @@ fn integrity(p: &mut String, v: &View) {
          server namespace, half-closes, and checks every byte that comes back plus the answer \
          the server sends after EOF (`kerntun_testkit::client::echo_transfer`).\n"
     );
+    integrity_table(p, "scenario", &v.integrity);
+}
+
+/// The table of echo checks, one row per `what` (scenario or profile);
+/// the phone profiles' section uses it too.
+pub(crate) fn integrity_table(p: &mut String, what: &str, rows: &[&Integrity]) {
     let _ = writeln!(
         p,
-        "| scenario | bytes each way | result | time |\n|---|---:|---|---:|"
+        "| {what} | bytes each way | result | time |\n|---|---:|---|---:|"
     );
-    for i in &v.integrity {
+    for i in rows {
         let _ = writeln!(
             p,
             "| `{}` | {} MiB | {} | {:.2} s |",
