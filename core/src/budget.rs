@@ -333,6 +333,28 @@ impl Budget {
         }
     }
 
+    /// The most each budget lets the engine hold at normal pressure, with
+    /// the system stack and TUN MTU `mtu`: (what, bytes). Their sum is the
+    /// worst case docs/reliability.md ("Memory budgets") gives per
+    /// platform; smoltcp sessions are bounded by the same TCP bytes.
+    pub fn worst_case(&self, mtu: u16) -> Vec<(&'static str, usize)> {
+        let mtu = usize::from(mtu);
+        let sessions = self.tcp_sessions(TcpStack::System)[0];
+        vec![
+            (
+                "tcp sessions",
+                sessions * self.session_cost(TcpStack::System),
+            ),
+            ("relay pool", self.memory.relay),
+            ("dns cache", self.memory.dns_cache),
+            ("dns in flight", self.memory.dns_in_flight),
+            ("udp queues", self.memory.udp_queues),
+            // One queue buffer and one reply buffer (with room for a
+            // proxy's framing) per flow.
+            ("udp flow buffers", self.udp_flows * (2 * mtu + 2 * 1024)),
+        ]
+    }
+
     /// Admission permits at normal, elevated and critical pressure for
     /// `stack`: the TCP memory budget over the session cost (at most one
     /// per NAT entry, which both stacks also bound their flows by), or the
@@ -677,24 +699,6 @@ mod tests {
         assert_eq!(b.udp_flows, 512);
     }
 
-    /// The worst case each budget allows on `p` at normal pressure, for the
-    /// system stack and the platform's default MTU: (what, bytes).
-    fn worst_case(p: Platform) -> Vec<(&'static str, usize)> {
-        let b = Budget::for_platform(p);
-        let mtu = usize::from(p.default_mtu());
-        let sessions = b.tcp_sessions(TcpStack::System)[0];
-        vec![
-            ("tcp sessions", sessions * b.session_cost(TcpStack::System)),
-            ("relay pool", b.memory.relay),
-            ("dns cache", b.memory.dns_cache),
-            ("dns in flight", b.memory.dns_in_flight),
-            ("udp queues", b.memory.udp_queues),
-            // One queue buffer and one reply buffer (with room for a
-            // proxy's framing) per flow.
-            ("udp flow buffers", b.udp_flows * (2 * mtu + 2 * 1024)),
-        ]
-    }
-
     /// The table in docs/reliability.md ("Memory budgets"):
     /// `cargo test -p kerntun --lib budget::tests::worst_case_per_platform -- --nocapture`.
     /// The iOS total stays near half of the extension's 50 MiB, and admits
@@ -704,7 +708,7 @@ mod tests {
         const MIB: f64 = 1024.0 * 1024.0;
         for p in [Platform::Ios, Platform::Android, Platform::Desktop] {
             let b = Budget::for_platform(p);
-            let rows = worst_case(p);
+            let rows = b.worst_case(p.default_mtu());
             let total: usize = rows.iter().map(|r| r.1).sum();
             eprintln!(
                 "[budget] {p:?}: sessions system {:?} ({} B each), smoltcp {:?} ({} B each)",

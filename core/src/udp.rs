@@ -202,6 +202,10 @@ pub(crate) struct UdpTable {
     flows: HashMap<Key, Flow>,
     shared: Arc<UdpEnv>,
     epoch: Instant,
+    /// Flows evicted since the driver last yielded: their reply tasks are
+    /// aborted, and each one's socket closes only when the runtime drops
+    /// that task ([`UdpTable::take_evicted`]).
+    evicted: usize,
 }
 
 impl UdpTable {
@@ -210,11 +214,22 @@ impl UdpTable {
             flows: HashMap::new(),
             shared,
             epoch: now,
+            evicted: 0,
         }
     }
 
     pub fn len(&self) -> usize {
         self.flows.len()
+    }
+
+    /// Whether flows were evicted since the last call. Their sockets are
+    /// still open until the runtime drops their aborted tasks, which it
+    /// does only once the driver yields: a driver that reads on through a
+    /// flood without yielding (the device stays readable, so its awaits
+    /// return at once until tokio's cooperative budget runs out) would hold
+    /// thousands of evicted sockets over a `udp_flows` of a few hundred.
+    pub fn take_evicted(&mut self) -> bool {
+        std::mem::take(&mut self.evicted) > 0
     }
 
     /// Send one uplink datagram (`buf` holds the whole IP packet).
@@ -421,6 +436,7 @@ impl UdpTable {
             .map(|(k, _)| *k)
         {
             self.flows.remove(&key);
+            self.evicted += 1;
             self.shared.d.stats.udp_flows_evicted.fetch_add(1, Relaxed);
             self.shared.d.stats.udp_flows_active.fetch_sub(1, Relaxed);
         }

@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use kerntun::budget::Platform;
+use kerntun::budget::{Budget, Platform};
 use kerntun::config::{Config, DriverMode, StackKind};
 use kerntun::{Engine, StatsSnapshot, TunSource};
 use kerntun_testkit::servers::{self, Mode};
@@ -234,6 +234,13 @@ fn run<T>(
     topo.client.enter().expect("enter client ns");
     let mut cfg = config(&topo, stack, platform);
     tweak(&mut cfg);
+    // What the budgets in force allow the engine to hold (docs/reliability.md,
+    // "Memory budgets").
+    let worst_case: usize = Budget::resolve(&cfg.budget)
+        .worst_case(cfg.tun.mtu)
+        .iter()
+        .map(|(_, bytes)| bytes)
+        .sum();
     let engine = Engine::start(cfg, TunSource::Create, None).expect("engine");
     let tun = engine.tun_name().expect("tun name");
     topo.route_via_tun(&tun).expect("routes");
@@ -305,6 +312,15 @@ fn run<T>(
         settled.is_some(),
         "back to idle within {settle:?}: {stats:?}"
     );
+    // This process's growth holds the engine's and the flood's own threads
+    // and buffers: an upper bound on the engine's.
+    let grown = usize::try_from(rss_peak.saturating_sub(rss0) * 1024).unwrap_or(usize::MAX);
+    if platform == Platform::Ios {
+        assert!(
+            grown <= worst_case,
+            "peak RSS grew {grown} B, over the iOS budget's worst case {worst_case} B"
+        );
+    }
     assert!(trips > 0, "the live stream moved");
     assert!(
         stall < Duration::from_secs(2),
@@ -390,6 +406,15 @@ fn udp_to_many_ports(stack: StackKind, platform: Platform) {
         |o, (_srv, sock)| {
             let s = &o.stats;
             assert!(s.udp_flows_evicted > 0, "the flood filled the table: {s:?}");
+            // One socket per flow, 256 flows; the flows one drain evicted
+            // (32 packets) close before the next drain; the test's own
+            // sockets and the live stream, a few more.
+            let (fds0, peak) = o.fds;
+            let bound = 256 + 32 + 64;
+            assert!(
+                peak <= fds0 + bound,
+                "descriptors during the flood: {fds0} -> {peak} (bound {bound})"
+            );
             // The answered flow is still the same flow: this round trip
             // opens none.
             let opened = s.udp_flows_total;

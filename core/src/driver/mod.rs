@@ -225,6 +225,12 @@ impl Processor {
         self.local.read_done(n, &self.stats, self.now);
     }
 
+    /// Whether the last drain aborted tasks whose resources are freed only
+    /// when the runtime drops them (evicted UDP flows and their sockets).
+    fn owes_yield(&mut self) -> bool {
+        self.udp.take_evicted()
+    }
+
     /// Whether there is state a cleanup tick could expire.
     fn has_state(&self) -> bool {
         self.stack.has_state() || self.udp.len() > 0 || !self.frags.is_empty()
@@ -295,6 +301,12 @@ impl Head {
     /// Wait until the device is readable (true; `proc.now` is set for the
     /// drain) or the engine stops (false). Due cleanups run here.
     pub async fn readable(&mut self, proc: &mut Processor) -> io::Result<bool> {
+        // Let the runtime drop the tasks the last drain aborted, so a flood
+        // that evicts flows closes their sockets as it goes: at most one
+        // drain's evictions stay open beyond the flow budget.
+        if proc.owes_yield() {
+            tokio::task::yield_now().await;
+        }
         loop {
             let armed = proc.has_state();
             tokio::select! {
