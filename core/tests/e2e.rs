@@ -198,6 +198,8 @@ fn concurrent_200_connections(v6: bool, driver: DriverMode, stack: StackKind) {
     let s = rig.engine.stats();
     assert!(failures.is_empty(), "{failures:?}\n{s:?}");
     assert_eq!(s.tcp_sessions_total, 200, "{s:?}");
+    // Every accept was checked against the SYN its NAT entry recorded.
+    assert_eq!(s.accept_syn_unverified, 0, "{s:?}");
     assert_eq!(srv.accepted.load(std::sync::atomic::Ordering::Relaxed), 200);
 }
 
@@ -417,6 +419,208 @@ fn ping_to_gateway_is_answered(v6: bool, driver: DriverMode, stack: StackKind) {
 }
 
 // ---- Configuration paths that are not part of the matrix --------------------
+
+/// A local process that sources the NAT address and the port of an app's
+/// half-open connection (`IP_TRANSPARENT`, `IPV6_FREEBIND`), with the
+/// kernel's answers to the NAT address routed back to it, never takes over
+/// the app's connected outbound. With the listener bound to the TUN the
+/// listener's SYN-ACK goes into the TUN, so its handshake never completes;
+/// with the listener unbound (what remains where the kernel refuses
+/// `SO_BINDTODEVICE`) it completes, and the accept loop refuses it: its SYN
+/// is not the one the NAT entry recorded. Either way the app's entry stays.
+#[test]
+fn local_process_sourcing_the_nat_address_is_refused() {
+    require_root!();
+    for v6 in [false, true] {
+        nat_impostor_is_refused(v6, false);
+        nat_impostor_is_refused(v6, true);
+    }
+}
+
+/// Unbind the engine's kernel listener at `addr` from its device, as a
+/// kernel that refuses `SO_BINDTODEVICE` leaves it.
+#[allow(unsafe_code)]
+fn unbind_listener(addr: SocketAddr) {
+    use std::os::fd::BorrowedFd;
+    for fd in 3..4096 {
+        // SAFETY: the descriptor is only borrowed for two calls that fail
+        // harmlessly on a closed or foreign descriptor (getsockname, and
+        // setsockopt only on the one bound to `addr`, which is the
+        // engine's listener, open while the engine runs).
+        let fd = unsafe { BorrowedFd::borrow_raw(fd) };
+        let sock = socket2::SockRef::from(&fd);
+        if sock.local_addr().ok().and_then(|a| a.as_socket()) == Some(addr) {
+            sock.bind_device(None).expect("unbind the listener");
+            return;
+        }
+    }
+    panic!("no listener at {addr}");
+}
+
+fn nat_impostor_is_refused(v6: bool, unbound: bool) {
+    let rig = Rig::new(v6, DriverMode::Auto, StackKind::System);
+    let srv = rig.server(Mode::Echo);
+    let listener = rig
+        .engine
+        .listen_addrs()
+        .into_iter()
+        .find(|a| a.is_ipv6() == v6)
+        .expect("listener of this family");
+    let nat: std::net::IpAddr = if v6 { "fd00:18::2" } else { "198.18.0.2" }
+        .parse()
+        .expect("ip");
+    if unbound {
+        unbind_listener(listener);
+    }
+    let c = &rig.topo.client;
+    // The listener forgets an unanswered SYN after its first SYN-ACK
+    // timeout (1 s), so the impostor can reach it while the app's
+    // connection is still half-open (the engine gives it 3 s).
+    c.exec("sysctl", &["-qw", "net.ipv4.tcp_synack_retries=0"])
+        .expect("sysctl");
+    // The victim: an app's SYN (from a source that never answers) to the
+    // echo server's port, written into the TUN, one per family (the other
+    // family's finds no server). The engine connects the outbound,
+    // maps the app to (NAT address, port P) and hands the SYN to its
+    // listener, which answers into the TUN.
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../testkit/scripts/flood_via_tun.py"
+    );
+    let tun = rig.engine.tun_name().expect("tun name");
+    let (d4, d6) = (
+        rig.topo.server_v4().to_string(),
+        rig.topo.server_v6().to_string(),
+    );
+    let port = srv.addr.port().to_string();
+    c.exec(
+        "python3",
+        &[script, &tun, "syn", "2", "11", &d4, &d6, &port],
+    )
+    .expect("the app's SYN");
+    // P, from the listener's half-open connection of the NAT address.
+    let syn_recv = || -> Option<u16> {
+        let out = c
+            .exec("ss", &["-Htn", "state", "syn-recv"])
+            .unwrap_or_default();
+        out.lines().find_map(|l| {
+            // Addresses as ss prints them, less a bound device ("%kt3").
+            let addrs: Vec<SocketAddr> = l
+                .split_whitespace()
+                .filter_map(|c| match c.split_once('%') {
+                    Some((ip, rest)) => {
+                        let port = rest.rsplit_once(':')?.1;
+                        format!("{ip}:{port}").parse().ok()
+                    }
+                    None => c.parse().ok(),
+                })
+                .collect();
+            match addrs[..] {
+                [local, peer] if local == listener && peer.ip() == nat => Some(peer.port()),
+                _ => None,
+            }
+        })
+    };
+    let deadline = Instant::now() + Duration::from_secs(2);
+    let p = loop {
+        if let Some(p) = syn_recv() {
+            break p;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the app's SYN reached the listener: {:?}",
+            c.exec("ss", &["-Htan"])
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while syn_recv().is_some() {
+        assert!(Instant::now() < deadline, "the listener forgot the SYN");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // The kernel's answers to the NAT address now come back to this
+    // process instead of going into the TUN, as a transparent proxy's
+    // policy routing would do.
+    let (fam, host) = if v6 { ("-6", "128") } else { ("-4", "32") };
+    let nat_host = format!("{nat}/{host}");
+    c.ip(&[
+        fam, "route", "add", "local", &nat_host, "dev", "lo", "table", "101",
+    ])
+    .expect("local route");
+    c.ip(&[
+        fam, "rule", "add", "to", &nat_host, "iif", "lo", "lookup", "101", "pref", "101",
+    ])
+    .expect("rule");
+    let before = rig.engine.stats();
+    let sock = socket2::Socket::new(
+        socket2::Domain::for_address(listener),
+        socket2::Type::STREAM,
+        None,
+    )
+    .expect("socket");
+    // IPv6 binds any address with FREEBIND; IPv4 routes from a foreign
+    // source only for a transparent socket (CAP_NET_ADMIN).
+    if v6 {
+        sock.set_freebind_v6(true).expect("IPV6_FREEBIND");
+    } else {
+        sock.set_ip_transparent_v4(true).expect("IP_TRANSPARENT");
+    }
+    sock.bind(&SocketAddr::new(nat, p).into())
+        .expect("bind the NAT address and port");
+    let connected = sock.connect_timeout(&listener.into(), Duration::from_millis(1500));
+    if !unbound {
+        // Bound to the TUN, the listener answers into the TUN (to the app),
+        // whatever the routing tables say: no handshake, nothing accepted.
+        let e = connected.expect_err("no handshake with a listener bound to the TUN");
+        assert_eq!(e.kind(), io::ErrorKind::TimedOut, "{e}");
+        let after = rig.engine.stats();
+        assert_eq!(
+            (after.accept_foreign_peer, after.tcp_sessions_total),
+            (before.accept_foreign_peer, before.tcp_sessions_total),
+            "nothing reached the accept loop: {after:?}"
+        );
+        assert!(
+            after.nat.half_open >= 1,
+            "the app's entry is still half-open: {after:?}"
+        );
+        return;
+    }
+    // Unbound, the kernel completes the handshake (the listener's SYN-ACK
+    // comes back here); the engine then decides.
+    connected.expect("the kernel's handshake");
+    let mut s: TcpStream = sock.into();
+    s.set_read_timeout(Some(Duration::from_secs(2)))
+        .expect("timeout");
+    let _ = s.write_all(b"take over the app's connection");
+    let mut buf = [0u8; 64];
+    let r = s.read(&mut buf);
+    assert!(
+        matches!(r, Ok(0))
+            || r.as_ref()
+                .is_err_and(|e| e.kind() == io::ErrorKind::ConnectionReset),
+        "the impostor reached the app's server: {r:?}"
+    );
+    let deadline = Instant::now() + Duration::from_secs(1);
+    while rig.engine.stats().accept_foreign_peer == before.accept_foreign_peer
+        && Instant::now() < deadline
+    {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let after = rig.engine.stats();
+    assert_eq!(
+        after.accept_foreign_peer,
+        before.accept_foreign_peer + 1,
+        "refused and counted: {after:?}"
+    );
+    assert_eq!(
+        after.tcp_sessions_total, before.tcp_sessions_total,
+        "no session: {after:?}"
+    );
+    assert!(
+        after.nat.half_open >= 1,
+        "the app's entry is still half-open: {after:?}"
+    );
+}
 
 /// The mobile path (and `kerntun run --tun-fd`): the host opens the device and
 /// lends its descriptor; the engine adopts a duplicate.

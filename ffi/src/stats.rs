@@ -134,7 +134,12 @@ pub struct EngineStats {
     pub admission_limit: u64,
     pub admission_refused: u64,
     pub accept_errors: u64,
+    /// Connections to the kernel listener that were not the app's: another
+    /// address, or the NAT address with a SYN its entry did not record.
     pub accept_foreign_peer: u64,
+    /// Accepted on the address alone: the kernel kept no SYN to check (a
+    /// SYN cookie completed the handshake).
+    pub accept_syn_unverified: u64,
     pub accept_unknown_port: u64,
     pub udp_flows_active: u64,
     pub udp_flows_total: u64,
@@ -198,6 +203,7 @@ impl From<StatsSnapshot> for EngineStats {
             admission_refused,
             accept_errors,
             accept_foreign_peer,
+            accept_syn_unverified,
             accept_unknown_port,
             udp_flows_active,
             udp_flows_total,
@@ -243,6 +249,7 @@ impl From<StatsSnapshot> for EngineStats {
             admission_refused,
             accept_errors,
             accept_foreign_peer,
+            accept_syn_unverified,
             accept_unknown_port,
             udp_flows_active,
             udp_flows_total,

@@ -1942,7 +1942,16 @@ public struct EngineStats: Equatable, Hashable {
     public var admissionLimit: UInt64
     public var admissionRefused: UInt64
     public var acceptErrors: UInt64
+    /**
+     * Connections to the kernel listener that were not the app's: another
+     * address, or the NAT address with a SYN its entry did not record.
+     */
     public var acceptForeignPeer: UInt64
+    /**
+     * Accepted on the address alone: the kernel kept no SYN to check (a
+     * SYN cookie completed the handshake).
+     */
+    public var acceptSynUnverified: UInt64
     public var acceptUnknownPort: UInt64
     public var udpFlowsActive: UInt64
     public var udpFlowsTotal: UInt64
@@ -2009,7 +2018,15 @@ public struct EngineStats: Equatable, Hashable {
          */tcpBytesUp: UInt64, tcpBytesDown: UInt64, tcpRejectedByRule: UInt64, tcpConnectFailed: UInt64, 
         /**
          * New TCP sessions admitted at the current pressure.
-         */admissionLimit: UInt64, admissionRefused: UInt64, acceptErrors: UInt64, acceptForeignPeer: UInt64, acceptUnknownPort: UInt64, udpFlowsActive: UInt64, udpFlowsTotal: UInt64, udpFlowsEvicted: UInt64, udpPacketsUp: UInt64, udpBytesUp: UInt64, udpPacketsDown: UInt64, udpBytesDown: UInt64, nat: NatStats, 
+         */admissionLimit: UInt64, admissionRefused: UInt64, acceptErrors: UInt64, 
+        /**
+         * Connections to the kernel listener that were not the app's: another
+         * address, or the NAT address with a SYN its entry did not record.
+         */acceptForeignPeer: UInt64, 
+        /**
+         * Accepted on the address alone: the kernel kept no SYN to check (a
+         * SYN cookie completed the handshake).
+         */acceptSynUnverified: UInt64, acceptUnknownPort: UInt64, udpFlowsActive: UInt64, udpFlowsTotal: UInt64, udpFlowsEvicted: UInt64, udpPacketsUp: UInt64, udpBytesUp: UInt64, udpPacketsDown: UInt64, udpBytesDown: UInt64, nat: NatStats, 
         /**
          * Device reads (a batched read counts once) and the packets they carried.
          */tunReads: UInt64, tunReadPackets: UInt64, tunReadMaxBatch: UInt64, tunWrites: UInt64, 
@@ -2054,6 +2071,7 @@ public struct EngineStats: Equatable, Hashable {
         self.admissionRefused = admissionRefused
         self.acceptErrors = acceptErrors
         self.acceptForeignPeer = acceptForeignPeer
+        self.acceptSynUnverified = acceptSynUnverified
         self.acceptUnknownPort = acceptUnknownPort
         self.udpFlowsActive = udpFlowsActive
         self.udpFlowsTotal = udpFlowsTotal
@@ -2111,6 +2129,7 @@ public struct FfiConverterTypeEngineStats: FfiConverterRustBuffer {
                 admissionRefused: FfiConverterUInt64.read(from: &buf), 
                 acceptErrors: FfiConverterUInt64.read(from: &buf), 
                 acceptForeignPeer: FfiConverterUInt64.read(from: &buf), 
+                acceptSynUnverified: FfiConverterUInt64.read(from: &buf), 
                 acceptUnknownPort: FfiConverterUInt64.read(from: &buf), 
                 udpFlowsActive: FfiConverterUInt64.read(from: &buf), 
                 udpFlowsTotal: FfiConverterUInt64.read(from: &buf), 
@@ -2154,6 +2173,7 @@ public struct FfiConverterTypeEngineStats: FfiConverterRustBuffer {
         FfiConverterUInt64.write(value.admissionRefused, into: &buf)
         FfiConverterUInt64.write(value.acceptErrors, into: &buf)
         FfiConverterUInt64.write(value.acceptForeignPeer, into: &buf)
+        FfiConverterUInt64.write(value.acceptSynUnverified, into: &buf)
         FfiConverterUInt64.write(value.acceptUnknownPort, into: &buf)
         FfiConverterUInt64.write(value.udpFlowsActive, into: &buf)
         FfiConverterUInt64.write(value.udpFlowsTotal, into: &buf)

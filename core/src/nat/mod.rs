@@ -452,10 +452,25 @@ impl NatTable {
     /// [`NatError::NoMapping`] if the port is unknown, [`NatError::NotHalfOpen`]
     /// if it was already accepted or is closing. Both are counted.
     pub fn accept(&self, port: u16, now: Instant) -> Result<Accepted, NatError> {
+        self.accept_syn(port, None, now)
+    }
+
+    /// [`NatTable::accept`] for a connection whose SYN carried `isn` (when
+    /// the kernel saved it): a SYN the entry did not record, from anything
+    /// but the app's rewritten SYN, is refused with
+    /// [`NatError::IsnMismatch`] (counted) and leaves the entry as it was,
+    /// so the app's own connection can still be accepted.
+    pub fn accept_syn(
+        &self,
+        port: u16,
+        isn: Option<u32>,
+        now: Instant,
+    ) -> Result<Accepted, NatError> {
         let mut rev = self.reverse_shard(port).write();
         let result = match rev.get_mut(&port) {
             None => Err(NatError::NoMapping),
             Some(m) if m.phase != Phase::HalfOpen => Err(NatError::NotHalfOpen),
+            Some(m) if isn.is_some_and(|isn| isn != m.isn) => Err(NatError::IsnMismatch),
             Some(m) => {
                 let opened = m.generation;
                 m.phase = Phase::Active;
@@ -1000,6 +1015,29 @@ mod tests {
         assert_eq!(t.accept(u.port, now), Err(NatError::NotHalfOpen));
         assert_eq!(t.error_counts().accept_refused, 3);
         assert_eq!(t.state(u.port), Some(NatState::Closing { since: now }));
+        ok(&t);
+    }
+
+    /// A connection whose SYN is not the one that opened the entry (another
+    /// ISN) is refused and changes nothing: the app's own SYN is accepted
+    /// afterwards, with the generation it opened.
+    #[test]
+    fn accept_with_another_syn_is_refused_and_leaves_the_entry() {
+        let (clock, t) = table(cfg());
+        let now = clock.now();
+        let u = t.uplink(&flow(1), Some(0x1234_5678), now).unwrap();
+        assert_eq!(
+            t.accept_syn(u.port, Some(0x1234_5679), now),
+            Err(NatError::IsnMismatch)
+        );
+        assert_eq!(t.state(u.port), Some(NatState::HalfOpen));
+        assert_eq!(t.error_counts().accept_refused, 1);
+        let a = t.accept_syn(u.port, Some(0x1234_5678), now).unwrap();
+        assert_eq!(a.opened, u.generation);
+        assert_eq!(t.state(u.port), Some(NatState::Active));
+        // Without a saved SYN the address is all there is to check.
+        let v = t.uplink(&flow(2), Some(9), now).unwrap();
+        assert!(t.accept_syn(v.port, None, now).is_ok());
         ok(&t);
     }
 

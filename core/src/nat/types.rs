@@ -90,6 +90,9 @@ pub enum NatError {
     NoMapping,
     /// The mapping exists but is not HalfOpen (already accepted or closing).
     NotHalfOpen,
+    /// The accepted connection's SYN is not the one that opened the
+    /// mapping: its initial sequence number differs.
+    IsnMismatch,
 }
 
 impl fmt::Display for NatError {
@@ -99,6 +102,7 @@ impl fmt::Display for NatError {
             Self::NoFreePort => "no free NAT port within the probe limit",
             Self::NoMapping => "no NAT mapping",
             Self::NotHalfOpen => "NAT mapping is not half-open",
+            Self::IsnMismatch => "accepted SYN is not the one that opened the NAT mapping",
         })
     }
 }

@@ -224,6 +224,31 @@ pub fn check_segment(buf: &[u8], ip: &IpInfo, tcp: &TcpInfo) -> Result<(), Rejec
     Ok(())
 }
 
+/// The initial sequence number of a SYN given as the headers the kernel
+/// saved for a listener's connection (`TCP_SAVED_SYN`: the IP header, then
+/// the TCP header; IPv6 without extension headers, as the system stack's
+/// rewritten SYNs are). `None` for anything else: too short, another
+/// version or protocol, an extension header, or a segment without SYN.
+pub fn saved_syn_isn(headers: &[u8]) -> Option<u32> {
+    let first = *headers.first()?;
+    let tcp_at = match first >> 4 {
+        4 => {
+            let ihl = usize::from(first & 0x0f) * 4;
+            if ihl < 20 || *headers.get(9)? != crate::packet::protocol::TCP {
+                return None;
+            }
+            ihl
+        }
+        6 if *headers.get(6)? == crate::packet::protocol::TCP => 40,
+        _ => return None,
+    };
+    let tcp = headers.get(tcp_at..tcp_at + 20)?;
+    if tcp[13] & flags::SYN == 0 {
+        return None;
+    }
+    Some(u32::from_be_bytes([tcp[4], tcp[5], tcp[6], tcp[7]]))
+}
+
 /// Validates the TCP header of the packet `ip` describes: at least 20
 /// bytes, data offset >= 5 and within `ip.len`.
 #[inline]
@@ -935,5 +960,44 @@ mod tests {
             ..ip
         };
         assert_eq!(tcp_rst_reply(&mut p.clone(), &mixed, &t), 0);
+    }
+
+    #[test]
+    fn saved_syn_isn_reads_the_sequence_number_of_a_syn_only() {
+        let mut v4 = [0u8; 40];
+        v4[0] = 0x45;
+        v4[9] = 6;
+        v4[20 + 4..20 + 8].copy_from_slice(&0xdead_beefu32.to_be_bytes());
+        v4[20 + 12] = 5 << 4;
+        v4[20 + 13] = flags::SYN;
+        assert_eq!(saved_syn_isn(&v4), Some(0xdead_beef));
+        // IPv4 options move the TCP header.
+        let mut opts = [0u8; 44];
+        opts[0] = 0x46;
+        opts[9] = 6;
+        opts[24 + 4..24 + 8].copy_from_slice(&7u32.to_be_bytes());
+        opts[24 + 13] = flags::SYN | flags::ECE;
+        assert_eq!(saved_syn_isn(&opts), Some(7));
+        let mut v6 = [0u8; 60];
+        v6[0] = 0x60;
+        v6[6] = 6;
+        v6[40 + 4..40 + 8].copy_from_slice(&42u32.to_be_bytes());
+        v6[40 + 13] = flags::SYN;
+        assert_eq!(saved_syn_isn(&v6), Some(42));
+        // Not a SYN, not TCP, an extension header, cut short, nothing.
+        let mut ack = v4;
+        ack[20 + 13] = flags::ACK;
+        assert_eq!(saved_syn_isn(&ack), None);
+        let mut udp = v4;
+        udp[9] = 17;
+        assert_eq!(saved_syn_isn(&udp), None);
+        let mut ext = v6;
+        ext[6] = 0;
+        assert_eq!(saved_syn_isn(&ext), None);
+        assert_eq!(saved_syn_isn(&v4[..30]), None);
+        let mut short_ihl = v4;
+        short_ihl[0] = 0x44;
+        assert_eq!(saved_syn_isn(&short_ihl), None);
+        assert_eq!(saved_syn_isn(&[]), None);
     }
 }

@@ -53,3 +53,53 @@ pub fn recv_datagram(fd: std::os::fd::BorrowedFd<'_>, buf: &mut [u8]) -> io::Res
 /// splice(2), pipes and the urgent-mark probe for the splice relay.
 #[cfg(linux_like)]
 pub mod splice;
+
+/// `TCP_SAVE_SYN` on a listener: the kernel keeps each connection's SYN
+/// headers (IP and TCP, about 60-100 bytes) until [`saved_syn`] reads them
+/// from the accepted socket (Linux 4.2+).
+#[cfg(linux_like)]
+pub fn set_save_syn(fd: std::os::fd::BorrowedFd<'_>) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let on: libc::c_int = 1;
+    // SAFETY: `fd` is borrowed for the call; the option value is a c_int
+    // that lives on the stack for the call, and its size is passed with it.
+    let r = unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_SAVE_SYN,
+            (&on as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// `TCP_SAVED_SYN` of an accepted socket, into `buf`: the length of the
+/// saved headers, 0 when the kernel saved none (a connection completed by
+/// a SYN cookie, or a listener without `TCP_SAVE_SYN`). The kernel frees
+/// them on this read, so a second call answers 0.
+#[cfg(linux_like)]
+pub fn saved_syn(fd: std::os::fd::BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<usize> {
+    use std::os::fd::AsRawFd;
+    let mut len = libc::socklen_t::try_from(buf.len()).unwrap_or(libc::socklen_t::MAX);
+    // SAFETY: `fd` is borrowed for the call; `buf` is valid and writable for
+    // `len` bytes (at most its length), and `len` is a live socklen_t the
+    // kernel overwrites with the bytes it wrote.
+    let r = unsafe {
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_SAVED_SYN,
+            buf.as_mut_ptr().cast(),
+            &mut len,
+        )
+    };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok((len as usize).min(buf.len()))
+}

@@ -16,7 +16,7 @@ use super::SystemStack;
 use crate::budget::OwnedPermit;
 use crate::dispatch::session::{self, Hold};
 use crate::lifecycle::Phase;
-use crate::nat::NatGuard;
+use crate::nat::{NatError, NatGuard};
 use crate::outbound::{reset_on_close, set_keepalive};
 use crate::translate::FamilyAddrs;
 
@@ -80,6 +80,15 @@ pub(crate) fn bind_listener(
         // device came up; FREEBIND lets the bind succeed anyway.
         #[cfg(linux_like)]
         sock.set_freebind_v6(true)?;
+    }
+    // The accept loop checks each connection's SYN against the one its NAT
+    // entry recorded ([`syn_isn`]). Without it (a kernel before 4.2) the
+    // peer address and the device binding are what remains.
+    #[cfg(linux_like)]
+    if let Err(e) = crate::sys::set_save_syn(std::os::fd::AsFd::as_fd(&sock)) {
+        tracing::warn!(
+            "TCP_SAVE_SYN on the kernel listener: {e}; accepted connections are matched by address only"
+        );
     }
     // Set before bind, so no connection from elsewhere is ever queued.
     match on {
@@ -204,9 +213,21 @@ pub(crate) async fn accept_loop(st: Arc<SystemStack>, listener: TcpListener, fam
             reset_on_close(&app);
             continue;
         }
+        let isn = syn_isn(&app);
+        if isn.is_none() {
+            d.stats.accept_syn_unverified.fetch_add(1, Relaxed);
+        }
         let now = Instant::now();
-        let accepted = match st.nat.accept(peer.port(), now) {
+        let accepted = match st.nat.accept_syn(peer.port(), isn, now) {
             Ok(a) => a,
+            // Not the app's SYN: a local process that sourced the NAT
+            // address and port (IP_TRANSPARENT, IPV6_FREEBIND) to take over
+            // the app's outbound. The entry stays half-open for the app.
+            Err(NatError::IsnMismatch) => {
+                d.stats.accept_foreign_peer.fetch_add(1, Relaxed);
+                reset_on_close(&app);
+                continue;
+            }
             Err(_) => {
                 d.stats.accept_unknown_port.fetch_add(1, Relaxed);
                 reset_on_close(&app);
@@ -227,6 +248,28 @@ pub(crate) async fn accept_loop(st: Arc<SystemStack>, listener: TcpListener, fam
         let _ = set_keepalive(SockRef::from(&app));
         let server = accepted.key.server;
         tokio::spawn(session::run(d.clone(), app, next, server, (permit, guard)));
+    }
+}
+
+/// The initial sequence number of the SYN that opened `conn`, from the
+/// headers the listener saved (`TCP_SAVE_SYN`): the NAT entry recorded the
+/// app's, and a connection from anything else carries another (its
+/// sender's kernel chose it). `None` where the kernel saved none: a SYN
+/// cookie completed the handshake (the listener's SYN queue was full), the
+/// option is missing, or not Linux (Darwin binds the listener to the utun
+/// instead, which a local process cannot source from).
+fn syn_isn(conn: &tokio::net::TcpStream) -> Option<u32> {
+    #[cfg(linux_like)]
+    {
+        // IPv6 (40) or IPv4 with options (60) and TCP with options (60).
+        let mut headers = [0u8; 128];
+        let n = crate::sys::saved_syn(std::os::fd::AsFd::as_fd(conn), &mut headers).ok()?;
+        crate::packet::tcp::saved_syn_isn(&headers[..n])
+    }
+    #[cfg(not(linux_like))]
+    {
+        let _ = conn;
+        None
     }
 }
 
