@@ -322,12 +322,20 @@ try {
 // been destroyed"): that is the only exception allowed, and only then.
 // close() itself returns at once, even on a running engine (it is then
 // stopped on a thread of its own), and the device goes away.
+// Through the Android glue's EngineHandle no call throws at all, before,
+// during or after close(): after it, "not running" and no statistics.
 val CALL_BOUND_MS = 50.0
 
-fun hammerWhileStoppingAndClosing(stopFirst: Boolean) {
-    val what = if (stopFirst) "stop() then close()" else "close() of a running engine"
-    val tun = if (stopFirst) "kthammer1" else "kthammer2"
+fun hammerWhileStoppingAndClosing(stopFirst: Boolean, viaHandle: Boolean) {
+    val what = (if (stopFirst) "stop() then close()" else "close() of a running engine") +
+        (if (viaHandle) " through EngineHandle" else "")
+    val tun = "kthammer" + (if (stopFirst) 1 else 2) + (if (viaHandle) 1 else 0)
     val engine = Engine.start(config(tun, "198.18.0.1/16", null, Driver.PER_PACKET, Stack.SYSTEM), -1, Hooks())
+    val handle = if (viaHandle) org.kerntun.android.EngineHandle(engine) else null
+    val stats: () -> Any? = if (handle != null) ({ handle.stats() }) else ({ engine.stats() })
+    val running: () -> Boolean = if (handle != null) ({ handle.isRunning() }) else ({ engine.isRunning() })
+    val error: () -> String? = if (handle != null) ({ handle.error() }) else ({ engine.error() })
+    val closedAnswers = AtomicInteger()
     check(sh("ip", "route", "replace", "$serverV4/32", "dev", tun) == 0, "$what: route v4 via $tun")
     // A UDP flood keeps the device busy, so stop drains until its deadline.
     val busy = java.util.concurrent.atomic.AtomicBoolean(true)
@@ -348,22 +356,23 @@ fun hammerWhileStoppingAndClosing(stopFirst: Boolean) {
     val afterClose = AtomicInteger()
     val unexpected: MutableList<String> = Collections.synchronizedList(mutableListOf())
     // Warm up (JIT, JNA) before anything is timed.
-    repeat(20) { engine.stats(); engine.isRunning(); engine.error() }
+    repeat(20) { stats(); running(); error() }
     val hammer = thread {
         var i = 0
         while (!done.get()) {
             val t0 = System.nanoTime()
             try {
-                when (i++ % 3) {
-                    0 -> engine.stats()
-                    1 -> engine.isRunning()
-                    else -> engine.error()
+                val answer: Any? = when (i++ % 3) {
+                    0 -> stats()
+                    1 -> running()
+                    else -> error()
                 }
                 slowestNs.accumulateAndGet(System.nanoTime() - t0) { a, b -> maxOf(a, b) }
                 calls.incrementAndGet()
+                if (t0 >= closeAt.get() && (answer == null || answer == false)) closedAnswers.incrementAndGet()
             } catch (e: IllegalStateException) {
-                if (t0 >= closeAt.get()) afterClose.incrementAndGet()
-                else unexpected.add("before close: $e")
+                if (t0 >= closeAt.get() && handle == null) afterClose.incrementAndGet()
+                else unexpected.add("${if (t0 >= closeAt.get()) "after" else "before"} close: $e")
             } catch (e: Throwable) {
                 unexpected.add(e.toString())
             }
@@ -373,21 +382,36 @@ fun hammerWhileStoppingAndClosing(stopFirst: Boolean) {
     Thread.sleep(300)
     val callsBeforeStop = calls.get()
     val stopStart = System.nanoTime()
-    if (stopFirst) engine.stop()
+    if (stopFirst) handle?.stop() ?: engine.stop()
     val stopMs = (System.nanoTime() - stopStart) / 1e6
     val callsDuringStop = calls.get() - callsBeforeStop
     closeAt.set(System.nanoTime())
-    engine.close()
+    handle?.close() ?: engine.close()
     val closeMs = (System.nanoTime() - closeAt.get()) / 1e6
     Thread.sleep(100)
+    if (handle != null) {
+        // Idempotent, and quiet after close.
+        try {
+            handle.close()
+            handle.stop()
+            handle.setMemoryPressure(MemoryPressure.CRITICAL)
+        } catch (e: Throwable) {
+            unexpected.add("handle after close: $e")
+        }
+    }
     done.set(true)
     hammer.join(5000)
     busy.set(false)
     flood.join(5000)
     val slowestMs = slowestNs.get() / 1e6
     println("$what: stop ${"%.0f".format(stopMs)} ms, close ${"%.1f".format(closeMs)} ms, " +
-        "${calls.get()} calls (slowest ${"%.2f".format(slowestMs)} ms), ${afterClose.get()} after close")
+        "${calls.get()} calls (slowest ${"%.2f".format(slowestMs)} ms), ${afterClose.get()} refused after close, " +
+        "${closedAnswers.get()} answered 'closed'")
     check(unexpected.isEmpty(), "$what: no exception from calls made before close() ($unexpected)")
+    if (handle != null) {
+        check(afterClose.get() == 0, "$what: no call threw after close()")
+        check(closedAnswers.get() > 0, "$what: calls after close() answered 'not running' / no stats (${closedAnswers.get()})")
+    }
     check(slowestMs < CALL_BOUND_MS, "$what: every call answered within $CALL_BOUND_MS ms (slowest ${"%.1f".format(slowestMs)} ms)")
     if (stopFirst) {
         check(stopMs >= 100, "$what: stop drained a busy device (${"%.0f".format(stopMs)} ms) while being hammered")
@@ -403,8 +427,10 @@ fun hammerWhileStoppingAndClosing(stopFirst: Boolean) {
 }
 
 try {
-    hammerWhileStoppingAndClosing(stopFirst = true)
-    hammerWhileStoppingAndClosing(stopFirst = false)
+    for (viaHandle in listOf(false, true)) {
+        hammerWhileStoppingAndClosing(stopFirst = true, viaHandle = viaHandle)
+        hammerWhileStoppingAndClosing(stopFirst = false, viaHandle = viaHandle)
+    }
 } catch (e: Throwable) {
     failed++
     println("FAIL unexpected in the stop/close hammer: ${e::class.qualifiedName}: ${e.message}")

@@ -13,7 +13,8 @@
 # test-only fault hook (the cdylib is built with the cargo feature
 # `fault-injection`) and checks isRunning()/error(). Namespaces, the server and temp files are removed
 # on every exit. Before that, android_policy_test.kts tests the Android
-# module's platform-independent Kotlin (KerntunPolicy.kt) on the same JVM.
+# module's platform-independent Kotlin (KerntunPolicy.kt) on the same JVM;
+# engine_test.kts also hammers the glue's EngineHandle.kt.
 #
 # Needs: root, ip (iproute2), python3, Java 17, JNA (apt-get install -y
 # libjna-java), the Kotlin compiler (npm install -g kotlin-compiler; its
@@ -71,9 +72,11 @@ libdir="$target_dir/debug"
 
 # With them, the Android module's platform-independent Kotlin (no android.*
 # import): what the VpnService glue decides is compiled and tested here.
-policy="$root/android/kerntun/src/main/kotlin/org/kerntun/android/KerntunPolicy.kt"
-step "kotlinc -Werror the generated bindings and $(basename "$policy") (JNA $(basename "$(readlink -f "$JNA_JAR")"))"
-"$KOTLINC" -Werror -d "$work/kerntun.jar" -classpath "$JNA_JAR" "$work"/gen/org/kerntun/*.kt "$policy" 2>&1
+android_src="$root/android/kerntun/src/main/kotlin/org/kerntun/android"
+policy="$android_src/KerntunPolicy.kt"
+handle="$android_src/EngineHandle.kt"
+step "kotlinc -Werror the generated bindings, $(basename "$policy") and $(basename "$handle") (JNA $(basename "$(readlink -f "$JNA_JAR")"))"
+"$KOTLINC" -Werror -d "$work/kerntun.jar" -classpath "$JNA_JAR" "$work"/gen/org/kerntun/*.kt "$policy" "$handle" 2>&1
 
 step "android_policy_test.kts (trim levels, app routing, ABIs, state reporting)"
 timeout 300 "$KOTLINC" -J-ea -classpath "$work/kerntun.jar:$JNA_JAR" -script "$here/android_policy_test.kts"

@@ -59,9 +59,13 @@ import org.kerntun.TunOptions
 import org.kerntun.resolverAddresses
 
 abstract class KerntunVpnService : VpnService() {
-    /** The running engine, if any. Set and cleared on [worker]. */
+    /**
+     * The running engine, if any. Set and cleared on [worker]; safe to call
+     * from any thread, also while [worker] stops and closes it (then it
+     * reads "not running", never throws; EngineHandle.kt).
+     */
     @Volatile
-    protected var engine: Engine? = null
+    protected var engine: EngineHandle? = null
         private set
 
     /** Engine start/stop run here: start blocks until the engine is ready. */
@@ -247,7 +251,7 @@ abstract class KerntunVpnService : VpnService() {
         val fd = pfd.detachFd()
         try {
             val started = Engine.start(config, fd, hooks)
-            engine = started
+            engine = EngineHandle(started)
             report(TunnelState.Running(started.tunName() ?: "fd $fd"))
             main.post {
                 watchNetworks()
@@ -356,7 +360,7 @@ abstract class KerntunVpnService : VpnService() {
                 return
             }
             pollMemoryInfo()
-            val s = e.stats()
+            val s = e.stats() ?: return
             val text = "↑ ${human(s.tcpBytesUp + s.udpBytesUp)}  ↓ ${human(s.tcpBytesDown + s.udpBytesDown)}  " +
                 "· ${s.tcpSessionsActive} TCP · ${s.udpFlowsActive} UDP"
             getSystemService(NotificationManager::class.java).notify(NOTIFICATION_ID, notification(text))
