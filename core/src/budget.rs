@@ -526,6 +526,47 @@ impl Pressure {
     }
 }
 
+/// Descriptors the engine holds apart from its sessions and UDP flows: the
+/// device, the listeners, the runtime's epoll and wakers, DNS upstreams
+/// and the splice pipes of directions moving data, with room to spare.
+pub const DESCRIPTOR_RESERVE: usize = 256;
+
+impl TcpStack {
+    /// Descriptors one TCP session holds: the app's side (the kernel
+    /// listener's accepted socket, system stack only) and the outbound.
+    pub const fn descriptors_per_session(self) -> usize {
+        match self {
+            TcpStack::System => 2,
+            TcpStack::Smoltcp => 1,
+        }
+    }
+}
+
+/// Descriptors the engine needs to admit `sessions` TCP sessions of
+/// `stack` beside `udp_flows` flows (one socket each).
+pub const fn descriptors_needed(sessions: usize, stack: TcpStack, udp_flows: usize) -> usize {
+    sessions * stack.descriptors_per_session() + udp_flows + DESCRIPTOR_RESERVE
+}
+
+/// The admission limits `sessions` (normal, elevated, critical) cut to
+/// what a descriptor limit of `nofile` holds, tiers kept as fractions. A
+/// session past the descriptor limit would fail at accept or connect with
+/// EMFILE, after its handshake; refused at admission it gets a clean RST.
+pub fn fit_descriptors(
+    sessions: [usize; 3],
+    stack: TcpStack,
+    udp_flows: usize,
+    nofile: usize,
+) -> [usize; 3] {
+    let room = nofile.saturating_sub(udp_flows + DESCRIPTOR_RESERVE);
+    let fit = room / stack.descriptors_per_session();
+    if fit >= sessions[0] {
+        sessions
+    } else {
+        tiers(fit.max(1))
+    }
+}
+
 /// What each pressure tier leaves of a budget: all of it at normal, half
 /// when elevated, a quarter when critical (never below one unit).
 pub const fn tiers(normal: usize) -> [usize; 3] {
@@ -754,6 +795,33 @@ mod tests {
         assert_eq!(
             desktop.tcp_sessions(TcpStack::System)[0],
             desktop.nat_entries
+        );
+    }
+
+    /// Sessions past the descriptor limit are refused at admission: 2 per
+    /// system-stack session, 1 per smoltcp session, beside the UDP flows
+    /// and a reserve.
+    #[test]
+    fn admission_fits_the_descriptor_limit() {
+        let ios = Budget::for_platform(Platform::Ios);
+        let want = ios.tcp_sessions(TcpStack::System);
+        let need = descriptors_needed(want[0], TcpStack::System, ios.udp_flows);
+        assert_eq!(need, 2 * want[0] + ios.udp_flows + DESCRIPTOR_RESERVE);
+        assert_eq!(
+            fit_descriptors(want, TcpStack::System, ios.udp_flows, need),
+            want
+        );
+        // iOS's default soft limit of 256 leaves room for none beyond the
+        // reserve and the flows: one session, never zero.
+        assert_eq!(
+            fit_descriptors(want, TcpStack::System, ios.udp_flows, 256),
+            [1, 1, 1]
+        );
+        let cut = fit_descriptors(want, TcpStack::System, 128, 1024);
+        assert_eq!(cut, tiers((1024 - 128 - DESCRIPTOR_RESERVE) / 2));
+        assert_eq!(
+            fit_descriptors(want, TcpStack::Smoltcp, 128, 1024)[0],
+            1024 - 128 - DESCRIPTOR_RESERVE
         );
     }
 

@@ -418,10 +418,8 @@ async fn assemble(
         StackKind::Smoltcp => TcpStack::Smoltcp,
         StackKind::System | StackKind::Auto => TcpStack::System,
     };
-    let admission = Arc::new(Admission::with_pressure(
-        budget.tcp_sessions(tcp_stack),
-        pressure.clone(),
-    ));
+    let sessions = fit_sessions_to_descriptors(&budget, tcp_stack);
+    let admission = Arc::new(Admission::with_pressure(sessions, pressure.clone()));
     let dns_part = dns.clone();
     let d = Arc::new(Dispatcher {
         outbounds,
@@ -447,7 +445,7 @@ async fn assemble(
                 linger,
                 budget.nat_entries,
             )
-            .with_half_open(crate::stack::HALF_OPEN_MAX.min(budget.tcp_sessions(tcp_stack)[0] / 2));
+            .with_half_open(crate::stack::HALF_OPEN_MAX.min(sessions[0] / 2));
             let families = (config.tun.ipv4.is_some(), config.tun.ipv6.is_some());
             Stack::Smoltcp(SmolTcp::new(smol, d.clone(), tun.clone(), families))
         }
@@ -580,6 +578,37 @@ fn snapshot(inner: &Inner) -> StatsSnapshot {
     s.admission_limit = parts.admission.limit(now) as u64;
     s.uptime_ms = inner.started.elapsed().as_millis() as u64;
     s
+}
+
+/// The admission limits of the budget, within the descriptors the process
+/// may open: the soft `RLIMIT_NOFILE` is raised to what the sessions and
+/// UDP flows need (iOS starts extensions at 256, Android apps at 32768 on
+/// recent releases), and where the hard limit stops it, admission is cut
+/// to fit (logged), so a session is refused with an RST instead of failing
+/// at accept or connect with EMFILE.
+fn fit_sessions_to_descriptors(budget: &Budget, stack: TcpStack) -> [usize; 3] {
+    let sessions = budget.tcp_sessions(stack);
+    let want = crate::budget::descriptors_needed(sessions[0], stack, budget.udp_flows);
+    match crate::sys::raise_nofile(want as u64) {
+        Ok(nofile) if nofile >= want as u64 => sessions,
+        Ok(nofile) => {
+            let nofile = usize::try_from(nofile).unwrap_or(usize::MAX);
+            let fit = crate::budget::fit_descriptors(sessions, stack, budget.udp_flows, nofile);
+            tracing::warn!(
+                "RLIMIT_NOFILE {nofile} (hard limit) holds {} TCP sessions, not {}: admission cut to fit",
+                fit[0],
+                sessions[0]
+            );
+            fit
+        }
+        Err(e) => {
+            tracing::warn!(
+                "RLIMIT_NOFILE: {e}; admission left at {} sessions",
+                sessions[0]
+            );
+            sessions
+        }
+    }
 }
 
 #[cfg(test)]

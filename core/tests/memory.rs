@@ -67,8 +67,22 @@ impl EngineProcess {
     /// Run this test again in a child (it inherits the calling thread's
     /// network namespace) as the engine.
     fn start(tun: &str) -> EngineProcess {
+        Self::start_with_nofile(tun, None)
+    }
+
+    /// [`EngineProcess::start`] with the child's `RLIMIT_NOFILE` set to
+    /// (soft, hard) before it runs (by `prlimit`, which then execs it).
+    fn start_with_nofile(tun: &str, nofile: Option<(u64, u64)>) -> EngineProcess {
         let exe = std::env::current_exe().expect("test executable");
-        let mut child = Command::new(exe)
+        let mut cmd = match nofile {
+            Some((soft, hard)) => {
+                let mut c = Command::new("prlimit");
+                c.arg(format!("--nofile={soft}:{hard}")).arg("--").arg(exe);
+                c
+            }
+            None => Command::new(exe),
+        };
+        let mut child = cmd
             .args([
                 "--exact",
                 "thousand_idle_connections_fit_the_ios_budget",
@@ -197,6 +211,47 @@ impl Drop for HoldServer {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
+    }
+}
+
+/// The engine raises its descriptor limit to what its admission needs
+/// (iOS starts a Network Extension with a soft limit of 256, 1000 sessions
+/// need about 2000), and where the hard limit stops it, admission is cut to
+/// what fits instead of sessions failing with EMFILE after their handshake.
+#[test]
+fn admission_fits_the_descriptor_limit() {
+    require_root!();
+    let ios = Budget::for_platform(Platform::Ios);
+    let sessions = ios.tcp_sessions(TcpStack::System)[0];
+    let need = budget::descriptors_needed(sessions, TcpStack::System, ios.udp_flows) as u64;
+    let topo = Topology::new().expect("topology");
+    topo.client.enter().expect("enter client ns");
+    for (hard, admitted, soft_after) in [
+        (4096, sessions as u64, need),
+        (
+            1024,
+            budget::fit_descriptors([sessions; 3], TcpStack::System, ios.udp_flows, 1024)[0] as u64,
+            1024,
+        ),
+    ] {
+        let mut engine =
+            EngineProcess::start_with_nofile(&format!("kt{}", topo.id), Some((256, hard)));
+        engine.line();
+        let (_, limit, _) = engine.stats();
+        let limits = std::fs::read_to_string(format!("/proc/{}/limits", engine.child.id()))
+            .expect("limits of the engine process");
+        let soft: u64 = limits
+            .lines()
+            .find(|l| l.starts_with("Max open files"))
+            .and_then(|l| l.split_whitespace().nth(3))
+            .and_then(|v| v.parse().ok())
+            .expect("soft NOFILE");
+        eprintln!("[memory] NOFILE 256:{hard} -> soft {soft}, admission {limit}");
+        assert_eq!(soft, soft_after, "soft limit raised (hard {hard})");
+        assert_eq!(
+            limit, admitted,
+            "admission within the descriptors (hard {hard})"
+        );
     }
 }
 

@@ -103,3 +103,34 @@ pub fn saved_syn(fd: std::os::fd::BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<
     }
     Ok((len as usize).min(buf.len()))
 }
+
+/// Raise this process's descriptor limit (`RLIMIT_NOFILE`, soft) toward
+/// `want`, as far as the hard limit allows (Darwin: also `OPEN_MAX`, the
+/// most `setrlimit` takes there), never lowering it. Returns the soft limit
+/// in force afterwards. Process-wide, like the Go runtime's own raise at
+/// start: descriptors are what every engine session holds.
+pub fn raise_nofile(want: u64) -> io::Result<u64> {
+    // SAFETY: rlimit is a plain C struct of two integers; all-zero is valid
+    // and getrlimit overwrites it.
+    let mut lim: libc::rlimit = unsafe { std::mem::zeroed() };
+    // SAFETY: `lim` is a live, writable rlimit for the call.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let (soft, hard) = (lim.rlim_cur as u64, lim.rlim_max as u64);
+    // <sys/syslimits.h> OPEN_MAX: Darwin's setrlimit refuses a soft
+    // NOFILE above it, whatever the hard limit says.
+    #[cfg(apple)]
+    let hard = hard.min(10_240);
+    let target = want.min(hard);
+    if target <= soft {
+        return Ok(soft);
+    }
+    lim.rlim_cur = target as libc::rlim_t;
+    // SAFETY: `lim` is a valid rlimit read above, its soft value raised
+    // within the hard one; setrlimit only reads it.
+    if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(target)
+}
