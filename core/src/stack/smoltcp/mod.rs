@@ -21,6 +21,8 @@ use crate::packet::{self, Disposition, IpInfo};
 use crate::stats::{EngineDrop, LocalCounters, NatSnapshot};
 use crate::tun::Tun;
 
+#[cfg(any(test, feature = "bench-internals"))]
+pub mod bench;
 mod device;
 #[cfg(any(test, fuzzing))]
 pub mod fuzzing;
