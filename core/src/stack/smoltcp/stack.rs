@@ -35,7 +35,7 @@ use smoltcp::wire::{HardwareAddress, IpAddress, IpCidr, IpListenEndpoint};
 use tokio::sync::Notify;
 use tokio::task::AbortHandle;
 
-use super::device::{Dev, Sink, TunSink, TxCount};
+use super::device::{Dev, Held, Sink, TunSink, TxCount};
 use crate::budget::OwnedPermit;
 use crate::lifecycle::{Lifecycle, Phase};
 use crate::packet::HEADROOM;
@@ -126,6 +126,9 @@ pub(super) struct Inner {
     dirty: Vec<Id>,
     /// Scratch for the poller (kept to avoid allocating per wake-up).
     scratch: Vec<Id>,
+    /// The pure ACKs held during the driver's drain, one entry per flow
+    /// (kept to avoid allocating per drain).
+    held: Vec<(Id, Held)>,
     /// Transmit scratch: HEADROOM + MTU.
     pub(super) tx: Box<[u8]>,
     pub(super) count: TxCount,
@@ -147,6 +150,8 @@ struct Slot {
     timer: Option<SmolInstant>,
     /// Queued in `Inner::dirty`.
     dirty: bool,
+    /// Its entry in `Inner::held` during a drain.
+    held: Option<u32>,
 }
 
 /// A connect in flight.
@@ -175,7 +180,17 @@ impl Inner {
     /// `pkt` (a whole IP packet) as the only input; then its deadline is
     /// filed. Work independent of the number of sockets (but for the
     /// logarithmic deadline index).
-    fn poll<S: Sink>(&mut self, id: Option<Id>, ts: SmolInstant, pkt: Option<&[u8]>, sink: &mut S) {
+    ///
+    /// With `hold`, the socket's pure ACKs are held (see [`Held`]) until
+    /// [`Inner::flush_held`]; without, an ACK it holds goes out first.
+    fn poll<S: Sink>(
+        &mut self,
+        id: Option<Id>,
+        ts: SmolInstant,
+        pkt: Option<&[u8]>,
+        sink: &mut S,
+        hold: bool,
+    ) {
         let mtu = self.tx.len() - HEADROOM;
         let Inner {
             iface,
@@ -184,24 +199,46 @@ impl Inner {
             tx,
             count,
             timers,
+            held,
             ..
         } = self;
+        let slot = id.and_then(|i| slots.get_mut(i as usize)?.as_mut());
+        let Some(slot) = slot else {
+            let mut dev = Dev {
+                rx: pkt,
+                tx,
+                sink,
+                count,
+                mtu,
+                hold: None,
+            };
+            iface.poll(ts, &mut dev, none);
+            return;
+        };
+        let id = id.unwrap_or_default();
+        let mut h = match slot.held {
+            Some(i) => held.get_mut(i as usize).map(|e| &mut e.1),
+            None if hold => {
+                slot.held = Some(held.len() as u32);
+                held.push((id, Held::default()));
+                held.last_mut().map(|e| &mut e.1)
+            }
+            None => None,
+        };
+        if !hold && let Some(h) = h.take() {
+            h.flush(sink, count);
+        }
         let mut dev = Dev {
             rx: pkt,
             tx,
             sink,
             count,
             mtu,
-        };
-        let slot = id.and_then(|i| slots.get_mut(i as usize)?.as_mut());
-        let Some(slot) = slot else {
-            iface.poll(ts, &mut dev, none);
-            return;
+            hold: h,
         };
         iface.poll(ts, &mut dev, &mut slot.set);
         let at = iface.poll_at(ts, &slot.set);
         if at != slot.timer {
-            let id = id.unwrap_or_default();
             if let Some(old) = slot.timer {
                 timers.remove(&(old, id));
             }
@@ -222,6 +259,7 @@ impl Inner {
             h,
             timer: None,
             dirty: false,
+            held: None,
         };
         match self.free.pop() {
             Some(id) => {
@@ -241,6 +279,9 @@ impl Inner {
         if let Some(slot) = self.slots.get_mut(id as usize).and_then(Option::take) {
             if let Some(t) = slot.timer {
                 self.timers.remove(&(t, id));
+            }
+            if let Some(e) = slot.held.and_then(|i| self.held.get_mut(i as usize)) {
+                e.1.clear();
             }
             self.free.push(id);
         }
@@ -282,10 +323,24 @@ impl Inner {
             ids.push(id);
         }
         for &id in &ids {
-            self.poll(Some(id), ts, None, sink);
+            self.poll(Some(id), ts, None, sink, false);
         }
         ids.clear();
         self.scratch = ids;
+    }
+
+    /// Write out the ACKs held in this drain.
+    fn flush_held<S: Sink>(&mut self, sink: &mut S) {
+        let Inner {
+            held, slots, count, ..
+        } = self;
+        for (id, h) in held.iter_mut() {
+            if let Some(slot) = slots.get_mut(*id as usize).and_then(Option::as_mut) {
+                slot.held = None;
+            }
+            h.flush(sink, count);
+        }
+        held.clear();
     }
 
     /// The poller's next smoltcp deadline.
@@ -427,6 +482,7 @@ impl SmolStack {
                 sink: &mut Nowhere,
                 count: &mut count,
                 mtu,
+                hold: None,
             };
             Interface::new(cfg, &mut dev, SmolInstant::from_micros(0))
         };
@@ -461,6 +517,7 @@ impl SmolStack {
                 timers: BTreeSet::new(),
                 dirty: Vec::new(),
                 scratch: Vec::new(),
+                held: Vec::new(),
                 tx,
                 count,
                 armed: None,
@@ -570,16 +627,54 @@ impl SmolStack {
         self.inner.lock().connecting.remove(key);
     }
 
-    /// Process one TCP packet from the app (the driver's path): smoltcp
-    /// sees the socket of the packet's flow alone (none if it has no flow:
-    /// smoltcp then answers with an RST), so the work does not grow with
-    /// the number of open sockets.
+    /// Process one TCP packet from the app: smoltcp sees the socket of the
+    /// packet's flow alone (none if it has no flow: smoltcp then answers
+    /// with an RST), so the work does not grow with the number of open
+    /// sockets. Every segment goes out at once: the tests', the fuzz
+    /// target's and the bench's way in (the driver holds ACKs,
+    /// [`SmolStack::input_held`]).
+    #[cfg(any(test, fuzzing, feature = "bench-internals"))]
     pub(crate) fn input<S: Sink>(&self, pkt: &[u8], now: Instant, sink: &mut S, stats: &Stats) {
+        self.input_inner(pkt, now, sink, stats, false);
+    }
+
+    /// [`SmolStack::input`] for the driver: the flow's pure ACKs are held
+    /// (one per flow, the newest) until [`SmolStack::drain_done`].
+    pub(crate) fn input_held<S: Sink>(
+        &self,
+        pkt: &[u8],
+        now: Instant,
+        sink: &mut S,
+        stats: &Stats,
+    ) {
+        self.input_inner(pkt, now, sink, stats, true);
+    }
+
+    /// The driver's drain ended: write out the ACKs held in it.
+    pub(crate) fn drain_done<S: Sink>(&self, sink: &mut S, stats: &Stats) {
+        let mut g = self.inner.lock();
+        if g.held.is_empty() {
+            return;
+        }
+        g.flush_held(sink);
+        if g.count.packets >= COMMIT_PACKETS || g.count.dropped > 0 {
+            g.count.commit(stats);
+        }
+    }
+
+    fn input_inner<S: Sink>(
+        &self,
+        pkt: &[u8],
+        now: Instant,
+        sink: &mut S,
+        stats: &Stats,
+        hold: bool,
+    ) {
         let ts = Inner::now(self.epoch, now);
         let key = flow_of(pkt);
         let mut g = self.inner.lock();
         let id = key.and_then(|k| g.flows.get(&k).copied());
-        g.poll(id, ts, Some(pkt), sink);
+        g.poll(id, ts, Some(pkt), sink, hold);
         if g.count.packets >= COMMIT_PACKETS || g.count.dropped > 0 {
             g.count.commit(stats);
         }
@@ -631,7 +726,7 @@ impl SmolStack {
         let id = g.add(sock);
         // The socket listens on the server's address only for the duration
         // of this poll: it takes this SYN (from `client`) and no other.
-        g.poll(Some(id), ts, Some(syn), sink);
+        g.poll(Some(id), ts, Some(syn), sink, false);
         let s = g.socket(id);
         let ok = s.state() == State::SynReceived
             && s.remote_endpoint()

@@ -798,3 +798,97 @@ fn an_idle_flows_retransmission_fires_from_the_poller() {
         .collect();
     assert_eq!(again, b"unacknowledged", "retransmitted at its deadline");
 }
+
+/// The driver's path holds each flow's pure ACKs until its drain ends:
+/// one cumulative ACK per flow goes out, the newest; anything else of the
+/// flow (its session's data through the poller) goes out after the ACK it
+/// holds, and the packets and bytes are counted once sent.
+#[test]
+fn a_drain_sends_one_cumulative_ack_per_flow() {
+    let st = sized_stack(4);
+    let stats = Stats::default();
+    let mut out = Capture::default();
+    let (ka, ha, sa) = open(&st, &mut out, &stats, "10.0.0.9:40000", "1.1.1.1:443");
+    let (kb, _, sb) = open(&st, &mut out, &stats, "10.0.0.9:40001", "1.1.1.1:443");
+    out.0.clear();
+    let data = [0x62u8; 1460];
+    for i in 0..6u32 {
+        for (c, s) in [("10.0.0.9:40000", sa), ("10.0.0.9:40001", sb)] {
+            let p = tcp_v4(c, "1.1.1.1:443", 1001 + i * 1460, s, ACK, &[], &data);
+            st.input_held(&p, Instant::now(), &mut out, &stats);
+        }
+    }
+    assert!(
+        out.0.is_empty(),
+        "ACKs held during the drain: {}",
+        out.0.len()
+    );
+    st.drain_done(&mut out, &stats);
+    let acks: Vec<_> = out.0.iter().map(|p| seg(p)).collect();
+    assert_eq!(acks.len(), 2, "one ACK per flow");
+    for (k, _) in [(ka, sa), (kb, sb)] {
+        let a = acks
+            .iter()
+            .find(|a| (a.0, a.1) == (k.1, k.0))
+            .expect("an ACK of each flow");
+        assert_eq!(a.3, 1001 + 6 * 1460, "the newest, cumulative");
+        assert_eq!(a.4, ACK);
+    }
+    st.drain_done(&mut out, &stats);
+    assert_eq!(out.0.len(), 2, "nothing held twice");
+    st.poll_once(&mut out, &stats, Instant::now());
+    assert_eq!(out.0.len(), 2);
+    assert_eq!(
+        stats.packets_down.load(Relaxed),
+        4,
+        "two SYN-ACKs and the two ACKs sent, counted once"
+    );
+    // A held ACK goes out before the flow's next segment from the poller.
+    out.0.clear();
+    let p = tcp_v4(
+        "10.0.0.9:40000",
+        "1.1.1.1:443",
+        1001 + 6 * 1460,
+        sa,
+        ACK,
+        &[],
+        &data,
+    );
+    st.input_held(&p, Instant::now(), &mut out, &stats);
+    st.input_held(
+        &tcp_v4(
+            "10.0.0.9:40000",
+            "1.1.1.1:443",
+            1001 + 7 * 1460,
+            sa,
+            ACK,
+            &[],
+            &data,
+        ),
+        Instant::now(),
+        &mut out,
+        &stats,
+    );
+    assert!(out.0.is_empty());
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .expect("test input");
+    let a = SmolStream::new(st.clone(), ha, ka, None);
+    let mut buf = vec![0u8; 16 * 1024];
+    let mut n = 0;
+    while n < 8 * 1460 {
+        n += rt.block_on(a.recv(&mut buf)).expect("test input");
+    }
+    rt.block_on(a.send_all(b"reply")).expect("test input");
+    st.poll_once(&mut out, &stats, Instant::now());
+    let segs: Vec<_> = out.0.iter().map(|p| seg(p)).collect();
+    assert!(segs.len() >= 2, "{segs:?}");
+    assert_eq!(
+        (segs[0].3, segs[0].5.len()),
+        (1001 + 8 * 1460, 0),
+        "the held ACK first"
+    );
+    assert!(segs.iter().any(|s| s.5 == b"reply"));
+    st.drain_done(&mut out, &stats);
+    assert_eq!(out.0.len(), segs.len(), "flushed by the poller, not again");
+}
