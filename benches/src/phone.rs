@@ -94,6 +94,9 @@ impl PhoneProfile {
     /// The engine scenario (`None` for the baseline).
     pub fn scenario(&self) -> Option<&'static crate::scenario::Scenario> {
         let driver = self.driver?;
+        if driver == SMOLTCP_DRIVER {
+            return Some(&SMOLTCP_PER_PACKET);
+        }
         let (_, id) = DRIVERS.iter().find(|(d, _)| *d == driver)?;
         crate::scenario::SCENARIOS.iter().find(|s| s.id == *id)
     }
@@ -118,7 +121,53 @@ pub fn profiles(topos: &[Topo], mtus: &[u16]) -> Vec<PhoneProfile> {
             }
         }
     }
+    // Last in the list; the harness runs each group's profiles together.
+    for &topo in topos {
+        out.extend(mtus.iter().filter_map(|&mtu| smoltcp_profile(topo, mtu)));
+    }
     out
+}
+
+// ---------------------------------------------------------------------------
+// The smoltcp stack on the Android path.
+
+/// The driver name of the smoltcp profile in the records and the page.
+pub const SMOLTCP_DRIVER: &str = "smoltcp-per-packet";
+
+/// The smoltcp stack behind the per-packet driver (the stack iOS uses where
+/// the kernel listener cannot work), direct outbound. Not in
+/// [`crate::scenario::SCENARIOS`]: only the phone profiles run it.
+pub const SMOLTCP_PER_PACKET: crate::scenario::Scenario = crate::scenario::Scenario {
+    id: "smoltcp-per-packet",
+    label: "smoltcp stack, per-packet driver, direct",
+    stack: "smoltcp",
+    driver: "per-packet",
+    outbound: crate::scenario::Outbound::Direct,
+    splice: None,
+    config: Some("stack = \"smoltcp\"\n"),
+    scale: false,
+};
+
+/// The smoltcp profile of a group: router topology at MTU 1500 only (the
+/// path the per-packet targets are about).
+fn smoltcp_profile(topo: Topo, mtu: u16) -> Option<PhoneProfile> {
+    (topo == Topo::Router && mtu == 1500).then_some(PhoneProfile {
+        topo,
+        mtu,
+        driver: Some(SMOLTCP_DRIVER),
+    })
+}
+
+/// Keep the profiles whose driver is in `drivers` (`per-packet`, `batch`,
+/// `smoltcp-per-packet`), and every baseline; empty `drivers` keeps all.
+pub fn only_drivers(profiles: Vec<PhoneProfile>, drivers: &[String]) -> Vec<PhoneProfile> {
+    if drivers.is_empty() {
+        return profiles;
+    }
+    profiles
+        .into_iter()
+        .filter(|p| p.driver.is_none_or(|d| drivers.iter().any(|x| x == d)))
+        .collect()
 }
 
 // ---------------------------------------------------------------------------
@@ -592,6 +641,14 @@ pub fn section(records: &[Record]) -> String {
          direct outbound, splice on. **baseline**: the same namespaces and MTU with no engine \
          (router: the engine's namespace forwards straight to the server).\n"
     );
+    if v.keys().iter().any(|k| k.2 == Some(SMOLTCP_DRIVER)) {
+        let _ = writeln!(
+            p,
+            "**{SMOLTCP_DRIVER}**: the per-packet driver with the smoltcp stack (the userspace \
+             TCP iOS uses where the kernel listener cannot work), direct outbound, router \
+             topology at MTU 1500 only.\n"
+        );
+    }
     let streams = v.streams();
     let joined = |f: &dyn Fn(u32) -> String| {
         streams
@@ -845,7 +902,11 @@ mod tests {
     fn profiles_group_by_topology_and_mtu_with_the_baseline_first() {
         let all = profiles(&[Topo::Router, Topo::Local], &[1500, 9000]);
         let ids: Vec<String> = all.iter().map(PhoneProfile::id).collect();
-        assert_eq!(ids.len(), 12);
+        assert_eq!(
+            ids.len(),
+            13,
+            "12 system-stack profiles and the smoltcp one"
+        );
         assert_eq!(
             ids[..4],
             [
@@ -861,13 +922,50 @@ mod tests {
                 None => assert!(p.scenario().is_none()),
                 Some(d) => {
                     let sc = p.scenario().expect("engine scenario");
-                    assert_eq!(sc.driver, d);
-                    assert_eq!(sc.stack, "system");
+                    assert_eq!(sc.driver, d.trim_start_matches("smoltcp-"));
+                    assert_eq!(
+                        sc.stack,
+                        if d == SMOLTCP_DRIVER {
+                            "smoltcp"
+                        } else {
+                            "system"
+                        }
+                    );
                 }
             }
         }
         assert_eq!("local".parse::<Topo>(), Ok(Topo::Local));
         assert!("phone".parse::<Topo>().is_err());
+    }
+
+    #[test]
+    fn the_smoltcp_profile_is_router_1500_and_can_run_alone() {
+        let all = profiles(&[Topo::Router, Topo::Local], &[1500, 9000]);
+        let smol: Vec<&PhoneProfile> = all
+            .iter()
+            .filter(|p| p.driver == Some(SMOLTCP_DRIVER))
+            .collect();
+        assert_eq!(smol.len(), 1);
+        assert_eq!(smol[0].id(), "router-1500-smoltcp-per-packet");
+        let sc = smol[0].scenario().expect("engine scenario");
+        assert_eq!((sc.stack, sc.driver), ("smoltcp", "per-packet"));
+        assert!(
+            crate::scenario::SCENARIOS.iter().all(|s| s.id != sc.id),
+            "a phone-only scenario"
+        );
+        let only = only_drivers(all.clone(), &[SMOLTCP_DRIVER.to_string()]);
+        let ids: Vec<String> = only.iter().map(PhoneProfile::id).collect();
+        assert_eq!(
+            ids,
+            [
+                "router-1500-baseline",
+                "router-9000-baseline",
+                "local-1500-baseline",
+                "local-9000-baseline",
+                "router-1500-smoltcp-per-packet"
+            ]
+        );
+        assert_eq!(only_drivers(all.clone(), &[]), all);
     }
 
     #[test]

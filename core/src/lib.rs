@@ -42,6 +42,13 @@ mod engine;
 pub mod fuzzing {
     pub use crate::stack::smoltcp::fuzzing as smol;
 }
+/// Entry points of the criterion benches (`benches/benches/smoltcp.rs`),
+/// not part of the API: built with the `bench-internals` feature only.
+#[cfg(feature = "bench-internals")]
+#[doc(hidden)]
+pub mod bench {
+    pub use crate::stack::smoltcp::bench as smol;
+}
 mod lifecycle;
 pub mod nat;
 pub mod outbound;

@@ -132,6 +132,12 @@ struct Args {
     /// system calls counted by `perf stat` (0: none).
     #[arg(long, value_delimiter = ',', default_value = "16")]
     phone_syscall_streams: Vec<u32>,
+    /// Only the phone profiles of these drivers (per-packet, batch,
+    /// smoltcp-per-packet; the baselines always run). With `--phone
+    /// --phone-topologies router --phone-mtus 1500 --phone-drivers
+    /// smoltcp-per-packet` it measures the smoltcp stack alone.
+    #[arg(long, value_delimiter = ',')]
+    phone_drivers: Vec<String>,
 }
 
 /// Gateway of the engine's TUN; the NAT address is the next one.

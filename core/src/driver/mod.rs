@@ -220,8 +220,10 @@ impl Processor {
         to_gateway && packet::coalesce::candidate(pkt)
     }
 
-    /// Count `n` packets read in this drain.
+    /// Count `n` packets read in this drain, which ended: what the stack
+    /// held back during it goes out.
     pub fn read_done(&mut self, n: u64) {
+        self.stack.drain_done();
         self.local.read_done(n, &self.stats, self.now);
     }
 

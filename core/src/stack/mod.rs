@@ -62,6 +62,14 @@ impl Stack {
         }
     }
 
+    /// The driver's drain ended (after every drain that read packets):
+    /// smoltcp writes out the ACKs it held back during it.
+    pub fn drain_done(&self) {
+        if let Stack::Smoltcp(s) = self {
+            s.drain_done();
+        }
+    }
+
     /// Whether there is state a cleanup tick could expire.
     pub fn has_state(&self) -> bool {
         match self {

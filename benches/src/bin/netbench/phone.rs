@@ -57,7 +57,10 @@ pub(super) fn run(ctx: &mut Ctx) -> Vec<Record> {
         eprintln!("phone: system calls not counted: {e}");
         meta.syscalls_error = Some(e);
     }
-    let profiles = ph::profiles(&meta.topologies, &meta.mtus);
+    let profiles = ph::only_drivers(
+        ph::profiles(&meta.topologies, &meta.mtus),
+        &ctx.args.phone_drivers,
+    );
     let mut baseline = std::collections::HashMap::new();
     for &topo in &meta.topologies {
         for &mtu in &meta.mtus {

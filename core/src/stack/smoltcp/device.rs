@@ -47,14 +47,88 @@ impl TxCount {
     }
 }
 
+/// The largest pure ACK: an IPv6 header and a TCP header without options.
+const HELD_MAX: usize = 60;
+
+/// A pure ACK of one flow held back until the end of the driver's drain
+/// (`SmolStack::input_held`): a later one of the same flow replaces it, so
+/// the app's TCP gets one cumulative ACK per flow and drain instead of one
+/// per two segments, each a TUN write that runs the kernel's forwarding and
+/// the app's TCP in the engine's system call.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Held {
+    /// Bytes held (0: none).
+    len: usize,
+    ack: u32,
+    /// HEADROOM, then the packet.
+    buf: [u8; HEADROOM + HELD_MAX],
+}
+
+impl Default for Held {
+    fn default() -> Self {
+        Held {
+            len: 0,
+            ack: 0,
+            buf: [0; HEADROOM + HELD_MAX],
+        }
+    }
+}
+
+impl Held {
+    /// Write the held ACK out, if any.
+    pub(super) fn flush<S: Sink>(&mut self, sink: &mut S, count: &mut TxCount) {
+        if self.len > 0 {
+            let len = std::mem::take(&mut self.len);
+            if sink.send(&mut self.buf, len) {
+                count.packets += 1;
+                count.bytes += len as u64;
+            } else {
+                count.dropped += 1;
+            }
+        }
+    }
+
+    /// Forget the held ACK (its socket is gone).
+    pub(super) fn clear(&mut self) {
+        self.len = 0;
+    }
+}
+
+/// The acknowledgment number of a pure ACK: flags ACK alone, no payload,
+/// no options (a SACK block, say), no IP options or extension headers.
+fn pure_ack(p: &[u8]) -> Option<u32> {
+    use crate::packet::{ipv4, ipv6, protocol, tcp, tcp_flags};
+    let l4 = match p.first().map(|b| b >> 4) {
+        Some(4)
+            if p.len() == ipv4::HEADER_LEN + tcp::HEADER_LEN
+                && p[ipv4::field::VER_IHL] & 0x0f == 5
+                && p[ipv4::field::PROTOCOL] == protocol::TCP =>
+        {
+            ipv4::HEADER_LEN
+        }
+        Some(6)
+            if p.len() == ipv6::HEADER_LEN + tcp::HEADER_LEN
+                && p[ipv6::field::NEXT_HEADER] == protocol::TCP =>
+        {
+            ipv6::HEADER_LEN
+        }
+        _ => return None,
+    };
+    let t = &p[l4..];
+    let plain = t[12] >> 4 == 5 && t[tcp::field::FLAGS] == tcp_flags::ACK;
+    plain.then(|| u32::from_be_bytes([t[8], t[9], t[10], t[11]]))
+}
+
 /// The device smoltcp sees for one poll: at most one received packet
-/// (borrowed from the driver's buffer, no copy), transmits into `sink`.
+/// (borrowed from the driver's buffer, no copy), transmits into `sink`;
+/// with `hold`, pure ACKs are held there instead (see [`Held`]).
 pub(super) struct Dev<'a, S: Sink> {
     pub(super) rx: Option<&'a [u8]>,
     pub(super) tx: &'a mut [u8],
     pub(super) sink: &'a mut S,
     pub(super) count: &'a mut TxCount,
     pub(super) mtu: usize,
+    pub(super) hold: Option<&'a mut Held>,
 }
 
 pub(super) struct Rx<'a>(&'a [u8]);
@@ -69,6 +143,7 @@ pub(super) struct Tx<'a, S: Sink> {
     buf: &'a mut [u8],
     sink: &'a mut S,
     count: &'a mut TxCount,
+    hold: Option<&'a mut Held>,
 }
 
 impl<S: Sink> TxToken for Tx<'_, S> {
@@ -83,6 +158,20 @@ impl<S: Sink> TxToken for Tx<'_, S> {
         }
         let r = f(&mut self.buf[HEADROOM..end]);
         shade_window(&mut self.buf[HEADROOM..end]);
+        if let Some(held) = self.hold {
+            match pure_ack(&self.buf[HEADROOM..end]) {
+                // Cumulative: a newer ACK says all the held one said. A
+                // duplicate ACK (same number) is no newer: both go out.
+                Some(ack) if held.len == 0 || (ack.wrapping_sub(held.ack) as i32) > 0 => {
+                    held.buf[..end].copy_from_slice(&self.buf[..end]);
+                    held.len = len;
+                    held.ack = ack;
+                    return r;
+                }
+                // Anything else of the flow goes out after what is held.
+                _ => held.flush(self.sink, self.count),
+            }
+        }
         if self.sink.send(self.buf, len) {
             self.count.packets += 1;
             self.count.bytes += len as u64;
@@ -111,6 +200,7 @@ impl<S: Sink> Device for Dev<'_, S> {
                 buf: self.tx,
                 sink: self.sink,
                 count: self.count,
+                hold: self.hold.as_deref_mut(),
             },
         ))
     }
@@ -120,6 +210,7 @@ impl<S: Sink> Device for Dev<'_, S> {
             buf: self.tx,
             sink: self.sink,
             count: self.count,
+            hold: self.hold.as_deref_mut(),
         })
     }
 

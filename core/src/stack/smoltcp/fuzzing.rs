@@ -453,7 +453,7 @@ impl Run {
     /// The stack's books agree with each other and with the budget.
     fn check(&mut self) {
         let g = self.st.inner.lock();
-        let sockets = g.sockets.iter().count();
+        let sockets = g.socket_count();
         assert_eq!(sockets, g.flows.len(), "every socket is a flow's");
         for (key, h, _, _) in &g.detached {
             assert_eq!(
@@ -534,7 +534,7 @@ pub fn run(data: &[u8]) -> Summary {
         (0, 0),
         "sockets left after every session ended"
     );
-    assert_eq!(r.st.inner.lock().sockets.iter().count(), 0);
+    assert_eq!(r.st.inner.lock().socket_count(), 0);
     r.summary.emitted = r.sink.emitted;
     r.summary
 }

@@ -21,6 +21,8 @@ use crate::packet::{self, Disposition, IpInfo};
 use crate::stats::{EngineDrop, LocalCounters, NatSnapshot};
 use crate::tun::Tun;
 
+#[cfg(any(test, feature = "bench-internals"))]
+pub mod bench;
 mod device;
 #[cfg(any(test, fuzzing))]
 pub mod fuzzing;
@@ -92,7 +94,7 @@ impl SmolTcp {
             Gate::Input => {
                 let stats = &self.d.stats;
                 self.stack
-                    .input(&buf[..ip.len], now, &mut TunSink(&self.tun), stats);
+                    .input_held(&buf[..ip.len], now, &mut TunSink(&self.tun), stats);
                 Disposition::Done
             }
             Gate::Full(tcp) => {
@@ -129,6 +131,12 @@ impl SmolTcp {
             }
             Gate::Reject(_) => Disposition::Done,
         }
+    }
+
+    /// The driver's drain ended: the pure ACKs held in it go out.
+    pub fn drain_done(&self) {
+        self.stack
+            .drain_done(&mut TunSink(&self.tun), &self.d.stats);
     }
 
     /// Sockets (open or closing) and connects in flight.

@@ -4,11 +4,22 @@
 //! writes are non-blocking; a full device queue drops the segment, counted,
 //! and TCP retransmits it).
 //!
-//! Timers are driven from one place: the poller task sleeps until smoltcp's
-//! `poll_at` (or until a session or the driver wakes it) and sleeps without a
-//! deadline when no socket has a timer, so an idle tunnel never wakes up.
+//! Every socket sits in a smoltcp `SocketSet` of its own, and a poll is
+//! given one set: smoltcp walks every socket of the set it polls (to find
+//! the one a segment is for, to collect output, for the next deadline), so
+//! a packet costs the same with one or ten thousand sockets open. The
+//! packet's flow picks the set (a hash map lookup); a packet of no flow is
+//! polled with an empty set, and smoltcp answers it with an RST as before.
+//!
+//! Timers are driven from one place: the poller task sleeps until the
+//! earliest socket deadline (an ordered index of each socket's smoltcp
+//! `poll_at`, refiled after each of its polls), or until a session or the
+//! driver wakes it, and then polls only the sockets whose deadline has come
+//! and those a session queued output on, read from or closed (`dirty`). It
+//! sleeps without a deadline when no socket has a timer, so an idle tunnel
+//! never wakes up.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -24,7 +35,7 @@ use smoltcp::wire::{HardwareAddress, IpAddress, IpCidr, IpListenEndpoint};
 use tokio::sync::Notify;
 use tokio::task::AbortHandle;
 
-use super::device::{Dev, Sink, TunSink, TxCount};
+use super::device::{Dev, Held, Sink, TunSink, TxCount};
 use crate::budget::OwnedPermit;
 use crate::lifecycle::{Lifecycle, Phase};
 use crate::packet::HEADROOM;
@@ -85,27 +96,62 @@ impl std::fmt::Debug for SmolStack {
 
 pub(super) struct Inner {
     pub(super) iface: Interface,
-    pub(super) sockets: SocketSet<'static>,
-    pub(super) flows: HashMap<Key, SocketHandle>,
+    /// One slot per socket (open or closing), indexed by [`Id`]; `free`
+    /// lists the empty ones.
+    slots: Vec<Option<Slot>>,
+    free: Vec<Id>,
+    /// An empty socket set: the poll of a packet that belongs to no flow
+    /// (smoltcp answers it with an RST, as it does when no socket takes it).
+    none: SocketSet<'static>,
+    pub(super) flows: HashMap<Key, Id>,
     /// Connects in flight, with when their SYN came and (once spawned) the
     /// task to abort if the connection is evicted and its admission permit
     /// (held here so an eviction hands it back at once).
     pub(super) connecting: HashMap<Key, Connecting>,
     /// Sockets given their SYN whose handshake the app has not completed,
     /// oldest first (entries past SYN-RECEIVED are dropped lazily).
-    pub(super) handshaking: VecDeque<(Key, SocketHandle, Instant)>,
+    pub(super) handshaking: VecDeque<(Key, Id, Instant)>,
     /// Half-open connections evicted and handshakes timed out, not yet
     /// published to the statistics.
     pub(super) evicted: u64,
     pub(super) timed_out: u64,
     /// Sockets whose session ended, with when and the session's admission
     /// permit (released with the socket); removed once closed.
-    pub(super) detached: Vec<(Key, SocketHandle, Instant, Option<OwnedPermit>)>,
+    pub(super) detached: Vec<(Key, Id, Instant, Option<OwnedPermit>)>,
+    /// Every socket with a smoltcp deadline, by deadline: the poller polls
+    /// only the sockets whose deadline has come.
+    timers: BTreeSet<(SmolInstant, Id)>,
+    /// Sockets a session queued output on, read from (a window update may be
+    /// owed), closed or aborted: the poller polls only these.
+    dirty: Vec<Id>,
+    /// Scratch for the poller (kept to avoid allocating per wake-up).
+    scratch: Vec<Id>,
+    /// The pure ACKs held during the driver's drain, one entry per flow
+    /// (kept to avoid allocating per drain).
+    held: Vec<(Id, Held)>,
     /// Transmit scratch: HEADROOM + MTU.
     pub(super) tx: Box<[u8]>,
     pub(super) count: TxCount,
     /// When the poller will wake next (None: no deadline).
     pub(super) armed: Option<Instant>,
+}
+
+/// A socket's place in the stack: an index into `Inner::slots`.
+pub(crate) type Id = u32;
+
+/// One socket in a socket set of its own. smoltcp walks every socket of the
+/// set it is given (to find the one a segment is for, to collect output, to
+/// find the next deadline), so a poll of one flow's set costs the same
+/// however many flows are open.
+struct Slot {
+    set: SocketSet<'static>,
+    h: SocketHandle,
+    /// Its entry in `Inner::timers`.
+    timer: Option<SmolInstant>,
+    /// Queued in `Inner::dirty`.
+    dirty: bool,
+    /// Its entry in `Inner::held` during a drain.
+    held: Option<u32>,
 }
 
 /// A connect in flight.
@@ -130,54 +176,221 @@ impl Inner {
         SmolInstant::from_micros(now.saturating_duration_since(epoch).as_micros() as i64)
     }
 
-    /// One smoltcp poll, with `pkt` (a whole IP packet) as the only input.
-    fn poll<S: Sink>(&mut self, ts: SmolInstant, pkt: Option<&[u8]>, sink: &mut S) {
+    /// One smoltcp poll of socket `id` alone (`None`: of no socket), with
+    /// `pkt` (a whole IP packet) as the only input; then its deadline is
+    /// filed. Work independent of the number of sockets (but for the
+    /// logarithmic deadline index).
+    ///
+    /// With `hold`, the socket's pure ACKs are held (see [`Held`]) until
+    /// [`Inner::flush_held`]; without, an ACK it holds goes out first.
+    fn poll<S: Sink>(
+        &mut self,
+        id: Option<Id>,
+        ts: SmolInstant,
+        pkt: Option<&[u8]>,
+        sink: &mut S,
+        hold: bool,
+    ) {
         let mtu = self.tx.len() - HEADROOM;
+        let Inner {
+            iface,
+            slots,
+            none,
+            tx,
+            count,
+            timers,
+            held,
+            ..
+        } = self;
+        let slot = id.and_then(|i| slots.get_mut(i as usize)?.as_mut());
+        let Some(slot) = slot else {
+            let mut dev = Dev {
+                rx: pkt,
+                tx,
+                sink,
+                count,
+                mtu,
+                hold: None,
+            };
+            iface.poll(ts, &mut dev, none);
+            return;
+        };
+        let id = id.unwrap_or_default();
+        let mut h = match slot.held {
+            Some(i) => held.get_mut(i as usize).map(|e| &mut e.1),
+            None if hold => {
+                slot.held = Some(held.len() as u32);
+                held.push((id, Held::default()));
+                held.last_mut().map(|e| &mut e.1)
+            }
+            None => None,
+        };
+        if !hold && let Some(h) = h.take() {
+            h.flush(sink, count);
+        }
         let mut dev = Dev {
             rx: pkt,
-            tx: &mut self.tx,
+            tx,
             sink,
-            count: &mut self.count,
+            count,
             mtu,
+            hold: h,
         };
-        self.iface.poll(ts, &mut dev, &mut self.sockets);
+        iface.poll(ts, &mut dev, &mut slot.set);
+        let at = iface.poll_at(ts, &slot.set);
+        if at != slot.timer {
+            if let Some(old) = slot.timer {
+                timers.remove(&(old, id));
+            }
+            if let Some(at) = at {
+                timers.insert((at, id));
+            }
+            slot.timer = at;
+        }
+    }
+
+    /// A new socket, in a set of its own.
+    fn add(&mut self, sock: tcp::Socket<'static>) -> Id {
+        // Room for exactly one: a set that grows from empty reserves four.
+        let mut set = SocketSet::new(Vec::with_capacity(1));
+        let h = set.add(sock);
+        let slot = Slot {
+            set,
+            h,
+            timer: None,
+            dirty: false,
+            held: None,
+        };
+        match self.free.pop() {
+            Some(id) => {
+                self.slots[id as usize] = Some(slot);
+                id
+            }
+            None => {
+                self.slots.push(Some(slot));
+                (self.slots.len() - 1) as Id
+            }
+        }
+    }
+
+    /// Remove socket `id` and its deadline (a stale `dirty` entry is
+    /// harmless: at worst one extra poll of whichever socket reuses `id`).
+    fn remove(&mut self, id: Id) {
+        if let Some(slot) = self.slots.get_mut(id as usize).and_then(Option::take) {
+            if let Some(t) = slot.timer {
+                self.timers.remove(&(t, id));
+            }
+            if let Some(e) = slot.held.and_then(|i| self.held.get_mut(i as usize)) {
+                e.1.clear();
+            }
+            self.free.push(id);
+        }
+    }
+
+    /// Queue socket `id` for the poller.
+    fn mark(&mut self, id: Id) {
+        if let Some(slot) = self.slots.get_mut(id as usize).and_then(Option::as_mut)
+            && !slot.dirty
+        {
+            slot.dirty = true;
+            self.dirty.push(id);
+        }
+    }
+
+    /// Sockets in the stack (open or closing).
+    #[cfg(any(test, fuzzing))]
+    pub(super) fn socket_count(&self) -> usize {
+        self.slots.len() - self.free.len()
+    }
+
+    /// Poll the queued sockets, then those whose deadline has come.
+    fn poll_due<S: Sink>(&mut self, ts: SmolInstant, sink: &mut S) {
+        let mut ids = std::mem::take(&mut self.scratch);
+        ids.append(&mut self.dirty);
+        for &id in &ids {
+            if let Some(slot) = self.slots.get_mut(id as usize).and_then(Option::as_mut) {
+                slot.dirty = false;
+            }
+        }
+        // Each due socket once: its next deadline is filed anew by its poll.
+        while let Some(&(at, id)) = self.timers.first()
+            && at <= ts
+        {
+            self.timers.pop_first();
+            if let Some(slot) = self.slots.get_mut(id as usize).and_then(Option::as_mut) {
+                slot.timer = None;
+            }
+            ids.push(id);
+        }
+        for &id in &ids {
+            self.poll(Some(id), ts, None, sink, false);
+        }
+        ids.clear();
+        self.scratch = ids;
+    }
+
+    /// Write out the ACKs held in this drain.
+    fn flush_held<S: Sink>(&mut self, sink: &mut S) {
+        let Inner {
+            held, slots, count, ..
+        } = self;
+        for (id, h) in held.iter_mut() {
+            if let Some(slot) = slots.get_mut(*id as usize).and_then(Option::as_mut) {
+                slot.held = None;
+            }
+            h.flush(sink, count);
+        }
+        held.clear();
+    }
+
+    /// The poller's next smoltcp deadline.
+    fn next_timer(&self, epoch: Instant) -> Option<Instant> {
+        let &(at, _) = self.timers.first()?;
+        Some(epoch + Duration::from_micros(at.total_micros().max(0) as u64))
     }
 
     /// Drop the sockets of ended sessions once they are closed (or linger
     /// expired). Runs right after a poll, so an abort's RST went out.
     fn sweep(&mut self, now: Instant, linger: Duration) {
-        let Inner {
-            sockets,
-            flows,
-            detached,
-            handshaking,
-            ..
-        } = self;
-        detached.retain(|&(key, h, since, _)| {
-            let state = sockets.get::<tcp::Socket>(h).state();
+        let mut i = 0;
+        while i < self.detached.len() {
+            let (key, id, since, _) = self.detached[i];
+            let state = self.socket(id).state();
             let done = matches!(state, State::Closed | State::TimeWait)
                 || now.saturating_duration_since(since) >= linger;
-            if done {
-                handshaking.retain(|e| e.1 != h);
-                sockets.remove(h);
-                if flows.get(&key) == Some(&h) {
-                    flows.remove(&key);
-                }
+            if !done {
+                i += 1;
+                continue;
             }
-            !done
-        });
+            self.detached.swap_remove(i);
+            self.handshaking.retain(|e| e.1 != id);
+            self.remove(id);
+            if self.flows.get(&key) == Some(&id) {
+                self.flows.remove(&key);
+            }
+        }
     }
 
-    pub(super) fn socket(&mut self, h: SocketHandle) -> &mut tcp::Socket<'static> {
-        self.sockets.get_mut::<tcp::Socket>(h)
+    pub(super) fn socket(&mut self, id: Id) -> &mut tcp::Socket<'static> {
+        let slot = self.slots[id as usize]
+            .as_mut()
+            .expect("a socket id held by the stack or a stream refers to a socket");
+        slot.set.get_mut::<tcp::Socket>(slot.h)
+    }
+
+    fn socket_ref(&self, id: Id) -> &tcp::Socket<'static> {
+        let slot = self.slots[id as usize]
+            .as_ref()
+            .expect("a socket id held by the stack or a stream refers to a socket");
+        slot.set.get::<tcp::Socket>(slot.h)
     }
 
     /// Abort the sockets whose app has not completed the handshake within
     /// [`HANDSHAKE_TIMEOUT`] (their sessions end and close the outbound),
     /// and forget those that moved on. The next deadline, if any.
     fn expire_handshakes(&mut self, now: Instant) -> Option<Instant> {
-        while let Some(&(_, h, since)) = self.handshaking.front() {
-            let s = self.sockets.get_mut::<tcp::Socket>(h);
+        while let Some(&(_, id, since)) = self.handshaking.front() {
+            let s = self.socket(id);
             if s.state() != State::SynReceived {
                 self.handshaking.pop_front();
                 continue;
@@ -186,6 +399,7 @@ impl Inner {
                 return Some(since + HANDSHAKE_TIMEOUT);
             }
             s.abort();
+            self.mark(id);
             self.timed_out += 1;
             self.handshaking.pop_front();
         }
@@ -211,16 +425,15 @@ impl Inner {
             .handshaking
             .iter()
             .enumerate()
-            .find(|(_, (k, h, _))| {
-                mine(k) && self.sockets.get::<tcp::Socket>(*h).state() == State::SynReceived
-            })
+            .find(|(_, (k, id, _))| mine(k) && self.socket_ref(*id).state() == State::SynReceived)
             .map(|(i, (_, _, since))| (i, *since));
         match (connecting, handshaking) {
             (Some((k, a)), Some((_, b))) if a <= b => self.evict_connecting(&k),
             (Some((k, _)), None) => self.evict_connecting(&k),
             (_, Some((i, _))) => {
-                if let Some((_, h, _)) = self.handshaking.remove(i) {
-                    self.sockets.get_mut::<tcp::Socket>(h).abort();
+                if let Some((_, id, _)) = self.handshaking.remove(i) {
+                    self.socket(id).abort();
+                    self.mark(id);
                     self.evicted += 1;
                 }
             }
@@ -269,6 +482,7 @@ impl SmolStack {
                 sink: &mut Nowhere,
                 count: &mut count,
                 mtu,
+                hold: None,
             };
             Interface::new(cfg, &mut dev, SmolInstant::from_micros(0))
         };
@@ -291,13 +505,19 @@ impl SmolStack {
         SmolStack {
             inner: Mutex::new(Inner {
                 iface,
-                sockets: SocketSet::new(Vec::new()),
+                slots: Vec::new(),
+                free: Vec::new(),
+                none: SocketSet::new(Vec::new()),
                 flows: HashMap::new(),
                 connecting: HashMap::new(),
                 handshaking: VecDeque::new(),
                 evicted: 0,
                 timed_out: 0,
                 detached: Vec::new(),
+                timers: BTreeSet::new(),
+                dirty: Vec::new(),
+                scratch: Vec::new(),
+                held: Vec::new(),
                 tx,
                 count,
                 armed: None,
@@ -321,15 +541,15 @@ impl SmolStack {
     /// Classify a SYN (without ACK); a new one is marked connecting.
     pub(crate) fn syn(&self, key: Key) -> Syn {
         let mut g = self.inner.lock();
-        if let Some(&h) = g.flows.get(&key) {
-            if !g.detached.iter().any(|d| d.1 == h) {
+        if let Some(&id) = g.flows.get(&key) {
+            if !g.detached.iter().any(|d| d.1 == id) {
                 return Syn::Known;
             }
             // The app reuses a port whose previous connection is still
             // closing here: drop the old socket, this is a new connection.
-            g.detached.retain(|d| d.1 != h);
-            g.handshaking.retain(|d| d.1 != h);
-            g.sockets.remove(h);
+            g.detached.retain(|d| d.1 != id);
+            g.handshaking.retain(|d| d.1 != id);
+            g.remove(id);
             g.flows.remove(&key);
         }
         if g.connecting.contains_key(&key) {
@@ -344,11 +564,13 @@ impl SmolStack {
         if g.half_open() >= per_source {
             // Count only sockets still in SYN-RECEIVED.
             let Inner {
-                sockets,
-                handshaking,
-                ..
+                slots, handshaking, ..
             } = &mut *g;
-            handshaking.retain(|e| sockets.get::<tcp::Socket>(e.1).state() == State::SynReceived);
+            handshaking.retain(|e| {
+                slots[e.1 as usize]
+                    .as_ref()
+                    .is_some_and(|s| s.set.get::<tcp::Socket>(s.h).state() == State::SynReceived)
+            });
         }
         if g.half_open() >= per_source {
             let from_source = g.connecting.keys().filter(|k| k.0.ip() == source).count()
@@ -362,12 +584,18 @@ impl SmolStack {
                 g.evict_oldest(None);
             }
         }
+        // An evicted socket's RST goes out from the poller.
+        let wake = !g.dirty.is_empty();
         let connecting = Connecting {
             since: Instant::now(),
             task: None,
             permit: None,
         };
         g.connecting.insert(key, connecting);
+        drop(g);
+        if wake {
+            self.wake.notify_one();
+        }
         Syn::New
     }
 
@@ -399,28 +627,67 @@ impl SmolStack {
         self.inner.lock().connecting.remove(key);
     }
 
-    /// Process one TCP packet from the app (the driver's path).
+    /// Process one TCP packet from the app: smoltcp sees the socket of the
+    /// packet's flow alone (none if it has no flow: smoltcp then answers
+    /// with an RST), so the work does not grow with the number of open
+    /// sockets. Every segment goes out at once: the tests', the fuzz
+    /// target's and the bench's way in (the driver holds ACKs,
+    /// [`SmolStack::input_held`]).
+    #[cfg(any(test, fuzzing, feature = "bench-internals"))]
     pub(crate) fn input<S: Sink>(&self, pkt: &[u8], now: Instant, sink: &mut S, stats: &Stats) {
-        let ts = Inner::now(self.epoch, now);
+        self.input_inner(pkt, now, sink, stats, false);
+    }
+
+    /// [`SmolStack::input`] for the driver: the flow's pure ACKs are held
+    /// (one per flow, the newest) until [`SmolStack::drain_done`].
+    pub(crate) fn input_held<S: Sink>(
+        &self,
+        pkt: &[u8],
+        now: Instant,
+        sink: &mut S,
+        stats: &Stats,
+    ) {
+        self.input_inner(pkt, now, sink, stats, true);
+    }
+
+    /// The driver's drain ended: write out the ACKs held in it.
+    pub(crate) fn drain_done<S: Sink>(&self, sink: &mut S, stats: &Stats) {
         let mut g = self.inner.lock();
-        g.poll(ts, Some(pkt), sink);
+        if g.held.is_empty() {
+            return;
+        }
+        g.flush_held(sink);
+        if g.count.packets >= COMMIT_PACKETS || g.count.dropped > 0 {
+            g.count.commit(stats);
+        }
+    }
+
+    fn input_inner<S: Sink>(
+        &self,
+        pkt: &[u8],
+        now: Instant,
+        sink: &mut S,
+        stats: &Stats,
+        hold: bool,
+    ) {
+        let ts = Inner::now(self.epoch, now);
+        let key = flow_of(pkt);
+        let mut g = self.inner.lock();
+        let id = key.and_then(|k| g.flows.get(&k).copied());
+        g.poll(id, ts, Some(pkt), sink, hold);
         if g.count.packets >= COMMIT_PACKETS || g.count.dropped > 0 {
             g.count.commit(stats);
         }
         // A new timer earlier than the poller's deadline: wake it to re-arm.
-        let Inner {
-            iface,
-            sockets,
-            armed,
-            ..
-        } = &mut *g;
-        if let Some(at) = iface.poll_at(ts, sockets) {
-            let at = self.epoch + Duration::from_micros(at.total_micros().max(0) as u64);
-            if armed.is_none_or(|a| at < a) {
-                *armed = Some(at);
-                drop(g);
-                self.wake.notify_one();
-            }
+        let at = id
+            .and_then(|id| g.slots[id as usize].as_ref()?.timer)
+            .map(|at| self.epoch + Duration::from_micros(at.total_micros().max(0) as u64));
+        if let Some(at) = at
+            && g.armed.is_none_or(|a| at < a)
+        {
+            g.armed = Some(at);
+            drop(g);
+            self.wake.notify_one();
         }
     }
 
@@ -433,7 +700,7 @@ impl SmolStack {
         syn: &[u8],
         now: Instant,
         sink: &mut S,
-    ) -> Option<SocketHandle> {
+    ) -> Option<Id> {
         let (client, server) = key;
         // Allocated outside the lock; zeroed pages come from calloc lazily.
         let mut sock = tcp::Socket::new(
@@ -456,23 +723,24 @@ impl SmolStack {
         if sock.listen(ep).is_err() {
             return None;
         }
-        let h = g.sockets.add(sock);
+        let id = g.add(sock);
         // The socket listens on the server's address only for the duration
         // of this poll: it takes this SYN (from `client`) and no other.
-        g.poll(ts, Some(syn), sink);
-        let s = g.socket(h);
+        g.poll(Some(id), ts, Some(syn), sink, false);
+        let s = g.socket(id);
         let ok = s.state() == State::SynReceived
             && s.remote_endpoint()
                 .is_some_and(|r| IpAddr::from(r.addr) == client.ip() && r.port == client.port());
         if !ok {
-            g.sockets.remove(h);
+            g.remove(id);
             return None;
         }
-        g.flows.insert(key, h);
-        g.handshaking.push_back((key, h, now));
+        g.flows.insert(key, id);
+        g.handshaking.push_back((key, id, now));
         drop(g);
+        // The poller re-arms for the SYN-ACK's retransmission.
         self.wake.notify_one();
-        Some(h)
+        Some(id)
     }
 
     /// Drop a connecting mark after a failed connect.
@@ -494,15 +762,18 @@ impl SmolStack {
         let g = self.inner.lock();
         let now = Instant::now();
         let mut lines = vec![format!(
-            "smoltcp: {} flows, {} connecting, {} detached, poller armed {:?}, unpublished tx {:?}",
+            "smoltcp: {} flows, {} connecting, {} detached, {} deadlines, {} queued for the \
+             poller, poller armed {:?}, unpublished tx {:?}",
             g.flows.len(),
             g.connecting.len(),
             g.detached.len(),
+            g.timers.len(),
+            g.dirty.len(),
             g.armed.map(|a| a.saturating_duration_since(now)),
             g.count,
         )];
-        for (key, &h) in &g.flows {
-            let s = g.sockets.get::<tcp::Socket>(h);
+        for (key, &id) in &g.flows {
+            let s = g.socket_ref(id);
             lines.push(format!(
                 "{} -> {}: {} send_queue {} recv_queue {} can_send {} can_recv {} {}",
                 key.0,
@@ -553,7 +824,7 @@ impl SmolStack {
         let ts = Inner::now(self.epoch, now);
         let mut g = self.inner.lock();
         let handshake = g.expire_handshakes(now);
-        g.poll(ts, None, sink);
+        g.poll_due(ts, sink);
         g.sweep(now, self.linger);
         g.count.commit(stats);
         let inner = &mut *g;
@@ -566,9 +837,9 @@ impl SmolStack {
                 *n = 0;
             }
         }
-        let Inner { iface, sockets, .. } = &mut *g;
-        let delay = iface.poll_delay(ts, sockets);
-        let mut at = delay.map(|d| now + Duration::from_micros(d.total_micros()));
+        // A deadline already passed (a socket with output the poll could
+        // not send) wakes the poller at once, as smoltcp's `poll_delay` 0.
+        let mut at = g.next_timer(self.epoch).map(|t| t.max(now));
         if at.is_none() && !g.detached.is_empty() {
             // Lingering sockets with no smoltcp timer still need a sweep.
             at = Some(now + self.linger);
@@ -586,15 +857,16 @@ impl SmolStack {
     /// `WouldBlock`.
     pub(super) fn poll_recv(
         &self,
-        h: SocketHandle,
+        id: Id,
         cx: Option<&mut Context<'_>>,
         buf: &mut [u8],
     ) -> Poll<io::Result<usize>> {
         let mut g = self.inner.lock();
-        let s = g.socket(h);
+        let s = g.socket(id);
         if s.can_recv() {
             return match s.recv_slice(buf) {
                 Ok(n) => {
+                    g.mark(id);
                     drop(g);
                     // The window opened: the poller may owe the app an update.
                     self.wake.notify_one();
@@ -621,13 +893,9 @@ impl SmolStack {
 
     /// Ready once a read would not pend: data, the app's FIN, or a reset.
     /// Takes no buffer, so a waiting relay direction holds none.
-    pub(super) fn poll_readable(
-        &self,
-        h: SocketHandle,
-        cx: &mut Context<'_>,
-    ) -> Poll<io::Result<()>> {
+    pub(super) fn poll_readable(&self, id: Id, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let mut g = self.inner.lock();
-        let s = g.socket(h);
+        let s = g.socket(id);
         if s.can_recv() {
             return Poll::Ready(Ok(()));
         }
@@ -642,15 +910,16 @@ impl SmolStack {
 
     pub(super) fn poll_send(
         &self,
-        h: SocketHandle,
+        id: Id,
         cx: &mut Context<'_>,
         data: &[u8],
     ) -> Poll<io::Result<usize>> {
         let mut g = self.inner.lock();
-        let s = g.socket(h);
+        let s = g.socket(id);
         if s.can_send() {
             return match s.send_slice(data) {
                 Ok(n) => {
+                    g.mark(id);
                     drop(g);
                     self.wake.notify_one();
                     Poll::Ready(Ok(n))
@@ -676,21 +945,36 @@ impl SmolStack {
     /// already closed) and hand it to the poller, which removes it (and
     /// releases `permit`) once the FIN exchange is over or the linger time
     /// has passed.
-    pub(super) fn detach(&self, h: SocketHandle, key: Key, permit: Option<OwnedPermit>) {
+    pub(super) fn detach(&self, id: Id, key: Key, permit: Option<OwnedPermit>) {
         let mut g = self.inner.lock();
-        let s = g.socket(h);
+        let s = g.socket(id);
         if !matches!(s.state(), State::Closed | State::TimeWait) {
             s.close();
         }
-        g.detached.push((key, h, Instant::now(), permit));
+        g.mark(id);
+        g.detached.push((key, id, Instant::now(), permit));
         drop(g);
         self.wake.notify_one();
     }
 
-    pub(super) fn with_socket(&self, h: SocketHandle, f: impl FnOnce(&mut tcp::Socket<'static>)) {
-        f(self.inner.lock().socket(h));
+    pub(super) fn with_socket(&self, id: Id, f: impl FnOnce(&mut tcp::Socket<'static>)) {
+        let mut g = self.inner.lock();
+        f(g.socket(id));
+        g.mark(id);
+        drop(g);
         self.wake.notify_one();
     }
+}
+
+/// The flow of a TCP packet from the app: (client, server). `None` if it
+/// does not parse (smoltcp then drops it, or answers it with an RST).
+fn flow_of(pkt: &[u8]) -> Option<Key> {
+    let ip = crate::packet::parse_ip(pkt).ok()?;
+    let tcp = crate::packet::parse_tcp(pkt, &ip).ok()?;
+    Some((
+        SocketAddr::new(ip.src, tcp.src_port),
+        SocketAddr::new(ip.dst, tcp.dst_port),
+    ))
 }
 
 /// What a read of a socket with an empty receive buffer finds: the app's

@@ -7,10 +7,9 @@ use std::io;
 use std::sync::Arc;
 use std::time::Duration;
 
-use smoltcp::iface::SocketHandle;
 use tokio::net::TcpStream;
 
-use super::stack::{Key, SmolStack};
+use super::stack::{Id, Key, SmolStack};
 use crate::budget::OwnedPermit;
 use crate::dispatch::session::{self, App};
 use crate::outbound::shadowsocks::{SsOpen, SsSeal};
@@ -23,7 +22,7 @@ use crate::relay::{Meter, RelayOptions, Relayed, Side};
 /// counting against admission until it is gone.
 pub(crate) struct SmolStream {
     stack: Arc<SmolStack>,
-    pub(super) h: SocketHandle,
+    pub(super) h: Id,
     key: Key,
     permit: Option<OwnedPermit>,
 }
@@ -37,12 +36,7 @@ impl std::fmt::Debug for SmolStream {
 }
 
 impl SmolStream {
-    pub(crate) fn new(
-        stack: Arc<SmolStack>,
-        h: SocketHandle,
-        key: Key,
-        permit: Option<OwnedPermit>,
-    ) -> Self {
+    pub(crate) fn new(stack: Arc<SmolStack>, h: Id, key: Key, permit: Option<OwnedPermit>) -> Self {
         SmolStream {
             stack,
             h,

@@ -58,12 +58,7 @@ fn seg(p: &[u8]) -> (SocketAddr, SocketAddr, u32, u32, u8, Vec<u8>) {
     )
 }
 
-fn handshake(
-    st: &SmolStack,
-    out: &mut Capture,
-    stats: &Stats,
-    v6: bool,
-) -> (Key, SocketHandle, u32) {
+fn handshake(st: &SmolStack, out: &mut Capture, stats: &Stats, v6: bool) -> (Key, Id, u32) {
     let (c, s) = if v6 {
         ("[fd00:18::9]:40000", "[2001:db8::1]:443")
     } else {
@@ -202,20 +197,23 @@ fn closing_socket_keeps_its_permit_until_removed() {
     assert_eq!(admission.active(), 0, "released with the socket");
 }
 
-/// What a socket holds besides its rings (its slot in the socket set, which
-/// contains the socket, and its flow map entries) fits the state the budget
-/// charges each smoltcp session for it.
+/// What a socket holds besides its rings (its socket set of one, which
+/// contains the socket, its slot, its flow map entries and its deadline)
+/// fits the state the budget charges each smoltcp session for it.
 #[test]
 fn socket_state_fits_the_budget() {
     use std::mem::size_of;
-    let slot = size_of::<smoltcp::iface::SocketStorage<'static>>();
-    let entries = size_of::<(Key, SocketHandle)>()
-        + size_of::<(Key, SocketHandle, Instant, Option<OwnedPermit>)>();
-    // Hash maps keep up to half their slots free after growing.
-    let state = slot + 2 * entries;
+    let storage = size_of::<smoltcp::iface::SocketStorage<'static>>();
+    let slot = size_of::<Option<Slot>>() + size_of::<Id>();
+    let entries = size_of::<(Key, Id)>()
+        + size_of::<(Key, Id, Instant, Option<OwnedPermit>)>()
+        + size_of::<(SmolInstant, Id)>();
+    // Hash maps keep up to half their slots free after growing, B-tree
+    // nodes up to half theirs, the slot vector as much again.
+    let state = storage + 2 * slot + 2 * entries;
     assert!(
         state <= crate::budget::SMOLTCP_SOCKET_STATE,
-        "{state} bytes (slot {slot}, entries {entries})"
+        "{state} bytes (storage {storage}, slot {slot}, entries {entries})"
     );
 }
 
@@ -592,4 +590,305 @@ fn shaded_window_is_one_unit_less_with_valid_checksums() {
         shade_window(&mut junk);
         assert_eq!(junk, before);
     }
+}
+
+/// SYN, accept, ACK of an IPv4 flow `c -> s`: its socket and the server
+/// side's next sequence number.
+fn open(st: &SmolStack, out: &mut Capture, stats: &Stats, c: &str, s: &str) -> (Key, Id, u32) {
+    let k = key(c, s);
+    let syn = tcp_v4(c, s, 1000, 0, SYN, &[], &[]);
+    assert_eq!(st.syn(k), Syn::New);
+    let id = st.accept(k, &syn, Instant::now(), out).expect("accepted");
+    let (_, _, sseq, _, _, _) = seg(&out.0.pop().expect("SYN-ACK sent"));
+    let ack = tcp_v4(c, s, 1001, sseq.wrapping_add(1), ACK, &[], &[]);
+    st.input(&ack, Instant::now(), out, stats);
+    (k, id, sseq.wrapping_add(1))
+}
+
+fn sized_stack(max_sockets: usize) -> Arc<SmolStack> {
+    let nets: Vec<IpNet> = vec!["198.18.0.1/16".parse().expect("test input")];
+    Arc::new(SmolStack::new(
+        &nets,
+        1500,
+        16 * 1024,
+        Duration::from_secs(7440),
+        Duration::from_secs(10),
+        max_sockets,
+    ))
+}
+
+/// A packet is polled with its own flow's socket alone: another socket's
+/// queued output does not go out with it (it waits for the poller, which
+/// polls only the sockets a session touched or whose deadline came).
+#[test]
+fn a_packet_polls_its_own_flow_only() {
+    let st = sized_stack(4);
+    let stats = Stats::default();
+    let mut out = Capture::default();
+    let (ka, _, sa) = open(&st, &mut out, &stats, "10.0.0.9:40000", "1.1.1.1:443");
+    let (kb, hb, _) = open(&st, &mut out, &stats, "10.0.0.9:40001", "1.1.1.1:443");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .expect("test input");
+    let b = SmolStream::new(st.clone(), hb, kb, None);
+    rt.block_on(b.send_all(b"for b")).expect("test input");
+    out.0.clear();
+    // Two full segments of A: smoltcp acknowledges them at once.
+    let data = [0x61u8; 1460];
+    for i in 0..2u32 {
+        let p = tcp_v4(
+            "10.0.0.9:40000",
+            "1.1.1.1:443",
+            1001 + i * 1460,
+            sa,
+            ACK,
+            &[],
+            &data,
+        );
+        st.input(&p, Instant::now(), &mut out, &stats);
+    }
+    let flows: Vec<(SocketAddr, SocketAddr)> = out.0.iter().map(|p| (seg(p).0, seg(p).1)).collect();
+    assert!(!flows.is_empty(), "A's segments are acknowledged");
+    assert!(
+        flows.iter().all(|&f| f == (ka.1, ka.0)),
+        "only A's socket answers A's packets: {flows:?}"
+    );
+    assert_eq!(st.inner.lock().dirty, vec![hb], "B waits for the poller");
+    out.0.clear();
+    st.poll_once(&mut out, &stats, Instant::now());
+    let to_b: Vec<u8> = out
+        .0
+        .iter()
+        .filter(|p| (seg(p).0, seg(p).1) == (kb.1, kb.0))
+        .flat_map(|p| seg(p).5)
+        .collect();
+    assert_eq!(to_b, b"for b", "the poller sent B's output");
+    assert!(st.inner.lock().dirty.is_empty());
+}
+
+/// Many flows, each in a socket set of its own, interleaved packet by
+/// packet: every session reads exactly its flow's bytes and every flow's
+/// answer reaches its app byte-exact; removing them leaves nothing behind.
+#[test]
+fn interleaved_flows_each_complete_byte_exact() {
+    const FLOWS: u16 = 24;
+    let st = sized_stack(usize::from(FLOWS));
+    let stats = Stats::default();
+    let mut out = Capture::default();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .expect("test input");
+    let mut flows = Vec::new();
+    for i in 0..FLOWS {
+        let c = format!("10.0.{}.{}:{}", i % 3, 9 + i, 40000 + i);
+        let (k, id, sseq) = open(&st, &mut out, &stats, &c, "1.1.1.1:443");
+        flows.push((c, k, SmolStream::new(st.clone(), id, k, None), sseq));
+    }
+    let payload = |i: usize, j: u32| -> Vec<u8> {
+        (0..700)
+            .map(|b| (i as u32 * 31 + j * 7 + b) as u8)
+            .collect()
+    };
+    // Three segments per flow, round-robin over the flows.
+    for j in 0..3u32 {
+        for (i, (c, _, _, sseq)) in flows.iter().enumerate() {
+            let p = tcp_v4(
+                c,
+                "1.1.1.1:443",
+                1001 + j * 700,
+                *sseq,
+                ACK | PSH,
+                &[],
+                &payload(i, j),
+            );
+            st.input(&p, Instant::now(), &mut out, &stats);
+        }
+    }
+    for (i, (_, _, app, _)) in flows.iter().enumerate() {
+        let mut got = Vec::new();
+        let mut buf = [0u8; 4096];
+        while got.len() < 2100 {
+            let n = rt.block_on(app.recv(&mut buf)).expect("test input");
+            assert!(n > 0);
+            got.extend_from_slice(&buf[..n]);
+        }
+        let want: Vec<u8> = (0..3).flat_map(|j| payload(i, j)).collect();
+        assert_eq!(got, want, "flow {i} reads its own bytes");
+        let answer = format!("answer of flow {i}");
+        rt.block_on(app.send_all(answer.as_bytes()))
+            .expect("test input");
+    }
+    out.0.clear();
+    st.poll_once(&mut out, &stats, Instant::now());
+    for (i, (_, k, _, _)) in flows.iter().enumerate() {
+        let got: Vec<u8> = out
+            .0
+            .iter()
+            .filter(|p| (seg(p).0, seg(p).1) == (k.1, k.0))
+            .flat_map(|p| seg(p).5)
+            .collect();
+        assert_eq!(got, format!("answer of flow {i}").as_bytes());
+    }
+    // Sessions end; the app never answers the FINs: the linger time ends
+    // them all.
+    let apps: Vec<SmolStream> = flows.into_iter().map(|f| f.2).collect();
+    drop(apps);
+    st.poll_once(&mut out, &stats, Instant::now() + Duration::from_secs(11));
+    assert_eq!(st.counts(), (0, 0));
+    let g = st.inner.lock();
+    assert_eq!(g.socket_count(), 0);
+    assert!(
+        g.timers.is_empty(),
+        "no deadline of a removed socket is left"
+    );
+}
+
+/// An idle flow's timer fires from the poller while the packets of other
+/// flows come and go: the retransmission of data the app never
+/// acknowledged goes out at its deadline, and the poller's deadline is the
+/// earliest of all sockets'.
+#[test]
+fn an_idle_flows_retransmission_fires_from_the_poller() {
+    let st = sized_stack(4);
+    let stats = Stats::default();
+    let mut out = Capture::default();
+    let t0 = Instant::now();
+    let (ka, ha, _) = open(&st, &mut out, &stats, "10.0.0.9:40000", "1.1.1.1:443");
+    let (_, _, sb) = open(&st, &mut out, &stats, "10.0.0.9:40001", "1.1.1.1:443");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .expect("test input");
+    let a = SmolStream::new(st.clone(), ha, ka, None);
+    rt.block_on(a.send_all(b"unacknowledged"))
+        .expect("test input");
+    out.0.clear();
+    let deadline = st
+        .poll_once(&mut out, &stats, t0)
+        .expect("a retransmission deadline");
+    assert_eq!(seg(&out.0[0]).5, b"unacknowledged");
+    // Traffic on B in the meantime does not touch A.
+    for i in 0..5u32 {
+        let p = tcp_v4(
+            "10.0.0.9:40001",
+            "1.1.1.1:443",
+            1001 + i,
+            sb,
+            ACK | PSH,
+            &[],
+            b"b",
+        );
+        st.input(
+            &p,
+            t0 + Duration::from_millis(10 * u64::from(i)),
+            &mut out,
+            &stats,
+        );
+    }
+    assert!(out.0[1..].iter().all(|p| seg(p).1 != ka.0));
+    out.0.clear();
+    // Before the deadline nothing is due; at it, A retransmits.
+    st.poll_once(&mut out, &stats, deadline - Duration::from_millis(1));
+    assert!(out.0.iter().all(|p| seg(p).1 != ka.0), "not yet");
+    st.poll_once(&mut out, &stats, deadline + Duration::from_millis(1));
+    let again: Vec<u8> = out
+        .0
+        .iter()
+        .filter(|p| seg(p).1 == ka.0)
+        .flat_map(|p| seg(p).5)
+        .collect();
+    assert_eq!(again, b"unacknowledged", "retransmitted at its deadline");
+}
+
+/// The driver's path holds each flow's pure ACKs until its drain ends:
+/// one cumulative ACK per flow goes out, the newest; anything else of the
+/// flow (its session's data through the poller) goes out after the ACK it
+/// holds, and the packets and bytes are counted once sent.
+#[test]
+fn a_drain_sends_one_cumulative_ack_per_flow() {
+    let st = sized_stack(4);
+    let stats = Stats::default();
+    let mut out = Capture::default();
+    let (ka, ha, sa) = open(&st, &mut out, &stats, "10.0.0.9:40000", "1.1.1.1:443");
+    let (kb, _, sb) = open(&st, &mut out, &stats, "10.0.0.9:40001", "1.1.1.1:443");
+    out.0.clear();
+    let data = [0x62u8; 1460];
+    for i in 0..6u32 {
+        for (c, s) in [("10.0.0.9:40000", sa), ("10.0.0.9:40001", sb)] {
+            let p = tcp_v4(c, "1.1.1.1:443", 1001 + i * 1460, s, ACK, &[], &data);
+            st.input_held(&p, Instant::now(), &mut out, &stats);
+        }
+    }
+    assert!(
+        out.0.is_empty(),
+        "ACKs held during the drain: {}",
+        out.0.len()
+    );
+    st.drain_done(&mut out, &stats);
+    let acks: Vec<_> = out.0.iter().map(|p| seg(p)).collect();
+    assert_eq!(acks.len(), 2, "one ACK per flow");
+    for (k, _) in [(ka, sa), (kb, sb)] {
+        let a = acks
+            .iter()
+            .find(|a| (a.0, a.1) == (k.1, k.0))
+            .expect("an ACK of each flow");
+        assert_eq!(a.3, 1001 + 6 * 1460, "the newest, cumulative");
+        assert_eq!(a.4, ACK);
+    }
+    st.drain_done(&mut out, &stats);
+    assert_eq!(out.0.len(), 2, "nothing held twice");
+    st.poll_once(&mut out, &stats, Instant::now());
+    assert_eq!(out.0.len(), 2);
+    assert_eq!(
+        stats.packets_down.load(Relaxed),
+        4,
+        "two SYN-ACKs and the two ACKs sent, counted once"
+    );
+    // A held ACK goes out before the flow's next segment from the poller.
+    out.0.clear();
+    let p = tcp_v4(
+        "10.0.0.9:40000",
+        "1.1.1.1:443",
+        1001 + 6 * 1460,
+        sa,
+        ACK,
+        &[],
+        &data,
+    );
+    st.input_held(&p, Instant::now(), &mut out, &stats);
+    st.input_held(
+        &tcp_v4(
+            "10.0.0.9:40000",
+            "1.1.1.1:443",
+            1001 + 7 * 1460,
+            sa,
+            ACK,
+            &[],
+            &data,
+        ),
+        Instant::now(),
+        &mut out,
+        &stats,
+    );
+    assert!(out.0.is_empty());
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .expect("test input");
+    let a = SmolStream::new(st.clone(), ha, ka, None);
+    let mut buf = vec![0u8; 16 * 1024];
+    let mut n = 0;
+    while n < 8 * 1460 {
+        n += rt.block_on(a.recv(&mut buf)).expect("test input");
+    }
+    rt.block_on(a.send_all(b"reply")).expect("test input");
+    st.poll_once(&mut out, &stats, Instant::now());
+    let segs: Vec<_> = out.0.iter().map(|p| seg(p)).collect();
+    assert!(segs.len() >= 2, "{segs:?}");
+    assert_eq!(
+        (segs[0].3, segs[0].5.len()),
+        (1001 + 8 * 1460, 0),
+        "the held ACK first"
+    );
+    assert!(segs.iter().any(|s| s.5 == b"reply"));
+    st.drain_done(&mut out, &stats);
+    assert_eq!(out.0.len(), segs.len(), "flushed by the poller, not again");
 }
