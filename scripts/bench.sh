@@ -23,13 +23,15 @@
 #   --phone-mtus 1500,9000 --phone-topologies router,local
 #   --phone-syscall-streams 16   streams of the perf-stat-counted phone runs (0: none)
 #   --render-only           re-render the page and chart from results.jsonl
+#   --phone-before-rev REV  also run the engine built at git revision REV in the
+#                           per-packet phone profiles: the page's "Before and after"
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 target=${CARGO_TARGET_DIR:-target}
 
 if [[ ${1:-} == -h || ${1:-} == --help ]]; then
-    sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'
     if [[ -x $target/release/kerntun-netbench ]]; then
         "$target/release/kerntun-netbench" --help
     fi
@@ -87,10 +89,38 @@ if [[ ${1:-} != --render-only ]]; then
     cargo build --release -p kerntun-cli -p kerntun-benches --bins
 fi
 
+# --phone-before-rev REV: build the engine of an earlier revision (in a
+# temporary worktree, its own target directory) and run it beside the
+# current one in the per-packet phone profiles (`--phone-before`).
+command=("$@")
+args=()
+while (($#)); do
+    if [[ $1 == --phone-before-rev ]]; then
+        rev=${2:?--phone-before-rev needs a git revision}
+        shift 2
+        short=$(git rev-parse --short "$rev")
+        tree=$(mktemp -d)
+        git worktree add --detach "$tree" "$rev" >/dev/null
+        echo "bench.sh: building the engine at $short (before)" >&2
+        # Start from this tree's release dependencies: only the workspace
+        # crates are built again.
+        if [[ ! -d $target/before/release ]]; then
+            mkdir -p "$target/before/release"
+            cp -a "$target/release/deps" "$target/release/build" "$target/release/.fingerprint" "$target/before/release/"
+        fi
+        CARGO_TARGET_DIR="$target/before" cargo build --release --manifest-path "$tree/Cargo.toml" -p kerntun-cli
+        git worktree remove --force "$tree"
+        args+=(--phone-before "$target/before/release/kerntun" --phone-before-label "$short")
+    else
+        args+=("$1")
+        shift
+    fi
+done
+
 # exec: Ctrl-C reaches the harness directly, which stops what it started and
 # removes its namespaces.
 exec "$target/release/kerntun-netbench" \
     --engine "$target/release/kerntun" \
     --python "$python" \
-    --command "bash scripts/bench.sh${*:+ $*}" \
-    "$@"
+    --command "bash scripts/bench.sh${command[*]:+ ${command[*]}}" \
+    "${args[@]}"

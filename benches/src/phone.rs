@@ -219,6 +219,11 @@ pub struct PhoneRun {
     pub engine_stats: Option<serde_json::Value>,
     pub load1: Option<f64>,
     pub error: Option<String>,
+    /// A run of the earlier engine of the before/after comparison
+    /// (`--phone-before`), named by its label; `None` for the engine under
+    /// test.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine: Option<String>,
 }
 
 impl PhoneRun {
@@ -460,6 +465,8 @@ pub fn replace(data: &mut Vec<Record>, fresh: &[Record]) {
 struct View<'a> {
     meta: Option<&'a PhoneMeta>,
     runs: Vec<&'a PhoneRun>,
+    /// Runs of the earlier engine (`PhoneRun::engine`), kept apart.
+    before: Vec<&'a PhoneRun>,
     integrity: Vec<&'a Integrity>,
 }
 
@@ -471,11 +478,13 @@ impl<'a> View<'a> {
         let mut v = View {
             meta: None,
             runs: Vec::new(),
+            before: Vec::new(),
             integrity: Vec::new(),
         };
         for r in records {
             match r {
                 Record::PhoneMeta(m) => v.meta = Some(m),
+                Record::Phone(x) if x.engine.is_some() => v.before.push(x),
                 Record::Phone(x) => v.runs.push(x),
                 Record::PhoneIntegrity(i) => v.integrity.push(i),
                 _ => {}
@@ -760,6 +769,7 @@ pub fn section(records: &[Record]) -> String {
         }
         let _ = writeln!(p);
     }
+    before_after(&mut p, &v);
     syscalls(&mut p, &v);
     targets(&mut p, &v);
     if !v.integrity.is_empty() {
@@ -773,6 +783,86 @@ pub fn section(records: &[Record]) -> String {
         crate::report::integrity_table(&mut p, "profile", &v.integrity);
     }
     p
+}
+
+/// The earlier engine's runs beside the current one's, profile by
+/// profile: fraction of the baseline, engine CPU per GB, TUN packets per
+/// write call (each pair from consecutive runs, same streams and direction).
+fn before_after(p: &mut String, v: &View) {
+    let Some(label) = v.before.first().and_then(|r| r.engine.clone()) else {
+        return;
+    };
+    let streams = v.streams();
+    let _ = writeln!(p, "### Before and after
+");
+    let _ = writeln!(
+        p,
+        "The engine at `{label}` (before) ran right after each run of the engine under test          (after), same profile, streams and direction, so each pair met the same load;          both against the same baseline run. At {} streams, before → after.
+",
+        streams
+            .iter()
+            .map(u32::to_string)
+            .collect::<Vec<_>>()
+            .join(" / ")
+    );
+    let _ = writeln!(
+        p,
+        "| topology | MTU | driver | direction | of baseline | engine CPU s/GB | TUN packets per write |\n\
+         |---|---:|---|---|---|---|---|"
+    );
+    let before = |k: Key, s: u32, dir: Direction| {
+        v.before.iter().copied().find(|r| {
+            (r.topology, r.mtu, r.driver.as_deref()) == k
+                && r.streams == s
+                && r.direction == dir
+                && r.error.is_none()
+        })
+    };
+    let pair = |a: Option<String>, b: Option<String>| {
+        format!(
+            "{} → {}",
+            a.unwrap_or_else(|| "–".into()),
+            b.unwrap_or_else(|| "–".into())
+        )
+    };
+    for k in v.keys().into_iter().filter(|k| k.2.is_some()) {
+        if !streams
+            .iter()
+            .any(|&s| before(k, s, Direction::Upload).is_some() || before(k, s, Direction::Download).is_some())
+        {
+            continue;
+        }
+        for dir in [Direction::Upload, Direction::Download] {
+            let cells = |f: &dyn Fn(&PhoneRun, Option<f64>) -> Option<String>| {
+                streams
+                    .iter()
+                    .map(|&s| {
+                        let base = v.gbit((k.0, k.1, None), s, dir);
+                        pair(
+                            before(k, s, dir).and_then(|r| f(r, base)),
+                            v.measured(k, s, dir).and_then(|r| f(r, base)),
+                        )
+                    })
+                    .collect::<Vec<_>>()
+                    .join(" / ")
+            };
+            let _ = writeln!(
+                p,
+                "| {} | {} | {} | {} | {} | {} | {} |",
+                k.0.as_str(),
+                k.1,
+                driver_name(k.2),
+                dir.as_str(),
+                cells(&|r, base| {
+                    let (g, b) = (r.gbit_per_s?, base?);
+                    (b > 0.0).then(|| percent(Some(g / b)))
+                }),
+                cells(&|r, _| r.cpu_s_per_gb.map(|c| format!("{c:.2}"))),
+                cells(&|r, _| r.packets_per_call_proc().map(|(_, y)| format!("{y:.2}"))),
+            );
+        }
+    }
+    let _ = writeln!(p);
 }
 
 fn syscalls(p: &mut String, v: &View) {
@@ -1082,7 +1172,41 @@ mod tests {
             }),
             load1: Some(1.0),
             error: None,
+            engine: None,
         }
+    }
+
+    /// The earlier engine's runs are kept out of the main table and shown
+    /// beside the current ones, each against the same baseline.
+    #[test]
+    fn before_runs_render_beside_the_current_ones() {
+        let up = Direction::Upload;
+        let mut old = run(Topo::Router, 1500, Some("per-packet"), 1, up, 1.0);
+        old.engine = Some("24b3908".into());
+        old.cpu_s_per_gb = Some(4.25);
+        let records = vec![
+            Record::Phone(run(Topo::Router, 1500, None, 1, up, 8.0)),
+            Record::Phone(run(Topo::Router, 1500, Some("per-packet"), 1, up, 2.0)),
+            Record::Phone(old),
+        ];
+        let page = section(&records);
+        assert!(page.contains("### Before and after"), "{page}");
+        assert!(page.contains("`24b3908`"), "{page}");
+        assert!(
+            page.contains("| router | 1500 | per-packet | upload | 12 % → 25 % | 4.25 → 1.50 |"),
+            "{page}"
+        );
+        // One row per profile and direction in the main table: the earlier
+        // engine's run is not among them.
+        let main = page
+            .split("### Before and after")
+            .next()
+            .expect("main part");
+        assert_eq!(main.matches("| router | 1500 | per-packet | upload |").count(), 1);
+        assert!(main.contains("| 2.00 | 25 % |"), "{main}");
+        // Without earlier runs there is no such part.
+        let page = section(&records[..2]);
+        assert!(!page.contains("Before and after"), "{page}");
     }
 
     #[test]

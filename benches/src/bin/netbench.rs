@@ -138,6 +138,15 @@ struct Args {
     /// smoltcp-per-packet` it measures the smoltcp stack alone.
     #[arg(long, value_delimiter = ',')]
     phone_drivers: Vec<String>,
+    /// A second engine binary (an earlier revision) run right after each
+    /// per-packet profile's run with the same streams and direction, so
+    /// the page shows before and after from one run
+    /// (`scripts/bench.sh --phone-before-rev REV` builds and passes it).
+    #[arg(long)]
+    phone_before: Option<PathBuf>,
+    /// What the page calls the `--phone-before` engine (a git revision).
+    #[arg(long, default_value = "before")]
+    phone_before_label: String,
 }
 
 /// Gateway of the engine's TUN; the NAT address is the next one.

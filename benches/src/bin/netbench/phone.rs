@@ -87,6 +87,14 @@ pub(super) fn run(ctx: &mut Ctx) -> Vec<Record> {
                             describe_phone(&r, baseline.get(&(topo, mtu, streams, dir)))
                         );
                         out.push(Record::Phone(r));
+                        if let Some(r) = before_run(ctx, &net, p, streams, dir) {
+                            eprintln!(
+                                "phone {} {}",
+                                ctx.args.phone_before_label,
+                                describe_phone(&r, baseline.get(&(topo, mtu, streams, dir)))
+                            );
+                            out.push(Record::Phone(r));
+                        }
                     }
                 }
             }
@@ -205,6 +213,28 @@ fn tun_fds(pid: u32) -> Vec<i32> {
         .collect()
 }
 
+/// The same run with the `--phone-before` engine, for the per-packet
+/// profiles (the phone path): right after the current engine's, so both
+/// meet the same load.
+fn before_run(
+    ctx: &mut Ctx,
+    net: &Net,
+    p: &PhoneProfile,
+    streams: u32,
+    dir: Direction,
+) -> Option<PhoneRun> {
+    let before = ctx.args.phone_before.clone()?;
+    let before = std::fs::canonicalize(&before).unwrap_or(before);
+    if !p.driver.is_some_and(|d| d != "batch") {
+        return None;
+    }
+    let current = std::mem::replace(&mut ctx.engine, before);
+    let mut r = phone_run(ctx, net, p, streams, dir, false);
+    ctx.engine = current;
+    r.engine = Some(ctx.args.phone_before_label.clone());
+    Some(r)
+}
+
 /// One iperf3 run of a profile with a fresh engine; `counted`: with
 /// `perf stat` counting the engine's system calls.
 fn phone_run(
@@ -236,6 +266,7 @@ fn phone_run(
         engine_stats: None,
         load1: procfs::load1(),
         error: None,
+        engine: None,
     };
     let engine = match p.scenario() {
         None => None,
