@@ -22,6 +22,11 @@
 #                           the other records of results.jsonl
 #   --phone-mtus 1500,9000 --phone-topologies router,local
 #   --phone-syscall-streams 16   streams of the perf-stat-counted phone runs (0: none)
+#   --phone-udp-only        only the phone profiles' UDP part (QUIC-shaped: 1200-byte
+#                           datagrams at full rate, router topology, MTU 1500,
+#                           per-packet/batch driver, baseline); keeps every other record
+#   --skip-phone-udp --phone-udp-mtus 1500 --phone-udp-drivers per-packet,batch
+#   --phone-udp-streams 1
 #   --render-only           re-render the page and chart from results.jsonl
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -29,7 +34,7 @@ cd "$(dirname "$0")/.."
 target=${CARGO_TARGET_DIR:-target}
 
 if [[ ${1:-} == -h || ${1:-} == --help ]]; then
-    sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'
     if [[ -x $target/release/kerntun-netbench ]]; then
         "$target/release/kerntun-netbench" --help
     fi
