@@ -1,5 +1,5 @@
 //! The only place in the crate where `unsafe` is allowed: adopting the
-//! device's descriptor, splice(2), Darwin's utun calls. Every block carries a `// SAFETY:` comment.
+//! device's descriptor, splice(2), batched UDP I/O, Darwin's utun calls. Every block carries a `// SAFETY:` comment.
 
 use std::io;
 use std::os::fd::OwnedFd;
@@ -53,3 +53,6 @@ pub fn recv_datagram(fd: std::os::fd::BorrowedFd<'_>, buf: &mut [u8]) -> io::Res
 /// splice(2), pipes and the urgent-mark probe for the splice relay.
 #[cfg(linux_like)]
 pub mod splice;
+/// Batched UDP: GSO sends (`UDP_SEGMENT`).
+#[cfg(linux_like)]
+pub mod udp;

@@ -1,0 +1,190 @@
+//! Batched UDP socket I/O (Linux, Android): one `sendmsg` carrying many
+//! datagrams of one flow (UDP GSO, `UDP_SEGMENT`, Linux 4.18). `udp.rs` decides what to batch; this file only
+//! makes the calls.
+
+use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd};
+
+/// The most segments one GSO send may carry (the kernel's `UDP_MAX_SEGMENTS`).
+pub const GSO_MAX_SEGMENTS: usize = 64;
+
+/// The most payload one GSO send may carry: one IPv4 datagram's worth
+/// (65535 - 20 - 8); IPv6 allows slightly more.
+pub const GSO_MAX_BYTES: usize = 65_507;
+
+/// Send `buf` on a connected UDP socket as datagrams of `seg` bytes each,
+/// the last one possibly shorter, in one `sendmsg(2)` with a `UDP_SEGMENT`
+/// control message: the kernel builds one large packet and splits it at the
+/// device or in software (GSO). The whole buffer is sent or nothing is: the
+/// error is the call's (`EIO`/`EINVAL` where the path or device cannot take
+/// it, `WouldBlock` when the send buffer is full).
+pub fn send_gso(fd: BorrowedFd<'_>, buf: &[u8], seg: u16) -> io::Result<usize> {
+    let mut iov = libc::iovec {
+        iov_base: buf.as_ptr().cast_mut().cast(),
+        iov_len: buf.len(),
+    };
+    // Room for one control message carrying a u16, aligned for cmsghdr
+    // (CMSG_SPACE(2) is 24 bytes on 64-bit targets, 16 on 32-bit).
+    #[repr(C, align(8))]
+    struct Control([u8; 32]);
+    let mut control = Control([0; 32]);
+    // SAFETY: CMSG_SPACE only computes a size from its argument.
+    let space = unsafe { libc::CMSG_SPACE(std::mem::size_of::<u16>() as u32) } as usize;
+    debug_assert!(space <= control.0.len());
+    // SAFETY: msghdr is a plain C struct for which all-zero is a valid value
+    // (no name, no control data); the fields sendmsg needs are set below.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.0.as_mut_ptr().cast();
+    msg.msg_controllen = space as _;
+    // SAFETY: `msg` describes `control`, which is aligned for cmsghdr and at
+    // least CMSG_SPACE(2) bytes long, so CMSG_FIRSTHDR returns a pointer to
+    // its start (never null with msg_controllen >= sizeof(cmsghdr)), and the
+    // header and its 2 data bytes lie inside `control`. CMSG_DATA may be
+    // unaligned for u16, hence write_unaligned.
+    unsafe {
+        let c = libc::CMSG_FIRSTHDR(&msg);
+        (*c).cmsg_level = libc::SOL_UDP;
+        (*c).cmsg_type = libc::UDP_SEGMENT;
+        (*c).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<u16>() as u32) as _;
+        std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<u16>(), seg);
+    }
+    // SAFETY: `fd` is borrowed for the call; `msg` points at one iovec over
+    // `buf` (read-only for sendmsg, valid for `buf.len()` bytes) and at the
+    // control message above, all alive for the call.
+    let n = unsafe { libc::sendmsg(fd.as_raw_fd(), &msg, 0) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(n as usize)
+}
+
+/// Socket options and a GRO receive the tests of the batched paths need.
+#[cfg(test)]
+pub(crate) mod testing {
+    use std::io;
+    use std::os::fd::{AsRawFd, BorrowedFd};
+
+    fn set_int(fd: BorrowedFd<'_>, level: i32, name: i32, v: i32) -> io::Result<()> {
+        // SAFETY: `fd` is borrowed for the call; the option value is an int
+        // on the stack, passed with its size.
+        let r = unsafe {
+            libc::setsockopt(
+                fd.as_raw_fd(),
+                level,
+                name,
+                (&v as *const i32).cast(),
+                std::mem::size_of::<i32>() as _,
+            )
+        };
+        if r < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    /// `SO_NO_CHECK`: the kernel refuses GSO sends on such a socket (`EINVAL`).
+    pub fn set_no_check(fd: BorrowedFd<'_>) -> io::Result<()> {
+        set_int(fd, libc::SOL_SOCKET, libc::SO_NO_CHECK, 1)
+    }
+
+    /// `UDP_GRO`: a GSO packet reaches this socket whole.
+    pub fn set_gro(fd: BorrowedFd<'_>) -> io::Result<()> {
+        set_int(fd, libc::SOL_UDP, libc::UDP_GRO, 1)
+    }
+
+    /// One `recvmsg` on a `UDP_GRO` socket: the bytes and the segment size
+    /// the kernel reports (`None`: one plain datagram).
+    pub fn recv_gro(fd: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<(usize, Option<u16>)> {
+        let mut iov = libc::iovec {
+            iov_base: buf.as_mut_ptr().cast(),
+            iov_len: buf.len(),
+        };
+        #[repr(C, align(8))]
+        struct Control([u8; 64]);
+        let mut control = Control([0; 64]);
+        // SAFETY: all-zero is a valid msghdr; the fields used are set below.
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = control.0.as_mut_ptr().cast();
+        msg.msg_controllen = control.0.len() as _;
+        // SAFETY: `msg` points at one iovec over `buf` and at `control`,
+        // both writable and alive for the call.
+        let n = unsafe { libc::recvmsg(fd.as_raw_fd(), &mut msg, 0) };
+        if n < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let mut seg = None;
+        // SAFETY: the kernel filled `msg_controllen` bytes of `control` with
+        // well-formed control messages; CMSG_FIRSTHDR/NXTHDR stay inside it
+        // and return null at its end; a UDP_GRO message carries an int.
+        unsafe {
+            let mut c = libc::CMSG_FIRSTHDR(&msg);
+            while !c.is_null() {
+                if (*c).cmsg_level == libc::SOL_UDP && (*c).cmsg_type == libc::UDP_GRO {
+                    let v = std::ptr::read_unaligned(libc::CMSG_DATA(c).cast::<i32>());
+                    seg = Some(v as u16);
+                }
+                c = libc::CMSG_NXTHDR(&msg, c);
+            }
+        }
+        Ok((n as usize, seg))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::testing::{recv_gro, set_gro};
+    use super::*;
+    use std::net::UdpSocket;
+    use std::os::fd::AsFd;
+    use std::time::Duration;
+
+    fn pair(v6: bool) -> (UdpSocket, UdpSocket) {
+        let any = if v6 { "[::1]:0" } else { "127.0.0.1:0" };
+        let rx = UdpSocket::bind(any).expect("bind");
+        let tx = UdpSocket::bind(any).expect("bind");
+        tx.connect(rx.local_addr().expect("addr")).expect("connect");
+        rx.set_read_timeout(Some(Duration::from_secs(2)))
+            .expect("timeout");
+        (tx, rx)
+    }
+
+    /// Datagram `i` of a test: `len` bytes that name `i` and their offset.
+    fn datagram(i: usize, len: usize) -> Vec<u8> {
+        (0..len).map(|k| (i * 31 + k * 7 + k / 251) as u8).collect()
+    }
+
+    /// One GSO send of 10 x 1200 bytes and a 700-byte tail arrives as 11
+    /// datagrams, byte for byte, v4 and v6; a receiver with UDP_GRO gets the
+    /// batch whole in one read with segment size 1200 (so it was one packet
+    /// through the stack, not 11).
+    #[test]
+    fn gso_send_arrives_as_its_datagrams_and_as_one_packet() {
+        for v6 in [false, true] {
+            let sizes: Vec<usize> = std::iter::repeat_n(1200, 10).chain([700]).collect();
+            let want: Vec<Vec<u8>> = sizes
+                .iter()
+                .enumerate()
+                .map(|(i, &l)| datagram(i, l))
+                .collect();
+            let batch = want.concat();
+            let (tx, rx) = pair(v6);
+            let n = send_gso(tx.as_fd(), &batch, 1200).expect("gso send");
+            assert_eq!(n, batch.len());
+            let mut buf = vec![0u8; 65536];
+            for (i, w) in want.iter().enumerate() {
+                let got = rx.recv(&mut buf).expect("datagram");
+                assert_eq!(&buf[..got], &w[..], "v6 {v6}: datagram {i}");
+            }
+            let (tx, rx) = pair(v6);
+            set_gro(rx.as_fd()).expect("UDP_GRO");
+            send_gso(tx.as_fd(), &batch, 1200).expect("gso send");
+            let (got, seg) = recv_gro(rx.as_fd(), &mut buf).expect("whole batch");
+            assert_eq!((got, seg), (batch.len(), Some(1200)), "v6 {v6}");
+            assert_eq!(&buf[..got], &batch[..]);
+        }
+    }
+}
