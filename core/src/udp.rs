@@ -668,17 +668,31 @@ async fn answer_hijacked(
 
 /// Write the reply of `len` bytes at `b[HEADROOM + header..]` to the app as a
 /// datagram from the flow's server to its client, headers written in place.
-async fn send_reply(env: &UdpEnv, b: &mut [u8], (client, server): Key, len: usize) {
+async fn send_reply(env: &UdpEnv, b: &mut [u8], key: Key, len: usize) {
+    if write_reply(env, b, key, len).await {
+        let stats: &Stats = &env.d.stats;
+        stats.udp_packets_down.fetch_add(1, Relaxed);
+        stats.udp_bytes_down.fetch_add(len as u64, Relaxed);
+    }
+}
+
+/// [`send_reply`] without counting what was delivered: true if it was
+/// (every failure is counted here).
+async fn write_reply(env: &UdpEnv, b: &mut [u8], (client, server): Key, len: usize) -> bool {
     let stats: &Stats = &env.d.stats;
     let mtu = usize::from(env.mtu);
     match packet::write_udp_headers(&mut b[HEADROOM..], server, client, len) {
-        Ok(total) if total <= mtu => match env.tun.send(b, total).await {
-            Ok(()) => {
-                stats.udp_packets_down.fetch_add(1, Relaxed);
-                stats.udp_bytes_down.fetch_add(len as u64, Relaxed);
+        Ok(total) if total <= mtu => {
+            // Without waiting first: the device's queue is rarely full.
+            let sent = match env.tun.try_send(b, total) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => env.tun.send(b, total).await,
+                r => r,
+            };
+            if sent.is_err() {
+                stats.drop(EngineDrop::TunWrite);
             }
-            Err(_) => stats.drop(EngineDrop::TunWrite),
-        },
+            sent.is_ok()
+        }
         Ok(total) => {
             // Larger than one TUN packet: as fragments, which the app's
             // stack puts back together. One buffer per such reply.
@@ -690,19 +704,21 @@ async fn send_reply(env: &UdpEnv, b: &mut [u8], (client, server): Key, len: usiz
                 packet::frag::fragment_at(pkt, mtu, id, off, &mut frag[HEADROOM..])
             {
                 if env.tun.send(&mut frag, n).await.is_err() {
-                    return stats.drop(EngineDrop::TunWrite);
+                    stats.drop(EngineDrop::TunWrite);
+                    return false;
                 }
                 off = next;
             }
             if off == 0 {
                 // The MTU leaves no room for a fragment (never below 1280).
-                return stats.drop(EngineDrop::UdpReplyTooBig);
+                stats.drop(EngineDrop::UdpReplyTooBig);
+                return false;
             }
-            stats.udp_packets_down.fetch_add(1, Relaxed);
-            stats.udp_bytes_down.fetch_add(len as u64, Relaxed);
+            true
         }
         Err(r) => {
             stats.rejects[r.index()].fetch_add(1, Relaxed);
+            false
         }
     }
 }
@@ -771,6 +787,134 @@ async fn resolved_flow(
     }
 }
 
+/// Receive replies for one flow and write them to the TUN as IP packets from
+/// `server` to `client`, up to [`RECV_BATCH`] datagrams per `recvmmsg(2)`,
+/// so one wake-up takes what queued up meanwhile.
+///
+/// Datagram `i` of a batch lands in slot `i` of the flow's buffer, room for
+/// a reply that fits one TUN packet (at most [`SLOT_ROOM_MAX`]) behind space
+/// for its headers, written in place. A longer one continues in the
+/// thread's spill area ([`SPILL`], [`FRAGMENTED_REPLY_MAX`] per slot with
+/// the slot's room), is copied out whole before the next await and goes as
+/// fragments; a datagram longer than that is dropped and counted
+/// (`MSG_TRUNC`), never passed on cut short. The buffer (16 slots, about
+/// 24 KiB at MTU 1500) exists only while replies are arriving.
+#[cfg(linux_like)]
+async fn reply_loop(
+    sock: Arc<UdpSocket>,
+    shared: Arc<UdpEnv>,
+    client: SocketAddr,
+    server: SocketAddr,
+    last_down: Arc<AtomicU64>,
+    epoch: Instant,
+) {
+    use crate::sys::udp::{RECV_BATCH, Slots, recv_batch};
+    let (hdr, max_payload) = udp_room(shared.mtu, server);
+    let room = max_payload.clamp(1, SLOT_ROOM_MAX);
+    let stride = HEADROOM + hdr + room;
+    let spill_stride = FRAGMENTED_REPLY_MAX - room;
+    let stats: &Stats = &shared.d.stats;
+    let mut buf: Option<Box<[u8]>> = None;
+    let mut got = [(0usize, false); RECV_BATCH];
+    loop {
+        if sock.readable().await.is_err() {
+            return;
+        }
+        let dense = buf.get_or_insert_with(|| vec![0u8; RECV_BATCH * stride].into_boxed_slice());
+        // Receive, and copy out what spilled, within one borrow of the
+        // thread's spill area (no await in between).
+        let mut spilled: Vec<(usize, Box<[u8]>)> = Vec::new();
+        let r = SPILL.with_borrow_mut(|spill| {
+            let spill = spill
+                .get_or_insert_with(|| vec![0u8; RECV_BATCH * SPILL_STRIDE_MAX].into_boxed_slice());
+            let mut slots = Slots {
+                dense: &mut dense[..],
+                stride,
+                start: HEADROOM + hdr,
+                room,
+                spill: &mut spill[..],
+                spill_stride,
+            };
+            let n = sock.try_io(tokio::io::Interest::READABLE, || {
+                recv_batch(sock.as_fd(), &mut slots, &mut got)
+            })?;
+            for (i, &(len, trunc)) in got.iter().enumerate().take(n) {
+                if len > room && !trunc {
+                    let mut whole = vec![0u8; HEADROOM + hdr + len].into_boxed_slice();
+                    let at = HEADROOM + hdr;
+                    whole[at..at + room].copy_from_slice(&dense[i * stride + at..][..room]);
+                    whole[at + room..].copy_from_slice(&spill[i * spill_stride..][..len - room]);
+                    spilled.push((i, whole));
+                }
+            }
+            Ok::<usize, io::Error>(n)
+        });
+        match r {
+            Ok(n) => {
+                mark_reply(&last_down, epoch);
+                let (mut packets, mut bytes) = (0u64, 0u64);
+                let mut spilled = spilled.into_iter().peekable();
+                for (i, &(len, trunc)) in got.iter().enumerate().take(n) {
+                    let delivered = if trunc {
+                        stats.drop(EngineDrop::UdpReplyTooBig);
+                        false
+                    } else if len <= room {
+                        let b = &mut dense[i * stride..(i + 1) * stride];
+                        write_reply(&shared, b, (client, server), len).await
+                    } else {
+                        match spilled.next_if(|(j, _)| *j == i) {
+                            Some((_, mut whole)) => {
+                                write_reply(&shared, &mut whole, (client, server), len).await
+                            }
+                            None => false,
+                        }
+                    };
+                    if delivered {
+                        packets += 1;
+                        bytes += len as u64;
+                    }
+                }
+                if packets > 0 {
+                    stats.udp_packets_down.fetch_add(packets, Relaxed);
+                    stats.udp_bytes_down.fetch_add(bytes, Relaxed);
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => buf = None,
+            // ICMP errors (port unreachable) surface as errors on a connected
+            // UDP socket; the flow stays usable.
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::ConnectionRefused | io::ErrorKind::Interrupted
+                ) => {}
+            Err(_) => return,
+        }
+    }
+}
+
+/// The most room a reply slot of [`reply_loop`] gives a datagram: QUIC's
+/// and most UDP traffic's datagrams fit (at MTU 1500 the slot holds what
+/// fits one TUN packet); longer ones continue in the spill area.
+#[cfg(linux_like)]
+const SLOT_ROOM_MAX: usize = 2048;
+
+/// Spill bytes per slot at most: a slot's room and its spill hold
+/// [`FRAGMENTED_REPLY_MAX`] together.
+#[cfg(linux_like)]
+const SPILL_STRIDE_MAX: usize = FRAGMENTED_REPLY_MAX;
+
+#[cfg(linux_like)]
+thread_local! {
+    /// Where the datagrams of a [`reply_loop`] batch that are longer than
+    /// their slot continue: one area per worker thread, used only inside
+    /// one synchronous receive (256 KiB, allocated zeroed on first use, so
+    /// its pages become resident only once long datagrams arrive).
+    static SPILL: std::cell::RefCell<Option<Box<[u8]>>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Receive replies for one flow and write them to the TUN as IP packets from
+/// `server` to `client`. The buffer exists only while replies are arriving.
+#[cfg(not(linux_like))]
 async fn reply_loop(
     sock: Arc<UdpSocket>,
     shared: Arc<UdpEnv>,

@@ -25,6 +25,7 @@ pub fn async_device_from_owned(fd: OwnedFd) -> io::Result<tun_rs::AsyncDevice> {
     unsafe { tun_rs::AsyncDevice::from_fd(raw) }
 }
 
+#[cfg_attr(linux_like, allow(dead_code))]
 /// One `recvmsg(2)` into `buf` on a datagram socket: the length received
 /// and whether the datagram was longer than `buf` (`MSG_TRUNC` in the
 /// message flags, POSIX), so a caller can drop it instead of passing on a
@@ -53,6 +54,6 @@ pub fn recv_datagram(fd: std::os::fd::BorrowedFd<'_>, buf: &mut [u8]) -> io::Res
 /// splice(2), pipes and the urgent-mark probe for the splice relay.
 #[cfg(linux_like)]
 pub mod splice;
-/// Batched UDP: GSO sends (`UDP_SEGMENT`).
+/// Batched UDP: GSO sends (`UDP_SEGMENT`) and `recvmmsg`.
 #[cfg(linux_like)]
 pub mod udp;

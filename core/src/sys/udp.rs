@@ -1,5 +1,6 @@
 //! Batched UDP socket I/O (Linux, Android): one `sendmsg` carrying many
-//! datagrams of one flow (UDP GSO, `UDP_SEGMENT`, Linux 4.18). `udp.rs` decides what to batch; this file only
+//! datagrams of one flow (UDP GSO, `UDP_SEGMENT`, Linux 4.18), and one
+//! `recvmmsg` taking many. `udp.rs` decides what to batch; this file only
 //! makes the calls.
 
 use std::io;
@@ -58,6 +59,95 @@ pub fn send_gso(fd: BorrowedFd<'_>, buf: &[u8], seg: u16) -> io::Result<usize> {
         return Err(io::Error::last_os_error());
     }
     Ok(n as usize)
+}
+
+/// Datagrams one [`recv_batch`] call takes at most.
+pub const RECV_BATCH: usize = 16;
+
+/// Where [`recv_batch`] puts datagram `i`: its first `room` bytes at
+/// `dense[i * stride + start..]`, the rest (a datagram longer than `room`)
+/// at `spill[i * spill_stride..][..spill_stride]`. Both areas are the
+/// caller's, so nothing is allocated per call.
+#[derive(Debug)]
+pub struct Slots<'a> {
+    pub dense: &'a mut [u8],
+    pub stride: usize,
+    pub start: usize,
+    pub room: usize,
+    pub spill: &'a mut [u8],
+    pub spill_stride: usize,
+}
+
+/// One `recvmmsg(2)` on a non-blocking datagram socket: up to `got.len()`
+/// (at most [`RECV_BATCH`]) datagrams into `slots`. Returns how many came;
+/// `got[i]` is datagram `i`'s length and whether it was longer than its
+/// room and spill together (`MSG_TRUNC`: the caller drops it, never passes
+/// it on cut short). `WouldBlock` when none was waiting.
+pub fn recv_batch(
+    fd: BorrowedFd<'_>,
+    slots: &mut Slots<'_>,
+    got: &mut [(usize, bool)],
+) -> io::Result<usize> {
+    let n = got.len().min(RECV_BATCH);
+    assert!(
+        n * slots.stride <= slots.dense.len()
+            && slots.start + slots.room <= slots.stride
+            && n * slots.spill_stride <= slots.spill.len(),
+        "recv_batch: slots out of their buffers"
+    );
+    let mut iov = [[libc::iovec {
+        iov_base: std::ptr::null_mut(),
+        iov_len: 0,
+    }; 2]; RECV_BATCH];
+    // SAFETY: mmsghdr is a plain C struct for which all-zero is a valid
+    // value (no name, no iovecs, no control data).
+    let mut hdrs: [libc::mmsghdr; RECV_BATCH] = unsafe { std::mem::zeroed() };
+    let dense = slots.dense.as_mut_ptr();
+    let spill = slots.spill.as_mut_ptr();
+    for i in 0..n {
+        // SAFETY: the assert above keeps both offsets and their lengths
+        // inside `slots.dense` and `slots.spill`, and the areas of two
+        // slots do not overlap (stride >= start + room).
+        iov[i] = unsafe {
+            [
+                libc::iovec {
+                    iov_base: dense.add(i * slots.stride + slots.start).cast(),
+                    iov_len: slots.room,
+                },
+                libc::iovec {
+                    iov_base: spill.add(i * slots.spill_stride).cast(),
+                    iov_len: slots.spill_stride,
+                },
+            ]
+        };
+        hdrs[i].msg_hdr.msg_iov = iov[i].as_mut_ptr();
+        hdrs[i].msg_hdr.msg_iovlen = 2;
+    }
+    // SAFETY: `fd` is borrowed for the call; each of the first `n` headers
+    // points at two iovecs over disjoint, writable parts of the caller's
+    // buffers (borrowed mutably for the call), and `iov` and `hdrs` outlive
+    // it. No timeout: the socket is non-blocking, the call returns what is
+    // queued.
+    let r = unsafe {
+        libc::recvmmsg(
+            fd.as_raw_fd(),
+            hdrs.as_mut_ptr(),
+            n as _,
+            0,
+            std::ptr::null_mut(),
+        )
+    };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let r = r as usize;
+    for (g, h) in got.iter_mut().zip(&hdrs).take(r) {
+        *g = (
+            h.msg_len as usize,
+            h.msg_hdr.msg_flags & libc::MSG_TRUNC != 0,
+        );
+    }
+    Ok(r)
 }
 
 /// Socket options and a GRO receive the tests of the batched paths need.
@@ -185,6 +275,66 @@ mod tests {
             let (got, seg) = recv_gro(rx.as_fd(), &mut buf).expect("whole batch");
             assert_eq!((got, seg), (batch.len(), Some(1200)), "v6 {v6}");
             assert_eq!(&buf[..got], &batch[..]);
+        }
+    }
+
+    /// recvmmsg takes up to 16 datagrams a call, each whole: small ones in
+    /// their slot, longer ones continued in their spill area, a zero-length
+    /// one as such, and one longer than slot + spill flagged (MSG_TRUNC),
+    /// never handed over as if whole. v4 and v6.
+    #[test]
+    fn recv_batch_takes_mixed_sizes_whole() {
+        for v6 in [false, true] {
+            let (tx, rx) = pair(v6);
+            let mut sizes: Vec<usize> = std::iter::repeat_n(1200, 20).collect();
+            sizes.extend([1, 0, 1472, 1473, 3000, 20_000, 16_384, 1200]);
+            for (i, &l) in sizes.iter().enumerate() {
+                tx.send(&datagram(i, l)).expect("send");
+            }
+            rx.set_nonblocking(true).expect("nonblocking");
+            let (start, room, spill_stride) = (38, 1472, 16_384 - 1472);
+            let stride = start + room;
+            let mut dense = vec![0u8; RECV_BATCH * stride];
+            let mut spill = vec![0u8; RECV_BATCH * spill_stride];
+            let mut got = [(0usize, false); RECV_BATCH];
+            let mut seen = 0;
+            while seen < sizes.len() {
+                let mut slots = Slots {
+                    dense: &mut dense,
+                    stride,
+                    start,
+                    room,
+                    spill: &mut spill,
+                    spill_stride,
+                };
+                let n = recv_batch(rx.as_fd(), &mut slots, &mut got).expect("batch");
+                assert!(n > 0 && n <= RECV_BATCH);
+                for (k, &(len, trunc)) in got.iter().enumerate().take(n) {
+                    let i = seen + k;
+                    let want = datagram(i, sizes[i]);
+                    if sizes[i] > room + spill_stride {
+                        assert!(trunc, "v6 {v6}: datagram {i} of {} bytes", sizes[i]);
+                        continue;
+                    }
+                    assert!(!trunc, "v6 {v6}: datagram {i}");
+                    assert_eq!(len, sizes[i], "v6 {v6}: datagram {i}");
+                    let head = len.min(room);
+                    assert_eq!(&dense[k * stride + start..][..head], &want[..head]);
+                    assert_eq!(&spill[k * spill_stride..][..len - head], &want[head..]);
+                }
+                seen += n;
+            }
+            assert_eq!(seen, sizes.len());
+            let mut slots = Slots {
+                dense: &mut dense,
+                stride,
+                start,
+                room,
+                spill: &mut spill,
+                spill_stride,
+            };
+            let e = recv_batch(rx.as_fd(), &mut slots, &mut got).expect_err("empty");
+            assert_eq!(e.kind(), io::ErrorKind::WouldBlock);
         }
     }
 }
