@@ -260,17 +260,25 @@ impl UdpTable {
         {
             return self.hijack(key, payload, now, local);
         }
-        if !self.flows.contains_key(&key) && !self.open(key, now, local) {
-            return;
-        }
-        let Some(flow) = self.flows.get_mut(&key) else {
-            return;
+        // One lookup per datagram; a second only when the flow is new.
+        let flow = match self.flows.get_mut(&key) {
+            Some(f) => f,
+            None => {
+                if !self.open(key, now, local) {
+                    return;
+                }
+                let Some(f) = self.flows.get_mut(&key) else {
+                    return;
+                };
+                f
+            }
         };
         flow.last_up = now;
         match &mut flow.io {
             #[cfg(linux_like)]
             FlowIo::Direct(sock) if flow.gso => {
-                if let Some(refused) = self.gso.push(key, sock, payload, local)
+                let fits = udp_room(self.shared.mtu, key.1).1;
+                if let Some(refused) = self.gso.push(key, sock, payload, fits, local)
                     && let Some(f) = self.flows.get_mut(&refused)
                 {
                     f.gso = false;
@@ -516,18 +524,22 @@ use crate::sys::udp::{GSO_MAX_BYTES, GSO_MAX_SEGMENTS};
 
 #[cfg(linux_like)]
 impl Gso {
-    /// Gather one datagram of flow `key`. Returns a flow whose path refused
-    /// a GSO send while making room (it sends one by one from then on).
+    /// Gather one datagram of flow `key`; only one whose packet fit the
+    /// TUN (`fits`: its payload room) is gathered, a longer one (the app
+    /// sent it as fragments) would exceed the path's MTU as a segment.
+    /// Returns a flow whose path refused a GSO send while making room (it
+    /// sends one by one from then on).
     fn push(
         &mut self,
         key: Key,
         sock: &Arc<UdpSocket>,
         payload: &[u8],
+        fits: usize,
         local: &mut LocalCounters,
     ) -> Option<Key> {
         let len = payload.len();
         // Nothing to segment: an empty datagram, or one GSO cannot carry.
-        let alone = len == 0 || len > GSO_MAX_BYTES;
+        let alone = len == 0 || len > fits.min(GSO_MAX_BYTES);
         let mut refused = None;
         if self.count > 0
             && (alone
@@ -1173,13 +1185,15 @@ mod tests {
             plan.extend([(true, 1200), (true, 0), (true, 1)]);
             plan.extend(std::iter::repeat_n((true, 1000), 70));
             plan.extend([(true, 1300), (true, 1300), (false, 7)]);
+            // Longer than one TUN packet: sent alone, in its place.
+            plan.extend([(true, 1200), (true, 3000), (true, 1200), (true, 1200)]);
             let mut local = LocalCounters::new(Instant::now());
             let mut g = Gso::default();
             let mut sent = (Vec::new(), Vec::new());
             for (i, &(to_a, len)) in plan.iter().enumerate() {
                 let d = datagram(i, len);
                 let (k, s) = if to_a { (ka, &a) } else { (kb, &b) };
-                assert_eq!(g.push(k, s, &d, &mut local), None);
+                assert_eq!(g.push(k, s, &d, 1472, &mut local), None);
                 if to_a { &mut sent.0 } else { &mut sent.1 }.push(d);
             }
             assert_eq!(g.flush(&mut local), None);
@@ -1202,7 +1216,7 @@ mod tests {
                 .map(|i| datagram(i, if i < 10 { 1200 } else { 500 }))
                 .collect();
             for d in &run {
-                assert_eq!(g.push(key(v6, 3000), &c, d, &mut local), None);
+                assert_eq!(g.push(key(v6, 3000), &c, d, 1472, &mut local), None);
             }
             g.flush(&mut local);
             let (n, seg) =
@@ -1235,7 +1249,7 @@ mod tests {
             let mut local = LocalCounters::new(Instant::now());
             let mut g = Gso::default();
             for (i, &l) in sizes.iter().enumerate() {
-                assert_eq!(g.push(k, &s, &datagram(i, l), &mut local), None);
+                assert_eq!(g.push(k, &s, &datagram(i, l), 1472, &mut local), None);
             }
             let refused = g.flush(&mut local);
             assert_eq!(

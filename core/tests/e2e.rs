@@ -655,8 +655,8 @@ fn large_udp_replies_are_fragmented_and_oversize_ones_dropped_never_truncated() 
 }
 
 /// QUIC-shaped bursts both ways through a direct flow: rounds of 1200-byte
-/// datagrams with a shorter one, a longer one, a 1-byte and an empty one
-/// in between (so the uplink's GSO batches end early, restart and carry a
+/// datagrams with a shorter one, a longer one, a 1-byte, an empty and a
+/// 3000-byte one (fragments at MTU 1500) in between (so the uplink's GSO batches end early, restart and carry a
 /// short last segment), sent back to back, echoed back to back (so the
 /// reply path takes several per recvmmsg), every datagram back byte for
 /// byte and in order, IPv4 and IPv6, both drivers. The echo server reads
@@ -683,9 +683,17 @@ fn udp_bursts_round_trip_byte_exact_batched() {
             .expect("timeout");
         let mut round: Vec<usize> = vec![1200; 24];
         round.extend([700, 1200, 1200, 1300, 1200, 1, 0, 1200, 1200, 1200, 900]);
+        // Fragments on the way up, reassembled; its echo spills out of its
+        // reply slot and goes back as fragments, in the middle of a batch.
+        round.extend([1200, 3000, 1200]);
         round.extend(vec![1200; 10]);
         let mut buf = vec![0u8; 65536];
+        let batches = || echo.accepted.load(std::sync::atomic::Ordering::Relaxed);
+        let mut before_last = 0;
         for r in 0..12u64 {
+            if r == 11 {
+                before_last = batches();
+            }
             let sent: Vec<Vec<u8>> = round
                 .iter()
                 .enumerate()
@@ -708,10 +716,12 @@ fn udp_bursts_round_trip_byte_exact_batched() {
                 );
             }
         }
-        let batches = echo.accepted.load(std::sync::atomic::Ordering::Relaxed);
+        // Still batching in the last round: the 3000-byte datagrams (sent
+        // alone) did not turn gathering off for the flow.
+        let batches = batches();
         assert!(
-            batches > 0,
-            "v6 {v6} {driver:?}: no GSO batch reached the server"
+            batches > before_last,
+            "v6 {v6} {driver:?}: no GSO batch reached the server in the last round ({batches} in all)"
         );
         // A reply batch is counted once its last datagram was written.
         let want = 12 * round.len() as u64;
