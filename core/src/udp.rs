@@ -630,8 +630,9 @@ impl Drop for UdpTable {
 /// app's stack reassembles them), larger ones are dropped and counted
 /// (`udp_reply_too_big`), never truncated. 16 KiB covers large DNS answers
 /// over EDNS0 (4096 is the common buffer size), games, VoIP and tunnels at
-/// jumbo sizes, and bounds the receive buffer of a direct flow while
-/// replies arrive (it is freed when they stop).
+/// jumbo sizes, and bounds what one receive takes: a direct flow's buffer
+/// while replies arrive (freed when they stop), or on Linux/Android a reply
+/// slot with its spill area ([`reply_loop`]).
 pub(crate) const FRAGMENTED_REPLY_MAX: usize = 16 * 1024;
 
 /// Identification of the reply datagrams the engine fragments (RFC 6864:
@@ -800,8 +801,8 @@ async fn resolved_flow(
 }
 
 /// Receive replies for one flow and write them to the TUN as IP packets from
-/// `server` to `client`, up to [`RECV_BATCH`] datagrams per `recvmmsg(2)`,
-/// so one wake-up takes what queued up meanwhile.
+/// `server` to `client`, up to `sys::udp::RECV_BATCH` (16) datagrams per
+/// `recvmmsg(2)`, so one wake-up takes what queued up meanwhile.
 ///
 /// Datagram `i` of a batch lands in slot `i` of the flow's buffer, room for
 /// a reply that fits one TUN packet (at most [`SLOT_ROOM_MAX`]) behind space
