@@ -143,7 +143,8 @@ enum FlowIo {
 struct Flow {
     io: FlowIo,
     /// Whether this flow's uplink datagrams are gathered for one GSO send
-    /// (direct flows, until their path refuses one).
+    /// (direct flows where the kernel has `UDP_SEGMENT`, until their path
+    /// refuses one).
     #[cfg(linux_like)]
     gso: bool,
     /// Last uplink datagram (driver-local, no atomics needed).
@@ -426,7 +427,7 @@ impl UdpTable {
             key,
             Flow {
                 #[cfg(linux_like)]
-                gso: matches!(io, FlowIo::Direct(_)),
+                gso: matches!(io, FlowIo::Direct(_)) && crate::sys::udp::gso_supported(),
                 io,
                 last_up: now,
                 last_down,

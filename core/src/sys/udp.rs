@@ -13,6 +13,32 @@ pub const GSO_MAX_SEGMENTS: usize = 64;
 /// (65535 - 20 - 8); IPv6 allows slightly more.
 pub const GSO_MAX_BYTES: usize = 65_507;
 
+/// Whether this kernel segments UDP sends (`UDP_SEGMENT`, Linux 4.18 and
+/// later), probed once per process by setting the option on a fresh socket.
+/// It must be known before the first send: an older kernel ignores the
+/// control message and would send a whole batch as one datagram.
+pub fn gso_supported() -> bool {
+    static PROBE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *PROBE.get_or_init(|| {
+        let Ok(s) = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::DGRAM, None) else {
+            return false;
+        };
+        let seg: libc::c_int = 1200;
+        // SAFETY: `s` is an open socket for the call; the option value is an
+        // int on the stack, passed with its size.
+        let r = unsafe {
+            libc::setsockopt(
+                s.as_raw_fd(),
+                libc::SOL_UDP,
+                libc::UDP_SEGMENT,
+                (&seg as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as _,
+            )
+        };
+        r == 0
+    })
+}
+
 /// Send `buf` on a connected UDP socket as datagrams of `seg` bytes each,
 /// the last one possibly shorter, in one `sendmsg(2)` with a `UDP_SEGMENT`
 /// control message: the kernel builds one large packet and splits it at the
@@ -253,6 +279,7 @@ mod tests {
     /// through the stack, not 11).
     #[test]
     fn gso_send_arrives_as_its_datagrams_and_as_one_packet() {
+        assert!(gso_supported(), "this kernel has UDP_SEGMENT (4.18+)");
         for v6 in [false, true] {
             let sizes: Vec<usize> = std::iter::repeat_n(1200, 10).chain([700]).collect();
             let want: Vec<Vec<u8>> = sizes
