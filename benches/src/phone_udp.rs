@@ -291,7 +291,10 @@ pub fn section(records: &[Record]) -> String {
          carries, so loss is high everywhere, the baseline included); offered: what the sender \
          sent. Engine CPU per 10^9 payload bytes received; wake-ups and TUN packets per call \
          as in the TCP table (packets written: the driver's write-backs plus the reply \
-         datagrams).\n"
+         datagrams). `/proc` counts the calls on every descriptor, the runtime's own wake-up \
+         reads and writes included, so packets per read mean something for the upload (the \
+         TUN carries the datagrams in) and packets per write for the download; the other \
+         direction hardly uses the TUN.\n"
     );
     let _ = writeln!(
         p,
