@@ -22,6 +22,11 @@
 #                           the other records of results.jsonl
 #   --phone-mtus 1500,9000 --phone-topologies router,local
 #   --phone-syscall-streams 16   streams of the perf-stat-counted phone runs (0: none)
+#   --phone-udp-only        only the phone profiles' UDP part (QUIC-shaped: 1200-byte
+#                           datagrams at full rate, router topology, MTU 1500,
+#                           per-packet/batch driver, baseline); keeps every other record
+#   --skip-phone-udp --phone-udp-mtus 1500 --phone-udp-drivers per-packet,batch
+#   --phone-udp-streams 1
 #   --render-only           re-render the page and chart from results.jsonl
 #   --phone-before-rev REV  also run the engine built at git revision REV in the
 #                           per-packet phone profiles: the page's "Before and after"
@@ -31,7 +36,7 @@ cd "$(dirname "$0")/.."
 target=${CARGO_TARGET_DIR:-target}
 
 if [[ ${1:-} == -h || ${1:-} == --help ]]; then
-    sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,32p' "$0" | sed 's/^# \{0,1\}//'
     if [[ -x $target/release/kerntun-netbench ]]; then
         "$target/release/kerntun-netbench" --help
     fi
@@ -110,7 +115,7 @@ while (($#)); do
         fi
         CARGO_TARGET_DIR="$target/before" cargo build --release --manifest-path "$tree/Cargo.toml" -p kerntun-cli
         git worktree remove --force "$tree"
-        args+=(--phone-before "$target/before/release/kerntun" --phone-before-label "$short")
+        args+=(--phone-before "$(realpath "$target")/before/release/kerntun" --phone-before-label "$short")
     else
         args+=("$1")
         shift

@@ -52,6 +52,67 @@ pub fn parse(json: &str) -> Result<IperfRun, String> {
     })
 }
 
+/// One iperf3 UDP run (`-u`): what the receiver got, and what the sender
+/// offered.
+#[derive(Debug, Clone, PartialEq)]
+pub struct IperfUdp {
+    /// Payload bytes that reached the receiver, its duration and rate.
+    pub bytes: u64,
+    pub seconds: f64,
+    pub bits_per_second: f64,
+    /// Payload bytes the sender sent.
+    pub sent_bytes: u64,
+    /// Datagrams the receiver found missing (gaps in iperf3's sequence
+    /// numbers) and the datagrams it accounted for (received + lost).
+    pub lost_packets: u64,
+    pub packets: u64,
+}
+
+impl IperfUdp {
+    /// Lost datagrams over all datagrams, 0..=1.
+    pub fn loss(&self) -> Option<f64> {
+        (self.packets > 0).then(|| self.lost_packets as f64 / self.packets as f64)
+    }
+}
+
+/// Parse `iperf3 -u -J` output (iperf 3.12 and later: `end.sum_received`
+/// and `end.sum_sent`). A failed run or one that delivered nothing is an
+/// error with iperf3's words.
+pub fn parse_udp(json: &str) -> Result<IperfUdp, String> {
+    let v: Value = serde_json::from_str(json).map_err(|e| format!("iperf3 JSON: {e}"))?;
+    if let Some(err) = v.get("error").and_then(Value::as_str) {
+        return Err(format!("iperf3: {err}"));
+    }
+    let end = v.get("end").ok_or("iperf3 JSON: no `end`")?;
+    let side = |k: &str| {
+        end.get(k)
+            .ok_or_else(|| format!("iperf3 JSON: no `end.{k}` (iperf3 older than 3.12?)"))
+    };
+    let (recv, sent) = (side("sum_received")?, side("sum_sent")?);
+    let int = |o: &Value, k: &str| {
+        o.get(k)
+            .and_then(Value::as_u64)
+            .ok_or_else(|| format!("iperf3 JSON: no `{k}`"))
+    };
+    let num = |o: &Value, k: &str| {
+        o.get(k)
+            .and_then(Value::as_f64)
+            .ok_or_else(|| format!("iperf3 JSON: no `{k}`"))
+    };
+    let r = IperfUdp {
+        bytes: int(recv, "bytes")?,
+        seconds: num(recv, "seconds")?,
+        bits_per_second: num(recv, "bits_per_second")?,
+        sent_bytes: int(sent, "bytes")?,
+        lost_packets: int(recv, "lost_packets")?,
+        packets: int(recv, "packets")?,
+    };
+    if r.bytes == 0 || r.seconds <= 0.0 {
+        return Err("iperf3 moved no data".into());
+    }
+    Ok(r)
+}
+
 /// `iperf 3.12` from the `start.version` member, if present.
 pub fn version(json: &str) -> Option<String> {
     let v: Value = serde_json::from_str(json).ok()?;
@@ -85,6 +146,37 @@ mod tests {
         assert_eq!(r.cpu_host, Some(28.27));
         assert_eq!(r.cpu_remote, Some(36.44));
         assert_eq!(version(OK).as_deref(), Some("iperf 3.12"));
+    }
+
+    /// Trimmed from a real `iperf3 -c 127.0.0.1 -u -b 0 -l 1200 -t 1 -J` (iperf 3.12).
+    const UDP: &str = r#"{
+        "start": {"version": "iperf 3.12"},
+        "end": {
+            "sum": {"seconds": 1.000053, "bytes": 336528000, "bits_per_second": 2692170156.5968685,
+                    "lost_packets": 26673, "packets": 280440, "lost_percent": 9.51, "sender": true},
+            "sum_sent": {"seconds": 1.00002, "bytes": 336528000, "bits_per_second": 2692170156.5968685,
+                         "lost_packets": 0, "packets": 280440, "lost_percent": 0, "sender": true},
+            "sum_received": {"seconds": 1.000053, "bytes": 304508400, "bits_per_second": 2435938095.28095,
+                             "lost_packets": 26673, "packets": 280430, "lost_percent": 9.51, "sender": false}
+        }
+    }"#;
+
+    #[test]
+    fn udp_runs_take_the_receiver_and_its_losses() {
+        let r = parse_udp(UDP).expect("valid run");
+        assert_eq!(r.bytes, 304_508_400, "received, not sent");
+        assert_eq!(r.sent_bytes, 336_528_000);
+        assert!((r.bits_per_second - 2_435_938_095.28).abs() < 1.0);
+        assert_eq!((r.lost_packets, r.packets), (26_673, 280_430));
+        assert!((r.loss().expect("packets") - 0.0951).abs() < 1e-3);
+        // A TCP run has no UDP loss figures.
+        assert!(parse_udp(OK).expect_err("tcp").contains("lost_packets"));
+        let mut v: Value = serde_json::from_str(UDP).expect("fixture");
+        v["end"]["sum_received"]["bytes"] = 0.into();
+        assert_eq!(
+            parse_udp(&v.to_string()).expect_err("nothing arrived"),
+            "iperf3 moved no data"
+        );
     }
 
     #[test]

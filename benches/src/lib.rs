@@ -10,6 +10,7 @@
 pub mod crit;
 pub mod iperf;
 pub mod phone;
+pub mod phone_udp;
 pub mod procfs;
 pub mod profile;
 pub mod record;

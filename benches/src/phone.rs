@@ -443,12 +443,12 @@ pub fn parse_perf_stat(csv: &str) -> Result<Syscalls, String> {
     })
 }
 
-/// Records a phone run writes.
+/// Records a phone run writes (the UDP part's included).
 pub fn is_phone(r: &Record) -> bool {
     matches!(
         r,
         Record::PhoneMeta(_) | Record::Phone(_) | Record::PhoneIntegrity(_)
-    )
+    ) || crate::phone_udp::is_udp(r)
 }
 
 /// What `--phone` does to `results.jsonl`: drop the phone records of
@@ -615,7 +615,11 @@ pub fn summary(records: &[Record]) -> Vec<String> {
 pub fn section(records: &[Record]) -> String {
     let v = View::new(records);
     let mut p = String::new();
+    let udp = crate::phone_udp::section(records);
     if v.runs.is_empty() && v.meta.is_none() {
+        if !udp.is_empty() {
+            let _ = writeln!(p, "## Phone profiles\n\n{udp}");
+        }
         return p;
     }
     let _ = writeln!(p, "## Phone profiles\n");
@@ -772,6 +776,7 @@ pub fn section(records: &[Record]) -> String {
     before_after(&mut p, &v);
     syscalls(&mut p, &v);
     targets(&mut p, &v);
+    p.push_str(&udp);
     if !v.integrity.is_empty() {
         let _ = writeln!(p, "### Integrity\n");
         let _ = writeln!(

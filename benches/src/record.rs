@@ -22,6 +22,10 @@ pub enum Record {
     Phone(crate::phone::PhoneRun),
     /// The echo check of a phone profile (`scenario` is the profile id).
     PhoneIntegrity(Integrity),
+    /// The phone profiles' UDP run (`crate::phone_udp`): its command and machine.
+    PhoneUdpMeta(crate::phone_udp::PhoneUdpMeta),
+    /// One iperf3 UDP run of a phone profile.
+    PhoneUdp(crate::phone_udp::PhoneUdpRun),
 }
 
 /// The machine and the run.

@@ -50,7 +50,11 @@ impl<'a> View<'a> {
                 Record::Criterion(c) => v.criterion.push(c),
                 Record::Profile(x) => v.profiles.push(x),
                 // Rendered by `crate::phone`.
-                Record::PhoneMeta(_) | Record::Phone(_) | Record::PhoneIntegrity(_) => {}
+                Record::PhoneMeta(_)
+                | Record::Phone(_)
+                | Record::PhoneIntegrity(_)
+                | Record::PhoneUdpMeta(_)
+                | Record::PhoneUdp(_) => {}
             }
         }
         v
@@ -199,7 +203,10 @@ fn machine(p: &mut String, v: &View) {
 /// The headline figures, each computed from the tables below.
 fn summary(p: &mut String, v: &View, records: &[Record]) {
     let _ = writeln!(p, "## Summary\n");
-    for line in crate::phone::summary(records) {
+    for line in crate::phone::summary(records)
+        .into_iter()
+        .chain(crate::phone_udp::summary(records))
+    {
         let _ = writeln!(p, "{line}");
     }
     let streams = v.streams();

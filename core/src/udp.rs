@@ -142,6 +142,11 @@ enum FlowIo {
 #[derive(Debug)]
 struct Flow {
     io: FlowIo,
+    /// Whether this flow's uplink datagrams are gathered for one GSO send
+    /// (direct flows where the kernel has `UDP_SEGMENT`, until their path
+    /// refuses one).
+    #[cfg(linux_like)]
+    gso: bool,
     /// Last uplink datagram (driver-local, no atomics needed).
     last_up: Instant,
     /// Last downlink datagram, milliseconds since the table's epoch, at
@@ -206,6 +211,9 @@ pub(crate) struct UdpTable {
     /// aborted, and each one's socket closes only when the runtime drops
     /// that task ([`UdpTable::take_evicted`]).
     evicted: usize,
+    /// Uplink datagrams of one direct flow waiting for one GSO send.
+    #[cfg(linux_like)]
+    gso: Gso,
 }
 
 impl UdpTable {
@@ -215,7 +223,22 @@ impl UdpTable {
             shared,
             epoch: now,
             evicted: 0,
+            #[cfg(linux_like)]
+            gso: Gso::default(),
         }
+    }
+
+    /// Send what the uplink gathered (the driver calls this at the end of
+    /// every drain, so a datagram waits at most one drain).
+    pub fn flush(&mut self, local: &mut LocalCounters) {
+        #[cfg(linux_like)]
+        if let Some(refused) = self.gso.flush(local)
+            && let Some(f) = self.flows.get_mut(&refused)
+        {
+            f.gso = false;
+        }
+        #[cfg(not(linux_like))]
+        let _ = local;
     }
 
     pub fn len(&self) -> usize {
@@ -253,29 +276,32 @@ impl UdpTable {
         {
             return self.hijack(key, payload, now, local);
         }
-        if !self.flows.contains_key(&key) && !self.open(key, now, local) {
-            return;
-        }
-        let Some(flow) = self.flows.get_mut(&key) else {
-            return;
+        // One lookup per datagram; a second only when the flow is new.
+        let flow = match self.flows.get_mut(&key) {
+            Some(f) => f,
+            None => {
+                if !self.open(key, now, local) {
+                    return;
+                }
+                let Some(f) = self.flows.get_mut(&key) else {
+                    return;
+                };
+                f
+            }
         };
         flow.last_up = now;
         match &mut flow.io {
-            FlowIo::Direct(sock) => {
-                // A direct non-blocking send(2): tokio's `try_send` consults its
-                // cached readiness first and answers WouldBlock on a socket epoll
-                // has not yet reported writable, which would drop every flow's
-                // first datagram.
-                match socket2::SockRef::from(&**sock).send(payload) {
-                    Ok(_) => {
-                        local.udp_packets_up += 1;
-                        local.udp_bytes_up += payload.len() as u64;
-                    }
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                        local.drop(EngineDrop::UdpSendFull)
-                    }
-                    Err(_) => local.drop(EngineDrop::UdpSendError),
+            #[cfg(linux_like)]
+            FlowIo::Direct(sock) if flow.gso => {
+                let fits = udp_room(self.shared.mtu, key.1).1;
+                if let Some(refused) = self.gso.push(key, sock, payload, fits, local)
+                    && let Some(f) = self.flows.get_mut(&refused)
+                {
+                    f.gso = false;
                 }
+            }
+            FlowIo::Direct(sock) => {
+                send_one(sock, payload, local);
             }
             FlowIo::Queued(q) => {
                 let Some(mut buf) = q.buffer(now) else {
@@ -316,6 +342,9 @@ impl UdpTable {
     }
 
     fn open(&mut self, key: Key, now: Instant, local: &mut LocalCounters) -> bool {
+        // What is gathered goes out before the table changes (an eviction
+        // below may close the flow it belongs to).
+        self.flush(local);
         let (client, server) = key;
         let shared = self.shared.clone();
         let outbounds = &shared.d.outbounds;
@@ -412,6 +441,8 @@ impl UdpTable {
         self.flows.insert(
             key,
             Flow {
+                #[cfg(linux_like)]
+                gso: matches!(io, FlowIo::Direct(_)) && crate::sys::udp::gso_supported(),
                 io,
                 last_up: now,
                 last_down,
@@ -463,6 +494,147 @@ impl UdpTable {
     }
 }
 
+/// One non-blocking `send(2)` of a direct flow's datagram, counted. True
+/// if the socket's send buffer was full (the datagram is a counted drop).
+fn send_one(sock: &UdpSocket, payload: &[u8], local: &mut LocalCounters) -> bool {
+    // A direct non-blocking send(2): tokio's `try_send` consults its cached
+    // readiness first and answers WouldBlock on a socket epoll has not yet
+    // reported writable, which would drop every flow's first datagram.
+    match socket2::SockRef::from(sock).send(payload) {
+        Ok(_) => {
+            local.udp_packets_up += 1;
+            local.udp_bytes_up += payload.len() as u64;
+        }
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+            local.drop(EngineDrop::UdpSendFull);
+            return true;
+        }
+        Err(_) => local.drop(EngineDrop::UdpSendError),
+    }
+    false
+}
+
+/// Consecutive uplink datagrams of one direct flow, read in the same TUN
+/// drain, gathered back to back for one GSO send (`UDP_SEGMENT`): every
+/// datagram but the last has the first one's size, the last may be
+/// shorter, at most [`GSO_MAX_SEGMENTS`] and [`GSO_MAX_BYTES`] in all. A
+/// datagram of another flow, a longer one, or a full batch sends what is
+/// gathered first, so each flow's datagrams keep their order. The kernel
+/// then builds one packet for the batch instead of one per datagram, and
+/// splits it at the device or in software.
+#[cfg(linux_like)]
+#[derive(Debug, Default)]
+struct Gso {
+    /// The payloads (allocated once, at the first batch).
+    buf: Vec<u8>,
+    key: Option<Key>,
+    sock: Option<Arc<UdpSocket>>,
+    /// Size of every segment but the last.
+    seg: usize,
+    count: usize,
+    /// A shorter datagram ended the batch.
+    closed: bool,
+}
+
+#[cfg(linux_like)]
+use crate::sys::udp::{GSO_MAX_BYTES, GSO_MAX_SEGMENTS};
+
+#[cfg(linux_like)]
+impl Gso {
+    /// Gather one datagram of flow `key`; only one whose packet fit the
+    /// TUN (`fits`: its payload room) is gathered, a longer one (the app
+    /// sent it as fragments) would exceed the path's MTU as a segment.
+    /// Returns a flow whose path refused a GSO send while making room (it
+    /// sends one by one from then on).
+    fn push(
+        &mut self,
+        key: Key,
+        sock: &Arc<UdpSocket>,
+        payload: &[u8],
+        fits: usize,
+        local: &mut LocalCounters,
+    ) -> Option<Key> {
+        let len = payload.len();
+        // Nothing to segment: an empty datagram, or one GSO cannot carry.
+        let alone = len == 0 || len > fits.min(GSO_MAX_BYTES);
+        let mut refused = None;
+        if self.count > 0
+            && (alone
+                || self.key != Some(key)
+                || self.closed
+                || len > self.seg
+                || self.count == GSO_MAX_SEGMENTS
+                || self.buf.len() + len > GSO_MAX_BYTES)
+        {
+            refused = self.flush(local);
+        }
+        if alone || refused == Some(key) {
+            // Nothing to segment (or this flow just lost GSO): as before.
+            send_one(sock, payload, local);
+            return refused;
+        }
+        if self.count == 0 {
+            if self.buf.capacity() == 0 {
+                self.buf.reserve_exact(GSO_MAX_BYTES);
+            }
+            self.key = Some(key);
+            self.sock = Some(sock.clone());
+            self.seg = len;
+            self.closed = false;
+        } else if len < self.seg {
+            self.closed = true;
+        }
+        self.buf.extend_from_slice(payload);
+        self.count += 1;
+        refused
+    }
+
+    /// Send what is gathered: one datagram plainly, more with one GSO send.
+    /// A batch the kernel refuses goes out one datagram at a time, each
+    /// counted on its own, so an error loses nothing silently (a send
+    /// buffer too full for the whole batch may still take some; once it
+    /// takes none, the rest are counted `udp_send_full` without trying).
+    /// If the refusal says the path cannot segment (`EIO`: no checksum
+    /// offload or IPsec on the route; `EINVAL`: a segment above the path
+    /// MTU), the flow is returned to stop gathering.
+    fn flush(&mut self, local: &mut LocalCounters) -> Option<Key> {
+        let (Some(sock), Some(key)) = (self.sock.take(), self.key.take()) else {
+            return None;
+        };
+        let (count, seg) = (self.count, self.seg);
+        self.count = 0;
+        let mut refused = None;
+        if count == 1 {
+            send_one(&sock, &self.buf, local);
+        } else {
+            match crate::sys::udp::send_gso(sock.as_fd(), &self.buf, seg as u16) {
+                Ok(_) => {
+                    local.udp_packets_up += count as u64;
+                    local.udp_bytes_up += self.buf.len() as u64;
+                }
+                Err(e) => {
+                    if matches!(
+                        e.raw_os_error(),
+                        Some(libc::EIO | libc::EINVAL | libc::ENOPROTOOPT | libc::EOPNOTSUPP)
+                    ) {
+                        refused = Some(key);
+                    }
+                    let mut full = false;
+                    for d in self.buf.chunks(seg) {
+                        if full {
+                            local.drop(EngineDrop::UdpSendFull);
+                        } else {
+                            full = send_one(&sock, d, local);
+                        }
+                    }
+                }
+            }
+        }
+        self.buf.clear();
+        refused
+    }
+}
+
 impl Drop for UdpTable {
     fn drop(&mut self) {
         let n = self.flows.len() as u64;
@@ -475,8 +647,9 @@ impl Drop for UdpTable {
 /// app's stack reassembles them), larger ones are dropped and counted
 /// (`udp_reply_too_big`), never truncated. 16 KiB covers large DNS answers
 /// over EDNS0 (4096 is the common buffer size), games, VoIP and tunnels at
-/// jumbo sizes, and bounds the receive buffer of a direct flow while
-/// replies arrive (it is freed when they stop).
+/// jumbo sizes, and bounds what one receive takes: a direct flow's buffer
+/// while replies arrive (freed when they stop), or on Linux/Android a reply
+/// slot with its spill area ([`reply_loop`]).
 pub(crate) const FRAGMENTED_REPLY_MAX: usize = 16 * 1024;
 
 /// Identification of the reply datagrams the engine fragments (RFC 6864:
@@ -525,17 +698,31 @@ async fn answer_hijacked(
 
 /// Write the reply of `len` bytes at `b[HEADROOM + header..]` to the app as a
 /// datagram from the flow's server to its client, headers written in place.
-async fn send_reply(env: &UdpEnv, b: &mut [u8], (client, server): Key, len: usize) {
+async fn send_reply(env: &UdpEnv, b: &mut [u8], key: Key, len: usize) {
+    if write_reply(env, b, key, len).await {
+        let stats: &Stats = &env.d.stats;
+        stats.udp_packets_down.fetch_add(1, Relaxed);
+        stats.udp_bytes_down.fetch_add(len as u64, Relaxed);
+    }
+}
+
+/// [`send_reply`] without counting what was delivered: true if it was
+/// (every failure is counted here).
+async fn write_reply(env: &UdpEnv, b: &mut [u8], (client, server): Key, len: usize) -> bool {
     let stats: &Stats = &env.d.stats;
     let mtu = usize::from(env.mtu);
     match packet::write_udp_headers(&mut b[HEADROOM..], server, client, len) {
-        Ok(total) if total <= mtu => match env.tun.send(b, total).await {
-            Ok(()) => {
-                stats.udp_packets_down.fetch_add(1, Relaxed);
-                stats.udp_bytes_down.fetch_add(len as u64, Relaxed);
+        Ok(total) if total <= mtu => {
+            // Without waiting first: the device's queue is rarely full.
+            let sent = match env.tun.try_send(b, total) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => env.tun.send(b, total).await,
+                r => r,
+            };
+            if sent.is_err() {
+                stats.drop(EngineDrop::TunWrite);
             }
-            Err(_) => stats.drop(EngineDrop::TunWrite),
-        },
+            sent.is_ok()
+        }
         Ok(total) => {
             // Larger than one TUN packet: as fragments, which the app's
             // stack puts back together. One buffer per such reply.
@@ -547,19 +734,21 @@ async fn send_reply(env: &UdpEnv, b: &mut [u8], (client, server): Key, len: usiz
                 packet::frag::fragment_at(pkt, mtu, id, off, &mut frag[HEADROOM..])
             {
                 if env.tun.send(&mut frag, n).await.is_err() {
-                    return stats.drop(EngineDrop::TunWrite);
+                    stats.drop(EngineDrop::TunWrite);
+                    return false;
                 }
                 off = next;
             }
             if off == 0 {
                 // The MTU leaves no room for a fragment (never below 1280).
-                return stats.drop(EngineDrop::UdpReplyTooBig);
+                stats.drop(EngineDrop::UdpReplyTooBig);
+                return false;
             }
-            stats.udp_packets_down.fetch_add(1, Relaxed);
-            stats.udp_bytes_down.fetch_add(len as u64, Relaxed);
+            true
         }
         Err(r) => {
             stats.rejects[r.index()].fetch_add(1, Relaxed);
+            false
         }
     }
 }
@@ -629,7 +818,133 @@ async fn resolved_flow(
 }
 
 /// Receive replies for one flow and write them to the TUN as IP packets from
+/// `server` to `client`, up to `sys::udp::RECV_BATCH` (16) datagrams per
+/// `recvmmsg(2)`, so one wake-up takes what queued up meanwhile.
+///
+/// Datagram `i` of a batch lands in slot `i` of the flow's buffer, room for
+/// a reply that fits one TUN packet (at most [`SLOT_ROOM_MAX`]) behind space
+/// for its headers, written in place. A longer one continues in the
+/// thread's spill area ([`SPILL`], [`FRAGMENTED_REPLY_MAX`] per slot with
+/// the slot's room), is copied out whole before the next await and goes as
+/// fragments; a datagram longer than that is dropped and counted
+/// (`MSG_TRUNC`), never passed on cut short. The buffer (16 slots, about
+/// 24 KiB at MTU 1500) exists only while replies are arriving.
+#[cfg(linux_like)]
+async fn reply_loop(
+    sock: Arc<UdpSocket>,
+    shared: Arc<UdpEnv>,
+    client: SocketAddr,
+    server: SocketAddr,
+    last_down: Arc<AtomicU64>,
+    epoch: Instant,
+) {
+    use crate::sys::udp::{RECV_BATCH, Slots, recv_batch};
+    let (hdr, max_payload) = udp_room(shared.mtu, server);
+    let room = max_payload.clamp(1, SLOT_ROOM_MAX);
+    let stride = HEADROOM + hdr + room;
+    let spill_stride = FRAGMENTED_REPLY_MAX - room;
+    let stats: &Stats = &shared.d.stats;
+    let mut buf: Option<Box<[u8]>> = None;
+    let mut got = [(0usize, false); RECV_BATCH];
+    loop {
+        if sock.readable().await.is_err() {
+            return;
+        }
+        let dense = buf.get_or_insert_with(|| vec![0u8; RECV_BATCH * stride].into_boxed_slice());
+        // Receive, and copy out what spilled, within one borrow of the
+        // thread's spill area (no await in between).
+        let mut spilled: Vec<(usize, Box<[u8]>)> = Vec::new();
+        let r = SPILL.with_borrow_mut(|spill| {
+            let spill = spill
+                .get_or_insert_with(|| vec![0u8; RECV_BATCH * SPILL_STRIDE_MAX].into_boxed_slice());
+            let mut slots = Slots {
+                dense: &mut dense[..],
+                stride,
+                start: HEADROOM + hdr,
+                room,
+                spill: &mut spill[..],
+                spill_stride,
+            };
+            let n = sock.try_io(tokio::io::Interest::READABLE, || {
+                recv_batch(sock.as_fd(), &mut slots, &mut got)
+            })?;
+            for (i, &(len, trunc)) in got.iter().enumerate().take(n) {
+                if len > room && !trunc {
+                    let mut whole = vec![0u8; HEADROOM + hdr + len].into_boxed_slice();
+                    let at = HEADROOM + hdr;
+                    whole[at..at + room].copy_from_slice(&dense[i * stride + at..][..room]);
+                    whole[at + room..].copy_from_slice(&spill[i * spill_stride..][..len - room]);
+                    spilled.push((i, whole));
+                }
+            }
+            Ok::<usize, io::Error>(n)
+        });
+        match r {
+            Ok(n) => {
+                mark_reply(&last_down, epoch);
+                let (mut packets, mut bytes) = (0u64, 0u64);
+                let mut spilled = spilled.into_iter().peekable();
+                for (i, &(len, trunc)) in got.iter().enumerate().take(n) {
+                    let delivered = if trunc {
+                        stats.drop(EngineDrop::UdpReplyTooBig);
+                        false
+                    } else if len <= room {
+                        let b = &mut dense[i * stride..(i + 1) * stride];
+                        write_reply(&shared, b, (client, server), len).await
+                    } else {
+                        match spilled.next_if(|(j, _)| *j == i) {
+                            Some((_, mut whole)) => {
+                                write_reply(&shared, &mut whole, (client, server), len).await
+                            }
+                            None => false,
+                        }
+                    };
+                    if delivered {
+                        packets += 1;
+                        bytes += len as u64;
+                    }
+                }
+                if packets > 0 {
+                    stats.udp_packets_down.fetch_add(packets, Relaxed);
+                    stats.udp_bytes_down.fetch_add(bytes, Relaxed);
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => buf = None,
+            // ICMP errors (port unreachable) surface as errors on a connected
+            // UDP socket; the flow stays usable.
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::ConnectionRefused | io::ErrorKind::Interrupted
+                ) => {}
+            Err(_) => return,
+        }
+    }
+}
+
+/// The most room a reply slot of [`reply_loop`] gives a datagram: QUIC's
+/// and most UDP traffic's datagrams fit (at MTU 1500 the slot holds what
+/// fits one TUN packet); longer ones continue in the spill area.
+#[cfg(linux_like)]
+const SLOT_ROOM_MAX: usize = 2048;
+
+/// Spill bytes per slot at most: a slot's room and its spill hold
+/// [`FRAGMENTED_REPLY_MAX`] together.
+#[cfg(linux_like)]
+const SPILL_STRIDE_MAX: usize = FRAGMENTED_REPLY_MAX;
+
+#[cfg(linux_like)]
+thread_local! {
+    /// Where the datagrams of a [`reply_loop`] batch that are longer than
+    /// their slot continue: one area per worker thread, used only inside
+    /// one synchronous receive (256 KiB, allocated zeroed on first use, so
+    /// its pages become resident only once long datagrams arrive).
+    static SPILL: std::cell::RefCell<Option<Box<[u8]>>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Receive replies for one flow and write them to the TUN as IP packets from
 /// `server` to `client`. The buffer exists only while replies are arriving.
+#[cfg(not(linux_like))]
 async fn reply_loop(
     sock: Arc<UdpSocket>,
     shared: Arc<UdpEnv>,
@@ -839,6 +1154,135 @@ fn canonical(a: SocketAddr) -> SocketAddr {
 mod tests {
     use super::*;
     use crate::budget::{MemoryPressure, Pressure};
+
+    /// A receiving socket on loopback and a connected tokio socket to it.
+    #[cfg(linux_like)]
+    fn pair(v6: bool) -> (Arc<UdpSocket>, std::net::UdpSocket) {
+        let any = if v6 { "[::1]:0" } else { "127.0.0.1:0" };
+        let rx = std::net::UdpSocket::bind(any).expect("bind");
+        rx.set_read_timeout(Some(Duration::from_secs(2)))
+            .expect("timeout");
+        let tx = std::net::UdpSocket::bind(any).expect("bind");
+        tx.connect(rx.local_addr().expect("addr")).expect("connect");
+        tx.set_nonblocking(true).expect("nonblocking");
+        (Arc::new(UdpSocket::from_std(tx).expect("tokio")), rx)
+    }
+
+    #[cfg(linux_like)]
+    fn datagram(i: usize, len: usize) -> Vec<u8> {
+        (0..len)
+            .map(|k| (i * 131 + k * 3 + k / 253) as u8)
+            .collect()
+    }
+
+    #[cfg(linux_like)]
+    fn key(v6: bool, port: u16) -> Key {
+        let ip: std::net::IpAddr = if v6 {
+            "fd00::9".parse()
+        } else {
+            "10.0.0.9".parse()
+        }
+        .expect("static");
+        (SocketAddr::new(ip, port), SocketAddr::new(ip, 53))
+    }
+
+    /// Gathered uplink datagrams of two flows, interleaved, with runs of
+    /// equal sizes, a short last segment, a longer one (ends a batch), an
+    /// empty one and more than one batch holds (64): each flow's receiver
+    /// gets every datagram whole and in order, v4 and v6, all counted sent.
+    #[cfg(linux_like)]
+    #[tokio::test]
+    async fn gathered_datagrams_leave_whole_in_order_and_counted() {
+        for v6 in [false, true] {
+            let (a, rx_a) = pair(v6);
+            let (b, rx_b) = pair(v6);
+            let (ka, kb) = (key(v6, 1000), key(v6, 2000));
+            let mut plan: Vec<(bool, usize)> = Vec::new();
+            plan.extend(std::iter::repeat_n((true, 1200), 5));
+            plan.extend([(true, 600), (true, 1200), (false, 1200), (false, 1200)]);
+            plan.extend([(true, 1200), (true, 0), (true, 1)]);
+            plan.extend(std::iter::repeat_n((true, 1000), 70));
+            plan.extend([(true, 1300), (true, 1300), (false, 7)]);
+            // Longer than one TUN packet: sent alone, in its place.
+            plan.extend([(true, 1200), (true, 3000), (true, 1200), (true, 1200)]);
+            let mut local = LocalCounters::new(Instant::now());
+            let mut g = Gso::default();
+            let mut sent = (Vec::new(), Vec::new());
+            for (i, &(to_a, len)) in plan.iter().enumerate() {
+                let d = datagram(i, len);
+                let (k, s) = if to_a { (ka, &a) } else { (kb, &b) };
+                assert_eq!(g.push(k, s, &d, 1472, &mut local), None);
+                if to_a { &mut sent.0 } else { &mut sent.1 }.push(d);
+            }
+            assert_eq!(g.flush(&mut local), None);
+            let mut buf = vec![0u8; 65536];
+            for (rx, want) in [(&rx_a, &sent.0), (&rx_b, &sent.1)] {
+                for (i, w) in want.iter().enumerate() {
+                    let n = rx.recv(&mut buf).expect("datagram");
+                    assert_eq!(&buf[..n], &w[..], "v6 {v6}: datagram {i}");
+                }
+            }
+            assert_eq!(local.udp_packets_up, plan.len() as u64);
+            let bytes: usize = plan.iter().map(|p| p.1).sum();
+            assert_eq!(local.udp_bytes_up, bytes as u64);
+            assert!(local.drops.iter().all(|&d| d == 0), "{:?}", local.drops);
+            // A run of one flow left as one packet: a receiver with UDP_GRO
+            // gets it whole, with the segment size, in one read.
+            let (c, rx_c) = pair(v6);
+            crate::sys::udp::testing::set_gro(rx_c.as_fd()).expect("UDP_GRO");
+            let run: Vec<Vec<u8>> = (0..11)
+                .map(|i| datagram(i, if i < 10 { 1200 } else { 500 }))
+                .collect();
+            for d in &run {
+                assert_eq!(g.push(key(v6, 3000), &c, d, 1472, &mut local), None);
+            }
+            g.flush(&mut local);
+            let (n, seg) =
+                crate::sys::udp::testing::recv_gro(rx_c.as_fd(), &mut buf).expect("batch");
+            assert_eq!((n, seg), (12_500, Some(1200)), "v6 {v6}");
+            assert_eq!(&buf[..n], &run.concat()[..]);
+        }
+    }
+
+    /// A batch the kernel refuses (here: a socket without UDP checksums,
+    /// which GSO needs) goes out one datagram at a time, nothing lost and
+    /// each counted, and the flow is named so it stops gathering. A send
+    /// buffer too small for the whole batch takes it one by one too.
+    #[cfg(linux_like)]
+    #[tokio::test]
+    async fn a_refused_batch_goes_one_by_one_counted() {
+        let sizes: Vec<usize> = std::iter::repeat_n(1200, 8).chain([100]).collect();
+        let k = key(false, 1000);
+        let mut buf = vec![0u8; 65536];
+        for small_buffer in [false, true] {
+            let (s, rx) = pair(false);
+            if small_buffer {
+                // The kernel's minimum (about 4.5 KiB): 9 datagrams do not fit at once.
+                socket2::SockRef::from(&*s)
+                    .set_send_buffer_size(1)
+                    .expect("sndbuf");
+            } else {
+                crate::sys::udp::testing::set_no_check(s.as_fd()).expect("SO_NO_CHECK");
+            }
+            let mut local = LocalCounters::new(Instant::now());
+            let mut g = Gso::default();
+            for (i, &l) in sizes.iter().enumerate() {
+                assert_eq!(g.push(k, &s, &datagram(i, l), 1472, &mut local), None);
+            }
+            let refused = g.flush(&mut local);
+            assert_eq!(
+                refused,
+                (!small_buffer).then_some(k),
+                "small {small_buffer}"
+            );
+            for (i, &l) in sizes.iter().enumerate() {
+                let n = rx.recv(&mut buf).expect("datagram");
+                assert_eq!(&buf[..n], &datagram(i, l)[..], "small {small_buffer}: {i}");
+            }
+            assert_eq!(local.udp_packets_up, sizes.len() as u64);
+            assert!(local.drops.iter().all(|&d| d == 0), "{:?}", local.drops);
+        }
+    }
 
     /// Proxied flows that never drain: each gets its first buffer, the
     /// buffers past it come out of the byte budget, and a closed flow gives

@@ -858,6 +858,89 @@ fn large_udp_replies_are_fragmented_and_oversize_ones_dropped_never_truncated() 
     }
 }
 
+/// QUIC-shaped bursts both ways through a direct flow: rounds of 1200-byte
+/// datagrams with a shorter one, a longer one, a 1-byte, an empty and a
+/// 3000-byte one (fragments at MTU 1500) in between (so the uplink's GSO batches end early, restart and carry a
+/// short last segment), sent back to back, echoed back to back (so the
+/// reply path takes several per recvmmsg), every datagram back byte for
+/// byte and in order, IPv4 and IPv6, both drivers. The echo server reads
+/// with UDP_GRO: it sees the engine's GSO batches whole, and must see some
+/// (the batching happened).
+#[test]
+fn udp_bursts_round_trip_byte_exact_batched() {
+    require_root!();
+    for (v6, driver) in [
+        (false, DriverMode::PerPacket),
+        (true, DriverMode::PerPacket),
+        (false, DriverMode::Batch),
+        (true, DriverMode::Batch),
+    ] {
+        let rig = Rig::new(v6, driver, StackKind::System);
+        let echo = kerntun_testkit::udp_gro_echo(&rig.topo.server, rig.topo.server_addr(v6, 0))
+            .expect("echo");
+        let bind: SocketAddr = if v6 { "[::]:0" } else { "0.0.0.0:0" }
+            .parse()
+            .expect("static");
+        let s = std::net::UdpSocket::bind(bind).expect("bind");
+        s.connect(echo.addr).expect("connect");
+        s.set_read_timeout(Some(Duration::from_secs(2)))
+            .expect("timeout");
+        let mut round: Vec<usize> = vec![1200; 24];
+        round.extend([700, 1200, 1200, 1300, 1200, 1, 0, 1200, 1200, 1200, 900]);
+        // Fragments on the way up, reassembled; its echo spills out of its
+        // reply slot and goes back as fragments, in the middle of a batch.
+        round.extend([1200, 3000, 1200]);
+        round.extend(vec![1200; 10]);
+        let mut buf = vec![0u8; 65536];
+        let batches = || echo.accepted.load(std::sync::atomic::Ordering::Relaxed);
+        let mut before_last = 0;
+        for r in 0..12u64 {
+            if r == 11 {
+                before_last = batches();
+            }
+            let sent: Vec<Vec<u8>> = round
+                .iter()
+                .enumerate()
+                .map(|(i, &len)| kerntun_testkit::pattern(r * 1000 + i as u64, len))
+                .collect();
+            for d in &sent {
+                s.send(d).expect("send");
+            }
+            for (i, want) in sent.iter().enumerate() {
+                let n = s.recv(&mut buf).unwrap_or_else(|e| {
+                    panic!(
+                        "v6 {v6} {driver:?}: round {r}, datagram {i}: {e}; {:?}",
+                        rig.engine.stats()
+                    )
+                });
+                assert_eq!(
+                    &buf[..n],
+                    &want[..],
+                    "v6 {v6} {driver:?}: round {r}, datagram {i}"
+                );
+            }
+        }
+        // Still batching in the last round: the 3000-byte datagrams (sent
+        // alone) did not turn gathering off for the flow.
+        let batches = batches();
+        assert!(
+            batches > before_last,
+            "v6 {v6} {driver:?}: no GSO batch reached the server in the last round ({batches} in all)"
+        );
+        // A reply batch is counted once its last datagram was written.
+        let want = 12 * round.len() as u64;
+        let deadline = Instant::now() + Duration::from_secs(2);
+        let mut st = rig.engine.stats();
+        while st.udp_packets_down < want && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+            st = rig.engine.stats();
+        }
+        assert_eq!(st.udp_packets_up, want, "{st:?}");
+        assert_eq!(st.udp_packets_down, want, "{st:?}");
+        eprintln!("v6 {v6} {driver:?}: {batches} GSO batches reached the server");
+    }
+}
+
 /// 8000-byte datagrams (the app's kernel sends them as fragments at MTU
 /// 1500) are reassembled, relayed and their 8000-byte echoes fragmented
 /// back: every one round-trips byte for byte, IPv4 and IPv6, both drivers.

@@ -378,6 +378,23 @@ pub mod servers {
         handle: Option<JoinHandle<()>>,
     }
 
+    impl Server {
+        /// A server run by `handle`, which ends once `stop` is set.
+        pub fn new(
+            addr: SocketAddr,
+            accepted: Arc<AtomicU64>,
+            stop: Arc<AtomicBool>,
+            handle: JoinHandle<()>,
+        ) -> Server {
+            Server {
+                addr,
+                accepted,
+                stop,
+                handle: Some(handle),
+            }
+        }
+    }
+
     impl Drop for Server {
         fn drop(&mut self) {
             self.stop.store(true, Ordering::Relaxed);
@@ -546,6 +563,89 @@ pub mod servers {
             handle: Some(handle),
         })
     }
+}
+
+/// A UDP echo server whose socket has `UDP_GRO` on (Linux): a batch the
+/// sender gave the kernel as one GSO packet arrives here whole, with its
+/// segment size, and is echoed one datagram per segment, as sent. `accepted`
+/// counts the reads that carried more than one datagram, i.e. the sender's
+/// GSO batches (veth passes them through unsplit).
+#[cfg(target_os = "linux")]
+pub fn udp_gro_echo(ns: &Netns, addr: std::net::SocketAddr) -> io::Result<servers::Server> {
+    use nix::sys::socket::{
+        ControlMessageOwned, MsgFlags, SockaddrStorage, recvmsg, setsockopt, sockopt,
+    };
+    use std::io::IoSliceMut;
+    use std::net::UdpSocket;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    let (tx, rx) = std::sync::mpsc::channel();
+    let stop = Arc::new(AtomicBool::new(false));
+    let batches = Arc::new(AtomicU64::new(0));
+    let (stop2, count) = (stop.clone(), batches.clone());
+    let handle = ns.spawn(move || {
+        let s = match UdpSocket::bind(addr).and_then(|s| {
+            setsockopt(&s, sockopt::UdpGroSegment, &true).map_err(io::Error::from)?;
+            s.set_read_timeout(Some(std::time::Duration::from_millis(50)))?;
+            Ok(s)
+        }) {
+            Ok(s) => s,
+            Err(e) => {
+                let _ = tx.send(Err(e));
+                return;
+            }
+        };
+        let _ = tx.send(s.local_addr());
+        let mut buf = vec![0u8; 65536];
+        let mut space = nix::cmsg_space!(i32);
+        while !stop2.load(Ordering::Relaxed) {
+            let (n, from, seg) = {
+                let mut iov = [IoSliceMut::new(&mut buf)];
+                let Ok(m) = recvmsg::<SockaddrStorage>(
+                    std::os::fd::AsRawFd::as_raw_fd(&s),
+                    &mut iov,
+                    Some(&mut space),
+                    MsgFlags::empty(),
+                ) else {
+                    continue;
+                };
+                let mut seg = None;
+                if let Ok(cmsgs) = m.cmsgs() {
+                    for c in cmsgs {
+                        if let ControlMessageOwned::UdpGroSegments(g) = c {
+                            seg = usize::try_from(g).ok().filter(|&g| g > 0);
+                        }
+                    }
+                }
+                let from = m.address.and_then(|a| {
+                    a.as_sockaddr_in()
+                        .map(|v4| std::net::SocketAddr::from(std::net::SocketAddrV4::from(*v4)))
+                        .or_else(|| {
+                            a.as_sockaddr_in6().map(|v6| {
+                                std::net::SocketAddr::from(std::net::SocketAddrV6::from(*v6))
+                            })
+                        })
+                });
+                (m.bytes, from, seg)
+            };
+            let Some(from) = from else { continue };
+            let seg = seg.unwrap_or(n.max(1));
+            if n > seg {
+                count.fetch_add(1, Ordering::Relaxed);
+            }
+            if n == 0 {
+                let _ = s.send_to(&[], from);
+            }
+            // Never cut short: split exactly where the kernel says.
+            for d in buf[..n].chunks(seg) {
+                let _ = s.send_to(d, from);
+            }
+        }
+    })?;
+    let addr = rx
+        .recv()
+        .map_err(|_| io::Error::other("server thread died"))??;
+    Ok(servers::Server::new(addr, batches, stop, handle))
 }
 
 /// Client-side checks used by the tests and the demo.

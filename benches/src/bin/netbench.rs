@@ -13,7 +13,9 @@
 //! * the phone profiles (`--phone` alone; [`kerntun_benches::phone`]): a
 //!   client routed through a forwarding namespace or local to the TUN, MTU
 //!   1500 and 9000, per-packet and batch drivers, each against the no-TUN
-//!   baseline of its topology, with the engine's system calls and wake-ups.
+//!   baseline of its topology, with the engine's system calls and wake-ups;
+//!   and their UDP part ([`kerntun_benches::phone_udp`], `--phone-udp-only`
+//!   alone): 1200-byte datagrams at full rate, both directions.
 //!
 //! It writes `docs/benchmarks/results.jsonl`, renders `docs/benchmarks.md`
 //! from those records and draws the chart with `benches/plot.py`.
@@ -49,6 +51,8 @@ use serde_json::Value;
 
 #[path = "netbench/phone.rs"]
 mod phone;
+#[path = "netbench/phone_udp.rs"]
+mod phone_udp;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -147,6 +151,23 @@ struct Args {
     /// What the page calls the `--phone-before` engine (a git revision).
     #[arg(long, default_value = "before")]
     phone_before_label: String,
+    /// Run only the phone profiles' UDP part (QUIC-shaped: 1200-byte
+    /// datagrams at full rate, router topology): every other record of
+    /// results.jsonl is kept, its UDP records replaced, the page re-rendered.
+    #[arg(long, conflicts_with_all = ["phone", "skip_phone"])]
+    phone_udp_only: bool,
+    /// Leave the UDP part out of the phone profiles.
+    #[arg(long, conflicts_with = "phone_udp_only")]
+    skip_phone_udp: bool,
+    /// MTUs of the UDP profiles.
+    #[arg(long, value_delimiter = ',', default_value = "1500")]
+    phone_udp_mtus: Vec<u16>,
+    /// Drivers of the UDP profiles (per-packet, batch); the baseline always runs.
+    #[arg(long, value_delimiter = ',', default_value = "per-packet,batch")]
+    phone_udp_drivers: Vec<String>,
+    /// iperf3 streams of the UDP profiles.
+    #[arg(long, value_delimiter = ',', default_value = "1")]
+    phone_udp_streams: Vec<u32>,
 }
 
 /// Gateway of the engine's TUN; the NAT address is the next one.
@@ -481,6 +502,9 @@ fn run(args: Args) -> Result<(), String> {
     meta.requested_connections = args.connections.clone();
     let cap = max_connections(nofile);
     let mut args = args;
+    // The UDP part alone is a phone run: nothing else is measured.
+    let udp_only = args.phone_udp_only;
+    args.phone |= udp_only;
     if args.connections.iter().any(|&n| n > cap) && !args.phone {
         eprintln!(
             "kerntun-netbench: RLIMIT_NOFILE is {nofile} and cannot be raised here; \
@@ -656,8 +680,11 @@ fn run(args: Args) -> Result<(), String> {
         records.push(Record::Integrity(i));
     }
 
-    if !ctx.args.skip_phone {
+    if !ctx.args.skip_phone && !udp_only {
         records.extend(phone::run(&mut ctx));
+    }
+    if !ctx.args.skip_phone && !ctx.args.skip_phone_udp {
+        records.extend(phone_udp::run(&mut ctx));
     }
 
     if !ctx.args.skip_scale {
@@ -701,7 +728,11 @@ fn run(args: Args) -> Result<(), String> {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
             Err(e) => return Err(format!("{}: {e}", data.display())),
         };
-        kerntun_benches::phone::replace(&mut kept, &records);
+        if udp_only {
+            kerntun_benches::phone_udp::replace(&mut kept, &records);
+        } else {
+            kerntun_benches::phone::replace(&mut kept, &records);
+        }
         kept
     } else {
         records.insert(0, Record::Meta(meta));
@@ -718,6 +749,7 @@ fn run(args: Args) -> Result<(), String> {
             Record::Scale(s) => s.error.is_some(),
             Record::Phone(r) => r.error.is_some(),
             Record::PhoneIntegrity(i) => !i.ok,
+            Record::PhoneUdp(r) => r.error.is_some(),
             _ => false,
         })
         .count();

@@ -327,6 +327,9 @@ impl Head {
     /// After a drain: a reader that found the device empty is about to
     /// sleep, so what it counted is published now.
     pub fn drained(&self, proc: &mut Processor, empty: bool) {
+        // Uplink datagrams gathered in this drain leave now (one GSO send
+        // per flow's run of datagrams, `udp::UdpTable::flush`).
+        proc.udp.flush(&mut proc.local);
         if empty {
             proc.local.commit(&self.stats, proc.now);
         }

@@ -1,5 +1,5 @@
 //! The only place in the crate where `unsafe` is allowed: adopting the
-//! device's descriptor, splice(2), Darwin's utun calls. Every block carries a `// SAFETY:` comment.
+//! device's descriptor, splice(2), batched UDP I/O, Darwin's utun calls. Every block carries a `// SAFETY:` comment.
 
 use std::io;
 use std::os::fd::OwnedFd;
@@ -25,6 +25,7 @@ pub fn async_device_from_owned(fd: OwnedFd) -> io::Result<tun_rs::AsyncDevice> {
     unsafe { tun_rs::AsyncDevice::from_fd(raw) }
 }
 
+#[cfg_attr(linux_like, allow(dead_code))]
 /// One `recvmsg(2)` into `buf` on a datagram socket: the length received
 /// and whether the datagram was longer than `buf` (`MSG_TRUNC` in the
 /// message flags, POSIX), so a caller can drop it instead of passing on a
@@ -134,3 +135,7 @@ pub fn raise_nofile(want: u64) -> io::Result<u64> {
     }
     Ok(target)
 }
+
+/// Batched UDP: GSO sends (`UDP_SEGMENT`) and `recvmmsg`.
+#[cfg(linux_like)]
+pub mod udp;

@@ -142,14 +142,14 @@ pub(super) fn run(ctx: &mut Ctx) -> Vec<Record> {
 
 /// Where a profile's client runs and how its traffic enters the TUN.
 #[derive(Debug, Clone)]
-struct Net<'a> {
+pub(super) struct Net<'a> {
     /// The client's namespace.
-    ns: String,
-    route: RouteIn<'a>,
+    pub(super) ns: String,
+    pub(super) route: RouteIn<'a>,
 }
 
 impl<'a> Net<'a> {
-    fn new(ctx: &Ctx, router: Option<&'a Router>, topo: Topo) -> Net<'a> {
+    pub(super) fn new(ctx: &Ctx, router: Option<&'a Router>, topo: Topo) -> Net<'a> {
         match (topo, router) {
             (Topo::Router, Some(r)) => Net {
                 ns: r.app.name().to_owned(),
@@ -164,7 +164,7 @@ impl<'a> Net<'a> {
     }
 }
 
-fn set_mtu(ctx: &Ctx, router: Option<&Router>, mtu: u16) -> std::io::Result<()> {
+pub(super) fn set_mtu(ctx: &Ctx, router: Option<&Router>, mtu: u16) -> std::io::Result<()> {
     match router {
         Some(r) => r.set_mtu(&ctx.topo, mtu),
         None => {
