@@ -798,8 +798,11 @@ fn before_after(p: &mut String, v: &View) {
         return;
     };
     let streams = v.streams();
-    let _ = writeln!(p, "### Before and after
-");
+    let _ = writeln!(
+        p,
+        "### Before and after
+"
+    );
     let _ = writeln!(
         p,
         "The engine at `{label}` (before) ran right after each run of the engine under test          (after), same profile, streams and direction, so each pair met the same load;          both against the same baseline run. At {} streams, before → after.
@@ -831,10 +834,9 @@ fn before_after(p: &mut String, v: &View) {
         )
     };
     for k in v.keys().into_iter().filter(|k| k.2.is_some()) {
-        if !streams
-            .iter()
-            .any(|&s| before(k, s, Direction::Upload).is_some() || before(k, s, Direction::Download).is_some())
-        {
+        if !streams.iter().any(|&s| {
+            before(k, s, Direction::Upload).is_some() || before(k, s, Direction::Download).is_some()
+        }) {
             continue;
         }
         for dir in [Direction::Upload, Direction::Download] {
@@ -1207,7 +1209,11 @@ mod tests {
             .split("### Before and after")
             .next()
             .expect("main part");
-        assert_eq!(main.matches("| router | 1500 | per-packet | upload |").count(), 1);
+        assert_eq!(
+            main.matches("| router | 1500 | per-packet | upload |")
+                .count(),
+            1
+        );
         assert!(main.contains("| 2.00 | 25 % |"), "{main}");
         // Without earlier runs there is no such part.
         let page = section(&records[..2]);

@@ -349,10 +349,34 @@ impl Budget {
             ("dns cache", self.memory.dns_cache),
             ("dns in flight", self.memory.dns_in_flight),
             ("udp queues", self.memory.udp_queues),
-            // One queue buffer and one reply buffer (with room for a
-            // proxy's framing) per flow.
-            ("udp flow buffers", self.udp_flows * (2 * mtu + 2 * 1024)),
+            // Per flow, the larger of a proxied flow's first queue buffer
+            // and reply buffer (with room for a proxy's framing) and a
+            // direct flow's reply batch while replies arrive.
+            (
+                "udp flow buffers",
+                self.udp_flows * (2 * mtu + 2 * 1024).max(self.udp_reply_bytes()),
+            ),
+            // Each runtime thread's spill area for replies longer than a
+            // batch slot (Linux/Android; 1 thread on mobile, 2 on desktop).
+            (
+                "udp reply spill",
+                match self.platform {
+                    Platform::Ios => 0,
+                    Platform::Android => UDP_REPLY_SPILL_BYTES,
+                    Platform::Desktop => 2 * UDP_REPLY_SPILL_BYTES,
+                },
+            ),
         ]
+    }
+
+    /// What a direct UDP flow's reply path holds while replies arrive: a
+    /// `recvmmsg` batch on Linux/Android, one buffer of the largest reply
+    /// passed on (16 KiB) on Darwin.
+    fn udp_reply_bytes(&self) -> usize {
+        match self.platform {
+            Platform::Ios => UDP_REPLY_BUFFER_DARWIN,
+            Platform::Android | Platform::Desktop => UDP_REPLY_BATCH_BYTES,
+        }
     }
 
     /// Admission permits at normal, elevated and critical pressure for
@@ -525,6 +549,19 @@ impl Pressure {
         self.decay().level(now)
     }
 }
+
+/// The most a direct UDP flow's reply path holds while replies arrive:
+/// one `recvmmsg` batch of 16 slots, each up to 2 KiB of payload behind
+/// room for the headers (`udp::reply_loop`; freed when the socket runs dry).
+pub const UDP_REPLY_BATCH_BYTES: usize = 16 * (2048 + 128);
+
+/// Darwin's reply buffer of a direct UDP flow: the largest reply passed on
+/// (16 KiB, sent as fragments) behind room for the headers.
+pub const UDP_REPLY_BUFFER_DARWIN: usize = 16 * 1024 + 128;
+
+/// A runtime thread's spill area for replies longer than a batch slot
+/// (16 slots of up to 16 KiB), touched only where such replies came.
+pub const UDP_REPLY_SPILL_BYTES: usize = 16 * 16 * 1024;
 
 /// Descriptors the engine holds apart from its sessions and UDP flows: the
 /// device, the listeners, the runtime's epoll and wakers, DNS upstreams
