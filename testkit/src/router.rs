@@ -88,9 +88,11 @@ impl Router {
         ] {
             topo.client.exec("sysctl", &["-qw", key])?;
         }
+        // `replace`: a router attached to the same topology before left
+        // this route behind (it lives in the server's namespace).
         topo.server.ip(&[
             "route",
-            "add",
+            "replace",
             &format!("10.233.{id}.0/24"),
             "via",
             &topo.client_v4().to_string(),
