@@ -805,10 +805,7 @@ fn before_after(p: &mut String, v: &View) {
         return;
     };
     let streams = v.streams();
-    let _ = writeln!(
-        p,
-        "### Before and after\n"
-    );
+    let _ = writeln!(p, "### Before and after\n");
     let _ = writeln!(
         p,
         "The engine at `{label}` (before) ran right after each run of the engine under test \
@@ -1211,7 +1208,9 @@ mod tests {
         assert!(page.contains("### Before and after"), "{page}");
         assert!(page.contains("`24b3908`"), "{page}");
         assert!(
-            page.contains("| router | 1500 | per-packet | upload | 12 % → 25 % | 4.25 → 1.50 | 0.50 → 0.50 |"),
+            page.contains(
+                "| router | 1500 | per-packet | upload | 12 % → 25 % | 4.25 → 1.50 | 0.50 → 0.50 |"
+            ),
             "{page}"
         );
         // One row per profile and direction in the main table: the earlier
