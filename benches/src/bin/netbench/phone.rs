@@ -225,7 +225,7 @@ fn before_run(
 ) -> Option<PhoneRun> {
     let before = ctx.args.phone_before.clone()?;
     let before = std::fs::canonicalize(&before).unwrap_or(before);
-    if !p.driver.is_some_and(|d| d != "batch") {
+    if p.driver.is_none_or(|d| d == "batch") {
         return None;
     }
     let current = std::mem::replace(&mut ctx.engine, before);
