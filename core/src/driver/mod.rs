@@ -310,7 +310,11 @@ impl Head {
             tokio::task::yield_now().await;
         }
         loop {
-            let armed = proc.has_state();
+            // Also armed while counts wait to be published: a drain that
+            // ended without finding the device empty (its last read took a
+            // packet) did not commit them, and the next packet may never
+            // come.
+            let armed = proc.has_state() || proc.local.is_dirty();
             tokio::select! {
                 biased;
                 _ = self.phase.wait_for(|p| *p >= Phase::Stopped) => return Ok(false),
@@ -319,7 +323,11 @@ impl Head {
                     proc.now = Instant::now();
                     return Ok(true);
                 }
-                _ = self.tick.tick(), if armed => proc.cleanup(Instant::now()),
+                _ = self.tick.tick(), if armed => {
+                    let now = Instant::now();
+                    proc.cleanup(now);
+                    proc.local.commit(&self.stats, now);
+                }
             }
         }
     }
