@@ -196,11 +196,18 @@ fn syn_flood_past_nat_budget_is_refused_and_counted() {
     assert_eq!(held.len(), 63, "64 entries minus the live flow");
     assert_eq!(refused, 237);
     // The driver commits its counters in batches; give it a moment.
-    wait_until("refusals counted", Duration::from_secs(2), || {
-        engine.stats().drop_count("nat_table_full") >= 237
+    // The driver commits its counters in batches; give it a moment. Each
+    // refusal is counted once: where the table holds only accepted entries
+    // the SYN finds it full (`nat_table_full`); where one entry is left
+    // from a connection the kernel never handed over, the SYN takes that
+    // entry's place and admission (64 permits) refuses it
+    // (`admission_refused`), as seen on a loaded machine.
+    let refusals = |s: &StatsSnapshot| s.drop_count("nat_table_full") + s.admission_refused;
+    wait_until("refusals counted", Duration::from_secs(3), || {
+        refusals(&engine.stats()) >= 237
     });
     let s = engine.stats();
-    assert_eq!(s.drop_count("nat_table_full"), 237, "{s:?}");
+    assert_eq!(refusals(&s), 237, "{s:?}");
     assert!(
         took < Duration::from_secs(10),
         "refusals are immediate: {took:?}"
