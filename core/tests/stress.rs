@@ -128,9 +128,17 @@ fn churn_50k_short_connections_then_back_to_idle() {
     );
     assert!(s.tcp_sessions_total >= TOTAL as u64, "{s:?}");
     // After the 1 s linger and a cleanup tick everything is released.
-    wait_until("NAT table drained", Duration::from_secs(15), || {
-        engine.stats().nat == Default::default()
-    });
+    let waited = Instant::now();
+    while engine.stats().nat != Default::default() && waited.elapsed() < Duration::from_secs(15) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let s = engine.stats();
+    assert_eq!(
+        s.nat,
+        Default::default(),
+        "NAT table drained within {:?}: {s:?}",
+        waited.elapsed()
+    );
     wait_until("sessions ended", Duration::from_secs(5), || {
         engine.stats().tcp_sessions_active == 0
     });
