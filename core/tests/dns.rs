@@ -208,7 +208,10 @@ fn malformed_packets_are_counted_drops() {
     resp[2] |= 0x80;
     s.send(&resp).expect("send");
     let mut buf = [0u8; 512];
-    assert!(s.recv(&mut buf).is_err(), "no answer to garbage");
+    assert!(
+        kerntun_testkit::uninterrupted(|| s.recv(&mut buf)).is_err(),
+        "no answer to garbage"
+    );
     rig.wait_for("malformed", 2, |s| s.dns.malformed);
     assert_eq!(srv.queries(), 0);
     // The service still answers afterwards.
@@ -287,7 +290,7 @@ fn fake_ip_answer_then_udp_through_socks5_names_the_domain() {
     for _ in 0..3 {
         u.send_to(b"hello fake", to).expect("send");
         let mut buf = [0u8; 64];
-        if let Ok((n, from)) = u.recv_from(&mut buf) {
+        if let Ok((n, from)) = kerntun_testkit::uninterrupted(|| u.recv_from(&mut buf)) {
             got = Some((buf[..n].to_vec(), from));
             break;
         }

@@ -308,7 +308,7 @@ fn reset_by_the_engine(connected: io::Result<TcpStream>) {
                 .expect("timeout");
             let _ = s.write_all(b"hello");
             let mut buf = [0u8; 64];
-            let r = s.read(&mut buf);
+            let r = kerntun_testkit::uninterrupted(|| s.read(&mut buf));
             assert!(
                 matches!(r, Ok(0))
                     || r.as_ref()
@@ -805,7 +805,8 @@ fn large_udp_replies_are_fragmented_and_oversize_ones_dropped_never_truncated() 
                 tx.send(s.local_addr().expect("addr")).expect("send addr");
                 let mut buf = [0u8; 64];
                 for _ in 0..4 {
-                    let Ok((n, from)) = s.recv_from(&mut buf) else {
+                    let Ok((n, from)) = kerntun_testkit::uninterrupted(|| s.recv_from(&mut buf))
+                    else {
                         return;
                     };
                     let size = match &buf[..n] {
@@ -828,13 +829,7 @@ fn large_udp_replies_are_fragmented_and_oversize_ones_dropped_never_truncated() 
         let mut buf = vec![0u8; 32 * 1024];
         let mut ask = |what: &[u8]| {
             app.send(what).expect("send");
-            // A signal can interrupt the wait (seen once under load): wait on.
-            loop {
-                match app.recv(&mut buf) {
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                    r => return r.map(|n| buf[..n].to_vec()),
-                }
-            }
+            kerntun_testkit::uninterrupted(|| app.recv(&mut buf)).map(|n| buf[..n].to_vec())
         };
         let pattern = kerntun_testkit::pattern;
         assert_eq!(ask(b"small").expect("a reply that fits"), pattern(7, 1000));
@@ -906,7 +901,7 @@ fn udp_bursts_round_trip_byte_exact_batched() {
                 s.send(d).expect("send");
             }
             for (i, want) in sent.iter().enumerate() {
-                let n = s.recv(&mut buf).unwrap_or_else(|e| {
+                let n = kerntun_testkit::uninterrupted(|| s.recv(&mut buf)).unwrap_or_else(|e| {
                     panic!(
                         "v6 {v6} {driver:?}: round {r}, datagram {i}: {e}; {:?}",
                         rig.engine.stats()

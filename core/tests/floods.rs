@@ -542,7 +542,7 @@ fn churn_resets_half_closes(stack: StackKind, platform: Platform) {
 fn round_trip(sock: &std::net::UdpSocket) -> io::Result<()> {
     sock.send(b"answered")?;
     let mut buf = [0u8; 16];
-    let n = sock.recv(&mut buf)?;
+    let n = kerntun_testkit::uninterrupted(|| sock.recv(&mut buf))?;
     if &buf[..n] != b"answered" {
         return Err(io::Error::other("bad echo"));
     }

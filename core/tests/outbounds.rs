@@ -316,7 +316,7 @@ fn read_banner(addr: SocketAddr) -> io::Result<Vec<u8>> {
     let mut got = Vec::new();
     let mut b = [0u8; 256];
     while got.len() < servers::BANNER.len() {
-        match s.read(&mut b) {
+        match kerntun_testkit::uninterrupted(|| s.read(&mut b)) {
             Ok(0) => break,
             Ok(n) => got.extend_from_slice(&b[..n]),
             Err(e) if got.is_empty() => return Err(e),

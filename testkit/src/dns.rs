@@ -216,7 +216,9 @@ fn serve_tcp(mut c: TcpStream, zone: &Zone, q: &AtomicU64, silent: &AtomicBool, 
             Err(e)
                 if matches!(
                     e.kind(),
-                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                    io::ErrorKind::WouldBlock
+                        | io::ErrorKind::TimedOut
+                        | io::ErrorKind::Interrupted
                 ) =>
             {
                 continue;
@@ -266,7 +268,7 @@ pub fn ask_udp(server: SocketAddr, query: &[u8], timeout: Duration) -> io::Resul
     s.set_read_timeout(Some(timeout))?;
     s.send(query)?;
     let mut buf = vec![0u8; 65_535];
-    match s.recv(&mut buf) {
+    match crate::uninterrupted(|| s.recv(&mut buf)) {
         Ok(n) => Message::from_vec(&buf[..n])
             .map(Some)
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string())),
@@ -424,7 +426,7 @@ fn socks_conn(
     c.read_exact(&mut methods)?;
     c.write_all(&[5, 0])?;
     let mut req = [0u8; 262];
-    let n = c.read(&mut req)?;
+    let n = crate::uninterrupted(|| c.read(&mut req))?;
     let (target, _) = socks_addr(req.get(3..n).unwrap_or_default())
         .ok_or_else(|| io::Error::other("bad request"))?;
     let reply = |port: u16| -> Vec<u8> {
@@ -457,7 +459,9 @@ fn socks_conn(
                     Err(e)
                         if matches!(
                             e.kind(),
-                            io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                            io::ErrorKind::WouldBlock
+                                | io::ErrorKind::TimedOut
+                                | io::ErrorKind::Interrupted
                         ) => {}
                     Err(e) => return Err(e),
                 }

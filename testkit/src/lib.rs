@@ -309,6 +309,21 @@ impl Topology {
     }
 }
 
+/// Run a blocking socket call again for as long as it fails with EINTR.
+///
+/// A call on a socket with a read timeout fails with EINTR when the process
+/// is stopped and continued, or a signal arrives, even under `SA_RESTART`
+/// (signal(7)); std's `read_exact` retries, `read`, `recv` and `accept` do
+/// not. Seen on CI as a datagram "lost" mid-test.
+pub fn uninterrupted<T>(mut call: impl FnMut() -> io::Result<T>) -> io::Result<T> {
+    loop {
+        match call() {
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            r => return r,
+        }
+    }
+}
+
 /// Deterministic test payload for stream `seed` (xorshift64, 8 bytes per step).
 pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
     let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
