@@ -316,13 +316,13 @@ impl NatTable {
         now_ms: u64,
     ) -> Result<Uplink, NatError> {
         let mut fwd = fshard.write();
-        // Entry being replaced: (port, generation, phase).
+        // The port of the entry being replaced.
         let mut replacing = None;
         if let Some(&port) = fwd.get(&pk) {
             let rev = self.reverse_shard(port).read();
             if let Some(m) = rev.get(&port).filter(|m| m.key == pk) {
                 if m.phase == Phase::Closing || m.isn != isn {
-                    replacing = Some((port, m.generation, m.phase));
+                    replacing = Some(port);
                 } else {
                     // Another thread's SYN won the race, or a retransmit.
                     m.touch(now_ms);
@@ -351,27 +351,25 @@ impl NatTable {
             self.errors.no_free_port.fetch_add(1, Relaxed);
             return Err(NatError::NoFreePort);
         };
-        if let Some((old, generation, phase)) = replacing {
+        if let Some(old) = replacing {
+            // The old entry may have changed phase since it was read above
+            // (its session ended: Closing; its accept came: Active, with a
+            // new generation), but not flow: only holders of this forward
+            // shard remove it. It goes whatever its phase, and is counted
+            // out of the phase it has now.
             let mut rev = self.reverse_shard(old).write();
             let removed = match rev.entry(old) {
-                MapEntry::Occupied(o) if o.get().generation == generation => {
-                    o.remove();
-                    true
-                }
-                _ => false,
+                MapEntry::Occupied(o) if o.get().key == pk => Some(o.remove().phase),
+                _ => None,
             };
-            if removed {
-                match phase {
-                    Phase::HalfOpen => self.half_open.fetch_sub(1, Relaxed),
-                    Phase::Active => self.active.fetch_sub(1, Relaxed),
-                    Phase::Closing => self.closing.fetch_sub(1, Relaxed),
-                };
-            } else {
-                // Cannot happen while we hold the forward shard (only
-                // forward-shard holders remove), but the budget must stay
-                // exact if it ever does: the new entry needs its own slot.
-                self.len.fetch_add(1, Relaxed);
-            }
+            match removed {
+                Some(Phase::HalfOpen) => self.half_open.fetch_sub(1, Relaxed),
+                Some(Phase::Active) => self.active.fetch_sub(1, Relaxed),
+                Some(Phase::Closing) => self.closing.fetch_sub(1, Relaxed),
+                // Cannot happen (see above), but the budget must stay exact
+                // if it ever does: the new entry needs its own slot.
+                None => self.len.fetch_add(1, Relaxed),
+            };
         }
         fwd.insert(pk, port);
         Ok(Uplink {
@@ -1881,6 +1879,57 @@ mod tests {
             }
         }
         shared_result
+    }
+
+    /// A SYN with a new ISN replaces its flow's entry while that entry
+    /// changes phase under it: the session ends (Active to Closing) or the
+    /// listener accepts (HalfOpen to Active, a new generation). Whichever
+    /// comes first, the old entry leaves both maps and the counters follow
+    /// the phase it had when it left (not the one the SYN first saw: a
+    /// 50,000-connection churn once left `active` at -1 and `closing` at 1).
+    #[test]
+    fn replacing_syn_racing_a_phase_change_keeps_the_counters() {
+        // Miri runs a few rounds (it explores interleavings of its own).
+        const ROUNDS: u32 = if cfg!(miri) { 4 } else { 3000 };
+        let (clock, t) = table(NatConfig::default());
+        let now = clock.now();
+        let key = flow(4000);
+        let barrier = Barrier::new(2);
+        for round in 0..ROUNDS {
+            let isn = round * 2;
+            let up = t.uplink(&key, Some(isn), now).unwrap();
+            // Even rounds race the session's end, odd ones the accept.
+            let accepted = if round % 2 == 0 {
+                Some(t.accept(up.port, now).unwrap())
+            } else {
+                None
+            };
+            thread::scope(|s| {
+                s.spawn(|| {
+                    barrier.wait();
+                    match accepted {
+                        Some(a) => {
+                            t.mark_closing(a.port, a.generation, now);
+                        }
+                        None => {
+                            let _ = t.accept(up.port, now);
+                        }
+                    }
+                });
+                s.spawn(|| {
+                    barrier.wait();
+                    let new = t.uplink(&key, Some(isn + 1), now).unwrap();
+                    assert!(new.created, "round {round}");
+                });
+            });
+            if let Err(e) = t.check_invariants() {
+                panic!("round {round}: {e}");
+            }
+            // Leave the table empty for the next round.
+            t.cleanup(now + 120 * SEC);
+            assert!(t.is_empty(), "round {round}: {:?}", t.counts());
+            clock.advance(Duration::from_millis(1));
+        }
     }
 
     /// 4 threads x 300 rounds on 40 ports with a budget of 38 (so budget and
