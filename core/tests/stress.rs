@@ -203,13 +203,14 @@ fn syn_flood_past_nat_budget_is_refused_and_counted() {
     let took = started.elapsed();
     assert_eq!(held.len(), 63, "64 entries minus the live flow");
     assert_eq!(refused, 237);
-    // The driver commits its counters in batches; give it a moment.
     // The driver commits its counters in batches; give it a moment. Each
     // refusal is counted once: where the table holds only accepted entries
-    // the SYN finds it full (`nat_table_full`); where one entry is left
-    // from a connection the kernel never handed over, the SYN takes that
-    // entry's place and admission (64 permits) refuses it
-    // (`admission_refused`), as seen on a loaded machine.
+    // the SYN finds it full (`nat_table_full`). On a loaded machine the
+    // last held connection's handshake can be complete in the kernel (its
+    // connect returned) but not yet accepted by the engine when the first
+    // refused SYN arrives: that SYN evicts its entry as unanswered
+    // (`accept_unknown_port` at its accept), takes the place and is refused
+    // by admission, whose 64 permits are held (`admission_refused`).
     let refusals = |s: &StatsSnapshot| s.drop_count("nat_table_full") + s.admission_refused;
     wait_until("refusals counted", Duration::from_secs(3), || {
         refusals(&engine.stats()) >= 237
