@@ -715,11 +715,7 @@ pub mod client {
         let mut got = 0usize;
         let mut buf = vec![0u8; 256 * 1024];
         while got < len {
-            let n = match s.read(&mut buf) {
-                Ok(n) => n,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => return Err(e),
-            };
+            let n = crate::uninterrupted(|| s.read(&mut buf))?;
             if n == 0 {
                 return Err(io::Error::other(format!("EOF after {got} of {len} bytes")));
             }
@@ -781,8 +777,7 @@ pub mod client {
             s.send(&msg)?;
             let mut sends = 1;
             loop {
-                match s.recv(&mut buf) {
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                match crate::uninterrupted(|| s.recv(&mut buf)) {
                     Ok(n) if buf[..n] == msg[..] => {
                         ok += 1;
                         break;
@@ -794,9 +789,7 @@ pub mod client {
                     Err(e)
                         if matches!(
                             e.kind(),
-                            io::ErrorKind::WouldBlock
-                                | io::ErrorKind::TimedOut
-                                | io::ErrorKind::Interrupted
+                            io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
                         ) =>
                     {
                         if sends == 3 {
