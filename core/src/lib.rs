@@ -2,14 +2,16 @@
 //!
 //! An app hands the engine a TUN device; the engine turns its packets back
 //! into TCP streams and UDP flows and relays them to outbounds chosen by
-//! rules. The modules are layers, listed in the order a packet meets them;
-//! imports never form a cycle (`scripts/check-layers.py` checks it in CI;
-//! docs/architecture.md draws the map):
+//! rules. This crate is the I/O shell around the sans-I/O core in
+//! `kerntun-proto` (packet views and rewrite, the system stack's NAT table
+//! and translation, sniffing, the DNS wire format; re-exported here as
+//! [`packet`], [`nat`], [`translate`]), which the compiler keeps pure (no
+//! runtime, sockets or clock in its dependencies). The modules here are
+//! layers, listed in the order a packet meets them; imports never form a
+//! cycle (`scripts/check-layers.py` checks it in CI; docs/architecture.md
+//! draws the map):
 //!
-//! * [`packet`], [`nat`], [`translate`], [`stats`]: pure and sans-I/O.
-//!   Zero-copy packet views with in-place NAT rewrite (RFC 1624 checksums),
-//!   the system stack's NAT table, the per-packet TCP step, the counters.
-//!   Time is passed in; no descriptors.
+//! * [`stats`]: the counters (relaxed atomics, driver-local batches).
 //! * `driver`: one task reads the TUN (per-packet, Linux GRO/GSO or Darwin
 //!   `recvmsg_x`) and hands every packet to one processing step.
 //! * `stack`: the two TCP stacks behind one entry, the system netstack
@@ -18,7 +20,7 @@
 //! * `dispatch`: connect-first admission of a new flow and the sessions that
 //!   serve it, written once for both stacks.
 //! * [`outbound`], [`rules`], [`dns`], [`sniff`]: where flows go; `dnswire`
-//!   is the DNS wire format the DNS service and the proxy-name resolver share.
+//!   reads DNS over TCP for the DNS service and the proxy-name resolver.
 //! * [`relay`]: moving bytes between the app's side and the outbound
 //!   (splice on Linux/Android, a userspace copy elsewhere).
 //! * [`tun`]: the device, one file per OS; `sys`: the only `unsafe`.
@@ -50,9 +52,9 @@ pub mod bench {
     pub use crate::stack::smoltcp::bench as smol;
 }
 mod lifecycle;
-pub mod nat;
+pub use kerntun_proto::nat;
 pub mod outbound;
-pub mod packet;
+pub use kerntun_proto::packet;
 pub mod relay;
 pub mod rules;
 pub mod sniff;
@@ -60,7 +62,7 @@ mod stack;
 pub mod stats;
 #[allow(unsafe_code)]
 mod sys;
-pub mod translate;
+pub use kerntun_proto::translate;
 pub mod tun;
 mod udp;
 

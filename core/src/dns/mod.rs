@@ -659,7 +659,7 @@ mod tests {
         });
         let stats = Stats::default();
         let rt = rt();
-        let q = msg::tests::query("www.example.com.", RecordType::A, 3);
+        let q = msg::testutil::query("www.example.com.", RecordType::A, 3);
         let r =
             Message::from_vec(&rt.block_on(d.answer(&q, &stats)).expect("answer")).expect("decode");
         let hickory_proto::rr::RData::A(a) = &r.answers[0].data else {
@@ -671,14 +671,14 @@ mod tests {
             Some("www.example.com")
         );
         // AAAA without a v6 pool: empty NOERROR.
-        let q6 = msg::tests::query("www.example.com.", RecordType::AAAA, 4);
+        let q6 = msg::testutil::query("www.example.com.", RecordType::AAAA, 4);
         let r6 = Message::from_vec(&rt.block_on(d.answer(&q6, &stats)).expect("answer"))
             .expect("decode");
         assert!(r6.answers.is_empty());
         assert_eq!(r6.metadata.response_code, ResponseCode::NoError);
         // Filtered (a subdomain of the filter): forwarded, and the dead
         // upstream makes it a SERVFAIL with the query's ID.
-        let qf = msg::tests::query("x.real.test.", RecordType::A, 5);
+        let qf = msg::testutil::query("x.real.test.", RecordType::A, 5);
         let t0 = Instant::now();
         let rf = Message::from_vec(&rt.block_on(d.answer(&qf, &stats)).expect("answer"))
             .expect("decode");
@@ -712,7 +712,7 @@ mod tests {
             let mut buf = vec![0u8; 2048];
             while let Ok((n, from)) = sock.recv_from(&mut buf).await {
                 counter.fetch_add(1, Relaxed);
-                let reply = msg::tests::answer_a(&buf[..n], [192, 0, 2, 1], 60)
+                let reply = msg::testutil::answer_a(&buf[..n], [192, 0, 2, 1], 60)
                     .to_vec()
                     .expect("encode");
                 let sock = sock.clone();
@@ -742,7 +742,7 @@ mod tests {
             for id in 0..20u16 {
                 let (d, stats) = (d.clone(), stats.clone());
                 set.spawn(async move {
-                    let q = msg::tests::query("same.test.", RecordType::A, 1000 + id);
+                    let q = msg::testutil::query("same.test.", RecordType::A, 1000 + id);
                     let r = d.answer(&q, &stats).await.expect("answered");
                     (id, Message::from_vec(&r).expect("decode"))
                 });
@@ -756,7 +756,7 @@ mod tests {
             assert_eq!(asked.load(Relaxed), 1, "one upstream query for 20 askers");
             assert!(d.pending.lock().is_empty(), "nothing left in flight");
             // Later askers are answered from the cache.
-            let q = msg::tests::query("same.test.", RecordType::A, 7);
+            let q = msg::testutil::query("same.test.", RecordType::A, 7);
             assert!(d.answer(&q, &stats).await.is_some());
             assert_eq!(asked.load(Relaxed), 1);
             assert_eq!(stats.dns.cache_hits.load(Relaxed), 1);
@@ -781,12 +781,12 @@ mod tests {
             let first = {
                 let (d, stats) = (d.clone(), stats.clone());
                 tokio::spawn(async move {
-                    let q = msg::tests::query("one.test.", RecordType::A, 1);
+                    let q = msg::testutil::query("one.test.", RecordType::A, 1);
                     d.answer(&q, &stats).await
                 })
             };
             tokio::time::sleep(Duration::from_millis(50)).await;
-            let q = msg::tests::query("two.test.", RecordType::A, 2);
+            let q = msg::testutil::query("two.test.", RecordType::A, 2);
             assert_eq!(d.answer(&q, &stats).await, None, "no room: dropped");
             assert_eq!(stats.snapshot().drop_count("dns_queue_full"), 1);
             assert!(
@@ -795,7 +795,7 @@ mod tests {
             );
             assert_eq!(asked.load(Relaxed), 1);
             assert_eq!(d.in_flight().used(), 0, "charges released");
-            let q = msg::tests::query("two.test.", RecordType::A, 3);
+            let q = msg::testutil::query("two.test.", RecordType::A, 3);
             assert!(d.answer(&q, &stats).await.is_some(), "room again");
         });
     }
@@ -815,7 +815,7 @@ mod tests {
             let ask = |i: u16| {
                 let (d, stats) = (&d, &stats);
                 async move {
-                    let q = msg::tests::query(&format!("n{i}.test."), RecordType::A, i);
+                    let q = msg::testutil::query(&format!("n{i}.test."), RecordType::A, i);
                     assert!(d.answer(&q, stats).await.is_some(), "answer {i}");
                 }
             };
@@ -850,7 +850,7 @@ mod tests {
                 let mut ids = Vec::new();
                 let mut wire = Vec::new();
                 for id in [11u16, 12] {
-                    let q = msg::tests::query("t.test.", RecordType::A, id);
+                    let q = msg::testutil::query("t.test.", RecordType::A, id);
                     wire.extend_from_slice(&crate::dnswire::length_prefixed(&q).expect("frame"));
                 }
                 // Both queries in one write: the server must split frames.

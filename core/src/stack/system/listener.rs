@@ -295,7 +295,8 @@ mod tests {
     #[test]
     fn the_idle_watch_costs_a_timer_per_session() {
         use crate::budget::Admission;
-        use crate::nat::{FlowKey, NatConfig, NatTable, SystemClock};
+        use crate::nat::{FlowKey, NatConfig, NatTable};
+        use crate::stack::system::SystemClock;
         let t = Arc::new(NatTable::new(NatConfig::default(), Arc::new(SystemClock)));
         let now = Instant::now();
         let key = FlowKey::new(

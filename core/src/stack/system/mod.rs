@@ -277,6 +277,17 @@ impl SystemStack {
     }
 }
 
+/// The real clock, which the NAT table reads only when a session's guard
+/// drops (`kerntun_proto::nat::Clock`; the table itself reads none).
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct SystemClock;
+
+impl crate::nat::Clock for SystemClock {
+    fn now(&self) -> Instant {
+        Instant::now()
+    }
+}
+
 /// A new flow as the system stack tracks it until the kernel accepts it.
 #[derive(Debug, Clone, Copy)]
 struct Flow {

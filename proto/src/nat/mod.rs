@@ -72,7 +72,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Mutex, RwLock};
 
-pub use clock::{Clock, ManualClock, SystemClock};
+pub use clock::{Clock, ManualClock};
 pub use guard::NatGuard;
 use key::{KeyedBuild, PackedKey, shard_index};
 use shard::{ErrorCounters, ForwardShard, Mapping, Phase, ReverseShard, Shard};

@@ -12,9 +12,9 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use ipnet::IpNet;
 use std::time::Instant;
 
+use crate::drops::EngineDrop;
 use crate::nat::{FlowKey, NatError, NatTable, Uplink};
 use crate::packet::{self, IpInfo, Reject, TcpInfo};
-use crate::stats::EngineDrop;
 
 /// Gateway, NAT address and listener port of one address family.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -5,7 +5,7 @@ use std::net::Ipv4Addr;
 use super::{DEFAULT_TTL, IpInfo, Reject, checksum};
 
 /// Field offsets of the fixed IPv4 header (RFC 791 3.1, figure 4).
-pub(crate) mod field {
+pub mod field {
     use std::ops::Range;
 
     /// Version (high nibble) and IHL in 32-bit words (low nibble).
@@ -209,7 +209,7 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Ipv4Packet<T> {
 /// TOS 0, identification 0 with DF set (RFC 6864 4.1 allows any ID on
 /// atomic datagrams), TTL [`DEFAULT_TTL`], and a fresh checksum.
 /// `payload_len` must be at most 65515 (the caller checks).
-pub(crate) fn emit_header(
+pub fn emit_header(
     hdr: &mut [u8; HEADER_LEN],
     src: Ipv4Addr,
     dst: Ipv4Addr,
@@ -231,7 +231,7 @@ pub(crate) fn emit_header(
 
 /// IPv4 half of [`super::parse_ip`].
 #[inline]
-pub(crate) fn parse(buf: &[u8]) -> Result<IpInfo, Reject> {
+pub fn parse(buf: &[u8]) -> Result<IpInfo, Reject> {
     let p = Ipv4Packet::new_checked(buf)?;
     if p.is_fragment() {
         return Err(Reject::Ipv4Fragment);

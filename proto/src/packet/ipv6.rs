@@ -5,7 +5,7 @@ use std::net::Ipv6Addr;
 use super::{DEFAULT_TTL, IpInfo, Reject};
 
 /// Field offsets of the fixed IPv6 header (RFC 8200 3).
-pub(crate) mod field {
+pub mod field {
     use std::ops::Range;
 
     /// Version (4 bits), traffic class (8), flow label (20).
@@ -190,7 +190,7 @@ pub fn walk_extension_headers(pkt: &[u8], first: u8) -> Result<(u8, usize), Reje
 
 /// Writes a 40-byte header for a locally originated packet: traffic class
 /// and flow label 0, hop limit [`DEFAULT_TTL`], no extension headers.
-pub(crate) fn emit_header(
+pub fn emit_header(
     hdr: &mut [u8; HEADER_LEN],
     src: &Ipv6Addr,
     dst: &Ipv6Addr,
@@ -208,7 +208,7 @@ pub(crate) fn emit_header(
 
 /// IPv6 half of [`super::parse_ip`].
 #[inline]
-pub(crate) fn parse(buf: &[u8]) -> Result<IpInfo, Reject> {
+pub fn parse(buf: &[u8]) -> Result<IpInfo, Reject> {
     let p = Ipv6Packet::new_checked(buf)?;
     let len = p.total_len();
     // RFC 2675: a jumbogram has payload length 0 and its real length in a

@@ -1,7 +1,12 @@
 //! Test-only packet builders with an independent, byte-at-a-time reference
 //! checksum (RFC 1071 in its plainest form), so tests compare the packet
 //! layer against code that shares nothing with it.
-#![allow(clippy::unwrap_used, clippy::too_many_arguments)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::too_many_arguments,
+    clippy::len_without_is_empty,
+    missing_debug_implementations
+)]
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 

@@ -12,20 +12,20 @@ use hickory_proto::rr::{DNSClass, Name, RData, Record, RecordType};
 
 /// Longest cache lifetime given to any answer (a day): an upstream's
 /// week-long TTL should not pin a stale address for the engine's life.
-pub(crate) const MAX_TTL: u32 = 86_400;
+pub const MAX_TTL: u32 = 86_400;
 /// Longest lifetime of a negative answer (RFC 2308 section 5 suggests one to
 /// three hours as a cap; five minutes keeps a freshly created name from
 /// staying invisible for long on a phone).
-pub(crate) const MAX_NEG_TTL: u32 = 300;
+pub const MAX_NEG_TTL: u32 = 300;
 /// EDNS payload size kerntun advertises in its own answers (the DNS Flag Day
 /// 2020 value, fits every path MTU in practice).
-pub(crate) const EDNS_PAYLOAD: u16 = 1232;
+pub const EDNS_PAYLOAD: u16 = 1232;
 /// Plain DNS over UDP without EDNS (RFC 1035 section 4.2.1).
-pub(crate) const UDP_PLAIN_MAX: usize = 512;
+pub const UDP_PLAIN_MAX: usize = 512;
 
 /// A hijacked packet, looked at.
 #[derive(Debug)]
-pub(crate) enum Incoming {
+pub enum Incoming {
     /// A standard query with exactly one question.
     Query(Box<Message>),
     /// A query kerntun answers without asking anyone (FORMERR for a count of
@@ -35,7 +35,7 @@ pub(crate) enum Incoming {
 
 /// Look at a hijacked packet. `None`: not a DNS query at all (undecodable,
 /// or a response), which the caller counts as malformed and drops.
-pub(crate) fn parse_query(buf: &[u8]) -> Option<Incoming> {
+pub fn parse_query(buf: &[u8]) -> Option<Incoming> {
     let msg = Message::from_vec(buf).ok()?;
     if msg.metadata.message_type != MessageType::Query {
         return None;
@@ -57,14 +57,14 @@ fn refusal(q: &Message, code: ResponseCode) -> Vec<u8> {
 }
 
 /// The one question of a validated query.
-pub(crate) fn question(q: &Message) -> Option<&Query> {
+pub fn question(q: &Message) -> Option<&Query> {
     q.queries.first()
 }
 
 /// A reply skeleton for `q`: its ID, question and RD bit; EDNS when the
 /// query spoke EDNS (RFC 6891 section 6.1.1: a responder answers an OPT
 /// with an OPT).
-pub(crate) fn reply_to(q: &Message, code: ResponseCode) -> Message {
+pub fn reply_to(q: &Message, code: ResponseCode) -> Message {
     let mut r = Message::response(q.metadata.id, OpCode::Query);
     r.metadata.recursion_desired = q.metadata.recursion_desired;
     r.metadata.recursion_available = true;
@@ -79,13 +79,13 @@ pub(crate) fn reply_to(q: &Message, code: ResponseCode) -> Message {
 }
 
 /// SERVFAIL for `q`.
-pub(crate) fn servfail(q: &Message) -> Vec<u8> {
+pub fn servfail(q: &Message) -> Vec<u8> {
     encode(&reply_to(q, ResponseCode::ServFail))
 }
 
 /// Encode, falling back to a header-only SERVFAIL if the message cannot be
 /// written (a name hickory refuses to emit), so a client never hears nothing.
-pub(crate) fn encode(m: &Message) -> Vec<u8> {
+pub fn encode(m: &Message) -> Vec<u8> {
     match m.to_vec() {
         Ok(v) => v,
         Err(_) => {
@@ -98,7 +98,7 @@ pub(crate) fn encode(m: &Message) -> Vec<u8> {
 
 /// A fake-ip answer: one A/AAAA record with `ttl`, or an empty NOERROR
 /// (`addr` = `None`, e.g. AAAA without an IPv6 pool).
-pub(crate) fn fake_answer(q: &Message, addr: Option<IpAddr>, ttl: u32) -> Vec<u8> {
+pub fn fake_answer(q: &Message, addr: Option<IpAddr>, ttl: u32) -> Vec<u8> {
     let mut r = reply_to(q, ResponseCode::NoError);
     if let (Some(a), Some(qq)) = (addr, question(q)) {
         let data = match a {
@@ -113,7 +113,7 @@ pub(crate) fn fake_answer(q: &Message, addr: Option<IpAddr>, ttl: u32) -> Vec<u8
 
 /// The lower-cased, dot-terminated text of a query name (cache key and
 /// fake-ip domain).
-pub(crate) fn key_name(n: &Name) -> String {
+pub fn key_name(n: &Name) -> String {
     let mut s = n.to_lowercase().to_ascii();
     if !s.ends_with('.') {
         s.push('.');
@@ -123,13 +123,13 @@ pub(crate) fn key_name(n: &Name) -> String {
 
 /// Whether `raw` looks like the reply to query ID `id` (cheap check before a
 /// full decode; stray or spoofed datagrams fail it).
-pub(crate) fn id_matches(raw: &[u8], id: u16) -> bool {
+pub fn id_matches(raw: &[u8], id: u16) -> bool {
     raw.len() >= 12 && u16::from_be_bytes([raw[0], raw[1]]) == id && raw[2] & 0x80 != 0
 }
 
 /// Why an upstream's reply is not used.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum BadReply {
+pub enum BadReply {
     /// Not decodable, or not a response to our question.
     Mismatch,
     /// SERVFAIL or REFUSED: the next upstream may do better.
@@ -139,7 +139,7 @@ pub(crate) enum BadReply {
 }
 
 /// Decode an upstream's reply and check it answers `q`.
-pub(crate) fn check_reply(raw: &[u8], id: u16, q: &Query) -> Result<Message, BadReply> {
+pub fn check_reply(raw: &[u8], id: u16, q: &Query) -> Result<Message, BadReply> {
     let m = Message::from_vec(raw).map_err(|_| BadReply::Mismatch)?;
     if m.metadata.id != id || m.metadata.message_type != MessageType::Response {
         return Err(BadReply::Mismatch);
@@ -167,7 +167,7 @@ pub(crate) fn check_reply(raw: &[u8], id: u16, q: &Query) -> Result<Message, Bad
 /// negative TTL (RFC 2308 section 5: min of the SOA record's TTL and its
 /// MINIMUM field). `None`: not cacheable (other codes, a TTL of 0, a
 /// negative answer without SOA).
-pub(crate) fn cache_ttl(m: &Message) -> Option<u32> {
+pub fn cache_ttl(m: &Message) -> Option<u32> {
     let code = m.metadata.response_code;
     if code != ResponseCode::NoError && code != ResponseCode::NXDomain {
         return None;
@@ -189,7 +189,7 @@ pub(crate) fn cache_ttl(m: &Message) -> Option<u32> {
 /// A cached reply made into the answer to `q`: the query's ID and question
 /// (its letter case, which some stub resolvers check), TTLs reduced by the
 /// seconds the entry has spent in the cache.
-pub(crate) fn from_cache(cached: &Message, q: &Message, elapsed: u32) -> Vec<u8> {
+pub fn from_cache(cached: &Message, q: &Message, elapsed: u32) -> Vec<u8> {
     let mut r = cached.clone();
     r.metadata.id = q.metadata.id;
     r.metadata.recursion_desired = q.metadata.recursion_desired;
@@ -206,7 +206,7 @@ pub(crate) fn from_cache(cached: &Message, q: &Message, elapsed: u32) -> Vec<u8>
 }
 
 /// The addresses in a reply's answer section of the family asked for.
-pub(crate) fn addresses(m: &Message, v6: bool) -> impl Iterator<Item = IpAddr> + '_ {
+pub fn addresses(m: &Message, v6: bool) -> impl Iterator<Item = IpAddr> + '_ {
     m.answers.iter().filter_map(move |r| match &r.data {
         RData::A(a) if !v6 => Some(IpAddr::V4(a.0)),
         RData::AAAA(a) if v6 => Some(IpAddr::V6(a.0)),
@@ -215,7 +215,7 @@ pub(crate) fn addresses(m: &Message, v6: bool) -> impl Iterator<Item = IpAddr> +
 }
 
 /// A standard recursive query for `name` (A or AAAA) with a random ID.
-pub(crate) fn build_query(name: &str, v6: bool) -> Option<Message> {
+pub fn build_query(name: &str, v6: bool) -> Option<Message> {
     let name = Name::from_ascii(name).ok()?;
     let mut name = name;
     name.set_fqdn(true);
@@ -229,7 +229,7 @@ pub(crate) fn build_query(name: &str, v6: bool) -> Option<Message> {
 
 /// The largest reply a UDP client can take: its EDNS payload size, else 512
 /// bytes.
-pub(crate) fn udp_limit(q: &Message) -> usize {
+pub fn udp_limit(q: &Message) -> usize {
     match &q.edns {
         Some(e) => usize::from(e.max_payload()).max(UDP_PLAIN_MAX),
         None => UDP_PLAIN_MAX,
@@ -239,13 +239,13 @@ pub(crate) fn udp_limit(q: &Message) -> usize {
 /// A reply too long for the client's UDP limit, cut to its header, question
 /// and OPT with TC set (RFC 1035 section 4.2.1; RFC 7766: the client then
 /// asks over TCP).
-pub(crate) fn truncate(raw: &[u8]) -> Option<Vec<u8>> {
+pub fn truncate(raw: &[u8]) -> Option<Vec<u8>> {
     let m = Message::from_vec(raw).ok()?;
     m.truncate().to_vec().ok()
 }
 
 /// Whether a query type is answered from the fake-ip pool.
-pub(crate) fn is_address_query(q: &Query) -> Option<bool> {
+pub fn is_address_query(q: &Query) -> Option<bool> {
     if q.query_class != DNSClass::IN {
         return None;
     }
@@ -256,12 +256,14 @@ pub(crate) fn is_address_query(q: &Query) -> Option<bool> {
     }
 }
 
-#[cfg(test)]
-pub(crate) mod tests {
+/// Test-only message builders, for this crate's tests and the engine's.
+#[cfg(any(test, feature = "testutil"))]
+#[doc(hidden)]
+#[allow(clippy::unwrap_used)]
+pub mod testutil {
     use super::*;
-    use hickory_proto::rr::rdata::SOA;
 
-    pub(crate) fn query(name: &str, t: RecordType, id: u16) -> Vec<u8> {
+    pub fn query(name: &str, t: RecordType, id: u16) -> Vec<u8> {
         let mut m = Message::new(id, MessageType::Query, OpCode::Query);
         m.metadata.recursion_desired = true;
         m.queries
@@ -269,7 +271,7 @@ pub(crate) mod tests {
         m.to_vec().expect("encode")
     }
 
-    pub(crate) fn answer_a(q: &[u8], addr: [u8; 4], ttl: u32) -> Message {
+    pub fn answer_a(q: &[u8], addr: [u8; 4], ttl: u32) -> Message {
         let Some(Incoming::Query(q)) = parse_query(q) else {
             panic!("query")
         };
@@ -281,6 +283,13 @@ pub(crate) mod tests {
         ));
         r
     }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::testutil::*;
+    use super::*;
+    use hickory_proto::rr::rdata::SOA;
 
     #[test]
     fn queries_and_non_queries() {

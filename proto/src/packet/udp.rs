@@ -7,7 +7,7 @@ use super::checksum::{self, nonzero};
 use super::{IpInfo, Reject, ipv4, ipv6, protocol};
 
 /// Field offsets of the UDP header (RFC 768).
-pub(crate) mod field {
+pub mod field {
     use std::ops::Range;
 
     pub const SRC_PORT: Range<usize> = 0..2;

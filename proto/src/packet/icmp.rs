@@ -6,7 +6,7 @@ use super::{DEFAULT_TTL, IpInfo, Reject, ipv4, ipv6, protocol};
 
 /// Field offsets of an echo request/reply, identical in ICMP (RFC 792) and
 /// ICMPv6 (RFC 4443 4.1).
-pub(crate) mod field {
+pub mod field {
     use std::ops::Range;
 
     pub const TYPE: usize = 0;

@@ -2,7 +2,8 @@
 //!
 //! The table itself is sans-clock: every hot-path call takes `now`. The only
 //! place it reads a clock is [`NatGuard`](super::NatGuard)'s `Drop`, which has
-//! no caller to pass `now` in, so the table owns an `Arc<dyn Clock>`.
+//! no caller to pass `now` in, so the table owns an `Arc<dyn Clock>`. The
+//! real clock is the engine's to give (this crate reads none).
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -12,16 +13,6 @@ use std::time::{Duration, Instant};
 pub trait Clock: Send + Sync + 'static {
     /// The current instant.
     fn now(&self) -> Instant;
-}
-
-/// The real clock: [`Instant::now`].
-#[derive(Debug, Clone, Copy, Default)]
-pub struct SystemClock;
-
-impl Clock for SystemClock {
-    fn now(&self) -> Instant {
-        Instant::now()
-    }
 }
 
 /// A clock that only moves when told to: deterministic tests of timeouts,
@@ -34,7 +25,9 @@ pub struct ManualClock {
 }
 
 impl ManualClock {
-    /// A clock standing at the current real instant.
+    /// A clock standing at the current real instant (the one reading of the
+    /// real clock in this crate: a test's starting point).
+    #[allow(clippy::disallowed_methods)]
     pub fn new() -> Self {
         Self::starting_at(Instant::now())
     }

@@ -27,8 +27,9 @@ pub mod ipv6;
 pub mod tcp;
 pub mod udp;
 
-#[cfg(test)]
-pub(crate) mod testutil;
+#[cfg(any(test, feature = "testutil"))]
+#[doc(hidden)]
+pub mod testutil;
 
 pub use icmp::echo_reply_in_place;
 pub use ipv4::Ipv4Packet;

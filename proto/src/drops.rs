@@ -1,0 +1,147 @@
+//! What the engine counts when it drops a packet or refuses a flow: one name
+//! per cause, shared by the pure layers that decide it (the system stack's
+//! translation, reassembly) and the engine's statistics, which count it.
+
+/// Drops decided by the engine (parse rejections are counted by [`Reject`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum EngineDrop {
+    /// A downlink packet whose NAT port has no mapping (never forwarded with a wrong tuple).
+    NoMapping,
+    /// A non-SYN uplink segment for a flow the table does not know.
+    StrayTcp,
+    /// NAT entry budget exhausted.
+    NatTableFull,
+    /// No free NAT port within the probe bound.
+    NatNoFreePort,
+    /// A SYN retransmit while the outbound connect is still in progress.
+    SynWhileConnecting,
+    /// ICMP other than an echo request to the gateway.
+    IcmpUnhandled,
+    /// A packet of an address family the engine has no address for.
+    FamilyDisabled,
+    /// UDP datagram dropped because the flow's socket buffer was full.
+    UdpSendFull,
+    /// UDP datagram that could not be sent (socket error).
+    UdpSendError,
+    /// UDP datagram refused by the rules.
+    UdpRejected,
+    /// UDP flow could not be opened (socket/protect/bind failure).
+    UdpOpenFailed,
+    /// A batched read that failed as a whole (e.g. too many GSO segments).
+    TunReadBatch,
+    /// A packet the TUN refused to take.
+    TunWrite,
+    /// A proxied UDP flow's bounded queue was full, or the UDP queue byte
+    /// budget had no room for another buffer (proxy slow or still
+    /// handshaking).
+    UdpQueueFull,
+    /// A datagram from a proxy that did not decode (bad header, tag,
+    /// fragment, or a source other than the flow's server), or too long for
+    /// one TUN packet.
+    UdpProxyReply,
+    /// A hijacked DNS query, or an upstream exchange for one, found the DNS
+    /// in-flight byte budget spent.
+    DnsQueueFull,
+    /// A flow to a fake-ip address that stands for no domain (never handed
+    /// out, or its domain was evicted): TCP gets an RST, UDP is dropped.
+    FakeIpUnknown,
+    /// A connection between its SYN and the end of its handshake (connect
+    /// in flight, or SYN handed over and never completed) evicted, oldest
+    /// first, to make room for a newer one: a SYN flood recycles its own
+    /// half-open connections instead of locking out the next one.
+    HalfOpenEvicted,
+    /// A connection whose app never completed the handshake within the
+    /// handshake timeout: its outbound is closed.
+    HandshakeTimeout,
+    /// A reply datagram larger than the engine fragments
+    /// (`udp::FRAGMENTED_REPLY_MAX`): dropped, never passed on truncated.
+    UdpReplyTooBig,
+    /// An IP fragment overlapping one already held: its datagram is
+    /// discarded (`packet::frag`).
+    FragOverlap,
+    /// An exact or contained copy of a fragment already held.
+    FragDuplicate,
+    /// A malformed fragment: not a multiple of 8 bytes before the last,
+    /// past 65535 bytes, a first fragment without the UDP header, lengths
+    /// that disagree, not UDP.
+    FragMalformed,
+    /// A datagram in reassembly discarded for the memory bounds (its own
+    /// size, or evicted for a newer one).
+    FragNoRoom,
+    /// A datagram that did not complete within the reassembly timeout.
+    FragTimeout,
+}
+
+impl EngineDrop {
+    /// The counter of a reassembly discard.
+    pub fn of_frag(d: crate::packet::frag::FragDrop) -> Self {
+        use crate::packet::frag::FragDrop;
+        match d {
+            FragDrop::Overlap => EngineDrop::FragOverlap,
+            FragDrop::Duplicate => EngineDrop::FragDuplicate,
+            FragDrop::Malformed => EngineDrop::FragMalformed,
+            FragDrop::NoRoom => EngineDrop::FragNoRoom,
+            FragDrop::Timeout => EngineDrop::FragTimeout,
+        }
+    }
+
+    pub const COUNT: usize = 25;
+    pub const ALL: [EngineDrop; Self::COUNT] = [
+        EngineDrop::NoMapping,
+        EngineDrop::StrayTcp,
+        EngineDrop::NatTableFull,
+        EngineDrop::NatNoFreePort,
+        EngineDrop::SynWhileConnecting,
+        EngineDrop::IcmpUnhandled,
+        EngineDrop::FamilyDisabled,
+        EngineDrop::UdpSendFull,
+        EngineDrop::UdpSendError,
+        EngineDrop::UdpRejected,
+        EngineDrop::UdpOpenFailed,
+        EngineDrop::TunReadBatch,
+        EngineDrop::TunWrite,
+        EngineDrop::UdpQueueFull,
+        EngineDrop::UdpProxyReply,
+        EngineDrop::DnsQueueFull,
+        EngineDrop::FakeIpUnknown,
+        EngineDrop::HalfOpenEvicted,
+        EngineDrop::HandshakeTimeout,
+        EngineDrop::UdpReplyTooBig,
+        EngineDrop::FragOverlap,
+        EngineDrop::FragDuplicate,
+        EngineDrop::FragMalformed,
+        EngineDrop::FragNoRoom,
+        EngineDrop::FragTimeout,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EngineDrop::NoMapping => "no_mapping",
+            EngineDrop::StrayTcp => "stray_tcp",
+            EngineDrop::NatTableFull => "nat_table_full",
+            EngineDrop::NatNoFreePort => "nat_no_free_port",
+            EngineDrop::SynWhileConnecting => "syn_while_connecting",
+            EngineDrop::IcmpUnhandled => "icmp_unhandled",
+            EngineDrop::FamilyDisabled => "family_disabled",
+            EngineDrop::UdpSendFull => "udp_send_full",
+            EngineDrop::UdpSendError => "udp_send_error",
+            EngineDrop::UdpRejected => "udp_rejected",
+            EngineDrop::UdpOpenFailed => "udp_open_failed",
+            EngineDrop::TunReadBatch => "tun_read_batch",
+            EngineDrop::TunWrite => "tun_write",
+            EngineDrop::UdpQueueFull => "udp_queue_full",
+            EngineDrop::UdpProxyReply => "udp_proxy_reply",
+            EngineDrop::DnsQueueFull => "dns_queue_full",
+            EngineDrop::FakeIpUnknown => "fake_ip_unknown",
+            EngineDrop::HalfOpenEvicted => "half_open_evicted",
+            EngineDrop::HandshakeTimeout => "handshake_timeout",
+            EngineDrop::UdpReplyTooBig => "udp_reply_too_big",
+            EngineDrop::FragOverlap => "frag_overlap",
+            EngineDrop::FragDuplicate => "frag_duplicate",
+            EngineDrop::FragMalformed => "frag_malformed",
+            EngineDrop::FragNoRoom => "frag_no_room",
+            EngineDrop::FragTimeout => "frag_timeout",
+        }
+    }
+}

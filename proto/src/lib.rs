@@ -1,0 +1,28 @@
+//! kerntun's sans-I/O core: everything the engine decides about a packet
+//! without touching a descriptor, a runtime or a clock.
+//!
+//! * [`packet`]: zero-copy views of IPv4/IPv6/TCP/UDP/ICMP over the caller's
+//!   buffer, the in-place 4-tuple rewrite with RFC 1624 checksums, the
+//!   builders of RSTs, echo replies and UDP headers, write-back coalescing
+//!   and IP fragment reassembly.
+//! * [`nat`] and [`translate`]: the system netstack's NAT table and the
+//!   per-packet TCP step over it (one packet and the table in, one decision
+//!   out).
+//! * [`sniff`]: the domain a connection is for, from its first bytes.
+//! * [`dnswire`]: DNS messages and the length prefix of DNS over TCP.
+//! * [`drops`]: the names of what the engine counts when it drops.
+//!
+//! The engine crate (`core/`) is the I/O shell: it reads the TUN, owns the
+//! sockets and timers, and passes `now` in. The compiler keeps this crate
+//! pure: its manifest has no async runtime, libc or socket crate, and its
+//! `clippy.toml` forbids reading the clock or sleeping.
+#![forbid(unsafe_code)]
+// Tests may read the real clock for their starting instants.
+#![cfg_attr(test, allow(clippy::disallowed_methods))]
+
+pub mod dnswire;
+pub mod drops;
+pub mod nat;
+pub mod packet;
+pub mod sniff;
+pub mod translate;
