@@ -1,0 +1,445 @@
+//! The datagram path: each (client, server) pair gets a connected outbound
+//! UDP socket, owned by the TUN driver's flow table (no locks on the uplink),
+//! and a reply task that turns received datagrams back into IP packets.
+//!
+//! Bounds: at most `budget.udp_flows` flows, idle flows closed after
+//! `timeouts.udp_idle_s`, and uplink datagrams are handed to the kernel with
+//! a non-blocking send, so the socket's own send buffer is the only queue: a
+//! full one is a counted drop, never unbounded memory. A flow that never
+//! saw a reply closes sooner, after `timeouts.udp_unreplied_s` (as Linux
+//! conntrack's unreplied UDP timeout, 30 s against 120-180 s), and past the
+//! flow budget the oldest unreplied flow is evicted first (counted): a
+//! one-way flood (a port scan, datagrams to dead peers) recycles its own
+//! flows and never evicts a flow that was answered while an unanswered one
+//! is left.
+//!
+//! Flows the rules send through a proxy (SOCKS5 UDP ASSOCIATE, Shadowsocks
+//! UDP) need a handshake and framing before a datagram can leave, which the
+//! driver must not wait for. They take a queued path: the driver copies the
+//! payload into one of the flow's [`QUEUE_DEPTH`] recycled buffers and hands
+//! it to the flow's task over a bounded channel; a full queue is a counted
+//! drop. A flow's first buffer always exists; each further one is charged
+//! one MTU against the proxied-queue byte budget (`budget.memory`), so all
+//! flows together hold at most `udp_flows` x MTU plus that budget, and a
+//! buffer the budget refuses is a counted drop too. The task opens the
+//! association, frames and sends, and turns the proxy's replies back into
+//! IP packets.
+//!
+//! DNS (when `[dns]` is on): a datagram to a hijacked address's port 53 opens
+//! no flow. Its payload is copied to a task that asks the DNS service and
+//! writes the answer to the TUN from the address the app asked; each query
+//! is charged against the DNS in-flight byte budget while it is answered,
+//! past that a query is a counted drop (the app's resolver retries), so the
+//! driver never waits for DNS.
+//! A flow to a fake-ip address is routed by the domain behind it: a proxy
+//! gets the domain in its UDP header, a direct flow resolves it once (in the
+//! flow's task, on the queued path) and sends to the real address; replies
+//! always come from the fake address. A fake address no domain holds is a
+//! counted drop.
+//!
+//! The files: this one holds the flow table (the driver's side: lookup,
+//! open, eviction, expiry); `gather/` the uplink gathering for one GSO send
+//! per run of a flow (Linux/Android; Darwin sends each datagram on its
+//! own); `reply/` the reply loops (batched with `recvmmsg` on
+//! Linux/Android, one `recvmsg` per datagram on Darwin) and the one
+//! function that writes a reply to the TUN, fragmented when it must be;
+//! `proxied.rs` the flows that do not send from the driver (through a
+//! proxy, or direct to a domain resolved first); `hijack.rs` the DNS
+//! queries answered by the engine.
+
+use std::collections::HashMap;
+use std::io;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::time::{Duration, Instant};
+
+use tokio::net::UdpSocket;
+use tokio::sync::mpsc;
+use tokio::task::AbortHandle;
+
+use crate::budget::ByteBudget;
+use crate::dispatch::Dispatcher;
+use crate::outbound::{Address, Route, SocketFactory};
+use crate::packet::{self, IpInfo};
+use crate::stats::{EngineDrop, LocalCounters};
+use crate::tun::Tun;
+
+// Where the platforms differ: gathering for GSO sends (`UDP_SEGMENT` on
+// Linux/Android) and how replies are received (`reply/`).
+#[cfg_attr(linux_like, path = "gather/linux.rs")]
+#[cfg_attr(apple, path = "gather/darwin.rs")]
+mod gather;
+mod hijack;
+mod proxied;
+mod reply;
+
+use gather::Gso;
+use proxied::Queue;
+
+type Key = (SocketAddr, SocketAddr);
+
+#[derive(Debug)]
+enum FlowIo {
+    /// Direct: a connected socket, sent to synchronously.
+    Direct(Arc<UdpSocket>),
+    /// Through a proxy: queued to the flow's task.
+    Queued(Queue),
+}
+
+#[derive(Debug)]
+struct Flow {
+    io: FlowIo,
+    /// Whether this flow's uplink datagrams are gathered for one GSO send
+    /// (direct flows where the kernel has `UDP_SEGMENT`, until their path
+    /// refuses one; never on Darwin).
+    gso: bool,
+    /// Last uplink datagram (driver-local, no atomics needed).
+    last_up: Instant,
+    /// Last downlink datagram, milliseconds since the table's epoch, at
+    /// least 1; 0 while the flow never saw a reply ([`mark_reply`]).
+    last_down: Arc<AtomicU64>,
+    task: AbortHandle,
+}
+
+impl Flow {
+    fn last_active(&self, epoch: Instant) -> Instant {
+        let down = epoch + Duration::from_millis(self.last_down.load(Relaxed));
+        self.last_up.max(down)
+    }
+
+    /// Whether a reply ever came back on this flow.
+    fn replied(&self) -> bool {
+        self.last_down.load(Relaxed) != 0
+    }
+}
+
+/// Record a reply at the present moment: milliseconds since `epoch`, never
+/// 0, which stands for "never replied".
+fn mark_reply(last_down: &AtomicU64, epoch: Instant) {
+    let ms = u64::try_from(epoch.elapsed().as_millis()).unwrap_or(u64::MAX);
+    last_down.store(ms.max(1), Relaxed);
+}
+
+impl Drop for Flow {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// What the datagram path and its flow tasks need.
+#[derive(Debug)]
+pub(crate) struct UdpEnv {
+    /// Rules, outbounds, DNS, statistics.
+    pub d: Arc<Dispatcher>,
+    /// Where replies are written.
+    pub tun: Arc<Tun>,
+    /// Direct flows' sockets (bound, marked or protected off the TUN).
+    pub factory: SocketFactory,
+    pub mtu: u16,
+    /// `budget.udp_flows`: the least recently used flow is evicted past it.
+    pub max_flows: usize,
+    /// `timeouts.udp_idle_s`.
+    pub idle: Duration,
+    /// `timeouts.udp_unreplied_s`: the idle timeout of a flow that never
+    /// saw a reply (at most `idle`).
+    pub unreplied: Duration,
+    /// Bytes the proxied flows' queues may hold beyond one buffer each.
+    pub queues: Arc<ByteBudget>,
+}
+
+/// Flow table, owned by the TUN driver task.
+#[derive(Debug)]
+pub(crate) struct UdpTable {
+    flows: HashMap<Key, Flow>,
+    shared: Arc<UdpEnv>,
+    epoch: Instant,
+    /// Flows evicted since the driver last yielded: their reply tasks are
+    /// aborted, and each one's socket closes only when the runtime drops
+    /// that task ([`UdpTable::take_evicted`]).
+    evicted: usize,
+    /// Uplink datagrams of one direct flow waiting for one GSO send.
+    gso: Gso,
+}
+
+impl UdpTable {
+    pub fn new(shared: Arc<UdpEnv>, now: Instant) -> Self {
+        Self {
+            flows: HashMap::new(),
+            shared,
+            epoch: now,
+            evicted: 0,
+            gso: Gso::new(),
+        }
+    }
+
+    /// Send what the uplink gathered (the driver calls this at the end of
+    /// every drain, so a datagram waits at most one drain).
+    pub fn flush(&mut self, local: &mut LocalCounters) {
+        if let Some(refused) = self.gso.flush(local)
+            && let Some(f) = self.flows.get_mut(&refused)
+        {
+            f.gso = false;
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.flows.len()
+    }
+
+    /// Whether flows were evicted since the last call. Their sockets are
+    /// still open until the runtime drops their aborted tasks, which it
+    /// does only once the driver yields: a driver that reads on through a
+    /// flood without yielding (the device stays readable, so its awaits
+    /// return at once until tokio's cooperative budget runs out) would hold
+    /// thousands of evicted sockets over a `udp_flows` of a few hundred.
+    pub fn take_evicted(&mut self) -> bool {
+        std::mem::take(&mut self.evicted) > 0
+    }
+
+    /// Send one uplink datagram (`buf` holds the whole IP packet).
+    pub fn handle(&mut self, buf: &[u8], ip: &IpInfo, now: Instant, local: &mut LocalCounters) {
+        let udp = match packet::parse_udp(buf, ip) {
+            Ok(u) => u,
+            Err(r) => return local.reject(r),
+        };
+        // A bad checksum opens no flow and reaches no outbound.
+        if let Err(r) = packet::check_datagram(buf, ip, &udp) {
+            return local.reject(r);
+        }
+        let key = (
+            SocketAddr::new(ip.src, udp.src_port),
+            SocketAddr::new(ip.dst, udp.dst_port),
+        );
+        let payload = &buf[udp.payload_offset..udp.payload_offset + udp.payload_len];
+        if udp.dst_port == 53
+            && let Some(dns) = &self.shared.d.dns
+            && dns.hijacks(key.1)
+        {
+            return self.hijack(key, payload, now, local);
+        }
+        // One lookup per datagram; a second only when the flow is new.
+        let flow = match self.flows.get_mut(&key) {
+            Some(f) => f,
+            None => {
+                if !self.open(key, now, local) {
+                    return;
+                }
+                let Some(f) = self.flows.get_mut(&key) else {
+                    return;
+                };
+                f
+            }
+        };
+        flow.last_up = now;
+        match &mut flow.io {
+            FlowIo::Direct(sock) if flow.gso => {
+                let fits = reply::udp_room(self.shared.mtu, key.1).1;
+                if let Some(refused) = self.gso.push(key, sock, payload, fits, local)
+                    && let Some(f) = self.flows.get_mut(&refused)
+                {
+                    f.gso = false;
+                }
+            }
+            FlowIo::Direct(sock) => {
+                send_one(sock, payload, local);
+            }
+            FlowIo::Queued(q) => {
+                let Some(mut buf) = q.buffer(now) else {
+                    return local.drop(EngineDrop::UdpQueueFull);
+                };
+                buf.clear();
+                // Exact: a buffer never holds more than the largest payload
+                // it carried (at most the MTU it is charged for).
+                buf.reserve_exact(payload.len());
+                buf.extend_from_slice(payload);
+                match q.tx.try_send(buf) {
+                    Ok(()) => {}
+                    Err(mpsc::error::TrySendError::Full(_)) => local.drop(EngineDrop::UdpQueueFull),
+                    // The association failed or ended; the flow idles out.
+                    Err(mpsc::error::TrySendError::Closed(_)) => {
+                        local.drop(EngineDrop::UdpSendError)
+                    }
+                }
+            }
+        }
+    }
+
+    fn open(&mut self, key: Key, now: Instant, local: &mut LocalCounters) -> bool {
+        // What is gathered goes out before the table changes (an eviction
+        // below may close the flow it belongs to).
+        self.flush(local);
+        let (client, server) = key;
+        let shared = self.shared.clone();
+        let outbounds = &shared.d.outbounds;
+        // A fake address stands for a domain: route by it, and carry it on.
+        let fake = match &shared.d.dns {
+            Some(dns) if dns.is_fake(server.ip()) => match dns.fake_domain(server.ip()) {
+                Some(d) => Some((dns.clone(), d)),
+                None => {
+                    local.drop(EngineDrop::FakeIpUnknown);
+                    return false;
+                }
+            },
+            _ => None,
+        };
+        let route = outbounds.route(&match &fake {
+            Some((_, d)) => crate::rules::Target::fake_ip(server, d),
+            None => crate::rules::Target::ip(server),
+        });
+        if route == Route::Reject {
+            local.drop(EngineDrop::UdpRejected);
+            return false;
+        }
+        if self.flows.len() >= self.shared.max_flows {
+            self.evict_oldest();
+        }
+        let last_down = Arc::new(AtomicU64::new(0));
+        let (io, task) = match route {
+            Route::Proxy(i) if outbounds.udp_proxied(route) => {
+                let (queue, rx, spare_tx) = Queue::new(shared.queues.clone(), shared.mtu);
+                let target = match &fake {
+                    Some((_, d)) => Address::Domain(d.to_string(), server.port()),
+                    None => Address::Ip(server),
+                };
+                let task = tokio::spawn(proxied::proxy_flow(
+                    self.shared.clone(),
+                    i,
+                    client,
+                    server,
+                    target,
+                    rx,
+                    spare_tx,
+                    last_down.clone(),
+                    self.epoch,
+                ))
+                .abort_handle();
+                (FlowIo::Queued(queue), task)
+            }
+            // Direct to a domain: resolved in the flow's task, so the flow
+            // takes the queued path while that happens.
+            _ if fake.is_some() => {
+                let Some((dns, domain)) = fake else {
+                    return false;
+                };
+                let (queue, rx, spare_tx) = Queue::new(shared.queues.clone(), shared.mtu);
+                let task = tokio::spawn(proxied::resolved_flow(
+                    self.shared.clone(),
+                    dns,
+                    domain,
+                    client,
+                    server,
+                    rx,
+                    spare_tx,
+                    last_down.clone(),
+                    self.epoch,
+                ))
+                .abort_handle();
+                (FlowIo::Queued(queue), task)
+            }
+            // Direct, or a proxy configured without UDP.
+            _ => {
+                let sock = match shared.factory.udp_connected(server) {
+                    Ok(s) => Arc::new(s),
+                    Err(e) => {
+                        local.drop(EngineDrop::UdpOpenFailed);
+                        self.shared
+                            .d
+                            .warn
+                            .warn(format_args!("udp flow to {server}: {e}"));
+                        return false;
+                    }
+                };
+                let task = tokio::spawn(reply::reply_loop(
+                    sock.clone(),
+                    self.shared.clone(),
+                    client,
+                    server,
+                    last_down.clone(),
+                    self.epoch,
+                ))
+                .abort_handle();
+                (FlowIo::Direct(sock), task)
+            }
+        };
+        self.flows.insert(
+            key,
+            Flow {
+                gso: matches!(io, FlowIo::Direct(_)) && gather::supported(),
+                io,
+                last_up: now,
+                last_down,
+                task,
+            },
+        );
+        self.shared.d.stats.udp_flows_total.fetch_add(1, Relaxed);
+        self.shared.d.stats.udp_flows_active.fetch_add(1, Relaxed);
+        true
+    }
+
+    /// Eviction when the flow budget is reached: the least recently used
+    /// flow that never saw a reply, or, when every flow was answered, the
+    /// least recently used of all. O(n) over a bounded table, and only when
+    /// a new flow arrives at the limit.
+    fn evict_oldest(&mut self) {
+        let epoch = self.epoch;
+        if let Some(key) = self
+            .flows
+            .iter()
+            .min_by_key(|(_, f)| (f.replied(), f.last_active(epoch)))
+            .map(|(k, _)| *k)
+        {
+            self.flows.remove(&key);
+            self.evicted += 1;
+            self.shared.d.stats.udp_flows_evicted.fetch_add(1, Relaxed);
+            self.shared.d.stats.udp_flows_active.fetch_sub(1, Relaxed);
+        }
+    }
+
+    /// Close flows idle for longer than their timeout: `unreplied` for a
+    /// flow that never saw a reply, `idle` for one that did.
+    pub fn sweep(&mut self, now: Instant) {
+        let (idle, unreplied) = (self.shared.idle, self.shared.unreplied);
+        let epoch = self.epoch;
+        let before = self.flows.len();
+        self.flows.retain(|_, f| {
+            let limit = if f.replied() { idle } else { unreplied };
+            now.saturating_duration_since(f.last_active(epoch)) < limit
+        });
+        let removed = (before - self.flows.len()) as u64;
+        if removed > 0 {
+            self.shared
+                .d
+                .stats
+                .udp_flows_active
+                .fetch_sub(removed, Relaxed);
+        }
+    }
+}
+
+impl Drop for UdpTable {
+    fn drop(&mut self) {
+        let n = self.flows.len() as u64;
+        self.shared.d.stats.udp_flows_active.fetch_sub(n, Relaxed);
+    }
+}
+
+/// One non-blocking `send(2)` of a direct flow's datagram, counted. True
+/// if the socket's send buffer was full (the datagram is a counted drop).
+fn send_one(sock: &UdpSocket, payload: &[u8], local: &mut LocalCounters) -> bool {
+    // A direct non-blocking send(2): tokio's `try_send` consults its cached
+    // readiness first and answers WouldBlock on a socket epoll has not yet
+    // reported writable, which would drop every flow's first datagram.
+    match socket2::SockRef::from(sock).send(payload) {
+        Ok(_) => {
+            local.udp_packets_up += 1;
+            local.udp_bytes_up += payload.len() as u64;
+        }
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+            local.drop(EngineDrop::UdpSendFull);
+            return true;
+        }
+        Err(_) => local.drop(EngineDrop::UdpSendError),
+    }
+    false
+}

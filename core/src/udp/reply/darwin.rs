@@ -1,0 +1,61 @@
+//! Darwin: a direct flow's replies, one `recvmsg` per datagram.
+
+use std::io;
+use std::net::SocketAddr;
+use std::os::fd::AsFd;
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+use std::time::Instant;
+
+use tokio::net::UdpSocket;
+
+use super::{FRAGMENTED_REPLY_MAX, send_reply, udp_room};
+use crate::packet::HEADROOM;
+use crate::stats::{EngineDrop, Stats};
+use crate::udp::{UdpEnv, mark_reply};
+
+/// Receive replies for one flow and write them to the TUN as IP packets from
+/// `server` to `client`. The buffer exists only while replies are arriving.
+pub(crate) async fn reply_loop(
+    sock: Arc<UdpSocket>,
+    shared: Arc<UdpEnv>,
+    client: SocketAddr,
+    server: SocketAddr,
+    last_down: Arc<AtomicU64>,
+    epoch: Instant,
+) {
+    let (hdr, max_payload) = udp_room(shared.mtu, server);
+    let room = max_payload.max(FRAGMENTED_REPLY_MAX);
+    let mut buf: Option<Box<[u8]>> = None;
+    loop {
+        if sock.readable().await.is_err() {
+            return;
+        }
+        let b = buf.get_or_insert_with(|| vec![0u8; HEADROOM + hdr + room].into_boxed_slice());
+        // recvmsg, not recv: a datagram longer than the room is dropped and
+        // counted, never passed on cut to the room's size.
+        let room = &mut b[HEADROOM + hdr..];
+        let got = sock.try_io(tokio::io::Interest::READABLE, || {
+            crate::sys::recv_datagram(sock.as_fd(), room)
+        });
+        match got {
+            Ok((_, true)) => {
+                mark_reply(&last_down, epoch);
+                Stats::drop(&shared.d.stats, EngineDrop::UdpReplyTooBig);
+            }
+            Ok((n, false)) => {
+                mark_reply(&last_down, epoch);
+                send_reply(&shared, b, (client, server), n).await;
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => buf = None,
+            // ICMP errors (port unreachable) surface as errors on a connected
+            // UDP socket; the flow stays usable.
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::ConnectionRefused | io::ErrorKind::Interrupted
+                ) => {}
+            Err(_) => return,
+        }
+    }
+}

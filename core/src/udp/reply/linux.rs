@@ -1,0 +1,136 @@
+//! Linux and Android: a direct flow's replies, up to 16 per `recvmmsg(2)`.
+
+use std::io;
+use std::net::SocketAddr;
+use std::os::fd::AsFd;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::time::Instant;
+
+use tokio::net::UdpSocket;
+
+use super::{FRAGMENTED_REPLY_MAX, udp_room, write_reply};
+use crate::packet::HEADROOM;
+use crate::stats::{EngineDrop, Stats};
+use crate::udp::{UdpEnv, mark_reply};
+
+/// Receive replies for one flow and write them to the TUN as IP packets from
+/// `server` to `client`, up to `sys::udp::RECV_BATCH` (16) datagrams per
+/// `recvmmsg(2)`, so one wake-up takes what queued up meanwhile.
+///
+/// Datagram `i` of a batch lands in slot `i` of the flow's buffer, room for
+/// a reply that fits one TUN packet (at most [`SLOT_ROOM_MAX`]) behind space
+/// for its headers, written in place. A longer one continues in the
+/// thread's spill area ([`SPILL`], [`FRAGMENTED_REPLY_MAX`] per slot with
+/// the slot's room), is copied out whole before the next await and goes as
+/// fragments; a datagram longer than that is dropped and counted
+/// (`MSG_TRUNC`), never passed on cut short. The buffer (16 slots, about
+/// 24 KiB at MTU 1500) exists only while replies are arriving.
+pub(crate) async fn reply_loop(
+    sock: Arc<UdpSocket>,
+    shared: Arc<UdpEnv>,
+    client: SocketAddr,
+    server: SocketAddr,
+    last_down: Arc<AtomicU64>,
+    epoch: Instant,
+) {
+    use crate::sys::udp::{RECV_BATCH, Slots, recv_batch};
+    let (hdr, max_payload) = udp_room(shared.mtu, server);
+    let room = max_payload.clamp(1, SLOT_ROOM_MAX);
+    let stride = HEADROOM + hdr + room;
+    let spill_stride = FRAGMENTED_REPLY_MAX - room;
+    let stats: &Stats = &shared.d.stats;
+    let mut buf: Option<Box<[u8]>> = None;
+    let mut got = [(0usize, false); RECV_BATCH];
+    loop {
+        if sock.readable().await.is_err() {
+            return;
+        }
+        let dense = buf.get_or_insert_with(|| vec![0u8; RECV_BATCH * stride].into_boxed_slice());
+        // Receive, and copy out what spilled, within one borrow of the
+        // thread's spill area (no await in between).
+        let mut spilled: Vec<(usize, Box<[u8]>)> = Vec::new();
+        let r = SPILL.with_borrow_mut(|spill| {
+            let spill = spill
+                .get_or_insert_with(|| vec![0u8; RECV_BATCH * SPILL_STRIDE_MAX].into_boxed_slice());
+            let mut slots = Slots {
+                dense: &mut dense[..],
+                stride,
+                start: HEADROOM + hdr,
+                room,
+                spill: &mut spill[..],
+                spill_stride,
+            };
+            let n = sock.try_io(tokio::io::Interest::READABLE, || {
+                recv_batch(sock.as_fd(), &mut slots, &mut got)
+            })?;
+            for (i, &(len, trunc)) in got.iter().enumerate().take(n) {
+                if len > room && !trunc {
+                    let mut whole = vec![0u8; HEADROOM + hdr + len].into_boxed_slice();
+                    let at = HEADROOM + hdr;
+                    whole[at..at + room].copy_from_slice(&dense[i * stride + at..][..room]);
+                    whole[at + room..].copy_from_slice(&spill[i * spill_stride..][..len - room]);
+                    spilled.push((i, whole));
+                }
+            }
+            Ok::<usize, io::Error>(n)
+        });
+        match r {
+            Ok(n) => {
+                mark_reply(&last_down, epoch);
+                let (mut packets, mut bytes) = (0u64, 0u64);
+                let mut spilled = spilled.into_iter().peekable();
+                for (i, &(len, trunc)) in got.iter().enumerate().take(n) {
+                    let delivered = if trunc {
+                        stats.drop(EngineDrop::UdpReplyTooBig);
+                        false
+                    } else if len <= room {
+                        let b = &mut dense[i * stride..(i + 1) * stride];
+                        write_reply(&shared, b, (client, server), len).await
+                    } else {
+                        match spilled.next_if(|(j, _)| *j == i) {
+                            Some((_, mut whole)) => {
+                                write_reply(&shared, &mut whole, (client, server), len).await
+                            }
+                            None => false,
+                        }
+                    };
+                    if delivered {
+                        packets += 1;
+                        bytes += len as u64;
+                    }
+                }
+                if packets > 0 {
+                    stats.udp_packets_down.fetch_add(packets, Relaxed);
+                    stats.udp_bytes_down.fetch_add(bytes, Relaxed);
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => buf = None,
+            // ICMP errors (port unreachable) surface as errors on a connected
+            // UDP socket; the flow stays usable.
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::ConnectionRefused | io::ErrorKind::Interrupted
+                ) => {}
+            Err(_) => return,
+        }
+    }
+}
+
+/// The most room a reply slot of [`reply_loop`] gives a datagram: QUIC's
+/// and most UDP traffic's datagrams fit (at MTU 1500 the slot holds what
+/// fits one TUN packet); longer ones continue in the spill area.
+const SLOT_ROOM_MAX: usize = 2048;
+
+/// Spill bytes per slot at most: a slot's room and its spill hold
+/// [`FRAGMENTED_REPLY_MAX`] together.
+const SPILL_STRIDE_MAX: usize = FRAGMENTED_REPLY_MAX;
+
+thread_local! {
+    /// Where the datagrams of a [`reply_loop`] batch that are longer than
+    /// their slot continue: one area per worker thread, used only inside
+    /// one synchronous receive (256 KiB, allocated zeroed on first use, so
+    /// its pages become resident only once long datagrams arrive).
+    static SPILL: std::cell::RefCell<Option<Box<[u8]>>> = const { std::cell::RefCell::new(None) };
+}
