@@ -8,10 +8,11 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::time::Instant;
 
 use super::reply::udp_room;
-use super::{Key, UdpEnv, UdpTable};
+use super::{UdpEnv, UdpTable};
 use crate::budget::Charge;
 use crate::dns::{self, Dns};
 use crate::lifecycle::{EngineTask, supervised};
+use crate::nat::FlowKey;
 use crate::packet::{self, HEADROOM};
 use crate::stats::{EngineDrop, LocalCounters, Stats};
 
@@ -22,7 +23,7 @@ impl UdpTable {
     /// written) against the DNS in-flight budget while it runs.
     pub(super) fn hijack(
         &mut self,
-        key: Key,
+        key: FlowKey,
         payload: &[u8],
         now: Instant,
         local: &mut LocalCounters,
@@ -41,12 +42,12 @@ impl UdpTable {
 }
 
 /// Answer one hijacked query and write the answer to the TUN as a datagram
-/// from the address the app asked (`key.1`) to the app (`key.0`).
+/// from the address the app asked (`key.server`) to the app (`key.client`).
 async fn answer_hijacked(
     shared: Arc<UdpEnv>,
     dns: Arc<Dns>,
     query: Vec<u8>,
-    (client, server): Key,
+    FlowKey { client, server }: FlowKey,
     _charge: Charge,
 ) {
     let (hdr, max_payload) = udp_room(shared.mtu, server);

@@ -1,6 +1,7 @@
-//! The datagram path: each (client, server) pair gets a connected outbound
-//! UDP socket, owned by the TUN driver's flow table (no locks on the uplink),
-//! and a reply task that turns received datagrams back into IP packets.
+//! The datagram path: each (client, server) pair ([`FlowKey`], the key of
+//! the system stack's TCP flows too) gets a connected outbound UDP socket,
+//! owned by the TUN driver's flow table (no locks on the uplink), and a
+//! reply task that turns received datagrams back into IP packets.
 //!
 //! Bounds: at most `budget.udp_flows` flows, idle flows closed after
 //! `timeouts.udp_idle_s`, and uplink datagrams are handed to the kernel with
@@ -60,6 +61,7 @@ use tokio::task::AbortHandle;
 
 use crate::budget::ByteBudget;
 use crate::dispatch::Dispatcher;
+use crate::nat::FlowKey;
 use crate::outbound::{Address, Route, SocketFactory};
 use crate::packet::{self, IpInfo};
 use crate::stats::{EngineDrop, LocalCounters};
@@ -76,8 +78,6 @@ mod reply;
 
 use gather::Gso;
 use proxied::Queue;
-
-type Key = (SocketAddr, SocketAddr);
 
 #[derive(Debug)]
 enum FlowIo {
@@ -151,7 +151,7 @@ pub(crate) struct UdpEnv {
 /// Flow table, owned by the TUN driver task.
 #[derive(Debug)]
 pub(crate) struct UdpTable {
-    flows: HashMap<Key, Flow>,
+    flows: HashMap<FlowKey, Flow>,
     shared: Arc<UdpEnv>,
     epoch: Instant,
     /// Flows evicted since the driver last yielded: their reply tasks are
@@ -207,14 +207,14 @@ impl UdpTable {
         if let Err(r) = packet::check_datagram(buf, ip, &udp) {
             return local.reject(r);
         }
-        let key = (
+        let key = FlowKey::new(
             SocketAddr::new(ip.src, udp.src_port),
             SocketAddr::new(ip.dst, udp.dst_port),
         );
         let payload = &buf[udp.payload_offset..udp.payload_offset + udp.payload_len];
         if udp.dst_port == 53
             && let Some(dns) = &self.shared.d.dns
-            && dns.hijacks(key.1)
+            && dns.hijacks(key.server)
         {
             return self.hijack(key, payload, now, local);
         }
@@ -234,7 +234,7 @@ impl UdpTable {
         flow.last_up = now;
         match &mut flow.io {
             FlowIo::Direct(sock) if flow.gso => {
-                let fits = reply::udp_room(self.shared.mtu, key.1).1;
+                let fits = reply::udp_room(self.shared.mtu, key.server).1;
                 if let Some(refused) = self.gso.push(key, sock, payload, fits, local)
                     && let Some(f) = self.flows.get_mut(&refused)
                 {
@@ -265,11 +265,11 @@ impl UdpTable {
         }
     }
 
-    fn open(&mut self, key: Key, now: Instant, local: &mut LocalCounters) -> bool {
+    fn open(&mut self, key: FlowKey, now: Instant, local: &mut LocalCounters) -> bool {
         // What is gathered goes out before the table changes (an eviction
         // below may close the flow it belongs to).
         self.flush(local);
-        let (client, server) = key;
+        let server = key.server;
         let shared = self.shared.clone();
         let outbounds = &shared.d.outbounds;
         // A fake address stands for a domain: route by it, and carry it on.
@@ -305,8 +305,7 @@ impl UdpTable {
                 let task = tokio::spawn(proxied::proxy_flow(
                     self.shared.clone(),
                     i,
-                    client,
-                    server,
+                    key,
                     target,
                     rx,
                     spare_tx,
@@ -327,8 +326,7 @@ impl UdpTable {
                     self.shared.clone(),
                     dns,
                     domain,
-                    client,
-                    server,
+                    key,
                     rx,
                     spare_tx,
                     last_down.clone(),
@@ -353,8 +351,7 @@ impl UdpTable {
                 let task = tokio::spawn(reply::reply_loop(
                     sock.clone(),
                     self.shared.clone(),
-                    client,
-                    server,
+                    key,
                     last_down.clone(),
                     self.epoch,
                 ))

@@ -17,6 +17,7 @@ use super::reply::{FRAGMENTED_REPLY_MAX, reply_loop, send_reply, udp_room};
 use super::{UdpEnv, mark_reply};
 use crate::budget::ByteBudget;
 use crate::dns::Dns;
+use crate::nat::FlowKey;
 use crate::outbound::{Address, OutboundError, ProxyUdp, Route};
 use crate::packet::HEADROOM;
 use crate::stats::{EngineDrop, Stats};
@@ -100,13 +101,13 @@ pub(super) async fn resolved_flow(
     shared: Arc<UdpEnv>,
     dns: Arc<Dns>,
     domain: Arc<str>,
-    client: SocketAddr,
-    server: SocketAddr,
+    key: FlowKey,
     mut rx: mpsc::Receiver<Vec<u8>>,
     spare: mpsc::Sender<Vec<u8>>,
     last_down: Arc<AtomicU64>,
     epoch: Instant,
 ) {
+    let server = key.server;
     let stats: &Stats = &shared.d.stats;
     let ip = match dns.resolve(&domain, server.is_ipv6(), stats).await {
         Ok(ip) => ip,
@@ -130,14 +131,7 @@ pub(super) async fn resolved_flow(
             return;
         }
     };
-    let down = reply_loop(
-        sock.clone(),
-        shared.clone(),
-        client,
-        server,
-        last_down,
-        epoch,
-    );
+    let down = reply_loop(sock.clone(), shared.clone(), key, last_down, epoch);
     let up = async {
         while let Some(buf) = rx.recv().await {
             match sock.send(&buf).await {
@@ -163,14 +157,14 @@ pub(super) async fn resolved_flow(
 pub(super) async fn proxy_flow(
     shared: Arc<UdpEnv>,
     idx: usize,
-    client: SocketAddr,
-    server: SocketAddr,
+    key: FlowKey,
     target: Address,
     mut rx: mpsc::Receiver<Vec<u8>>,
     spare: mpsc::Sender<Vec<u8>>,
     last_down: Arc<AtomicU64>,
     epoch: Instant,
 ) {
+    let server = key.server;
     let stats: &Stats = &shared.d.stats;
     let counters = stats.outbounds.get(idx);
     let assoc = match shared.d.outbounds.udp(idx).await {
@@ -297,7 +291,7 @@ pub(super) async fn proxy_flow(
                             continue;
                         }
                         b.copy_within(start + range.start..start + range.end, start);
-                        send_reply(&shared, b, (client, server), len).await;
+                        send_reply(&shared, b, key, len).await;
                     }
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => rbuf = None,
                     Err(e)

@@ -5,7 +5,8 @@ use std::sync::Arc;
 
 use tokio::net::UdpSocket;
 
-use super::{Key, send_one};
+use super::send_one;
+use crate::nat::FlowKey;
 use crate::stats::LocalCounters;
 
 /// Flows never gather here.
@@ -25,18 +26,18 @@ impl Gso {
     /// Send the datagram at once (no flow gathers here, see [`supported`]).
     pub(super) fn push(
         &mut self,
-        _key: Key,
+        _key: FlowKey,
         sock: &Arc<UdpSocket>,
         payload: &[u8],
         _fits: usize,
         local: &mut LocalCounters,
-    ) -> Option<Key> {
+    ) -> Option<FlowKey> {
         send_one(sock, payload, local);
         None
     }
 
     /// Nothing is ever held.
-    pub(super) fn flush(&mut self, _local: &mut LocalCounters) -> Option<Key> {
+    pub(super) fn flush(&mut self, _local: &mut LocalCounters) -> Option<FlowKey> {
         None
     }
 }

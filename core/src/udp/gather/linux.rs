@@ -6,7 +6,8 @@ use std::sync::Arc;
 
 use tokio::net::UdpSocket;
 
-use super::{Key, send_one};
+use super::send_one;
+use crate::nat::FlowKey;
 use crate::stats::{EngineDrop, LocalCounters};
 use crate::sys::udp::{GSO_MAX_BYTES, GSO_MAX_SEGMENTS};
 
@@ -29,7 +30,7 @@ pub(super) fn supported() -> bool {
 pub(super) struct Gso {
     /// The payloads (allocated once, at the first batch).
     buf: Vec<u8>,
-    key: Option<Key>,
+    key: Option<FlowKey>,
     sock: Option<Arc<UdpSocket>>,
     /// Size of every segment but the last.
     seg: usize,
@@ -50,12 +51,12 @@ impl Gso {
     /// sends one by one from then on).
     pub(super) fn push(
         &mut self,
-        key: Key,
+        key: FlowKey,
         sock: &Arc<UdpSocket>,
         payload: &[u8],
         fits: usize,
         local: &mut LocalCounters,
-    ) -> Option<Key> {
+    ) -> Option<FlowKey> {
         let len = payload.len();
         // Nothing to segment: an empty datagram, or one GSO cannot carry.
         let alone = len == 0 || len > fits.min(GSO_MAX_BYTES);
@@ -99,7 +100,7 @@ impl Gso {
     /// If the refusal says the path cannot segment (`EIO`: no checksum
     /// offload or IPsec on the route; `EINVAL`: a segment above the path
     /// MTU), the flow is returned to stop gathering.
-    pub(super) fn flush(&mut self, local: &mut LocalCounters) -> Option<Key> {
+    pub(super) fn flush(&mut self, local: &mut LocalCounters) -> Option<FlowKey> {
         let (Some(sock), Some(key)) = (self.sock.take(), self.key.take()) else {
             return None;
         };
@@ -162,14 +163,14 @@ mod tests {
             .collect()
     }
 
-    fn key(v6: bool, port: u16) -> Key {
+    fn key(v6: bool, port: u16) -> FlowKey {
         let ip: std::net::IpAddr = if v6 {
             "fd00::9".parse()
         } else {
             "10.0.0.9".parse()
         }
         .expect("static");
-        (SocketAddr::new(ip, port), SocketAddr::new(ip, 53))
+        FlowKey::new(SocketAddr::new(ip, port), SocketAddr::new(ip, 53))
     }
 
     /// Gathered uplink datagrams of two flows, interleaved, with runs of

@@ -1,7 +1,6 @@
 //! Darwin: a direct flow's replies, one `recvmsg` per datagram.
 
 use std::io;
-use std::net::SocketAddr;
 use std::os::fd::AsFd;
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
@@ -10,21 +9,21 @@ use std::time::Instant;
 use tokio::net::UdpSocket;
 
 use super::{FRAGMENTED_REPLY_MAX, send_reply, udp_room};
+use crate::nat::FlowKey;
 use crate::packet::HEADROOM;
 use crate::stats::{EngineDrop, Stats};
 use crate::udp::{UdpEnv, mark_reply};
 
 /// Receive replies for one flow and write them to the TUN as IP packets from
-/// `server` to `client`. The buffer exists only while replies are arriving.
+/// its server to its client. The buffer exists only while replies are arriving.
 pub(crate) async fn reply_loop(
     sock: Arc<UdpSocket>,
     shared: Arc<UdpEnv>,
-    client: SocketAddr,
-    server: SocketAddr,
+    key: FlowKey,
     last_down: Arc<AtomicU64>,
     epoch: Instant,
 ) {
-    let (hdr, max_payload) = udp_room(shared.mtu, server);
+    let (hdr, max_payload) = udp_room(shared.mtu, key.server);
     let room = max_payload.max(FRAGMENTED_REPLY_MAX);
     let mut buf: Option<Box<[u8]>> = None;
     loop {
@@ -45,7 +44,7 @@ pub(crate) async fn reply_loop(
             }
             Ok((n, false)) => {
                 mark_reply(&last_down, epoch);
-                send_reply(&shared, b, (client, server), n).await;
+                send_reply(&shared, b, key, n).await;
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => buf = None,
             // ICMP errors (port unreachable) surface as errors on a connected

@@ -1,7 +1,6 @@
 //! Linux and Android: a direct flow's replies, up to 16 per `recvmmsg(2)`.
 
 use std::io;
-use std::net::SocketAddr;
 use std::os::fd::AsFd;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -10,6 +9,7 @@ use std::time::Instant;
 use tokio::net::UdpSocket;
 
 use super::{FRAGMENTED_REPLY_MAX, udp_room, write_reply};
+use crate::nat::FlowKey;
 use crate::packet::HEADROOM;
 use crate::stats::{EngineDrop, Stats};
 use crate::udp::{UdpEnv, mark_reply};
@@ -29,13 +29,12 @@ use crate::udp::{UdpEnv, mark_reply};
 pub(crate) async fn reply_loop(
     sock: Arc<UdpSocket>,
     shared: Arc<UdpEnv>,
-    client: SocketAddr,
-    server: SocketAddr,
+    key: FlowKey,
     last_down: Arc<AtomicU64>,
     epoch: Instant,
 ) {
     use crate::sys::udp::{RECV_BATCH, Slots, recv_batch};
-    let (hdr, max_payload) = udp_room(shared.mtu, server);
+    let (hdr, max_payload) = udp_room(shared.mtu, key.server);
     let room = max_payload.clamp(1, SLOT_ROOM_MAX);
     let stride = HEADROOM + hdr + room;
     let spill_stride = FRAGMENTED_REPLY_MAX - room;
@@ -86,11 +85,11 @@ pub(crate) async fn reply_loop(
                         false
                     } else if len <= room {
                         let b = &mut dense[i * stride..(i + 1) * stride];
-                        write_reply(&shared, b, (client, server), len).await
+                        write_reply(&shared, b, key, len).await
                     } else {
                         match spilled.next_if(|(j, _)| *j == i) {
                             Some((_, mut whole)) => {
-                                write_reply(&shared, &mut whole, (client, server), len).await
+                                write_reply(&shared, &mut whole, key, len).await
                             }
                             None => false,
                         }

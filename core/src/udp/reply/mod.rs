@@ -11,7 +11,8 @@ use std::io;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
 
-use super::{Key, UdpEnv};
+use super::UdpEnv;
+use crate::nat::FlowKey;
 use crate::packet::{self, HEADROOM, IPV4_UDP_HEADERS, IPV6_UDP_HEADERS};
 use crate::stats::{EngineDrop, Stats};
 
@@ -49,7 +50,7 @@ pub(super) fn udp_room(mtu: u16, server: SocketAddr) -> (usize, usize) {
 
 /// Write the reply of `len` bytes at `b[HEADROOM + header..]` to the app as a
 /// datagram from the flow's server to its client, headers written in place.
-pub(super) async fn send_reply(env: &UdpEnv, b: &mut [u8], key: Key, len: usize) {
+pub(super) async fn send_reply(env: &UdpEnv, b: &mut [u8], key: FlowKey, len: usize) {
     if write_reply(env, b, key, len).await {
         let stats: &Stats = &env.d.stats;
         stats.udp_packets_down.fetch_add(1, Relaxed);
@@ -62,7 +63,7 @@ pub(super) async fn send_reply(env: &UdpEnv, b: &mut [u8], key: Key, len: usize)
 pub(super) async fn write_reply(
     env: &UdpEnv,
     b: &mut [u8],
-    (client, server): Key,
+    FlowKey { client, server }: FlowKey,
     len: usize,
 ) -> bool {
     let stats: &Stats = &env.d.stats;
