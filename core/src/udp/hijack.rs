@@ -4,17 +4,16 @@
 //! waits for DNS.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering::Relaxed;
 use std::time::Instant;
 
-use super::reply::udp_room;
+use super::reply::{udp_room, write_reply};
 use super::{UdpEnv, UdpTable};
 use crate::budget::Charge;
 use crate::dns::{self, Dns};
 use crate::lifecycle::{EngineTask, supervised};
 use crate::nat::FlowKey;
-use crate::packet::{self, HEADROOM};
-use crate::stats::{EngineDrop, LocalCounters, Stats};
+use crate::packet::HEADROOM;
+use crate::stats::{EngineDrop, LocalCounters};
 
 impl UdpTable {
     /// Hand a hijacked query to a task (one copy of the payload; the driver
@@ -42,29 +41,21 @@ impl UdpTable {
 }
 
 /// Answer one hijacked query and write the answer to the TUN as a datagram
-/// from the address the app asked (`key.server`) to the app (`key.client`).
+/// from the address the app asked (`key.server`) to the app (`key.client`),
+/// as the flows write their replies ([`write_reply`]; the answer fits one
+/// TUN packet, a longer one is truncated by the DNS service).
 async fn answer_hijacked(
     shared: Arc<UdpEnv>,
     dns: Arc<Dns>,
     query: Vec<u8>,
-    FlowKey { client, server }: FlowKey,
+    key: FlowKey,
     _charge: Charge,
 ) {
-    let (hdr, max_payload) = udp_room(shared.mtu, server);
-    let stats: &Stats = &shared.d.stats;
-    let Some(reply) = dns.answer_udp(&query, max_payload, stats).await else {
+    let (hdr, max_payload) = udp_room(shared.mtu, key.server);
+    let Some(reply) = dns.answer_udp(&query, max_payload, &shared.d.stats).await else {
         return;
     };
     let mut b = vec![0u8; HEADROOM + hdr + reply.len()];
     b[HEADROOM + hdr..].copy_from_slice(&reply);
-    match packet::write_udp_headers(&mut b[HEADROOM..], server, client, reply.len()) {
-        Ok(len) => {
-            if shared.tun.send(&mut b, len).await.is_err() {
-                stats.drop(EngineDrop::TunWrite);
-            }
-        }
-        Err(r) => {
-            stats.rejects[r.index()].fetch_add(1, Relaxed);
-        }
-    }
+    write_reply(&shared, &mut b, key, reply.len()).await;
 }
