@@ -1,9 +1,11 @@
-//! Where a new TCP connection goes, decided once per connection for both
-//! stacks: answered here (DNS over TCP to a hijacked address), routed now and
-//! connected first (the common case, and fake-ip addresses, whose domain is
-//! known at SYN time), accepted first so its domain can be sniffed from the
-//! first bytes, or refused with an RST. Then the session that serves it,
-//! generic over the app's side of the connection ([`session`]).
+//! Where a new flow goes, decided once per flow ([`Dispatcher::plan`]) for
+//! both TCP stacks and the UDP flow table: answered by kerntun's DNS service
+//! (a hijacked address's port 53), routed now (the common case, and fake-ip
+//! addresses, whose domain is known at the first packet), for TCP also
+//! accepted first so its domain can be sniffed from the first bytes, or
+//! refused (TCP: an RST; UDP: the datagram dropped), counted in one place.
+//! Then, for TCP, the session that serves the connection, generic over the
+//! app's side of it ([`session`]).
 //!
 //! [`Dispatcher`] is everything that decision and the sessions need: the
 //! rules and outbounds, the DNS service, sniffing, admission, statistics and
@@ -43,15 +45,27 @@ pub(crate) struct Dispatcher {
     pub life: Arc<Lifecycle>,
 }
 
-/// The decision for a new connection's SYN.
+/// The transport of a new flow: what its plan may be (only TCP is
+/// sniffed) and the names its refusals are counted under.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Network {
+    Tcp,
+    Udp,
+}
+
+/// The decision for a new flow: a TCP connection's SYN, a UDP flow's first
+/// datagram.
 #[derive(Debug)]
 pub(crate) enum Plan {
-    /// DNS over TCP to a hijacked address: answered by kerntun's DNS service.
+    /// DNS to a hijacked address: answered by kerntun's DNS service (over
+    /// TCP in a session; over UDP query by query, opening no flow).
     Dns,
-    /// Route chosen now; connect the outbound before the app's SYN is answered.
+    /// Route chosen now: connect the outbound before the app's SYN is
+    /// answered (TCP), or open the flow's socket or association (UDP).
+    /// `dst` is a fake address's domain, or the address the app used.
     Connect { route: Route, dst: Address },
-    /// Accept the app's connection first, read its TLS SNI / HTTP Host
-    /// (bounded wait), then route by domain and connect.
+    /// TCP only: accept the app's connection first, read its TLS SNI / HTTP
+    /// Host (bounded wait), then route by domain and connect.
     Sniff,
 }
 
@@ -67,7 +81,7 @@ pub(crate) enum Next {
     Sniff,
 }
 
-/// Why a SYN is refused.
+/// Why a new flow is refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Refusal {
     /// A `reject` rule matched.
@@ -84,17 +98,7 @@ impl Dispatcher {
     /// this packet (memory pressure decays with it). No await, no I/O: called from
     /// the driver for every new flow's SYN, by both stacks.
     pub fn admit(&self, server: SocketAddr, now: Instant) -> Option<(Plan, OwnedPermit)> {
-        let plan = match self.plan(server) {
-            Ok(plan) => plan,
-            Err(Refusal::Rule) => {
-                self.stats.tcp_rejected_by_rule.fetch_add(1, Relaxed);
-                return None;
-            }
-            Err(Refusal::UnknownFake) => {
-                Stats::drop(&self.stats, EngineDrop::FakeIpUnknown);
-                return None;
-            }
-        };
+        let plan = self.plan(server, Network::Tcp)?;
         let Some(permit) = self.admission.try_acquire_owned(now) else {
             self.stats.admission_refused.fetch_add(1, Relaxed);
             self.warn.warn(format_args!(
@@ -108,8 +112,36 @@ impl Dispatcher {
         Some((plan, permit))
     }
 
-    /// Decide what happens to a new connection to `server`.
-    fn plan(&self, server: SocketAddr) -> Result<Plan, Refusal> {
+    /// Decide what happens to a new flow of `network` to `server`: `None`
+    /// when it is refused, counted here. No await, no I/O: called from the
+    /// driver for a new TCP connection's SYN and a new UDP flow's first
+    /// datagram.
+    pub fn plan(&self, server: SocketAddr, network: Network) -> Option<Plan> {
+        match self.decide(server, network) {
+            Ok(plan) => Some(plan),
+            Err(refusal) => {
+                self.count_refusal(refusal, network);
+                None
+            }
+        }
+    }
+
+    /// Count a refused flow, under the names the statistics have always
+    /// had (the FFI exports them): a rule's refusal is `tcp_rejected_by_rule`
+    /// for TCP and the drop `udp_rejected` for UDP; a fake address no domain
+    /// holds is the drop `fake_ip_unknown` for both.
+    fn count_refusal(&self, refusal: Refusal, network: Network) {
+        match (refusal, network) {
+            (Refusal::Rule, Network::Tcp) => {
+                self.stats.tcp_rejected_by_rule.fetch_add(1, Relaxed);
+            }
+            (Refusal::Rule, Network::Udp) => Stats::drop(&self.stats, EngineDrop::UdpRejected),
+            (Refusal::UnknownFake, _) => Stats::drop(&self.stats, EngineDrop::FakeIpUnknown),
+        }
+    }
+
+    /// The plan for a new flow, or why it is refused.
+    fn decide(&self, server: SocketAddr, network: Network) -> Result<Plan, Refusal> {
         if let Some(dns) = &self.dns {
             if dns.hijacks(server) {
                 return Ok(Plan::Dns);
@@ -128,8 +160,12 @@ impl Dispatcher {
             }
         }
         // Sniffing delays routing until the app speaks, so it is only done
-        // where a domain could change the route.
-        if self.sniff.covers(server.port()) && self.outbounds.needs_domain(server) {
+        // where a domain could change the route (and only for TCP, whose
+        // first bytes name it).
+        if network == Network::Tcp
+            && self.sniff.covers(server.port())
+            && self.outbounds.needs_domain(server)
+        {
             return Ok(Plan::Sniff);
         }
         match self.outbounds.route(&Target::ip(server)) {
@@ -192,5 +228,115 @@ impl Dispatcher {
             Some(d) => Target::sniffed(server, d),
             None => Target::ip(server),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+    use std::time::Duration;
+
+    use super::*;
+    use crate::budget::Pressure;
+    use crate::dns::DnsConfig;
+    use crate::outbound::SocketFactory;
+    use crate::outbound::config::DirectConfig;
+    use crate::relay::RelayConfig;
+    use crate::rules::{Action, Rule};
+
+    /// Rules: port 9 refused by address; `blocked.test` refused by domain
+    /// (so a domain could change the route of any address: sniffed ports
+    /// are sniffed). DNS on, hijacking 198.18.0.3, with a fake-ip pool.
+    fn dispatcher() -> Dispatcher {
+        let rules = vec![
+            Rule {
+                ports: Some("9".parse().expect("port")),
+                action: Action::Reject,
+                ..Rule::default()
+            },
+            Rule {
+                domain_suffix: vec!["blocked.test".into()],
+                action: Action::Reject,
+                ..Rule::default()
+            },
+        ];
+        let factory = SocketFactory::new(&DirectConfig::default(), None);
+        let outbounds = Arc::new(
+            Outbounds::new(
+                &BTreeMap::new(),
+                &rules,
+                &RelayConfig::default(),
+                factory,
+                64 * 1024,
+                Default::default(),
+            )
+            .expect("outbounds"),
+        );
+        let pressure = Arc::new(Pressure::default());
+        let bytes = || Arc::new(ByteBudget::new(1 << 20, pressure.clone()));
+        let dns_cfg = DnsConfig {
+            enabled: true,
+            hijack: vec!["198.18.0.3".parse().expect("static")],
+            upstreams: vec!["udp://192.0.2.1:53".into()],
+            fake_ip: true,
+            ..DnsConfig::default()
+        };
+        let nets = ["198.18.0.1/16".parse().expect("static")];
+        let dns =
+            Dns::new(&dns_cfg, &nets, outbounds.clone(), bytes(), bytes()).expect("dns config");
+        Dispatcher {
+            stats: Arc::new(Stats::with_outbounds(outbounds.names())),
+            outbounds,
+            dns,
+            sniff: SniffConfig::default(),
+            admission: Arc::new(Admission::with_pressure([16; 3], pressure.clone())),
+            relay_pool: bytes(),
+            warn: WarnLimiter::new(Duration::from_secs(5)),
+            life: Arc::new(Lifecycle::default()),
+        }
+    }
+
+    /// One plan for both networks: the rule that refuses a TCP connection
+    /// refuses the UDP flow to the same place, each counted under its own
+    /// name; a fake address no domain holds is `fake_ip_unknown` for both;
+    /// port 53 of the hijacked address is DNS for both; a sniffed port is
+    /// sniffed for TCP only, and routed by address for UDP.
+    #[test]
+    fn one_plan_for_tcp_and_udp_refusals_counted_by_network() {
+        let d = dispatcher();
+        let drops = |why: EngineDrop| d.stats.drops[why as usize].load(Relaxed);
+        let rejected: SocketAddr = "203.0.113.5:9".parse().expect("static");
+        assert!(d.plan(rejected, Network::Tcp).is_none());
+        assert_eq!(d.stats.tcp_rejected_by_rule.load(Relaxed), 1);
+        assert_eq!(drops(EngineDrop::UdpRejected), 0);
+        assert!(d.plan(rejected, Network::Udp).is_none());
+        assert!(d.plan(rejected, Network::Udp).is_none());
+        assert_eq!(d.stats.tcp_rejected_by_rule.load(Relaxed), 1);
+        assert_eq!(drops(EngineDrop::UdpRejected), 2);
+        // Admission goes through the same plan.
+        assert!(d.admit(rejected, Instant::now()).is_none());
+        assert_eq!(d.stats.tcp_rejected_by_rule.load(Relaxed), 2);
+
+        // In the pool, never handed out.
+        let unknown: SocketAddr = "198.18.200.1:443".parse().expect("static");
+        for net in [Network::Tcp, Network::Udp] {
+            assert!(d.plan(unknown, net).is_none(), "{net:?}");
+        }
+        assert_eq!(drops(EngineDrop::FakeIpUnknown), 2);
+
+        let hijacked: SocketAddr = "198.18.0.3:53".parse().expect("static");
+        for net in [Network::Tcp, Network::Udp] {
+            assert!(matches!(d.plan(hijacked, net), Some(Plan::Dns)), "{net:?}");
+        }
+        let sniffed: SocketAddr = "203.0.113.5:443".parse().expect("static");
+        assert!(matches!(d.plan(sniffed, Network::Tcp), Some(Plan::Sniff)));
+        assert!(matches!(
+            d.plan(sniffed, Network::Udp),
+            Some(Plan::Connect { route: Route::Direct, dst: Address::Ip(a) }) if a == sniffed
+        ));
+        // Nothing else was counted as refused.
+        assert_eq!(d.stats.tcp_rejected_by_rule.load(Relaxed), 2);
+        assert_eq!(drops(EngineDrop::UdpRejected), 2);
+        assert_eq!(drops(EngineDrop::FakeIpUnknown), 2);
     }
 }

@@ -26,6 +26,11 @@
 //! association, frames and sends, and turns the proxy's replies back into
 //! IP packets.
 //!
+//! What a new flow is, is decided by the plan TCP connections get
+//! (`Dispatcher::plan`, with `Network::Udp`): DNS to a hijacked address,
+//! a route by address or by the domain behind a fake-ip address, or a
+//! refusal, counted there (`udp_rejected`, `fake_ip_unknown`).
+//!
 //! DNS (when `[dns]` is on): a datagram to a hijacked address's port 53 opens
 //! no flow. Its payload is copied to a task that asks the DNS service and
 //! writes the answer to the TUN from the address the app asked; each query
@@ -60,7 +65,7 @@ use tokio::sync::mpsc;
 use tokio::task::AbortHandle;
 
 use crate::budget::ByteBudget;
-use crate::dispatch::Dispatcher;
+use crate::dispatch::{Dispatcher, Network, Plan};
 use crate::nat::FlowKey;
 use crate::outbound::{Address, Route, SocketFactory};
 use crate::packet::{self, IpInfo};
@@ -212,17 +217,21 @@ impl UdpTable {
             SocketAddr::new(ip.dst, udp.dst_port),
         );
         let payload = &buf[udp.payload_offset..udp.payload_offset + udp.payload_len];
-        if udp.dst_port == 53
-            && let Some(dns) = &self.shared.d.dns
-            && dns.hijacks(key.server)
-        {
-            return self.hijack(key, payload, now, local);
-        }
         // One lookup per datagram; a second only when the flow is new.
         let flow = match self.flows.get_mut(&key) {
             Some(f) => f,
             None => {
-                if !self.open(key, now, local) {
+                // The plan TCP connections get too (`Dispatcher::plan`).
+                // DNS to a hijacked address and refused datagrams open no
+                // flow, so each of them is planned again.
+                let (route, dst) = match self.shared.d.plan(key.server, Network::Udp) {
+                    Some(Plan::Connect { route, dst }) => (route, dst),
+                    Some(Plan::Dns) => return self.hijack(key, payload, now, local),
+                    // Refused, and counted, by the plan (which sniffs TCP
+                    // only).
+                    Some(Plan::Sniff) | None => return,
+                };
+                if !self.open(key, route, dst, now, local) {
                     return;
                 }
                 let Some(f) = self.flows.get_mut(&key) else {
@@ -265,43 +274,29 @@ impl UdpTable {
         }
     }
 
-    fn open(&mut self, key: FlowKey, now: Instant, local: &mut LocalCounters) -> bool {
+    /// Open the flow `key` along the route its plan chose, to `dst` (a
+    /// fake address's domain, or the address the app used). False if its
+    /// socket could not be opened (counted).
+    fn open(
+        &mut self,
+        key: FlowKey,
+        route: Route,
+        dst: Address,
+        now: Instant,
+        local: &mut LocalCounters,
+    ) -> bool {
         // What is gathered goes out before the table changes (an eviction
         // below may close the flow it belongs to).
         self.flush(local);
         let server = key.server;
         let shared = self.shared.clone();
-        let outbounds = &shared.d.outbounds;
-        // A fake address stands for a domain: route by it, and carry it on.
-        let fake = match &shared.d.dns {
-            Some(dns) if dns.is_fake(server.ip()) => match dns.fake_domain(server.ip()) {
-                Some(d) => Some((dns.clone(), d)),
-                None => {
-                    local.drop(EngineDrop::FakeIpUnknown);
-                    return false;
-                }
-            },
-            _ => None,
-        };
-        let route = outbounds.route(&match &fake {
-            Some((_, d)) => crate::rules::Target::fake_ip(server, d),
-            None => crate::rules::Target::ip(server),
-        });
-        if route == Route::Reject {
-            local.drop(EngineDrop::UdpRejected);
-            return false;
-        }
         if self.flows.len() >= self.shared.max_flows {
             self.evict_oldest();
         }
         let last_down = Arc::new(AtomicU64::new(0));
-        let (io, task) = match route {
-            Route::Proxy(i) if outbounds.udp_proxied(route) => {
+        let (io, task) = match (route, dst) {
+            (Route::Proxy(i), target) if shared.d.outbounds.udp_proxied(route) => {
                 let (queue, rx, spare_tx) = Queue::new(shared.queues.clone(), shared.mtu);
-                let target = match &fake {
-                    Some((_, d)) => Address::Domain(d.to_string(), server.port()),
-                    None => Address::Ip(server),
-                };
                 let task = tokio::spawn(proxied::proxy_flow(
                     self.shared.clone(),
                     i,
@@ -317,8 +312,10 @@ impl UdpTable {
             }
             // Direct to a domain: resolved in the flow's task, so the flow
             // takes the queued path while that happens.
-            _ if fake.is_some() => {
-                let Some((dns, domain)) = fake else {
+            (_, Address::Domain(domain, _)) => {
+                // The plan names a domain only with the DNS service on.
+                let Some(dns) = shared.d.dns.clone() else {
+                    local.drop(EngineDrop::UdpOpenFailed);
                     return false;
                 };
                 let (queue, rx, spare_tx) = Queue::new(shared.queues.clone(), shared.mtu);

@@ -100,7 +100,7 @@ impl Drop for Queue {
 pub(super) async fn resolved_flow(
     shared: Arc<UdpEnv>,
     dns: Arc<Dns>,
-    domain: Arc<str>,
+    domain: String,
     key: FlowKey,
     mut rx: mpsc::Receiver<Vec<u8>>,
     spare: mpsc::Sender<Vec<u8>>,
