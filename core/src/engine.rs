@@ -19,8 +19,9 @@ use tokio::runtime::Runtime;
 
 use crate::budget::{Admission, Budget, ByteBudget, MemoryPressure, Platform, Pressure, TcpStack};
 use crate::config::{Config, ConfigError, DriverMode, StackKind, nat_address};
+use crate::demux::Demux;
 use crate::dispatch::Dispatcher;
-use crate::driver::{self, DriverKind, Processor};
+use crate::driver::{self, DriverKind};
 use crate::lifecycle::{EngineTask, Lifecycle, Phase, supervised};
 use crate::nat::{NatConfig, NatTable};
 use crate::outbound::{Outbounds, Protect, SocketFactory};
@@ -172,7 +173,7 @@ impl Engine {
         let assembled = rt.block_on(assemble(&config, source, protect, budget, stack))?;
         let Assembled {
             parts,
-            processor,
+            demux,
             listeners,
             driver,
         } = assembled;
@@ -192,7 +193,8 @@ impl Engine {
             }
         }
         let coalesce = config.tun.coalesce;
-        let read = driver::run(processor, driver, life.clone(), parts.mtu, coalesce);
+        let tun = parts.tun.clone();
+        let read = driver::run(demux, tun, driver, life.clone(), parts.mtu, coalesce);
         rt.spawn(supervised(life.clone(), EngineTask::Driver, read));
         tracing::info!(
             "kerntun started on {} ({} stack: {why}; {} driver, mtu {})",
@@ -342,7 +344,8 @@ impl Drop for Engine {
 /// The engine's parts, wired, before their tasks are spawned.
 struct Assembled {
     parts: Parts,
-    processor: Processor,
+    /// Every packet's first stop, handed to the driver.
+    demux: Demux,
     /// The system stack's kernel listeners (none for smoltcp).
     listeners: Vec<(TcpListener, FamilyAddrs)>,
     driver: DriverKind,
@@ -498,7 +501,7 @@ async fn assemble(
         config.tun.ipv4.map(|n| IpAddr::V4(n.addr())),
         config.tun.ipv6.map(|n| IpAddr::V6(n.addr())),
     );
-    let processor = Processor::new(stack.clone(), udp, gateways, tun.clone(), stats.clone());
+    let demux = Demux::new(stack.clone(), udp, gateways, stats.clone());
     Ok(Assembled {
         parts: Parts {
             life,
@@ -509,7 +512,7 @@ async fn assemble(
             tun,
             mtu: config.tun.mtu,
         },
-        processor,
+        demux,
         listeners,
         driver,
     })

@@ -13,10 +13,13 @@
 //!
 //! * [`stats`]: the counters (relaxed atomics, driver-local batches).
 //! * `driver`: one task reads the TUN (per-packet, Linux GRO/GSO or Darwin
-//!   `recvmsg_x`) and hands every packet to one processing step.
+//!   `recvmsg_x`) and writes back; every packet it reads goes to `demux`.
+//! * `demux`: every packet parsed once and handed on: TCP to the stack, UDP
+//!   to the flow table, pings to the gateway answered, fragments reassembled.
 //! * `stack`: the two TCP stacks behind one entry, the system netstack
 //!   (kernel TCP behind the NAT, the mobile default) and smoltcp.
-//! * `udp`: datagram flows (direct, proxied, hijacked DNS).
+//! * `udp`: datagram flows (direct, proxied, hijacked DNS), one folder:
+//!   the flow table, GSO gathering, the reply loops per platform.
 //! * `dispatch`: connect-first admission of a new flow and the sessions that
 //!   serve it, written once for both stacks.
 //! * [`outbound`], [`rules`], [`dns`], [`sniff`]: where flows go; `dnswire`
@@ -33,6 +36,7 @@
 
 pub mod budget;
 pub mod config;
+mod demux;
 mod dispatch;
 pub mod dns;
 mod dnswire;

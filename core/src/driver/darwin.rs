@@ -7,25 +7,29 @@
 use std::io;
 use std::os::fd::AsFd;
 
-use super::{Head, Processor, is_fatal};
-use crate::lifecycle::Lifecycle;
+use super::{Head, handle, is_fatal};
+use crate::demux::Demux;
 use crate::stats::EngineDrop;
 use crate::sys::utun::{MAX_BATCH, RecvBatch, SlotError};
+use crate::tun::Tun;
 
 /// Batches per readiness edge: with [`MAX_BATCH`] this is the 128-packet
 /// bound wireguard-go's Darwin reader uses per wake-up.
 const BATCHES_PER_EDGE: usize = 4;
 
-pub(super) async fn run(proc: &mut Processor, life: &Lifecycle, mtu: usize) -> io::Result<()> {
-    let tun = proc.tun.clone();
+pub(super) async fn run(
+    demux: &mut Demux,
+    head: &mut Head,
+    tun: &Tun,
+    mtu: usize,
+) -> io::Result<()> {
     let mut batch = RecvBatch::new(MAX_BATCH, mtu.max(1500) + 64);
     let mut batching = crate::sys::darwin::recvmsg_x_available();
     if !batching {
         tracing::warn!("recvmsg_x is not available: reading the utun one packet at a time");
-        proc.local.drop(EngineDrop::TunReadBatch);
+        demux.local.drop(EngineDrop::TunReadBatch);
     }
-    let mut head = Head::new(proc, life);
-    while head.readable(proc).await? {
+    while head.readable(demux).await? {
         let mut empty = false;
         for _ in 0..BATCHES_PER_EDGE {
             if batching {
@@ -33,17 +37,17 @@ pub(super) async fn run(proc: &mut Processor, life: &Lifecycle, mtu: usize) -> i
                     Ok(n) if n > 0 => {
                         for i in 0..n {
                             match batch.packet(i) {
-                                Ok((buf, len)) => proc.handle(buf, len).await,
+                                Ok((buf, len)) => handle(demux, tun, buf, len).await,
                                 Err(SlotError::Truncated) => {
-                                    proc.local.drop(EngineDrop::TunReadBatch)
+                                    demux.local.drop(EngineDrop::TunReadBatch)
                                 }
                                 // Counted by the parser as an empty packet.
                                 Err(SlotError::Short) => {
-                                    let _ = proc.process(&mut []);
+                                    let _ = demux.process(&mut []);
                                 }
                             }
                         }
-                        proc.read_done(n as u64);
+                        demux.read_done(n as u64);
                         continue;
                     }
                     // Nothing queued: the read below consumes the readiness
@@ -56,7 +60,7 @@ pub(super) async fn run(proc: &mut Processor, life: &Lifecycle, mtu: usize) -> i
                         tracing::warn!(
                             "recvmsg_x failed ({e}): reading the utun one packet at a time"
                         );
-                        proc.local.drop(EngineDrop::TunReadBatch);
+                        demux.local.drop(EngineDrop::TunReadBatch);
                         batching = false;
                         continue;
                     }
@@ -71,10 +75,10 @@ pub(super) async fn run(proc: &mut Processor, life: &Lifecycle, mtu: usize) -> i
                     break;
                 }
             };
-            proc.handle(buf, len).await;
-            proc.read_done(1);
+            handle(demux, tun, buf, len).await;
+            demux.read_done(1);
         }
-        head.drained(proc, empty);
+        demux.drained(empty);
     }
     Ok(())
 }

@@ -8,8 +8,8 @@ use std::io;
 
 use tun_rs::{GROTable, IDEAL_BATCH_SIZE};
 
-use super::{Head, Processor, is_fatal};
-use crate::lifecycle::Lifecycle;
+use super::{Head, handle, is_fatal};
+use crate::demux::Demux;
 use crate::packet::{Disposition, HEADROOM};
 use crate::stats::EngineDrop;
 use crate::tun::Tun;
@@ -26,8 +26,12 @@ const READS_PER_EDGE: usize = 8;
 /// Maximum IP packet, plus the virtio header.
 const SUPER_PACKET: usize = HEADROOM + 65_535;
 
-pub(super) async fn run(proc: &mut Processor, life: &Lifecycle, mtu: usize) -> io::Result<()> {
-    let tun = proc.tun.clone();
+pub(super) async fn run(
+    demux: &mut Demux,
+    head: &mut Head,
+    tun: &Tun,
+    mtu: usize,
+) -> io::Result<()> {
     let mut original = vec![0u8; SUPER_PACKET].into_boxed_slice();
     // One lazily-populated arena for all segment buffers: pages are only
     // resident once a segment was written there.
@@ -42,8 +46,7 @@ pub(super) async fn run(proc: &mut Processor, life: &Lifecycle, mtu: usize) -> i
         .map(|_| Vec::with_capacity(2 * HEADROOM + 65_535))
         .collect();
     let mut gro = GROTable::default();
-    let mut head = Head::new(proc, life);
-    while head.readable(proc).await? {
+    while head.readable(demux).await? {
         let mut empty = false;
         for _ in 0..READS_PER_EDGE {
             let n = match tun
@@ -59,7 +62,7 @@ pub(super) async fn run(proc: &mut Processor, life: &Lifecycle, mtu: usize) -> i
                 Err(_) => {
                     // Malformed virtio header or too many segments: this read
                     // is lost as a whole, counted; TCP retransmits it.
-                    proc.local.drop(EngineDrop::TunReadBatch);
+                    demux.local.drop(EngineDrop::TunReadBatch);
                     continue;
                 }
             };
@@ -67,38 +70,38 @@ pub(super) async fn run(proc: &mut Processor, life: &Lifecycle, mtu: usize) -> i
                 // One packet, nothing to coalesce it with (the common read at
                 // a 64 KiB MTU, and every ACK): write it back from where it
                 // was read instead of copying it into a write buffer for GRO.
-                proc.handle(segs[0], sizes[0]).await;
-                proc.read_done(1);
+                handle(demux, tun, segs[0], sizes[0]).await;
+                demux.read_done(1);
                 continue;
             }
             let mut pending = 0usize;
             for i in 0..n {
                 let seg = &mut segs[i][HEADROOM..HEADROOM + sizes[i]];
-                if let Disposition::WriteBack(len) = proc.process(seg) {
+                if let Disposition::WriteBack(len) = demux.process(seg) {
                     let o = &mut out[pending];
                     o.clear();
                     o.resize(HEADROOM, 0);
                     o.extend_from_slice(&seg[..len]);
                     pending += 1;
                     if pending == out.len() {
-                        flush(proc, &tun, &mut gro, &mut out[..pending]).await;
+                        flush(demux, tun, &mut gro, &mut out[..pending]).await;
                         pending = 0;
                     }
                 }
             }
             if pending > 0 {
-                flush(proc, &tun, &mut gro, &mut out[..pending]).await;
+                flush(demux, tun, &mut gro, &mut out[..pending]).await;
             }
-            proc.read_done(n as u64);
+            demux.read_done(n as u64);
         }
-        head.drained(proc, empty);
+        demux.drained(empty);
     }
     Ok(())
 }
 
-async fn flush(proc: &mut Processor, tun: &Tun, gro: &mut GROTable, bufs: &mut [Vec<u8>]) {
-    proc.local.writes += bufs.len() as u64;
+async fn flush(demux: &mut Demux, tun: &Tun, gro: &mut GROTable, bufs: &mut [Vec<u8>]) {
+    demux.local.writes += bufs.len() as u64;
     if tun.dev.send_multiple(gro, bufs, HEADROOM).await.is_err() {
-        proc.local.drop(EngineDrop::TunWrite);
+        demux.local.drop(EngineDrop::TunWrite);
     }
 }

@@ -11,25 +11,26 @@
 
 use std::io;
 
-use super::{DRAIN_PER_EDGE, Head, Processor, is_fatal};
-use crate::lifecycle::Lifecycle;
+use super::{DRAIN_PER_EDGE, Head, is_fatal, write_back};
+use crate::demux::Demux;
 use crate::packet::coalesce::{self, MAX_PACKET};
 use crate::packet::{Disposition, HEADROOM};
+use crate::stats::LocalCounters;
+use crate::tun::Tun;
 
 pub(super) async fn run(
-    proc: &mut Processor,
-    life: &Lifecycle,
+    demux: &mut Demux,
+    head: &mut Head,
+    tun: &Tun,
     mtu: usize,
     mut coalesce: bool,
 ) -> io::Result<()> {
-    let tun = proc.tun.clone();
     // One buffer for the device's largest packet plus the headroom.
     let mut buf = vec![0u8; HEADROOM + mtu.max(1500) + 64].into_boxed_slice();
     // The merge in progress (allocated, and its pages touched, only once a
     // merge happens).
     let mut held = Held::default();
-    let mut head = Head::new(proc, life);
-    while head.readable(proc).await? {
+    while head.readable(demux).await? {
         let mut n_read = 0u64;
         for _ in 0..DRAIN_PER_EDGE {
             let len = match tun.try_recv(&mut buf) {
@@ -39,26 +40,27 @@ pub(super) async fn run(
                 Err(_) => break,
             };
             n_read += 1;
-            let Disposition::WriteBack(n) = proc.process(&mut buf[HEADROOM..HEADROOM + len]) else {
+            let Disposition::WriteBack(n) = demux.process(&mut buf[HEADROOM..HEADROOM + len])
+            else {
                 continue;
             };
             let out = &buf[HEADROOM..HEADROOM + n];
-            if coalesce && proc.coalescible(out) {
+            if coalesce && demux.coalescible(out) {
                 if held.append(out) {
                     continue;
                 }
-                coalesce &= held.flush(proc).await;
+                coalesce &= held.flush(tun, &mut demux.local).await;
                 held.start(out);
                 continue;
             }
-            coalesce &= held.flush(proc).await;
-            proc.write_back(&mut buf, n).await;
+            coalesce &= held.flush(tun, &mut demux.local).await;
+            write_back(tun, &mut demux.local, &mut buf, n).await;
         }
-        coalesce &= held.flush(proc).await;
+        coalesce &= held.flush(tun, &mut demux.local).await;
         if n_read > 0 {
-            proc.read_done(n_read);
+            demux.read_done(n_read);
         }
-        head.drained(proc, (n_read as usize) < DRAIN_PER_EDGE);
+        demux.drained((n_read as usize) < DRAIN_PER_EDGE);
     }
     Ok(())
 }
@@ -103,13 +105,13 @@ impl Held {
     /// Write the held packet out. False if the device refused a merged
     /// packet: the caller stops merging (the refused data is a counted
     /// drop, which TCP retransmits).
-    async fn flush(&mut self, proc: &mut Processor) -> bool {
+    async fn flush(&mut self, tun: &Tun, local: &mut LocalCounters) -> bool {
         if self.len == 0 {
             return true;
         }
         let (len, merged) = (self.len, self.merged);
         self.len = 0;
-        let sent = proc.write_back(&mut self.buf, len).await;
+        let sent = write_back(tun, local, &mut self.buf, len).await;
         if !sent && merged {
             tracing::warn!(
                 "the TUN refused a merged {len}-byte segment: writing segments back one by one from now on"

@@ -1,0 +1,187 @@
+//! The packet demux: every packet the driver reads is parsed once here and
+//! handed to what owns its protocol. TCP goes to the stack
+//! ([`Stack::tcp`]), UDP to the flow table (`udp::UdpTable`, owned here, so
+//! the uplink datagram path takes no locks), an ICMP echo request to the
+//! gateway is answered in place, and IP fragments wait in the reassembler
+//! until their datagram is whole. No I/O of the device: the readers in
+//! `driver/` read, call [`Demux::process`] and write back what it asks for.
+
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::Instant;
+
+use crate::packet::frag::{Limits, Reassembler};
+use crate::packet::{self, Disposition, IpInfo, Reject, protocol};
+use crate::stack::Stack;
+use crate::stats::{EngineDrop, LocalCounters, Stats};
+use crate::udp::UdpTable;
+
+/// The per-packet processing every reader shares: the stack for TCP, the
+/// flow table for UDP, echo replies for pings to the gateway, reassembly.
+#[derive(Debug)]
+pub(crate) struct Demux {
+    stack: Stack,
+    udp: UdpTable,
+    /// IP fragments from the app, until their datagram is whole.
+    frags: Reassembler,
+    /// Where a reassembled datagram is written (kept while small).
+    frag_out: Vec<u8>,
+    /// The TUN's own addresses (IPv4, IPv6): pings to them are answered.
+    gateways: (Option<IpAddr>, Option<IpAddr>),
+    stats: Arc<Stats>,
+    pub local: LocalCounters,
+    /// The clock reading for the current drain (one `Instant::now()` per edge).
+    pub now: Instant,
+}
+
+impl Demux {
+    pub fn new(
+        stack: Stack,
+        udp: UdpTable,
+        gateways: (Option<IpAddr>, Option<IpAddr>),
+        stats: Arc<Stats>,
+    ) -> Self {
+        let now = Instant::now();
+        Self {
+            stack,
+            udp,
+            frags: Reassembler::new(Limits::default()),
+            frag_out: Vec::new(),
+            gateways,
+            stats,
+            local: LocalCounters::new(now),
+            now,
+        }
+    }
+
+    /// Process one packet in place: `WriteBack(n)` asks the driver to write
+    /// `buf[..n]` to the TUN.
+    #[inline]
+    pub fn process(&mut self, buf: &mut [u8]) -> Disposition {
+        let ip = match packet::parse_ip(buf) {
+            Ok(ip) => ip,
+            Err(Reject::Ipv4Fragment | Reject::Ipv6Fragment) => {
+                self.fragment(buf);
+                return Disposition::Done;
+            }
+            Err(r) => {
+                self.local.reject(r);
+                return Disposition::Done;
+            }
+        };
+        match ip.protocol {
+            protocol::TCP => self.stack.tcp(buf, &ip, self.now, &mut self.local),
+            protocol::UDP => {
+                self.udp.handle(buf, &ip, self.now, &mut self.local);
+                Disposition::Done
+            }
+            protocol::ICMP | protocol::ICMPV6 => self.icmp(buf, &ip),
+            _ => {
+                self.local.reject(packet::Reject::UnsupportedProtocol);
+                Disposition::Done
+            }
+        }
+    }
+
+    /// One IP fragment: held until its datagram is whole, which then takes
+    /// the UDP path like any datagram (only UDP is reassembled; TCP never
+    /// needs it). Every discard is counted.
+    #[cold]
+    fn fragment(&mut self, buf: &[u8]) {
+        let mut out = std::mem::take(&mut self.frag_out);
+        let local = &mut self.local;
+        let pushed = self.frags.push(buf, self.now, &mut out, |d| {
+            local.drop(EngineDrop::of_frag(d));
+        });
+        match pushed {
+            Ok(Some(n)) => match packet::parse_ip(&out[..n]) {
+                Ok(ip) if ip.protocol == protocol::UDP => {
+                    self.udp.handle(&out[..n], &ip, self.now, &mut self.local);
+                }
+                _ => self.local.drop(EngineDrop::FragMalformed),
+            },
+            Ok(None) => {}
+            Err(d) => self.local.drop(EngineDrop::of_frag(d)),
+        }
+        // A buffer that held a large datagram is not kept.
+        if out.capacity() <= 16 * 1024 {
+            self.frag_out = out;
+        }
+    }
+
+    fn icmp(&mut self, buf: &mut [u8], ip: &IpInfo) -> Disposition {
+        let gateway = match ip.dst {
+            IpAddr::V4(_) => self.gateways.0,
+            IpAddr::V6(_) => self.gateways.1,
+        };
+        if gateway == Some(ip.dst)
+            && let Ok(n) = packet::echo_reply_in_place(buf, ip)
+        {
+            self.local.icmp_echo_replies += 1;
+            return Disposition::WriteBack(n);
+        }
+        self.local.drop(EngineDrop::IcmpUnhandled);
+        Disposition::Done
+    }
+
+    /// Whether a packet to be written back may be merged with its flow's
+    /// neighbours: a plain TCP data segment toward the TUN's own address
+    /// (the system stack's uplink to its kernel listener, always delivered
+    /// locally, so a packet above the MTU never has to leave the host).
+    pub fn coalescible(&self, pkt: &[u8]) -> bool {
+        let to_gateway = match pkt.first().map(|b| b >> 4) {
+            Some(4) => pkt.get(16..20).is_some_and(|d| {
+                self.gateways.0 == Some(IpAddr::from(<[u8; 4]>::try_from(d).unwrap_or_default()))
+            }),
+            Some(6) => pkt.get(24..40).is_some_and(|d| {
+                self.gateways.1 == Some(IpAddr::from(<[u8; 16]>::try_from(d).unwrap_or_default()))
+            }),
+            _ => false,
+        };
+        to_gateway && packet::coalesce::candidate(pkt)
+    }
+
+    /// Count `n` packets read in this drain, which ended: what the stack
+    /// held back during it goes out.
+    pub fn read_done(&mut self, n: u64) {
+        self.stack.drain_done();
+        self.local.read_done(n, &self.stats, self.now);
+    }
+
+    /// Whether the last drain aborted tasks whose resources are freed only
+    /// when the runtime drops them (evicted UDP flows and their sockets).
+    pub fn owes_yield(&mut self) -> bool {
+        self.udp.take_evicted()
+    }
+
+    /// Whether there is state a cleanup tick could expire.
+    pub fn has_state(&self) -> bool {
+        self.stack.has_state() || self.udp.len() > 0 || !self.frags.is_empty()
+    }
+
+    /// The periodic cleanup: NAT entries, unaccepted outbounds, idle UDP
+    /// flows, datagrams whose fragments stopped coming.
+    pub fn cleanup(&mut self, now: Instant) {
+        self.stack.cleanup(now);
+        self.udp.sweep(now);
+        let stats = &self.stats;
+        self.frags
+            .expire(now, |d| Stats::drop(stats, EngineDrop::of_frag(d)));
+    }
+
+    /// A drain ended: the uplink datagrams gathered in it leave now (one GSO
+    /// send per flow's run of datagrams, `udp::UdpTable::flush`); a reader
+    /// that found the device `empty` is about to sleep, so what it counted
+    /// is published too.
+    pub fn drained(&mut self, empty: bool) {
+        self.udp.flush(&mut self.local);
+        if empty {
+            self.commit(self.now);
+        }
+    }
+
+    /// Publish the driver-local counts to the shared statistics.
+    pub fn commit(&mut self, now: Instant) {
+        self.local.commit(&self.stats, now);
+    }
+}
