@@ -285,7 +285,7 @@ pub fn section(records: &[Record]) -> String {
         "A large share of phone traffic is QUIC: {datagram}-byte UDP datagrams at full rate, \
          both directions. `iperf3 -u -b 0 -l {datagram}` (upload; download with `-R`) from the \
          router topology's app namespace, through the engine's direct UDP flows (a connected \
-         socket per flow, `core/src/udp.rs`), beside the no-TUN baseline of the same topology \
+         socket per flow, `core/src/udp/`), beside the no-TUN baseline of the same topology \
          and MTU. Gbit/s and loss are iperf3's receiver's (loss: datagrams missing from its \
          sequence over all it accounted for; the sender offers more than any path here \
          carries, so loss is high everywhere, the baseline included); offered: what the sender \

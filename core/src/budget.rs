@@ -552,7 +552,7 @@ impl Pressure {
 
 /// The most a direct UDP flow's reply path holds while replies arrive:
 /// one `recvmmsg` batch of 16 slots, each up to 2 KiB of payload behind
-/// room for the headers (`udp::reply_loop`; freed when the socket runs dry).
+/// room for the headers (`udp/reply/linux.rs`; freed when the socket runs dry).
 pub const UDP_REPLY_BATCH_BYTES: usize = 16 * (2048 + 128);
 
 /// Darwin's reply buffer of a direct UDP flow: the largest reply passed on

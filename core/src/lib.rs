@@ -20,8 +20,9 @@
 //!   (kernel TCP behind the NAT, the mobile default) and smoltcp.
 //! * `udp`: datagram flows (direct, proxied, hijacked DNS), one folder:
 //!   the flow table, GSO gathering, the reply loops per platform.
-//! * `dispatch`: connect-first admission of a new flow and the sessions that
-//!   serve it, written once for both stacks.
+//! * `dispatch`: the plan of every new flow (TCP connection or UDP flow),
+//!   connect-first admission and the sessions that serve a connection,
+//!   written once for both stacks.
 //! * [`outbound`], [`rules`], [`dns`], [`sniff`]: where flows go; `dnswire`
 //!   reads DNS over TCP for the DNS service and the proxy-name resolver.
 //! * [`relay`]: moving bytes between the app's side and the outbound
