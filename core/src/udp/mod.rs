@@ -17,9 +17,9 @@
 //! Flows the rules send through a proxy (SOCKS5 UDP ASSOCIATE, Shadowsocks
 //! UDP) need a handshake and framing before a datagram can leave, which the
 //! driver must not wait for. They take a queued path: the driver copies the
-//! payload into one of the flow's [`QUEUE_DEPTH`] recycled buffers and hands
-//! it to the flow's task over a bounded channel; a full queue is a counted
-//! drop. A flow's first buffer always exists; each further one is charged
+//! payload into one of the flow's recycled buffers (at most
+//! [`QUEUE_DEPTH`](proxied::QUEUE_DEPTH)) and hands it to the flow's task
+//! over a bounded channel; a full queue is a counted drop. A flow's first buffer always exists; each further one is charged
 //! one MTU against the proxied-queue byte budget (`budget.memory`), so all
 //! flows together hold at most `udp_flows` x MTU plus that budget, and a
 //! buffer the budget refuses is a counted drop too. The task opens the
