@@ -1,5 +1,5 @@
-//! Network-namespace fixtures for kerntun's end-to-end tests, the
-//! `kerntun demo` command and the benchmark harness (Linux, root).
+//! Network-namespace fixtures for kerntun's end-to-end tests, the demo
+//! (`cli/examples/demo.rs`) and the benchmark harness (Linux, root).
 //!
 //! A [`Topology`] is two fresh namespaces joined by a veth pair:
 //!
