@@ -32,13 +32,15 @@ pub const APP_TABLE: &str = "233";
 /// The server namespace's side of the topology's veth pair.
 const SERVER_VETH: &str = "kts";
 
-/// An app namespace attached to a [`Topology`]; deleted on drop (the veth
-/// pair goes with it).
+/// An app namespace attached to a [`Topology`]; deleted on drop, its veth
+/// pair first.
 #[derive(Debug)]
 pub struct Router {
     pub app: Netns,
     /// The topology's subnet index N (10.233.N.0/24).
     id: u32,
+    /// The topology's client namespace, which holds the gateway's veth.
+    client: String,
 }
 
 impl Router {
@@ -47,7 +49,11 @@ impl Router {
     pub fn attach(topo: &Topology) -> io::Result<Router> {
         let id = topo.id;
         let app = Netns::new(&format!("a{id}"))?;
-        let r = Router { app, id };
+        let r = Router {
+            app,
+            id,
+            client: topo.client.name().to_owned(),
+        };
         let (amac, gmac) = (
             format!("02:6b:74:01:{id:02x}:02"),
             format!("02:6b:74:01:{id:02x}:01"),
@@ -121,16 +127,12 @@ impl Router {
             "nud",
             "permanent",
         ])?;
-        topo.client.ip(&[
-            "rule",
-            "add",
-            "iif",
-            GATEWAY_VETH,
-            "lookup",
-            APP_TABLE,
-            "pref",
-            "1000",
-        ])?;
+        // `del` first: a router attached to the same topology before left
+        // its rule behind (the rule lives in the client namespace), and a
+        // second one would fail with EEXIST.
+        let rule = ["iif", GATEWAY_VETH, "lookup", APP_TABLE, "pref", "1000"];
+        let _ = topo.client.ip(&[&["rule", "del"][..], &rule].concat());
+        topo.client.ip(&[&["rule", "add"][..], &rule].concat())?;
         Ok(r)
     }
 
@@ -168,6 +170,16 @@ impl Router {
     }
 }
 
+impl Drop for Router {
+    /// The veth pair goes now: deleting a namespace destroys its devices
+    /// only later (the kernel cleans namespaces up in the background), and
+    /// a router attached again right away would find the gateway's end
+    /// still there.
+    fn drop(&mut self) {
+        let _ = crate::sh("ip", &["-n", &self.client, "link", "del", GATEWAY_VETH]);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -202,5 +214,17 @@ mod tests {
             .exec("cat", &[&format!("/sys/class/net/{GATEWAY_VETH}/mtu")])
             .expect("mtu");
         assert_eq!(mtu.trim(), "9000");
+        // Attached again to the same topology (the benchmark's phone TCP
+        // part, then its UDP part): one rule, and the path still works.
+        drop(r);
+        let r = Router::attach(&topo).expect("router again");
+        let rules = topo.client.exec("ip", &["rule", "show"]).expect("rules");
+        assert_eq!(rules.matches("iif kte lookup 233").count(), 1, "{rules}");
+        r.app
+            .spawn(move || client::echo_transfer(to, 8, 1 << 20, false))
+            .expect("thread")
+            .join()
+            .expect("join")
+            .expect("echo through the second router");
     }
 }
