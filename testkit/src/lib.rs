@@ -19,7 +19,9 @@
 //!
 //! [`router::Router`] adds a third namespace whose traffic the client
 //! namespace forwards into the TUN (the router topology of the benchmark's
-//! phone profiles).
+//! phone profiles); [`uid_route::UidRoute`] routes one uid of the client
+//! namespace into the TUN, as Android routes an app (their android
+//! topology).
 
 use std::fs::File;
 use std::io;
@@ -30,6 +32,7 @@ use std::thread::JoinHandle;
 
 pub mod dns;
 pub mod router;
+pub mod uid_route;
 
 /// Whether this process can create namespaces and TUN devices.
 pub fn have_root() -> bool {
