@@ -8,7 +8,8 @@
 # benches and the netns harness (with perf-sampled splice/copy runs), and
 # writes docs/benchmarks.md, docs/benchmarks/results.jsonl and
 # docs/benchmarks/chart.png. About 21 minutes on a 2-core machine once built,
-# 9 of them the phone profiles (`--phone` runs those alone).
+# 9 of them the phone profiles before the phone's own TUN joined them
+# (`--phone` runs the phone profiles alone).
 #
 # Harness options (all optional; `scripts/bench.sh --help` lists them):
 #   --duration 5            seconds per iperf3 run
@@ -17,10 +18,17 @@
 #   --only system-batch     only these engine scenarios (the baseline always runs)
 #   --skip-criterion --skip-scale --skip-profile --skip-phone   leave those parts out
 #   --profile-streams 1,16  streams of the perf-sampled splice/copy runs
-#   --phone                 only the phone profiles (router/local topology, MTU
-#                           1500/9000, per-packet/batch driver, baselines); keeps
-#                           the other records of results.jsonl
-#   --phone-mtus 1500,9000 --phone-topologies router,local
+#   --phone                 only the phone profiles (android/router/local topology,
+#                           per-packet/batch driver, baselines, and the UDP part);
+#                           replaces the records of what it measured, keeps the rest
+#   --phone-tun-only        only the phone's own TUN: the android topology (the
+#                           client as an app's uid routed into the TUN by a uid
+#                           rule, TUN txqueuelen 500), MTU 1500/4064/9000,
+#                           per-packet driver, batch driver as the reference, and
+#                           the baseline; the same as `--phone --phone-topologies
+#                           android --skip-phone-udp`
+#   --phone-topologies android,router,local --phone-mtus 1500,9000 (router, local)
+#   --phone-android-mtus 1500,4064,9000
 #   --phone-syscall-streams 16   streams of the perf-stat-counted phone runs (0: none)
 #   --phone-udp-only        only the phone profiles' UDP part (QUIC-shaped: 1200-byte
 #                           datagrams at full rate, router topology, MTU 1500,
@@ -29,14 +37,16 @@
 #   --phone-udp-streams 1
 #   --render-only           re-render the page and chart from results.jsonl
 #   --phone-before-rev REV  also run the engine built at git revision REV in the
-#                           per-packet phone profiles: the page's "Before and after"
+#                           per-packet phone profiles (every topology, TCP and UDP):
+#                           the page's "Before and after"; with --phone-tun-only,
+#                           the phone's own TUN before and after
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 target=${CARGO_TARGET_DIR:-target}
 
 if [[ ${1:-} == -h || ${1:-} == --help ]]; then
-    sed -n '2,32p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,41p' "$0" | sed 's/^# \{0,1\}//'
     if [[ -x $target/release/kerntun-netbench ]]; then
         "$target/release/kerntun-netbench" --help
     fi

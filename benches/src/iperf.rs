@@ -1,6 +1,28 @@
 //! The figures the harness takes from `iperf3 -J` (iperf 3.x JSON).
 
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
+
+/// Which way an iperf3 run sends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Direction {
+    /// The client (behind the TUN) sends to the server.
+    Upload,
+    /// `iperf3 -R`: the server sends to the client.
+    Download,
+}
+
+impl Direction {
+    pub const BOTH: [Direction; 2] = [Direction::Upload, Direction::Download];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Direction::Upload => "upload",
+            Direction::Download => "download",
+        }
+    }
+}
 
 /// One iperf3 client run, as the receiver saw it.
 #[derive(Debug, Clone, PartialEq)]

@@ -4,15 +4,19 @@
 //! `benches/`.
 //!
 //! Everything here that does not need root is plain parsing and rendering
-//! (`/proc` files, iperf3 JSON, criterion estimates, the Markdown page), so
-//! it is unit-tested without namespaces.
+//! (`/proc` files, iperf3 JSON, perf output, criterion estimates, the
+//! Markdown page), so it is unit-tested without namespaces. Modules import
+//! one way: the parsers (`procfs`, `iperf`, `syscalls`, `cpu_profile`,
+//! `crit`) and `scenario` know nothing of the others; `record` holds what
+//! they produce; `phone` says what the phone profiles are; `report`
+//! renders all of it.
 
+pub mod cpu_profile;
 pub mod crit;
 pub mod iperf;
 pub mod phone;
-pub mod phone_udp;
 pub mod procfs;
-pub mod profile;
 pub mod record;
 pub mod report;
 pub mod scenario;
+pub mod syscalls;

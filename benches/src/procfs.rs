@@ -1,7 +1,14 @@
-//! The few `/proc` figures the harness needs: a process's CPU time and
-//! memory, the whole machine's CPU time, and the load average.
+//! The few kernel counters the harness samples before and after a run: a
+//! process's CPU time, memory, system calls and context switches
+//! (`/proc/<pid>`), the whole machine's CPU time and load average, a
+//! namespace's TCP retransmissions (`/proc/net/snmp`) and a device's packet
+//! counters (`ip -s -j link`). Reading them is the harness's job; parsing
+//! them is here, unit-tested.
 
+use std::collections::BTreeMap;
 use std::io;
+
+use serde::{Deserialize, Serialize};
 
 /// CPU time of one process (all its threads), in clock ticks.
 pub fn process_ticks(pid: u32) -> io::Result<u64> {
@@ -109,6 +116,140 @@ pub fn load1() -> Option<f64> {
         .and_then(|t| t.split_whitespace().next()?.parse().ok())
 }
 
+/// The engine's counts from `/proc` over a run: read-family and
+/// write-family system calls on any descriptor (`/proc/<pid>/io` `syscr`,
+/// `syscw`; splice, recv and send are not among them), and context
+/// switches summed over its threads (`/proc/<pid>/task/*/status`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProcCounts {
+    pub read_calls: u64,
+    pub write_calls: u64,
+    pub voluntary_switches: u64,
+    pub involuntary_switches: u64,
+}
+
+/// A reading of those counters; two readings give a [`ProcCounts`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ProcSample {
+    pub syscr: u64,
+    pub syscw: u64,
+    /// Per thread id: (voluntary, involuntary) context switches.
+    pub threads: BTreeMap<u32, (u64, u64)>,
+}
+
+impl ProcSample {
+    /// Read the counters of process `pid` and its threads.
+    pub fn read(pid: u32) -> io::Result<ProcSample> {
+        let io = std::fs::read_to_string(format!("/proc/{pid}/io"))?;
+        let (syscr, syscw) = parse_io(&io)
+            .ok_or_else(|| io::Error::other(format!("/proc/{pid}/io: no syscr/syscw")))?;
+        let mut threads = BTreeMap::new();
+        for e in std::fs::read_dir(format!("/proc/{pid}/task"))?.flatten() {
+            let Some(tid) = e.file_name().to_str().and_then(|t| t.parse().ok()) else {
+                continue;
+            };
+            // A thread that ended since the listing has no status: skip it.
+            if let Ok(s) = std::fs::read_to_string(e.path().join("status"))
+                && let Some(c) = parse_switches(&s)
+            {
+                threads.insert(tid, c);
+            }
+        }
+        Ok(ProcSample {
+            syscr,
+            syscw,
+            threads,
+        })
+    }
+
+    /// What happened between `earlier` and `self`. A thread that started
+    /// in between counts from zero; one that ended in between is lost
+    /// (the engine's threads live as long as it does).
+    pub fn since(&self, earlier: &ProcSample) -> ProcCounts {
+        let (mut vol, mut invol) = (0, 0);
+        for (tid, &(v, i)) in &self.threads {
+            let (v0, i0) = earlier.threads.get(tid).copied().unwrap_or((0, 0));
+            vol += v.saturating_sub(v0);
+            invol += i.saturating_sub(i0);
+        }
+        ProcCounts {
+            read_calls: self.syscr.saturating_sub(earlier.syscr),
+            write_calls: self.syscw.saturating_sub(earlier.syscw),
+            voluntary_switches: vol,
+            involuntary_switches: invol,
+        }
+    }
+}
+
+/// The value after `name` on the first line that starts with it.
+fn field_after(text: &str, name: &str) -> Option<u64> {
+    let line = text.lines().find(|l| l.starts_with(name))?;
+    line[name.len()..].trim().parse().ok()
+}
+
+/// `syscr` and `syscw` of a `/proc/<pid>/io` file.
+pub fn parse_io(text: &str) -> Option<(u64, u64)> {
+    Some((field_after(text, "syscr:")?, field_after(text, "syscw:")?))
+}
+
+/// (voluntary, involuntary) context switches of a `/proc/<pid>/status` file.
+pub fn parse_switches(status: &str) -> Option<(u64, u64)> {
+    Some((
+        field_after(status, "voluntary_ctxt_switches:")?,
+        field_after(status, "nonvoluntary_ctxt_switches:")?,
+    ))
+}
+
+/// One counter of `/proc/net/snmp` (a header line `Tcp: Name...` followed by
+/// a value line `Tcp: 1 2...`), e.g. (`Tcp`, `RetransSegs`).
+pub fn parse_snmp(text: &str, proto: &str, name: &str) -> Option<u64> {
+    let prefix = format!("{proto}:");
+    let mut lines = text.lines().filter(|l| l.starts_with(&prefix));
+    let names = lines.next()?;
+    let values = lines.next()?;
+    let at = names.split_whitespace().position(|n| n == name)?;
+    values.split_whitespace().nth(at)?.parse().ok()
+}
+
+/// A network device's counters and transmit queue length.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LinkCounts {
+    pub tx_packets: u64,
+    pub tx_dropped: u64,
+    pub rx_packets: u64,
+    pub txqlen: Option<u32>,
+}
+
+impl LinkCounts {
+    /// What happened between `earlier` and `self` (the queue length is
+    /// `self`'s).
+    pub fn since(&self, earlier: &LinkCounts) -> LinkCounts {
+        LinkCounts {
+            tx_packets: self.tx_packets.saturating_sub(earlier.tx_packets),
+            tx_dropped: self.tx_dropped.saturating_sub(earlier.tx_dropped),
+            rx_packets: self.rx_packets.saturating_sub(earlier.rx_packets),
+            txqlen: self.txqlen,
+        }
+    }
+}
+
+/// The counters of the one device in `ip -s -j link show dev <name>`.
+pub fn parse_link(json: &str) -> Option<LinkCounts> {
+    let v: serde_json::Value = serde_json::from_str(json).ok()?;
+    let dev = v.get(0)?;
+    let stats = dev.get("stats64")?;
+    let n = |dir: &str, k: &str| stats.get(dir)?.get(k)?.as_u64();
+    Some(LinkCounts {
+        tx_packets: n("tx", "packets")?,
+        tx_dropped: n("tx", "dropped")?,
+        rx_packets: n("rx", "packets")?,
+        txqlen: dev
+            .get("txqlen")
+            .and_then(serde_json::Value::as_u64)
+            .and_then(|q| u32::try_from(q).ok()),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -157,5 +298,81 @@ mod tests {
             b.busy_since(&a)
         );
         assert_eq!(a.busy_since(&a), 0.0);
+    }
+
+    #[test]
+    fn proc_counters_parse_and_subtract_per_thread() {
+        let io = "rchar: 10\nwchar: 20\nsyscr: 1234\nsyscw: 567\nread_bytes: 0\n";
+        assert_eq!(parse_io(io), Some((1234, 567)));
+        assert_eq!(parse_io("rchar: 1\n"), None);
+        let st = "Name:\tkerntun\nvoluntary_ctxt_switches:\t812\nnonvoluntary_ctxt_switches:\t9\n";
+        assert_eq!(parse_switches(st), Some((812, 9)));
+        let a = ProcSample {
+            syscr: 100,
+            syscw: 50,
+            threads: BTreeMap::from([(1, (10, 1)), (2, (20, 2)), (3, (5, 5))]),
+        };
+        // Thread 3 ended (lost), thread 4 started (counts from zero).
+        let b = ProcSample {
+            syscr: 160,
+            syscw: 80,
+            threads: BTreeMap::from([(1, (15, 1)), (2, (40, 4)), (4, (7, 1))]),
+        };
+        assert_eq!(
+            b.since(&a),
+            ProcCounts {
+                read_calls: 60,
+                write_calls: 30,
+                voluntary_switches: 5 + 20 + 7,
+                involuntary_switches: 2 + 1,
+            }
+        );
+    }
+
+    #[test]
+    fn snmp_counters_are_found_by_name() {
+        let snmp = "Ip: Forwarding DefaultTTL\nIp: 1 64\n\
+                    Tcp: RtoAlgorithm RtoMin OutSegs RetransSegs InErrs\n\
+                    Tcp: 1 200 4000 17 0\n\
+                    Udp: InDatagrams NoPorts\nUdp: 5 6\n";
+        assert_eq!(parse_snmp(snmp, "Tcp", "RetransSegs"), Some(17));
+        assert_eq!(parse_snmp(snmp, "Udp", "NoPorts"), Some(6));
+        assert_eq!(parse_snmp(snmp, "Tcp", "Nope"), None);
+        assert_eq!(parse_snmp("Tcp: RetransSegs\n", "Tcp", "RetransSegs"), None);
+    }
+
+    #[test]
+    fn link_counters_from_ip_json_and_their_difference() {
+        // Trimmed from `ip -s -j link show dev kt0` (iproute2 6.1).
+        let json = r#"[{"ifindex":5,"ifname":"kt0","mtu":1500,"txqlen":500,
+            "stats64":{"rx":{"bytes":900,"packets":12,"errors":0,"dropped":0},
+                       "tx":{"bytes":800,"packets":10,"errors":0,"dropped":3}}}]"#;
+        let b = parse_link(json).expect("counters");
+        assert_eq!(
+            b,
+            LinkCounts {
+                tx_packets: 10,
+                tx_dropped: 3,
+                rx_packets: 12,
+                txqlen: Some(500),
+            }
+        );
+        let a = LinkCounts {
+            tx_packets: 4,
+            tx_dropped: 1,
+            rx_packets: 2,
+            txqlen: Some(500),
+        };
+        assert_eq!(
+            b.since(&a),
+            LinkCounts {
+                tx_packets: 6,
+                tx_dropped: 2,
+                rx_packets: 10,
+                txqlen: Some(500),
+            }
+        );
+        assert_eq!(parse_link("[]"), None);
+        assert_eq!(parse_link("not json"), None);
     }
 }

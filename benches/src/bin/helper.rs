@@ -13,6 +13,11 @@
 //!   the address header (SOCKS5 address: type, address, port), connects and
 //!   relays. Prints one line per connection so the harness can check that
 //!   traffic really went through it.
+//! * `echo --connect ADDR --bytes N`: the integrity check, from the
+//!   client's namespace and uid: one connection to an echo server sends N
+//!   bytes of a pattern, half-closes and checks every byte that comes back
+//!   and the answer after EOF (`kerntun_testkit::client::echo_transfer`);
+//!   prints `{"secs":S}`, or the error on stderr and exits non-zero.
 //!
 //! One current-thread tokio runtime per process: thousands of idle
 //! connections cost a task each, not a thread.
@@ -65,6 +70,16 @@ enum Cmd {
         #[arg(long)]
         listen: SocketAddr,
     },
+    Echo {
+        #[arg(long)]
+        connect: SocketAddr,
+        /// Bytes sent (and checked on their way back).
+        #[arg(long)]
+        bytes: usize,
+        /// The pattern's seed.
+        #[arg(long, default_value_t = 0x6b74)]
+        seed: u64,
+    },
 }
 
 /// The byte each held connection is checked with.
@@ -72,6 +87,14 @@ const PING: u8 = 0x5a;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let Cmd::Echo {
+        connect,
+        bytes,
+        seed,
+    } = cli.cmd
+    {
+        return echo(connect, bytes, seed);
+    }
     // 10k connections need 10k descriptors on each side; the harness raised
     // the hard limit for us, take all of it.
     raise_nofile();
@@ -99,12 +122,33 @@ fn main() -> ExitCode {
                 hold_client(connect, steps, concurrency, t, !no_ping).await
             }
             Cmd::SsNone { listen } => ss_none(listen).await,
+            Cmd::Echo { .. } => Ok(()),
         }
     });
     match r {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("kerntun-bench-helper: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The integrity check (blocking: one connection, nothing else to run).
+fn echo(to: SocketAddr, bytes: usize, seed: u64) -> ExitCode {
+    match kerntun_testkit::client::echo_transfer(to, seed, bytes, false) {
+        Ok(t) => {
+            say(&format!("{{\"secs\":{}}}", t.elapsed.as_secs_f64()));
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            match e.kind() {
+                // The checker's socket has a 20 s read timeout.
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
+                    eprintln!("stalled: no byte came back for 20 s ({e})")
+                }
+                _ => eprintln!("echo transfer: {e}"),
+            }
             ExitCode::FAILURE
         }
     }

@@ -22,7 +22,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::record::Direction;
+use crate::iperf::Direction;
 
 /// One bucket of a profile: its share of all samples, and the share of all
 /// samples that were copies inside it.
@@ -35,7 +35,7 @@ pub struct Bucket {
 
 /// A sampled profile of the engine during one iperf3 run.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Profile {
+pub struct CpuProfile {
     pub scenario: String,
     pub streams: u32,
     pub direction: Direction,
@@ -199,7 +199,7 @@ pub fn tally(script: &str) -> (u64, Vec<Bucket>) {
     (samples, buckets)
 }
 
-impl Profile {
+impl CpuProfile {
     /// Share of all samples on one path, and the copies in it.
     pub fn path_share(&self, path: Path) -> (f64, f64) {
         self.buckets
@@ -277,7 +277,7 @@ mod tests {
         assert_eq!(buckets[0].name, TUN_WRITE_RX, "largest first");
         let total: f64 = buckets.iter().map(|b| b.share).sum();
         assert!((total - 1.0).abs() < 1e-9);
-        let p = Profile {
+        let p = CpuProfile {
             scenario: "x".into(),
             streams: 1,
             direction: Direction::Upload,
