@@ -281,15 +281,6 @@ pub fn saved_syn(headers: &[u8]) -> SavedSyn {
     SavedSyn::Isn(u32::from_be_bytes([seq[0], seq[1], seq[2], seq[3]]))
 }
 
-/// The ISN of [`saved_syn`], `None` for both other answers (the accept
-/// loop's reading until it tells them apart).
-pub fn saved_syn_isn(headers: &[u8]) -> Option<u32> {
-    match saved_syn(headers) {
-        SavedSyn::Isn(isn) => Some(isn),
-        SavedSyn::Missing | SavedSyn::Unreadable => None,
-    }
-}
-
 /// Validates the TCP header of the packet `ip` describes: at least 20
 /// bytes, data offset >= 5 and within `ip.len`.
 #[inline]
@@ -1046,8 +1037,6 @@ mod tests {
         let mut v5 = v4;
         v5[0] = 0x55;
         assert_eq!(saved_syn(&v5), SavedSyn::Unreadable);
-        assert_eq!(saved_syn_isn(&v4), Some(0xdead_beef));
-        assert_eq!(saved_syn_isn(&ack), None);
     }
 
     /// The headers the kernel saves for an IPv6 SYN: the fixed header, the
