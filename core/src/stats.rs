@@ -75,6 +75,8 @@ pub struct DnsCounters {
     pub servfail: AtomicU64,
     /// Hijacked packets that were not a DNS query (counted, dropped).
     pub malformed: AtomicU64,
+    /// Queries answered FORMERR or NOTIMP from their header alone.
+    pub refused: AtomicU64,
     /// A/AAAA answers given from the fake-ip pool.
     pub fakeip_answers: AtomicU64,
     /// Domains holding a fake address right now.
@@ -97,6 +99,7 @@ impl DnsCounters {
             upstream_failures: g(&self.upstream_failures),
             servfail: g(&self.servfail),
             malformed: g(&self.malformed),
+            refused: g(&self.refused),
             fakeip_answers: g(&self.fakeip_answers),
             fakeip_active: g(&self.fakeip_active),
             fakeip_evictions: g(&self.fakeip_evictions),
@@ -115,6 +118,7 @@ pub struct DnsSnapshot {
     pub upstream_failures: u64,
     pub servfail: u64,
     pub malformed: u64,
+    pub refused: u64,
     pub fakeip_answers: u64,
     pub fakeip_active: u64,
     pub fakeip_evictions: u64,
