@@ -51,7 +51,7 @@ use tokio::task::AbortHandle;
 
 use crate::budget::{ByteBudget, Charge};
 use crate::dispatch::Dispatcher;
-use crate::dns::{self, Dns};
+use crate::dns::Dns;
 use crate::lifecycle::{EngineTask, supervised};
 use crate::outbound::{Address, OutboundError, ProxyUdp, Route, SocketFactory};
 use crate::packet::{self, HEADROOM, IPV4_UDP_HEADERS, IPV6_UDP_HEADERS, IpInfo};
@@ -332,9 +332,9 @@ impl UdpTable {
         let Some(dns) = self.shared.d.dns.clone() else {
             return;
         };
-        let cost = dns::QUERY_STATE + payload.len() + 2 * usize::from(self.shared.mtu);
-        let Some(charge) = dns.in_flight().try_charge(cost, now) else {
-            return local.drop(EngineDrop::DnsQueueFull);
+        let charge = match dns.charge_udp_query(payload.len(), self.shared.mtu, now) {
+            Ok(c) => c,
+            Err(why) => return local.drop(why),
         };
         let answer = answer_hijacked(self.shared.clone(), dns, payload.to_vec(), key, charge);
         let life = self.shared.d.life.clone();

@@ -445,6 +445,7 @@ impl Dns {
     }
 
     /// The in-flight byte budget.
+    #[cfg(test)]
     pub(crate) fn in_flight(&self) -> &Arc<ByteBudget> {
         &self.in_flight
     }
