@@ -83,6 +83,8 @@ pub struct DnsCounters {
     pub fakeip_active: AtomicU64,
     /// Fake addresses taken back from the least recently used domain.
     pub fakeip_evictions: AtomicU64,
+    /// A/AAAA answered with the real address: no fake one was free.
+    pub fakeip_fallbacks: AtomicU64,
     /// Connections whose domain was read from a TLS ClientHello or HTTP Host.
     pub sniffed: AtomicU64,
     /// Sniffing gave up (timeout, or the first bytes named no domain).
@@ -103,6 +105,7 @@ impl DnsCounters {
             fakeip_answers: g(&self.fakeip_answers),
             fakeip_active: g(&self.fakeip_active),
             fakeip_evictions: g(&self.fakeip_evictions),
+            fakeip_fallbacks: g(&self.fakeip_fallbacks),
             sniffed: g(&self.sniffed),
             sniff_misses: g(&self.sniff_misses),
         }
@@ -122,6 +125,7 @@ pub struct DnsSnapshot {
     pub fakeip_answers: u64,
     pub fakeip_active: u64,
     pub fakeip_evictions: u64,
+    pub fakeip_fallbacks: u64,
     pub sniffed: u64,
     pub sniff_misses: u64,
 }

@@ -311,8 +311,12 @@ fn fake_ip_answer_then_udp_through_socks5_names_the_domain() {
     );
 }
 
+/// A full pool whose addresses were all used within the grace period
+/// hands none of them to a new domain: it gets the real answer (here the
+/// upstream's NXDOMAIN), counted, and the least recently used domain keeps
+/// its address. An address no domain holds is a counted drop.
 #[test]
-fn fake_ip_pool_exhaustion_evicts_the_oldest_and_unknown_addresses_drop() {
+fn fake_ip_pool_exhaustion_answers_the_real_address_and_unknown_addresses_drop() {
     require_root!();
     let topo = Topology::new().expect("topology");
     let srv = upstream(&topo, Zone::new(60));
@@ -334,18 +338,20 @@ fn fake_ip_pool_exhaustion_evicts_the_oldest_and_unknown_addresses_drop() {
     unique.dedup();
     assert_eq!(unique.len(), 6);
     assert_eq!(rig.stats().dns.fakeip_evictions, 0);
-    // Refresh d0: d1 is now the least recently used.
+    // Refresh d0: d1 is now the least recently used, but used just now.
     let r = ask(&dns::query("d0.test", RecordType::A, 100));
     assert_eq!(dns::first_addr(&r), Some(addrs[0]));
+    assert_eq!(srv.queries(), 0);
     let r = ask(&dns::query("new.test", RecordType::A, 101));
-    assert_eq!(
-        dns::first_addr(&r),
-        Some(addrs[1]),
-        "d1's address was taken back"
-    );
+    assert_eq!(r.metadata.response_code, ResponseCode::NXDomain);
+    assert_eq!(dns::first_addr(&r), None, "not d1's address: {r:?}");
+    assert_eq!(srv.queries(), 1, "asked upstream");
     let s = rig.stats();
-    assert_eq!(s.dns.fakeip_evictions, 1);
+    assert_eq!(s.dns.fakeip_evictions, 0);
+    assert_eq!(s.dns.fakeip_fallbacks, 1);
     assert_eq!(s.dns.fakeip_active, 6);
+    let r = ask(&dns::query("d1.test", RecordType::A, 102));
+    assert_eq!(dns::first_addr(&r), Some(addrs[1]), "d1 keeps its address");
 
     // The pool's last address (the broadcast of the /29) was never handed
     // out: a datagram to it is a counted drop, not a flow.

@@ -94,6 +94,8 @@ pub struct Dns {
     cache_bytes: Arc<ByteBudget>,
     /// Bytes queries being answered and upstream exchanges may hold.
     in_flight: Arc<ByteBudget>,
+    /// Bytes the fake-ip pool may hold (shrinks with memory pressure).
+    fake_bytes: Arc<ByteBudget>,
     /// Questions being asked upstream: later askers wait on the channel.
     pending: Mutex<HashMap<cache::Key, watch::Receiver<Option<Shared>>>>,
     fake: Option<FakePool>,
@@ -188,13 +190,15 @@ impl Dns {
     /// The service, or `None` when `[dns]` is off. `c` has passed
     /// [`DnsConfig::validate`]; `tun_nets` are the TUN's prefixes (the
     /// default hijack addresses come from them).
-    /// `cache_bytes` and `in_flight` are the service's memory budgets.
+    /// `cache_bytes`, `in_flight` and `fake_bytes` are the service's
+    /// memory budgets.
     pub fn new(
         c: &DnsConfig,
         tun_nets: &[ipnet::IpNet],
         outbounds: Arc<Outbounds>,
         cache_bytes: Arc<ByteBudget>,
         in_flight: Arc<ByteBudget>,
+        fake_bytes: Arc<ByteBudget>,
     ) -> Result<Option<Arc<Self>>, DnsConfigError> {
         if !c.enabled {
             return Ok(None);
@@ -235,6 +239,7 @@ impl Dns {
             cache: Cache::new(c.cache_entries),
             cache_bytes,
             in_flight,
+            fake_bytes,
             pending: Mutex::new(HashMap::new()),
             fake,
             filter,
@@ -291,14 +296,23 @@ impl Dns {
             let name = msg::key_name(&qq.name);
             let domain = name.trim_end_matches('.');
             if !domain.is_empty() && !self.filtered(domain) {
-                let (a4, a6) = pool.assign(domain, d);
-                d.fakeip_answers.fetch_add(1, Relaxed);
-                let addr = if v6 {
-                    a6.map(IpAddr::V6)
-                } else {
-                    Some(IpAddr::V4(a4))
-                };
-                return Some((msg::fake_answer(&q, addr, FAKE_TTL), limit));
+                let now = Instant::now();
+                // No address free (every one held or in its grace period):
+                // the real answer, as for a filtered domain.
+                match pool.assign(domain, now, self.fake_bytes.limit(now), d) {
+                    Some((a4, a6)) => {
+                        d.fakeip_answers.fetch_add(1, Relaxed);
+                        let addr = if v6 {
+                            a6.map(IpAddr::V6)
+                        } else {
+                            Some(IpAddr::V4(a4))
+                        };
+                        return Some((msg::fake_answer(&q, addr, FAKE_TTL), limit));
+                    }
+                    None => {
+                        d.fakeip_fallbacks.fetch_add(1, Relaxed);
+                    }
+                }
             }
         }
         let reply = match self.lookup(&q, qq, stats).await {
@@ -430,7 +444,7 @@ impl Dns {
     /// pool's recency order). A short lock, no await: cheap enough for the
     /// SYN path.
     pub fn fake_domain(&self, ip: IpAddr) -> Option<Arc<str>> {
-        self.fake.as_ref()?.domain(ip)
+        self.fake.as_ref()?.domain(ip, Instant::now())
     }
 
     /// Resolve a domain through the cache and the upstreams (never the fake
@@ -450,10 +464,13 @@ impl Dns {
         &self.in_flight
     }
 
-    /// Evict cached answers down to the byte limit in force at `now` (the
-    /// host raised the memory pressure).
-    pub fn trim(&self, now: Instant) {
+    /// Evict cached answers and fake-ip domains down to the byte limits in
+    /// force at `now` (the host raised the memory pressure).
+    pub fn trim(&self, now: Instant, stats: &Stats) {
         self.cache.trim(self.cache_bytes.limit(now));
+        if let Some(pool) = &self.fake {
+            pool.trim(self.fake_bytes.limit(now), now, &stats.dns);
+        }
     }
 
     /// The cache, else the upstreams. A question already being asked
@@ -693,8 +710,9 @@ mod tests {
         )
         .expect("outbounds");
         let cache = Arc::new(ByteBudget::new(cache, pressure.clone()));
-        let in_flight = Arc::new(ByteBudget::new(in_flight, pressure));
-        Dns::new(&c.dns, &c.tun.nets(), Arc::new(ob), cache, in_flight)
+        let in_flight = Arc::new(ByteBudget::new(in_flight, pressure.clone()));
+        let fake = Arc::new(ByteBudget::new(1 << 20, pressure));
+        Dns::new(&c.dns, &c.tun.nets(), Arc::new(ob), cache, in_flight, fake)
             .expect("dns")
             .expect("enabled")
     }
@@ -894,7 +912,7 @@ mod tests {
             let full = d.cache.bytes();
             assert!(full <= 8 * 1024 && full > 6 * 1024, "{full} bytes");
             pressure.report(MemoryPressure::Critical, Instant::now());
-            d.trim(Instant::now());
+            d.trim(Instant::now(), &stats);
             assert!(d.cache.bytes() <= 2 * 1024, "{} bytes", d.cache.bytes());
             for i in 40..60 {
                 ask(i).await;
