@@ -5,7 +5,8 @@
 //! Memory is budgeted in bytes ([`Memory`]): TCP admission is the TCP
 //! budget over what one session of the running stack costs at most
 //! ([`Budget::session_cost`]); the relay pool, the DNS cache, DNS queries in
-//! flight and proxied UDP queues are [`ByteBudget`]s their holders charge.
+//! flight, the fake-ip pool and proxied UDP queues are [`ByteBudget`]s
+//! their holders charge.
 //! Every one of them shrinks with the host's memory pressure ([`tiers`]:
 //! all, a half, a quarter), read from one [`Pressure`].
 //!
@@ -214,6 +215,10 @@ pub struct Memory {
     pub dns_cache: usize,
     /// Hijacked DNS queries being answered and upstream exchanges.
     pub dns_in_flight: usize,
+    /// Domains holding a fake-ip address (with `dns.fake_ip`): each name
+    /// and its entries (`dns::fakeip`), and the addresses waiting out their
+    /// grace period.
+    pub fake_ip: usize,
     /// Proxied UDP flows' queued datagrams beyond one buffer per flow.
     pub udp_queues: usize,
 }
@@ -261,6 +266,9 @@ impl Budget {
                     relay: 4 * MIB,
                     dns_cache: MIB,
                     dns_in_flight: MIB,
+                    // About 1 900 domains of 20 characters; past that the
+                    // least recently used give their addresses back.
+                    fake_ip: MIB / 2,
                     udp_queues: MIB,
                 },
             },
@@ -277,6 +285,7 @@ impl Budget {
                     relay: 16 * MIB,
                     dns_cache: 4 * MIB,
                     dns_in_flight: 4 * MIB,
+                    fake_ip: 4 * MIB,
                     udp_queues: 8 * MIB,
                 },
             },
@@ -294,6 +303,9 @@ impl Budget {
                     relay: 256 * MIB,
                     dns_cache: 32 * MIB,
                     dns_in_flight: 32 * MIB,
+                    // Every address of the default pool (32 766), names up
+                    // to the longest (253 characters) included.
+                    fake_ip: 16 * MIB,
                     udp_queues: 256 * MIB,
                 },
             },
@@ -348,6 +360,7 @@ impl Budget {
             ("relay pool", self.memory.relay),
             ("dns cache", self.memory.dns_cache),
             ("dns in flight", self.memory.dns_in_flight),
+            ("fake-ip pool", self.memory.fake_ip),
             ("udp queues", self.memory.udp_queues),
             // Per flow, the larger of a proxied flow's first queue buffer
             // and reply buffer (with room for a proxy's framing) and a

@@ -230,11 +230,11 @@ impl Engine {
         if let Some(inner) = &self.inner {
             let admission = &inner.parts.admission;
             let now = Instant::now();
-            // Every memory budget shares this pressure; the DNS cache, which
-            // only caches, gives up what the new tier does not allow at once.
+            // Every memory budget shares this pressure; the DNS cache and the
+            // fake-ip pool give up what the new tier does not allow at once.
             admission.set_pressure(level, now);
             if let Some(dns) = &inner.parts.dns {
-                dns.trim(now);
+                dns.trim(now, &inner.parts.stats);
             }
             tracing::info!(
                 "memory pressure {level:?}: admission limit {}",
@@ -401,6 +401,7 @@ async fn assemble(
         outbounds.clone(),
         bytes(mem.dns_cache),
         bytes(mem.dns_in_flight),
+        bytes(mem.fake_ip),
     )
     .map_err(ConfigError::from)?;
     let offload = config.driver != DriverMode::PerPacket;

@@ -75,12 +75,16 @@ pub struct DnsCounters {
     pub servfail: AtomicU64,
     /// Hijacked packets that were not a DNS query (counted, dropped).
     pub malformed: AtomicU64,
+    /// Queries answered FORMERR or NOTIMP from their header alone.
+    pub refused: AtomicU64,
     /// A/AAAA answers given from the fake-ip pool.
     pub fakeip_answers: AtomicU64,
     /// Domains holding a fake address right now.
     pub fakeip_active: AtomicU64,
     /// Fake addresses taken back from the least recently used domain.
     pub fakeip_evictions: AtomicU64,
+    /// A/AAAA answered with the real address: no fake one was free.
+    pub fakeip_fallbacks: AtomicU64,
     /// Connections whose domain was read from a TLS ClientHello or HTTP Host.
     pub sniffed: AtomicU64,
     /// Sniffing gave up (timeout, or the first bytes named no domain).
@@ -97,9 +101,11 @@ impl DnsCounters {
             upstream_failures: g(&self.upstream_failures),
             servfail: g(&self.servfail),
             malformed: g(&self.malformed),
+            refused: g(&self.refused),
             fakeip_answers: g(&self.fakeip_answers),
             fakeip_active: g(&self.fakeip_active),
             fakeip_evictions: g(&self.fakeip_evictions),
+            fakeip_fallbacks: g(&self.fakeip_fallbacks),
             sniffed: g(&self.sniffed),
             sniff_misses: g(&self.sniff_misses),
         }
@@ -115,9 +121,11 @@ pub struct DnsSnapshot {
     pub upstream_failures: u64,
     pub servfail: u64,
     pub malformed: u64,
+    pub refused: u64,
     pub fakeip_answers: u64,
     pub fakeip_active: u64,
     pub fakeip_evictions: u64,
+    pub fakeip_fallbacks: u64,
     pub sniffed: u64,
     pub sniff_misses: u64,
 }

@@ -63,12 +63,16 @@ pub struct DnsStats {
     pub servfail: u64,
     /// Hijacked packets that were not a DNS query (dropped).
     pub malformed: u64,
+    /// Queries answered FORMERR or NOTIMP from their header alone.
+    pub refused: u64,
     /// A/AAAA answers given from the fake-ip pool.
     pub fakeip_answers: u64,
     /// Domains holding a fake address now.
     pub fakeip_active: u64,
     /// Fake addresses taken back from the least recently used domain.
     pub fakeip_evictions: u64,
+    /// A/AAAA answered with the real address: no fake one was free.
+    pub fakeip_fallbacks: u64,
     /// Connections whose domain was read from TLS SNI or HTTP Host.
     pub sniffed: u64,
     /// Sniffing gave up (timeout, or no domain in the first bytes).
@@ -84,9 +88,11 @@ impl From<DnsSnapshot> for DnsStats {
             upstream_failures,
             servfail,
             malformed,
+            refused,
             fakeip_answers,
             fakeip_active,
             fakeip_evictions,
+            fakeip_fallbacks,
             sniffed,
             sniff_misses,
         } = d;
@@ -97,9 +103,11 @@ impl From<DnsSnapshot> for DnsStats {
             upstream_failures,
             servfail,
             malformed,
+            refused,
             fakeip_answers,
             fakeip_active,
             fakeip_evictions,
+            fakeip_fallbacks,
             sniffed,
             sniff_misses,
         }

@@ -43,6 +43,10 @@ pub enum EngineDrop {
     /// A hijacked DNS query, or an upstream exchange for one, found the DNS
     /// in-flight byte budget spent.
     DnsQueueFull,
+    /// A hijacked DNS query longer than the service takes
+    /// (`dnswire::msg::MAX_QUERY`): dropped over UDP; over TCP the
+    /// connection is closed once the length prefix announces it, unread.
+    DnsQueryTooLong,
     /// A flow to a fake-ip address that stands for no domain (never handed
     /// out, or its domain was evicted): TCP gets an RST, UDP is dropped.
     FakeIpUnknown,
@@ -86,7 +90,7 @@ impl EngineDrop {
         }
     }
 
-    pub const COUNT: usize = 25;
+    pub const COUNT: usize = 26;
     pub const ALL: [EngineDrop; Self::COUNT] = [
         EngineDrop::NoMapping,
         EngineDrop::StrayTcp,
@@ -104,6 +108,7 @@ impl EngineDrop {
         EngineDrop::UdpQueueFull,
         EngineDrop::UdpProxyReply,
         EngineDrop::DnsQueueFull,
+        EngineDrop::DnsQueryTooLong,
         EngineDrop::FakeIpUnknown,
         EngineDrop::HalfOpenEvicted,
         EngineDrop::HandshakeTimeout,
@@ -133,6 +138,7 @@ impl EngineDrop {
             EngineDrop::UdpQueueFull => "udp_queue_full",
             EngineDrop::UdpProxyReply => "udp_proxy_reply",
             EngineDrop::DnsQueueFull => "dns_queue_full",
+            EngineDrop::DnsQueryTooLong => "dns_query_too_long",
             EngineDrop::FakeIpUnknown => "fake_ip_unknown",
             EngineDrop::HalfOpenEvicted => "half_open_evicted",
             EngineDrop::HandshakeTimeout => "handshake_timeout",

@@ -1561,6 +1561,10 @@ public struct DnsStats: Equatable, Hashable {
      */
     public var malformed: UInt64
     /**
+     * Queries answered FORMERR or NOTIMP from their header alone.
+     */
+    public var refused: UInt64
+    /**
      * A/AAAA answers given from the fake-ip pool.
      */
     public var fakeipAnswers: UInt64
@@ -1572,6 +1576,10 @@ public struct DnsStats: Equatable, Hashable {
      * Fake addresses taken back from the least recently used domain.
      */
     public var fakeipEvictions: UInt64
+    /**
+     * A/AAAA answered with the real address: no fake one was free.
+     */
+    public var fakeipFallbacks: UInt64
     /**
      * Connections whose domain was read from TLS SNI or HTTP Host.
      */
@@ -1603,6 +1611,9 @@ public struct DnsStats: Equatable, Hashable {
          * Hijacked packets that were not a DNS query (dropped).
          */malformed: UInt64, 
         /**
+         * Queries answered FORMERR or NOTIMP from their header alone.
+         */refused: UInt64, 
+        /**
          * A/AAAA answers given from the fake-ip pool.
          */fakeipAnswers: UInt64, 
         /**
@@ -1611,6 +1622,9 @@ public struct DnsStats: Equatable, Hashable {
         /**
          * Fake addresses taken back from the least recently used domain.
          */fakeipEvictions: UInt64, 
+        /**
+         * A/AAAA answered with the real address: no fake one was free.
+         */fakeipFallbacks: UInt64, 
         /**
          * Connections whose domain was read from TLS SNI or HTTP Host.
          */sniffed: UInt64, 
@@ -1623,9 +1637,11 @@ public struct DnsStats: Equatable, Hashable {
         self.upstreamFailures = upstreamFailures
         self.servfail = servfail
         self.malformed = malformed
+        self.refused = refused
         self.fakeipAnswers = fakeipAnswers
         self.fakeipActive = fakeipActive
         self.fakeipEvictions = fakeipEvictions
+        self.fakeipFallbacks = fakeipFallbacks
         self.sniffed = sniffed
         self.sniffMisses = sniffMisses
     }
@@ -1652,9 +1668,11 @@ public struct FfiConverterTypeDnsStats: FfiConverterRustBuffer {
                 upstreamFailures: FfiConverterUInt64.read(from: &buf), 
                 servfail: FfiConverterUInt64.read(from: &buf), 
                 malformed: FfiConverterUInt64.read(from: &buf), 
+                refused: FfiConverterUInt64.read(from: &buf), 
                 fakeipAnswers: FfiConverterUInt64.read(from: &buf), 
                 fakeipActive: FfiConverterUInt64.read(from: &buf), 
                 fakeipEvictions: FfiConverterUInt64.read(from: &buf), 
+                fakeipFallbacks: FfiConverterUInt64.read(from: &buf), 
                 sniffed: FfiConverterUInt64.read(from: &buf), 
                 sniffMisses: FfiConverterUInt64.read(from: &buf)
         )
@@ -1667,9 +1685,11 @@ public struct FfiConverterTypeDnsStats: FfiConverterRustBuffer {
         FfiConverterUInt64.write(value.upstreamFailures, into: &buf)
         FfiConverterUInt64.write(value.servfail, into: &buf)
         FfiConverterUInt64.write(value.malformed, into: &buf)
+        FfiConverterUInt64.write(value.refused, into: &buf)
         FfiConverterUInt64.write(value.fakeipAnswers, into: &buf)
         FfiConverterUInt64.write(value.fakeipActive, into: &buf)
         FfiConverterUInt64.write(value.fakeipEvictions, into: &buf)
+        FfiConverterUInt64.write(value.fakeipFallbacks, into: &buf)
         FfiConverterUInt64.write(value.sniffed, into: &buf)
         FfiConverterUInt64.write(value.sniffMisses, into: &buf)
     }

@@ -282,8 +282,15 @@ mod tests {
             ..DnsConfig::default()
         };
         let nets = ["198.18.0.1/16".parse().expect("static")];
-        let dns =
-            Dns::new(&dns_cfg, &nets, outbounds.clone(), bytes(), bytes()).expect("dns config");
+        let dns = Dns::new(
+            &dns_cfg,
+            &nets,
+            outbounds.clone(),
+            bytes(),
+            bytes(),
+            bytes(),
+        )
+        .expect("dns config");
         Dispatcher {
             stats: Arc::new(Stats::with_outbounds(outbounds.names())),
             outbounds,

@@ -27,21 +27,28 @@ pub fn run(data: &[u8]) {
     let cache = Cache::new(2);
     let now = Instant::now();
     let Some(incoming) = msg::parse_query(data) else {
-        // Not a query: may still be a reply.
+        // Not a query: may still be a reply, which goes through the cache.
         if let Ok(m) = hickory_proto::op::Message::from_vec(data) {
-            let _ = msg::cache_ttl(&m);
             let _ = msg::truncate(data);
+            if let Some(qq) = msg::question(&m) {
+                cache_round_trip(&cache, &m, &m, qq, data, now, LIMIT);
+            }
         }
         return;
     };
     let q = match incoming {
         Incoming::Refuse(r) => {
-            assert!(r.len() >= 12, "a refusal has a header");
+            assert_eq!(r.len(), 12, "a refusal is a header, nothing of the query");
             assert_eq!(r[..2], data[..2], "the refusal keeps the ID");
             return;
         }
         Incoming::Query(q) => q,
     };
+    assert!(data.len() <= msg::MAX_QUERY, "taken within the cap");
+    assert!(
+        q.answers.is_empty() && q.authorities.is_empty() && q.additionals.is_empty(),
+        "a question and an OPT only"
+    );
     let qq = msg::question(&q).expect("a validated query has one question");
     let id = q.metadata.id;
     let sf = msg::servfail(&q);
@@ -49,8 +56,11 @@ pub fn run(data: &[u8]) {
     let name = msg::key_name(&qq.name);
     let domain = name.trim_end_matches('.');
     if let Some(v6) = msg::is_address_query(qq) {
-        let (a4, a6) = pool.assign(domain, &counters);
-        assert_eq!(pool.domain(IpAddr::V4(a4)).as_deref(), Some(domain));
+        let (a4, a6) = pool
+            .assign(domain, now, LIMIT, &counters)
+            .expect("room in the pool");
+        assert_eq!(pool.domain(IpAddr::V4(a4), now).as_deref(), Some(domain));
+        assert!(pool.bytes() <= LIMIT);
         let addr = if v6 {
             a6.map(IpAddr::V6)
         } else {
@@ -62,27 +72,41 @@ pub fn run(data: &[u8]) {
     }
     // The query itself as a "reply": exercise check_reply and the cache.
     let _ = msg::check_reply(data, id, qq);
-    let mut reply = msg::reply_to(&q, ResponseCode::NoError);
-    reply.answers = q.answers.clone();
-    reply.authorities = q.authorities.clone();
-    if let Some(ttl) = msg::cache_ttl(&reply) {
-        assert!(ttl <= msg::MAX_TTL);
-        let key = (name.clone().into_boxed_str(), u16::from(qq.query_type), 1);
-        let wire = msg::encode(&reply);
-        cache.insert(key.clone(), &wire, ttl, now, LIMIT);
-        let (w, age) = cache
-            .get(&key, now + Duration::from_millis(999))
-            .expect("live");
-        assert!(cache.bytes() <= LIMIT);
-        if let Ok(m) = hickory_proto::op::Message::from_vec(&w) {
-            let out = msg::from_cache(&m, &q, age);
-            assert_eq!(u16::from_be_bytes([out[0], out[1]]), id);
-        }
-    }
+    let reply = msg::reply_to(&q, ResponseCode::NoError);
+    let wire = msg::encode(&reply);
+    cache_round_trip(&cache, &reply, &q, qq, &wire, now, LIMIT);
     assert!(
         counters
             .fakeip_active
             .load(std::sync::atomic::Ordering::Relaxed)
             <= 4
     );
+}
+
+/// Store `reply` (its wire form `wire`) for `qq` if it is cacheable, read it
+/// back a moment later and answer `q` from it: the answer carries `q`'s ID.
+fn cache_round_trip(
+    cache: &Cache,
+    reply: &hickory_proto::op::Message,
+    q: &hickory_proto::op::Message,
+    qq: &hickory_proto::op::Query,
+    wire: &[u8],
+    now: Instant,
+    limit: usize,
+) {
+    let Some(ttl) = msg::cache_ttl(reply) else {
+        return;
+    };
+    assert!(ttl <= msg::MAX_TTL);
+    let name = msg::key_name(&qq.name);
+    let key = (name.into_boxed_str(), u16::from(qq.query_type), 1);
+    cache.insert(key.clone(), wire, ttl, now, limit);
+    let (w, age) = cache
+        .get(&key, now + Duration::from_millis(999))
+        .expect("live");
+    assert!(cache.bytes() <= limit);
+    if let Ok(m) = hickory_proto::op::Message::from_vec(&w) {
+        let out = msg::from_cache(&m, q, age);
+        assert_eq!(out[..2], q.metadata.id.to_be_bytes());
+    }
 }

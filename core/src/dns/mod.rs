@@ -6,13 +6,20 @@
 //! Every hijacked query gets an answer: a packet that is not a query at all
 //! is dropped (counted as malformed), and so is a query that finds the
 //! in-flight byte budget spent (counted as `dns_queue_full`; the client's
-//! resolver retries); when every upstream fails the client hears SERVFAIL
-//! within the sum of the per-try timeouts.
+//! resolver retries) or is longer than `msg::MAX_QUERY` (4 KiB, counted
+//! as `dns_query_too_long`); a query with more than one question and an
+//! OPT gets FORMERR from its header (counted as `refused`); when every
+//! upstream fails the client hears SERVFAIL within the sum of the per-try
+//! timeouts.
 //!
 //! Memory: the cache is bounded in bytes ([`cache`]), and every query being
 //! answered and every upstream exchange holds a charge against the
-//! in-flight byte budget while it lasts. Identical questions in flight are
-//! asked upstream once: later askers wait for the first one's outcome.
+//! in-flight byte budget while it lasts, taken before the query's bytes
+//! are copied or read: over UDP by the driver ([`Dns::charge_udp_query`]),
+//! over TCP by [`Dns::serve_tcp`] once the length prefix is in, which also
+//! charges each reply while it is written. So an asker that waits for
+//! another's identical question (asked upstream once) is charged like any
+//! other.
 
 mod cache;
 mod config;
@@ -24,6 +31,7 @@ mod fakeip;
 pub mod fuzzing;
 mod upstream;
 
+use crate::dnswire::frame::{self, Frame};
 use crate::dnswire::msg;
 pub use crate::dnswire::{Upstream, UpstreamProto};
 pub use config::{DnsConfig, DnsConfigError, default_resolver};
@@ -86,6 +94,8 @@ pub struct Dns {
     cache_bytes: Arc<ByteBudget>,
     /// Bytes queries being answered and upstream exchanges may hold.
     in_flight: Arc<ByteBudget>,
+    /// Bytes the fake-ip pool may hold (shrinks with memory pressure).
+    fake_bytes: Arc<ByteBudget>,
     /// Questions being asked upstream: later askers wait on the channel.
     pending: Mutex<HashMap<cache::Key, watch::Receiver<Option<Shared>>>>,
     fake: Option<FakePool>,
@@ -180,13 +190,15 @@ impl Dns {
     /// The service, or `None` when `[dns]` is off. `c` has passed
     /// [`DnsConfig::validate`]; `tun_nets` are the TUN's prefixes (the
     /// default hijack addresses come from them).
-    /// `cache_bytes` and `in_flight` are the service's memory budgets.
+    /// `cache_bytes`, `in_flight` and `fake_bytes` are the service's
+    /// memory budgets.
     pub fn new(
         c: &DnsConfig,
         tun_nets: &[ipnet::IpNet],
         outbounds: Arc<Outbounds>,
         cache_bytes: Arc<ByteBudget>,
         in_flight: Arc<ByteBudget>,
+        fake_bytes: Arc<ByteBudget>,
     ) -> Result<Option<Arc<Self>>, DnsConfigError> {
         if !c.enabled {
             return Ok(None);
@@ -227,6 +239,7 @@ impl Dns {
             cache: Cache::new(c.cache_entries),
             cache_bytes,
             in_flight,
+            fake_bytes,
             pending: Mutex::new(HashMap::new()),
             fake,
             filter,
@@ -271,7 +284,10 @@ impl Dns {
         };
         d.queries.fetch_add(1, Relaxed);
         let q = match incoming {
-            Incoming::Refuse(r) => return Some((r, msg::UDP_PLAIN_MAX)),
+            Incoming::Refuse(r) => {
+                d.refused.fetch_add(1, Relaxed);
+                return Some((r, msg::UDP_PLAIN_MAX));
+            }
             Incoming::Query(q) => q,
         };
         let limit = msg::udp_limit(&q);
@@ -280,14 +296,23 @@ impl Dns {
             let name = msg::key_name(&qq.name);
             let domain = name.trim_end_matches('.');
             if !domain.is_empty() && !self.filtered(domain) {
-                let (a4, a6) = pool.assign(domain, d);
-                d.fakeip_answers.fetch_add(1, Relaxed);
-                let addr = if v6 {
-                    a6.map(IpAddr::V6)
-                } else {
-                    Some(IpAddr::V4(a4))
-                };
-                return Some((msg::fake_answer(&q, addr, FAKE_TTL), limit));
+                let now = Instant::now();
+                // No address free (every one held or in its grace period):
+                // the real answer, as for a filtered domain.
+                match pool.assign(domain, now, self.fake_bytes.limit(now), d) {
+                    Some((a4, a6)) => {
+                        d.fakeip_answers.fetch_add(1, Relaxed);
+                        let addr = if v6 {
+                            a6.map(IpAddr::V6)
+                        } else {
+                            Some(IpAddr::V4(a4))
+                        };
+                        return Some((msg::fake_answer(&q, addr, FAKE_TTL), limit));
+                    }
+                    None => {
+                        d.fakeip_fallbacks.fetch_add(1, Relaxed);
+                    }
+                }
             }
         }
         let reply = match self.lookup(&q, qq, stats).await {
@@ -321,35 +346,93 @@ impl Dns {
     /// or [`TCP_IDLE`] without one.
     /// Generic over the app's side of the connection: a kernel socket
     /// (system stack) or a smoltcp socket.
+    ///
+    /// The framing is `frame::decode`'s, read exactly as far as it asks, so
+    /// no byte past the current frame is read. A prefix announcing more
+    /// than `msg::MAX_QUERY` closes the connection with the message unread
+    /// (`dns_query_too_long`). Otherwise the query's state and length are
+    /// charged to the in-flight budget before its buffer exists, and its
+    /// reply while it is written; without room the connection closes
+    /// (`dns_queue_full`). Between queries the connection holds no buffer.
     pub(crate) async fn serve_tcp<S: Side>(
         &self,
         stream: &S,
         stats: &Stats,
     ) -> std::io::Result<()> {
+        let mut buf = Vec::new();
+        let mut query: Option<Charge> = None;
         loop {
-            let mut len = [0u8; 2];
-            match tokio::time::timeout(TCP_IDLE, relay::read_exact(stream, &mut len)).await {
-                Err(_) => return Ok(()),
-                Ok(Err(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
-                Ok(Err(e)) => return Err(e),
-                Ok(Ok(_)) => {}
+            let n = match frame::decode(&buf, msg::MAX_QUERY) {
+                Frame::TooLong(_) => {
+                    stats.drop(EngineDrop::DnsQueryTooLong);
+                    return Ok(());
+                }
+                Frame::Need(n) => n,
+                Frame::Message(len) => {
+                    stats.dns.tcp_queries.fetch_add(1, Relaxed);
+                    let answered = self
+                        .answer(&buf[frame::PREFIX..frame::PREFIX + len], stats)
+                        .await;
+                    buf = Vec::new();
+                    drop(query.take());
+                    let Some(r) = answered else {
+                        return Ok(());
+                    };
+                    let Some(reply) = crate::dnswire::length_prefixed(&r).ok().or_else(|| {
+                        msg::truncate(&r).and_then(|t| crate::dnswire::length_prefixed(&t).ok())
+                    }) else {
+                        return Ok(());
+                    };
+                    drop(r);
+                    let Some(_writing) = self.charge(reply.len(), stats) else {
+                        return Ok(());
+                    };
+                    stream.write_all(&reply).await?;
+                    continue;
+                }
+            };
+            let at = buf.len();
+            if at == frame::PREFIX {
+                // The prefix is in: charge the message before reading it.
+                query = self.charge(QUERY_STATE + frame::PREFIX + n, stats);
+                if query.is_none() {
+                    return Ok(());
+                }
+                buf.reserve_exact(n);
             }
-            let mut q = vec![0u8; usize::from(u16::from_be_bytes(len))];
-            match tokio::time::timeout(TCP_IDLE, relay::read_exact(stream, &mut q)).await {
+            buf.resize(at + n, 0);
+            match tokio::time::timeout(TCP_IDLE, relay::read_exact(stream, &mut buf[at..])).await {
                 Err(_) => return Ok(()),
+                // EOF between queries ends the connection cleanly; inside a
+                // message it is the peer's error.
+                Ok(Err(e))
+                    if e.kind() == std::io::ErrorKind::UnexpectedEof && at < frame::PREFIX =>
+                {
+                    return Ok(());
+                }
                 Ok(r) => r.map(drop)?,
             }
-            stats.dns.tcp_queries.fetch_add(1, Relaxed);
-            let Some(r) = self.answer(&q, stats).await else {
-                return Ok(());
-            };
-            let Some(frame) = crate::dnswire::length_prefixed(&r).ok().or_else(|| {
-                msg::truncate(&r).and_then(|t| crate::dnswire::length_prefixed(&t).ok())
-            }) else {
-                return Ok(());
-            };
-            stream.write_all(&frame).await?;
         }
+    }
+
+    /// The in-flight charge of one hijacked UDP query of `len` bytes, taken
+    /// by the driver before it copies the query into a task: its state, the
+    /// query and the reply (up to one MTU of `mtu`, held once as the answer
+    /// and once as the packet written). `Err` is the drop to count: a query
+    /// longer than `msg::MAX_QUERY` (never copied), or no room.
+    pub(crate) fn charge_udp_query(
+        &self,
+        len: usize,
+        mtu: u16,
+        now: Instant,
+    ) -> Result<Charge, EngineDrop> {
+        if len > msg::MAX_QUERY {
+            return Err(EngineDrop::DnsQueryTooLong);
+        }
+        let cost = QUERY_STATE + len + 2 * usize::from(mtu);
+        self.in_flight
+            .try_charge(cost, now)
+            .ok_or(EngineDrop::DnsQueueFull)
     }
 
     /// Whether `ip` lies in the fake-ip pool (held by a domain or not).
@@ -361,7 +444,7 @@ impl Dns {
     /// pool's recency order). A short lock, no await: cheap enough for the
     /// SYN path.
     pub fn fake_domain(&self, ip: IpAddr) -> Option<Arc<str>> {
-        self.fake.as_ref()?.domain(ip)
+        self.fake.as_ref()?.domain(ip, Instant::now())
     }
 
     /// Resolve a domain through the cache and the upstreams (never the fake
@@ -375,16 +458,19 @@ impl Dns {
             .ok_or(DnsError::NoAddress)
     }
 
-    /// The in-flight byte budget, charged by the driver for each hijacked
-    /// query it hands to a task.
+    /// The in-flight byte budget.
+    #[cfg(test)]
     pub(crate) fn in_flight(&self) -> &Arc<ByteBudget> {
         &self.in_flight
     }
 
-    /// Evict cached answers down to the byte limit in force at `now` (the
-    /// host raised the memory pressure).
-    pub fn trim(&self, now: Instant) {
+    /// Evict cached answers and fake-ip domains down to the byte limits in
+    /// force at `now` (the host raised the memory pressure).
+    pub fn trim(&self, now: Instant, stats: &Stats) {
         self.cache.trim(self.cache_bytes.limit(now));
+        if let Some(pool) = &self.fake {
+            pool.trim(self.fake_bytes.limit(now), now, &stats.dns);
+        }
     }
 
     /// The cache, else the upstreams. A question already being asked
@@ -624,8 +710,9 @@ mod tests {
         )
         .expect("outbounds");
         let cache = Arc::new(ByteBudget::new(cache, pressure.clone()));
-        let in_flight = Arc::new(ByteBudget::new(in_flight, pressure));
-        Dns::new(&c.dns, &c.tun.nets(), Arc::new(ob), cache, in_flight)
+        let in_flight = Arc::new(ByteBudget::new(in_flight, pressure.clone()));
+        let fake = Arc::new(ByteBudget::new(1 << 20, pressure));
+        Dns::new(&c.dns, &c.tun.nets(), Arc::new(ob), cache, in_flight, fake)
             .expect("dns")
             .expect("enabled")
     }
@@ -825,7 +912,7 @@ mod tests {
             let full = d.cache.bytes();
             assert!(full <= 8 * 1024 && full > 6 * 1024, "{full} bytes");
             pressure.report(MemoryPressure::Critical, Instant::now());
-            d.trim(Instant::now());
+            d.trim(Instant::now(), &stats);
             assert!(d.cache.bytes() <= 2 * 1024, "{} bytes", d.cache.bytes());
             for i in 40..60 {
                 ask(i).await;
@@ -868,5 +955,166 @@ mod tests {
         });
         assert_eq!(stats.dns.tcp_queries.load(Relaxed), 2);
         assert_eq!(stats.dns.queries.load(Relaxed), 2);
+    }
+
+    /// A connected pair on loopback: (the app's end, the service's end).
+    async fn tcp_pair() -> (tokio::net::TcpStream, tokio::net::TcpStream) {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = l.local_addr().expect("addr");
+        let (c, s) = tokio::join!(tokio::net::TcpStream::connect(addr), l.accept());
+        (c.expect("connect"), s.expect("accept").0)
+    }
+
+    /// A prefix announcing more than MAX_QUERY closes the connection at
+    /// once, nothing of the message read and nothing charged.
+    #[test]
+    fn tcp_query_announced_past_the_cap_closes_unread() {
+        use tokio::io::AsyncReadExt;
+        let d = service(|_| {});
+        let stats = Stats::default();
+        rt().block_on(async {
+            let (mut app, s) = tcp_pair().await;
+            let mut w = 65_535u16.to_be_bytes().to_vec();
+            w.extend_from_slice(&[0u8; 1000]);
+            app.write_all(&w).await.expect("write");
+            let served =
+                tokio::time::timeout(Duration::from_secs(2), d.serve_tcp(&s, &stats)).await;
+            assert!(matches!(served, Ok(Ok(()))), "closed at once: {served:?}");
+            assert_eq!(d.in_flight().used(), 0);
+            drop(s);
+            let mut rest = Vec::new();
+            let _ = app.read_to_end(&mut rest).await;
+            assert!(rest.is_empty(), "no answer");
+        });
+        let snap = stats.snapshot();
+        assert_eq!(snap.drop_count("dns_query_too_long"), 1);
+        assert_eq!(snap.dns.tcp_queries, 0);
+        // At the cap it is read (and, as garbage, dropped as malformed).
+        let stats = Stats::default();
+        rt().block_on(async {
+            let (app, s) = tcp_pair().await;
+            let mut w = (msg::MAX_QUERY as u16).to_be_bytes().to_vec();
+            w.resize(2 + msg::MAX_QUERY, 0xff);
+            app.write_all(&w).await.expect("write");
+            d.serve_tcp(&s, &stats).await.expect("served");
+        });
+        assert_eq!(stats.snapshot().drop_count("dns_query_too_long"), 0);
+        assert_eq!(stats.dns.tcp_queries.load(Relaxed), 1);
+        assert_eq!(stats.dns.malformed.load(Relaxed), 1);
+    }
+
+    /// The query is charged once its prefix is in, before its bytes are
+    /// read, and the charge is held while they trickle in; without room
+    /// for it the connection closes, counted.
+    #[test]
+    fn tcp_query_is_charged_before_it_is_read() {
+        let d = service(|_| {});
+        let stats = Arc::new(Stats::default());
+        rt().block_on(async {
+            let (app, s) = tcp_pair().await;
+            let serving = {
+                let (d, stats) = (d.clone(), stats.clone());
+                tokio::spawn(async move { d.serve_tcp(&s, &stats).await })
+            };
+            app.write_all(&1000u16.to_be_bytes()).await.expect("prefix");
+            app.write_all(&[0u8; 500]).await.expect("half");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            assert_eq!(d.in_flight().used(), QUERY_STATE + 2 + 1000);
+            drop(app);
+            let _ = serving.await.expect("task");
+            assert_eq!(d.in_flight().used(), 0, "given back");
+        });
+        // No room for the query's state: closed unread.
+        let small = service_with(|_| {}, QUERY_STATE);
+        let stats = Stats::default();
+        rt().block_on(async {
+            let (app, s) = tcp_pair().await;
+            let q = msg::testutil::query("t.test.", RecordType::A, 1);
+            let framed = crate::dnswire::length_prefixed(&q).expect("frame");
+            app.write_all(&framed).await.expect("write");
+            let served =
+                tokio::time::timeout(Duration::from_secs(2), small.serve_tcp(&s, &stats)).await;
+            assert!(matches!(served, Ok(Ok(()))), "{served:?}");
+        });
+        assert_eq!(stats.snapshot().drop_count("dns_queue_full"), 1);
+        assert_eq!(stats.dns.tcp_queries.load(Relaxed), 0);
+    }
+
+    /// Twenty TCP clients ask the same slow question: one upstream
+    /// exchange, and every asker, the nineteen that wait for the first one
+    /// too, holds its query's charge while it waits.
+    #[test]
+    fn tcp_askers_waiting_for_an_identical_question_are_charged() {
+        rt().block_on(async {
+            let (up, asked) = slow_upstream(Duration::from_millis(300)).await;
+            let d = service(|c| {
+                c.dns.upstreams = vec![format!("udp://{up}")];
+                c.dns.timeout_ms = 2_000;
+            });
+            let stats = Arc::new(Stats::default());
+            let q = msg::testutil::query("same.test.", RecordType::A, 5);
+            let framed = crate::dnswire::length_prefixed(&q).expect("frame");
+            let mut apps = Vec::new();
+            let mut set = tokio::task::JoinSet::new();
+            for _ in 0..20 {
+                let (app, s) = tcp_pair().await;
+                app.write_all(&framed).await.expect("write");
+                apps.push(app);
+                let (d, stats) = (d.clone(), stats.clone());
+                set.spawn(async move { d.serve_tcp(&s, &stats).await });
+            }
+            tokio::time::sleep(Duration::from_millis(150)).await;
+            let used = d.in_flight().used();
+            assert!(
+                used >= 20 * (QUERY_STATE + 2 + q.len()) + UDP_EXCHANGE,
+                "{used} bytes charged while 20 wait"
+            );
+            for mut app in apps {
+                let r = crate::dnswire::read_frame(&mut app).await.expect("reply");
+                assert_eq!(Message::from_vec(&r).expect("decode").metadata.id, 5);
+            }
+            assert_eq!(asked.load(Relaxed), 1, "asked upstream once");
+            drop(set);
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            assert_eq!(d.in_flight().used(), 0, "given back");
+        });
+    }
+
+    /// Over UDP the driver takes the charge before copying the query; a
+    /// query past the cap is refused without one.
+    #[test]
+    fn udp_query_past_the_cap_is_refused_before_it_is_copied() {
+        let d = service(|_| {});
+        let now = Instant::now();
+        assert_eq!(
+            d.charge_udp_query(msg::MAX_QUERY + 1, 1500, now).err(),
+            Some(EngineDrop::DnsQueryTooLong)
+        );
+        assert_eq!(d.in_flight().used(), 0);
+        let c = d.charge_udp_query(msg::MAX_QUERY, 1500, now).expect("room");
+        assert_eq!(d.in_flight().used(), QUERY_STATE + msg::MAX_QUERY + 3000);
+        drop(c);
+        let small = service_with(|_| {}, QUERY_STATE);
+        assert_eq!(
+            small.charge_udp_query(100, 1500, now).err(),
+            Some(EngineDrop::DnsQueueFull)
+        );
+    }
+
+    /// Records beyond a question and an OPT: FORMERR, counted as refused.
+    #[test]
+    fn refusals_are_counted() {
+        let d = service(|_| {});
+        let stats = Stats::default();
+        let mut q = msg::testutil::query("a.test.", RecordType::A, 3);
+        q[7] = 1;
+        q.extend_from_slice(&[0xff; 16]);
+        let r = rt().block_on(d.answer(&q, &stats)).expect("answered");
+        let m = Message::from_vec(&r).expect("decode");
+        assert_eq!(m.metadata.response_code, ResponseCode::FormErr);
+        assert_eq!(stats.dns.refused.load(Relaxed), 1);
+        assert_eq!(stats.dns.malformed.load(Relaxed), 0);
     }
 }

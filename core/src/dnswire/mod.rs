@@ -8,7 +8,7 @@ use std::io;
 use tokio::io::{AsyncRead, AsyncReadExt};
 
 pub use kerntun_proto::dnswire::{Upstream, UpstreamProto};
-pub(crate) use kerntun_proto::dnswire::{length_prefixed, msg};
+pub(crate) use kerntun_proto::dnswire::{frame, length_prefixed, msg};
 
 /// Read one length-prefixed message.
 pub(crate) async fn read_frame<S: AsyncRead + Unpin>(s: &mut S) -> io::Result<Vec<u8>> {

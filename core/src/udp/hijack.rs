@@ -9,11 +9,11 @@ use std::time::Instant;
 use super::reply::{udp_room, write_reply};
 use super::{UdpEnv, UdpTable};
 use crate::budget::Charge;
-use crate::dns::{self, Dns};
+use crate::dns::Dns;
 use crate::lifecycle::{EngineTask, supervised};
 use crate::nat::FlowKey;
 use crate::packet::HEADROOM;
-use crate::stats::{EngineDrop, LocalCounters};
+use crate::stats::LocalCounters;
 
 impl UdpTable {
     /// Hand a hijacked query to a task (one copy of the payload; the driver
@@ -30,9 +30,9 @@ impl UdpTable {
         let Some(dns) = self.shared.d.dns.clone() else {
             return;
         };
-        let cost = dns::QUERY_STATE + payload.len() + 2 * usize::from(self.shared.mtu);
-        let Some(charge) = dns.in_flight().try_charge(cost, now) else {
-            return local.drop(EngineDrop::DnsQueueFull);
+        let charge = match dns.charge_udp_query(payload.len(), self.shared.mtu, now) {
+            Ok(c) => c,
+            Err(why) => return local.drop(why),
         };
         let answer = answer_hijacked(self.shared.clone(), dns, payload.to_vec(), key, charge);
         let life = self.shared.d.life.clone();

@@ -1,11 +1,12 @@
 //! The DNS wire format, shared by the engine's DNS service and its resolver
 //! of proxy host names: messages (`msg`, on hickory-proto), the length
-//! prefix of DNS over TCP, and upstream addresses as configured. No sockets,
-//! no state.
+//! prefix of DNS over TCP (`frame` reads it, [`length_prefixed`] writes
+//! it), and upstream addresses as configured. No sockets, no state.
 
 use std::io;
 use std::net::SocketAddr;
 
+pub mod frame;
 pub mod msg;
 
 /// How an upstream is spoken to.

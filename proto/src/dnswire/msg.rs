@@ -3,6 +3,12 @@
 //! reply against the question it answers, and derive a reply's cache
 //! lifetime. Everything here takes bytes from the network, so every failure
 //! is a value, never a panic.
+//!
+//! A hijacked query is judged by its fixed header before hickory decodes
+//! anything: only a standard query of at most [`MAX_QUERY`] bytes with one
+//! question and at most one additional record (its OPT) is decoded, so what
+//! a query holds decoded is bounded by its size, whatever its header
+//! claims (hickory's records hold 15 to 25 times their wire size).
 
 use std::net::IpAddr;
 
@@ -22,38 +28,119 @@ pub const MAX_NEG_TTL: u32 = 300;
 pub const EDNS_PAYLOAD: u16 = 1232;
 /// Plain DNS over UDP without EDNS (RFC 1035 section 4.2.1).
 pub const UDP_PLAIN_MAX: usize = 512;
+/// The longest hijacked query taken, over UDP or TCP. A query is one
+/// question (a name of at most 255 bytes, RFC 1035 section 3.1, its type
+/// and class) and at most one OPT record, whose options a stub resolver
+/// fills with a cookie, a client subnet, keepalive or padding (RFC 8467
+/// pads a query to a multiple of 128 bytes): well under 1 KiB. 4 KiB
+/// leaves room for options not named here.
+pub const MAX_QUERY: usize = 4096;
+/// EDNS options a hijacked query may carry. hickory holds each as a 40-byte
+/// entry beside its data, so options without data (4 bytes on the wire)
+/// would decode to ten times their size, 1000 of them in [`MAX_QUERY`]; a
+/// stub resolver sends a handful (the cookie, client subnet, padding and
+/// keepalive options named above).
+pub const MAX_QUERY_OPTIONS: usize = 16;
 
 /// A hijacked packet, looked at.
 #[derive(Debug)]
 pub enum Incoming {
-    /// A standard query with exactly one question.
+    /// A standard query with exactly one question, and at most an OPT
+    /// record (with at most [`MAX_QUERY_OPTIONS`] options) beside it.
     Query(Box<Message>),
-    /// A query kerntun answers without asking anyone (FORMERR for a count of
-    /// questions other than one, NOTIMP for other opcodes).
+    /// A query kerntun answers without asking anyone, from its header alone
+    /// (its ID, opcode and RD bit): FORMERR for a query longer than
+    /// [`MAX_QUERY`], with other than one question, with answer or
+    /// authority records, with additional records other than one OPT, or
+    /// with more options than [`MAX_QUERY_OPTIONS`]; NOTIMP for other
+    /// opcodes.
     Refuse(Vec<u8>),
 }
 
-/// Look at a hijacked packet. `None`: not a DNS query at all (undecodable,
-/// or a response), which the caller counts as malformed and drops.
-pub fn parse_query(buf: &[u8]) -> Option<Incoming> {
-    let msg = Message::from_vec(buf).ok()?;
-    if msg.metadata.message_type != MessageType::Query {
-        return None;
-    }
-    if msg.metadata.op_code != OpCode::Query {
-        return Some(Incoming::Refuse(refusal(&msg, ResponseCode::NotImp)));
-    }
-    if msg.queries.len() != 1 {
-        return Some(Incoming::Refuse(refusal(&msg, ResponseCode::FormErr)));
-    }
-    Some(Incoming::Query(Box::new(msg)))
+/// The fixed header of a DNS message (RFC 1035 section 4.1.1), read
+/// without decoding anything after it.
+#[derive(Debug, Clone, Copy)]
+struct Header {
+    id: u16,
+    /// QR, opcode, AA, TC, RD, RA, Z, AD, CD, RCODE.
+    flags: u16,
+    /// Questions, answers, authority and additional records.
+    counts: [u16; 4],
 }
 
-fn refusal(q: &Message, code: ResponseCode) -> Vec<u8> {
-    let mut r = Message::error_msg(q.metadata.id, q.metadata.op_code, code);
-    r.metadata.recursion_desired = q.metadata.recursion_desired;
-    // Only the header: whatever made the query unusable stays out.
-    r.to_vec().unwrap_or_default()
+/// Length of the fixed header.
+const HEADER_LEN: usize = 12;
+/// The least a question takes on the wire: the root name (one byte), type
+/// and class.
+const MIN_QUESTION: usize = 5;
+/// The least a record takes: the root name, type, class, TTL and RDLENGTH.
+const MIN_RECORD: usize = 11;
+
+impl Header {
+    fn read(buf: &[u8]) -> Option<Header> {
+        let h = buf.first_chunk::<HEADER_LEN>()?;
+        let word = |i: usize| u16::from_be_bytes([h[i], h[i + 1]]);
+        Some(Header {
+            id: word(0),
+            flags: word(2),
+            counts: [word(4), word(6), word(8), word(10)],
+        })
+    }
+
+    fn is_response(self) -> bool {
+        self.flags & 0x8000 != 0
+    }
+
+    fn op_code(self) -> OpCode {
+        OpCode::from_u8(((self.flags >> 11) & 0x0f) as u8)
+    }
+
+    fn recursion_desired(self) -> bool {
+        self.flags & 0x0100 != 0
+    }
+
+    /// Whether a message of `len` bytes can hold the sections the counts
+    /// announce, each at its smallest. Counts it cannot hold say the bytes
+    /// are not a DNS message at all.
+    fn counts_fit(self, len: usize) -> bool {
+        let [qd, an, ns, ar] = self.counts.map(usize::from);
+        HEADER_LEN + qd * MIN_QUESTION + (an + ns + ar) * MIN_RECORD <= len
+    }
+
+    /// An answer with this header's ID, opcode and RD bit, `code` and no
+    /// sections: whatever made the query unusable stays out.
+    fn refusal(self, code: ResponseCode) -> Vec<u8> {
+        let mut r = Message::error_msg(self.id, self.op_code(), code);
+        r.metadata.recursion_desired = self.recursion_desired();
+        r.to_vec().unwrap_or_default()
+    }
+}
+
+/// Look at a hijacked packet. `None`: not a DNS query at all (shorter than
+/// a header, a response, counts its bytes cannot hold, or a standard query
+/// hickory cannot decode), which the caller counts as malformed and drops.
+/// Everything [`Incoming::Refuse`] lists is decided from the header and
+/// the length, before any of the message is decoded, except what the one
+/// additional record is and how many options it holds (decoded, that
+/// record is bounded by [`MAX_QUERY`]).
+pub fn parse_query(buf: &[u8]) -> Option<Incoming> {
+    let h = Header::read(buf)?;
+    if h.is_response() || !h.counts_fit(buf.len()) {
+        return None;
+    }
+    if h.op_code() != OpCode::Query {
+        return Some(Incoming::Refuse(h.refusal(ResponseCode::NotImp)));
+    }
+    let [qd, an, ns, ar] = h.counts;
+    if buf.len() > MAX_QUERY || qd != 1 || an != 0 || ns != 0 || ar > 1 {
+        return Some(Incoming::Refuse(h.refusal(ResponseCode::FormErr)));
+    }
+    let msg = Message::from_vec(buf).ok()?;
+    let options = msg.edns.as_ref().map_or(0, |e| e.options().options.len());
+    if !msg.additionals.is_empty() || msg.signature.is_some() || options > MAX_QUERY_OPTIONS {
+        return Some(Incoming::Refuse(h.refusal(ResponseCode::FormErr)));
+    }
+    Some(Incoming::Query(Box::new(msg)))
 }
 
 /// The one question of a validated query.
@@ -290,6 +377,7 @@ mod tests {
     use super::testutil::*;
     use super::*;
     use hickory_proto::rr::rdata::SOA;
+    use hickory_proto::rr::rdata::opt::EdnsOption;
 
     #[test]
     fn queries_and_non_queries() {
@@ -316,6 +404,125 @@ mod tests {
         let f = Message::from_vec(&f).expect("decode");
         assert_eq!(f.metadata.id, 7);
         assert_eq!(f.metadata.response_code, ResponseCode::FormErr);
+    }
+
+    /// `query` with its counts patched: (answers, authority, additional).
+    fn with_counts(q: &[u8], an: u16, ns: u16, ar: u16) -> Vec<u8> {
+        let mut q = q.to_vec();
+        q[6..8].copy_from_slice(&an.to_be_bytes());
+        q[8..10].copy_from_slice(&ns.to_be_bytes());
+        q[10..12].copy_from_slice(&ar.to_be_bytes());
+        q
+    }
+
+    /// An A query with an OPT record holding `n` options of `data` bytes each.
+    fn with_options(n: u16, data: usize) -> Vec<u8> {
+        let mut m = Message::from_vec(&query("a.test.", RecordType::A, 4)).expect("decode");
+        let mut e = Edns::new();
+        e.set_max_payload(1232);
+        for i in 0..n {
+            e.options_mut()
+                .insert(EdnsOption::Unknown(20_000 + i, vec![0; data]));
+        }
+        m.set_edns(e);
+        m.to_vec().expect("encode")
+    }
+
+    fn code_and_id(r: &[u8]) -> (ResponseCode, u16) {
+        let m = Message::from_vec(r).expect("our refusal decodes");
+        assert!(m.queries.is_empty() && m.answers.is_empty() && m.edns.is_none());
+        (m.metadata.response_code, m.metadata.id)
+    }
+
+    fn refused(q: &[u8]) -> (ResponseCode, u16) {
+        match parse_query(q) {
+            Some(Incoming::Refuse(r)) => code_and_id(&r),
+            other => panic!("refused, not {other:?}"),
+        }
+    }
+
+    /// Records in the answer or authority section, more than one
+    /// additional record, or one that is not an OPT: FORMERR with the
+    /// query's ID. The section counts are judged before anything is
+    /// decoded: records that hickory could not decode (labels of 0xff)
+    /// still get FORMERR, not a malformed drop.
+    #[test]
+    fn only_a_question_and_an_opt_are_taken() {
+        let q = query("a.test.", RecordType::A, 9);
+        let junk = [0xff; 3 * MIN_RECORD];
+        for (an, ns, ar) in [(1, 0, 0), (0, 1, 0), (0, 0, 2), (1, 1, 1)] {
+            let mut m = with_counts(&q, an, ns, ar);
+            m.extend_from_slice(&junk);
+            assert_eq!(
+                refused(&m),
+                (ResponseCode::FormErr, 9),
+                "{an} {ns} {ar}, undecodable"
+            );
+        }
+        // Decodable: an A record as the one additional record.
+        let mut a = Message::from_vec(&q).expect("decode");
+        a.additionals.push(Record::from_rdata(
+            a.queries[0].name.clone(),
+            5,
+            RData::A(A::new(1, 2, 3, 4)),
+        ));
+        assert_eq!(
+            refused(&a.to_vec().expect("encode")),
+            (ResponseCode::FormErr, 9)
+        );
+        // Counts the bytes cannot hold: not DNS, dropped.
+        assert!(parse_query(&with_counts(&q, 65_535, 0, 0)).is_none());
+        assert!(parse_query(&with_counts(&q, 0, 0, 3)).is_none());
+        assert!(parse_query(b"definitely not dns").is_none());
+        // One OPT is fine.
+        assert!(matches!(
+            parse_query(&with_options(0, 0)),
+            Some(Incoming::Query(_))
+        ));
+    }
+
+    #[test]
+    fn options_and_length_are_capped() {
+        let Some(Incoming::Query(m)) = parse_query(&with_options(MAX_QUERY_OPTIONS as u16, 0))
+        else {
+            panic!("the most options taken")
+        };
+        assert_eq!(
+            m.edns.as_ref().map(|e| e.options().options.len()),
+            Some(MAX_QUERY_OPTIONS)
+        );
+        assert_eq!(
+            refused(&with_options(MAX_QUERY_OPTIONS as u16 + 1, 0)),
+            (ResponseCode::FormErr, 4)
+        );
+        assert_eq!(refused(&with_options(1_000, 0)), (ResponseCode::FormErr, 4));
+        // One option's data fills the query to the cap, then one byte past.
+        let base = with_options(1, 0).len();
+        let full = with_options(1, MAX_QUERY - base);
+        assert_eq!(full.len(), MAX_QUERY);
+        assert!(matches!(parse_query(&full), Some(Incoming::Query(_))));
+        let over = with_options(1, MAX_QUERY - base + 1);
+        assert_eq!(refused(&over), (ResponseCode::FormErr, 4));
+        // The 40-byte entry MAX_QUERY_OPTIONS is sized by.
+        assert!(std::mem::size_of::<(hickory_proto::rr::rdata::opt::EdnsCode, EdnsOption)>() <= 40);
+    }
+
+    /// Another opcode: NOTIMP from the header, its opcode and RD bit kept,
+    /// whatever follows the header.
+    #[test]
+    fn other_opcodes_are_not_implemented() {
+        let mut q = query("a.test.", RecordType::A, 0x77);
+        q[2] = (q[2] & !0x78) | (4 << 3);
+        let tail = q.len() - 3;
+        q[tail] = 0xff;
+        let Some(Incoming::Refuse(r)) = parse_query(&q) else {
+            panic!("refused")
+        };
+        let m = Message::from_vec(&r).expect("decode");
+        assert_eq!(m.metadata.response_code, ResponseCode::NotImp);
+        assert_eq!(m.metadata.op_code, OpCode::Notify);
+        assert!(m.metadata.recursion_desired);
+        assert_eq!(m.metadata.id, 0x77);
     }
 
     #[test]

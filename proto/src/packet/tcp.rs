@@ -224,29 +224,61 @@ pub fn check_segment(buf: &[u8], ip: &IpInfo, tcp: &TcpInfo) -> Result<(), Rejec
     Ok(())
 }
 
-/// The initial sequence number of a SYN given as the headers the kernel
-/// saved for a listener's connection (`TCP_SAVED_SYN`: the IP header, then
-/// the TCP header; IPv6 without extension headers, as the system stack's
-/// rewritten SYNs are). `None` for anything else: too short, another
-/// version or protocol, an extension header, or a segment without SYN.
-pub fn saved_syn_isn(headers: &[u8]) -> Option<u32> {
-    let first = *headers.first()?;
+/// What the headers the kernel saved for a listener's connection
+/// (`TCP_SAVED_SYN`: the IP header, IPv6 extension headers, then the TCP
+/// header) say about the SYN that opened it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SavedSyn {
+    /// Nothing was saved: a SYN cookie completed the handshake (the
+    /// listener's SYN queue was full), or the listener lacks the option.
+    Missing,
+    /// The SYN's initial sequence number.
+    Isn(u32),
+    /// Something was saved that does not read as a TCP SYN: too short,
+    /// another IP version or protocol, an extension-header chain that does
+    /// not walk (cut short, a fragment, ESP, a routing header with segments
+    /// left), or a segment without SYN. The kernel saves no such thing for
+    /// the app's rewritten SYN, so the connection is not the app's.
+    Unreadable,
+}
+
+/// Read the SYN the kernel saved for a listener's connection. IPv6
+/// extension headers are walked as for a live packet
+/// ([`ipv6::walk_extension_headers`]); the bytes are headers only (the
+/// IPv6 payload length counts a payload that is not there), so the walk is
+/// bounded by what was saved.
+pub fn saved_syn(headers: &[u8]) -> SavedSyn {
+    let Some(&first) = headers.first() else {
+        return SavedSyn::Missing;
+    };
     let tcp_at = match first >> 4 {
         4 => {
             let ihl = usize::from(first & 0x0f) * 4;
-            if ihl < 20 || *headers.get(9)? != crate::packet::protocol::TCP {
-                return None;
+            if ihl < ipv4::HEADER_LEN || headers.get(ipv4::field::PROTOCOL) != Some(&protocol::TCP)
+            {
+                return SavedSyn::Unreadable;
             }
             ihl
         }
-        6 if *headers.get(6)? == crate::packet::protocol::TCP => 40,
-        _ => return None,
+        6 => {
+            let Some(&next) = headers.get(ipv6::field::NEXT_HEADER) else {
+                return SavedSyn::Unreadable;
+            };
+            match ipv6::walk_extension_headers(headers, next) {
+                Ok((protocol::TCP, at)) => at,
+                _ => return SavedSyn::Unreadable,
+            }
+        }
+        _ => return SavedSyn::Unreadable,
     };
-    let tcp = headers.get(tcp_at..tcp_at + 20)?;
-    if tcp[13] & flags::SYN == 0 {
-        return None;
+    let Some(tcp) = headers.get(tcp_at..tcp_at + HEADER_LEN) else {
+        return SavedSyn::Unreadable;
+    };
+    if tcp[field::FLAGS] & flags::SYN == 0 {
+        return SavedSyn::Unreadable;
     }
-    Some(u32::from_be_bytes([tcp[4], tcp[5], tcp[6], tcp[7]]))
+    let seq = &tcp[field::SEQ];
+    SavedSyn::Isn(u32::from_be_bytes([seq[0], seq[1], seq[2], seq[3]]))
 }
 
 /// Validates the TCP header of the packet `ip` describes: at least 20
@@ -963,41 +995,130 @@ mod tests {
     }
 
     #[test]
-    fn saved_syn_isn_reads_the_sequence_number_of_a_syn_only() {
+    fn saved_syn_reads_the_sequence_number_of_a_syn_only() {
         let mut v4 = [0u8; 40];
         v4[0] = 0x45;
         v4[9] = 6;
         v4[20 + 4..20 + 8].copy_from_slice(&0xdead_beefu32.to_be_bytes());
         v4[20 + 12] = 5 << 4;
         v4[20 + 13] = flags::SYN;
-        assert_eq!(saved_syn_isn(&v4), Some(0xdead_beef));
+        assert_eq!(saved_syn(&v4), SavedSyn::Isn(0xdead_beef));
         // IPv4 options move the TCP header.
         let mut opts = [0u8; 44];
         opts[0] = 0x46;
         opts[9] = 6;
         opts[24 + 4..24 + 8].copy_from_slice(&7u32.to_be_bytes());
         opts[24 + 13] = flags::SYN | flags::ECE;
-        assert_eq!(saved_syn_isn(&opts), Some(7));
+        assert_eq!(saved_syn(&opts), SavedSyn::Isn(7));
         let mut v6 = [0u8; 60];
         v6[0] = 0x60;
         v6[6] = 6;
         v6[40 + 4..40 + 8].copy_from_slice(&42u32.to_be_bytes());
         v6[40 + 13] = flags::SYN;
-        assert_eq!(saved_syn_isn(&v6), Some(42));
-        // Not a SYN, not TCP, an extension header, cut short, nothing.
+        assert_eq!(saved_syn(&v6), SavedSyn::Isn(42));
+        // Nothing saved: the unverified case, not a mismatch.
+        assert_eq!(saved_syn(&[]), SavedSyn::Missing);
+        // Saved, but not a SYN, not TCP, a chain that does not walk, cut
+        // short, an IHL below 5, another version.
         let mut ack = v4;
         ack[20 + 13] = flags::ACK;
-        assert_eq!(saved_syn_isn(&ack), None);
+        assert_eq!(saved_syn(&ack), SavedSyn::Unreadable);
         let mut udp = v4;
         udp[9] = 17;
-        assert_eq!(saved_syn_isn(&udp), None);
+        assert_eq!(saved_syn(&udp), SavedSyn::Unreadable);
         let mut ext = v6;
         ext[6] = 0;
-        assert_eq!(saved_syn_isn(&ext), None);
-        assert_eq!(saved_syn_isn(&v4[..30]), None);
+        assert_eq!(saved_syn(&ext), SavedSyn::Unreadable);
+        assert_eq!(saved_syn(&v4[..30]), SavedSyn::Unreadable);
+        assert_eq!(saved_syn(&v6[..7]), SavedSyn::Unreadable);
         let mut short_ihl = v4;
         short_ihl[0] = 0x44;
-        assert_eq!(saved_syn_isn(&short_ihl), None);
-        assert_eq!(saved_syn_isn(&[]), None);
+        assert_eq!(saved_syn(&short_ihl), SavedSyn::Unreadable);
+        let mut v5 = v4;
+        v5[0] = 0x55;
+        assert_eq!(saved_syn(&v5), SavedSyn::Unreadable);
+    }
+
+    /// The headers the kernel saves for an IPv6 SYN: the fixed header, the
+    /// extension headers and the TCP header with its options (no payload,
+    /// although the payload length counts one).
+    fn saved_v6_syn(ext: &[ExtHdr], isn: u32) -> Vec<u8> {
+        let mss = [2, 4, 0x05, 0xb4];
+        let mut p = tcp_v6(
+            "[fd00:18::2]:40000",
+            "[fd00:18::1]:8080",
+            ext,
+            isn,
+            0,
+            flags::SYN,
+            &mss,
+            b"some payload",
+        );
+        let headers = ipv6::HEADER_LEN + ext.iter().map(ExtHdr::len).sum::<usize>() + 24;
+        p.truncate(headers);
+        p
+    }
+
+    /// A SYN with extension headers is read, not taken for a missing one:
+    /// the accept loop then compares its ISN with the NAT entry's.
+    #[test]
+    fn saved_v6_syn_walks_its_extension_headers() {
+        for chain in [
+            &[ExtHdr::HopByHop { units: 0 }][..],
+            &[ExtHdr::DestOpts { units: 3 }],
+            &[ExtHdr::Routing { segments_left: 0 }],
+            &[
+                ExtHdr::HopByHop { units: 1 },
+                ExtHdr::Routing { segments_left: 0 },
+                ExtHdr::DestOpts { units: 0 },
+            ],
+            &[ExtHdr::HopByHop { units: 0 }, ExtHdr::Ah { words: 4 }],
+            // The largest Destination Options header (2048 bytes).
+            &[ExtHdr::DestOpts { units: 255 }],
+        ] {
+            let h = saved_v6_syn(chain, 0x0102_0304);
+            assert_eq!(saved_syn(&h), SavedSyn::Isn(0x0102_0304), "{chain:?}");
+        }
+    }
+
+    /// Cut anywhere before the end of the TCP header's first 20 bytes, a
+    /// saved SYN with extension headers is unreadable (never an ISN read
+    /// from the wrong bytes, never "missing"); a routing header with
+    /// segments left, a fragment header and ESP are unreadable whole.
+    #[test]
+    fn saved_v6_syn_cut_short_or_with_a_foreign_chain_is_unreadable() {
+        let chain = [ExtHdr::HopByHop { units: 1 }, ExtHdr::DestOpts { units: 2 }];
+        let h = saved_v6_syn(&chain, 99);
+        let tcp_at = ipv6::HEADER_LEN + chain.iter().map(ExtHdr::len).sum::<usize>();
+        for n in 1..tcp_at + HEADER_LEN {
+            assert_eq!(saved_syn(&h[..n]), SavedSyn::Unreadable, "cut at {n}");
+        }
+        for n in tcp_at + HEADER_LEN..=h.len() {
+            assert_eq!(saved_syn(&h[..n]), SavedSyn::Isn(99), "cut at {n}");
+        }
+        for chain in [
+            &[ExtHdr::Routing { segments_left: 1 }][..],
+            &[ExtHdr::HopByHop { units: 0 }, ExtHdr::Fragment],
+            &[ExtHdr::Esp],
+        ] {
+            let h = saved_v6_syn(chain, 5);
+            assert_eq!(saved_syn(&h), SavedSyn::Unreadable, "{chain:?}");
+        }
+        // A chain that ends in UDP is not a TCP SYN.
+        let mut udp = saved_v6_syn(&[ExtHdr::DestOpts { units: 0 }], 5);
+        udp[ipv6::HEADER_LEN] = protocol::UDP;
+        assert_eq!(saved_syn(&udp), SavedSyn::Unreadable);
+    }
+
+    proptest! {
+        /// Garbage never panics, and an empty read is the only "missing".
+        #[test]
+        fn saved_syn_of_garbage(bytes in proptest::collection::vec(any::<u8>(), 0..160)) {
+            let r = saved_syn(&bytes);
+            prop_assert_eq!(r == SavedSyn::Missing, bytes.is_empty());
+            if let SavedSyn::Isn(_) = r {
+                prop_assert!(bytes.len() >= ipv4::HEADER_LEN + HEADER_LEN);
+            }
+        }
     }
 }

@@ -18,6 +18,7 @@ use crate::dispatch::session::{self, Hold};
 use crate::lifecycle::Phase;
 use crate::nat::{NatError, NatGuard};
 use crate::outbound::{reset_on_close, set_keepalive};
+use crate::packet::tcp::SavedSyn;
 use crate::translate::FamilyAddrs;
 
 /// The interface the kernel listener is bound to, so that it takes only
@@ -213,10 +214,20 @@ pub(crate) async fn accept_loop(st: Arc<SystemStack>, listener: TcpListener, fam
             reset_on_close(&app);
             continue;
         }
-        let isn = syn_isn(&app);
-        if isn.is_none() {
-            d.stats.accept_syn_unverified.fetch_add(1, Relaxed);
-        }
+        let isn = match syn_isn(&app) {
+            SavedSyn::Isn(isn) => Some(isn),
+            SavedSyn::Missing => {
+                d.stats.accept_syn_unverified.fetch_add(1, Relaxed);
+                None
+            }
+            // Saved, but not as the app's rewritten SYN reads: refused
+            // like a SYN the entry did not record.
+            SavedSyn::Unreadable => {
+                d.stats.accept_foreign_peer.fetch_add(1, Relaxed);
+                reset_on_close(&app);
+                continue;
+            }
+        };
         let now = Instant::now();
         let accepted = match st.nat.accept_syn(peer.port(), isn, now) {
             Ok(a) => a,
@@ -251,25 +262,31 @@ pub(crate) async fn accept_loop(st: Arc<SystemStack>, listener: TcpListener, fam
     }
 }
 
-/// The initial sequence number of the SYN that opened `conn`, from the
-/// headers the listener saved (`TCP_SAVE_SYN`): the NAT entry recorded the
-/// app's, and a connection from anything else carries another (its
-/// sender's kernel chose it). `None` where the kernel saved none: a SYN
+/// The SYN that opened `conn`, from the headers the listener saved
+/// (`TCP_SAVE_SYN`): the NAT entry recorded the app's ISN, and a
+/// connection from anything else carries another (its sender's kernel
+/// chose it). [`SavedSyn::Missing`] where the kernel saved none: a SYN
 /// cookie completed the handshake (the listener's SYN queue was full), the
 /// option is missing, or not Linux (Darwin binds the listener to the utun
-/// instead, which a local process cannot source from).
-fn syn_isn(conn: &tokio::net::TcpStream) -> Option<u32> {
+/// instead, which a local process cannot source from). Headers longer than
+/// the buffer (EINVAL: extension headers the app's SYNs do not carry) are
+/// [`SavedSyn::Unreadable`].
+fn syn_isn(conn: &tokio::net::TcpStream) -> SavedSyn {
     #[cfg(linux_like)]
     {
-        // IPv6 (40) or IPv4 with options (60) and TCP with options (60).
-        let mut headers = [0u8; 128];
-        let n = crate::sys::saved_syn(std::os::fd::AsFd::as_fd(conn), &mut headers).ok()?;
-        crate::packet::tcp::saved_syn_isn(&headers[..n])
+        // IPv6 (40) or IPv4 with options (60), TCP with options (60), and
+        // room for IPv6 extension headers.
+        let mut headers = [0u8; 512];
+        match crate::sys::saved_syn(std::os::fd::AsFd::as_fd(conn), &mut headers) {
+            Ok(n) => crate::packet::tcp::saved_syn(&headers[..n]),
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => SavedSyn::Unreadable,
+            Err(_) => SavedSyn::Missing,
+        }
     }
     #[cfg(not(linux_like))]
     {
         let _ = conn;
-        None
+        SavedSyn::Missing
     }
 }
 
