@@ -33,7 +33,7 @@ mod stream;
 use device::TunSink;
 use gate::Gate;
 pub(crate) use stack::{Key, SmolStack};
-use stream::SmolStream;
+pub(crate) use stream::SmolStream;
 
 use super::HeldSyn;
 
