@@ -1,20 +1,17 @@
 //! [`SmolStream`]: the app's side of one smoltcp connection, read and
 //! written by its session like a kernel socket (`relay::Side`,
-//! `dispatch::session::App`).
+//! `dispatch::session::App`). The relay copies it (`relay::run`): one side
+//! lives in userspace, so there is nothing to splice.
 
 use std::future::poll_fn;
 use std::io;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::net::TcpStream;
-
 use super::stack::{Id, Key, SmolStack};
 use crate::budget::OwnedPermit;
 use crate::dispatch::session::{self, App};
-use crate::outbound::shadowsocks::{SsOpen, SsSeal};
-use crate::relay::copy::{self, Codec};
-use crate::relay::{Meter, RelayOptions, Relayed, Side};
+use crate::relay::Side;
 
 /// One connection's smoltcp socket. Dropping it hands the socket to the
 /// poller, which removes it once closed, together with the connection's
@@ -104,37 +101,9 @@ impl Side for SmolStream {
     }
 }
 
-/// No splice here: one side lives in userspace. A smoltcp socket cannot be
-/// peeked, so sniffing keeps what it read for the outbound.
+/// A smoltcp socket cannot be peeked, so sniffing keeps what it read for
+/// the outbound.
 impl App for SmolStream {
-    async fn relay(
-        &self,
-        out: &TcpStream,
-        codec: Option<Box<(SsSeal, SsOpen)>>,
-        opts: &RelayOptions,
-        meter: &Meter<'_>,
-    ) -> io::Result<Relayed> {
-        match codec {
-            None => {
-                copy::both(
-                    self,
-                    out,
-                    Codec::Plain,
-                    Codec::Plain,
-                    opts.buffer,
-                    meter,
-                    None,
-                )
-                .await
-            }
-            Some(codec) => {
-                let (mut seal, mut open) = *codec;
-                let (seal, open) = (Codec::Seal(&mut seal), Codec::Open(&mut open));
-                copy::both(self, out, seal, open, opts.buffer, meter, None).await
-            }
-        }
-    }
-
     async fn sniff(&self, timeout: Duration) -> (Option<String>, Vec<u8>) {
         session::sniff_read(self, timeout).await
     }
