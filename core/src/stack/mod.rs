@@ -41,7 +41,7 @@ pub(crate) const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(3);
 #[derive(Debug, Clone)]
 pub(crate) enum Stack {
     System(Arc<system::SystemStack>),
-    Smoltcp(smoltcp::SmolTcp),
+    Smoltcp(smoltcp::SmoltcpStack),
 }
 
 impl Stack {
