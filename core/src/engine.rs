@@ -444,7 +444,7 @@ async fn assemble(
                 budget.smoltcp_buffer,
                 tcp_idle,
                 linger,
-                budget.nat_entries,
+                budget.tcp_flows,
             )
             .with_half_open(crate::stack::HALF_OPEN_MAX.min(sessions[0] / 2));
             let families = (config.tun.ipv4.is_some(), config.tun.ipv6.is_some());
@@ -470,7 +470,7 @@ async fn assemble(
                 listeners.push((listener, fam));
             }
             let nat_cfg = NatConfig {
-                max_entries: budget.nat_entries,
+                max_entries: budget.tcp_flows,
                 idle_timeout: tcp_idle,
                 linger,
                 ..NatConfig::default()
@@ -567,7 +567,7 @@ fn choose_stack(kind: StackKind, include_all_networks: bool) -> (StackKind, &'st
 fn snapshot(inner: &Inner) -> StatsSnapshot {
     let parts = &inner.parts;
     let mut s = parts.stats.snapshot();
-    s.nat = parts.stack.counts();
+    s.tcp_flows = parts.stack.counts();
     s.stack = parts.stack.name();
     s.driver = inner.driver.as_str();
     let now = Instant::now();

@@ -35,7 +35,7 @@ pub use engine::{FaultKind, FaultTask};
 pub use error::{HookError, KerntunError};
 pub use hooks::PlatformHooks;
 pub use logging::init_logging;
-pub use stats::{DropCount, EngineStats, NatStats, OutboundStats};
+pub use stats::{DropCount, EngineStats, OutboundStats, TcpFlowStats};
 
 /// The library version (`kerntun` crate version).
 #[uniffi::export]

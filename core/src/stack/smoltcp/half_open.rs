@@ -28,7 +28,7 @@ pub(crate) enum Syn {
     Connecting,
     /// A new connection, now marked connecting: route it and connect.
     New,
-    /// The socket budget is spent: refuse (RST), counted as `nat_table_full`.
+    /// The socket budget is spent: refuse (RST), counted as `smoltcp_sockets_full`.
     Full,
 }
 

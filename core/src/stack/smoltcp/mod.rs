@@ -22,7 +22,7 @@ use crate::lifecycle::Phase;
 use crate::nat::FlowKey;
 use crate::outbound::reset_on_close;
 use crate::packet::{self, Disposition, IpInfo};
-use crate::stats::{EngineDrop, LocalCounters, NatSnapshot};
+use crate::stats::{EngineDrop, LocalCounters, TcpFlowsSnapshot};
 use crate::tun::Tun;
 
 #[cfg(any(test, feature = "bench-internals"))]
@@ -106,10 +106,10 @@ impl SmoltcpStack {
                 Disposition::Done
             }
             Syn::Full => {
-                local.drop(EngineDrop::NatTableFull);
+                local.drop(EngineDrop::SmoltcpSocketsFull);
                 self.d.warn.warn(format_args!(
                     "smoltcp socket budget refused a new flow ({})",
-                    EngineDrop::NatTableFull.as_str()
+                    EngineDrop::SmoltcpSocketsFull.as_str()
                 ));
                 Disposition::WriteBack(packet::tcp_rst_reply(buf, ip, &tcp))
             }
@@ -151,9 +151,9 @@ impl SmoltcpStack {
     }
 
     /// Sockets (open or closing) and connects in flight.
-    pub fn counts(&self) -> NatSnapshot {
+    pub fn counts(&self) -> TcpFlowsSnapshot {
         let (sockets, connecting) = self.sockets.counts();
-        NatSnapshot {
+        TcpFlowsSnapshot {
             half_open: connecting as u64,
             active: sockets as u64,
             closing: 0,

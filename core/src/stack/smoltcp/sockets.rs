@@ -63,8 +63,8 @@ pub(crate) struct Sockets {
     /// How long a socket whose session ended may take to finish closing (FIN
     /// exchange) before it is dropped regardless: `timeouts.tcp_linger_s`.
     linger: Duration,
-    /// Sockets (open, closing) plus connects in flight: `budget.nat_entries`,
-    /// the same bound the system stack puts on its NAT table.
+    /// Sockets (open, closing) plus connects in flight: `budget.tcp_flows`,
+    /// the bound the system stack puts on its NAT table.
     pub(super) max_sockets: usize,
     /// Half-open connections (connect in flight, or socket still in
     /// SYN-RECEIVED) past which a new SYN evicts the oldest, as the system
