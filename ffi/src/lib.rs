@@ -21,6 +21,7 @@ mod error;
 mod hooks;
 mod logging;
 mod stats;
+#[cfg(any(target_os = "ios", target_os = "macos"))]
 #[allow(unsafe_code)]
 mod sys;
 
