@@ -15,7 +15,6 @@
 #[cfg(target_os = "linux")]
 mod autoroute;
 
-use std::os::fd::BorrowedFd;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -203,19 +202,6 @@ fn load_config(args: &RunArgs) -> Result<Config, String> {
     Ok(cfg)
 }
 
-/// The descriptor passed with `--tun-fd`, inherited from the parent process.
-#[allow(unsafe_code)]
-fn inherited_fd(fd: i32) -> Result<BorrowedFd<'static>, String> {
-    // SAFETY: fcntl(F_GETFD) only reads the descriptor's flags; it fails
-    // (EBADF) for a number that is not an open descriptor.
-    if fd < 0 || unsafe { libc::fcntl(fd, libc::F_GETFD) } < 0 {
-        return Err(format!("--tun-fd {fd}: not an open descriptor"));
-    }
-    // SAFETY: the descriptor is open (checked above) and belongs to this
-    // process, which never closes it: the borrow is valid for its life.
-    Ok(unsafe { BorrowedFd::borrow_raw(fd) })
-}
-
 /// `--proxy URL`: an outbound named `proxy` from the link, and a catch-all
 /// rule to it after the config's own rules.
 fn add_proxy(cfg: &mut Config, url: &str) -> Result<(), String> {
@@ -258,11 +244,15 @@ fn run(args: RunArgs) -> Result<(), String> {
     if args.auto_route {
         return Err("--auto-route is Linux-only".into());
     }
-    let source = match args.tun_fd {
-        Some(fd) => TunSource::Fd(inherited_fd(fd)?),
-        None => TunSource::Create,
+    // `--tun-fd`: inherited from the parent process, which lends it; this
+    // process never closes it.
+    let mut engine = match args.tun_fd {
+        Some(fd) => kerntun::tun::with_lent_fd(fd, |lent| match lent {
+            Some(lent) => Engine::start(cfg, TunSource::Fd(lent), None).map_err(|e| e.to_string()),
+            None => Err(format!("--tun-fd {fd}: not an open descriptor")),
+        })?,
+        None => Engine::start(cfg, TunSource::Create, None).map_err(|e| e.to_string())?,
     };
-    let mut engine = Engine::start(cfg, source, None).map_err(|e| e.to_string())?;
     #[cfg(target_os = "linux")]
     let routing = match &plan {
         Some(plan) => {

@@ -1,5 +1,5 @@
-//! One platform budget for every bounded resource: NAT
-//! entries, TCP admission permits, UDP flows, the listener backlog and relay
+//! One platform budget for every bounded resource: TCP
+//! flows, TCP admission permits, UDP flows, the listener backlog and relay
 //! buffers all derive from it, so a phone's limits are set in one place.
 //!
 //! Memory is budgeted in bytes ([`Memory`]): TCP admission is the TCP
@@ -69,8 +69,11 @@ impl Platform {
 pub struct BudgetConfig {
     /// Platform whose budget is the starting point; defaults to the build target.
     pub platform: Option<Platform>,
-    /// NAT entries (system stack).
-    pub nat_entries: Option<usize>,
+    /// TCP flows the running stack tracks at once: the system stack's NAT
+    /// entries, or smoltcp's sockets (open or closing) plus its connects in
+    /// flight. Also read under its former name, `nat_entries`.
+    #[serde(alias = "nat_entries")]
+    pub tcp_flows: Option<usize>,
     /// TCP admission permits at normal pressure (elevated and critical are
     /// 1/2 and 1/4). Unset: the TCP memory budget over the most one session
     /// of the running stack holds ([`Budget::tcp_sessions`]).
@@ -88,7 +91,7 @@ impl BudgetConfig {
     /// at least one).
     pub fn zero_field(&self) -> Option<&'static str> {
         [
-            ("nat_entries", self.nat_entries),
+            ("tcp_flows", self.tcp_flows),
             ("tcp_sessions", self.tcp_sessions),
             ("udp_flows", self.udp_flows),
             ("relay_buffer", self.relay_buffer),
@@ -229,7 +232,8 @@ const MIB: usize = 1024 * 1024;
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Budget {
     pub platform: Platform,
-    pub nat_entries: usize,
+    /// TCP flows the running stack tracks at once (`budget.tcp_flows`).
+    pub tcp_flows: usize,
     /// `budget.tcp_sessions` when configured: admission permits at normal
     /// pressure instead of the count the memory budget gives.
     pub tcp_sessions_override: Option<usize>,
@@ -253,7 +257,7 @@ impl Budget {
         match platform {
             Platform::Ios => Budget {
                 platform,
-                nat_entries: 2_048,
+                tcp_flows: 2_048,
                 tcp_sessions_override: None,
                 udp_flows: 128,
                 backlog: 64,
@@ -274,7 +278,7 @@ impl Budget {
             },
             Platform::Android => Budget {
                 platform,
-                nat_entries: 8_192,
+                tcp_flows: 8_192,
                 tcp_sessions_override: None,
                 udp_flows: 512,
                 backlog: 256,
@@ -291,7 +295,7 @@ impl Budget {
             },
             Platform::Desktop => Budget {
                 platform,
-                nat_entries: 50_000,
+                tcp_flows: 50_000,
                 tcp_sessions_override: None,
                 udp_flows: 4_096,
                 backlog: 1_024,
@@ -315,8 +319,8 @@ impl Budget {
     /// Platform defaults with the configured overrides applied.
     pub fn resolve(cfg: &BudgetConfig) -> Self {
         let mut b = Budget::for_platform(cfg.platform.unwrap_or(Platform::current()));
-        if let Some(v) = cfg.nat_entries {
-            b.nat_entries = v;
+        if let Some(v) = cfg.tcp_flows {
+            b.tcp_flows = v;
         }
         b.tcp_sessions_override = cfg.tcp_sessions;
         if let Some(v) = cfg.udp_flows {
@@ -394,12 +398,12 @@ impl Budget {
 
     /// Admission permits at normal, elevated and critical pressure for
     /// `stack`: the TCP memory budget over the session cost (at most one
-    /// per NAT entry, which both stacks also bound their flows by), or the
+    /// per TCP flow the stack may track, `tcp_flows`), or the
     /// configured count; the tiers are its [`tiers`].
     pub fn tcp_sessions(&self, stack: TcpStack) -> [usize; 3] {
         let n = self
             .tcp_sessions_override
-            .unwrap_or_else(|| (self.memory.tcp / self.session_cost(stack)).min(self.nat_entries));
+            .unwrap_or_else(|| (self.memory.tcp / self.session_cost(stack)).min(self.tcp_flows));
         tiers(n.max(1))
     }
 }
@@ -840,12 +844,9 @@ mod tests {
             ios.memory.tcp / ios.session_cost(TcpStack::Smoltcp)
         );
         assert!(smol[0] < system[0]);
-        // Never more sessions than NAT entries.
+        // Never more sessions than TCP flows.
         let desktop = Budget::for_platform(Platform::Desktop);
-        assert_eq!(
-            desktop.tcp_sessions(TcpStack::System)[0],
-            desktop.nat_entries
-        );
+        assert_eq!(desktop.tcp_sessions(TcpStack::System)[0], desktop.tcp_flows);
     }
 
     /// Sessions past the descriptor limit are refused at admission: 2 per

@@ -357,6 +357,19 @@ mod tests {
         assert_eq!(Config::default().validate(), Ok(()));
     }
 
+    /// `budget.tcp_flows` was `nat_entries` when only the system stack read
+    /// it: configurations that set the old name keep their bound.
+    #[test]
+    fn budget_tcp_flows_is_also_read_as_nat_entries() {
+        for name in ["tcp_flows", "nat_entries"] {
+            let c = Config::from_toml(&format!("[budget]\n{name} = 64\n")).expect("config");
+            assert_eq!(c.budget.tcp_flows, Some(64), "{name}");
+        }
+        let both = "[budget]\ntcp_flows = 64\nnat_entries = 32\n";
+        let e = Config::from_toml(both).expect_err("one bound, set twice");
+        assert!(e.contains("tcp_flows"), "{e}");
+    }
+
     #[test]
     fn a_connect_timeout_reaching_the_half_open_expiry_is_refused() {
         let half_open = NatConfig::default().half_open_timeout.as_millis() as u64;

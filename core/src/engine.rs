@@ -26,7 +26,7 @@ use crate::lifecycle::{EngineTask, Lifecycle, Phase, supervised};
 use crate::nat::{NatConfig, NatTable};
 use crate::outbound::{Outbounds, Protect, SocketFactory};
 use crate::stack::Stack;
-use crate::stack::smoltcp::{SmolStack, SmolTcp};
+use crate::stack::smoltcp::{SmoltcpStack, Sockets};
 use crate::stack::system::SystemClock;
 use crate::stack::system::{self, SystemStack};
 use crate::stats::{Stats, StatsSnapshot, WarnLimiter};
@@ -248,7 +248,7 @@ impl Engine {
     #[doc(hidden)]
     pub fn debug_smol(&self) -> Vec<String> {
         match self.inner.as_ref().map(|i| &i.parts.stack) {
-            Some(Stack::Smoltcp(s)) => s.stack.debug_sockets(),
+            Some(Stack::Smoltcp(s)) => s.sockets.debug_sockets(),
             _ => Vec::new(),
         }
     }
@@ -442,17 +442,17 @@ async fn assemble(
     let stack = match stack {
         StackKind::Smoltcp => {
             // No kernel listener: smoltcp answers for every address itself.
-            let smol = SmolStack::new(
+            let smol = Sockets::new(
                 &nets,
                 config.tun.mtu,
                 budget.smoltcp_buffer,
                 tcp_idle,
                 linger,
-                budget.nat_entries,
+                budget.tcp_flows,
             )
             .with_half_open(crate::stack::HALF_OPEN_MAX.min(sessions[0] / 2));
             let families = (config.tun.ipv4.is_some(), config.tun.ipv6.is_some());
-            Stack::Smoltcp(SmolTcp::new(smol, d.clone(), tun.clone(), families))
+            Stack::Smoltcp(SmoltcpStack::new(smol, d.clone(), tun.clone(), families))
         }
         StackKind::System | StackKind::Auto => {
             let mut addrs = StackAddrs::default();
@@ -474,7 +474,7 @@ async fn assemble(
                 listeners.push((listener, fam));
             }
             let nat_cfg = NatConfig {
-                max_entries: budget.nat_entries,
+                max_entries: budget.tcp_flows,
                 idle_timeout: tcp_idle,
                 linger,
                 ..NatConfig::default()
@@ -571,7 +571,7 @@ fn choose_stack(kind: StackKind, include_all_networks: bool) -> (StackKind, &'st
 fn snapshot(inner: &Inner) -> StatsSnapshot {
     let parts = &inner.parts;
     let mut s = parts.stats.snapshot();
-    s.nat = parts.stack.counts();
+    s.tcp_flows = parts.stack.counts();
     s.stack = parts.stack.name();
     s.driver = inner.driver.as_str();
     let now = Instant::now();

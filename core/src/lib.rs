@@ -4,8 +4,8 @@
 //! into TCP streams and UDP flows and relays them to outbounds chosen by
 //! rules. This crate is the I/O shell around the sans-I/O core in
 //! `kerntun-proto` (packet views and rewrite, the system stack's NAT table
-//! and translation, sniffing, the DNS wire format; re-exported here as
-//! [`packet`], [`nat`], [`translate`]), which the compiler keeps pure (no
+//! and translation, sniffing, the DNS wire format, stream framings;
+//! re-exported here as [`packet`], [`nat`], [`translate`], [`framing`]), which the compiler keeps pure (no
 //! runtime, sockets or clock in its dependencies). The modules here are
 //! layers, listed in the order a packet meets them; imports never form a
 //! cycle (`scripts/check-layers.py` checks it in CI; docs/architecture.md
@@ -43,6 +43,7 @@ pub mod dns;
 mod dnswire;
 mod driver;
 mod engine;
+pub use kerntun_proto::framing;
 /// Entry points of the fuzz targets (`fuzz/`), not part of the API.
 #[cfg(fuzzing)]
 #[doc(hidden)]

@@ -290,11 +290,16 @@ impl LocalCounters {
     }
 }
 
-/// NAT entries by state.
+/// The TCP flows the running stack tracks, by state: the system stack's
+/// NAT entries, or smoltcp's connects and sockets.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
-pub struct NatSnapshot {
+pub struct TcpFlowsSnapshot {
+    /// System: NAT entries between SYN and accept. smoltcp: connects in flight.
     pub half_open: u64,
+    /// System: accepted entries. smoltcp: sockets, open or closing.
     pub active: u64,
+    /// System: entries lingering after their session ended. smoltcp: 0
+    /// (its closing sockets count as active).
     pub closing: u64,
 }
 
@@ -329,7 +334,8 @@ pub struct StatsSnapshot {
     pub udp_bytes_up: u64,
     pub udp_packets_down: u64,
     pub udp_bytes_down: u64,
-    pub nat: NatSnapshot,
+    /// TCP flows by state (`budget.tcp_flows` bounds their sum).
+    pub tcp_flows: TcpFlowsSnapshot,
     pub tun_reads: u64,
     pub tun_read_packets: u64,
     pub tun_read_max_batch: u64,
@@ -364,7 +370,7 @@ impl StatsSnapshot {
 }
 
 impl Stats {
-    /// Copy the counters (the caller fills stack, driver, pressure, NAT and uptime).
+    /// Copy the counters (the caller fills stack, driver, pressure, TCP flows and uptime).
     pub fn snapshot(&self) -> StatsSnapshot {
         let g = |c: &AtomicU64| c.load(Relaxed);
         let mut drops = Vec::new();

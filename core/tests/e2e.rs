@@ -631,7 +631,7 @@ fn nat_impostor_is_refused(v6: bool, unbound: bool, dstopts: usize) {
             "nothing reached the accept loop: {after:?}"
         );
         assert!(
-            after.nat.half_open >= 1,
+            after.tcp_flows.half_open >= 1,
             "the app's entry is still half-open: {after:?}"
         );
         return;
@@ -657,7 +657,7 @@ fn nat_impostor_is_refused(v6: bool, unbound: bool, dstopts: usize) {
         "no session: {after:?}"
     );
     assert!(
-        after.nat.half_open >= 1,
+        after.tcp_flows.half_open >= 1,
         "the app's entry is still half-open: {after:?}"
     );
 }
@@ -795,14 +795,15 @@ fn memory_pressure(stack: StackKind) {
     assert_eq!(s.admission_refused, 1, "{s:?}");
 }
 
-/// smoltcp's sockets (open or closing) and connects in flight share the NAT
-/// entry budget: past it, a new connection is refused at once and counted
-/// as `nat_table_full`, as in the system stack.
+/// smoltcp's sockets (open or closing) and connects in flight share one
+/// budget, `budget.tcp_flows` (the system stack's NAT entries): past it, a
+/// new connection is refused at once, as in the system stack, and counted
+/// as `smoltcp_sockets_full`.
 #[test]
 fn smoltcp_socket_budget_refuses_past_the_limit() {
     require_root!();
     let rig = Rig::with_config(false, DriverMode::PerPacket, StackKind::Smoltcp, |_, c| {
-        c.budget.nat_entries = Some(4);
+        c.budget.tcp_flows = Some(4);
     });
     let srv = rig.server(Mode::Hold);
     let mut held = Vec::new();
@@ -816,12 +817,13 @@ fn smoltcp_socket_budget_refuses_past_the_limit() {
     }
     assert_eq!((held.len(), refused), (4, 2));
     let deadline = Instant::now() + Duration::from_secs(2);
-    while rig.engine.stats().drop_count("nat_table_full") < 2 && Instant::now() < deadline {
+    while rig.engine.stats().drop_count("smoltcp_sockets_full") < 2 && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(10));
     }
     let s = rig.engine.stats();
-    assert_eq!(s.drop_count("nat_table_full"), 2, "{s:?}");
-    assert_eq!(s.nat.active, 4, "four sockets open: {s:?}");
+    assert_eq!(s.drop_count("smoltcp_sockets_full"), 2, "{s:?}");
+    assert_eq!(s.drop_count("nat_table_full"), 0, "{s:?}");
+    assert_eq!(s.tcp_flows.active, 4, "four sockets open: {s:?}");
 }
 
 /// Reply datagrams larger than one TUN packet (3000 bytes at MTU 1500)

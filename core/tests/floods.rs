@@ -279,15 +279,15 @@ fn run<T>(
         let s = engine.stats();
         count_fds() <= fds0 + 2
             && s.udp_flows_active <= idle.udp_flows_active
-            && s.nat.half_open <= idle.nat.half_open
-            && s.nat.active <= idle.nat.active + 1
+            && s.tcp_flows.half_open <= idle.tcp_flows.half_open
+            && s.tcp_flows.active <= idle.tcp_flows.active + 1
     });
     let (trips, stall) = live.finish();
     let stats = engine.stats();
     eprintln!(
         "[flood] {} {} {:?}: {sent} sent in {:.1} s, {reached} reached; fds {fds0} -> peak {fds_peak} -> {}; \
          rss {rss0} -> {rss_peak} KiB; fresh connection {:?}; settled in {:?}; live stream {trips} round trips, \
-         longest {stall:?}; udp flows {} opened, {} active (idle {}); nat {:?} (idle {:?}); drops {:?}",
+         longest {stall:?}; udp flows {} opened, {} active (idle {}); tcp flows {:?} (idle {:?}); drops {:?}",
         kind.arg(),
         stats.stack,
         platform,
@@ -298,8 +298,8 @@ fn run<T>(
         stats.udp_flows_total,
         stats.udp_flows_active,
         idle.udp_flows_active,
-        stats.nat,
-        idle.nat,
+        stats.tcp_flows,
+        idle.tcp_flows,
         stats.drops,
     );
     assert!(engine.is_running(), "engine survived: {:?}", engine.error());

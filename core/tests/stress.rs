@@ -82,9 +82,9 @@ fn within(limit: Duration, mut ok: impl FnMut() -> bool) -> bool {
 fn report(name: &str, s: &StatsSnapshot, extra: &str) {
     let (rss, hwm) = rss_kib();
     eprintln!(
-        "[reliability] {name}: {extra}; tcp_sessions={} nat={:?} drops={} {:?}; rss={} KiB peak={} KiB",
+        "[reliability] {name}: {extra}; tcp_sessions={} tcp_flows={:?} drops={} {:?}; rss={} KiB peak={} KiB",
         s.tcp_sessions_total,
-        s.nat,
+        s.tcp_flows,
         s.total_drops(),
         s.drops,
         rss,
@@ -104,7 +104,7 @@ fn churn_50k_short_connections_then_back_to_idle() {
     // Warm up, then take the idle baseline.
     exchange(srv.addr).expect("warm-up");
     wait_until("idle NAT", Duration::from_secs(10), || {
-        engine.stats().nat == Default::default()
+        engine.stats().tcp_flows == Default::default()
     });
     let (fds0, (rss0, _)) = (count_fds(), rss_kib());
 
@@ -137,7 +137,7 @@ fn churn_50k_short_connections_then_back_to_idle() {
     assert!(s.tcp_sessions_total >= TOTAL as u64, "{s:?}");
     // After the 1 s linger and a cleanup tick everything is released.
     let drained = within(Duration::from_secs(15), || {
-        engine.stats().nat == Default::default()
+        engine.stats().tcp_flows == Default::default()
     });
     let s = engine.stats();
     assert!(drained, "NAT table drained within 15 s: {s:?}");
@@ -187,7 +187,7 @@ fn syn_flood_past_nat_budget_is_refused_and_counted() {
     let topo = Topology::new().expect("topology");
     let echo = servers::tcp(&topo.server, topo.server_addr(false, 0), Mode::Echo).expect("echo");
     let hold = servers::tcp(&topo.server, topo.server_addr(false, 0), Mode::Hold).expect("hold");
-    let engine = start(&topo, |c| c.budget.nat_entries = Some(64));
+    let engine = start(&topo, |c| c.budget.tcp_flows = Some(64));
     // An established flow before the flood.
     let mut live = TcpStream::connect_timeout(&echo.addr, Duration::from_secs(2)).expect("live");
     live.set_read_timeout(Some(Duration::from_secs(5)))

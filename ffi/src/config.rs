@@ -195,9 +195,10 @@ pub struct BudgetOptions {
     /// library was built for.
     #[uniffi(default = None)]
     pub platform: Option<Platform>,
-    /// NAT entries (system stack).
+    /// TCP flows the running stack tracks at once: the system stack's NAT
+    /// entries, or smoltcp's sockets plus its connects in flight.
     #[uniffi(default = None)]
-    pub nat_entries: Option<u64>,
+    pub tcp_flows: Option<u64>,
     /// TCP admission permits at normal pressure (elevated and critical get
     /// 1/2 and 1/4).
     #[uniffi(default = None)]
@@ -704,7 +705,7 @@ impl EngineConfig {
             },
             budget: core::BudgetConfig {
                 platform: b.platform.map(CorePlatform::from),
-                nat_entries: size("budget.nat_entries", b.nat_entries)?,
+                tcp_flows: size("budget.tcp_flows", b.tcp_flows)?,
                 tcp_sessions: size("budget.tcp_sessions", b.tcp_sessions)?,
                 udp_flows: size("budget.udp_flows", b.udp_flows)?,
                 backlog: b.backlog,

@@ -128,7 +128,8 @@ impl Engine {
                 None => StartOptions::default(),
             };
             let protect = Arc::new(HookProtect(platform));
-            let engine = crate::sys::with_lent_fd(tun_fd, |lent| {
+            // The app lends `tun_fd` until this call returns (documented above).
+            let engine = kerntun::tun::with_lent_fd(tun_fd, |lent| {
                 let source = match lent {
                     _ if tun_fd < 0 => TunSource::Create,
                     Some(fd) => TunSource::Fd(fd),

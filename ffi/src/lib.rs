@@ -21,6 +21,7 @@ mod error;
 mod hooks;
 mod logging;
 mod stats;
+#[cfg(any(target_os = "ios", target_os = "macos"))]
 #[allow(unsafe_code)]
 mod sys;
 
@@ -35,7 +36,7 @@ pub use engine::{FaultKind, FaultTask};
 pub use error::{HookError, KerntunError};
 pub use hooks::PlatformHooks;
 pub use logging::init_logging;
-pub use stats::{DropCount, EngineStats, NatStats, OutboundStats};
+pub use stats::{DropCount, EngineStats, OutboundStats, TcpFlowStats};
 
 /// The library version (`kerntun` crate version).
 #[uniffi::export]

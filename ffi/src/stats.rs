@@ -4,18 +4,22 @@
 //! to the core fails to compile here until it is exposed to the apps too.
 
 use kerntun::StatsSnapshot;
-use kerntun::stats::{DnsSnapshot, NatSnapshot, OutboundSnapshot};
+use kerntun::stats::{DnsSnapshot, OutboundSnapshot, TcpFlowsSnapshot};
 
 use crate::config::MemoryPressure;
 
-/// NAT entries by state (system stack).
+/// The TCP flows the running stack tracks, by state (their sum is bounded
+/// by `BudgetOptions.tcp_flows`).
 #[derive(Debug, Clone, Default, PartialEq, Eq, uniffi::Record)]
-pub struct NatStats {
-    /// Port allocated, SYN seen, not yet accepted by the listener.
+pub struct TcpFlowStats {
+    /// System stack: NAT port allocated, SYN seen, not yet accepted by the
+    /// listener. smoltcp: outbound connects in flight.
     pub half_open: u64,
-    /// Accepted and relaying.
+    /// System stack: accepted and relaying. smoltcp: sockets, open or
+    /// closing.
     pub active: u64,
-    /// Stream ended; kept for the linger so late FIN/ACKs are translated.
+    /// System stack: stream ended, kept for the linger so late FIN/ACKs are
+    /// translated. smoltcp: 0 (closing sockets count as active).
     pub closing: u64,
 }
 
@@ -156,7 +160,7 @@ pub struct EngineStats {
     pub udp_bytes_up: u64,
     pub udp_packets_down: u64,
     pub udp_bytes_down: u64,
-    pub nat: NatStats,
+    pub tcp_flows: TcpFlowStats,
     /// Device reads (a batched read counts once) and the packets they carried.
     pub tun_reads: u64,
     pub tun_read_packets: u64,
@@ -220,8 +224,8 @@ impl From<StatsSnapshot> for EngineStats {
             udp_bytes_up,
             udp_packets_down,
             udp_bytes_down,
-            nat:
-                NatSnapshot {
+            tcp_flows:
+                TcpFlowsSnapshot {
                     half_open,
                     active,
                     closing,
@@ -266,7 +270,7 @@ impl From<StatsSnapshot> for EngineStats {
             udp_bytes_up,
             udp_packets_down,
             udp_bytes_down,
-            nat: NatStats {
+            tcp_flows: TcpFlowStats {
                 half_open,
                 active,
                 closing,
@@ -326,7 +330,7 @@ mod tests {
             driver: "batch",
             memory_pressure: "elevated",
             tcp_bytes_down: 42,
-            nat: NatSnapshot {
+            tcp_flows: TcpFlowsSnapshot {
                 half_open: 1,
                 active: 2,
                 closing: 3,
@@ -339,8 +343,8 @@ mod tests {
         assert_eq!(e.memory_pressure, Some(MemoryPressure::Elevated));
         assert_eq!(e.tcp_bytes_down, 42);
         assert_eq!(
-            e.nat,
-            NatStats {
+            e.tcp_flows,
+            TcpFlowStats {
                 half_open: 1,
                 active: 2,
                 closing: 3

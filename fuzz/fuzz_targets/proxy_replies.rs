@@ -65,13 +65,13 @@ fuzz_target!(|data: &[u8]| {
     };
     let target = Address::Ip(SocketAddr::from((Ipv4Addr::new(198, 19, 1, 2), 443)));
     if let Ok(session) = tcp_session(&key, &target) {
-        if let Some((_, mut open)) = session.codec {
+        if let Some(mut stream) = session.framing {
             let mut out = Vec::new();
             // Feed in two pieces to exercise frames split across reads.
             let cut = usize::from(pick) % (wire.len() + 1);
-            let r = open.feed(&wire[..cut], &mut out);
+            let r = stream.open.feed(&wire[..cut], &mut out);
             if r.is_ok() {
-                let _ = open.feed(&wire[cut..], &mut out);
+                let _ = stream.open.feed(&wire[cut..], &mut out);
             }
             assert!(out.len() <= wire.len(), "plaintext never exceeds ciphertext");
         }

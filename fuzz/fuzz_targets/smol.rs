@@ -3,7 +3,7 @@
 //! RST, options, stray sequence numbers), connect outcomes, session reads,
 //! writes, closes, aborts and drops, clock jumps and a TUN that refuses
 //! writes, all through the gate the engine's processor applies before
-//! `SmolStack::input`. The entry point (`kerntun::fuzzing::smol::run`)
+//! `Sockets::input`. The entry point (`kerntun::fuzzing::smol::run`)
 //! asserts that nothing panics, that every emitted segment parses with a
 //! valid checksum, that the socket books agree and stay within the budget,
 //! and that no socket is left once every session ended and the linger time

@@ -10,7 +10,7 @@ pub enum EngineDrop {
     NoMapping,
     /// A non-SYN uplink segment for a flow the table does not know.
     StrayTcp,
-    /// NAT entry budget exhausted.
+    /// The system stack's NAT table is at `budget.tcp_flows` entries.
     NatTableFull,
     /// No free NAT port within the probe bound.
     NatNoFreePort,
@@ -75,6 +75,9 @@ pub enum EngineDrop {
     FragNoRoom,
     /// A datagram that did not complete within the reassembly timeout.
     FragTimeout,
+    /// The smoltcp stack's sockets (open or closing) and connects in flight
+    /// are at `budget.tcp_flows`: a new flow's SYN is answered with an RST.
+    SmoltcpSocketsFull,
 }
 
 impl EngineDrop {
@@ -90,7 +93,7 @@ impl EngineDrop {
         }
     }
 
-    pub const COUNT: usize = 26;
+    pub const COUNT: usize = 27;
     pub const ALL: [EngineDrop; Self::COUNT] = [
         EngineDrop::NoMapping,
         EngineDrop::StrayTcp,
@@ -118,6 +121,7 @@ impl EngineDrop {
         EngineDrop::FragMalformed,
         EngineDrop::FragNoRoom,
         EngineDrop::FragTimeout,
+        EngineDrop::SmoltcpSocketsFull,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -148,6 +152,7 @@ impl EngineDrop {
             EngineDrop::FragMalformed => "frag_malformed",
             EngineDrop::FragNoRoom => "frag_no_room",
             EngineDrop::FragTimeout => "frag_timeout",
+            EngineDrop::SmoltcpSocketsFull => "smoltcp_sockets_full",
         }
     }
 }

@@ -10,6 +10,8 @@
 //!   out).
 //! * [`sniff`]: the domain a connection is for, from its first bytes.
 //! * [`dnswire`]: DNS messages and the length prefix of DNS over TCP.
+//! * [`framing`]: stream framings an outbound speaks over TCP (Shadowsocks
+//!   AEAD), as the relay's per-chunk seal and open.
 //! * [`drops`]: the names of what the engine counts when it drops.
 //!
 //! The engine crate (`core/`) is the I/O shell: it reads the TUN, owns the
@@ -22,6 +24,7 @@
 
 pub mod dnswire;
 pub mod drops;
+pub mod framing;
 pub mod nat;
 pub mod packet;
 pub mod sniff;

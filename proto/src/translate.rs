@@ -4,7 +4,7 @@
 //! fuzzed with packet sequences and its outcome checked against the table's
 //! invariants (`fuzz/fuzz_targets/translate.rs`).
 //!
-//! The caller (the engine's `Processor`) counts the outcome and acts on it:
+//! The caller (the engine's `Demux`) counts the outcome and acts on it:
 //! writes rewritten packets back, routes and holds new flows.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};

@@ -1150,9 +1150,10 @@ public struct BudgetOptions: Equatable, Hashable {
      */
     public var platform: Platform?
     /**
-     * NAT entries (system stack).
+     * TCP flows the running stack tracks at once: the system stack's NAT
+     * entries, or smoltcp's sockets plus its connects in flight.
      */
-    public var natEntries: UInt64?
+    public var tcpFlows: UInt64?
     /**
      * TCP admission permits at normal pressure (elevated and critical get
      * 1/2 and 1/4).
@@ -1179,8 +1180,9 @@ public struct BudgetOptions: Equatable, Hashable {
          * library was built for.
          */platform: Platform? = nil, 
         /**
-         * NAT entries (system stack).
-         */natEntries: UInt64? = nil, 
+         * TCP flows the running stack tracks at once: the system stack's NAT
+         * entries, or smoltcp's sockets plus its connects in flight.
+         */tcpFlows: UInt64? = nil, 
         /**
          * TCP admission permits at normal pressure (elevated and critical get
          * 1/2 and 1/4).
@@ -1195,7 +1197,7 @@ public struct BudgetOptions: Equatable, Hashable {
          * Userspace relay buffer per direction, allocated only while data flows.
          */relayBuffer: UInt64? = nil) {
         self.platform = platform
-        self.natEntries = natEntries
+        self.tcpFlows = tcpFlows
         self.tcpSessions = tcpSessions
         self.udpFlows = udpFlows
         self.backlog = backlog
@@ -1219,7 +1221,7 @@ public struct FfiConverterTypeBudgetOptions: FfiConverterRustBuffer {
         return
             try BudgetOptions(
                 platform: FfiConverterOptionTypePlatform.read(from: &buf), 
-                natEntries: FfiConverterOptionUInt64.read(from: &buf), 
+                tcpFlows: FfiConverterOptionUInt64.read(from: &buf), 
                 tcpSessions: FfiConverterOptionUInt64.read(from: &buf), 
                 udpFlows: FfiConverterOptionUInt64.read(from: &buf), 
                 backlog: FfiConverterOptionUInt32.read(from: &buf), 
@@ -1229,7 +1231,7 @@ public struct FfiConverterTypeBudgetOptions: FfiConverterRustBuffer {
 
     public static func write(_ value: BudgetOptions, into buf: inout [UInt8]) {
         FfiConverterOptionTypePlatform.write(value.platform, into: &buf)
-        FfiConverterOptionUInt64.write(value.natEntries, into: &buf)
+        FfiConverterOptionUInt64.write(value.tcpFlows, into: &buf)
         FfiConverterOptionUInt64.write(value.tcpSessions, into: &buf)
         FfiConverterOptionUInt64.write(value.udpFlows, into: &buf)
         FfiConverterOptionUInt32.write(value.backlog, into: &buf)
@@ -1980,7 +1982,7 @@ public struct EngineStats: Equatable, Hashable {
     public var udpBytesUp: UInt64
     public var udpPacketsDown: UInt64
     public var udpBytesDown: UInt64
-    public var nat: NatStats
+    public var tcpFlows: TcpFlowStats
     /**
      * Device reads (a batched read counts once) and the packets they carried.
      */
@@ -2046,7 +2048,7 @@ public struct EngineStats: Equatable, Hashable {
         /**
          * Accepted on the address alone: the kernel kept no SYN to check (a
          * SYN cookie completed the handshake).
-         */acceptSynUnverified: UInt64, acceptUnknownPort: UInt64, udpFlowsActive: UInt64, udpFlowsTotal: UInt64, udpFlowsEvicted: UInt64, udpPacketsUp: UInt64, udpBytesUp: UInt64, udpPacketsDown: UInt64, udpBytesDown: UInt64, nat: NatStats, 
+         */acceptSynUnverified: UInt64, acceptUnknownPort: UInt64, udpFlowsActive: UInt64, udpFlowsTotal: UInt64, udpFlowsEvicted: UInt64, udpPacketsUp: UInt64, udpBytesUp: UInt64, udpPacketsDown: UInt64, udpBytesDown: UInt64, tcpFlows: TcpFlowStats, 
         /**
          * Device reads (a batched read counts once) and the packets they carried.
          */tunReads: UInt64, tunReadPackets: UInt64, tunReadMaxBatch: UInt64, tunWrites: UInt64, 
@@ -2100,7 +2102,7 @@ public struct EngineStats: Equatable, Hashable {
         self.udpBytesUp = udpBytesUp
         self.udpPacketsDown = udpPacketsDown
         self.udpBytesDown = udpBytesDown
-        self.nat = nat
+        self.tcpFlows = tcpFlows
         self.tunReads = tunReads
         self.tunReadPackets = tunReadPackets
         self.tunReadMaxBatch = tunReadMaxBatch
@@ -2158,7 +2160,7 @@ public struct FfiConverterTypeEngineStats: FfiConverterRustBuffer {
                 udpBytesUp: FfiConverterUInt64.read(from: &buf), 
                 udpPacketsDown: FfiConverterUInt64.read(from: &buf), 
                 udpBytesDown: FfiConverterUInt64.read(from: &buf), 
-                nat: FfiConverterTypeNatStats.read(from: &buf), 
+                tcpFlows: FfiConverterTypeTcpFlowStats.read(from: &buf), 
                 tunReads: FfiConverterUInt64.read(from: &buf), 
                 tunReadPackets: FfiConverterUInt64.read(from: &buf), 
                 tunReadMaxBatch: FfiConverterUInt64.read(from: &buf), 
@@ -2202,7 +2204,7 @@ public struct FfiConverterTypeEngineStats: FfiConverterRustBuffer {
         FfiConverterUInt64.write(value.udpBytesUp, into: &buf)
         FfiConverterUInt64.write(value.udpPacketsDown, into: &buf)
         FfiConverterUInt64.write(value.udpBytesDown, into: &buf)
-        FfiConverterTypeNatStats.write(value.nat, into: &buf)
+        FfiConverterTypeTcpFlowStats.write(value.tcpFlows, into: &buf)
         FfiConverterUInt64.write(value.tunReads, into: &buf)
         FfiConverterUInt64.write(value.tunReadPackets, into: &buf)
         FfiConverterUInt64.write(value.tunReadMaxBatch, into: &buf)
@@ -2230,85 +2232,6 @@ public func FfiConverterTypeEngineStats_lift(_ buf: RustBuffer) throws -> Engine
 #endif
 public func FfiConverterTypeEngineStats_lower(_ value: EngineStats) -> RustBuffer {
     return FfiConverterTypeEngineStats.lower(value)
-}
-
-
-/**
- * NAT entries by state (system stack).
- */
-public struct NatStats: Equatable, Hashable {
-    /**
-     * Port allocated, SYN seen, not yet accepted by the listener.
-     */
-    public var halfOpen: UInt64
-    /**
-     * Accepted and relaying.
-     */
-    public var active: UInt64
-    /**
-     * Stream ended; kept for the linger so late FIN/ACKs are translated.
-     */
-    public var closing: UInt64
-
-    // Default memberwise initializers are never public by default, so we
-    // declare one manually.
-    public init(
-        /**
-         * Port allocated, SYN seen, not yet accepted by the listener.
-         */halfOpen: UInt64, 
-        /**
-         * Accepted and relaying.
-         */active: UInt64, 
-        /**
-         * Stream ended; kept for the linger so late FIN/ACKs are translated.
-         */closing: UInt64) {
-        self.halfOpen = halfOpen
-        self.active = active
-        self.closing = closing
-    }
-
-    
-
-    
-}
-
-#if compiler(>=6)
-extension NatStats: Sendable {}
-#endif
-
-#if swift(>=5.8)
-@_documentation(visibility: private)
-#endif
-public struct FfiConverterTypeNatStats: FfiConverterRustBuffer {
-    public static func read(from buf: inout (data: Data, offset: Data.Index)) throws -> NatStats {
-        return
-            try NatStats(
-                halfOpen: FfiConverterUInt64.read(from: &buf), 
-                active: FfiConverterUInt64.read(from: &buf), 
-                closing: FfiConverterUInt64.read(from: &buf)
-        )
-    }
-
-    public static func write(_ value: NatStats, into buf: inout [UInt8]) {
-        FfiConverterUInt64.write(value.halfOpen, into: &buf)
-        FfiConverterUInt64.write(value.active, into: &buf)
-        FfiConverterUInt64.write(value.closing, into: &buf)
-    }
-}
-
-
-#if swift(>=5.8)
-@_documentation(visibility: private)
-#endif
-public func FfiConverterTypeNatStats_lift(_ buf: RustBuffer) throws -> NatStats {
-    return try FfiConverterTypeNatStats.lift(buf)
-}
-
-#if swift(>=5.8)
-@_documentation(visibility: private)
-#endif
-public func FfiConverterTypeNatStats_lower(_ value: NatStats) -> RustBuffer {
-    return FfiConverterTypeNatStats.lower(value)
 }
 
 
@@ -2708,6 +2631,92 @@ public func FfiConverterTypeSniffOptions_lift(_ buf: RustBuffer) throws -> Sniff
 #endif
 public func FfiConverterTypeSniffOptions_lower(_ value: SniffOptions) -> RustBuffer {
     return FfiConverterTypeSniffOptions.lower(value)
+}
+
+
+/**
+ * The TCP flows the running stack tracks, by state (their sum is bounded
+ * by `BudgetOptions.tcp_flows`).
+ */
+public struct TcpFlowStats: Equatable, Hashable {
+    /**
+     * System stack: NAT port allocated, SYN seen, not yet accepted by the
+     * listener. smoltcp: outbound connects in flight.
+     */
+    public var halfOpen: UInt64
+    /**
+     * System stack: accepted and relaying. smoltcp: sockets, open or
+     * closing.
+     */
+    public var active: UInt64
+    /**
+     * System stack: stream ended, kept for the linger so late FIN/ACKs are
+     * translated. smoltcp: 0 (closing sockets count as active).
+     */
+    public var closing: UInt64
+
+    // Default memberwise initializers are never public by default, so we
+    // declare one manually.
+    public init(
+        /**
+         * System stack: NAT port allocated, SYN seen, not yet accepted by the
+         * listener. smoltcp: outbound connects in flight.
+         */halfOpen: UInt64, 
+        /**
+         * System stack: accepted and relaying. smoltcp: sockets, open or
+         * closing.
+         */active: UInt64, 
+        /**
+         * System stack: stream ended, kept for the linger so late FIN/ACKs are
+         * translated. smoltcp: 0 (closing sockets count as active).
+         */closing: UInt64) {
+        self.halfOpen = halfOpen
+        self.active = active
+        self.closing = closing
+    }
+
+    
+
+    
+}
+
+#if compiler(>=6)
+extension TcpFlowStats: Sendable {}
+#endif
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public struct FfiConverterTypeTcpFlowStats: FfiConverterRustBuffer {
+    public static func read(from buf: inout (data: Data, offset: Data.Index)) throws -> TcpFlowStats {
+        return
+            try TcpFlowStats(
+                halfOpen: FfiConverterUInt64.read(from: &buf), 
+                active: FfiConverterUInt64.read(from: &buf), 
+                closing: FfiConverterUInt64.read(from: &buf)
+        )
+    }
+
+    public static func write(_ value: TcpFlowStats, into buf: inout [UInt8]) {
+        FfiConverterUInt64.write(value.halfOpen, into: &buf)
+        FfiConverterUInt64.write(value.active, into: &buf)
+        FfiConverterUInt64.write(value.closing, into: &buf)
+    }
+}
+
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public func FfiConverterTypeTcpFlowStats_lift(_ buf: RustBuffer) throws -> TcpFlowStats {
+    return try FfiConverterTypeTcpFlowStats.lift(buf)
+}
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public func FfiConverterTypeTcpFlowStats_lower(_ value: TcpFlowStats) -> RustBuffer {
+    return FfiConverterTypeTcpFlowStats.lower(value)
 }
 
 

@@ -13,7 +13,6 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use crate::dnswire::{Upstream, UpstreamProto, length_prefixed, msg, read_frame};
 use crate::outbound::{Address, OutboundError, OutboundStream, Outbounds, ProxyUdp, Route};
-use crate::relay::{Open, Seal};
 use crate::rules::Target;
 use crate::stats::Stats;
 
@@ -81,7 +80,7 @@ pub(crate) async fn exchange(
                     return Err(ExchangeError::Unsupported("no TLS configuration"));
                 };
                 let out = ob.connect(route, &Address::Ip(up.addr), stats).await?;
-                if out.codec.is_some() {
+                if out.framing.is_some() {
                     return Err(ExchangeError::Unsupported(
                         "DNS over TLS through a Shadowsocks AEAD outbound",
                     ));
@@ -184,12 +183,14 @@ async fn udp_proxy(
 /// DNS over TCP on an outbound stream, through its framing when it has one.
 async fn framed(out: OutboundStream, wire: &[u8], id: u16) -> Result<Vec<u8>, ExchangeError> {
     let OutboundStream {
-        mut stream, codec, ..
+        mut stream,
+        framing,
+        ..
     } = out;
-    let Some(codec) = codec else {
+    let Some(mut framing) = framing else {
         return plain_framed(&mut stream, wire, id).await;
     };
-    let (mut seal, mut open) = *codec;
+    let (seal, open) = framing.split();
     let frame = length_prefixed(wire)?;
     let mut sealed = Vec::with_capacity(frame.len() + 64);
     seal.seal(&frame, &mut sealed);

@@ -21,6 +21,7 @@ use socket2::{Domain, Protocol, SockRef, Socket, Type};
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpSocket, TcpStream, UdpSocket};
 
+use crate::framing::Framing;
 use crate::relay::{RelayConfig, RelayOptions};
 use crate::rules::{Action, Rule, RuleError, RuleSet, Target};
 use crate::stats::Stats;
@@ -34,7 +35,7 @@ pub mod socks5;
 
 pub use addr::Address;
 use config::{BadOutbound, DirectConfig, OutboundConfig};
-use shadowsocks::{Key, ShadowsocksError, SsOpen, SsSeal, UdpSession};
+use shadowsocks::{Key, ShadowsocksError, UdpSession};
 use socks5::{Credentials, HandshakeError, Socks5Error};
 
 /// The host's hook to exempt a socket from the VPN (Android
@@ -255,10 +256,11 @@ impl OutboundError {
 #[derive(Debug)]
 pub struct OutboundStream {
     pub stream: TcpStream,
-    /// The stream framing of Shadowsocks AEAD; `None` means the socket
-    /// carries the app's bytes unchanged (direct, SOCKS5, `none`) and can be
-    /// spliced. Boxed: cipher state is large and most streams have none.
-    pub codec: Option<Box<(SsSeal, SsOpen)>>,
+    /// The framing the outbound speaks over the socket (Shadowsocks AEAD);
+    /// `None` means the socket carries the app's bytes unchanged (direct,
+    /// SOCKS5, `none`) and can be spliced. Boxed: cipher state is large and
+    /// most streams have none.
+    pub framing: Option<Box<dyn Framing>>,
     /// Which outbound this is (for statistics).
     pub route: Route,
 }
@@ -428,7 +430,7 @@ impl Outbounds {
                 };
                 return Ok(OutboundStream {
                     stream: self.factory.connect_tcp(*dst).await?,
-                    codec: None,
+                    framing: None,
                     route,
                 });
             }
@@ -447,7 +449,7 @@ impl Outbounds {
                 .await?;
                 Ok(OutboundStream {
                     stream: s,
-                    codec: None,
+                    framing: None,
                     route,
                 })
             }
@@ -460,7 +462,7 @@ impl Outbounds {
                 }
                 Ok(OutboundStream {
                     stream: s,
-                    codec: session.codec.map(Box::new),
+                    framing: session.framing.map(|f| Box::new(f) as Box<dyn Framing>),
                     route,
                 })
             }

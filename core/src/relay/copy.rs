@@ -1,7 +1,8 @@
 //! The userspace copy: one direction of a relay, written once and used for
 //! every pair of ends (kernel socket to kernel socket, smoltcp socket to
 //! kernel socket) and every framing (plain, sealed toward a proxy, opened
-//! from it), and by the splice relay when a direction falls back.
+//! from it), and by the splice relay when a direction falls back. Only the
+//! relay calls it ([`super::run`]); the ends ([`Side`]) are the stacks'.
 //!
 //! A direction holds a buffer only while its source has data: it allocates
 //! one when bytes arrive and frees it as soon as the source is drained, so
@@ -18,8 +19,9 @@ use std::time::Instant;
 use socket2::SockRef;
 use tokio::net::TcpStream;
 
-use super::{Fallback, Leg, LegMeter, Meter, Open, Relayed, Seal};
+use super::{Fallback, Leg, LegMeter, Meter, Relayed};
 use crate::budget::{ByteBudget, RELAY_FALLBACK_BUFFER};
+use crate::framing::{Open, Seal};
 
 /// A direction's read buffer and what it charged the relay pool (the
 /// buffer, and as much again for a codec's output).
@@ -73,6 +75,11 @@ pub(crate) trait Side {
     async fn write_all(&self, data: &[u8]) -> io::Result<()>;
     /// Pass the other side's EOF on: a half-close toward this end.
     fn shutdown_write(&self) -> io::Result<()>;
+    /// The kernel socket this end is, if it is one: [`super::run`] splices
+    /// between two of them.
+    fn kernel_socket(&self) -> Option<&TcpStream> {
+        None
+    }
 }
 
 impl Side for TcpStream {
@@ -93,10 +100,14 @@ impl Side for TcpStream {
     fn shutdown_write(&self) -> io::Result<()> {
         shutdown_write(self)
     }
+
+    fn kernel_socket(&self) -> Option<&TcpStream> {
+        Some(self)
+    }
 }
 
 /// How a direction transforms the bytes it moves.
-pub(crate) enum Codec<'a> {
+pub(super) enum Codec<'a> {
     /// Unchanged.
     Plain,
     /// Toward a proxy: frame/encrypt what the app sent.
@@ -135,7 +146,7 @@ impl Codec<'_> {
 /// One direction: `src` -> `dst` until `src`'s EOF, then a half-close of
 /// `dst`. `leg` carries what an earlier phase (splice) moved; the result
 /// adds what this copy moved (plaintext bytes).
-pub(crate) async fn leg<S: Side, D: Side>(
+pub(super) async fn leg<S: Side, D: Side>(
     src: &S,
     dst: &D,
     buf_size: usize,
@@ -183,7 +194,8 @@ pub(crate) async fn leg<S: Side, D: Side>(
 
 /// Both directions through userspace until both reached EOF (Ok) or one
 /// failed (Err). `why` marks each direction as a fallback from splicing.
-pub(crate) async fn both<A: Side, B: Side>(
+/// The relay's own: sessions go through [`super::run`].
+pub(super) async fn both<A: Side, B: Side>(
     app: &A,
     out: &B,
     seal: Codec<'_>,

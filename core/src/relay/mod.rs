@@ -3,18 +3,19 @@
 //! other side while the opposite direction carries on (a half-closed
 //! connection can still be answered). An error in either direction ends both.
 //!
-//! Two ways to move the bytes, chosen per connection:
+//! [`run`] is the one entry, for both stacks' sessions. It picks one of two
+//! ways to move the bytes, per connection:
 //!
-//! * `splice` (Linux/Android), between two plain kernel TCP sockets (direct
-//!   outbound, SOCKS5 after its handshake, Shadowsocks `none` after the
-//!   address header): the payload never enters userspace.
+//! * `splice` (Linux/Android), when both ends are kernel TCP sockets (the
+//!   system stack's accepted socket) and the outbound carries the app's bytes
+//!   unchanged (direct, SOCKS5 after its handshake, Shadowsocks `none` after
+//!   the address header): the payload never enters userspace.
 //! * `copy`, everywhere else: one direction written once for every pair of
 //!   ends (a kernel or smoltcp socket toward the app) and every framing
-//!   (plain, or a [`Seal`] / [`Open`] pair for Shadowsocks AEAD).
+//!   (plain, or the two halves of the outbound's [`Framing`]).
 //!
-//! [`relay`] picks between them for two kernel sockets; [`relay_codec`]
-//! copies through a codec. Userspace buffers exist only while data flows, so
-//! ten thousand idle connections hold no relay memory.
+//! Userspace buffers exist only while data flows, so ten thousand idle
+//! connections hold no relay memory.
 
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -22,11 +23,12 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use serde::{Deserialize, Serialize};
 use tokio::net::TcpStream;
 
-pub(crate) mod copy;
+mod copy;
 #[cfg(linux_like)]
 pub mod splice;
 
 use crate::budget::ByteBudget;
+use crate::framing::Framing;
 use copy::Codec;
 pub(crate) use copy::{Side, read, read_exact, write_all};
 
@@ -190,63 +192,41 @@ impl Default for RelayConfig {
     }
 }
 
-/// Relay between two plain kernel TCP sockets until both directions reached
-/// EOF (Ok) or one failed (Err).
-pub async fn relay(
-    app: &TcpStream,
+/// Relay between the app's side and the outbound's socket until both
+/// directions reached EOF (Ok) or one failed (Err). Splices when both ends
+/// are kernel sockets, `framing` is `None` and `opts.splice` is on
+/// (Linux/Android); copies through userspace otherwise, each direction
+/// through its half of `framing` if there is one. Counts plaintext bytes.
+pub(crate) async fn run<A: Side>(
+    app: &A,
     out: &TcpStream,
+    framing: Option<&mut (dyn Framing + 'static)>,
     opts: &RelayOptions,
     meter: &Meter<'_>,
 ) -> io::Result<Relayed> {
+    if let Some(f) = framing {
+        let (seal, open) = f.split();
+        let (seal, open) = (Codec::Seal(seal), Codec::Open(open));
+        return copy::both(app, out, seal, open, opts.buffer, meter, None).await;
+    }
+    // A userspace end (smoltcp) cannot be spliced: its copy is no fallback.
+    let Some(kernel) = app.kernel_socket() else {
+        let plain = (Codec::Plain, Codec::Plain);
+        return copy::both(app, out, plain.0, plain.1, opts.buffer, meter, None).await;
+    };
     #[cfg(linux_like)]
     if opts.splice {
-        return splice::relay(app, out, opts, meter, &splice::KernelSplice).await;
+        return splice::relay(kernel, out, opts, meter, &splice::KernelSplice).await;
     }
+    let why = Some(Fallback::Disabled);
     copy::both(
-        app,
+        kernel,
         out,
         Codec::Plain,
         Codec::Plain,
         opts.buffer,
         meter,
-        Some(Fallback::Disabled),
-    )
-    .await
-}
-
-/// Encrypts/frames the app's bytes toward an outbound (sans-I/O).
-pub trait Seal: Send {
-    /// Append the wire form of `plain` to `out`.
-    fn seal(&mut self, plain: &[u8], out: &mut Vec<u8>);
-}
-
-/// Decrypts/unframes an outbound's bytes toward the app (sans-I/O). Keeps a
-/// partial frame across calls.
-pub trait Open: Send {
-    /// Consume `wire`, appending the plaintext it completes to `out`.
-    fn open(&mut self, wire: &[u8], out: &mut Vec<u8>) -> io::Result<()>;
-    /// The outbound reached EOF: an error if it stopped inside a frame.
-    fn finish(&mut self) -> io::Result<()>;
-}
-
-/// Relay between the app's plain socket and an outbound socket that carries
-/// a framed/encrypted stream. Counts plaintext bytes, all of them copied.
-pub async fn relay_codec<S: Seal, O: Open>(
-    app: &TcpStream,
-    out: &TcpStream,
-    seal: &mut S,
-    open: &mut O,
-    buf_size: usize,
-    meter: &Meter<'_>,
-) -> io::Result<Relayed> {
-    copy::both(
-        app,
-        out,
-        Codec::Seal(seal),
-        Codec::Open(open),
-        buf_size,
-        meter,
-        None,
+        why,
     )
     .await
 }
@@ -254,6 +234,7 @@ pub async fn relay_codec<S: Seal, O: Open>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::framing::{Open, Seal};
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::net::TcpListener;
 
@@ -354,15 +335,16 @@ mod tests {
             splice: false,
             ..RelayOptions::default()
         };
-        let r = relay(&app_side, &out_side, &opts, &c.meter()).await;
+        let r = run(&app_side, &out_side, None, &opts, &c.meter()).await;
         // Both peers closed without data: either a clean 0/0 or a reset, never a hang.
         if let Ok(r) = r {
             assert_eq!(r.up.bytes() + r.down.bytes(), 0);
         }
     }
 
-    /// A toy codec: XOR on the way out, XOR back on the way in, so the test
-    /// can check that both transforms ran on every byte.
+    /// A toy framing: XOR on the way out, XOR back on the way in, so the
+    /// test can check that both transforms ran on every byte.
+    #[derive(Debug)]
     struct Xor(u8);
     impl Seal for Xor {
         fn seal(&mut self, plain: &[u8], out: &mut Vec<u8>) {
@@ -378,15 +360,29 @@ mod tests {
             Ok(())
         }
     }
+    #[derive(Debug)]
+    struct XorFraming(Xor, Xor);
+    impl Framing for XorFraming {
+        fn split(&mut self) -> (&mut dyn Seal, &mut dyn Open) {
+            (&mut self.0, &mut self.1)
+        }
+    }
 
+    /// A framed outbound is copied (never spliced, even between two kernel
+    /// sockets with splicing on), through its framing both ways.
     #[tokio::test]
-    async fn codec_relay_transforms_both_ways_and_half_closes() {
+    async fn framed_relay_transforms_both_ways_and_half_closes() {
         let (mut client, app_side) = pair().await;
         let (out_side, mut server) = pair().await;
         let c = Counters::default();
-        let (mut s, mut o) = (Xor(0x5a), Xor(0x5a));
+        let mut framing = XorFraming(Xor(0x5a), Xor(0x5a));
         let meter = c.meter();
-        let relay_fut = relay_codec(&app_side, &out_side, &mut s, &mut o, 1024, &meter);
+        let opts = RelayOptions {
+            splice: true,
+            buffer: 1024,
+            ..RelayOptions::default()
+        };
+        let relay_fut = run(&app_side, &out_side, Some(&mut framing), &opts, &meter);
         let test = async {
             client.write_all(b"hello").await.expect("w");
             client.shutdown().await.expect("sd");
@@ -405,5 +401,11 @@ mod tests {
         let (r, ()) = tokio::join!(relay_fut, test);
         let r = r.expect("relay");
         assert_eq!((r.up.copied, r.down.copied), (5, 5));
+        assert_eq!((r.up.spliced, r.down.spliced), (0, 0));
+        assert_eq!(
+            (r.up.fallback, r.down.fallback),
+            (None, None),
+            "no fallback"
+        );
     }
 }

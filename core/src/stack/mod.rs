@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::packet::{self, Disposition, HEADROOM, IpInfo};
-use crate::stats::{EngineDrop, LocalCounters, NatSnapshot, Stats};
+use crate::stats::{EngineDrop, LocalCounters, Stats, TcpFlowsSnapshot};
 use crate::tun::Tun;
 
 pub(crate) mod smoltcp;
@@ -41,7 +41,7 @@ pub(crate) const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(3);
 #[derive(Debug, Clone)]
 pub(crate) enum Stack {
     System(Arc<system::SystemStack>),
-    Smoltcp(smoltcp::SmolTcp),
+    Smoltcp(smoltcp::SmoltcpStack),
 }
 
 impl Stack {
@@ -88,7 +88,7 @@ impl Stack {
 
     /// Flow counts for the statistics. smoltcp has no NAT table: its sockets
     /// (open or closing) and the connects in flight fill the same slots.
-    pub fn counts(&self) -> NatSnapshot {
+    pub fn counts(&self) -> TcpFlowsSnapshot {
         match self {
             Stack::System(s) => s.counts(),
             Stack::Smoltcp(s) => s.counts(),

@@ -1,8 +1,8 @@
-//! The only place in the crate where `unsafe` is allowed: adopting the
-//! device's descriptor, splice(2), batched UDP I/O, Darwin's utun calls. Every block carries a `// SAFETY:` comment.
+//! The only place in the crate where `unsafe` is allowed: borrowing a lent
+//! descriptor and adopting the device's, splice(2), batched UDP I/O, Darwin's utun calls. Every block carries a `// SAFETY:` comment.
 
 use std::io;
-use std::os::fd::OwnedFd;
+use std::os::fd::{BorrowedFd, OwnedFd, RawFd};
 
 /// Darwin utun: `recvmsg_x`, `UTUN_OPT_IFNAME`, the utun descriptor search.
 #[cfg(apple)]
@@ -14,6 +14,28 @@ pub mod recvx_emul;
 /// Linux tests cover them).
 #[cfg(any(apple, test))]
 pub mod utun;
+
+/// Run `f` with the descriptor `fd` borrowed, or with `None` when `fd` is not
+/// an open descriptor of this process (the CLI's `--tun-fd`, the app's
+/// `tun_fd` through the FFI: `kerntun::tun::with_lent_fd`).
+///
+/// The contract, stated once for every caller: `fd` is *lent*, i.e. whoever
+/// owns it keeps it open at least until `f` returns. The CLI's inherited
+/// descriptor is never closed by the process; the FFI's `Engine.start`
+/// documents that the app keeps `tun_fd` open until it returns, and `f`
+/// (the start) runs inside that call. The engine itself only duplicates
+/// the borrowed descriptor (`Tun::open` with `TunSource::Fd`) before `f`
+/// returns, so the borrow never outlives the lender's promise.
+pub fn with_lent_fd<T>(fd: RawFd, f: impl FnOnce(Option<BorrowedFd<'_>>) -> T) -> T {
+    // SAFETY: fcntl(F_GETFD) only reads the descriptor's flags; it fails
+    // (EBADF) for a number that is not an open descriptor.
+    if fd < 0 || unsafe { libc::fcntl(fd, libc::F_GETFD) } < 0 {
+        return f(None);
+    }
+    // SAFETY: the descriptor is open (checked above) and lent for the
+    // duration of `f` (the contract above); the borrow ends with `f`.
+    f(Some(unsafe { BorrowedFd::borrow_raw(fd) }))
+}
 
 /// Wrap an owned TUN descriptor in a tun-rs async device.
 pub fn async_device_from_owned(fd: OwnedFd) -> io::Result<tun_rs::AsyncDevice> {
@@ -139,3 +161,25 @@ pub fn raise_nofile(want: u64) -> io::Result<u64> {
 /// Batched UDP: GSO sends (`UDP_SEGMENT`) and `recvmmsg`.
 #[cfg(linux_like)]
 pub mod udp;
+
+#[cfg(test)]
+mod tests {
+    use std::os::fd::AsRawFd;
+
+    use super::*;
+
+    /// An open descriptor is borrowed as itself; a negative number, or one
+    /// that names no open descriptor (past any descriptor limit), is `None`
+    /// and never borrowed.
+    #[test]
+    fn only_open_descriptors_are_lent() {
+        let (a, _b) = std::os::unix::net::UnixStream::pair().expect("pair");
+        let raw = a.as_raw_fd();
+        assert_eq!(
+            with_lent_fd(raw, |fd| fd.map(|fd| fd.as_raw_fd())),
+            Some(raw)
+        );
+        assert!(with_lent_fd(-1, |fd| fd.is_none()));
+        assert!(with_lent_fd(RawFd::MAX, |fd| fd.is_none()));
+    }
+}

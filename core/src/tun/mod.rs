@@ -27,6 +27,7 @@ pub use crate::packet::HEADROOM;
 #[cfg_attr(apple, path = "darwin.rs")]
 mod imp;
 
+pub use crate::sys::with_lent_fd;
 pub use imp::find_platform_tun_fd;
 
 /// Where the device comes from.
@@ -36,9 +37,10 @@ pub enum TunSource<'fd> {
     /// (Linux and macOS desktop; needs CAP_NET_ADMIN or root).
     Create,
     /// Use a descriptor the host opened (iOS utun, Android VpnService, the
-    /// CLI's `--tun-fd`). The engine duplicates it during `start`: the caller
-    /// keeps the one it lent and may close it afterwards (never on iOS,
-    /// where the system owns the utun descriptor).
+    /// CLI's `--tun-fd`; a raw number is borrowed with [`with_lent_fd`]).
+    /// The engine duplicates it during `start`: the caller keeps the one it
+    /// lent and may close it afterwards (never on iOS, where the system owns
+    /// the utun descriptor).
     Fd(BorrowedFd<'fd>),
 }
 

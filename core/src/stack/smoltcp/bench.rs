@@ -1,7 +1,7 @@
 //! An entry point for the criterion bench `smoltcp`
 //! (`benches/benches/smoltcp.rs`), not part of the API: one inbound data
 //! segment into the smoltcp stack, the way the driver hands it over
-//! ([`SmolStack::input`]), with a number of other connections open and
+//! ([`Sockets::input`]), with a number of other connections open and
 //! idle, and the session's read of what it carried.
 //!
 //! Built for tests and with the `bench-internals` feature only.
@@ -14,8 +14,10 @@ use std::time::{Duration, Instant};
 use ipnet::IpNet;
 
 use super::device::Sink;
-use super::stack::{Key, SmolStack, Syn};
+use super::half_open::Syn;
+use super::sockets::Sockets;
 use super::stream::SmolStream;
+use crate::nat::FlowKey;
 use crate::packet::{self, HEADROOM, checksum, protocol, tcp_flags};
 use crate::stats::Stats;
 
@@ -44,9 +46,9 @@ impl Sink for Last {
     }
 }
 
-/// An IPv4 TCP segment `key.0 -> key.1` with valid checksums.
-fn segment(key: Key, seq: u32, ack: u32, flags: u8, data_len: usize) -> Vec<u8> {
-    let (IpAddr::V4(s), IpAddr::V4(d)) = (key.0.ip(), key.1.ip()) else {
+/// An IPv4 TCP segment `key.client -> key.server` with valid checksums.
+fn segment(key: FlowKey, seq: u32, ack: u32, flags: u8, data_len: usize) -> Vec<u8> {
+    let (IpAddr::V4(s), IpAddr::V4(d)) = (key.client.ip(), key.server.ip()) else {
         return Vec::new();
     };
     let len = 40 + data_len;
@@ -60,8 +62,8 @@ fn segment(key: Key, seq: u32, ack: u32, flags: u8, data_len: usize) -> Vec<u8> 
     let c = checksum::finish(checksum::sum_bytes(&p[..20]));
     p[10..12].copy_from_slice(&c.to_be_bytes());
     let t = &mut p[20..];
-    t[0..2].copy_from_slice(&key.0.port().to_be_bytes());
-    t[2..4].copy_from_slice(&key.1.port().to_be_bytes());
+    t[0..2].copy_from_slice(&key.client.port().to_be_bytes());
+    t[2..4].copy_from_slice(&key.server.port().to_be_bytes());
     t[4..8].copy_from_slice(&seq.to_be_bytes());
     t[8..12].copy_from_slice(&ack.to_be_bytes());
     t[12] = 5 << 4;
@@ -85,7 +87,7 @@ fn fill(p: &mut [u8]) {
 /// the bench sends data on.
 #[derive(Debug)]
 pub struct Flows {
-    st: Arc<SmolStack>,
+    st: Arc<Sockets>,
     stats: Stats,
     sink: Last,
     now: Instant,
@@ -102,7 +104,7 @@ pub struct Flows {
 impl Flows {
     pub fn new(idle: usize) -> Flows {
         let nets: [IpNet; 1] = ["198.18.0.1/16".parse().expect("static prefix")];
-        let st = Arc::new(SmolStack::new(
+        let st = Arc::new(Sockets::new(
             &nets,
             1500,
             BUFFER,
@@ -113,7 +115,7 @@ impl Flows {
         let stats = Stats::default();
         let mut sink = Last::default();
         let now = Instant::now();
-        let mut open = |key: Key| {
+        let mut open = |key: FlowKey| {
             let isn = 1000u32;
             let syn = segment(key, isn, 0, tcp_flags::SYN, 0);
             assert_eq!(st.syn(key), Syn::New, "bench setup: a new flow");
@@ -132,10 +134,10 @@ impl Flows {
                     IpAddr::V4(Ipv4Addr::new(10, 0, (i >> 8) as u8, i as u8)),
                     40000 + (i >> 16) as u16,
                 );
-                open((client, server)).0
+                open(FlowKey::new(client, server)).0
             })
             .collect();
-        let key = (SocketAddr::from(([10, 1, 0, 1], 50000)), server);
+        let key = FlowKey::new(SocketAddr::from(([10, 1, 0, 1], 50000)), server);
         let (active, seq, ack) = open(key);
         Flows {
             st,

@@ -51,7 +51,7 @@ impl TxCount {
 const HELD_MAX: usize = 60;
 
 /// A pure ACK of one flow held back until the end of the driver's drain
-/// (`SmolStack::input_held`): a later one of the same flow replaces it, so
+/// (`Sockets::input_held`): a later one of the same flow replaces it, so
 /// the app's TCP gets one cumulative ACK per flow and drain instead of one
 /// per two segments, each a TUN write that runs the kernel's forwarding and
 /// the app's TCP in the engine's system call.

@@ -4,8 +4,8 @@
 //! The program feeds raw packets and well-formed segments of a few flows
 //! (SYN-first handshakes, data, FIN, RST, odd options, stray sequence
 //! numbers) through the same gate the engine applies before
-//! [`SmolStack::input`] (`gate.rs`: a TCP packet that parses, unicast
-//! addresses, SYNs classified by [`SmolStack::syn`] and held until the
+//! [`Sockets::input`] (`gate.rs`: a TCP packet that parses, unicast
+//! addresses; then SYNs classified by [`Sockets::syn`] and held until the
 //! "outbound" connects), completes or fails connects, reads, writes, closes,
 //! aborts and drops sessions, moves the clock, and may make the sink refuse
 //! writes (a full TUN queue).
@@ -28,11 +28,13 @@ use ipnet::IpNet;
 
 use super::device::Sink;
 use super::gate::{Gate, gate};
-use super::stack::{Key, SmolStack};
+use super::half_open::Syn;
+use super::sockets::Sockets;
 use super::stream::SmolStream;
+use crate::nat::FlowKey;
 use crate::packet::HEADROOM;
 use crate::packet::{self, checksum, protocol, tcp_flags};
-use crate::stats::{EngineDrop, Stats};
+use crate::stats::Stats;
 
 /// Socket budget of the fuzzed stack: small, so `Syn::Full` is reachable.
 pub const MAX_SOCKETS: usize = 4;
@@ -49,7 +51,7 @@ const MAX_STEPS: usize = 512;
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Summary {
     pub steps: usize,
-    /// Segments handed to `SmolStack::input`.
+    /// Segments handed to `Sockets::input`.
     pub inputs: usize,
     /// Connections smoltcp accepted (SYN taken after the connect).
     pub accepted: usize,
@@ -66,11 +68,11 @@ pub struct Summary {
 }
 
 /// A flow the structured steps build segments for: (client, server).
-fn flow(i: u8) -> Key {
+fn flow(i: u8) -> FlowKey {
     let v4 = |a: [u8; 4], p: u16| SocketAddr::new(IpAddr::V4(Ipv4Addr::from(a)), p);
     let v6 = |a: Ipv6Addr, p: u16| SocketAddr::new(IpAddr::V6(a), p);
     let c6 = Ipv6Addr::new(0xfd00, 0x18, 0, 0, 0, 0, 0, 9);
-    match i % 6 {
+    let (client, server) = match i % 6 {
         0 => (v4([10, 0, 0, 9], 40000), v4([1, 1, 1, 1], 443)),
         1 => (v4([10, 0, 0, 9], 40001), v4([1, 1, 1, 1], 443)),
         2 => (v4([10, 0, 0, 7], 40000), v4([198, 19, 1, 2], 80)),
@@ -84,7 +86,8 @@ fn flow(i: u8) -> Key {
             v6(c6, 40002),
             v6(Ipv6Addr::new(0xfd00, 0x18, 0, 0, 0, 0, 0, 1), 8080),
         ),
-    }
+    };
+    FlowKey::new(client, server)
 }
 
 const FLOWS: u8 = 6;
@@ -122,7 +125,10 @@ impl Sink for Discard {
         let from = SocketAddr::new(ip.src, tcp.src_port);
         let to = SocketAddr::new(ip.dst, tcp.dst_port);
         for i in 0..FLOWS {
-            let (c, s) = flow(i);
+            let FlowKey {
+                client: c,
+                server: s,
+            } = flow(i);
             if (from, to) == (s, c) {
                 let mut next = tcp.seq.wrapping_add(tcp.payload_len as u32);
                 if tcp.flags & (tcp_flags::SYN | tcp_flags::FIN) != 0 {
@@ -170,7 +176,7 @@ impl Bytes<'_> {
 
 /// A TCP segment with valid IP and TCP checksums (`options` padded to 4 B).
 fn segment(
-    key: Key,
+    key: FlowKey,
     seq: u32,
     ack: u32,
     flags: u8,
@@ -178,7 +184,10 @@ fn segment(
     options: &[u8],
     data: &[u8],
 ) -> Vec<u8> {
-    let (src, dst) = key;
+    let FlowKey {
+        client: src,
+        server: dst,
+    } = key;
     let opt_len = options.len().min(40).div_ceil(4) * 4;
     let tcp_len = 20 + opt_len + data.len();
     let ip_len = if src.is_ipv4() { 20 } else { 40 };
@@ -222,53 +231,46 @@ fn segment(
 }
 
 struct Run {
-    st: Arc<SmolStack>,
+    st: Arc<Sockets>,
     stats: Stats,
     now: Instant,
     sink: Discard,
     /// SYNs held while their "outbound" connects: at most one per key.
-    pending: Vec<(Key, Vec<u8>)>,
+    pending: Vec<(FlowKey, Vec<u8>)>,
     sessions: Vec<SmolStream>,
     summary: Summary,
 }
 
 impl Run {
     /// What the engine's smoltcp path does with a packet from the TUN
-    /// (the same gate), minus the routing and admission (a connect's outcome
-    /// is a later step).
+    /// (the same gate, then the same classification of a SYN), minus the
+    /// routing and admission (a connect's outcome is a later step).
     fn deliver(&mut self, pkt: &[u8]) {
         let Ok(ip) = packet::parse_ip(pkt) else {
             return;
         };
         let pkt = &pkt[..ip.len];
-        match gate(&self.st, pkt, &ip, true) {
-            Gate::Reject(_) => {}
-            Gate::Drop(EngineDrop::SynWhileConnecting) => {
-                let held = |(key, _): &(Key, Vec<u8>)| {
-                    packet::parse_tcp(pkt, &ip).is_ok_and(|t| {
-                        *key == (
-                            SocketAddr::new(ip.src, t.src_port),
-                            SocketAddr::new(ip.dst, t.dst_port),
-                        )
-                    })
-                };
-                assert!(
-                    self.pending.iter().any(held),
-                    "connecting without a held SYN"
-                );
+        let key = match gate(pkt, &ip, true) {
+            Gate::Reject(_) | Gate::Drop(_) => return,
+            Gate::Input => None,
+            Gate::Syn(key, _) => Some(key),
+        };
+        match key.map(|key| (key, self.st.syn(key))) {
+            None | Some((_, Syn::Known)) => {
+                self.summary.inputs += 1;
+                self.st.input(pkt, self.now, &mut self.sink, &self.stats);
             }
-            Gate::Drop(_) => {}
-            Gate::Full(_) => self.summary.full += 1,
-            Gate::New(key, _) => {
+            Some((key, Syn::Connecting)) => assert!(
+                self.pending.iter().any(|p| p.0 == key),
+                "connecting without a held SYN"
+            ),
+            Some((_, Syn::Full)) => self.summary.full += 1,
+            Some((key, Syn::New)) => {
                 assert!(
                     !self.pending.iter().any(|p| p.0 == key),
                     "new while connecting"
                 );
                 self.pending.push((key, pkt.to_vec()));
-            }
-            Gate::Input => {
-                self.summary.inputs += 1;
-                self.st.input(pkt, self.now, &mut self.sink, &self.stats);
             }
         }
     }
@@ -490,14 +492,7 @@ pub fn run(data: &[u8]) -> Summary {
         "198.18.0.1/16".parse().expect("static prefix"),
         "fd00:18::1/64".parse().expect("static prefix"),
     ];
-    let st = Arc::new(SmolStack::new(
-        &nets,
-        MTU,
-        BUFFER,
-        IDLE,
-        LINGER,
-        MAX_SOCKETS,
-    ));
+    let st = Arc::new(Sockets::new(&nets, MTU, BUFFER, IDLE, LINGER, MAX_SOCKETS));
     let mut r = Run {
         st,
         stats: Stats::default(),

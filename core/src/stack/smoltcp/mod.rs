@@ -5,8 +5,11 @@
 //! `Interface` in any-IP mode, and each accepted connection is a smoltcp
 //! socket read and written by a session task. UDP and ICMP never come here.
 //!
-//! * `gate`: the sans-I/O decision per packet (also the fuzz target's way in);
-//! * `stack`: the interface, its sockets, the poller that drives timers;
+//! * `gate`: what one packet is before any state is touched (sans-I/O, also
+//!   the fuzz target's way in);
+//! * `sockets`: the interface and its sockets behind one lock, the poller
+//!   that drives their timers; `half_open.rs`: the connections between a
+//!   SYN and the end of its handshake;
 //! * `device`: the device smoltcp polls, writing straight to the TUN;
 //! * `stream`: the app's side of one connection, as sessions use it.
 
@@ -16,9 +19,10 @@ use std::time::Instant;
 
 use crate::dispatch::{Dispatcher, Next, Plan, session};
 use crate::lifecycle::Phase;
+use crate::nat::FlowKey;
 use crate::outbound::reset_on_close;
 use crate::packet::{self, Disposition, IpInfo};
-use crate::stats::{EngineDrop, LocalCounters, NatSnapshot};
+use crate::stats::{EngineDrop, LocalCounters, TcpFlowsSnapshot};
 use crate::tun::Tun;
 
 #[cfg(any(test, feature = "bench-internals"))]
@@ -27,35 +31,37 @@ mod device;
 #[cfg(any(test, fuzzing))]
 pub mod fuzzing;
 mod gate;
-mod stack;
+mod half_open;
+mod sockets;
 mod stream;
 
 use device::TunSink;
 use gate::Gate;
-pub(crate) use stack::{Key, SmolStack};
-use stream::SmolStream;
+use half_open::Syn;
+pub(crate) use sockets::Sockets;
+pub(crate) use stream::SmolStream;
 
 use super::HeldSyn;
 
 /// The smoltcp stack of one engine, as the driver and the engine see it.
 #[derive(Debug, Clone)]
-pub(crate) struct SmolTcp {
-    pub stack: Arc<SmolStack>,
+pub(crate) struct SmoltcpStack {
+    pub sockets: Arc<Sockets>,
     d: Arc<Dispatcher>,
     tun: Arc<Tun>,
     /// Which address families the TUN carries (IPv4, IPv6).
     families: (bool, bool),
 }
 
-impl SmolTcp {
+impl SmoltcpStack {
     pub fn new(
-        stack: SmolStack,
+        sockets: Sockets,
         d: Arc<Dispatcher>,
         tun: Arc<Tun>,
         families: (bool, bool),
     ) -> Self {
-        SmolTcp {
-            stack: Arc::new(stack),
+        SmoltcpStack {
+            sockets: Arc::new(sockets),
             d,
             tun,
             families,
@@ -76,73 +82,78 @@ impl SmolTcp {
             IpAddr::V4(_) => self.families.0,
             IpAddr::V6(_) => self.families.1,
         };
-        let gated = gate::gate(&self.stack, buf, ip, family);
-        match gated {
+        let syn = match gate::gate(buf, ip, family) {
             Gate::Reject(r) => {
                 local.reject(r);
                 return Disposition::Done;
             }
-            Gate::Drop(d) if d != EngineDrop::SynWhileConnecting => {
+            Gate::Drop(d) => {
                 local.drop(d);
                 return Disposition::Done;
             }
-            _ => {}
-        }
+            Gate::Input => None,
+            Gate::Syn(key, tcp) => Some((key, tcp)),
+        };
         local.packets_up += 1;
         local.bytes_up += ip.len as u64;
-        match gated {
-            Gate::Input => {
-                let stats = &self.d.stats;
-                self.stack
-                    .input_held(&buf[..ip.len], now, &mut TunSink(&self.tun), stats);
+        let Some((key, tcp)) = syn else {
+            return self.input(buf, ip, now);
+        };
+        match self.sockets.syn(key) {
+            Syn::Known => self.input(buf, ip, now),
+            Syn::Connecting => {
+                local.drop(EngineDrop::SynWhileConnecting);
                 Disposition::Done
             }
-            Gate::Full(tcp) => {
-                local.drop(EngineDrop::NatTableFull);
+            Syn::Full => {
+                local.drop(EngineDrop::SmoltcpSocketsFull);
                 self.d.warn.warn(format_args!(
                     "smoltcp socket budget refused a new flow ({})",
-                    EngineDrop::NatTableFull.as_str()
+                    EngineDrop::SmoltcpSocketsFull.as_str()
                 ));
                 Disposition::WriteBack(packet::tcp_rst_reply(buf, ip, &tcp))
             }
-            Gate::New(key, tcp) => match self.d.admit(key.1, now) {
+            Syn::New => match self.d.admit(key.server, now) {
                 None => {
-                    self.stack.unmark(&key);
+                    self.sockets.unmark(&key);
                     Disposition::WriteBack(packet::tcp_rst_reply(buf, ip, &tcp))
                 }
                 Some((plan, permit)) => {
                     let syn = HeldSyn::new(&buf[..ip.len]);
                     let conn = Connect {
-                        stack: self.stack.clone(),
+                        sockets: self.sockets.clone(),
                         d: self.d.clone(),
                         tun: self.tun.clone(),
                     };
                     let task = tokio::spawn(conn.run(key, syn, plan));
                     // Evicting the connection aborts the connect and hands
                     // the permit back at once.
-                    self.stack
+                    self.sockets
                         .connecting_task(&key, task.abort_handle(), permit);
                     Disposition::Done
                 }
             },
-            Gate::Drop(d) => {
-                local.drop(d);
-                Disposition::Done
-            }
-            Gate::Reject(_) => Disposition::Done,
         }
+    }
+
+    /// A segment for smoltcp (its answers go out from inside the poll).
+    fn input(&self, buf: &[u8], ip: &IpInfo, now: Instant) -> Disposition {
+        let stats = &self.d.stats;
+        self.sockets
+            .input_held(&buf[..ip.len], now, &mut TunSink(&self.tun), stats);
+        Disposition::Done
     }
 
     /// The driver's drain ended: the pure ACKs held in it go out.
     pub fn drain_done(&self) {
-        self.stack
+        self.sockets
             .drain_done(&mut TunSink(&self.tun), &self.d.stats);
     }
 
     /// Sockets (open or closing) and connects in flight.
-    pub fn counts(&self) -> NatSnapshot {
-        let (sockets, connecting) = self.stack.counts();
-        NatSnapshot {
+    pub fn counts(&self) -> TcpFlowsSnapshot {
+        let (sockets, connecting) = self.sockets.counts();
+        TcpFlowsSnapshot {
             half_open: connecting as u64,
             active: sockets as u64,
             closing: 0,
@@ -152,7 +163,7 @@ impl SmolTcp {
     /// The poller task: smoltcp's timers and the sessions' output.
     pub fn poller(&self) -> impl Future<Output = ()> + Send + 'static {
         let (tun, stats) = (self.tun.clone(), self.d.stats.clone());
-        self.stack
+        self.sockets
             .clone()
             .run_poller(tun, stats, self.d.life.clone())
     }
@@ -160,7 +171,7 @@ impl SmolTcp {
 
 /// What a held SYN's task needs.
 struct Connect {
-    stack: Arc<SmolStack>,
+    sockets: Arc<Sockets>,
     d: Arc<Dispatcher>,
     tun: Arc<Tun>,
 }
@@ -169,9 +180,9 @@ impl Connect {
     /// Connect the outbound (connect-first, as in the system stack), then
     /// give smoltcp the SYN and run the session; on failure the app gets an
     /// RST answering its SYN.
-    async fn run(self, key: Key, syn: HeldSyn, plan: Plan) {
-        let Connect { stack, d, tun } = self;
-        let server = key.1;
+    async fn run(self, key: FlowKey, syn: HeldSyn, plan: Plan) {
+        let Connect { sockets, d, tun } = self;
+        let server = key.server;
         let next = d.prepare(plan, server).await;
         let next = match next {
             Some(next) if d.life.phase() < Phase::Draining => next,
@@ -179,16 +190,16 @@ impl Connect {
                 if let Some(Next::Relay(out)) = &other {
                     reset_on_close(&out.stream);
                 }
-                stack.connect_failed(&key);
+                sockets.connect_failed(&key);
                 syn.refuse(&tun, &d.stats).await;
                 return;
             }
         };
-        // The permit waits in the stack while connecting; none left means
+        // The permit waits with the sockets while connecting; none left means
         // the connection was evicted meanwhile.
-        let permit = stack.take_permit(&key);
+        let permit = sockets.take_permit(&key);
         let accepted = permit.and_then(|p| {
-            let h = stack.accept(key, syn.packet(), Instant::now(), &mut TunSink(&tun))?;
+            let h = sockets.accept(key, syn.packet(), Instant::now(), &mut TunSink(&tun))?;
             Some((h, p))
         });
         let Some((h, permit)) = accepted else {
@@ -200,7 +211,7 @@ impl Connect {
         };
         drop(syn);
         // The stream holds the permit, and hands it to the closing socket.
-        let app = SmolStream::new(stack, h, key, Some(permit));
+        let app = SmolStream::new(sockets, h, key, Some(permit));
         // A task of its own, sized for the session alone (this one, sized
         // for the connect, ends here).
         tokio::spawn(session::run(d, app, next, server, ()));

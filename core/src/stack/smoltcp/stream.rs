@@ -1,29 +1,30 @@
 //! [`SmolStream`]: the app's side of one smoltcp connection, read and
 //! written by its session like a kernel socket (`relay::Side`,
-//! `dispatch::session::App`).
+//! `dispatch::session::App`). The relay copies it (`relay::run`): one side
+//! lives in userspace, so there is nothing to splice.
 
 use std::future::poll_fn;
 use std::io;
 use std::sync::Arc;
-use std::time::Duration;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
 
-use tokio::net::TcpStream;
+use smoltcp::socket::tcp::{self, State};
 
-use super::stack::{Id, Key, SmolStack};
+use super::sockets::{Id, Sockets};
 use crate::budget::OwnedPermit;
 use crate::dispatch::session::{self, App};
-use crate::outbound::shadowsocks::{SsOpen, SsSeal};
-use crate::relay::copy::{self, Codec};
-use crate::relay::{Meter, RelayOptions, Relayed, Side};
+use crate::nat::FlowKey;
+use crate::relay::Side;
 
 /// One connection's smoltcp socket. Dropping it hands the socket to the
 /// poller, which removes it once closed, together with the connection's
 /// admission permit: a closing socket keeps its buffers, so it keeps
 /// counting against admission until it is gone.
 pub(crate) struct SmolStream {
-    stack: Arc<SmolStack>,
+    sockets: Arc<Sockets>,
     pub(super) h: Id,
-    key: Key,
+    key: FlowKey,
     permit: Option<OwnedPermit>,
 }
 
@@ -36,9 +37,14 @@ impl std::fmt::Debug for SmolStream {
 }
 
 impl SmolStream {
-    pub(crate) fn new(stack: Arc<SmolStack>, h: Id, key: Key, permit: Option<OwnedPermit>) -> Self {
+    pub(crate) fn new(
+        sockets: Arc<Sockets>,
+        h: Id,
+        key: FlowKey,
+        permit: Option<OwnedPermit>,
+    ) -> Self {
         SmolStream {
-            stack,
+            sockets,
             h,
             key,
             permit,
@@ -49,13 +55,13 @@ impl SmolStream {
     /// relay waits with `Side::readable` and reads with `Side::try_read`).
     #[cfg(any(test, fuzzing))]
     pub(crate) async fn recv(&self, buf: &mut [u8]) -> io::Result<usize> {
-        poll_fn(|cx| self.stack.poll_recv(self.h, Some(cx), buf)).await
+        poll_fn(|cx| self.sockets.poll_recv(self.h, Some(cx), buf)).await
     }
 
     /// Write all of `data`, waiting for window space (a slow app parks here).
     pub(crate) async fn send_all(&self, mut data: &[u8]) -> io::Result<()> {
         while !data.is_empty() {
-            let n = poll_fn(|cx| self.stack.poll_send(self.h, cx, data)).await?;
+            let n = poll_fn(|cx| self.sockets.poll_send(self.h, cx, data)).await?;
             data = &data[n..];
         }
         Ok(())
@@ -63,18 +69,18 @@ impl SmolStream {
 
     /// Send a FIN after what was queued (half-close toward the app).
     pub(crate) fn close(&self) {
-        self.stack.with_socket(self.h, |s| s.close());
+        self.sockets.with_socket(self.h, |s| s.close());
     }
 
     /// Reset the connection toward the app.
     pub(crate) fn abort(&self) {
-        self.stack.with_socket(self.h, |s| s.abort());
+        self.sockets.with_socket(self.h, |s| s.abort());
     }
 }
 
 impl Drop for SmolStream {
     fn drop(&mut self) {
-        self.stack.detach(self.h, self.key, self.permit.take());
+        self.sockets.detach(self.h, self.key, self.permit.take());
     }
 }
 
@@ -84,11 +90,11 @@ impl Side for SmolStream {
     const DRAINED_ON_SHORT_READ: bool = true;
 
     async fn readable(&self) -> io::Result<()> {
-        poll_fn(|cx| self.stack.poll_readable(self.h, cx)).await
+        poll_fn(|cx| self.sockets.poll_readable(self.h, cx)).await
     }
 
     fn try_read(&self, buf: &mut [u8]) -> io::Result<usize> {
-        match self.stack.poll_recv(self.h, None, buf) {
+        match self.sockets.poll_recv(self.h, None, buf) {
             std::task::Poll::Ready(r) => r,
             std::task::Poll::Pending => Err(io::ErrorKind::WouldBlock.into()),
         }
@@ -104,42 +110,142 @@ impl Side for SmolStream {
     }
 }
 
-/// No splice here: one side lives in userspace. A smoltcp socket cannot be
-/// peeked, so sniffing keeps what it read for the outbound.
+/// A smoltcp socket cannot be peeked, so sniffing keeps what it read for
+/// the outbound.
 impl App for SmolStream {
-    async fn relay(
-        &self,
-        out: &TcpStream,
-        codec: Option<Box<(SsSeal, SsOpen)>>,
-        opts: &RelayOptions,
-        meter: &Meter<'_>,
-    ) -> io::Result<Relayed> {
-        match codec {
-            None => {
-                copy::both(
-                    self,
-                    out,
-                    Codec::Plain,
-                    Codec::Plain,
-                    opts.buffer,
-                    meter,
-                    None,
-                )
-                .await
-            }
-            Some(codec) => {
-                let (mut seal, mut open) = *codec;
-                let (seal, open) = (Codec::Seal(&mut seal), Codec::Open(&mut open));
-                copy::both(self, out, seal, open, opts.buffer, meter, None).await
-            }
-        }
-    }
-
     async fn sniff(&self, timeout: Duration) -> (Option<String>, Vec<u8>) {
         session::sniff_read(self, timeout).await
     }
 
     fn reset(&self) {
         self.abort();
+    }
+}
+
+/// What a session does to its socket, under the sockets' lock for one call
+/// at a time.
+impl Sockets {
+    /// Read what the socket holds into `buf`: `Ok(0)` after the app's FIN.
+    /// With nothing to read, register `cx` and pend, or (no `cx`) answer
+    /// `WouldBlock`.
+    pub(super) fn poll_recv(
+        &self,
+        id: Id,
+        cx: Option<&mut Context<'_>>,
+        buf: &mut [u8],
+    ) -> Poll<io::Result<usize>> {
+        let mut g = self.inner.lock();
+        let s = g.socket(id);
+        if s.can_recv() {
+            return match s.recv_slice(buf) {
+                Ok(n) => {
+                    g.mark(id);
+                    drop(g);
+                    // The window opened: the poller may owe the app an update.
+                    self.wake.notify_one();
+                    Poll::Ready(Ok(n))
+                }
+                Err(tcp::RecvError::Finished) => Poll::Ready(Ok(0)),
+                Err(tcp::RecvError::InvalidState) => {
+                    Poll::Ready(Err(io::ErrorKind::ConnectionReset.into()))
+                }
+            };
+        }
+        match recv_readiness(s) {
+            Some(Ok(())) => Poll::Ready(Ok(0)),
+            Some(Err(e)) => Poll::Ready(Err(e)),
+            None => match cx {
+                Some(cx) => {
+                    s.register_recv_waker(cx.waker());
+                    Poll::Pending
+                }
+                None => Poll::Ready(Err(io::ErrorKind::WouldBlock.into())),
+            },
+        }
+    }
+
+    /// Ready once a read would not pend: data, the app's FIN, or a reset.
+    /// Takes no buffer, so a waiting relay direction holds none.
+    pub(super) fn poll_readable(&self, id: Id, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let mut g = self.inner.lock();
+        let s = g.socket(id);
+        if s.can_recv() {
+            return Poll::Ready(Ok(()));
+        }
+        match recv_readiness(s) {
+            Some(_) => Poll::Ready(Ok(())),
+            None => {
+                s.register_recv_waker(cx.waker());
+                Poll::Pending
+            }
+        }
+    }
+
+    pub(super) fn poll_send(
+        &self,
+        id: Id,
+        cx: &mut Context<'_>,
+        data: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let mut g = self.inner.lock();
+        let s = g.socket(id);
+        if s.can_send() {
+            return match s.send_slice(data) {
+                Ok(n) => {
+                    g.mark(id);
+                    drop(g);
+                    self.wake.notify_one();
+                    Poll::Ready(Ok(n))
+                }
+                Err(_) => Poll::Ready(Err(io::ErrorKind::BrokenPipe.into())),
+            };
+        }
+        match s.state() {
+            State::Listen | State::SynReceived | State::SynSent => {
+                s.register_send_waker(cx.waker());
+                Poll::Pending
+            }
+            State::Closed => Poll::Ready(Err(io::ErrorKind::ConnectionReset.into())),
+            _ if !s.may_send() => Poll::Ready(Err(io::ErrorKind::BrokenPipe.into())),
+            _ => {
+                s.register_send_waker(cx.waker());
+                Poll::Pending
+            }
+        }
+    }
+
+    /// The session of `h` ended: close the socket gracefully (unless it is
+    /// already closed) and hand it to the poller, which removes it (and
+    /// releases `permit`) once the FIN exchange is over or the linger time
+    /// has passed.
+    pub(super) fn detach(&self, id: Id, key: FlowKey, permit: Option<OwnedPermit>) {
+        let mut g = self.inner.lock();
+        let s = g.socket(id);
+        if !matches!(s.state(), State::Closed | State::TimeWait) {
+            s.close();
+        }
+        g.mark(id);
+        g.detached.push((key, id, Instant::now(), permit));
+        drop(g);
+        self.wake.notify_one();
+    }
+
+    pub(super) fn with_socket(&self, id: Id, f: impl FnOnce(&mut tcp::Socket<'static>)) {
+        let mut g = self.inner.lock();
+        f(g.socket(id));
+        g.mark(id);
+        drop(g);
+        self.wake.notify_one();
+    }
+}
+
+/// What a read of a socket with an empty receive buffer finds: the app's
+/// FIN (`Ok`), a reset (`Err`), or nothing yet (`None`: wait).
+fn recv_readiness(s: &tcp::Socket<'_>) -> Option<io::Result<()>> {
+    match s.state() {
+        State::Closed => Some(Err(io::ErrorKind::ConnectionReset.into())),
+        State::Listen | State::SynReceived | State::SynSent => None,
+        _ if !s.may_recv() => Some(Ok(())),
+        _ => None,
     }
 }

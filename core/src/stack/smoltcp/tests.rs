@@ -4,6 +4,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 
 use super::super::device::{Sink, shade_window};
+use super::super::half_open::Syn;
 use super::super::stream::SmolStream;
 use super::*;
 use crate::budget::Admission;
@@ -21,12 +22,12 @@ impl Sink for Capture {
     }
 }
 
-fn stack() -> Arc<SmolStack> {
+fn stack() -> Arc<Sockets> {
     let nets: Vec<IpNet> = vec![
         "198.18.0.1/16".parse().expect("test input"),
         "fd00:18::1/64".parse().expect("test input"),
     ];
-    Arc::new(SmolStack::new(
+    Arc::new(Sockets::new(
         &nets,
         1500,
         16 * 1024,
@@ -36,8 +37,8 @@ fn stack() -> Arc<SmolStack> {
     ))
 }
 
-fn key(c: &str, s: &str) -> Key {
-    (
+fn key(c: &str, s: &str) -> FlowKey {
+    FlowKey::new(
         c.parse().expect("test input"),
         s.parse().expect("test input"),
     )
@@ -58,7 +59,7 @@ fn seg(p: &[u8]) -> (SocketAddr, SocketAddr, u32, u32, u8, Vec<u8>) {
     )
 }
 
-fn handshake(st: &SmolStack, out: &mut Capture, stats: &Stats, v6: bool) -> (Key, Id, u32) {
+fn handshake(st: &Sockets, out: &mut Capture, stats: &Stats, v6: bool) -> (FlowKey, Id, u32) {
     let (c, s) = if v6 {
         ("[fd00:18::9]:40000", "[2001:db8::1]:443")
     } else {
@@ -79,7 +80,11 @@ fn handshake(st: &SmolStack, out: &mut Capture, stats: &Stats, v6: bool) -> (Key
     let h = st.accept(k, &syn, Instant::now(), out).expect("accepted");
     let synack = out.0.pop().expect("SYN-ACK sent");
     let (src, dst, sseq, ack, fl, _) = seg(&synack);
-    assert_eq!((src, dst), (k.1, k.0), "answered from the server's address");
+    assert_eq!(
+        (src, dst),
+        (k.server, k.client),
+        "answered from the server's address"
+    );
     assert_eq!(fl & (SYN | ACK), SYN | ACK);
     assert_eq!(ack, 1001);
     assert_eq!(
@@ -104,7 +109,7 @@ fn handshake_data_and_close_both_families() {
         let mut out = Capture::default();
         let (k, h, srv_seq) = handshake(&st, &mut out, &stats, v6);
         assert_eq!(st.inner.lock().socket(h).state(), State::Established);
-        let (c, s) = (k.0.to_string(), k.1.to_string());
+        let (c, s) = (k.client.to_string(), k.server.to_string());
         let mk = |seq, fl, data: &[u8]| {
             if v6 {
                 tcp_v6(&c, &s, &[], seq, srv_seq, fl, &[], data)
@@ -205,8 +210,8 @@ fn socket_state_fits_the_budget() {
     use std::mem::size_of;
     let storage = size_of::<smoltcp::iface::SocketStorage<'static>>();
     let slot = size_of::<Option<Slot>>() + size_of::<Id>();
-    let entries = size_of::<(Key, Id)>()
-        + size_of::<(Key, Id, Instant, Option<OwnedPermit>)>()
+    let entries = size_of::<(FlowKey, Id)>()
+        + size_of::<(FlowKey, Id, Instant, Option<OwnedPermit>)>()
         + size_of::<(SmolInstant, Id)>();
     // Hash maps keep up to half their slots free after growing, B-tree
     // nodes up to half theirs, the slot vector as much again.
@@ -244,7 +249,8 @@ fn refused_before_connect_unmarks() {
 }
 
 /// Malformed SYNs (bad checksum, either family; invalid flags) are rejects
-/// at the gate: no connect is marked, so no outbound is dialled.
+/// at the gate, before the sockets classify a SYN: no connect is marked, so
+/// no outbound is dialled.
 #[test]
 fn malformed_syn_at_the_gate_marks_no_connect() {
     use super::super::gate::{Gate, gate};
@@ -288,12 +294,12 @@ fn malformed_syn_at_the_gate_marks_no_connect() {
     ];
     for (p, want) in cases {
         let ip = parse_ip(&p).expect("test input");
-        assert_eq!(gate(&st, &p, &ip, true), Gate::Reject(want));
+        assert_eq!(gate(&p, &ip, true), Gate::Reject(want));
     }
     assert_eq!(st.counts(), (0, 0), "nothing marked connecting");
     let ok = tcp_v4("10.0.0.9:40000", "1.1.1.1:443", 7, 0, SYN, &[], &[]);
     let ip = parse_ip(&ok).expect("test input");
-    assert!(matches!(gate(&st, &ok, &ip, true), Gate::New(..)));
+    assert!(matches!(gate(&ok, &ip, true), Gate::Syn(..)));
 }
 
 #[test]
@@ -452,7 +458,7 @@ fn window_edge_never_strands_the_sender() {
     for chunk in [997usize, 1201, 1301, 1459, 1460, 513] {
         // 128 KiB: smoltcp scales its window (shift 2), as the engine's
         // 512 KiB desktop buffers do (shift 4).
-        let st = Arc::new(SmolStack::new(
+        let st = Arc::new(Sockets::new(
             &nets,
             1500,
             128 * 1024,
@@ -503,7 +509,7 @@ fn window_edge_never_strands_the_sender() {
             // Past smoltcp's delayed-ACK time.
             t += Duration::from_millis(20);
             st.poll_once(&mut out, &stats, t);
-            let last = out.0.iter().rev().find(|p| seg(p).1 == k.0);
+            let last = out.0.iter().rev().find(|p| seg(p).1 == k.client);
             let last = last.expect("smoltcp acknowledges a burst");
             ack = seg(last).3;
             edge = ack.wrapping_add(u32::from(window(last)) << shift);
@@ -594,7 +600,7 @@ fn shaded_window_is_one_unit_less_with_valid_checksums() {
 
 /// SYN, accept, ACK of an IPv4 flow `c -> s`: its socket and the server
 /// side's next sequence number.
-fn open(st: &SmolStack, out: &mut Capture, stats: &Stats, c: &str, s: &str) -> (Key, Id, u32) {
+fn open(st: &Sockets, out: &mut Capture, stats: &Stats, c: &str, s: &str) -> (FlowKey, Id, u32) {
     let k = key(c, s);
     let syn = tcp_v4(c, s, 1000, 0, SYN, &[], &[]);
     assert_eq!(st.syn(k), Syn::New);
@@ -605,9 +611,9 @@ fn open(st: &SmolStack, out: &mut Capture, stats: &Stats, c: &str, s: &str) -> (
     (k, id, sseq.wrapping_add(1))
 }
 
-fn sized_stack(max_sockets: usize) -> Arc<SmolStack> {
+fn sized_stack(max_sockets: usize) -> Arc<Sockets> {
     let nets: Vec<IpNet> = vec!["198.18.0.1/16".parse().expect("test input")];
-    Arc::new(SmolStack::new(
+    Arc::new(Sockets::new(
         &nets,
         1500,
         16 * 1024,
@@ -650,7 +656,7 @@ fn a_packet_polls_its_own_flow_only() {
     let flows: Vec<(SocketAddr, SocketAddr)> = out.0.iter().map(|p| (seg(p).0, seg(p).1)).collect();
     assert!(!flows.is_empty(), "A's segments are acknowledged");
     assert!(
-        flows.iter().all(|&f| f == (ka.1, ka.0)),
+        flows.iter().all(|&f| f == (ka.server, ka.client)),
         "only A's socket answers A's packets: {flows:?}"
     );
     assert_eq!(st.inner.lock().dirty, vec![hb], "B waits for the poller");
@@ -659,7 +665,7 @@ fn a_packet_polls_its_own_flow_only() {
     let to_b: Vec<u8> = out
         .0
         .iter()
-        .filter(|p| (seg(p).0, seg(p).1) == (kb.1, kb.0))
+        .filter(|p| (seg(p).0, seg(p).1) == (kb.server, kb.client))
         .flat_map(|p| seg(p).5)
         .collect();
     assert_eq!(to_b, b"for b", "the poller sent B's output");
@@ -724,7 +730,7 @@ fn interleaved_flows_each_complete_byte_exact() {
         let got: Vec<u8> = out
             .0
             .iter()
-            .filter(|p| (seg(p).0, seg(p).1) == (k.1, k.0))
+            .filter(|p| (seg(p).0, seg(p).1) == (k.server, k.client))
             .flat_map(|p| seg(p).5)
             .collect();
         assert_eq!(got, format!("answer of flow {i}").as_bytes());
@@ -784,16 +790,16 @@ fn an_idle_flows_retransmission_fires_from_the_poller() {
             &stats,
         );
     }
-    assert!(out.0[1..].iter().all(|p| seg(p).1 != ka.0));
+    assert!(out.0[1..].iter().all(|p| seg(p).1 != ka.client));
     out.0.clear();
     // Before the deadline nothing is due; at it, A retransmits.
     st.poll_once(&mut out, &stats, deadline - Duration::from_millis(1));
-    assert!(out.0.iter().all(|p| seg(p).1 != ka.0), "not yet");
+    assert!(out.0.iter().all(|p| seg(p).1 != ka.client), "not yet");
     st.poll_once(&mut out, &stats, deadline + Duration::from_millis(1));
     let again: Vec<u8> = out
         .0
         .iter()
-        .filter(|p| seg(p).1 == ka.0)
+        .filter(|p| seg(p).1 == ka.client)
         .flat_map(|p| seg(p).5)
         .collect();
     assert_eq!(again, b"unacknowledged", "retransmitted at its deadline");
@@ -829,7 +835,7 @@ fn a_drain_sends_one_cumulative_ack_per_flow() {
     for (k, _) in [(ka, sa), (kb, sb)] {
         let a = acks
             .iter()
-            .find(|a| (a.0, a.1) == (k.1, k.0))
+            .find(|a| (a.0, a.1) == (k.server, k.client))
             .expect("an ACK of each flow");
         assert_eq!(a.3, 1001 + 6 * 1460, "the newest, cumulative");
         assert_eq!(a.4, ACK);

@@ -36,7 +36,7 @@ use crate::dispatch::{Dispatcher, Next, Plan};
 use crate::nat::{FlowKey, NatTable};
 use crate::outbound::reset_on_close;
 use crate::packet::{self, Disposition, IpInfo, TcpInfo};
-use crate::stats::{EngineDrop, LocalCounters, NatSnapshot, Stats};
+use crate::stats::{EngineDrop, LocalCounters, Stats, TcpFlowsSnapshot};
 use crate::translate::{self, Cause, FamilyAddrs, StackAddrs, TcpStep};
 use crate::tun::Tun;
 
@@ -258,9 +258,9 @@ impl SystemStack {
     }
 
     /// NAT entries by state.
-    pub fn counts(&self) -> NatSnapshot {
+    pub fn counts(&self) -> TcpFlowsSnapshot {
         let c = self.nat.counts();
-        NatSnapshot {
+        TcpFlowsSnapshot {
             half_open: c.half_open as u64,
             active: c.active as u64,
             closing: c.closing as u64,

@@ -1,4 +1,4 @@
-//! [`SmolStack`]: one smoltcp `Interface` in any-IP mode and its sockets,
+//! [`Sockets`]: one smoltcp `Interface` in any-IP mode and its sockets,
 //! behind one lock per engine (smoltcp is single-owner). The lock is held
 //! for one poll at a time, never across an await or a blocking call (TUN
 //! writes are non-blocking; a full device queue drops the segment, counted,
@@ -18,12 +18,13 @@
 //! and those a session queued output on, read from or closed (`dirty`). It
 //! sleeps without a deadline when no socket has a timer, so an idle tunnel
 //! never wakes up.
+//!
+//! `half_open.rs` keeps the connections between a SYN and the end of its
+//! handshake; `stream.rs` has what a session does to its socket.
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
-use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use ipnet::IpNet;
@@ -33,41 +34,26 @@ use smoltcp::socket::tcp::{self, State};
 use smoltcp::time::Instant as SmolInstant;
 use smoltcp::wire::{HardwareAddress, IpAddress, IpCidr, IpListenEndpoint};
 use tokio::sync::Notify;
-use tokio::task::AbortHandle;
 
 use super::device::{Dev, Held, Sink, TunSink, TxCount};
+use super::gate::is_unicast;
+use super::half_open::Connecting;
 use crate::budget::OwnedPermit;
 use crate::lifecycle::{Lifecycle, Phase};
+use crate::nat::FlowKey;
 use crate::packet::HEADROOM;
-use crate::stack::{HALF_OPEN_PER_SOURCE, HANDSHAKE_TIMEOUT};
 use crate::stats::{EngineDrop, Stats};
 use crate::tun::Tun;
-
-/// A flow as the app sees it: (client, server).
-pub(crate) type Key = (SocketAddr, SocketAddr);
 
 /// Transmit counters are published after this many packets (or by the poller).
 const COMMIT_PACKETS: u64 = 64;
 
-/// What to do with a connection request (SYN without ACK).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Syn {
-    /// A retransmit for a connection smoltcp already has: feed it.
-    Known,
-    /// A retransmit while the outbound connect is in flight: absorb it.
-    Connecting,
-    /// A new connection, now marked connecting: route it and connect.
-    New,
-    /// The socket budget is spent: refuse (RST), counted as `nat_table_full`.
-    Full,
-}
-
-/// The stack of one engine.
-pub(crate) struct SmolStack {
+/// The smoltcp interface of one engine and its sockets.
+pub(crate) struct Sockets {
     pub(super) inner: Mutex<Inner>,
     /// Wakes the poller: a session moved data or closed, or the driver's poll
     /// brought the next timer forward.
-    wake: Notify,
+    pub(super) wake: Notify,
     /// smoltcp timestamps count from here.
     epoch: Instant,
     buffer: usize,
@@ -77,18 +63,18 @@ pub(crate) struct SmolStack {
     /// How long a socket whose session ended may take to finish closing (FIN
     /// exchange) before it is dropped regardless: `timeouts.tcp_linger_s`.
     linger: Duration,
-    /// Sockets (open, closing) plus connects in flight: `budget.nat_entries`,
-    /// the same bound the system stack puts on its NAT table.
-    max_sockets: usize,
+    /// Sockets (open, closing) plus connects in flight: `budget.tcp_flows`,
+    /// the bound the system stack puts on its NAT table.
+    pub(super) max_sockets: usize,
     /// Half-open connections (connect in flight, or socket still in
     /// SYN-RECEIVED) past which a new SYN evicts the oldest, as the system
     /// stack does (`stack::system`, "Half-open connections").
-    max_half_open: usize,
+    pub(super) max_half_open: usize,
 }
 
-impl std::fmt::Debug for SmolStack {
+impl std::fmt::Debug for Sockets {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SmolStack")
+        f.debug_struct("Sockets")
             .field("buffer", &self.buffer)
             .finish_non_exhaustive()
     }
@@ -98,32 +84,32 @@ pub(super) struct Inner {
     pub(super) iface: Interface,
     /// One slot per socket (open or closing), indexed by [`Id`]; `free`
     /// lists the empty ones.
-    slots: Vec<Option<Slot>>,
+    pub(super) slots: Vec<Option<Slot>>,
     free: Vec<Id>,
     /// An empty socket set: the poll of a packet that belongs to no flow
     /// (smoltcp answers it with an RST, as it does when no socket takes it).
     none: SocketSet<'static>,
-    pub(super) flows: HashMap<Key, Id>,
+    pub(super) flows: HashMap<FlowKey, Id>,
     /// Connects in flight, with when their SYN came and (once spawned) the
     /// task to abort if the connection is evicted and its admission permit
     /// (held here so an eviction hands it back at once).
-    pub(super) connecting: HashMap<Key, Connecting>,
+    pub(super) connecting: HashMap<FlowKey, Connecting>,
     /// Sockets given their SYN whose handshake the app has not completed,
     /// oldest first (entries past SYN-RECEIVED are dropped lazily).
-    pub(super) handshaking: VecDeque<(Key, Id, Instant)>,
+    pub(super) handshaking: VecDeque<(FlowKey, Id, Instant)>,
     /// Half-open connections evicted and handshakes timed out, not yet
     /// published to the statistics.
     pub(super) evicted: u64,
     pub(super) timed_out: u64,
     /// Sockets whose session ended, with when and the session's admission
     /// permit (released with the socket); removed once closed.
-    pub(super) detached: Vec<(Key, Id, Instant, Option<OwnedPermit>)>,
+    pub(super) detached: Vec<(FlowKey, Id, Instant, Option<OwnedPermit>)>,
     /// Every socket with a smoltcp deadline, by deadline: the poller polls
     /// only the sockets whose deadline has come.
     timers: BTreeSet<(SmolInstant, Id)>,
     /// Sockets a session queued output on, read from (a window update may be
     /// owed), closed or aborted: the poller polls only these.
-    dirty: Vec<Id>,
+    pub(super) dirty: Vec<Id>,
     /// Scratch for the poller (kept to avoid allocating per wake-up).
     scratch: Vec<Id>,
     /// The pure ACKs held during the driver's drain, one entry per flow
@@ -143,32 +129,15 @@ pub(crate) type Id = u32;
 /// set it is given (to find the one a segment is for, to collect output, to
 /// find the next deadline), so a poll of one flow's set costs the same
 /// however many flows are open.
-struct Slot {
-    set: SocketSet<'static>,
-    h: SocketHandle,
+pub(super) struct Slot {
+    pub(super) set: SocketSet<'static>,
+    pub(super) h: SocketHandle,
     /// Its entry in `Inner::timers`.
     timer: Option<SmolInstant>,
     /// Queued in `Inner::dirty`.
     dirty: bool,
     /// Its entry in `Inner::held` during a drain.
     held: Option<u32>,
-}
-
-/// A connect in flight.
-#[derive(Debug)]
-pub(super) struct Connecting {
-    since: Instant,
-    task: Option<AbortHandle>,
-    permit: Option<OwnedPermit>,
-}
-
-/// Addresses smoltcp may answer from or to: unicast only (its routing
-/// asserts on anything else, and no real flow uses them).
-pub(crate) fn is_unicast(a: IpAddr) -> bool {
-    match a {
-        IpAddr::V4(v) => !(v.is_unspecified() || v.is_multicast() || v.is_broadcast()),
-        IpAddr::V6(v) => !(v.is_unspecified() || v.is_multicast()),
-    }
 }
 
 impl Inner {
@@ -275,7 +244,7 @@ impl Inner {
 
     /// Remove socket `id` and its deadline (a stale `dirty` entry is
     /// harmless: at worst one extra poll of whichever socket reuses `id`).
-    fn remove(&mut self, id: Id) {
+    pub(super) fn remove(&mut self, id: Id) {
         if let Some(slot) = self.slots.get_mut(id as usize).and_then(Option::take) {
             if let Some(t) = slot.timer {
                 self.timers.remove(&(t, id));
@@ -288,7 +257,7 @@ impl Inner {
     }
 
     /// Queue socket `id` for the poller.
-    fn mark(&mut self, id: Id) {
+    pub(super) fn mark(&mut self, id: Id) {
         if let Some(slot) = self.slots.get_mut(id as usize).and_then(Option::as_mut)
             && !slot.dirty
         {
@@ -378,80 +347,15 @@ impl Inner {
         slot.set.get_mut::<tcp::Socket>(slot.h)
     }
 
-    fn socket_ref(&self, id: Id) -> &tcp::Socket<'static> {
+    pub(super) fn socket_ref(&self, id: Id) -> &tcp::Socket<'static> {
         let slot = self.slots[id as usize]
             .as_ref()
             .expect("a socket id held by the stack or a stream refers to a socket");
         slot.set.get::<tcp::Socket>(slot.h)
     }
-
-    /// Abort the sockets whose app has not completed the handshake within
-    /// [`HANDSHAKE_TIMEOUT`] (their sessions end and close the outbound),
-    /// and forget those that moved on. The next deadline, if any.
-    fn expire_handshakes(&mut self, now: Instant) -> Option<Instant> {
-        while let Some(&(_, id, since)) = self.handshaking.front() {
-            let s = self.socket(id);
-            if s.state() != State::SynReceived {
-                self.handshaking.pop_front();
-                continue;
-            }
-            if now.saturating_duration_since(since) < HANDSHAKE_TIMEOUT {
-                return Some(since + HANDSHAKE_TIMEOUT);
-            }
-            s.abort();
-            self.mark(id);
-            self.timed_out += 1;
-            self.handshaking.pop_front();
-        }
-        None
-    }
-
-    /// Half-open connections (connects in flight, sockets in SYN-RECEIVED).
-    fn half_open(&self) -> usize {
-        self.connecting.len() + self.handshaking.len()
-    }
-
-    /// Evict the oldest half-open connection (of `source` only, if given):
-    /// abort its connect, or reset its socket (its session then ends).
-    fn evict_oldest(&mut self, source: Option<IpAddr>) {
-        let mine = |k: &Key| source.is_none_or(|s| k.0.ip() == s);
-        let connecting = self
-            .connecting
-            .iter()
-            .filter(|(k, _)| mine(k))
-            .min_by_key(|(_, c)| c.since)
-            .map(|(k, c)| (*k, c.since));
-        let handshaking = self
-            .handshaking
-            .iter()
-            .enumerate()
-            .find(|(_, (k, id, _))| mine(k) && self.socket_ref(*id).state() == State::SynReceived)
-            .map(|(i, (_, _, since))| (i, *since));
-        match (connecting, handshaking) {
-            (Some((k, a)), Some((_, b))) if a <= b => self.evict_connecting(&k),
-            (Some((k, _)), None) => self.evict_connecting(&k),
-            (_, Some((i, _))) => {
-                if let Some((_, id, _)) = self.handshaking.remove(i) {
-                    self.socket(id).abort();
-                    self.mark(id);
-                    self.evicted += 1;
-                }
-            }
-            (None, None) => {}
-        }
-    }
-
-    fn evict_connecting(&mut self, key: &Key) {
-        if let Some(c) = self.connecting.remove(key) {
-            if let Some(t) = c.task {
-                t.abort();
-            }
-            self.evicted += 1;
-        }
-    }
 }
 
-impl SmolStack {
+impl Sockets {
     /// An interface answering for every address (any-IP), with the TUN's
     /// own addresses as gateways.
     pub(crate) fn new(
@@ -461,7 +365,7 @@ impl SmolStack {
         idle: Duration,
         linger: Duration,
         max_sockets: usize,
-    ) -> SmolStack {
+    ) -> Sockets {
         let mtu = usize::from(mtu).max(1280);
         let mut tx = vec![0u8; HEADROOM + mtu].into_boxed_slice();
         let mut count = TxCount::default();
@@ -502,7 +406,7 @@ impl SmolStack {
                 IpAddr::V6(a) => iface.routes_mut().add_default_ipv6_route(a).map(|_| ()),
             };
         }
-        SmolStack {
+        Sockets {
             inner: Mutex::new(Inner {
                 iface,
                 slots: Vec::new(),
@@ -538,108 +442,19 @@ impl SmolStack {
         self
     }
 
-    /// Classify a SYN (without ACK); a new one is marked connecting.
-    pub(crate) fn syn(&self, key: Key) -> Syn {
-        let mut g = self.inner.lock();
-        if let Some(&id) = g.flows.get(&key) {
-            if !g.detached.iter().any(|d| d.1 == id) {
-                return Syn::Known;
-            }
-            // The app reuses a port whose previous connection is still
-            // closing here: drop the old socket, this is a new connection.
-            g.detached.retain(|d| d.1 != id);
-            g.handshaking.retain(|d| d.1 != id);
-            g.remove(id);
-            g.flows.remove(&key);
-        }
-        if g.connecting.contains_key(&key) {
-            return Syn::Connecting;
-        }
-        if g.flows.len() + g.connecting.len() >= self.max_sockets {
-            return Syn::Full;
-        }
-        // The half-open bounds: evict the oldest, never refuse the newcomer.
-        let per_source = HALF_OPEN_PER_SOURCE.min(self.max_half_open);
-        let source = key.0.ip();
-        if g.half_open() >= per_source {
-            // Count only sockets still in SYN-RECEIVED.
-            let Inner {
-                slots, handshaking, ..
-            } = &mut *g;
-            handshaking.retain(|e| {
-                slots[e.1 as usize]
-                    .as_ref()
-                    .is_some_and(|s| s.set.get::<tcp::Socket>(s.h).state() == State::SynReceived)
-            });
-        }
-        if g.half_open() >= per_source {
-            let from_source = g.connecting.keys().filter(|k| k.0.ip() == source).count()
-                + g.handshaking
-                    .iter()
-                    .filter(|e| e.0.0.ip() == source)
-                    .count();
-            if from_source >= per_source {
-                g.evict_oldest(Some(source));
-            } else if g.half_open() >= self.max_half_open {
-                g.evict_oldest(None);
-            }
-        }
-        // An evicted socket's RST goes out from the poller.
-        let wake = !g.dirty.is_empty();
-        let connecting = Connecting {
-            since: Instant::now(),
-            task: None,
-            permit: None,
-        };
-        g.connecting.insert(key, connecting);
-        drop(g);
-        if wake {
-            self.wake.notify_one();
-        }
-        Syn::New
-    }
-
-    /// The connect task and admission permit of a connection marked
-    /// connecting: the task is aborted and the permit dropped if the
-    /// connection is evicted (at once, if it already was).
-    pub(crate) fn connecting_task(&self, key: &Key, task: AbortHandle, permit: OwnedPermit) {
-        match self.inner.lock().connecting.get_mut(key) {
-            Some(c) => {
-                c.task = Some(task);
-                c.permit = Some(permit);
-            }
-            None => task.abort(),
-        }
-    }
-
-    /// The admission permit of a connection still connecting (`None` if it
-    /// was evicted).
-    pub(crate) fn take_permit(&self, key: &Key) -> Option<OwnedPermit> {
-        self.inner
-            .lock()
-            .connecting
-            .get_mut(key)
-            .and_then(|c| c.permit.take())
-    }
-
-    /// A new connection was refused before connecting (rule, admission).
-    pub(crate) fn unmark(&self, key: &Key) {
-        self.inner.lock().connecting.remove(key);
-    }
-
     /// Process one TCP packet from the app: smoltcp sees the socket of the
     /// packet's flow alone (none if it has no flow: smoltcp then answers
     /// with an RST), so the work does not grow with the number of open
     /// sockets. Every segment goes out at once: the tests', the fuzz
     /// target's and the bench's way in (the driver holds ACKs,
-    /// [`SmolStack::input_held`]).
+    /// [`Sockets::input_held`]).
     #[cfg(any(test, fuzzing, feature = "bench-internals"))]
     pub(crate) fn input<S: Sink>(&self, pkt: &[u8], now: Instant, sink: &mut S, stats: &Stats) {
         self.input_inner(pkt, now, sink, stats, false);
     }
 
-    /// [`SmolStack::input`] for the driver: the flow's pure ACKs are held
-    /// (one per flow, the newest) until [`SmolStack::drain_done`].
+    /// [`Sockets::input`] for the driver: the flow's pure ACKs are held
+    /// (one per flow, the newest) until [`Sockets::drain_done`].
     pub(crate) fn input_held<S: Sink>(
         &self,
         pkt: &[u8],
@@ -696,12 +511,12 @@ impl SmolStack {
     /// the SYN (bad checksum, port 0, ...).
     pub(crate) fn accept<S: Sink>(
         &self,
-        key: Key,
+        key: FlowKey,
         syn: &[u8],
         now: Instant,
         sink: &mut S,
     ) -> Option<Id> {
-        let (client, server) = key;
+        let FlowKey { client, server } = key;
         // Allocated outside the lock; zeroed pages come from calloc lazily.
         let mut sock = tcp::Socket::new(
             tcp::SocketBuffer::new(vec![0u8; self.buffer]),
@@ -743,11 +558,6 @@ impl SmolStack {
         Some(id)
     }
 
-    /// Drop a connecting mark after a failed connect.
-    pub(crate) fn connect_failed(&self, key: &Key) {
-        self.unmark(key);
-    }
-
     /// Number of connections (open or closing) and of connects in flight.
     pub(crate) fn counts(&self) -> (usize, usize) {
         let g = self.inner.lock();
@@ -776,8 +586,8 @@ impl SmolStack {
             let s = g.socket_ref(id);
             lines.push(format!(
                 "{} -> {}: {} send_queue {} recv_queue {} can_send {} can_recv {} {}",
-                key.0,
-                key.1,
+                key.client,
+                key.server,
                 s.state(),
                 s.send_queue(),
                 s.recv_queue(),
@@ -851,141 +661,17 @@ impl SmolStack {
         g.armed = at;
         at
     }
-
-    /// Read what the socket holds into `buf`: `Ok(0)` after the app's FIN.
-    /// With nothing to read, register `cx` and pend, or (no `cx`) answer
-    /// `WouldBlock`.
-    pub(super) fn poll_recv(
-        &self,
-        id: Id,
-        cx: Option<&mut Context<'_>>,
-        buf: &mut [u8],
-    ) -> Poll<io::Result<usize>> {
-        let mut g = self.inner.lock();
-        let s = g.socket(id);
-        if s.can_recv() {
-            return match s.recv_slice(buf) {
-                Ok(n) => {
-                    g.mark(id);
-                    drop(g);
-                    // The window opened: the poller may owe the app an update.
-                    self.wake.notify_one();
-                    Poll::Ready(Ok(n))
-                }
-                Err(tcp::RecvError::Finished) => Poll::Ready(Ok(0)),
-                Err(tcp::RecvError::InvalidState) => {
-                    Poll::Ready(Err(io::ErrorKind::ConnectionReset.into()))
-                }
-            };
-        }
-        match recv_readiness(s) {
-            Some(Ok(())) => Poll::Ready(Ok(0)),
-            Some(Err(e)) => Poll::Ready(Err(e)),
-            None => match cx {
-                Some(cx) => {
-                    s.register_recv_waker(cx.waker());
-                    Poll::Pending
-                }
-                None => Poll::Ready(Err(io::ErrorKind::WouldBlock.into())),
-            },
-        }
-    }
-
-    /// Ready once a read would not pend: data, the app's FIN, or a reset.
-    /// Takes no buffer, so a waiting relay direction holds none.
-    pub(super) fn poll_readable(&self, id: Id, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        let mut g = self.inner.lock();
-        let s = g.socket(id);
-        if s.can_recv() {
-            return Poll::Ready(Ok(()));
-        }
-        match recv_readiness(s) {
-            Some(_) => Poll::Ready(Ok(())),
-            None => {
-                s.register_recv_waker(cx.waker());
-                Poll::Pending
-            }
-        }
-    }
-
-    pub(super) fn poll_send(
-        &self,
-        id: Id,
-        cx: &mut Context<'_>,
-        data: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        let mut g = self.inner.lock();
-        let s = g.socket(id);
-        if s.can_send() {
-            return match s.send_slice(data) {
-                Ok(n) => {
-                    g.mark(id);
-                    drop(g);
-                    self.wake.notify_one();
-                    Poll::Ready(Ok(n))
-                }
-                Err(_) => Poll::Ready(Err(io::ErrorKind::BrokenPipe.into())),
-            };
-        }
-        match s.state() {
-            State::Listen | State::SynReceived | State::SynSent => {
-                s.register_send_waker(cx.waker());
-                Poll::Pending
-            }
-            State::Closed => Poll::Ready(Err(io::ErrorKind::ConnectionReset.into())),
-            _ if !s.may_send() => Poll::Ready(Err(io::ErrorKind::BrokenPipe.into())),
-            _ => {
-                s.register_send_waker(cx.waker());
-                Poll::Pending
-            }
-        }
-    }
-
-    /// The session of `h` ended: close the socket gracefully (unless it is
-    /// already closed) and hand it to the poller, which removes it (and
-    /// releases `permit`) once the FIN exchange is over or the linger time
-    /// has passed.
-    pub(super) fn detach(&self, id: Id, key: Key, permit: Option<OwnedPermit>) {
-        let mut g = self.inner.lock();
-        let s = g.socket(id);
-        if !matches!(s.state(), State::Closed | State::TimeWait) {
-            s.close();
-        }
-        g.mark(id);
-        g.detached.push((key, id, Instant::now(), permit));
-        drop(g);
-        self.wake.notify_one();
-    }
-
-    pub(super) fn with_socket(&self, id: Id, f: impl FnOnce(&mut tcp::Socket<'static>)) {
-        let mut g = self.inner.lock();
-        f(g.socket(id));
-        g.mark(id);
-        drop(g);
-        self.wake.notify_one();
-    }
 }
 
 /// The flow of a TCP packet from the app: (client, server). `None` if it
 /// does not parse (smoltcp then drops it, or answers it with an RST).
-fn flow_of(pkt: &[u8]) -> Option<Key> {
+fn flow_of(pkt: &[u8]) -> Option<FlowKey> {
     let ip = crate::packet::parse_ip(pkt).ok()?;
     let tcp = crate::packet::parse_tcp(pkt, &ip).ok()?;
-    Some((
+    Some(FlowKey::new(
         SocketAddr::new(ip.src, tcp.src_port),
         SocketAddr::new(ip.dst, tcp.dst_port),
     ))
-}
-
-/// What a read of a socket with an empty receive buffer finds: the app's
-/// FIN (`Ok`), a reset (`Err`), or nothing yet (`None`: wait).
-fn recv_readiness(s: &tcp::Socket<'_>) -> Option<io::Result<()>> {
-    match s.state() {
-        State::Closed => Some(Err(io::ErrorKind::ConnectionReset.into())),
-        State::Listen | State::SynReceived | State::SynSent => None,
-        _ if !s.may_recv() => Some(Ok(())),
-        _ => None,
-    }
 }
 
 /// `s` without the contents of `storage: ...` fields (socket buffers).
