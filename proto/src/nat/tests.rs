@@ -976,6 +976,7 @@ fn manual_clock_saturates_and_far_future_does_not_panic() {
 mod model {
     use super::*;
     use proptest::prelude::*;
+    use std::collections::HashMap;
 
     #[derive(Debug, Clone)]
     enum Op {
@@ -984,6 +985,9 @@ mod model {
         Accept { port: u16 },
         DropGuard { idx: u8 },
         Abort { port: u16 },
+        Admit { port: u16, ready: bool },
+        Connected { port: u16 },
+        MakeRoom { flow: u8, limit: u8 },
         Advance { secs: u8 },
         Cleanup,
     }
@@ -995,32 +999,72 @@ mod model {
             (50000u16..50005).prop_map(|port| Op::Accept { port }),
             any::<u8>().prop_map(|idx| Op::DropGuard { idx }),
             (50000u16..50005).prop_map(|port| Op::Abort { port }),
+            (50000u16..50005, any::<bool>()).prop_map(|(port, ready)| Op::Admit { port, ready }),
+            (50000u16..50005).prop_map(|port| Op::Connected { port }),
+            (0u8..6, 0u8..8).prop_map(|(flow, limit)| Op::MakeRoom { flow, limit }),
             (0u8..20).prop_map(|secs| Op::Advance { secs }),
             Just(Op::Cleanup),
         ]
+    }
+
+    fn key(f: u8) -> FlowKey {
+        if f % 2 == 0 {
+            flow(u16::from(f))
+        } else {
+            flow6(u16::from(f))
+        }
+    }
+
+    /// The attachments a test gave the table and has not had back, by
+    /// token (the payload is a unique token). Each must come back once.
+    #[derive(Default)]
+    struct Attached(HashMap<u64, u16>);
+
+    impl Attached {
+        fn back(&mut self, token: u64) -> Result<u16, TestCaseError> {
+            self.0.remove(&token).ok_or_else(|| {
+                TestCaseError::fail(format!("token {token} back twice or never given"))
+            })
+        }
+
+        /// An evicted flow's attachment is the one given to its port.
+        fn evicted(&mut self, e: Option<Evicted<u64>>) -> Result<(), TestCaseError> {
+            if let Some(Evicted {
+                port,
+                payload: Some(token),
+            }) = e
+            {
+                prop_assert_eq!(self.back(token)?, port);
+            }
+            Ok(())
+        }
     }
 
     proptest! {
         /// Random operation sequences on a table with 4 ports and a
         /// budget of 3 keep the maps consistent, never translate a port
         /// to a key other than the one it maps, and never allocate for a
-        /// non-SYN segment.
+        /// non-SYN segment. Every attachment given to a half-open flow
+        /// comes back exactly once, from the transition that ended its
+        /// stage, or at the end when every flow has expired.
         #[test]
         fn random_ops_keep_invariants(ops in proptest::collection::vec(op(), 1..120)) {
-            let (clock, t) = table(NatConfig {
+            let (clock, t) = table_of::<u64>(NatConfig {
                 port_range: 50000..=50003,
                 max_entries: 3,
                 ..cfg()
             });
-            let mut guards: Vec<Guard> = Vec::new();
+            let mut guards: Vec<Guard<u64>> = Vec::new();
             // The generation each port's latest SYN was given: what a
             // connect task would abort with.
-            let mut opened = std::collections::HashMap::new();
+            let mut opened = HashMap::new();
+            let mut attached = Attached::default();
+            let mut tokens = 0u64..;
             for op in ops {
                 let now = clock.now();
                 match op {
                     Op::Uplink { flow: f, syn } => {
-                        let key = if f % 2 == 0 { flow(u16::from(f)) } else { flow6(u16::from(f)) };
+                        let key = key(f);
                         let before = t.len();
                         match t.uplink(&key, syn.then_some(0), now) {
                             Ok(u) => {
@@ -1029,8 +1073,20 @@ mod model {
                                 if u.created {
                                     opened.insert(u.port, u.generation);
                                 }
+                                if u.held {
+                                    prop_assert_eq!(t.state(u.port), Some(NatState::HalfOpen(Stage::Connecting)));
+                                }
+                                attached.evicted(u.evicted)?;
+                                if let Some(token) = u.replaced {
+                                    attached.back(token)?;
+                                }
                             }
-                            Err(_) => prop_assert_eq!(t.len(), before),
+                            Err(Refused { evicted, .. }) => {
+                                if evicted.is_none() {
+                                    prop_assert_eq!(t.len(), before);
+                                }
+                                attached.evicted(evicted)?;
+                            }
                         }
                     }
                     Op::Downlink { port } => {
@@ -1040,6 +1096,10 @@ mod model {
                     }
                     Op::Accept { port } => {
                         if let Ok(a) = t.accept(port, now) {
+                            prop_assert_eq!(a.payload.is_some(), a.stage != Stage::New);
+                            if let Some(token) = a.payload {
+                                prop_assert_eq!(attached.back(token)?, port);
+                            }
                             guards.push(t.guard(&a));
                         }
                     }
@@ -1051,17 +1111,74 @@ mod model {
                     }
                     Op::Abort { port } => {
                         let generation = opened.get(&port).copied().unwrap_or(0);
-                        t.abort_half_open(port, generation, now);
+                        if let Some(Aborted { payload: Some(token) }) = t.abort_half_open(port, generation, now) {
+                            prop_assert_eq!(attached.back(token)?, port);
+                        }
+                    }
+                    Op::Admit { port, ready } => {
+                        let generation = opened.get(&port).copied().unwrap_or(0);
+                        let stage = if ready { Stage::Ready } else { Stage::Connecting };
+                        let token = tokens.next().unwrap_or(0);
+                        let was = t.state(port);
+                        match t.admit(port, generation, stage, token, now) {
+                            Ok(()) => {
+                                prop_assert_eq!(was, Some(NatState::HalfOpen(Stage::New)));
+                                attached.0.insert(token, port);
+                            }
+                            Err(back) => prop_assert_eq!(back, token),
+                        }
+                    }
+                    Op::Connected { port } => {
+                        let generation = opened.get(&port).copied().unwrap_or(0);
+                        let was = t.state(port);
+                        // The connect's outcome replaces the token: the
+                        // old one comes back through the merge.
+                        let next = tokens.next().unwrap_or(0);
+                        let mut merged = None;
+                        match t.connected(port, generation, now, next, |old, new| {
+                            merged = Some(old);
+                            new
+                        }) {
+                            Ok(()) => {
+                                prop_assert_eq!(was, Some(NatState::HalfOpen(Stage::Connecting)));
+                                let old = merged.take().unwrap_or(u64::MAX);
+                                prop_assert_eq!(attached.back(old)?, port);
+                                attached.0.insert(next, port);
+                            }
+                            Err(back) => prop_assert_eq!(back, next),
+                        }
+                    }
+                    Op::MakeRoom { flow: f, limit } => {
+                        let source = key(f).client.ip();
+                        if let Some(e) = t.make_room(source, usize::from(limit), now) {
+                            prop_assert!(e.payload.is_some(), "only admitted flows count");
+                            let closing = matches!(t.state(e.port), Some(NatState::Closing { .. }));
+                            prop_assert!(closing, "an evicted flow lingers");
+                            attached.evicted(Some(e))?;
+                        }
                     }
                     Op::Advance { secs } => clock.advance(Duration::from_secs(u64::from(secs))),
                     Op::Cleanup => {
-                        t.cleanup(now);
+                        let done = t.cleanup(now);
+                        for token in done.timed_out.into_iter().chain(done.expired) {
+                            attached.back(token)?;
+                        }
                     }
                 }
                 if let Err(e) = t.check_invariants() {
                     return Err(TestCaseError::fail(e));
                 }
             }
+            // Every flow ends: all that was attached has come back.
+            drop(guards);
+            let done = t.cleanup(clock.now() + Duration::from_secs(10_000));
+            for token in done.timed_out.into_iter().chain(done.expired) {
+                attached.back(token)?;
+            }
+            let done = t.cleanup(clock.now() + Duration::from_secs(20_000));
+            prop_assert!(done.timed_out.is_empty() && done.expired.is_empty());
+            prop_assert!(t.is_empty(), "{:?}", t.counts());
+            prop_assert!(attached.0.is_empty(), "never came back: {:?}", attached.0);
         }
     }
 }
@@ -1337,6 +1454,189 @@ fn concurrent_stress_keeps_invariants() {
             // full table refuses, or evicts an entry nobody accepted.
             eprintln!("stress: {errors:?}");
             assert!(errors.table_full + errors.evicted > 0, "{errors:?}");
+        }
+        Err(mpsc::RecvTimeoutError::Disconnected) => {
+            if let Err(p) = worker.join() {
+                panic::resume_unwind(p);
+            }
+        }
+        Err(mpsc::RecvTimeoutError::Timeout) => panic!("stress test stuck for 60 s: deadlock"),
+    }
+}
+
+/// Tokens given to the table as attachments and had back, across threads.
+#[derive(Default)]
+struct Ledger {
+    given: Mutex<std::collections::HashSet<u64>>,
+    back: Mutex<Vec<u64>>,
+}
+
+impl Ledger {
+    fn give(&self, token: u64) -> u64 {
+        assert!(self.given.lock().unwrap().insert(token));
+        token
+    }
+
+    fn back(&self, token: u64) {
+        self.back.lock().unwrap().push(token);
+    }
+
+    fn evicted(&self, e: Option<Evicted<u64>>) {
+        if let Some(token) = e.and_then(|e| e.payload) {
+            self.back(token);
+        }
+    }
+}
+
+/// One thread's flows for one round of the half-open stress test: each
+/// SYN is admitted (Connecting or at once Ready), connected, then accepted
+/// and closed, aborted, or left to the handshake timeout, while the other
+/// threads' SYNs fill the table (evicting), thread 0 cleans up and every
+/// thread makes room under a small admission limit. Any step may find its
+/// flow gone; what it tried to attach then comes back to it.
+fn half_open_round(t: &Arc<Table<u64>>, tid: u64, round: u64, ledger: &Ledger, now: Instant) {
+    let mut n = 0u64;
+    let mut token = || {
+        n += 1;
+        ledger.give((tid << 48) | (round << 16) | n)
+    };
+    for i in 0..6u16 {
+        let key = FlowKey::new(
+            SocketAddr::new(
+                sa("10.0.0.1:0").ip(),
+                // A key comes back every 5th round (a new ISN: replaced).
+                2000 + 1000 * u16::try_from(tid).unwrap()
+                    + 10 * u16::try_from(round % 5).unwrap()
+                    + i,
+            ),
+            sa("8.8.8.8:443"),
+        );
+        if tid == 0 {
+            let done = t.cleanup(now);
+            for p in done.timed_out.into_iter().chain(done.expired) {
+                ledger.back(p);
+            }
+        }
+        // Admission limit 12: at most 6 half-open flows.
+        ledger.evicted(t.make_room(key.client.ip(), 12, now));
+        let u = match t.uplink(&key, Some(u32::try_from(round).unwrap()), now) {
+            Ok(u) => {
+                ledger.evicted(u.evicted);
+                if let Some(p) = u.replaced {
+                    ledger.back(p);
+                }
+                u
+            }
+            Err(r) => {
+                ledger.evicted(r.evicted);
+                continue;
+            }
+        };
+        if !u.created {
+            continue;
+        }
+        let ready_now = (round + u64::from(i)) % 3 == 0;
+        let stage = if ready_now {
+            Stage::Ready
+        } else {
+            Stage::Connecting
+        };
+        if let Err(p) = t.admit(u.port, u.generation, stage, token(), now) {
+            ledger.back(p);
+            continue;
+        }
+        if !ready_now {
+            t.attach(u.port, u.generation, |_| {});
+            match t.connected(u.port, u.generation, now, token(), |old, new| {
+                ledger.back(old);
+                new
+            }) {
+                Ok(()) => {}
+                Err(next) => {
+                    ledger.back(next);
+                    continue;
+                }
+            }
+        }
+        match (round + u64::from(i)) % 4 {
+            0 => {
+                if let Some(p) = t
+                    .abort_half_open(u.port, u.generation, now)
+                    .and_then(|a| a.payload)
+                {
+                    ledger.back(p);
+                }
+            }
+            1 => {} // left for the handshake timeout
+            _ => {
+                if let Ok(a) = t.accept(u.port, now) {
+                    if let Some(p) = a.payload {
+                        ledger.back(p);
+                    }
+                    t.mark_closing(a.port, a.generation, now);
+                }
+            }
+        }
+    }
+}
+
+/// 4 threads x 200 rounds through admission, connect, accept and abort on
+/// 40 ports with a budget of 38, against evictions (full table, half-open
+/// bounds), handshake timeouts and cleanup: after each round the
+/// invariants hold (exactly the admitted half-open flows have an
+/// attachment, counters match a scan), and at the end every attachment
+/// given to the table has come back exactly once. The watchdog turns a
+/// lock-order deadlock into a failure.
+#[test]
+fn concurrent_stress_hands_back_every_attachment() {
+    const THREADS: u64 = 4;
+    const ROUNDS: u64 = 200;
+    let (tx, rx) = mpsc::channel();
+    let worker = thread::spawn(move || {
+        let (clock, t) = table_of::<u64>(NatConfig {
+            port_range: 30000..=30039,
+            max_entries: 38,
+            linger: SEC,
+            ..cfg()
+        });
+        let ledger = Ledger::default();
+        let barrier = Barrier::new(usize::try_from(THREADS).unwrap());
+        for round in 0..ROUNDS {
+            let now = clock.now();
+            thread::scope(|s| {
+                for tid in 0..THREADS {
+                    let (t, ledger, barrier) = (&t, &ledger, &barrier);
+                    s.spawn(move || {
+                        barrier.wait();
+                        half_open_round(t, tid, round, ledger, now);
+                    });
+                }
+            });
+            if let Err(e) = t.check_invariants() {
+                panic!("round {round}: {e}");
+            }
+            clock.advance(Duration::from_millis(250));
+        }
+        let done = t.cleanup(clock.now() + 8000 * SEC);
+        for p in done.timed_out.into_iter().chain(done.expired) {
+            ledger.back(p);
+        }
+        t.cleanup(clock.now() + 16000 * SEC);
+        assert!(t.is_empty(), "{:?}", t.counts());
+        let mut back = std::mem::take(&mut *ledger.back.lock().unwrap());
+        let given = ledger.given.lock().unwrap().len();
+        back.sort_unstable();
+        let returned = back.len();
+        back.dedup();
+        assert_eq!(back.len(), returned, "an attachment came back twice");
+        assert_eq!(returned, given, "attachments lost");
+        let _ = tx.send((given, t.error_counts()));
+    });
+    match rx.recv_timeout(Duration::from_secs(60)) {
+        Ok((given, errors)) => {
+            worker.join().unwrap();
+            eprintln!("half-open stress: {given} attachments, {errors:?}");
+            assert!(errors.evicted > 0, "the table never filled: {errors:?}");
         }
         Err(mpsc::RecvTimeoutError::Disconnected) => {
             if let Err(p) = worker.join() {
