@@ -18,15 +18,17 @@
 //! in step with a second table:
 //!
 //! ```text
-//!  SYN ─uplink─▶ HalfOpen(New) ─admit─▶ HalfOpen(Connecting) ─connected─▶ HalfOpen(Ready)
-//!                     │   └──────────admit (nothing to connect)──────────────▶ │
-//!                     │                     │                                 │
-//!                     └──────────── accept ─┼──────────────────── accept ─────┤
-//!                                           │                                 ▼
-//!            abort_half_open, make_room,    │                              Active
-//!            handshake timeout ─────────────┴─────────▶ Closing ◀── mark_closing
-//!                                                          │
-//!                 expiry, eviction, replacement ──▶ removed ◀── linger
+//! (none)               uplink (SYN)     -> HalfOpen(New)
+//! HalfOpen(New)        admit            -> HalfOpen(Connecting), or HalfOpen(Ready) (nothing to connect)
+//! HalfOpen(Connecting) connected        -> HalfOpen(Ready)
+//! HalfOpen(any)        accept_syn       -> Active            (a new generation)
+//! HalfOpen(any)        abort_half_open  -> Closing           (admission refused, connect failed)
+//! HalfOpen(Conn/Ready) make_room        -> Closing           (past a half-open bound)
+//! HalfOpen(Ready)      cleanup          -> Closing           (handshake timeout)
+//! Active               mark_closing     -> Closing           (the session ended)
+//! any                  cleanup          -> removed           (its state's timeout; Closing: the linger)
+//! never accepted       uplink (SYN)     -> removed           (a full table's eviction)
+//! any                  uplink (SYN)     -> removed           (another ISN, or any on Closing: a new entry replaces it)
 //! ```
 //!
 //! | transition | method | hands back |
