@@ -11,27 +11,15 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use criterion::{BatchSize, BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use kerntun::nat::{Clock, FlowKey, NatConfig, NatTable};
+use kerntun::nat::{FlowKey, NatConfig, NatTable};
 use kerntun::packet::{parse_ip, parse_tcp, rewrite_tcp};
-
-/// The real clock, as the engine gives the table.
-struct SystemClock;
-
-impl Clock for SystemClock {
-    fn now(&self) -> Instant {
-        Instant::now()
-    }
-}
 
 const GATEWAY: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 1);
 const NAT_ADDR: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 2);
 const LISTEN_PORT: u16 = 40000;
 
 fn table() -> Arc<NatTable> {
-    Arc::new(NatTable::new(
-        NatConfig::default(),
-        Arc::new(SystemClock) as Arc<dyn Clock>,
-    ))
+    Arc::new(NatTable::new(NatConfig::default(), Instant::now()))
 }
 
 fn flow(i: u16) -> FlowKey {
@@ -41,16 +29,17 @@ fn flow(i: u16) -> FlowKey {
     )
 }
 
-/// An established flow: SYN, accept, guard kept alive by the caller.
-fn established(t: &Arc<NatTable>, key: &FlowKey) -> (u16, kerntun::nat::NatGuard) {
+/// An established flow: SYN, accept (Active until something marks it
+/// Closing: nothing does here).
+fn established(t: &Arc<NatTable>, key: &FlowKey) -> u16 {
     let now = Instant::now();
     let Ok(up) = t.uplink(key, Some(0), now) else {
         panic!("bench setup: uplink")
     };
-    let Ok(acc) = t.accept(up.port, now) else {
+    if t.accept(up.port, now).is_err() {
         panic!("bench setup: accept")
-    };
-    (up.port, t.guard(&acc))
+    }
+    up.port
 }
 
 /// A 1500-byte IPv4 TCP ACK segment `src -> dst` with 1460 bytes of payload.
@@ -86,7 +75,7 @@ fn steady(c: &mut Criterion) {
 
     let t = table();
     let key = flow(1);
-    let (port, _guard) = established(&t, &key);
+    let port = established(&t, &key);
     let now = Instant::now();
     g.bench_function("nat_uplink_downlink", |b| {
         b.iter(|| {
@@ -141,29 +130,31 @@ fn batch(c: &mut Criterion) {
     g.throughput(Throughput::Elements(u64::from(FLOWS)));
     let keys: Vec<FlowKey> = (0..FLOWS).map(flow).collect();
     let linger = NatConfig::default().linger;
-    // Per flow: SYN (allocate), accept, guard, guard drop (mark Closing),
-    // then one cleanup past the linger removes all of them. Table creation
-    // is in the setup, its drop outside the timing.
+    // Per flow: SYN (allocate), accept, the session's end (mark Closing at
+    // the real time, as the engine's hold does when it drops), then one
+    // cleanup past the linger removes all of them. Table creation is in the
+    // setup, its drop outside the timing.
     g.bench_function("1024_flows_lifecycle", |b| {
         b.iter_batched(
             table,
             |t| {
                 let now = Instant::now();
-                let guards: Vec<_> = keys
+                let accepted: Vec<_> = keys
                     .iter()
                     .filter_map(|k| {
                         let up = t.uplink(k, Some(0), now).ok()?;
-                        let acc = t.accept(up.port, now).ok()?;
-                        Some(t.guard(&acc))
+                        t.accept(up.port, now).ok()
                     })
                     .collect();
-                assert_eq!(guards.len(), usize::from(FLOWS));
-                drop(guards);
-                // Past the linger of the last guard dropped, timed from after
-                // the drops: a stalled (loaded, virtualised) machine must not
+                assert_eq!(accepted.len(), usize::from(FLOWS));
+                for a in &accepted {
+                    t.mark_closing(a.port, a.generation, Instant::now());
+                }
+                // Past the linger of the last session's end, timed from after
+                // the marks: a stalled (loaded, virtualised) machine must not
                 // turn a timing gap into a failed assertion.
-                let removed = t.cleanup(Instant::now() + linger + Duration::from_secs(1));
-                assert_eq!(removed.closing, usize::from(FLOWS));
+                let done = t.cleanup(Instant::now() + linger + Duration::from_secs(1));
+                assert_eq!(done.removed.closing, usize::from(FLOWS));
                 t
             },
             BatchSize::SmallInput,
@@ -177,11 +168,10 @@ fn contended(c: &mut Criterion) {
     g.throughput(Throughput::Elements(2));
     for threads in [1u16, 2] {
         let t = table();
-        let flows: Vec<(FlowKey, u16, _)> = (0..threads)
+        let flows: Vec<(FlowKey, u16)> = (0..threads)
             .map(|i| {
                 let key = flow(100 + i);
-                let (port, guard) = established(&t, &key);
-                (key, port, guard)
+                (key, established(&t, &key))
             })
             .collect();
         // Per thread and iteration: one uplink + one downlink on the
@@ -193,7 +183,7 @@ fn contended(c: &mut Criterion) {
                 thread::scope(|s| {
                     let handles: Vec<_> = flows
                         .iter()
-                        .map(|(key, port, _)| {
+                        .map(|(key, port)| {
                             let (t, barrier) = (&t, &barrier);
                             s.spawn(move || {
                                 barrier.wait();

@@ -231,7 +231,7 @@ impl Config {
         // The system stack holds the app's SYN in a HalfOpen NAT entry while
         // the outbound connects; past the entry's expiry its port may go to
         // another flow. Generations keep a late connect from touching that
-        // flow (stack/system/pending.rs), and this bound keeps a direct
+        // flow (proto/src/nat/half_open.rs), and this bound keeps a direct
         // connect from ever arriving that late.
         let max_ms =
             u64::try_from(NatConfig::default().half_open_timeout.as_millis()).unwrap_or(u64::MAX);

@@ -23,11 +23,10 @@ use crate::demux::Demux;
 use crate::dispatch::Dispatcher;
 use crate::driver::{self, DriverKind};
 use crate::lifecycle::{EngineTask, Lifecycle, Phase, supervised};
-use crate::nat::{NatConfig, NatTable};
+use crate::nat::NatConfig;
 use crate::outbound::{Outbounds, Protect, SocketFactory};
 use crate::stack::Stack;
 use crate::stack::smoltcp::{SmoltcpStack, Sockets};
-use crate::stack::system::SystemClock;
 use crate::stack::system::{self, SystemStack};
 use crate::stats::{Stats, StatsSnapshot, WarnLimiter};
 use crate::translate::{FamilyAddrs, StackAddrs};
@@ -479,9 +478,7 @@ async fn assemble(
                 linger,
                 ..NatConfig::default()
             };
-            let half_open = nat_cfg.half_open_timeout;
-            let nat = NatTable::new(nat_cfg, Arc::new(SystemClock));
-            let st = SystemStack::new(d.clone(), tun.clone(), nat, addrs, half_open);
+            let st = SystemStack::new(d.clone(), tun.clone(), nat_cfg, addrs, Instant::now());
             Stack::System(Arc::new(st))
         }
     };

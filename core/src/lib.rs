@@ -3,9 +3,10 @@
 //! An app hands the engine a TUN device; the engine turns its packets back
 //! into TCP streams and UDP flows and relays them to outbounds chosen by
 //! rules. This crate is the I/O shell around the sans-I/O core in
-//! `kerntun-proto` (packet views and rewrite, the system stack's NAT table
+//! `kerntun-proto` (packet views and rewrite, the system stack's flow table
 //! and translation, sniffing, the DNS wire format, stream framings;
-//! re-exported here as [`packet`], [`nat`], [`translate`], [`framing`]), which the compiler keeps pure (no
+//! re-exported here as [`packet`], [`nat`], [`translate`] (= `nat::translate`),
+//! [`framing`]), which the compiler keeps pure (no
 //! runtime, sockets or clock in its dependencies). The modules here are
 //! layers, listed in the order a packet meets them; imports never form a
 //! cycle (`scripts/check-layers.py` checks it in CI; docs/architecture.md
@@ -68,7 +69,7 @@ mod stack;
 pub mod stats;
 #[allow(unsafe_code)]
 mod sys;
-pub use kerntun_proto::translate;
+pub use kerntun_proto::nat::translate;
 pub mod tun;
 mod udp;
 

@@ -1,19 +1,24 @@
-//! Fuzz target for the system netstack's translation step with a live NAT
+//! Fuzz target for the system netstack's translation step with a live flow
 //! table: the input is a program of operations (structured TCP packets in
-//! both directions, raw packets, accepts, closes, clock jumps, cleanups).
+//! both directions, raw packets, the half-open transitions an engine makes
+//! (admit, connected, connect failed, making room), accepts, closes, clock
+//! jumps, cleanups).
 //!
-//! Invariants checked after every operation: nothing panics; the NAT table's
-//! forward and reverse maps agree and its counters match a scan
+//! Invariants checked after every operation: nothing panics; the table's
+//! forward and reverse maps agree, exactly its admitted half-open flows
+//! carry an attachment, and its counters match a scan
 //! (`check_invariants`); a packet the step forwarded still parses, carries
 //! the NAT tuple (uplink) or a mapped original tuple (downlink), and its
-//! transport checksum verifies whenever the input's did.
+//! transport checksum verifies whenever the input's did; an attachment
+//! (a unique token here) comes back once, from the transition that ended
+//! its flow's stage, and at the end every one has.
 #![no_main]
 
+use std::collections::HashSet;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use kerntun::nat::{Accepted, Clock, ManualClock, NatConfig, NatTable};
+use kerntun::nat::{Accepted, Evicted, NatConfig, NatTable, Stage};
 use kerntun::packet::{self, checksum};
 use kerntun::translate::{FamilyAddrs, StackAddrs, TcpStep, translate_tcp};
 use libfuzzer_sys::fuzz_target;
@@ -58,14 +63,31 @@ fn server(i: u8) -> SocketAddr {
     SocketAddr::new(IpAddr::V4(Ipv4Addr::new(1, 1, 1, 1 + (i % 3))), 443 + u16::from(i % 2))
 }
 
+/// Tokens attached to half-open flows and not had back yet.
+#[derive(Default)]
+struct Attached(HashSet<u64>);
+
+impl Attached {
+    fn back(&mut self, token: u64) {
+        assert!(self.0.remove(&token), "token {token} back twice or never attached");
+    }
+
+    fn evicted(&mut self, e: Option<Evicted<u64>>) {
+        if let Some(token) = e.and_then(|e| e.payload) {
+            self.back(token);
+        }
+    }
+}
+
 fuzz_target!(|data: &[u8]| {
-    let clock = Arc::new(ManualClock::new());
+    let start = Instant::now();
+    let mut now = start;
     let cfg = NatConfig {
         port_range: 20000..=20015,
         max_entries: 12,
         ..NatConfig::default()
     };
-    let nat = Arc::new(NatTable::new(cfg, clock.clone()));
+    let nat: NatTable<u64> = NatTable::new(cfg, start);
     let addrs = StackAddrs {
         v4: Some(FamilyAddrs {
             gateway: IpAddr::V4(GATEWAY),
@@ -74,14 +96,20 @@ fuzz_target!(|data: &[u8]| {
         }),
         v6: None,
     };
-    let mut accepted: Vec<Accepted> = Vec::new();
-    let mut guards = Vec::new();
+    // Accepted flows: (port, generation) of the accept, and whether a
+    // session still holds it (and marks it Closing when the input ends).
+    let mut accepted: Vec<(u16, u64, bool)> = Vec::new();
+    // The generation each port's latest SYN was given, as the step said.
+    let mut opened = [0u64; 16];
+    let mut attached = Attached::default();
+    let mut tokens = 0u64;
     let mut i = 0;
     while i + 2 <= data.len() {
         let (op, arg) = (data[i], data[i + 1]);
         i += 2;
-        let now = clock.now();
-        let mut pkt = match op % 8 {
+        let port = 20000 + u16::from(arg % 16);
+        let generation = opened[usize::from(arg % 16)];
+        let mut pkt = match op % 12 {
             // App -> server: SYN, ACK, data, FIN, RST by flag choice.
             0 | 1 => {
                 let flags = [0x02, 0x10, 0x18, 0x11, 0x14, 0x12][usize::from(arg >> 4) % 6];
@@ -102,30 +130,75 @@ fuzz_target!(|data: &[u8]| {
                 raw
             }
             4 => {
-                if let Ok(a) = nat.accept(20000 + u16::from(arg % 16), now) {
-                    if arg & 1 == 0 {
-                        guards.push(nat.guard(&a));
+                if let Ok(a) = nat.accept(port, now) {
+                    let Accepted { port, generation, stage, payload, .. } = a;
+                    assert_eq!(payload.is_some(), stage != Stage::New);
+                    if let Some(token) = payload {
+                        attached.back(token);
                     }
-                    accepted.push(a);
+                    accepted.push((port, generation, arg & 1 == 0));
                 }
                 Vec::new()
             }
             5 => {
                 if !accepted.is_empty() {
-                    let a = accepted[usize::from(arg) % accepted.len()];
-                    nat.mark_closing(a.port, a.generation, now);
-                }
-                if !guards.is_empty() && arg & 1 == 1 {
-                    guards.swap_remove(usize::from(arg) % guards.len());
+                    let k = usize::from(arg) % accepted.len();
+                    let (port, generation, _) = accepted[k];
+                    nat.mark_closing(port, generation, now);
+                    if arg & 1 == 1 {
+                        accepted.swap_remove(k);
+                    }
                 }
                 Vec::new()
             }
             6 => {
-                clock.advance(Duration::from_millis(u64::from(arg) * 250));
+                now = now.checked_add(Duration::from_millis(u64::from(arg) * 250)).unwrap_or(now);
+                Vec::new()
+            }
+            // Admit the flow at a port, Connecting or Ready.
+            7 => {
+                let stage = if arg & 0x80 == 0 { Stage::Connecting } else { Stage::Ready };
+                tokens += 1;
+                match nat.admit(port, generation, stage, tokens, now) {
+                    Ok(()) => assert!(attached.0.insert(tokens)),
+                    Err(back) => assert_eq!(back, tokens),
+                }
+                Vec::new()
+            }
+            // Its connect succeeded: a new token for what it made.
+            8 => {
+                tokens += 1;
+                let mut old = None;
+                match nat.connected(port, generation, now, tokens, |o, n| {
+                    old = Some(o);
+                    n
+                }) {
+                    Ok(()) => {
+                        attached.back(old.expect("merged"));
+                        assert!(attached.0.insert(tokens));
+                    }
+                    Err(back) => assert_eq!(back, tokens),
+                }
+                Vec::new()
+            }
+            // Its connect failed (or admission refused it).
+            9 => {
+                if let Some(token) = nat.abort_half_open(port, generation, now).and_then(|a| a.payload) {
+                    attached.back(token);
+                }
+                Vec::new()
+            }
+            // Room for a SYN from some client, under a small admission limit.
+            10 => {
+                let evicted = nat.make_room(client(arg).ip(), usize::from(arg >> 5), now);
+                attached.evicted(evicted);
                 Vec::new()
             }
             _ => {
-                nat.cleanup(now);
+                let done = nat.cleanup(now);
+                for token in done.timed_out.into_iter().chain(done.expired) {
+                    attached.back(token);
+                }
                 Vec::new()
             }
         };
@@ -133,7 +206,7 @@ fuzz_target!(|data: &[u8]| {
             if let Ok(ip) = packet::parse_ip(&pkt) {
                 if ip.protocol == 6 {
                     let verified = checksum::verify_transport_checksum(&pkt, &ip);
-                    let step = translate_tcp(&mut pkt, &ip, &nat, &addrs, now, |p| p % 5 == 0);
+                    let step = translate_tcp(&mut pkt, &ip, &nat, &addrs, now);
                     match step {
                         TcpStep::Uplink(n) | TcpStep::Downlink(n) => {
                             let out = packet::parse_ip(&pkt[..n]).expect("forwarded packet parses");
@@ -149,12 +222,18 @@ fuzz_target!(|data: &[u8]| {
                                 assert_ne!(out.src, IpAddr::V4(GATEWAY), "downlink restored");
                             }
                         }
-                        TcpStep::Reset { len, .. } => {
+                        TcpStep::Reset { len, evicted, .. } => {
                             let out = packet::parse_ip(&pkt[..len]).expect("rst parses");
                             assert!(checksum::verify_transport_checksum(&pkt[..len], &out));
+                            attached.evicted(evicted);
                         }
-                        TcpStep::NewFlow { port, .. } => {
+                        TcpStep::NewFlow { port, generation, evicted, replaced, .. } => {
                             assert!(nat.state(port).is_some(), "new flow is in the table");
+                            opened[usize::from(port - 20000)] = generation;
+                            attached.evicted(evicted);
+                            if let Some(token) = replaced {
+                                attached.back(token);
+                            }
                         }
                         TcpStep::Drop(_) => {}
                     }
@@ -165,8 +244,19 @@ fuzz_target!(|data: &[u8]| {
             panic!("NAT invariant broken after op {op}: {e}");
         }
     }
-    drop(guards);
-    if let Err(e) = nat.check_invariants() {
-        panic!("NAT invariant broken after guards dropped: {e}");
+    // The sessions still open end; every flow expires: all that was
+    // attached has come back.
+    for (port, generation, held) in accepted {
+        if held {
+            nat.mark_closing(port, generation, now);
+        }
     }
+    let done = nat.cleanup(now + Duration::from_secs(10_000));
+    for token in done.timed_out.into_iter().chain(done.expired) {
+        attached.back(token);
+    }
+    if let Err(e) = nat.check_invariants() {
+        panic!("NAT invariant broken after the final cleanup: {e}");
+    }
+    assert!(attached.0.is_empty(), "never came back: {:?}", attached.0);
 });

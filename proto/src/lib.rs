@@ -5,9 +5,10 @@
 //!   buffer, the in-place 4-tuple rewrite with RFC 1624 checksums, the
 //!   builders of RSTs, echo replies and UDP headers, write-back coalescing
 //!   and IP fragment reassembly.
-//! * [`nat`] and [`translate`]: the system netstack's NAT table and the
-//!   per-packet TCP step over it (one packet and the table in, one decision
-//!   out).
+//! * [`nat`]: the system netstack's flow table (the NAT mapping and the
+//!   whole state of each flow, with the half-open policy) and the
+//!   per-packet TCP step over it, [`nat::translate`] (one packet and the
+//!   table in, one decision out).
 //! * [`sniff`]: the domain a connection is for, from its first bytes.
 //! * [`dnswire`]: DNS messages and the length prefix of DNS over TCP.
 //! * [`framing`]: stream framings an outbound speaks over TCP (Shadowsocks
@@ -28,4 +29,3 @@ pub mod framing;
 pub mod nat;
 pub mod packet;
 pub mod sniff;
-pub mod translate;

@@ -286,9 +286,9 @@ mod tests {
     use std::future::Future;
 
     use super::*;
-    use crate::budget::{OwnedPermit, SESSION_STATE};
-    use crate::nat::NatGuard;
+    use crate::budget::SESSION_STATE;
     use crate::stack::smoltcp::SmolStream;
+    use crate::stack::system::FlowHold;
 
     /// The size of the future `f` returns (an async fn item's state machine).
     fn future_size<A, B, C, D, E, F: Future>(_: impl Fn(A, B, C, D, E) -> F) -> usize {
@@ -302,7 +302,7 @@ mod tests {
     /// the 5 KiB for the sockets' registrations, the NAT entry and the task.
     #[test]
     fn session_futures_fit_their_share_of_the_session_budget() {
-        let system = future_size(run::<TcpStream, (OwnedPermit, NatGuard)>);
+        let system = future_size(run::<TcpStream, FlowHold>);
         let smoltcp = future_size(run::<SmolStream, ()>);
         println!("[size] session future: system stack {system} B, smoltcp {smoltcp} B");
         for size in [system, smoltcp] {

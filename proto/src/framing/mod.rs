@@ -35,7 +35,7 @@ pub trait Open: Send {
 }
 
 /// The framing of one outbound stream: both directions' state.
-pub trait Framing: Send + fmt::Debug {
+pub trait Framing: Send + Sync + fmt::Debug {
     /// The two halves, borrowed apart so each relay direction owns one.
     fn split(&mut self) -> (&mut dyn Seal, &mut dyn Open);
 }

@@ -61,6 +61,11 @@ impl PackedKey {
         }
     }
 
+    /// The app's address (what the half-open bounds count per source).
+    pub(crate) fn client_ip(&self) -> IpAddr {
+        unpack_ip(self.client_ip, self.families & CLIENT_V6 != 0)
+    }
+
     pub(crate) fn to_flow_key(self) -> FlowKey {
         FlowKey {
             client: SocketAddr::new(

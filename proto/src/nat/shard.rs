@@ -1,18 +1,34 @@
-//! The NAT table's storage: the per-connection [`Mapping`], lock shards on
-//! their own cache lines, and the lock-order check of debug builds.
+//! The NAT table's storage: the per-connection [`Mapping`], what the engine
+//! attaches to a half-open flow ([`Held`]), lock shards on their own cache
+//! lines, and the lock-order check of debug builds.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::time::Instant;
 
 use parking_lot::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
+use super::Stage;
 use super::key::{KeyedBuild, PackedKey};
 
+/// One byte: the stage lives in the mapping, so the per-packet path (a
+/// SYN retransmit held while connecting) never reads the side map.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Phase {
-    HalfOpen,
+    HalfOpen(Stage),
     Active,
     Closing,
+}
+
+impl Phase {
+    /// Whether the flow has a [`Held`] beside its mapping.
+    #[inline]
+    pub(super) fn is_held(self) -> bool {
+        matches!(
+            self,
+            Phase::HalfOpen(Stage::Connecting) | Phase::HalfOpen(Stage::Ready)
+        )
+    }
 }
 
 /// Reverse-map value: everything the table keeps per connection besides the
@@ -31,6 +47,50 @@ pub(super) struct Mapping {
     /// Initial sequence number of the SYN that created the entry: a SYN with
     /// the same ISN is a retransmit, another ISN is a new connection.
     pub(super) isn: u32,
+}
+
+/// What the engine attached to an admitted half-open flow (Connecting or
+/// Ready), kept beside its [`Mapping`] in the same reverse shard, under
+/// the same lock: a flow has one while, and only while, its phase says
+/// so ([`Phase::is_held`]), and every transition that ends it hands it
+/// back. Established flows carry none, so the per-packet maps keep their
+/// size.
+#[derive(Debug)]
+pub(super) struct Held<P> {
+    /// When it was admitted (Connecting) or its SYN went to the kernel
+    /// (Ready): what the half-open bounds evict by, oldest first, and what
+    /// the handshake timeout counts from.
+    pub(super) since: Instant,
+    pub(super) payload: P,
+}
+
+/// A reverse shard's contents: the mappings of its ports, and the
+/// attachments of those that are admitted half-open flows.
+#[derive(Debug)]
+pub(super) struct Ports<P> {
+    pub(super) map: HashMap<u16, Mapping, KeyedBuild>,
+    pub(super) held: HashMap<u16, Held<P>, KeyedBuild>,
+}
+
+impl<P> Ports<P> {
+    pub(super) fn new(hasher: KeyedBuild) -> Self {
+        Self {
+            map: HashMap::with_hasher(hasher),
+            held: HashMap::with_hasher(hasher),
+        }
+    }
+
+    /// Removes `port`'s entry and its attachment: the phase it had and the
+    /// attachment, if it had one.
+    pub(super) fn remove(&mut self, port: u16) -> Option<(Phase, Option<P>)> {
+        let m = self.map.remove(&port)?;
+        let payload = if m.phase.is_held() {
+            self.held.remove(&port).map(|h| h.payload)
+        } else {
+            None
+        };
+        Some((m.phase, payload))
+    }
 }
 
 impl Mapping {
@@ -67,7 +127,7 @@ impl<T, const MAP: u8> Shard<T, MAP> {
 }
 
 pub(super) type ForwardShard = Shard<HashMap<PackedKey, u16, KeyedBuild>, { order::FORWARD }>;
-pub(super) type ReverseShard = Shard<HashMap<u16, Mapping, KeyedBuild>, { order::REVERSE }>;
+pub(super) type ReverseShard<P> = Shard<Ports<P>, { order::REVERSE }>;
 
 /// Lock-order check, in the spirit of the kernel's lockdep: in debug builds
 /// each thread records which maps it holds a shard of, and every acquisition

@@ -64,18 +64,35 @@ impl FlowKey {
     }
 }
 
-/// Lifecycle of a mapping.
+/// Lifecycle of a flow: `HalfOpen(New)` on its SYN, `HalfOpen(Connecting)`
+/// or `HalfOpen(Ready)` once admitted, `Active` once the kernel accepted
+/// it, `Closing` for the linger (module docs, "State machine").
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum NatState {
     /// Port allocated on a SYN, not yet accepted by the kernel listener.
-    HalfOpen,
-    /// Accepted; a session task owns it through a [`NatGuard`].
+    HalfOpen(Stage),
+    /// Accepted; a session owns it until it marks it Closing
+    /// ([`NatTable::mark_closing`]).
     Active,
     /// Session ended; kept for the linger so late segments are translated.
     Closing {
         /// When it was marked Closing.
         since: Instant,
     },
+}
+
+/// Where a half-open flow is between its SYN and the kernel's accept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stage {
+    /// Created by its SYN; nothing attached yet. The engine admits it in the
+    /// same step ([`NatTable::admit`]) or aborts it.
+    New,
+    /// Admitted: the outbound connects while the app's SYN is held. A SYN
+    /// retransmit is absorbed ([`Uplink::held`]).
+    Connecting,
+    /// The SYN went to the kernel; the flow waits for its accept, at most
+    /// [`HANDSHAKE_TIMEOUT`](super::HANDSHAKE_TIMEOUT).
+    Ready,
 }
 
 /// Why a NAT operation failed.
@@ -109,26 +126,90 @@ impl fmt::Display for NatError {
 
 impl std::error::Error for NatError {}
 
-/// Result of [`NatTable::uplink`].
+/// Result of [`NatTable::uplink`]. `P` is what the engine attaches to a
+/// half-open flow ([`NatTable::admit`]); a SYN that displaced another flow
+/// hands that flow's back here, for the engine to close.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Uplink {
+pub struct Uplink<P = ()> {
     /// NAT port to write as the source port.
     pub port: u16,
     /// Whether this call created the mapping (a new connection).
     pub created: bool,
     /// The entry's generation: for a new mapping, the one stamped when it
-    /// was created, which [`NatTable::abort_half_open`] and the system
-    /// stack's pending connects are keyed by, so nothing done for this
-    /// flow can touch a later flow on the same port.
+    /// was created, which every later transition of the half-open flow
+    /// names ([`NatTable::admit`], [`NatTable::connected`],
+    /// [`NatTable::abort_half_open`]), so nothing done for this flow can
+    /// touch a later flow on the same port.
     pub generation: u64,
-    /// Whether the table was full and evicted its oldest unanswered entry
-    /// to make room for this one.
-    pub evicted: bool,
+    /// The segment is a retransmit of a SYN the table holds while its
+    /// outbound connects ([`Stage::Connecting`]): drop it, the held SYN
+    /// goes to the kernel when the connect succeeds.
+    pub held: bool,
+    /// The table was full and evicted its oldest unanswered entry to make
+    /// room for this one.
+    pub evicted: Option<Evicted<P>>,
+    /// This SYN replaced its 4-tuple's half-open entry (another ISN: a new
+    /// connection): what the engine had attached to the old one.
+    pub replaced: Option<P>,
+}
+
+impl<P> Uplink<P> {
+    /// An existing entry's port, nothing displaced.
+    pub(super) fn existing(port: u16, generation: u64, held: bool) -> Self {
+        Self {
+            port,
+            created: false,
+            generation,
+            held,
+            evicted: None,
+            replaced: None,
+        }
+    }
+}
+
+/// A SYN refused by [`NatTable::uplink`] (or a segment of no flow).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Refused<P = ()> {
+    /// Why.
+    pub error: NatError,
+    /// The table was full and evicted an unanswered entry before the SYN
+    /// was refused anyway (no free port among the probed ones): that
+    /// entry's attachment, for the engine to close.
+    pub evicted: Option<Evicted<P>>,
+}
+
+impl<P> From<NatError> for Refused<P> {
+    fn from(error: NatError) -> Self {
+        Self {
+            error,
+            evicted: None,
+        }
+    }
+}
+
+/// A half-open flow the table took out to make room for another: by the
+/// entry budget ([`NatTable::uplink`], the entry is removed) or by the
+/// half-open bounds ([`NatTable::make_room`], the entry lingers Closing).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Evicted<P = ()> {
+    /// Its NAT port.
+    pub port: u16,
+    /// What the engine had attached to it (`None`: nothing was, it was
+    /// [`Stage::New`] or Closing after its connect failed).
+    pub payload: Option<P>,
+}
+
+/// A half-open flow closed by [`NatTable::abort_half_open`]: it was still
+/// that flow, so the caller speaks for it (answers the app's SYN).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Aborted<P = ()> {
+    /// What the engine had attached to it.
+    pub payload: Option<P>,
 }
 
 /// Result of [`NatTable::accept`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Accepted {
+pub struct Accepted<P = ()> {
     /// The original flow.
     pub key: FlowKey,
     /// Its NAT port.
@@ -138,6 +219,33 @@ pub struct Accepted {
     /// The generation the entry carried before this accept: the one its SYN
     /// was given ([`Uplink::generation`]).
     pub opened: u64,
+    /// The stage the flow was in when the kernel accepted it.
+    pub stage: Stage,
+    /// What the engine attached to it ([`Stage::Ready`]: what the accepted
+    /// connection goes on to; any other stage's, for the engine to close).
+    pub payload: Option<P>,
+}
+
+/// What one cleanup did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Cleanup<P = ()> {
+    /// Entries removed, per state they were in.
+    pub removed: CleanupReport,
+    /// Ready flows whose app did not complete the handshake within
+    /// [`HANDSHAKE_TIMEOUT`](super::HANDSHAKE_TIMEOUT) (now Closing, or
+    /// removed if they had also expired): their attachments, to close.
+    pub timed_out: Vec<P>,
+    /// Connecting flows whose entry expired (no packet for
+    /// `half_open_timeout`: the app gave up) and was removed: their
+    /// attachments, to close.
+    pub expired: Vec<P>,
+}
+
+impl<P> Cleanup<P> {
+    /// Entries removed plus flows timed out.
+    pub fn total(&self) -> usize {
+        self.removed.total() + self.timed_out.len()
+    }
 }
 
 /// Entries removed by one cleanup, per state they were in.
@@ -194,7 +302,8 @@ pub struct NatErrorCounts {
     pub evicted: u64,
 }
 
-/// An expired entry found by [`NatTable::collect_expired`], to be passed to
+/// An expired entry (or a Ready flow past its handshake time) found by
+/// [`NatTable::collect_expired`], to be passed to
 /// [`NatTable::remove_if_expired`].
 #[derive(Debug, Clone, Copy)]
 pub struct Expired {

@@ -13,10 +13,11 @@ use socket2::{Domain, Protocol, SockRef, Socket, Type};
 use tokio::net::TcpListener;
 
 use super::SystemStack;
+use super::pending::Pending;
 use crate::budget::OwnedPermit;
 use crate::dispatch::session::{self, Hold};
 use crate::lifecycle::Phase;
-use crate::nat::{NatError, NatGuard};
+use crate::nat::{NatError, NatTable};
 use crate::outbound::{reset_on_close, set_keepalive};
 use crate::packet::tcp::SavedSyn;
 use crate::translate::FamilyAddrs;
@@ -158,15 +159,57 @@ fn bind_to_index(_: &Socket, gateway: IpAddr, idx: NonZeroU32) -> io::Result<()>
 }
 
 /// What a system-stack session holds until it ends: its admission permit
-/// and its NAT entry. The session ends (both sides reset) once the entry
-/// has seen no packet for `timeouts.tcp_idle_s`, as the NAT table would
-/// drop it then and leave the session holding its sockets and permit for
-/// a connection nothing can reach any more.
-impl Hold for (OwnedPermit, NatGuard) {
+/// and its flow, which it marks Closing when it drops (normally, on abort,
+/// or while a panic unwinds) unless a newer flow holds the port, so an
+/// Active entry is never leaked. The session ends (both sides reset) once
+/// the entry has seen no packet for `timeouts.tcp_idle_s`, as the table
+/// would drop it then and leave the session holding its sockets and permit
+/// for a connection nothing can reach any more.
+#[derive(Debug)]
+pub(crate) struct FlowHold {
+    /// Released when the hold drops, after the entry is marked.
+    _permit: OwnedPermit,
+    table: Arc<NatTable<Pending>>,
+    port: u16,
+    /// Stamped by the accept: the mark touches no newer flow on the port.
+    generation: u64,
+}
+
+impl FlowHold {
+    /// The hold on the flow at `port` that the accept stamped `generation`.
+    pub(super) fn new(
+        permit: OwnedPermit,
+        table: Arc<NatTable<Pending>>,
+        port: u16,
+        generation: u64,
+    ) -> Self {
+        FlowHold {
+            _permit: permit,
+            table,
+            port,
+            generation,
+        }
+    }
+}
+
+impl Drop for FlowHold {
+    fn drop(&mut self) {
+        // The table reads no clock: the real one is read here, when the
+        // session ends. No panic path inside: parking_lot locks do not
+        // poison, so this is safe during an unwind.
+        self.table
+            .mark_closing(self.port, self.generation, Instant::now());
+    }
+}
+
+impl Hold for FlowHold {
     async fn idle(&self) {
         // One timer per session, armed for the whole idle period: a busy
         // connection wakes it once per period, to find a later packet.
-        while let Some(left) = self.1.idle_left(Instant::now()) {
+        while let Some(left) = self
+            .table
+            .idle_left(self.port, self.generation, Instant::now())
+        {
             if left.is_zero() {
                 return;
             }
@@ -245,20 +288,29 @@ pub(crate) async fn accept_loop(st: Arc<SystemStack>, listener: TcpListener, fam
                 continue;
             }
         };
-        let Some((next, permit)) = st.pending.take_ready(accepted.port, accepted.opened) else {
-            // No outbound waiting (expired): close now and keep the mapping in
-            // Closing so the kernel's RST reaches the app, instead of deleting
-            // it and blackholing the app.
-            st.nat.mark_closing(accepted.port, accepted.generation, now);
-            d.stats.accept_unknown_port.fetch_add(1, Relaxed);
-            reset_on_close(&app);
-            continue;
+        let (next, permit) = match accepted.payload {
+            Some(Pending::Ready { next, permit }) => (next, permit),
+            // No outbound waiting: the engine never released this flow's
+            // SYN (still connecting), so the connection is not the app's.
+            // Close now and keep the mapping in Closing so the kernel's RST
+            // reaches the app, instead of deleting it and blackholing the
+            // app. (A flow whose handshake timed out is Closing already:
+            // refused above.)
+            other => {
+                if let Some(p) = other {
+                    p.close();
+                }
+                st.nat.mark_closing(accepted.port, accepted.generation, now);
+                d.stats.accept_unknown_port.fetch_add(1, Relaxed);
+                reset_on_close(&app);
+                continue;
+            }
         };
-        let guard = st.nat.guard(&accepted);
+        let hold = FlowHold::new(permit, st.nat.clone(), accepted.port, accepted.generation);
         let _ = app.set_nodelay(true);
         let _ = set_keepalive(SockRef::from(&app));
         let server = accepted.key.server;
-        tokio::spawn(session::run(d.clone(), app, next, server, (permit, guard)));
+        tokio::spawn(session::run(d.clone(), app, next, server, hold));
     }
 }
 
@@ -307,28 +359,80 @@ mod tests {
         );
     }
 
-    /// The idle watch sits inside every relay session's future, so its size
-    /// is memory per connection: one timer and a few words.
-    #[test]
-    fn the_idle_watch_costs_a_timer_per_session() {
+    /// A flow accepted into `t` and its session's hold.
+    fn held_flow(t: &Arc<NatTable<Pending>>, now: Instant) -> FlowHold {
         use crate::budget::Admission;
-        use crate::nat::{FlowKey, NatConfig, NatTable};
-        use crate::stack::system::SystemClock;
-        let t = Arc::new(NatTable::new(NatConfig::default(), Arc::new(SystemClock)));
-        let now = Instant::now();
+        use crate::nat::FlowKey;
         let key = FlowKey::new(
             "10.0.0.1:1000".parse().expect("sa"),
             "10.0.0.2:80".parse().expect("sa"),
         );
         let u = t.uplink(&key, Some(1), now).expect("syn");
-        let guard = t.guard(&t.accept(u.port, now).expect("accept"));
+        let accepted = t.accept(u.port, now).expect("accept");
         let admission = Arc::new(Admission::new([1, 1, 1]));
-        let hold = (admission.try_acquire_owned(now).expect("permit"), guard);
+        let permit = admission.try_acquire_owned(now).expect("permit");
+        FlowHold::new(permit, Arc::clone(t), accepted.port, accepted.generation)
+    }
+
+    fn table() -> Arc<NatTable<Pending>> {
+        Arc::new(NatTable::new(
+            crate::nat::NatConfig::default(),
+            Instant::now(),
+        ))
+    }
+
+    /// The idle watch sits inside every relay session's future, so its size
+    /// is memory per connection: one timer and a few words.
+    #[test]
+    fn the_idle_watch_costs_a_timer_per_session() {
+        let t = table();
+        let hold = held_flow(&t, Instant::now());
+        println!("[size] session hold {} B", std::mem::size_of_val(&hold));
+        assert!(std::mem::size_of_val(&hold) <= 32);
         let watch = hold.idle();
         let size = std::mem::size_of_val(&watch);
         let sleep = std::mem::size_of::<tokio::time::Sleep>();
         println!("[size] idle watch {size} B, a tokio Sleep {sleep} B");
         assert!(size <= sleep + 64, "idle watch {size} B, a Sleep {sleep} B");
+    }
+
+    /// The hold marks its flow Closing when it drops, at the real time of
+    /// the drop (the table reads no clock), and leaves a newer flow alone.
+    #[test]
+    fn dropping_the_hold_marks_its_flow_closing_now() {
+        use crate::nat::NatState;
+        let t = table();
+        let start = Instant::now();
+        let hold = held_flow(&t, start);
+        let port = hold.port;
+        std::thread::sleep(Duration::from_millis(20));
+        let before = Instant::now();
+        drop(hold);
+        let after = Instant::now();
+        let Some(NatState::Closing { since }) = t.state(port) else {
+            panic!("not Closing: {:?}", t.state(port));
+        };
+        // The table keeps milliseconds since its epoch.
+        let ms = Duration::from_millis(1);
+        assert!(since + ms >= before && since <= after, "{since:?}");
+        assert_eq!(t.counts().active, 0);
+        t.check_invariants().expect("invariants");
+    }
+
+    #[test]
+    fn a_hold_dropped_while_its_session_panics_marks_closing() {
+        use crate::nat::NatState;
+        use std::panic::{self, AssertUnwindSafe};
+        let t = table();
+        let hold = held_flow(&t, Instant::now());
+        let port = hold.port;
+        let result = panic::catch_unwind(AssertUnwindSafe(move || {
+            let _hold = hold;
+            panic!("session task failed (expected by this test)");
+        }));
+        assert!(result.is_err());
+        assert!(matches!(t.state(port), Some(NatState::Closing { .. })));
+        assert_eq!(t.counts().active, 0);
     }
 
     #[test]

@@ -14,67 +14,69 @@
 //!
 //! Half-open connections (connect in flight, or SYN handed to the kernel
 //! and not yet accepted) are bounded apart from established ones: at most
-//! [`HALF_OPEN_MAX`] in total and never more than half the admission limit,
+//! [`HALF_OPEN_MAX`](crate::nat::HALF_OPEN_MAX) in total and never more than half the admission limit,
 //! so they cannot take the permits answered connections need, and at most
-//! [`HALF_OPEN_PER_SOURCE`] from one source address, which bounds the
+//! [`HALF_OPEN_PER_SOURCE`](crate::nat::HALF_OPEN_PER_SOURCE) from one source address, which bounds the
 //! outbound connects one app keeps in flight. A new SYN past either bound
 //! evicts the oldest half-open connection (of that source, or of all), never
 //! the newcomer, and one whose app does not complete the handshake within
-//! [`HANDSHAKE_TIMEOUT`] is closed. A SYN flood from spoofed sources thus
+//! [`HANDSHAKE_TIMEOUT`](crate::nat::HANDSHAKE_TIMEOUT) is closed. A SYN flood from spoofed sources thus
 //! holds a bounded number of outbound sockets and recycles its own slots,
 //! and the next real connection is admitted at once.
 //!
-//! `listener.rs`: the kernel listeners and the accept loop; `pending.rs`:
-//! the connections between SYN and accept, keyed by NAT port and generation.
+//! The flow's whole state, those bounds and timeouts included, is one entry
+//! of the pure crate's flow table (`kerntun_proto::nat`); this folder is the
+//! I/O shell around it, and only does what the table's transitions hand
+//! back: spawn a connect, release or refuse a held SYN, start a session,
+//! close what an ended flow held. `pending.rs`: what it attaches to a
+//! half-open flow; `listener.rs`: the kernel listeners, the accept loop and
+//! the session's hold on its flow.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use super::{HALF_OPEN_MAX, HALF_OPEN_PER_SOURCE, HANDSHAKE_TIMEOUT, HeldSyn};
+use super::HeldSyn;
 use crate::dispatch::{Dispatcher, Next, Plan};
-use crate::nat::{FlowKey, NatTable};
-use crate::outbound::reset_on_close;
+use crate::nat::{Evicted, FlowKey, NatConfig, NatTable, Stage};
 use crate::packet::{self, Disposition, IpInfo, TcpInfo};
 use crate::stats::{EngineDrop, LocalCounters, Stats, TcpFlowsSnapshot};
 use crate::translate::{self, Cause, FamilyAddrs, StackAddrs, TcpStep};
 use crate::tun::Tun;
 
 mod listener;
+#[cfg(test)]
+pub(crate) use listener::FlowHold;
 mod pending;
 
 pub(crate) use listener::{ListenOn, NoTunIndex, accept_loop, bind_listener, listen_on};
-use pending::PendingMap;
+use pending::{Pending, close_next};
 
-/// The system stack of one engine: its NAT table, its addresses, and the
-/// connections between SYN and accept.
+/// The system stack of one engine: its flow table and its addresses.
 #[derive(Debug)]
 pub(crate) struct SystemStack {
     d: Arc<Dispatcher>,
     tun: Arc<Tun>,
-    nat: Arc<NatTable>,
+    nat: Arc<NatTable<Pending>>,
     /// Gateway, NAT address and listener port per family.
     addrs: StackAddrs,
-    pending: PendingMap,
-    /// How long a SYN handed to the kernel may wait for its accept.
-    half_open_timeout: Duration,
 }
 
 impl SystemStack {
+    /// The stack over a new flow table built from `nat` (its clock starts
+    /// at `now`).
     pub fn new(
         d: Arc<Dispatcher>,
         tun: Arc<Tun>,
-        nat: NatTable,
+        nat: NatConfig,
         addrs: StackAddrs,
-        half_open_timeout: Duration,
+        now: Instant,
     ) -> Self {
         SystemStack {
             d,
             tun,
-            nat: Arc::new(nat),
+            nat: Arc::new(NatTable::new(nat, now)),
             addrs,
-            pending: PendingMap::default(),
-            half_open_timeout,
         }
     }
 
@@ -87,8 +89,7 @@ impl SystemStack {
         now: Instant,
         local: &mut LocalCounters,
     ) -> Disposition {
-        let held = |port| self.pending.is_connecting(port);
-        match translate::translate_tcp(buf, ip, &self.nat, &self.addrs, now, held) {
+        match translate::translate_tcp(buf, ip, &self.nat, &self.addrs, now) {
             TcpStep::Uplink(n) => {
                 local.packets_up += 1;
                 local.bytes_up += n as u64;
@@ -105,13 +106,20 @@ impl SystemStack {
                 generation,
                 tcp,
                 evicted,
+                replaced,
             } => {
-                if evicted {
-                    local.drop(EngineDrop::HalfOpenEvicted);
+                if let Some(p) = replaced {
+                    p.close();
                 }
+                evict(evicted, local);
                 self.new_flow(buf, ip, &tcp, (key, port, generation), now, local)
             }
-            TcpStep::Reset { len, cause } => {
+            TcpStep::Reset {
+                len,
+                cause,
+                evicted,
+            } => {
+                evict(evicted, local);
                 if matches!(cause, EngineDrop::NatTableFull | EngineDrop::NatNoFreePort) {
                     self.d.warn.warn(format_args!(
                         "NAT table refused a new flow ({})",
@@ -119,7 +127,10 @@ impl SystemStack {
                     ));
                 }
                 local.drop(cause);
-                Disposition::WriteBack(len)
+                match len {
+                    0 => Disposition::Done,
+                    len => Disposition::WriteBack(len),
+                }
             }
             TcpStep::Drop(Cause::Reject(r)) => {
                 local.reject(r);
@@ -144,15 +155,9 @@ impl SystemStack {
         now: Instant,
         local: &mut LocalCounters,
     ) -> Disposition {
-        let source = key.client.ip();
         // Room first: an evicted connection's permit is back before admit.
-        let cap = HALF_OPEN_MAX.min(self.d.admission.limit(now) / 2).max(1);
-        let per_source = HALF_OPEN_PER_SOURCE.min(cap);
-        if let Some((port, generation, p)) = self.pending.evict_for(source, cap, per_source) {
-            p.close();
-            self.nat.abort_half_open(port, generation, now);
-            local.drop(EngineDrop::HalfOpenEvicted);
-        }
+        let limit = self.d.admission.limit(now);
+        evict(self.nat.make_room(key.client.ip(), limit, now), local);
         let Some((plan, permit)) = self.d.admit(key.server, now) else {
             self.nat.abort_half_open(port, generation, now);
             return Disposition::WriteBack(packet::tcp_rst_reply(buf, ip, tcp));
@@ -170,13 +175,26 @@ impl SystemStack {
         };
         let next = match plan {
             Plan::Connect { .. } => {
-                self.pending.connecting(port, generation, source, now);
+                let pending = Pending::connecting(permit);
+                if let Err(p) = self
+                    .nat
+                    .admit(port, generation, Stage::Connecting, pending, now)
+                {
+                    // Its entry went since its SYN (evicted): nothing to
+                    // connect for; the app's next SYN starts over.
+                    p.close();
+                    return Disposition::Done;
+                }
                 let syn = HeldSyn::new(&buf[..ip.len]);
                 let task = tokio::spawn(self.clone().connect(flow, syn, plan));
-                // The permit waits in the pending map; evicting the
-                // connection aborts the task and hands it back at once.
-                self.pending
-                    .attach(port, generation, Some(task.abort_handle()), permit);
+                // The permit waits in the table; evicting the flow aborts
+                // the task and hands the permit back at once.
+                if !self
+                    .nat
+                    .attach(port, generation, |p| p.set_task(task.abort_handle()))
+                {
+                    task.abort();
+                }
                 return Disposition::Done;
             }
             // Nothing to connect first: the kernel accepts now and the
@@ -184,13 +202,21 @@ impl SystemStack {
             Plan::Dns => Next::Dns,
             Plan::Sniff => Next::Sniff,
         };
-        self.pending
-            .ready_now(port, generation, source, (next, permit), now);
+        let ready = Pending::Ready { next, permit };
+        if let Err(p) = self.nat.admit(port, generation, Stage::Ready, ready, now) {
+            p.close();
+            return Disposition::Done;
+        }
         match rewrite_to_listener(buf, ip, fam, port) {
             Ok(()) => Disposition::WriteBack(ip.len),
             Err(r) => {
-                self.pending.forget(port, generation);
-                self.nat.abort_half_open(port, generation, now);
+                if let Some(p) = self
+                    .nat
+                    .abort_half_open(port, generation, now)
+                    .and_then(|a| a.payload)
+                {
+                    p.close();
+                }
                 local.reject(r);
                 Disposition::Done
             }
@@ -199,10 +225,11 @@ impl SystemStack {
 
     /// Connect the outbound for a held SYN along its plan, then release the
     /// SYN to the kernel (success) or answer the app with an RST (failure).
-    /// A flow whose NAT entry expired meanwhile, its port perhaps reused by a
-    /// newer flow, is dropped quietly: its outbound is reset, its SYN never
-    /// reaches the kernel, and the app (which has retransmitted its SYN into
-    /// a new entry by now, or given up) hears nothing from this task.
+    /// A flow that ended meanwhile (evicted, expired, replaced; its port
+    /// perhaps reused by a newer flow) is dropped quietly: its outbound is
+    /// reset, its SYN never reaches the kernel, and the app (which has
+    /// retransmitted its SYN into a new entry by now, or given up) hears
+    /// nothing from this task.
     async fn connect(self: Arc<Self>, flow: Flow, mut syn: HeldSyn, plan: Plan) {
         let Flow {
             key,
@@ -211,8 +238,13 @@ impl SystemStack {
             fam,
         } = flow;
         let Some(next) = self.d.prepare(plan, key.server).await else {
-            if self.pending.forget(port, generation) {
-                self.nat.abort_half_open(port, generation, Instant::now());
+            // The flow's permit comes back with it and is dropped here
+            // (its task handle too: this task is ending anyway).
+            let speaks_for_it = self
+                .nat
+                .abort_half_open(port, generation, Instant::now())
+                .is_some();
+            if speaks_for_it {
                 syn.refuse(&self.tun, &self.d.stats).await;
             }
             return;
@@ -222,38 +254,34 @@ impl SystemStack {
             .ok()
             .and_then(|ip| rewrite_to_listener(syn.packet_mut(), &ip, fam, port).ok());
         if rewritten.is_none() {
-            if self.pending.forget(port, generation) {
-                self.nat.abort_half_open(port, generation, Instant::now());
-            }
+            self.nat.abort_half_open(port, generation, Instant::now());
             return;
         }
         match self
-            .pending
-            .connected(port, generation, next, Instant::now())
+            .nat
+            .connected(port, generation, Instant::now(), next, Pending::ready)
         {
             Ok(()) => syn.send(&self.tun, &self.d.stats).await,
-            Err(next) => {
-                if let Next::Relay(out) = &next {
-                    reset_on_close(&out.stream);
-                }
-            }
+            Err(next) => close_next(&next),
         }
     }
 
     /// Whether there is state a cleanup tick could expire.
     pub fn has_state(&self) -> bool {
-        !self.nat.is_empty() || !self.pending.is_empty()
+        !self.nat.is_empty()
     }
 
-    /// Expire NAT entries, and close outbounds whose SYN the app never
-    /// completed within the handshake timeout (their NAT entries end too).
+    /// Expire flows, and close the outbounds whose SYN the app never
+    /// completed within the handshake timeout (their entries linger
+    /// Closing) or whose entries expired while they connected.
     pub fn cleanup(&self, now: Instant) {
-        self.nat.cleanup(now);
-        let timeout = self.half_open_timeout.min(HANDSHAKE_TIMEOUT);
-        for (port, generation, p) in self.pending.expire(now, timeout) {
+        let done = self.nat.cleanup(now);
+        for p in done.timed_out {
             p.close();
-            self.nat.abort_half_open(port, generation, now);
             Stats::drop(&self.d.stats, EngineDrop::HandshakeTimeout);
+        }
+        for p in done.expired {
+            p.close();
         }
     }
 
@@ -277,14 +305,14 @@ impl SystemStack {
     }
 }
 
-/// The real clock, which the NAT table reads only when a session's guard
-/// drops (`kerntun_proto::nat::Clock`; the table itself reads none).
-#[derive(Debug, Clone, Copy, Default)]
-pub(crate) struct SystemClock;
-
-impl crate::nat::Clock for SystemClock {
-    fn now(&self) -> Instant {
-        Instant::now()
+/// A half-open flow the table evicted to make room for a new one: counted,
+/// and what it held closed.
+fn evict(evicted: Option<Evicted<Pending>>, local: &mut LocalCounters) {
+    if let Some(e) = evicted {
+        if let Some(p) = e.payload {
+            p.close();
+        }
+        local.drop(EngineDrop::HalfOpenEvicted);
     }
 }
 
@@ -293,7 +321,7 @@ impl crate::nat::Clock for SystemClock {
 struct Flow {
     key: FlowKey,
     port: u16,
-    /// Stamped by the NAT table on the entry the SYN created.
+    /// Stamped by the flow table on the entry the SYN created.
     generation: u64,
     fam: FamilyAddrs,
 }

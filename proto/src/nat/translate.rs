@@ -1,19 +1,20 @@
-//! The sans-I/O heart of the system netstack: one TCP packet and the NAT
+//! The sans-I/O heart of the system netstack: one TCP packet and the flow
 //! table in, one decision out. No descriptors, no clock (time is passed in),
-//! no allocation, no locks beyond the NAT table's shard locks — so it can be
+//! no allocation, no locks beyond the table's shard locks — so it can be
 //! fuzzed with packet sequences and its outcome checked against the table's
 //! invariants (`fuzz/fuzz_targets/translate.rs`).
 //!
-//! The caller (the engine's `Demux`) counts the outcome and acts on it:
-//! writes rewritten packets back, routes and holds new flows.
+//! The caller (the engine's system stack) counts the outcome and acts on
+//! it: writes rewritten packets back, admits and holds new flows, and
+//! closes what a new SYN displaced.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use ipnet::IpNet;
 use std::time::Instant;
 
+use super::{Evicted, FlowKey, NatError, NatTable, Refused, Uplink};
 use crate::drops::EngineDrop;
-use crate::nat::{FlowKey, NatError, NatTable, Uplink};
 use crate::packet::{self, IpInfo, Reject, TcpInfo};
 
 /// Gateway, NAT address and listener port of one address family.
@@ -66,9 +67,11 @@ pub enum Cause {
     Engine(EngineDrop),
 }
 
-/// The decision for one TCP packet.
+/// The decision for one TCP packet. `P` is what the engine attaches to a
+/// half-open flow ([`NatTable::admit`]): a SYN that displaced another flow
+/// hands that flow's back, for the engine to close.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TcpStep {
+pub enum TcpStep<P = ()> {
     /// App -> kernel listener: rewritten in place to the NAT tuple; write back `len` bytes.
     Uplink(usize),
     /// Kernel listener -> app: restored in place to the original tuple; write back `len` bytes.
@@ -84,27 +87,34 @@ pub enum TcpStep {
         generation: u64,
         tcp: TcpInfo,
         /// The table was full and evicted its oldest unanswered entry.
-        evicted: bool,
+        evicted: Option<Evicted<P>>,
+        /// The SYN replaced a half-open flow of its 4-tuple (another ISN):
+        /// what was attached to it.
+        replaced: Option<P>,
     },
     /// An RST answering the packet was written in place (`len` bytes), because
     /// the NAT table refused the flow or the segment belongs to no flow.
-    Reset { len: usize, cause: EngineDrop },
+    Reset {
+        len: usize,
+        cause: EngineDrop,
+        /// The table was full and evicted an unanswered entry, then refused
+        /// the SYN all the same (no free port).
+        evicted: Option<Evicted<P>>,
+    },
     /// Nothing to write; count `cause`.
     Drop(Cause),
 }
 
-/// Translate one TCP packet in place. `held(port)` says whether the SYN of
-/// the flow at `port` is still held by a pending outbound connect (a SYN
-/// retransmit is then absorbed).
+/// Translate one TCP packet in place. A SYN retransmit of a flow whose SYN
+/// the table holds while its outbound connects is absorbed.
 #[inline]
-pub fn translate_tcp(
+pub fn translate_tcp<P>(
     buf: &mut [u8],
     ip: &IpInfo,
-    nat: &NatTable,
+    nat: &NatTable<P>,
     addrs: &StackAddrs,
     now: Instant,
-    held: impl FnOnce(u16) -> bool,
-) -> TcpStep {
+) -> TcpStep<P> {
     let tcp = match packet::parse_tcp(buf, ip) {
         Ok(t) => t,
         Err(r) => return TcpStep::Drop(Cause::Reject(r)),
@@ -137,17 +147,20 @@ pub fn translate_tcp(
             created: true,
             generation,
             evicted,
+            replaced,
+            ..
         }) => TcpStep::NewFlow {
             key,
             port,
             generation,
             tcp,
             evicted,
+            replaced,
         },
+        Ok(Uplink { held: true, .. }) => {
+            TcpStep::Drop(Cause::Engine(EngineDrop::SynWhileConnecting))
+        }
         Ok(Uplink { port, .. }) => {
-            if syn_only && held(port) {
-                return TcpStep::Drop(Cause::Engine(EngineDrop::SynWhileConnecting));
-            }
             let nat_src = SocketAddr::new(fam.nat, port);
             let listener = SocketAddr::new(fam.gateway, fam.listen_port);
             match packet::rewrite_tcp(buf, ip, nat_src, listener) {
@@ -155,17 +168,23 @@ pub fn translate_tcp(
                 Err(r) => TcpStep::Drop(Cause::Reject(r)),
             }
         }
-        Err(e) => {
-            let cause = match e {
+        Err(Refused { error, evicted }) => {
+            let cause = match error {
                 NatError::TableFull => EngineDrop::NatTableFull,
                 NatError::NoFreePort => EngineDrop::NatNoFreePort,
                 _ => EngineDrop::StrayTcp,
             };
             // Answer with an RST (never to an RST: RFC 9293 3.10.7.1) so the
-            // app fails fast instead of retransmitting into a blackhole.
+            // app fails fast instead of retransmitting into a blackhole. Only
+            // a SYN can have evicted an entry, and a SYN always gets its RST:
+            // `len` is 0 with an eviction only if no RST could be built.
             match packet::tcp_rst_reply(buf, ip, &tcp) {
-                0 => TcpStep::Drop(Cause::Engine(cause)),
-                len => TcpStep::Reset { len, cause },
+                0 if evicted.is_none() => TcpStep::Drop(Cause::Engine(cause)),
+                len => TcpStep::Reset {
+                    len,
+                    cause,
+                    evicted,
+                },
             }
         }
     }
@@ -174,10 +193,9 @@ pub fn translate_tcp(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::nat::{ManualClock, NatConfig};
+    use crate::nat::{NatConfig, Stage};
     use crate::packet::tcp_flags::{ACK, RST, SYN};
     use crate::packet::testutil::tcp_v4;
-    use std::sync::Arc;
 
     fn addrs() -> StackAddrs {
         StackAddrs {
@@ -191,18 +209,17 @@ mod tests {
     }
 
     fn table(max_entries: usize) -> (NatTable, Instant) {
-        let clock = Arc::new(ManualClock::new());
-        let now = crate::nat::Clock::now(&*clock);
+        let now = Instant::now();
         let cfg = NatConfig {
             max_entries,
             ..NatConfig::default()
         };
-        (NatTable::new(cfg, clock), now)
+        (NatTable::new(cfg, now), now)
     }
 
     fn step(nat: &NatTable, now: Instant, pkt: &mut [u8]) -> TcpStep {
         let ip = packet::parse_ip(pkt).expect("valid ip");
-        translate_tcp(pkt, &ip, nat, &addrs(), now, |_| false)
+        translate_tcp(pkt, &ip, nat, &addrs(), now)
     }
 
     #[test]
@@ -257,7 +274,7 @@ mod tests {
     fn stray_segment_gets_rst_but_an_rst_gets_nothing() {
         let (nat, now) = table(16);
         let mut stray = tcp_v4("10.0.0.9:1", "1.1.1.1:80", 5, 9, ACK, &[], b"late");
-        let TcpStep::Reset { len, cause } = step(&nat, now, &mut stray) else {
+        let TcpStep::Reset { len, cause, .. } = step(&nat, now, &mut stray) else {
             panic!("stray data is answered with an RST");
         };
         assert_eq!(cause, EngineDrop::StrayTcp);
@@ -308,7 +325,7 @@ mod tests {
         for mut p in bad_sum {
             let ip = packet::parse_ip(&p).expect("ip");
             assert_eq!(
-                translate_tcp(&mut p, &ip, &nat, &v6addrs, now, |_| false),
+                translate_tcp(&mut p, &ip, &nat, &v6addrs, now),
                 TcpStep::Drop(Cause::Reject(Reject::TcpBadChecksum))
             );
         }
@@ -388,16 +405,24 @@ mod tests {
     fn held_syn_retransmit_is_absorbed() {
         let (nat, now) = table(16);
         let mut syn = tcp_v4("10.0.0.9:2000", "1.1.1.1:443", 1, 0, SYN, &[], b"");
-        let TcpStep::NewFlow { port, .. } = step(&nat, now, &mut syn.clone()) else {
+        let TcpStep::NewFlow {
+            port, generation, ..
+        } = step(&nat, now, &mut syn.clone())
+        else {
             panic!("new flow");
         };
+        // Admitted, its outbound connecting: the table holds the SYN.
+        nat.admit(port, generation, Stage::Connecting, (), now)
+            .expect("admit");
         let ip = packet::parse_ip(&syn).expect("ip");
-        let held = translate_tcp(&mut syn, &ip, &nat, &addrs(), now, |p| p == port);
+        let held = translate_tcp(&mut syn, &ip, &nat, &addrs(), now);
         assert_eq!(
             held,
             TcpStep::Drop(Cause::Engine(EngineDrop::SynWhileConnecting))
         );
-        let released = translate_tcp(&mut syn, &ip, &nat, &addrs(), now, |_| false);
+        nat.connected(port, generation, now, (), |(), ()| ())
+            .expect("connected");
+        let released = translate_tcp(&mut syn, &ip, &nat, &addrs(), now);
         assert_eq!(
             released,
             TcpStep::Uplink(syn.len()),
