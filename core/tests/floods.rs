@@ -126,7 +126,7 @@ enum Kind {
 impl Kind {
     fn arg(self) -> &'static str {
         match self {
-            Kind::Malformed => "malformed",
+            Kind::Malformed => "malformed-l4",
             Kind::Udp => "udp",
             Kind::Syn => "syn",
             Kind::Churn => "churn",

@@ -19,16 +19,20 @@
 //!
 //! [`router::Router`] adds a third namespace whose traffic the client
 //! namespace forwards into the TUN (the router topology of the benchmark's
-//! phone profiles).
+//! phone profiles). [`rig::Rig`] is an engine running in a topology, as the
+//! end-to-end tests start it.
 
 use std::fs::File;
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Mutex, MutexGuard};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 pub mod dns;
+pub mod rig;
 pub mod router;
 
 /// Whether this process can create namespaces and TUN devices.
@@ -307,6 +311,11 @@ impl Topology {
     pub fn server_addr(&self, v6: bool, port: u16) -> SocketAddr {
         SocketAddr::new(self.server(v6), port)
     }
+
+    /// The name of the TUN an engine creates in this topology (`kt<N>`).
+    pub fn tun_name(&self) -> String {
+        format!("kt{}", self.id)
+    }
 }
 
 /// Run a blocking socket call again for as long as it fails with EINTR.
@@ -346,6 +355,73 @@ pub fn count_fds() -> usize {
 /// Threads of this process.
 pub fn count_threads() -> usize {
     std::fs::read_dir("/proc/self/task").map_or(0, |d| d.count())
+}
+
+/// A memory figure of a process in KiB, from `/proc/<pid>/status` (`None`:
+/// this process): `field` is `"VmRSS"` (resident now), `"VmHWM"` (peak
+/// resident) or another `Vm*` line.
+pub fn vm_kib(pid: Option<u32>, field: &str) -> Option<u64> {
+    let path = match pid {
+        Some(p) => format!("/proc/{p}/status"),
+        None => "/proc/self/status".to_owned(),
+    };
+    std::fs::read_to_string(path)
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// Resident memory of this process, in KiB (0 when unreadable).
+pub fn rss_kib() -> u64 {
+    vm_kib(None, "VmRSS").unwrap_or(0)
+}
+
+/// Peak resident memory of this process, in KiB (0 when unreadable).
+pub fn peak_rss_kib() -> u64 {
+    vm_kib(None, "VmHWM").unwrap_or(0)
+}
+
+/// How often [`within`] looks: a test waits at most this long past the
+/// moment its condition holds.
+pub const POLL: Duration = Duration::from_millis(20);
+
+/// How long `ok` took to hold, looked at every [`POLL`]; `None` if it did
+/// not within `limit`. It is looked at once more after `limit` passed, so a
+/// thread that a loaded machine let sleep past the deadline does not fail a
+/// condition that holds.
+pub fn within(limit: Duration, mut ok: impl FnMut() -> bool) -> Option<Duration> {
+    let started = Instant::now();
+    loop {
+        let late = started.elapsed() >= limit;
+        if ok() {
+            return Some(started.elapsed());
+        }
+        if late {
+            return None;
+        }
+        std::thread::sleep(POLL);
+    }
+}
+
+/// [`within`], failing the test when `ok` did not hold in time. Where an
+/// engine runs in this process, [`rig::Rig::wait_until`] also prints its
+/// statistics.
+pub fn wait_until(what: &str, limit: Duration, ok: impl FnMut() -> bool) -> Duration {
+    within(limit, ok).unwrap_or_else(|| panic!("timed out after {limit:?} waiting for {what}"))
+}
+
+static SERIAL: Mutex<()> = Mutex::new(());
+
+/// Held by the tests of one test binary that must not overlap (they measure
+/// this process's descriptors, threads or memory, or load the machine): one
+/// runs at a time, whatever `--test-threads` says. A test that failed while
+/// holding it does not stop the others.
+pub fn serial() -> MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Blocking test servers that run on threads inside a namespace.
