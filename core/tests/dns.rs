@@ -7,78 +7,27 @@
 //!
 //! Needs root (CI runs as root); otherwise each test prints why it skipped.
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
+use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::time::{Duration, Instant};
 
 use hickory_proto::op::{Message, ResponseCode};
 use hickory_proto::rr::RecordType;
-use kerntun::config::{Config, DriverMode, OutboundConfig, Socks5Config};
+use kerntun::config::{DriverMode, OutboundConfig, Socks5Config};
 use kerntun::rules::{Action, Rule};
-use kerntun::{Engine, StatsSnapshot, TunSource};
 use kerntun_testkit::dns::{self, DnsServer, Socks5Recorder, Zone};
+use kerntun_testkit::rig::{RESOLVER, Rig, RigBuilder};
 use kerntun_testkit::{Topology, require_root};
 
-/// The address the app's resolver is configured with (inside the TUN's
-/// prefix, so the kernel routes it into the TUN).
-const RESOLVER: SocketAddr = SocketAddr::new(IpAddr::V4(Ipv4Addr::new(198, 18, 0, 53)), 53);
 const WAIT: Duration = Duration::from_secs(3);
 
-struct Rig {
-    topo: Topology,
-    engine: Engine,
-}
-
-impl Rig {
-    /// An engine whose DNS service hijacks [`RESOLVER`]; `tweak` sets the
-    /// upstreams and the rest.
-    fn new(topo: Topology, tweak: impl FnOnce(&Topology, &mut Config)) -> Rig {
-        topo.client.enter().expect("enter client ns");
-        let mut c = Config::default();
-        c.tun.name = format!("kt{}", topo.id);
-        c.tun.mtu = 1500;
-        c.tun.ipv4 = Some("198.18.0.1/16".parse().expect("net"));
-        c.tun.ipv6 = Some("fd00:18::1/64".parse().expect("net"));
-        c.driver = DriverMode::PerPacket;
-        c.direct.interface = Some(kerntun_testkit::CLIENT_VETH.into());
-        c.direct.connect_timeout_ms = 2_000;
-        c.dns.enabled = true;
-        c.dns.hijack = vec![RESOLVER.ip()];
-        c.dns.timeout_ms = 500;
-        tweak(&topo, &mut c);
-        let engine = Engine::start(c, TunSource::Create, None).expect("engine start");
-        topo.route_via_tun(&engine.tun_name().expect("tun name"))
-            .expect("routes");
-        Rig { topo, engine }
-    }
-
-    fn stats(&self) -> StatsSnapshot {
-        self.engine.stats()
-    }
-
-    /// Wait for a statistic to reach `want` (drop counters are committed by
-    /// the driver in batches).
-    fn wait_for(&self, what: &str, want: u64, get: impl Fn(&StatsSnapshot) -> u64) {
-        let deadline = Instant::now() + WAIT;
-        loop {
-            let s = self.stats();
-            if get(&s) >= want {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "{what}: {} < {want}; {s:?}",
-                get(&s)
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-fn drop_count(s: &StatsSnapshot, name: &str) -> u64 {
-    s.drops
-        .iter()
-        .find(|(n, _)| *n == name)
-        .map_or(0, |(_, v)| *v)
+/// An engine whose DNS service answers the app at [`RESOLVER`], asking
+/// `upstreams`, and gives up on an upstream after 500 ms unless the test
+/// says otherwise.
+fn rig<'a>(upstreams: Vec<String>) -> RigBuilder<'a> {
+    Rig::builder()
+        .driver(DriverMode::PerPacket)
+        .dns(upstreams)
+        .config(|_, c| c.dns.timeout_ms = 500)
 }
 
 fn upstream(topo: &Topology, zone: Zone) -> DnsServer {
@@ -97,8 +46,7 @@ fn hijacked_udp_query_is_answered_and_cached_for_its_ttl() {
     let topo = Topology::new().expect("topology");
     let web: IpAddr = "198.19.7.7".parse().expect("ip");
     let srv = upstream(&topo, Zone::new(2).with("www.test", web));
-    let up = format!("udp://{}", srv.addr);
-    let rig = Rig::new(topo, |_, c| c.dns.upstreams = vec![up]);
+    let rig = rig(vec![format!("udp://{}", srv.addr)]).start_in(topo);
 
     let r = ask(&dns::query("www.test", RecordType::A, 0x1234));
     assert_eq!(r.metadata.id, 0x1234);
@@ -129,7 +77,6 @@ fn hijacked_udp_query_is_answered_and_cached_for_its_ttl() {
     assert_eq!(r.metadata.response_code, ResponseCode::NXDomain);
     assert_eq!(srv.queries(), 3);
     assert_eq!(rig.stats().dns.cache_hits, 2);
-    drop(rig.topo);
 }
 
 #[test]
@@ -141,11 +88,9 @@ fn upstream_down_is_servfail_within_the_timeout() {
         Zone::new(60).with("a.test", "198.19.1.1".parse().expect("ip")),
     );
     srv.set_silent(true);
-    let up = format!("udp://{}", srv.addr);
-    let rig = Rig::new(topo, |_, c| {
-        c.dns.upstreams = vec![up];
-        c.dns.timeout_ms = 400;
-    });
+    let rig = rig(vec![format!("udp://{}", srv.addr)])
+        .config(|_, c| c.dns.timeout_ms = 400)
+        .start_in(topo);
     let t0 = Instant::now();
     let r = ask(&dns::query("a.test", RecordType::A, 77));
     let took = t0.elapsed();
@@ -174,10 +119,9 @@ fn failover_to_the_next_upstream_over_tcp() {
         format!("udp://{}", dead.addr),
         format!("tcp://{}", good.addr),
     ];
-    let rig = Rig::new(topo, |_, c| {
-        c.dns.upstreams = ups;
-        c.dns.timeout_ms = 300;
-    });
+    let rig = rig(ups)
+        .config(|_, c| c.dns.timeout_ms = 300)
+        .start_in(topo);
     let t0 = Instant::now();
     let r = ask(&dns::query("b.test", RecordType::A, 5));
     assert!(
@@ -196,8 +140,7 @@ fn malformed_packets_are_counted_drops() {
     require_root!();
     let topo = Topology::new().expect("topology");
     let srv = upstream(&topo, Zone::new(60));
-    let up = format!("udp://{}", srv.addr);
-    let rig = Rig::new(topo, |_, c| c.dns.upstreams = vec![up]);
+    let rig = rig(vec![format!("udp://{}", srv.addr)]).start_in(topo);
     let s = UdpSocket::bind("0.0.0.0:0").expect("bind");
     s.set_read_timeout(Some(Duration::from_millis(300)))
         .expect("timeout");
@@ -212,7 +155,7 @@ fn malformed_packets_are_counted_drops() {
         kerntun_testkit::uninterrupted(|| s.recv(&mut buf)).is_err(),
         "no answer to garbage"
     );
-    rig.wait_for("malformed", 2, |s| s.dns.malformed);
+    rig.wait_until("malformed queries counted", WAIT, |s| s.dns.malformed >= 2);
     assert_eq!(srv.queries(), 0);
     // The service still answers afterwards.
     let r = ask(&dns::query("x.test", RecordType::A, 2));
@@ -221,29 +164,30 @@ fn malformed_packets_are_counted_drops() {
 
 /// A socks5 outbound `proxy` for domains; everything else direct.
 fn fake_ip_rig(topo: Topology, pool: &str, proxy: SocketAddr, upstream: String) -> Rig {
-    let pool = pool.to_owned();
-    Rig::new(topo, move |_, c| {
-        c.dns.upstreams = vec![upstream];
-        c.dns.fake_ip = true;
-        c.dns.fake_ip_pool = pool.parse().expect("pool");
-        c.dns.fake_ip_filter = vec!["real.test".into()];
-        c.outbounds.insert(
-            "proxy".into(),
+    let pool = pool.parse().expect("pool");
+    rig(vec![upstream])
+        .config(move |_, c| {
+            c.dns.fake_ip = true;
+            c.dns.fake_ip_pool = pool;
+            c.dns.fake_ip_filter = vec!["real.test".into()];
+        })
+        .outbound(
+            "proxy",
             OutboundConfig::Socks5(Socks5Config {
                 server: proxy.into(),
                 username: None,
                 password: None,
                 udp: true,
             }),
-        );
+        )
         // Domains (fake addresses) go to the proxy; the upstream's address
         // has none and stays direct.
-        c.rules.push(Rule {
+        .rule(Rule {
             domain_suffix: vec!["com".into(), "test".into()],
             action: Action::from("proxy"),
             ..Rule::default()
-        });
-    })
+        })
+        .start_in(topo)
 }
 
 #[test]
@@ -351,7 +295,9 @@ fn fake_ip_pool_exhaustion_evicts_the_oldest_and_unknown_addresses_drop() {
     // out: a datagram to it is a counted drop, not a flow.
     let u = UdpSocket::bind("0.0.0.0:0").expect("bind");
     u.send_to(b"x", "198.18.200.7:9000").expect("send");
-    rig.wait_for("fake_ip_unknown", 1, |s| drop_count(s, "fake_ip_unknown"));
+    rig.wait_until("the drop counted", WAIT, |s| {
+        s.drop_count("fake_ip_unknown") >= 1
+    });
     assert!(socks.asked().is_empty());
 }
 
@@ -453,11 +399,12 @@ mod dot {
             stop.clone(),
         );
         let ca2 = ca.clone();
-        let rig = Rig::new(topo, move |_, c| {
-            c.dns.upstreams = vec![format!("tls://{addr}#dns.test")];
-            c.dns.tls_ca_file = Some(ca2);
-            c.dns.timeout_ms = 2_000;
-        });
+        let rig = rig(vec![format!("tls://{addr}#dns.test")])
+            .config(move |_, c| {
+                c.dns.tls_ca_file = Some(ca2);
+                c.dns.timeout_ms = 2_000;
+            })
+            .start_in(topo);
         let r = ask(&dns::query("secure.test", RecordType::A, 42));
         assert_eq!(r.metadata.id, 42);
         assert_eq!(dns::first_addr(&r), Some(ip));

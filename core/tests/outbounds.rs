@@ -19,12 +19,12 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use kerntun::StatsSnapshot;
 use kerntun::config::{
-    Config, DriverMode, OutboundConfig, ShadowsocksConfig, ShadowsocksMethod, Socks5Config,
-    StackKind,
+    DriverMode, OutboundConfig, ShadowsocksConfig, ShadowsocksMethod, Socks5Config, StackKind,
 };
 use kerntun::rules::{Action, Rule};
-use kerntun::{Engine, StatsSnapshot, TunSource};
+use kerntun_testkit::rig::{Rig, RigBuilder};
 use kerntun_testkit::servers::{self, Mode};
 use kerntun_testkit::{Netns, Topology, client, require_root};
 
@@ -33,48 +33,19 @@ const MIB: usize = 1024 * 1024;
 const PSK16: &str = "AAECAwQFBgcICQoLDA0ODw==";
 const PSK32: &str = "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=";
 
-/// A client namespace with a running engine whose catch-all rule sends
-/// everything to the outbound named `proxy` (when one is configured).
-struct Rig {
-    topo: Topology,
-    engine: Engine,
-}
-
-impl Rig {
-    fn new(topo: Topology, proxy: Option<OutboundConfig>, tweak: impl FnOnce(&mut Config)) -> Rig {
-        topo.client.enter().expect("enter client ns");
-        // The system stack: these tests assert which bytes are spliced, and
-        // only kernel sockets on both sides can be (smoltcp is the desktop
-        // default, so it is named here).
-        let mut c = Config {
-            stack: StackKind::System,
-            ..Config::default()
-        };
-        c.tun.name = format!("kt{}", topo.id);
-        c.tun.mtu = 1500;
-        c.tun.ipv4 = Some("198.18.0.1/16".parse().expect("net"));
-        c.tun.ipv6 = Some("fd00:18::1/64".parse().expect("net"));
-        c.driver = DriverMode::PerPacket;
-        c.direct.interface = Some(kerntun_testkit::CLIENT_VETH.into());
-        c.direct.connect_timeout_ms = 2_000;
-        if let Some(p) = proxy {
-            c.outbounds.insert("proxy".into(), p);
-            c.rules.push(Rule {
-                cidr: None,
-                ports: None,
-                action: Action::from("proxy"),
-                ..Rule::default()
-            });
-        }
-        tweak(&mut c);
-        let engine = Engine::start(c, TunSource::Create, None).expect("engine start");
-        topo.route_via_tun(&engine.tun_name().expect("tun name"))
-            .expect("routes");
-        Rig { topo, engine }
-    }
-
-    fn stats(&self) -> StatsSnapshot {
-        self.engine.stats()
+/// An engine whose catch-all rule sends everything to the outbound named
+/// `proxy`, when there is one. The system stack: these tests assert which
+/// bytes are spliced, and only kernel sockets on both sides can be.
+fn rig<'a>(proxy: Option<OutboundConfig>) -> RigBuilder<'a> {
+    let b = Rig::builder()
+        .stack(StackKind::System)
+        .driver(DriverMode::PerPacket);
+    match proxy {
+        Some(p) => b.outbound("proxy", p).rule(Rule {
+            action: Action::from("proxy"),
+            ..Rule::default()
+        }),
+        None => b,
     }
 }
 
@@ -206,16 +177,10 @@ fn shadowsocks_method(method: ShadowsocksMethod, name: &str, password: &str, v6:
     let topo = Topology::new().expect("topology");
     let ss_addr = topo.server_addr(v6, 8388);
     let ss = ss_server(&topo.server, ss_addr, name, password);
-    let rig = Rig::new(topo, Some(ss_outbound(ss_addr, method, password)), |_| {});
-    let echo =
-        servers::tcp(&rig.topo.server, rig.topo.server_addr(v6, 0), Mode::Echo).expect("echo");
-    let first = servers::tcp(
-        &rig.topo.server,
-        rig.topo.server_addr(v6, 0),
-        Mode::SpeakFirst,
-    )
-    .expect("speak-first");
-    let udp = servers::udp_echo(&rig.topo.server, rig.topo.server_addr(v6, 0)).expect("udp");
+    let rig = rig(Some(ss_outbound(ss_addr, method, password))).start_in(topo);
+    let echo = rig.tcp_server(v6, Mode::Echo);
+    let first = rig.tcp_server(v6, Mode::SpeakFirst);
+    let udp = rig.udp_echo(v6);
 
     client::echo_transfer(echo.addr, 11, 4 * MIB, false).expect("TCP echo through shadowsocks");
     client::echo_transfer(first.addr, 12, 100_000, true).expect("server speaks first");
@@ -284,17 +249,13 @@ fn shadowsocks_wrong_password_reaches_nothing() {
     let topo = Topology::new().expect("topology");
     let ss_addr = topo.server_addr(false, 8388);
     let _ss = ss_server(&topo.server, ss_addr, "aes-256-gcm", "right");
-    let rig = Rig::new(
-        topo,
-        Some(ss_outbound(ss_addr, ShadowsocksMethod::Aes256Gcm, "wrong")),
-        |_| {},
-    );
-    let echo = servers::tcp(
-        &rig.topo.server,
-        rig.topo.server_addr(false, 0),
-        Mode::SpeakFirst,
-    )
-    .expect("echo");
+    let rig = rig(Some(ss_outbound(
+        ss_addr,
+        ShadowsocksMethod::Aes256Gcm,
+        "wrong",
+    )))
+    .start_in(topo);
+    let echo = rig.tcp_server(false, Mode::SpeakFirst);
     // The connect succeeds (Shadowsocks has no handshake reply), but the
     // server cannot decrypt the header: it closes, and the app never gets a
     // byte; no banner arrives.
@@ -386,21 +347,13 @@ fn shadowsocks_replayed_server_stream_is_refused() {
             }
         }
     });
-    let rig = Rig::new(
-        topo,
-        Some(ss_outbound(
-            mitm,
-            ShadowsocksMethod::Aes256Gcm,
-            "kerntun-test",
-        )),
-        |_| {},
-    );
-    let target = servers::tcp(
-        &rig.topo.server,
-        rig.topo.server_addr(false, 0),
-        Mode::SpeakFirst,
-    )
-    .expect("speak-first");
+    let rig = rig(Some(ss_outbound(
+        mitm,
+        ShadowsocksMethod::Aes256Gcm,
+        "kerntun-test",
+    )))
+    .start_in(topo);
+    let target = rig.tcp_server(false, Mode::SpeakFirst);
     assert_eq!(
         read_banner(target.addr).expect("first connection"),
         servers::BANNER,
@@ -412,10 +365,9 @@ fn shadowsocks_replayed_server_stream_is_refused() {
         replayed.as_ref().map_or(true, |b| b.is_empty()),
         "a replayed server stream reaches the app: {replayed:?}"
     );
-    let deadline = Instant::now() + Duration::from_secs(3);
-    while rig.stats().outbounds[0].protocol_errors == 0 && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    rig.wait_until("the replay counted", Duration::from_secs(3), |s| {
+        s.outbounds[0].protocol_errors > 0
+    });
     let s = rig.stats();
     assert_eq!(s.outbounds[0].protocol_errors, 1, "{s:?}");
     assert_eq!(target.accepted.load(Relaxed), 1, "only the real request");
@@ -485,10 +437,9 @@ fn socks5_case(creds: Option<(&str, &str)>, v6: bool) {
     let topo = Topology::new().expect("topology");
     let proxy = topo.server_addr(v6, 1080);
     let srv = socks5_server(&topo.server, proxy, creds);
-    let rig = Rig::new(topo, Some(socks5_outbound(proxy, creds)), |_| {});
-    let echo =
-        servers::tcp(&rig.topo.server, rig.topo.server_addr(v6, 0), Mode::Echo).expect("echo");
-    let udp = servers::udp_echo(&rig.topo.server, rig.topo.server_addr(v6, 0)).expect("udp");
+    let rig = rig(Some(socks5_outbound(proxy, creds))).start_in(topo);
+    let echo = rig.tcp_server(v6, Mode::Echo);
+    let udp = rig.udp_echo(v6);
     client::echo_transfer(echo.addr, 21, 4 * MIB, false).expect("TCP through SOCKS5");
     let ok = client::udp_round_trips(udp.addr, 50, 1000).expect("UDP through SOCKS5");
     assert_eq!(ok, 50);
@@ -533,11 +484,7 @@ fn socks5_wrong_password_is_a_counted_refusal() {
     let topo = Topology::new().expect("topology");
     let proxy = topo.server_addr(false, 1080);
     let _srv = socks5_server(&topo.server, proxy, Some(("kerntun", "s3cret")));
-    let rig = Rig::new(
-        topo,
-        Some(socks5_outbound(proxy, Some(("kerntun", "nope")))),
-        |_| {},
-    );
+    let rig = rig(Some(socks5_outbound(proxy, Some(("kerntun", "nope"))))).start_in(topo);
     let to = rig.topo.server_addr(false, 9);
     let start = Instant::now();
     let e = TcpStream::connect_timeout(&to, Duration::from_secs(3)).expect_err("refused");
@@ -573,7 +520,7 @@ fn socks5_garbage_reply_is_a_counted_refusal() {
             let _ = s.write_all(&[5, 0, 0, 9, 1, 2, 3, 4, 5, 6]).await; // ATYP 9
         }
     });
-    let rig = Rig::new(topo, Some(socks5_outbound(proxy, None)), |_| {});
+    let rig = rig(Some(socks5_outbound(proxy, None))).start_in(topo);
     let e = TcpStream::connect_timeout(&rig.topo.server_addr(false, 9), Duration::from_secs(3))
         .expect_err("refused");
     assert_eq!(e.kind(), io::ErrorKind::ConnectionRefused, "{e}");
@@ -648,10 +595,8 @@ fn socks5_domain_address_on_loopback() {
 // ---------------------------------------------------------------- direct + splice
 
 fn direct_bulk(splice: bool) -> StatsSnapshot {
-    let topo = Topology::new().expect("topology");
-    let rig = Rig::new(topo, None, |c| c.relay.splice = splice);
-    let echo =
-        servers::tcp(&rig.topo.server, rig.topo.server_addr(false, 0), Mode::Echo).expect("echo");
+    let rig = rig(None).config(|_, c| c.relay.splice = splice).start();
+    let echo = rig.tcp_server(false, Mode::Echo);
     client::echo_transfer(echo.addr, 31, 8 * MIB, false).expect("direct echo");
     rig.stats()
 }
@@ -690,17 +635,19 @@ fn udp_rules_per_flow() {
     if let OutboundConfig::Socks5(c) = &mut out {
         c.udp = false;
     }
-    let rig = Rig::new(topo, Some(out), move |c| {
-        c.rules.insert(
-            0,
-            Rule {
-                cidr: None,
-                ports: Some(format!("{b_port}").parse().expect("port")),
-                action: Action::Reject,
-                ..Rule::default()
-            },
-        );
-    });
+    let rig = rig(Some(out))
+        .config(move |_, c| {
+            c.rules.insert(
+                0,
+                Rule {
+                    cidr: None,
+                    ports: Some(format!("{b_port}").parse().expect("port")),
+                    action: Action::Reject,
+                    ..Rule::default()
+                },
+            );
+        })
+        .start_in(topo);
     assert_eq!(client::udp_round_trips(udp_a.addr, 10, 100).expect("a"), 10);
     assert_eq!(client::udp_round_trips(udp_b.addr, 2, 100).expect("b"), 0);
     let s = rig.stats();
@@ -749,13 +696,10 @@ fn dns_through_proxy(via: Via, upstream_proto: &'static str) {
     };
     let real = topo.server_addr(false, 0).ip();
     let up_addr = topo.server_addr(false, 53);
-    let resolver: SocketAddr = "198.18.0.53:53".parse().expect("addr");
-    let rig = Rig::new(topo, Some(outbound), move |c| {
-        c.dns.enabled = true;
-        c.dns.hijack = vec![resolver.ip()];
-        c.dns.upstreams = vec![format!("{upstream_proto}://{up_addr}")];
-        c.dns.timeout_ms = 2_000;
-    });
+    let rig = rig(Some(outbound))
+        .dns([format!("{upstream_proto}://{up_addr}")])
+        .config(|_, c| c.dns.timeout_ms = 2_000)
+        .start_in(topo);
     let up = DnsServer::start(
         &rig.topo.server,
         up_addr,
@@ -763,7 +707,7 @@ fn dns_through_proxy(via: Via, upstream_proto: &'static str) {
     )
     .expect("dns server");
     let r = dns::ask_udp(
-        resolver,
+        kerntun_testkit::rig::RESOLVER,
         &dns::query("p.test", RecordType::A, 9),
         Duration::from_secs(5),
     )
