@@ -27,10 +27,10 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::time::Duration;
 
-use common::{Running, stats_lines, wait_until};
+use common::{Running, stats_lines};
 use kerntun_testkit::dns::{DnsServer, Zone};
 use kerntun_testkit::servers::{self, Mode};
-use kerntun_testkit::{Netns, client, require_root};
+use kerntun_testkit::{Netns, client, require_root, within};
 use nix::sys::signal::Signal;
 
 const SERVER4: &str = "10.233.99.1";
@@ -243,9 +243,10 @@ impl Net {
         extra.extend_from_slice(&["--dns-setup", "resolv-conf"]);
         let mut run = self.spawn(route_from, &extra, &[]);
         let mark = format!("pid {}", run.pid());
-        let ready = wait_until(Duration::from_secs(15), || {
+        let ready = within(Duration::from_secs(15), || {
             self.resolv_conf().contains(&mark) || run.exited().is_some()
-        });
+        })
+        .is_some();
         run.assert_alive("while setting up");
         assert!(ready, "auto-route not in place within 15 s");
         assert!(
