@@ -11,16 +11,15 @@
 //! does not.
 
 use std::io::{BufRead, BufReader, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use kerntun::budget::{self, Budget, Platform, TcpStack};
 use kerntun::config::{DriverMode, StackKind};
 use kerntun::{Engine, TunSource};
-use kerntun_testkit::{Topology, require_root, rig, wait_until};
+use kerntun_testkit::{Topology, require_root, rig, servers, wait_until};
 
 /// Set in the child: the engine's TUN name.
 const CHILD: &str = "KERNTUN_MEMORY_ENGINE_CHILD";
@@ -154,55 +153,25 @@ impl Drop for EngineProcess {
 
 /// A server in the server namespace that accepts and holds every connection
 /// (one thread, no per-connection state beyond the socket).
-struct HoldServer {
-    addr: SocketAddr,
-    accepted: Arc<AtomicUsize>,
-    stop: Arc<AtomicBool>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl HoldServer {
-    fn start(topo: &Topology) -> HoldServer {
-        let (tx, rx) = std::sync::mpsc::channel();
-        let accepted = Arc::new(AtomicUsize::new(0));
-        let stop = Arc::new(AtomicBool::new(false));
-        let (acc, st) = (accepted.clone(), stop.clone());
-        let at = topo.server_addr(false, 0);
-        let thread = topo
-            .server
-            .spawn(move || {
-                let l = TcpListener::bind(at).expect("bind");
-                l.set_nonblocking(true).expect("nonblocking");
-                tx.send(l.local_addr().expect("addr")).expect("send addr");
-                let mut held = Vec::new();
-                while !st.load(Ordering::Relaxed) {
-                    match l.accept() {
-                        Ok((s, _)) => {
-                            held.push(s);
-                            acc.store(held.len(), Ordering::Relaxed);
-                        }
-                        Err(_) => std::thread::sleep(Duration::from_millis(2)),
+fn hold_server(topo: &Topology) -> servers::Server {
+    let at = topo.server_addr(false, 0);
+    servers::Server::start(
+        &topo.server,
+        move || servers::listen(at),
+        |l, stop, accepted| {
+            let mut held = Vec::new();
+            while !stop.load(Ordering::Relaxed) {
+                match l.accept() {
+                    Ok((s, _)) => {
+                        held.push(s);
+                        accepted.fetch_add(1, Ordering::Relaxed);
                     }
+                    Err(_) => std::thread::sleep(Duration::from_millis(2)),
                 }
-            })
-            .expect("server thread");
-        let addr = rx.recv().expect("server address");
-        HoldServer {
-            addr,
-            accepted,
-            stop,
-            thread: Some(thread),
-        }
-    }
-}
-
-impl Drop for HoldServer {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
+            }
+        },
+    )
+    .expect("hold server")
 }
 
 /// The engine raises its descriptor limit to what its admission needs
@@ -275,7 +244,7 @@ fn thousand_idle_connections_fit_the_ios_budget() {
     let ios = Budget::for_platform(Platform::Ios);
     raise_nofile();
     let topo = Topology::new().expect("topology");
-    let server = HoldServer::start(&topo);
+    let server = hold_server(&topo);
     topo.client.enter().expect("enter client ns");
     let mut engine = EngineProcess::start(&topo.tun_name());
     let tun = engine
@@ -309,7 +278,7 @@ fn thousand_idle_connections_fit_the_ios_budget() {
     wait_until(
         "the server holds every connection",
         Duration::from_secs(10),
-        || server.accepted.load(Ordering::Relaxed) >= HELD + WARM,
+        || server.accepted.load(Ordering::Relaxed) >= (HELD + WARM) as u64,
     );
     wait_until("every session running", Duration::from_secs(10), || {
         engine.stats().0 == (HELD + WARM) as u64
