@@ -12,10 +12,10 @@ use std::time::{Duration, Instant};
 
 use hickory_proto::op::{Message, ResponseCode};
 use hickory_proto::rr::RecordType;
-use kerntun::config::{DriverMode, OutboundConfig, Socks5Config};
+use kerntun::config::DriverMode;
 use kerntun::rules::{Action, Rule};
 use kerntun_testkit::dns::{self, DnsServer, Socks5Recorder, Zone};
-use kerntun_testkit::rig::{RESOLVER, Rig, RigBuilder};
+use kerntun_testkit::rig::{self, RESOLVER, Rig, RigBuilder};
 use kerntun_testkit::{Topology, require_root};
 
 const WAIT: Duration = Duration::from_secs(3);
@@ -171,15 +171,7 @@ fn fake_ip_rig(topo: Topology, pool: &str, proxy: SocketAddr, upstream: String) 
             c.dns.fake_ip_pool = pool;
             c.dns.fake_ip_filter = vec!["real.test".into()];
         })
-        .outbound(
-            "proxy",
-            OutboundConfig::Socks5(Socks5Config {
-                server: proxy.into(),
-                username: None,
-                password: None,
-                udp: true,
-            }),
-        )
+        .outbound("proxy", rig::socks5(proxy, None, true))
         // Domains (fake addresses) go to the proxy; the upstream's address
         // has none and stays direct.
         .rule(Rule {
@@ -304,8 +296,8 @@ fn fake_ip_pool_exhaustion_evicts_the_oldest_and_unknown_addresses_drop() {
 #[cfg(feature = "dot")]
 mod dot {
     use super::*;
+    use kerntun_testkit::tokio_servers::{InProcess, in_process, listen};
     use std::sync::Arc;
-    use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 
     /// A DNS-over-TLS server (rustls, a certificate for `dns.test` signed by
     /// a CA written to `ca_path`) in front of `zone`.
@@ -314,8 +306,7 @@ mod dot {
         addr: SocketAddr,
         zone: Zone,
         ca_path: &std::path::Path,
-        stop: Arc<AtomicBool>,
-    ) -> std::thread::JoinHandle<()> {
+    ) -> InProcess {
         use tokio_rustls::rustls;
         let ca_key = rcgen::KeyPair::generate().expect("key");
         let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("params");
@@ -339,48 +330,33 @@ mod dot {
         )
         .expect("server config");
         let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(cfg));
-        let (tx, rx) = std::sync::mpsc::channel();
-        let h = ns
-            .spawn(move || {
-                let rt = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                    .expect("rt");
-                rt.block_on(async move {
-                    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-                    let l = tokio::net::TcpListener::bind(addr).await.expect("bind");
-                    tx.send(()).expect("ready");
-                    while !stop.load(Relaxed) {
-                        let Ok(Ok((s, _))) =
-                            tokio::time::timeout(Duration::from_millis(50), l.accept()).await
-                        else {
-                            continue;
-                        };
-                        let (acceptor, zone) = (acceptor.clone(), zone.clone());
-                        tokio::spawn(async move {
-                            let Ok(mut t) = acceptor.accept(s).await else {
-                                return;
-                            };
-                            let mut len = [0u8; 2];
-                            while t.read_exact(&mut len).await.is_ok() {
-                                let mut q = vec![0u8; usize::from(u16::from_be_bytes(len))];
-                                if t.read_exact(&mut q).await.is_err() {
-                                    return;
-                                }
-                                let Some(r) = zone.answer(&q) else { return };
-                                let mut f = (r.len() as u16).to_be_bytes().to_vec();
-                                f.extend_from_slice(&r);
-                                if t.write_all(&f).await.is_err() {
-                                    return;
-                                }
-                            }
-                        });
+        in_process(ns, move |ready, _| async move {
+            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+            let Some(l) = listen(addr, &ready).await else {
+                return;
+            };
+            while let Ok((s, _)) = l.accept().await {
+                let (acceptor, zone) = (acceptor.clone(), zone.clone());
+                tokio::spawn(async move {
+                    let Ok(mut t) = acceptor.accept(s).await else {
+                        return;
+                    };
+                    let mut len = [0u8; 2];
+                    while t.read_exact(&mut len).await.is_ok() {
+                        let mut q = vec![0u8; usize::from(u16::from_be_bytes(len))];
+                        if t.read_exact(&mut q).await.is_err() {
+                            return;
+                        }
+                        let Some(r) = zone.answer(&q) else { return };
+                        let mut f = (r.len() as u16).to_be_bytes().to_vec();
+                        f.extend_from_slice(&r);
+                        if t.write_all(&f).await.is_err() {
+                            return;
+                        }
                     }
                 });
-            })
-            .expect("spawn");
-        rx.recv_timeout(WAIT).expect("dot server ready");
-        h
+            }
+        })
     }
 
     #[test]
@@ -389,14 +365,12 @@ mod dot {
         let topo = Topology::new().expect("topology");
         let ip: IpAddr = "198.19.5.5".parse().expect("ip");
         let ca = std::env::temp_dir().join(format!("kerntun-dot-ca-{}.pem", std::process::id()));
-        let stop = Arc::new(AtomicBool::new(false));
         let addr = topo.server_addr(false, 853);
-        let h = dot_server(
+        let server = dot_server(
             &topo.server,
             addr,
             Zone::new(60).with("secure.test", ip),
             &ca,
-            stop.clone(),
         );
         let ca2 = ca.clone();
         let rig = rig(vec![format!("tls://{addr}#dns.test")])
@@ -409,8 +383,7 @@ mod dot {
         assert_eq!(r.metadata.id, 42);
         assert_eq!(dns::first_addr(&r), Some(ip));
         assert_eq!(rig.stats().dns.upstream_failures, 0);
-        stop.store(true, Relaxed);
-        let _ = h.join();
+        drop(server);
         let _ = std::fs::remove_file(&ca);
     }
 }

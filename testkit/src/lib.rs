@@ -34,6 +34,7 @@ use std::time::{Duration, Instant};
 pub mod dns;
 pub mod rig;
 pub mod router;
+pub mod tokio_servers;
 
 /// Whether this process can create namespaces and TUN devices.
 pub fn have_root() -> bool {
@@ -49,6 +50,20 @@ macro_rules! require_root {
             return;
         }
     };
+}
+
+/// One `#[test]` per case, each skipped without root ([`require_root!`])
+/// and otherwise calling `$run` with the case's arguments:
+/// `root_tests!(run; v4(false), v6(true));` makes tests `v4` and `v6`.
+#[macro_export]
+macro_rules! root_tests {
+    ($run:path; $($case:ident($($arg:expr),* $(,)?)),* $(,)?) => {$(
+        #[test]
+        fn $case() {
+            $crate::require_root!();
+            $run($($arg),*);
+        }
+    )*};
 }
 
 /// Run a command, turning a non-zero exit into an error with its stderr.

@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kerntun::budget::{BudgetConfig, Platform};
-use kerntun::config::{Config, DriverMode, OutboundConfig, StackKind, TimeoutConfig};
+use kerntun::config::{Config, DriverMode, OutboundConfig, Socks5Config, StackKind, TimeoutConfig};
 use kerntun::rules::{PortRange, Rule};
 use kerntun::{Engine, Protect, StatsSnapshot, TunSource};
 
@@ -47,6 +47,18 @@ pub fn config(tun: &str) -> Config {
     c.direct.interface = Some(CLIENT_VETH.into());
     c.direct.connect_timeout_ms = 2_000;
     c
+}
+
+/// A SOCKS5 outbound to `server`, with username and password when `creds`
+/// are given; with `udp`, UDP flows routed to it go through its UDP
+/// ASSOCIATE (else direct).
+pub fn socks5(server: SocketAddr, creds: Option<(&str, &str)>, udp: bool) -> OutboundConfig {
+    OutboundConfig::Socks5(Socks5Config {
+        server: server.into(),
+        username: creds.map(|c| c.0.into()),
+        password: creds.map(|c| c.1.into()),
+        udp,
+    })
 }
 
 type Tweak<'a> = Box<dyn FnOnce(&Topology, &mut Config) + 'a>;
