@@ -14,12 +14,12 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
 use hickory_proto::rr::RecordType;
-use kerntun::config::{Config, DriverMode, OutboundConfig, Socks5Config, StackKind};
+use kerntun::config::{Config, DriverMode, StackKind};
 use kerntun::rules::{Action, Rule};
+use kerntun_testkit::Topology;
 use kerntun_testkit::dns::{self, DnsServer, Socks5Recorder, Zone};
-use kerntun_testkit::rig::{RESOLVER, Rig, RigBuilder};
+use kerntun_testkit::rig::{self, RESOLVER, Rig, RigBuilder};
 use kerntun_testkit::servers::{self, Mode};
-use kerntun_testkit::{Topology, require_root};
 
 /// An engine of `stack` and `driver`, IPv4 only, sniffing `sniff_port`
 /// (300 ms for the first bytes), with the rules of `rules_toml`.
@@ -37,6 +37,16 @@ fn rig<'a>(
         .ipv4_only()
         .sniff(sniff_port, 300)
         .config(move |_, c| c.rules = rules)
+}
+
+/// [`rig`] with [`RULES`], sniffing `port`, and a `mode` server on that
+/// port (sniffed ports are configured before the server exists: a fixed
+/// one).
+fn sniffing(stack: StackKind, driver: DriverMode, port: u16, mode: Mode) -> (Rig, servers::Server) {
+    let rig = rig(stack, driver, RULES, port).start();
+    let srv =
+        servers::tcp(&rig.topo.server, rig.topo.server_addr(false, port), mode).expect("server");
+    (rig, srv)
 }
 
 /// A minimal TLS 1.2-style ClientHello carrying `sni` (hand-built test
@@ -95,15 +105,7 @@ action = "reject"
 "#;
 
 fn sniffed_domain_picks_the_rule(stack: StackKind, driver: DriverMode) {
-    // Sniffed ports are configured before the server exists: a fixed port.
-    let port = 8443;
-    let rig = rig(stack, driver, RULES, port).start();
-    let srv = servers::tcp(
-        &rig.topo.server,
-        rig.topo.server_addr(false, port),
-        Mode::Echo,
-    )
-    .expect("server");
+    let (rig, srv) = sniffing(stack, driver, 8443, Mode::Echo);
 
     // A ClientHello naming a blocked domain: reset, and the server never sees it.
     let blocked = exchange(srv.addr, &client_hello("www.blocked.test"));
@@ -151,14 +153,7 @@ fn sniffed_domain_picks_the_rule(stack: StackKind, driver: DriverMode) {
 /// sniffing reads the bytes and must replay all of them, also the part of
 /// a read that crossed the cap.
 fn large_http_header_is_relayed_byte_exact(stack: StackKind, driver: DriverMode) {
-    let port = 8080;
-    let rig = rig(stack, driver, RULES, port).start();
-    let srv = servers::tcp(
-        &rig.topo.server,
-        rig.topo.server_addr(false, port),
-        Mode::Echo,
-    )
-    .expect("server");
+    let (rig, srv) = sniffing(stack, driver, 8080, Mode::Echo);
     let mut header = b"GET / HTTP/1.1\r\nX-Pad: ".to_vec();
     // Not a multiple of the sniffing reads, so a read straddles the cap.
     header.extend((0..20 * 1024 + 7).map(|i| b'a' + (i % 26) as u8));
@@ -180,16 +175,9 @@ fn large_http_header_is_relayed_byte_exact(stack: StackKind, driver: DriverMode)
 }
 
 fn silent_client_is_routed_after_the_timeout(stack: StackKind, driver: DriverMode) {
-    let port = 8025;
-    let rig = rig(stack, driver, RULES, port).start();
     // The server speaks first: the client sends nothing, so sniffing times
     // out and the connection goes by its address.
-    let srv = servers::tcp(
-        &rig.topo.server,
-        rig.topo.server_addr(false, port),
-        Mode::SpeakFirst,
-    )
-    .expect("server");
+    let (rig, srv) = sniffing(stack, driver, 8025, Mode::SpeakFirst);
     let start = Instant::now();
     let mut s = TcpStream::connect_timeout(&srv.addr, Duration::from_secs(3)).expect("connect");
     s.set_read_timeout(Some(Duration::from_secs(5)))
@@ -259,15 +247,7 @@ fn fake_ip_tcp_goes_to_socks5_as_a_domain(stack: StackKind, driver: DriverMode) 
     let proxy = topo.server_addr(false, 1080);
     let (rig, _up) = dns_on(stack, driver, &topo, Zone::new(60));
     let rig = rig
-        .outbound(
-            "proxy",
-            OutboundConfig::Socks5(Socks5Config {
-                server: proxy.into(),
-                username: None,
-                password: None,
-                udp: false,
-            }),
-        )
+        .outbound("proxy", rig::socks5(proxy, None, false))
         .rule(Rule {
             domain_suffix: vec!["site.test".into()],
             action: Action::from("proxy"),
@@ -335,16 +315,10 @@ macro_rules! both_stacks {
     ($($name:ident),* $(,)?) => {$(
         mod $name {
             use kerntun::config::{DriverMode, StackKind};
-            #[test]
-            fn system() {
-                crate::require_root!();
-                crate::$name(StackKind::System, DriverMode::Batch);
-            }
-            #[test]
-            fn smoltcp() {
-                crate::require_root!();
-                crate::$name(StackKind::Smoltcp, DriverMode::PerPacket);
-            }
+            kerntun_testkit::root_tests!(crate::$name;
+                system(StackKind::System, DriverMode::Batch),
+                smoltcp(StackKind::Smoltcp, DriverMode::PerPacket),
+            );
         }
     )*};
 }

@@ -26,27 +26,14 @@ fn rig(driver: DriverMode, stack: StackKind) -> Rig {
 macro_rules! matrix {
     (@stack $name:ident, $stack:ident, $kind:expr) => {
         mod $stack {
-            use kerntun::config::{DriverMode, StackKind};
-            #[test]
-            fn v4_batch() {
-                crate::require_root!();
-                crate::$name(false, DriverMode::Batch, $kind);
-            }
-            #[test]
-            fn v4_per_packet() {
-                crate::require_root!();
-                crate::$name(false, DriverMode::PerPacket, $kind);
-            }
-            #[test]
-            fn v6_batch() {
-                crate::require_root!();
-                crate::$name(true, DriverMode::Batch, $kind);
-            }
-            #[test]
-            fn v6_per_packet() {
-                crate::require_root!();
-                crate::$name(true, DriverMode::PerPacket, $kind);
-            }
+            use kerntun::config::DriverMode::{Batch, PerPacket};
+            use kerntun::config::StackKind;
+            kerntun_testkit::root_tests!(crate::$name;
+                v4_batch(false, Batch, $kind),
+                v4_per_packet(false, PerPacket, $kind),
+                v6_batch(true, Batch, $kind),
+                v6_per_packet(true, PerPacket, $kind),
+            );
         }
     };
     ($($name:ident),* $(,)?) => {$(
@@ -70,6 +57,15 @@ matrix!(
 );
 
 const MIB: usize = 1024 * 1024;
+
+/// IPv4 and IPv6 with each driver: the system-stack tests outside the
+/// matrix loop over these.
+const FAMILIES_AND_DRIVERS: [(bool, DriverMode); 4] = [
+    (false, DriverMode::PerPacket),
+    (true, DriverMode::PerPacket),
+    (false, DriverMode::Batch),
+    (true, DriverMode::Batch),
+];
 
 fn bulk_64mib_each_way_with_half_close(v6: bool, driver: DriverMode, stack: StackKind) {
     let rig = rig(driver, stack);
@@ -229,12 +225,7 @@ fn foreign_local_peer_is_refused(v6: bool, driver: DriverMode, stack: StackKind)
         assert!(rig.engine.listen_addrs().is_empty());
         return;
     }
-    let listener = rig
-        .engine
-        .listen_addrs()
-        .into_iter()
-        .find(|a| a.is_ipv6() == v6)
-        .expect("listener of this family");
+    let listener = rig.listener(v6);
     // A local process (this test) connects straight to the kernel listener.
     // The kernel completes the handshake; the engine then resets the
     // connection, which may already be visible to connect() itself.
@@ -281,12 +272,7 @@ fn nat_sourced_peer_from_another_interface_is_refused(
         assert!(rig.engine.listen_addrs().is_empty(), "no kernel listener");
         return;
     }
-    let listener = rig
-        .engine
-        .listen_addrs()
-        .into_iter()
-        .find(|a| a.is_ipv6() == v6)
-        .expect("listener of this family");
+    let listener = rig.listener(v6);
     // A host on another interface (the server namespace, over the veth)
     // sends from the NAT address itself, which the accept loop's peer check
     // lets through. A rule sends the kernel's answers to the NAT address
@@ -420,12 +406,7 @@ fn nat_impostor_is_refused(v6: bool, unbound: bool) {
     let rig = rig(DriverMode::Auto, StackKind::System);
     assert_eq!(rig.stats().driver, "batch", "auto picks the batch driver");
     let srv = rig.tcp_server(v6, Mode::Echo);
-    let listener = rig
-        .engine
-        .listen_addrs()
-        .into_iter()
-        .find(|a| a.is_ipv6() == v6)
-        .expect("listener of this family");
+    let listener = rig.listener(v6);
     let nat: std::net::IpAddr = if v6 { "fd00:18::2" } else { "198.18.0.2" }
         .parse()
         .expect("ip");
@@ -812,12 +793,7 @@ fn large_udp_replies_are_fragmented_and_oversize_ones_dropped_never_truncated() 
 #[test]
 fn udp_bursts_round_trip_byte_exact_batched() {
     require_root!();
-    for (v6, driver) in [
-        (false, DriverMode::PerPacket),
-        (true, DriverMode::PerPacket),
-        (false, DriverMode::Batch),
-        (true, DriverMode::Batch),
-    ] {
+    for (v6, driver) in FAMILIES_AND_DRIVERS {
         let rig = rig(driver, StackKind::System);
         let echo = kerntun_testkit::udp_gro_echo(&rig.topo.server, rig.topo.server_addr(v6, 0))
             .expect("echo");
@@ -888,12 +864,7 @@ fn udp_bursts_round_trip_byte_exact_batched() {
 #[test]
 fn udp_8000_byte_datagrams_round_trip_direct() {
     require_root!();
-    for (v6, driver) in [
-        (false, DriverMode::PerPacket),
-        (true, DriverMode::PerPacket),
-        (false, DriverMode::Batch),
-        (true, DriverMode::Batch),
-    ] {
+    for (v6, driver) in FAMILIES_AND_DRIVERS {
         let rig = rig(driver, StackKind::System);
         let echo = rig.udp_echo(v6);
         let ok = client::udp_round_trips(echo.addr, 30, 8000).expect("round trips");

@@ -89,7 +89,7 @@ fn a_vanished_peer_frees_the_session_its_sockets_and_its_permit() {
         .budget(|b| b.tcp_sessions = Some(1))
         .start_in(topo);
     let (topo, engine) = (&rig.topo, &rig.engine);
-    let listener = engine.listen_addrs()[0];
+    let listener = rig.listener(false);
 
     let mut app = TcpStream::connect_timeout(&srv.addr, Duration::from_secs(3)).expect("connect");
     app.set_read_timeout(Some(Duration::from_secs(3)))

@@ -624,42 +624,56 @@ fn flood<T>(
     );
 }
 
+/// [`flood`] of the engine as it starts it, with nothing set up beside the
+/// flood, back to idle within 5 s.
+fn plain_flood(
+    kind: Kind,
+    stack: StackKind,
+    platform: Platform,
+    count: usize,
+    check: impl FnOnce(&Outcome<'_>),
+) {
+    let settle = Duration::from_secs(5);
+    flood(
+        kind,
+        stack,
+        platform,
+        count,
+        settle,
+        |_| {},
+        |_| (),
+        |o, ()| check(o),
+    );
+}
+
 /// Malformed L4 (bad checksums, invalid flag combinations, bad UDP
 /// lengths, both families) is counted and creates no flow, socket or
 /// descriptor.
 fn malformed_l4(stack: StackKind, platform: Platform) {
     const COUNT: usize = 20_000;
-    flood(
-        Kind::Packets(Flood::MalformedL4),
-        stack,
-        platform,
-        COUNT,
-        Duration::from_secs(5),
-        |_| {},
-        |_| (),
-        |o, ()| {
-            let s = &o.stats;
-            assert_eq!(s.udp_flows_total, 0, "no UDP flow opened: {s:?}");
-            assert_eq!(
-                s.tcp_sessions_total, 3,
-                "only the warm-up, the live stream and the fresh connection: {s:?}"
-            );
-            let n: u64 = [
-                "tcp_bad_checksum",
-                "tcp_bad_flags",
-                "udp_bad_checksum",
-                "udp_bad_length",
-            ]
-            .iter()
-            .map(|n| s.drop_count(n))
-            .sum();
-            assert!(
-                n * 100 >= o.reached * 99,
-                "{n} of {} malformed packets counted: {s:?}",
-                o.reached
-            );
-        },
-    );
+    let kind = Kind::Packets(Flood::MalformedL4);
+    plain_flood(kind, stack, platform, COUNT, |o| {
+        let s = &o.stats;
+        assert_eq!(s.udp_flows_total, 0, "no UDP flow opened: {s:?}");
+        assert_eq!(
+            s.tcp_sessions_total, 3,
+            "only the warm-up, the live stream and the fresh connection: {s:?}"
+        );
+        let n: u64 = [
+            "tcp_bad_checksum",
+            "tcp_bad_flags",
+            "udp_bad_checksum",
+            "udp_bad_length",
+        ]
+        .iter()
+        .map(|n| s.drop_count(n))
+        .sum();
+        assert!(
+            n * 100 >= o.reached * 99,
+            "{n} of {} malformed packets counted: {s:?}",
+            o.reached
+        );
+    });
 }
 
 /// Datagrams to 5000 ports that nobody answers, while one flow that was
@@ -726,33 +740,24 @@ fn unanswered_udp_to_many_ports(stack: StackKind, platform: Platform) {
 /// admitted at once.
 fn spoofed_syn_flood(stack: StackKind, platform: Platform) {
     const COUNT: usize = 4_000;
-    flood(
-        Kind::Packets(Flood::Syn),
-        stack,
-        platform,
-        COUNT,
-        Duration::from_secs(5),
-        |_| {},
-        |_| (),
-        |o, ()| {
-            let s = &o.stats;
-            let (fds0, peak) = o.fds;
-            // A half-open connection holds one outbound socket (the target
-            // server, in this process, one more): 512 at most on desktop,
-            // half the admission limit (32) on iOS; a third for the ones
-            // closing after eviction.
-            let cap = if s.admission_limit <= 64 { 32 } else { 512 };
-            let bound = 3 * cap + 64;
-            assert!(
-                peak <= fds0 + bound,
-                "descriptors during the flood: {fds0} -> {peak} (bound {bound})"
-            );
-            assert!(
-                s.drop_count("half_open_evicted") > 0,
-                "the flood went past the half-open bound: {s:?}"
-            );
-        },
-    );
+    plain_flood(Kind::Packets(Flood::Syn), stack, platform, COUNT, |o| {
+        let s = &o.stats;
+        let (fds0, peak) = o.fds;
+        // A half-open connection holds one outbound socket (the target
+        // server, in this process, one more): 512 at most on desktop,
+        // half the admission limit (32) on iOS; a third for the ones
+        // closing after eviction.
+        let cap = if s.admission_limit <= 64 { 32 } else { 512 };
+        let bound = 3 * cap + 64;
+        assert!(
+            peak <= fds0 + bound,
+            "descriptors during the flood: {fds0} -> {peak} (bound {bound})"
+        );
+        assert!(
+            s.drop_count("half_open_evicted") > 0,
+            "the flood went past the half-open bound: {s:?}"
+        );
+    });
 }
 
 /// `count` real connections from 4 threads, each ending one of three ways
@@ -800,23 +805,14 @@ fn one_churn(addr: SocketAddr, how: usize) -> io::Result<()> {
 /// NAT entries or sockets drain, nothing is left behind.
 fn churn_resets_half_closes(stack: StackKind, platform: Platform) {
     const COUNT: usize = 1_500;
-    flood(
-        Kind::Churn,
-        stack,
-        platform,
-        COUNT,
-        Duration::from_secs(5),
-        |_| {},
-        |_| (),
-        |o, ()| {
-            assert!(
-                o.reached * 100 >= COUNT as u64 * 99,
-                "{} of {COUNT} connections completed: {:?}",
-                o.reached,
-                o.stats
-            );
-        },
-    );
+    plain_flood(Kind::Churn, stack, platform, COUNT, |o| {
+        assert!(
+            o.reached * 100 >= COUNT as u64 * 99,
+            "{} of {COUNT} connections completed: {:?}",
+            o.reached,
+            o.stats
+        );
+    });
 }
 
 /// One datagram and its echo on a connected socket.
@@ -834,28 +830,14 @@ fn round_trip(sock: &std::net::UdpSocket) -> io::Result<()> {
 macro_rules! floods {
     ($($name:ident),* $(,)?) => {$(
         mod $name {
-            use kerntun::budget::Platform;
-            use kerntun::config::StackKind;
-            #[test]
-            fn system_desktop() {
-                crate::require_root!();
-                crate::$name(StackKind::System, Platform::Desktop);
-            }
-            #[test]
-            fn system_ios() {
-                crate::require_root!();
-                crate::$name(StackKind::System, Platform::Ios);
-            }
-            #[test]
-            fn smoltcp_desktop() {
-                crate::require_root!();
-                crate::$name(StackKind::Smoltcp, Platform::Desktop);
-            }
-            #[test]
-            fn smoltcp_ios() {
-                crate::require_root!();
-                crate::$name(StackKind::Smoltcp, Platform::Ios);
-            }
+            use kerntun::budget::Platform::{Desktop, Ios};
+            use kerntun::config::StackKind::{Smoltcp, System};
+            kerntun_testkit::root_tests!(crate::$name;
+                system_desktop(System, Desktop),
+                system_ios(System, Ios),
+                smoltcp_desktop(Smoltcp, Desktop),
+                smoltcp_ios(Smoltcp, Ios),
+            );
         }
     )*};
 }

@@ -314,6 +314,15 @@ impl Rig {
         self.engine.tun_name().expect("tun name")
     }
 
+    /// The address of the system stack's kernel listener of a family.
+    pub fn listener(&self, v6: bool) -> SocketAddr {
+        self.engine
+            .listen_addrs()
+            .into_iter()
+            .find(|a| a.is_ipv6() == v6)
+            .expect("a listener of this family")
+    }
+
     /// Wait until the engine's statistics satisfy `ok` (the driver commits
     /// its counters in batches, the reply tasks after their writes): how
     /// long it took. Fails the test after `limit`, naming `what`, with the
