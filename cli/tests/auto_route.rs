@@ -22,15 +22,13 @@ mod common;
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
-use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::time::Duration;
 
-use common::{Running, stats_lines, wait_until};
+use common::{Running, stats_lines};
 use kerntun_testkit::dns::{DnsServer, Zone};
 use kerntun_testkit::servers::{self, Mode};
-use kerntun_testkit::{Netns, client, require_root};
+use kerntun_testkit::{Netns, client, require_root, tokio_servers, within};
 use nix::sys::signal::Signal;
 
 const SERVER4: &str = "10.233.99.1";
@@ -243,9 +241,10 @@ impl Net {
         extra.extend_from_slice(&["--dns-setup", "resolv-conf"]);
         let mut run = self.spawn(route_from, &extra, &[]);
         let mark = format!("pid {}", run.pid());
-        let ready = wait_until(Duration::from_secs(15), || {
+        let ready = within(Duration::from_secs(15), || {
             self.resolv_conf().contains(&mark) || run.exited().is_some()
-        });
+        })
+        .is_some();
         run.assert_alive("while setting up");
         assert!(ready, "auto-route not in place within 15 s");
         assert!(
@@ -462,96 +461,15 @@ fn a_failed_setup_step_undoes_the_steps_before_it() {
     );
 }
 
-/// shadowsocks-rust's server (TCP and UDP) on a thread inside `ns`, until
-/// dropped; `relayed` counts the bytes it moved.
-struct SsServer {
-    stop: Arc<AtomicBool>,
-    relayed: Arc<AtomicU64>,
-    handle: Option<std::thread::JoinHandle<()>>,
-}
-
-impl Drop for SsServer {
-    fn drop(&mut self) {
-        self.stop.store(true, Relaxed);
-        if let Some(h) = self.handle.take() {
-            let _ = h.join();
-        }
-    }
-}
-
-fn ss_server(ns: &Netns, addr: SocketAddr, method: &str, password: &str) -> SsServer {
-    use shadowsocks_service::shadowsocks::config::{Mode, ServerConfig};
-    use shadowsocks_service::shadowsocks::crypto::CipherKind;
-    let kind: CipherKind = method.parse().expect("method");
-    let password = password.to_owned();
-    let stop = Arc::new(AtomicBool::new(false));
-    let relayed = Arc::new(AtomicU64::new(0));
-    let (tx, rx) = std::sync::mpsc::channel::<Result<(), String>>();
-    let (stop2, relayed2) = (stop.clone(), relayed.clone());
-    let handle = ns
-        .spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("runtime");
-            rt.block_on(async move {
-                let mut cfg = match ServerConfig::new(addr, password, kind) {
-                    Ok(c) => c,
-                    Err(e) => {
-                        let _ = tx.send(Err(format!("{e:?}")));
-                        return;
-                    }
-                };
-                cfg.set_mode(Mode::TcpAndUdp);
-                let builder = shadowsocks_service::server::ServerBuilder::new(cfg);
-                let flow = builder.flow_stat();
-                let server = match builder.build().await {
-                    Ok(s) => s,
-                    Err(e) => {
-                        let _ = tx.send(Err(e.to_string()));
-                        return;
-                    }
-                };
-                let _ = tx.send(Ok(()));
-                // Polled every 20 ms: the stop flag ends the server.
-                let watch = async {
-                    while !stop2.load(Relaxed) {
-                        relayed2.store(flow.tx() + flow.rx(), Relaxed);
-                        tokio::time::sleep(Duration::from_millis(20)).await;
-                    }
-                };
-                tokio::select! {
-                    _ = server.run() => {}
-                    () = watch => {}
-                }
-            });
-        })
-        .expect("spawn");
-    rx.recv_timeout(Duration::from_secs(10))
-        .expect("ss server reported")
-        .expect("ss server bound");
-    SsServer {
-        stop,
-        relayed,
-        handle: Some(handle),
-    }
-}
-
 #[test]
 fn host_and_forwarded_traffic_go_through_shadowsocks() {
     require_root!();
     let net = Net::new("ar6");
     let ss_addr: SocketAddr = format!("{SS_SERVER}:8388").parse().expect("addr");
-    let ss = ss_server(&net.server, ss_addr, "aes-256-gcm", "kerntun-auto-route");
+    let ss = tokio_servers::shadowsocks(&net.server, ss_addr, "aes-256-gcm", "kerntun-auto-route");
     // What a user gets: a share link, here made by shadowsocks-rust's own
     // encoder, handed to `--proxy` (no outbound in the config file).
-    let link = {
-        use shadowsocks_service::shadowsocks::config::ServerConfig;
-        let kind = "aes-256-gcm".parse().expect("method");
-        ServerConfig::new(ss_addr, "kerntun-auto-route", kind)
-            .expect("server config")
-            .to_url()
-    };
+    let link = tokio_servers::shadowsocks_url(ss_addr, "aes-256-gcm", "kerntun-auto-route");
     assert!(link.starts_with("ss://"), "{link}");
     let before = net.snapshot();
     let run = net.start_with(true, &["--proxy", &link]);

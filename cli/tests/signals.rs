@@ -9,8 +9,8 @@ mod common;
 
 use std::time::Duration;
 
-use common::{Running, stats_lines, wait_until};
-use kerntun_testkit::{Netns, require_root};
+use common::{Running, stats_lines};
+use kerntun_testkit::{Netns, require_root, within};
 use nix::sys::signal::Signal;
 
 fn stops_cleanly_on(sig: Signal, tag: &str) {
@@ -22,9 +22,10 @@ fn stops_cleanly_on(sig: Signal, tag: &str) {
         &["run", "--tun-name", &tun, "--stats-interval", "0"],
     );
     // Up once its TUN exists (the engine creates it during start).
-    let up = wait_until(Duration::from_secs(10), || {
+    let up = within(Duration::from_secs(10), || {
         ns.ip(&["link", "show", &tun]).is_ok()
-    });
+    })
+    .is_some();
     run.assert_alive("while starting");
     assert!(up, "{tun} did not appear within 10 s");
     // The signal handler is installed right after the engine started.

@@ -14,58 +14,39 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
 use hickory_proto::rr::RecordType;
-use kerntun::config::{Config, DriverMode, OutboundConfig, Socks5Config, StackKind};
-use kerntun::rules::{Action, PortRange, Rule};
-use kerntun::{Engine, TunSource};
+use kerntun::config::{Config, DriverMode, StackKind};
+use kerntun::rules::{Action, Rule};
+use kerntun_testkit::Topology;
 use kerntun_testkit::dns::{self, DnsServer, Socks5Recorder, Zone};
+use kerntun_testkit::rig::{self, RESOLVER, Rig, RigBuilder};
 use kerntun_testkit::servers::{self, Mode};
-use kerntun_testkit::{Topology, require_root};
 
-struct Rig {
-    topo: Topology,
-    engine: Engine,
+/// An engine of `stack` and `driver`, IPv4 only, sniffing `sniff_port`
+/// (300 ms for the first bytes), with the rules of `rules_toml`.
+fn rig<'a>(
+    stack: StackKind,
+    driver: DriverMode,
+    rules_toml: &str,
+    sniff_port: u16,
+) -> RigBuilder<'a> {
+    // Rules come from TOML so the test reads like a user's configuration.
+    let rules = Config::from_toml(rules_toml).expect("rules").rules;
+    Rig::builder()
+        .stack(stack)
+        .driver(driver)
+        .ipv4_only()
+        .sniff(sniff_port, 300)
+        .config(move |_, c| c.rules = rules)
 }
 
-/// The resolver address the app is given (inside the TUN prefix).
-const RESOLVER: SocketAddr = SocketAddr::new(IpAddr::V4(Ipv4Addr::new(198, 18, 0, 53)), 53);
-
-impl Rig {
-    fn new(stack: StackKind, driver: DriverMode, rules_toml: &str, sniff_port: u16) -> Rig {
-        Rig::with(stack, driver, rules_toml, sniff_port, |_, _| {})
-    }
-
-    fn with(
-        stack: StackKind,
-        driver: DriverMode,
-        rules_toml: &str,
-        sniff_port: u16,
-        tweak: impl FnOnce(&Topology, &mut Config),
-    ) -> Rig {
-        let topo = Topology::new().expect("topology");
-        topo.client.enter().expect("enter client ns");
-        let mut c = Config {
-            stack,
-            driver,
-            ..Config::default()
-        };
-        c.tun.name = format!("kt{}", topo.id);
-        c.tun.mtu = 1500;
-        c.tun.ipv4 = Some("198.18.0.1/16".parse().expect("net"));
-        c.direct.interface = Some(kerntun_testkit::CLIENT_VETH.into());
-        c.direct.connect_timeout_ms = 2_000;
-        // Rules come from TOML so the test reads like a user's configuration.
-        c.rules = Config::from_toml(rules_toml).expect("rules").rules;
-        c.sniff.ports = vec![PortRange {
-            start: sniff_port,
-            end: sniff_port,
-        }];
-        c.sniff.timeout_ms = 300;
-        tweak(&topo, &mut c);
-        let engine = Engine::start(c, TunSource::Create, None).expect("engine start");
-        let name = engine.tun_name().expect("tun name");
-        topo.route_via_tun(&name).expect("routes");
-        Rig { topo, engine }
-    }
+/// [`rig`] with [`RULES`], sniffing `port`, and a `mode` server on that
+/// port (sniffed ports are configured before the server exists: a fixed
+/// one).
+fn sniffing(stack: StackKind, driver: DriverMode, port: u16, mode: Mode) -> (Rig, servers::Server) {
+    let rig = rig(stack, driver, RULES, port).start();
+    let srv =
+        servers::tcp(&rig.topo.server, rig.topo.server_addr(false, port), mode).expect("server");
+    (rig, srv)
 }
 
 /// A minimal TLS 1.2-style ClientHello carrying `sni` (hand-built test
@@ -124,15 +105,7 @@ action = "reject"
 "#;
 
 fn sniffed_domain_picks_the_rule(stack: StackKind, driver: DriverMode) {
-    // Sniffed ports are configured before the server exists: a fixed port.
-    let port = 8443;
-    let rig = Rig::new(stack, driver, RULES, port);
-    let srv = servers::tcp(
-        &rig.topo.server,
-        rig.topo.server_addr(false, port),
-        Mode::Echo,
-    )
-    .expect("server");
+    let (rig, srv) = sniffing(stack, driver, 8443, Mode::Echo);
 
     // A ClientHello naming a blocked domain: reset, and the server never sees it.
     let blocked = exchange(srv.addr, &client_hello("www.blocked.test"));
@@ -163,7 +136,7 @@ fn sniffed_domain_picks_the_rule(stack: StackKind, driver: DriverMode) {
     let got = exchange(srv.addr, b"\x00\x01binary protocol").expect("no-domain relayed");
     assert!(got.starts_with(b"\x00\x01binary protocol"));
 
-    let s = rig.engine.stats();
+    let s = rig.stats();
     assert!(s.dns.sniffed >= 3, "sniffed count: {:?}", s.dns);
     assert!(s.dns.sniff_misses >= 1, "misses: {:?}", s.dns);
     assert!(
@@ -180,14 +153,7 @@ fn sniffed_domain_picks_the_rule(stack: StackKind, driver: DriverMode) {
 /// sniffing reads the bytes and must replay all of them, also the part of
 /// a read that crossed the cap.
 fn large_http_header_is_relayed_byte_exact(stack: StackKind, driver: DriverMode) {
-    let port = 8080;
-    let rig = Rig::new(stack, driver, RULES, port);
-    let srv = servers::tcp(
-        &rig.topo.server,
-        rig.topo.server_addr(false, port),
-        Mode::Echo,
-    )
-    .expect("server");
+    let (rig, srv) = sniffing(stack, driver, 8080, Mode::Echo);
     let mut header = b"GET / HTTP/1.1\r\nX-Pad: ".to_vec();
     // Not a multiple of the sniffing reads, so a read straddles the cap.
     header.extend((0..20 * 1024 + 7).map(|i| b'a' + (i % 26) as u8));
@@ -200,7 +166,7 @@ fn large_http_header_is_relayed_byte_exact(stack: StackKind, driver: DriverMode)
         assert_eq!(got.len(), want.len(), "round {round}: bytes lost or added");
         assert!(got == want, "round {round}: the stream arrived changed");
     }
-    let s = rig.engine.stats();
+    let s = rig.stats();
     assert!(
         s.dns.sniff_misses >= 3,
         "no domain within the cap: {:?}",
@@ -209,16 +175,9 @@ fn large_http_header_is_relayed_byte_exact(stack: StackKind, driver: DriverMode)
 }
 
 fn silent_client_is_routed_after_the_timeout(stack: StackKind, driver: DriverMode) {
-    let port = 8025;
-    let rig = Rig::new(stack, driver, RULES, port);
     // The server speaks first: the client sends nothing, so sniffing times
     // out and the connection goes by its address.
-    let srv = servers::tcp(
-        &rig.topo.server,
-        rig.topo.server_addr(false, port),
-        Mode::SpeakFirst,
-    )
-    .expect("server");
+    let (rig, srv) = sniffing(stack, driver, 8025, Mode::SpeakFirst);
     let start = Instant::now();
     let mut s = TcpStream::connect_timeout(&srv.addr, Duration::from_secs(3)).expect("connect");
     s.set_read_timeout(Some(Duration::from_secs(5)))
@@ -236,18 +195,17 @@ fn silent_client_is_routed_after_the_timeout(stack: StackKind, driver: DriverMod
         waited < Duration::from_secs(3),
         "sniff wait unbounded ({waited:?})"
     );
-    assert!(rig.engine.stats().dns.sniff_misses >= 1);
+    assert!(rig.stats().dns.sniff_misses >= 1);
 }
 
 fn unsniffed_port_is_connected_first(stack: StackKind, driver: DriverMode) {
     // A port not in sniff.ports keeps connect-first: a closed port is
     // refused at connect time, and the rule on the domain never applies.
-    let rig = Rig::new(stack, driver, RULES, 9);
-    let srv =
-        servers::tcp(&rig.topo.server, rig.topo.server_addr(false, 0), Mode::Echo).expect("server");
+    let rig = rig(stack, driver, RULES, 9).start();
+    let srv = rig.tcp_server(false, Mode::Echo);
     let got = exchange(srv.addr, &client_hello("www.blocked.test")).expect("not sniffed");
     assert!(got.starts_with(&client_hello("www.blocked.test")));
-    assert_eq!(rig.engine.stats().dns.sniffed, 0);
+    assert_eq!(rig.stats().dns.sniffed, 0);
 }
 
 /// Ask the hijacked resolver for `name` (A) and return the address given.
@@ -265,45 +223,38 @@ fn resolve_fake(name: &str) -> Ipv4Addr {
     }
 }
 
-/// `[dns]` on with fake-ip, answering for the app at [`RESOLVER`], the
-/// upstream in the server namespace.
-fn dns_on(c: &mut Config, upstream: SocketAddr) {
-    c.dns.enabled = true;
-    c.dns.hijack = vec![RESOLVER.ip()];
-    c.dns.upstreams = vec![format!("udp://{upstream}")];
-    c.dns.timeout_ms = 1_000;
-    c.dns.fake_ip = true;
+/// No rules, nothing sniffed, `[dns]` on with fake-ip, answering for the app
+/// at [`RESOLVER`]; `zone` is the upstream, on the server's port 53.
+fn dns_on<'a>(
+    stack: StackKind,
+    driver: DriverMode,
+    topo: &Topology,
+    zone: Zone,
+) -> (RigBuilder<'a>, DnsServer) {
+    let at = topo.server_addr(false, 53);
+    let up = DnsServer::start(&topo.server, at, zone).expect("dns server");
+    let rig = rig(stack, driver, "", 1)
+        .dns([format!("udp://{at}")])
+        .config(|_, c| {
+            c.dns.timeout_ms = 1_000;
+            c.dns.fake_ip = true;
+        });
+    (rig, up)
 }
 
 fn fake_ip_tcp_goes_to_socks5_as_a_domain(stack: StackKind, driver: DriverMode) {
-    let mut proxy_at = None;
-    let rig = Rig::with(stack, driver, "", 1, |topo, c| {
-        let up = topo.server_addr(false, 53);
-        dns_on(c, up);
-        let proxy = topo.server_addr(false, 1080);
-        proxy_at = Some(proxy);
-        c.outbounds.insert(
-            "proxy".into(),
-            OutboundConfig::Socks5(Socks5Config {
-                server: proxy.into(),
-                username: None,
-                password: None,
-                udp: false,
-            }),
-        );
-        c.rules = vec![Rule {
+    let topo = Topology::new().expect("topology");
+    let proxy = topo.server_addr(false, 1080);
+    let (rig, _up) = dns_on(stack, driver, &topo, Zone::new(60));
+    let rig = rig
+        .outbound("proxy", rig::socks5(proxy, None, false))
+        .rule(Rule {
             domain_suffix: vec!["site.test".into()],
             action: Action::from("proxy"),
             ..Rule::default()
-        }];
-    });
-    let _up = DnsServer::start(
-        &rig.topo.server,
-        rig.topo.server_addr(false, 53),
-        Zone::new(60),
-    )
-    .expect("dns server");
-    let socks = Socks5Recorder::start(&rig.topo.server, proxy_at.expect("proxy")).expect("socks5");
+        })
+        .start_in(topo);
+    let socks = Socks5Recorder::start(&rig.topo.server, proxy).expect("socks5");
     let fake = resolve_fake("www.site.test");
     let to = SocketAddr::new(IpAddr::V4(fake), 443);
     let got = exchange(to, b"hello by name").expect("relayed through the proxy");
@@ -313,23 +264,16 @@ fn fake_ip_tcp_goes_to_socks5_as_a_domain(stack: StackKind, driver: DriverMode) 
         "the proxy was given the domain: {:?}",
         socks.asked()
     );
-    let s = rig.engine.stats();
+    let s = rig.stats();
     assert_eq!(s.outbounds[0].tcp_connects, 1, "{:?}", s.outbounds);
 }
 
 fn fake_ip_tcp_direct_is_resolved_upstream(stack: StackKind, driver: DriverMode) {
-    let rig = Rig::with(stack, driver, "", 1, |topo, c| {
-        dns_on(c, topo.server_addr(false, 53));
-    });
-    let real = rig.topo.server_addr(false, 0).ip();
-    let up = DnsServer::start(
-        &rig.topo.server,
-        rig.topo.server_addr(false, 53),
-        Zone::new(60).with("srv.test", real),
-    )
-    .expect("dns server");
-    let srv =
-        servers::tcp(&rig.topo.server, rig.topo.server_addr(false, 0), Mode::Echo).expect("server");
+    let topo = Topology::new().expect("topology");
+    let real = topo.server_addr(false, 0).ip();
+    let (rig, up) = dns_on(stack, driver, &topo, Zone::new(60).with("srv.test", real));
+    let rig = rig.start_in(topo);
+    let srv = rig.tcp_server(false, Mode::Echo);
     let fake = resolve_fake("srv.test");
     assert_ne!(IpAddr::V4(fake), real, "a fake address, not the real one");
     assert_eq!(up.queries(), 0, "a fake answer asks no upstream");
@@ -343,17 +287,10 @@ fn fake_ip_tcp_direct_is_resolved_upstream(stack: StackKind, driver: DriverMode)
 }
 
 fn dns_over_tcp_is_answered_by_the_engine(stack: StackKind, driver: DriverMode) {
-    let rig = Rig::with(stack, driver, "", 1, |topo, c| {
-        dns_on(c, topo.server_addr(false, 53));
-        c.dns.fake_ip = false;
-    });
-    let real = rig.topo.server_addr(false, 0).ip();
-    let up = DnsServer::start(
-        &rig.topo.server,
-        rig.topo.server_addr(false, 53),
-        Zone::new(60).with("a.test", real),
-    )
-    .expect("dns server");
+    let topo = Topology::new().expect("topology");
+    let real = topo.server_addr(false, 0).ip();
+    let (rig, up) = dns_on(stack, driver, &topo, Zone::new(60).with("a.test", real));
+    let rig = rig.config(|_, c| c.dns.fake_ip = false).start_in(topo);
     let replies = dns::ask_tcp(
         RESOLVER,
         &[
@@ -369,7 +306,7 @@ fn dns_over_tcp_is_answered_by_the_engine(stack: StackKind, driver: DriverMode) 
         assert_eq!(dns::first_addr(r), Some(real));
     }
     assert_eq!(up.queries(), 1, "the second answer came from the cache");
-    let s = rig.engine.stats();
+    let s = rig.stats();
     assert_eq!(s.dns.tcp_queries, 2);
     assert!(s.dns.cache_hits >= 1);
 }
@@ -378,16 +315,10 @@ macro_rules! both_stacks {
     ($($name:ident),* $(,)?) => {$(
         mod $name {
             use kerntun::config::{DriverMode, StackKind};
-            #[test]
-            fn system() {
-                crate::require_root!();
-                crate::$name(StackKind::System, DriverMode::Batch);
-            }
-            #[test]
-            fn smoltcp() {
-                crate::require_root!();
-                crate::$name(StackKind::Smoltcp, DriverMode::PerPacket);
-            }
+            kerntun_testkit::root_tests!(crate::$name;
+                system(StackKind::System, DriverMode::Batch),
+                smoltcp(StackKind::Smoltcp, DriverMode::PerPacket),
+            );
         }
     )*};
 }

@@ -8,79 +8,29 @@
 //!
 //! Needs root (CI runs as root); otherwise each test prints why it skipped.
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
+use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::time::{Duration, Instant};
 
 use hickory_proto::op::{Message, ResponseCode};
 use hickory_proto::rr::RecordType;
 use kerntun::budget::{Budget, Platform};
-use kerntun::config::{Config, DriverMode, OutboundConfig, Socks5Config, StackKind};
+use kerntun::config::{Config, DriverMode, StackKind};
 use kerntun::rules::{Action, Rule};
-use kerntun::{Engine, StatsSnapshot, TunSource};
+use kerntun::{Engine, TunSource};
 use kerntun_testkit::dns::{self, DnsServer, Socks5Recorder, Zone};
+use kerntun_testkit::rig::{self, RESOLVER, Rig, RigBuilder};
 use kerntun_testkit::{Topology, require_root};
 
-/// The address the app's resolver is configured with (inside the TUN's
-/// prefix, so the kernel routes it into the TUN).
-const RESOLVER: SocketAddr = SocketAddr::new(IpAddr::V4(Ipv4Addr::new(198, 18, 0, 53)), 53);
 const WAIT: Duration = Duration::from_secs(3);
 
-struct Rig {
-    topo: Topology,
-    engine: Engine,
-}
-
-impl Rig {
-    /// An engine whose DNS service hijacks [`RESOLVER`]; `tweak` sets the
-    /// upstreams and the rest.
-    fn new(topo: Topology, tweak: impl FnOnce(&Topology, &mut Config)) -> Rig {
-        topo.client.enter().expect("enter client ns");
-        let mut c = Config::default();
-        c.tun.name = format!("kt{}", topo.id);
-        c.tun.mtu = 1500;
-        c.tun.ipv4 = Some("198.18.0.1/16".parse().expect("net"));
-        c.tun.ipv6 = Some("fd00:18::1/64".parse().expect("net"));
-        c.driver = DriverMode::PerPacket;
-        c.direct.interface = Some(kerntun_testkit::CLIENT_VETH.into());
-        c.direct.connect_timeout_ms = 2_000;
-        c.dns.enabled = true;
-        c.dns.hijack = vec![RESOLVER.ip()];
-        c.dns.timeout_ms = 500;
-        tweak(&topo, &mut c);
-        let engine = Engine::start(c, TunSource::Create, None).expect("engine start");
-        topo.route_via_tun(&engine.tun_name().expect("tun name"))
-            .expect("routes");
-        Rig { topo, engine }
-    }
-
-    fn stats(&self) -> StatsSnapshot {
-        self.engine.stats()
-    }
-
-    /// Wait for a statistic to reach `want` (drop counters are committed by
-    /// the driver in batches).
-    fn wait_for(&self, what: &str, want: u64, get: impl Fn(&StatsSnapshot) -> u64) {
-        let deadline = Instant::now() + WAIT;
-        loop {
-            let s = self.stats();
-            if get(&s) >= want {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "{what}: {} < {want}; {s:?}",
-                get(&s)
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-fn drop_count(s: &StatsSnapshot, name: &str) -> u64 {
-    s.drops
-        .iter()
-        .find(|(n, _)| *n == name)
-        .map_or(0, |(_, v)| *v)
+/// An engine whose DNS service answers the app at [`RESOLVER`], asking
+/// `upstreams`, and gives up on an upstream after 500 ms unless the test
+/// says otherwise.
+fn rig<'a>(upstreams: Vec<String>) -> RigBuilder<'a> {
+    Rig::builder()
+        .driver(DriverMode::PerPacket)
+        .dns(upstreams)
+        .config(|_, c| c.dns.timeout_ms = 500)
 }
 
 fn upstream(topo: &Topology, zone: Zone) -> DnsServer {
@@ -99,8 +49,7 @@ fn hijacked_udp_query_is_answered_and_cached_for_its_ttl() {
     let topo = Topology::new().expect("topology");
     let web: IpAddr = "198.19.7.7".parse().expect("ip");
     let srv = upstream(&topo, Zone::new(2).with("www.test", web));
-    let up = format!("udp://{}", srv.addr);
-    let rig = Rig::new(topo, |_, c| c.dns.upstreams = vec![up]);
+    let rig = rig(vec![format!("udp://{}", srv.addr)]).start_in(topo);
 
     let r = ask(&dns::query("www.test", RecordType::A, 0x1234));
     assert_eq!(r.metadata.id, 0x1234);
@@ -131,7 +80,6 @@ fn hijacked_udp_query_is_answered_and_cached_for_its_ttl() {
     assert_eq!(r.metadata.response_code, ResponseCode::NXDomain);
     assert_eq!(srv.queries(), 3);
     assert_eq!(rig.stats().dns.cache_hits, 2);
-    drop(rig.topo);
 }
 
 #[test]
@@ -143,11 +91,9 @@ fn upstream_down_is_servfail_within_the_timeout() {
         Zone::new(60).with("a.test", "198.19.1.1".parse().expect("ip")),
     );
     srv.set_silent(true);
-    let up = format!("udp://{}", srv.addr);
-    let rig = Rig::new(topo, |_, c| {
-        c.dns.upstreams = vec![up];
-        c.dns.timeout_ms = 400;
-    });
+    let rig = rig(vec![format!("udp://{}", srv.addr)])
+        .config(|_, c| c.dns.timeout_ms = 400)
+        .start_in(topo);
     let t0 = Instant::now();
     let r = ask(&dns::query("a.test", RecordType::A, 77));
     let took = t0.elapsed();
@@ -176,10 +122,9 @@ fn failover_to_the_next_upstream_over_tcp() {
         format!("udp://{}", dead.addr),
         format!("tcp://{}", good.addr),
     ];
-    let rig = Rig::new(topo, |_, c| {
-        c.dns.upstreams = ups;
-        c.dns.timeout_ms = 300;
-    });
+    let rig = rig(ups)
+        .config(|_, c| c.dns.timeout_ms = 300)
+        .start_in(topo);
     let t0 = Instant::now();
     let r = ask(&dns::query("b.test", RecordType::A, 5));
     assert!(
@@ -198,8 +143,7 @@ fn malformed_packets_are_counted_drops() {
     require_root!();
     let topo = Topology::new().expect("topology");
     let srv = upstream(&topo, Zone::new(60));
-    let up = format!("udp://{}", srv.addr);
-    let rig = Rig::new(topo, |_, c| c.dns.upstreams = vec![up]);
+    let rig = rig(vec![format!("udp://{}", srv.addr)]).start_in(topo);
     let s = UdpSocket::bind("0.0.0.0:0").expect("bind");
     s.set_read_timeout(Some(Duration::from_millis(300)))
         .expect("timeout");
@@ -214,7 +158,7 @@ fn malformed_packets_are_counted_drops() {
         kerntun_testkit::uninterrupted(|| s.recv(&mut buf)).is_err(),
         "no answer to garbage"
     );
-    rig.wait_for("malformed", 2, |s| s.dns.malformed);
+    rig.wait_until("malformed queries counted", WAIT, |s| s.dns.malformed >= 2);
     assert_eq!(srv.queries(), 0);
     // The service still answers afterwards.
     let r = ask(&dns::query("x.test", RecordType::A, 2));
@@ -223,29 +167,22 @@ fn malformed_packets_are_counted_drops() {
 
 /// A socks5 outbound `proxy` for domains; everything else direct.
 fn fake_ip_rig(topo: Topology, pool: &str, proxy: SocketAddr, upstream: String) -> Rig {
-    let pool = pool.to_owned();
-    Rig::new(topo, move |_, c| {
-        c.dns.upstreams = vec![upstream];
-        c.dns.fake_ip = true;
-        c.dns.fake_ip_pool = pool.parse().expect("pool");
-        c.dns.fake_ip_filter = vec!["real.test".into()];
-        c.outbounds.insert(
-            "proxy".into(),
-            OutboundConfig::Socks5(Socks5Config {
-                server: proxy.into(),
-                username: None,
-                password: None,
-                udp: true,
-            }),
-        );
+    let pool = pool.parse().expect("pool");
+    rig(vec![upstream])
+        .config(move |_, c| {
+            c.dns.fake_ip = true;
+            c.dns.fake_ip_pool = pool;
+            c.dns.fake_ip_filter = vec!["real.test".into()];
+        })
+        .outbound("proxy", rig::socks5(proxy, None, true))
         // Domains (fake addresses) go to the proxy; the upstream's address
         // has none and stays direct.
-        c.rules.push(Rule {
+        .rule(Rule {
             domain_suffix: vec!["com".into(), "test".into()],
             action: Action::from("proxy"),
             ..Rule::default()
-        });
-    })
+        })
+        .start_in(topo)
 }
 
 #[test]
@@ -356,8 +293,8 @@ fn engine_child(arg: &str) {
             println!(
                 "KT STATS {} {} {} {} {}",
                 s.dns.tcp_queries,
-                drop_count(&s, "dns_query_too_long"),
-                drop_count(&s, "dns_queue_full"),
+                s.drop_count("dns_query_too_long"),
+                s.drop_count("dns_queue_full"),
                 s.admission_refused,
                 s.dns.queries,
             );
@@ -661,15 +598,17 @@ fn fake_ip_pool_exhaustion_answers_the_real_address_and_unknown_addresses_drop()
     // out: a datagram to it is a counted drop, not a flow.
     let u = UdpSocket::bind("0.0.0.0:0").expect("bind");
     u.send_to(b"x", "198.18.200.7:9000").expect("send");
-    rig.wait_for("fake_ip_unknown", 1, |s| drop_count(s, "fake_ip_unknown"));
+    rig.wait_until("the drop counted", WAIT, |s| {
+        s.drop_count("fake_ip_unknown") >= 1
+    });
     assert!(socks.asked().is_empty());
 }
 
 #[cfg(feature = "dot")]
 mod dot {
     use super::*;
+    use kerntun_testkit::tokio_servers::{InProcess, in_process, listen};
     use std::sync::Arc;
-    use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 
     /// A DNS-over-TLS server (rustls, a certificate for `dns.test` signed by
     /// a CA written to `ca_path`) in front of `zone`.
@@ -678,8 +617,7 @@ mod dot {
         addr: SocketAddr,
         zone: Zone,
         ca_path: &std::path::Path,
-        stop: Arc<AtomicBool>,
-    ) -> std::thread::JoinHandle<()> {
+    ) -> InProcess {
         use tokio_rustls::rustls;
         let ca_key = rcgen::KeyPair::generate().expect("key");
         let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("params");
@@ -703,48 +641,33 @@ mod dot {
         )
         .expect("server config");
         let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(cfg));
-        let (tx, rx) = std::sync::mpsc::channel();
-        let h = ns
-            .spawn(move || {
-                let rt = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                    .expect("rt");
-                rt.block_on(async move {
-                    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-                    let l = tokio::net::TcpListener::bind(addr).await.expect("bind");
-                    tx.send(()).expect("ready");
-                    while !stop.load(Relaxed) {
-                        let Ok(Ok((s, _))) =
-                            tokio::time::timeout(Duration::from_millis(50), l.accept()).await
-                        else {
-                            continue;
-                        };
-                        let (acceptor, zone) = (acceptor.clone(), zone.clone());
-                        tokio::spawn(async move {
-                            let Ok(mut t) = acceptor.accept(s).await else {
-                                return;
-                            };
-                            let mut len = [0u8; 2];
-                            while t.read_exact(&mut len).await.is_ok() {
-                                let mut q = vec![0u8; usize::from(u16::from_be_bytes(len))];
-                                if t.read_exact(&mut q).await.is_err() {
-                                    return;
-                                }
-                                let Some(r) = zone.answer(&q) else { return };
-                                let mut f = (r.len() as u16).to_be_bytes().to_vec();
-                                f.extend_from_slice(&r);
-                                if t.write_all(&f).await.is_err() {
-                                    return;
-                                }
-                            }
-                        });
+        in_process(ns, move |ready, _| async move {
+            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+            let Some(l) = listen(addr, &ready).await else {
+                return;
+            };
+            while let Ok((s, _)) = l.accept().await {
+                let (acceptor, zone) = (acceptor.clone(), zone.clone());
+                tokio::spawn(async move {
+                    let Ok(mut t) = acceptor.accept(s).await else {
+                        return;
+                    };
+                    let mut len = [0u8; 2];
+                    while t.read_exact(&mut len).await.is_ok() {
+                        let mut q = vec![0u8; usize::from(u16::from_be_bytes(len))];
+                        if t.read_exact(&mut q).await.is_err() {
+                            return;
+                        }
+                        let Some(r) = zone.answer(&q) else { return };
+                        let mut f = (r.len() as u16).to_be_bytes().to_vec();
+                        f.extend_from_slice(&r);
+                        if t.write_all(&f).await.is_err() {
+                            return;
+                        }
                     }
                 });
-            })
-            .expect("spawn");
-        rx.recv_timeout(WAIT).expect("dot server ready");
-        h
+            }
+        })
     }
 
     #[test]
@@ -753,27 +676,25 @@ mod dot {
         let topo = Topology::new().expect("topology");
         let ip: IpAddr = "198.19.5.5".parse().expect("ip");
         let ca = std::env::temp_dir().join(format!("kerntun-dot-ca-{}.pem", std::process::id()));
-        let stop = Arc::new(AtomicBool::new(false));
         let addr = topo.server_addr(false, 853);
-        let h = dot_server(
+        let server = dot_server(
             &topo.server,
             addr,
             Zone::new(60).with("secure.test", ip),
             &ca,
-            stop.clone(),
         );
         let ca2 = ca.clone();
-        let rig = Rig::new(topo, move |_, c| {
-            c.dns.upstreams = vec![format!("tls://{addr}#dns.test")];
-            c.dns.tls_ca_file = Some(ca2);
-            c.dns.timeout_ms = 2_000;
-        });
+        let rig = rig(vec![format!("tls://{addr}#dns.test")])
+            .config(move |_, c| {
+                c.dns.tls_ca_file = Some(ca2);
+                c.dns.timeout_ms = 2_000;
+            })
+            .start_in(topo);
         let r = ask(&dns::query("secure.test", RecordType::A, 42));
         assert_eq!(r.metadata.id, 42);
         assert_eq!(dns::first_addr(&r), Some(ip));
         assert_eq!(rig.stats().dns.upstream_failures, 0);
-        stop.store(true, Relaxed);
-        let _ = h.join();
+        drop(server);
         let _ = std::fs::remove_file(&ca);
     }
 }

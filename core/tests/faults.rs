@@ -7,55 +7,41 @@
 //!
 //! `cargo test -p kerntun --features fault-injection --test faults`
 //! (scripts/test.sh runs it). Needs root for the TUN; each test runs its
-//! engine in a namespace of its own, deleted on drop.
+//! engine in a topology of its own, deleted on drop.
 
 use std::net::UdpSocket;
 use std::time::{Duration, Instant};
 
-use kerntun::config::{Config, StackKind};
-use kerntun::{Engine, EngineTask, Fault, TunSource};
-use kerntun_testkit::{Netns, require_root};
+use kerntun::config::StackKind;
+use kerntun::{EngineTask, Fault};
+use kerntun_testkit::require_root;
+use kerntun_testkit::rig::{RESOLVER, Rig};
 
-/// Start an engine on a TUN in a fresh namespace, inject `fault` into
-/// `task` (for DNS, then send the query that starts a query task), and
-/// return the engine's error once it stopped running.
+/// Start an engine (IPv4 only; with `dns`, its DNS service on), inject
+/// `fault` into `task` (for DNS, then send the query that starts a query
+/// task), and return the engine's error once it stopped running.
 fn failure(stack: StackKind, dns: bool, task: EngineTask, fault: Fault) -> String {
-    let ns = Netns::new(&format!("{task:?}{fault:?}").to_lowercase()).expect("netns");
-    let run = ns
-        .spawn(move || {
-            let mut cfg = Config {
-                stack,
-                ..Config::default()
-            };
-            cfg.tun.name = "ktfault0".into();
-            cfg.tun.mtu = 1500;
-            if dns {
-                cfg.dns.enabled = true;
-                cfg.dns.upstreams = vec!["udp://127.0.0.1:53".into()];
-            }
-            let mut engine = Engine::start(cfg, TunSource::Create, None).expect("start");
-            assert!(engine.is_running() && engine.error().is_none());
-            engine.inject_fault(task, fault);
-            if task == EngineTask::Dns {
-                // A query to the hijacked address (gateway + 2) starts a
-                // query task, which meets the fault.
-                let s = UdpSocket::bind("0.0.0.0:0").expect("udp");
-                s.send_to(&[0u8; 12], "198.18.0.3:53").expect("query");
-            }
-            let deadline = Instant::now() + Duration::from_secs(3);
-            while engine.is_running() && Instant::now() < deadline {
-                std::thread::sleep(Duration::from_millis(5));
-            }
-            assert!(!engine.is_running(), "{task:?} {fault:?}: still running");
-            let why = engine.error();
-            // The failed engine still stops cleanly.
-            let stopped = Instant::now();
-            engine.stop();
-            assert!(stopped.elapsed() < Duration::from_secs(4));
-            why
-        })
-        .expect("thread in namespace");
-    let why = run.join().expect("test thread");
+    let mut rig = Rig::builder().stack(stack).ipv4_only();
+    if dns {
+        rig = rig.dns(["udp://127.0.0.1:53"]);
+    }
+    let mut rig = rig.start();
+    let engine = &mut rig.engine;
+    assert!(engine.is_running() && engine.error().is_none());
+    engine.inject_fault(task, fault);
+    if task == EngineTask::Dns {
+        // A query to the hijacked address starts a query task, which meets
+        // the fault.
+        let s = UdpSocket::bind("0.0.0.0:0").expect("udp");
+        s.send_to(&[0u8; 12], RESOLVER).expect("query");
+    }
+    let _ = kerntun_testkit::within(Duration::from_secs(3), || !engine.is_running());
+    assert!(!engine.is_running(), "{task:?} {fault:?}: still running");
+    let why = engine.error();
+    // The failed engine still stops cleanly.
+    let stopped = Instant::now();
+    engine.stop();
+    assert!(stopped.elapsed() < Duration::from_secs(4));
     why.unwrap_or_else(|| panic!("{task:?} {fault:?}: no error reported"))
 }
 

@@ -3,37 +3,31 @@
 
 use std::time::Duration;
 
-use kerntun::config::{Config, DriverMode, StackKind};
-use kerntun::{Engine, TunSource};
+use kerntun::Engine;
+use kerntun::config::{DriverMode, StackKind};
+use kerntun_testkit::rig::Rig;
 use kerntun_testkit::servers::{self, Mode};
-use kerntun_testkit::{Topology, client, count_fds, count_threads, require_root};
+use kerntun_testkit::{Topology, client, count_fds, count_threads, require_root, serial};
 
-/// The tests in this binary count process-wide descriptors and threads, so
-/// they run one at a time.
-static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+// The tests in this binary count process-wide descriptors and threads, so
+// they run one at a time (`serial`).
 
 #[test]
 fn twenty_start_stop_cycles_with_traffic_leave_nothing_behind() {
     require_root!();
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let _serial = serial();
     let topo = Topology::new().expect("topology");
-    topo.client.enter().expect("enter client ns");
     let srv = servers::tcp(&topo.server, topo.server_addr(false, 0), Mode::Echo).expect("server");
     let udp = servers::udp_echo(&topo.server, topo.server_addr(false, 0)).expect("udp server");
-    let mut cfg = Config::default();
-    cfg.tun.name = format!("kt{}", topo.id);
-    cfg.tun.mtu = 1500;
-    cfg.direct.interface = Some(kerntun_testkit::CLIENT_VETH.into());
 
     // Warm-up cycle: lazily created process-wide state (e.g. the tracing
     // dispatcher, glibc's resolver) must not count as a leak.
     let run_cycle = |i: u64, stack: StackKind, driver: DriverMode, stop_during_traffic: bool| {
-        let mut c = cfg.clone();
-        c.stack = stack;
-        c.driver = driver;
-        let mut engine = Engine::start(c, TunSource::Create, None).expect("start");
-        topo.route_via_tun(&engine.tun_name().expect("name"))
-            .expect("route");
+        let mut engine = Rig::builder()
+            .stack(stack)
+            .driver(driver)
+            .ipv4_only()
+            .engine_in(&topo);
         let want = match stack {
             StackKind::Smoltcp => "smoltcp",
             _ => "system",
@@ -46,14 +40,9 @@ fn twenty_start_stop_cycles_with_traffic_leave_nothing_behind() {
             let before = engine.stats().tcp_bytes_up;
             let addr = srv.addr;
             let t = std::thread::spawn(move || client::echo_transfer(addr, 99, 64 << 20, false));
-            let deadline = std::time::Instant::now() + Duration::from_secs(20);
-            while engine.stats().tcp_bytes_up < before + (1 << 20) {
-                assert!(
-                    std::time::Instant::now() < deadline,
-                    "transfer never started"
-                );
-                std::thread::sleep(Duration::from_millis(5));
-            }
+            kerntun_testkit::wait_until("the transfer moving", Duration::from_secs(20), || {
+                engine.stats().tcp_bytes_up >= before + (1 << 20)
+            });
             let stopped = std::time::Instant::now();
             engine.stop();
             assert!(t.join().expect("join").is_err(), "transfer cut by stop");
@@ -100,18 +89,11 @@ fn twenty_start_stop_cycles_with_traffic_leave_nothing_behind() {
 #[test]
 fn two_engines_run_side_by_side_in_one_process() {
     require_root!();
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let _serial = serial();
     let a = Topology::new().expect("topology a");
     let b = Topology::new().expect("topology b");
     let run = |topo: &Topology| -> (Engine, servers::Server) {
-        topo.client.enter().expect("enter");
-        let mut cfg = Config::default();
-        cfg.tun.name = format!("kt{}", topo.id);
-        cfg.tun.mtu = 1500;
-        cfg.direct.interface = Some(kerntun_testkit::CLIENT_VETH.into());
-        let e = Engine::start(cfg, TunSource::Create, None).expect("start");
-        topo.route_via_tun(&e.tun_name().expect("name"))
-            .expect("route");
+        let e = Rig::builder().ipv4_only().engine_in(topo);
         let s = servers::tcp(&topo.server, topo.server_addr(false, 0), Mode::Echo).expect("srv");
         (e, s)
     };

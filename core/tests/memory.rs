@@ -11,36 +11,32 @@
 //! does not.
 
 use std::io::{BufRead, BufReader, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use kerntun::budget::{self, Budget, Platform, TcpStack};
-use kerntun::config::{Config, DriverMode, StackKind};
+use kerntun::config::{DriverMode, StackKind};
 use kerntun::{Engine, TunSource};
-use kerntun_testkit::{Topology, require_root};
+use kerntun_testkit::{Topology, require_root, rig, servers, wait_until};
 
 /// Set in the child: the engine's TUN name.
 const CHILD: &str = "KERNTUN_MEMORY_ENGINE_CHILD";
 /// Connections held at once.
 const HELD: usize = 1000;
 
-/// The engine's side: start under the iOS budget, say so, answer `stats`
-/// lines with the session counts, stop when stdin closes.
+/// The engine's side: start under the iOS budget (and the iOS MTU), IPv4
+/// only, in the namespace it inherited, say so, answer `stats` lines with
+/// the session counts, stop when stdin closes. The parent routes into the
+/// TUN (this process has no topology to do it with).
 fn engine_child(tun: &str) {
-    let mut c = Config {
-        stack: StackKind::System,
-        driver: DriverMode::PerPacket,
-        ..Config::default()
-    };
+    let mut c = rig::config(tun);
+    c.stack = StackKind::System;
+    c.driver = DriverMode::PerPacket;
     c.budget.platform = Some(Platform::Ios);
-    c.tun.name = tun.into();
     c.tun.mtu = Platform::Ios.default_mtu();
-    c.tun.ipv4 = Some("198.18.0.1/16".parse().expect("net"));
-    c.direct.interface = Some(kerntun_testkit::CLIENT_VETH.into());
-    c.direct.connect_timeout_ms = 2_000;
+    c.tun.ipv6 = None;
     let mut engine = Engine::start(c, TunSource::Create, None).expect("engine");
     println!("KT READY {}", engine.tun_name().expect("name"));
     for line in std::io::stdin().lock().lines() {
@@ -134,13 +130,7 @@ impl EngineProcess {
 
     /// Resident memory of the engine process, in KiB.
     fn rss_kib(&self) -> u64 {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
-            .unwrap_or_default();
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
-            .and_then(|v| v.split_whitespace().next())
-            .and_then(|v| v.parse().ok())
+        kerntun_testkit::vm_kib(Some(self.child.id()), "VmRSS")
             .expect("VmRSS of the engine process")
     }
 }
@@ -163,55 +153,25 @@ impl Drop for EngineProcess {
 
 /// A server in the server namespace that accepts and holds every connection
 /// (one thread, no per-connection state beyond the socket).
-struct HoldServer {
-    addr: SocketAddr,
-    accepted: Arc<AtomicUsize>,
-    stop: Arc<AtomicBool>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl HoldServer {
-    fn start(topo: &Topology) -> HoldServer {
-        let (tx, rx) = std::sync::mpsc::channel();
-        let accepted = Arc::new(AtomicUsize::new(0));
-        let stop = Arc::new(AtomicBool::new(false));
-        let (acc, st) = (accepted.clone(), stop.clone());
-        let at = topo.server_addr(false, 0);
-        let thread = topo
-            .server
-            .spawn(move || {
-                let l = TcpListener::bind(at).expect("bind");
-                l.set_nonblocking(true).expect("nonblocking");
-                tx.send(l.local_addr().expect("addr")).expect("send addr");
-                let mut held = Vec::new();
-                while !st.load(Ordering::Relaxed) {
-                    match l.accept() {
-                        Ok((s, _)) => {
-                            held.push(s);
-                            acc.store(held.len(), Ordering::Relaxed);
-                        }
-                        Err(_) => std::thread::sleep(Duration::from_millis(2)),
+fn hold_server(topo: &Topology) -> servers::Server {
+    let at = topo.server_addr(false, 0);
+    servers::Server::start(
+        &topo.server,
+        move || servers::listen(at),
+        |l, stop, accepted| {
+            let mut held = Vec::new();
+            while !stop.load(Ordering::Relaxed) {
+                match l.accept() {
+                    Ok((s, _)) => {
+                        held.push(s);
+                        accepted.fetch_add(1, Ordering::Relaxed);
                     }
+                    Err(_) => std::thread::sleep(Duration::from_millis(2)),
                 }
-            })
-            .expect("server thread");
-        let addr = rx.recv().expect("server address");
-        HoldServer {
-            addr,
-            accepted,
-            stop,
-            thread: Some(thread),
-        }
-    }
-}
-
-impl Drop for HoldServer {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
+            }
+        },
+    )
+    .expect("hold server")
 }
 
 /// The engine raises its descriptor limit to what its admission needs
@@ -234,18 +194,10 @@ fn admission_fits_the_descriptor_limit() {
             1024,
         ),
     ] {
-        let mut engine =
-            EngineProcess::start_with_nofile(&format!("kt{}", topo.id), Some((256, hard)));
+        let mut engine = EngineProcess::start_with_nofile(&topo.tun_name(), Some((256, hard)));
         engine.line();
         let (_, limit, _) = engine.stats();
-        let limits = std::fs::read_to_string(format!("/proc/{}/limits", engine.child.id()))
-            .expect("limits of the engine process");
-        let soft: u64 = limits
-            .lines()
-            .find(|l| l.starts_with("Max open files"))
-            .and_then(|l| l.split_whitespace().nth(3))
-            .and_then(|v| v.parse().ok())
-            .expect("soft NOFILE");
+        let soft = soft_nofile(&engine.child.id().to_string()).expect("soft NOFILE of the engine");
         eprintln!("[memory] NOFILE 256:{hard} -> soft {soft}, admission {limit}");
         assert_eq!(soft, soft_after, "soft limit raised (hard {hard})");
         assert_eq!(
@@ -255,28 +207,25 @@ fn admission_fits_the_descriptor_limit() {
     }
 }
 
+/// The soft `RLIMIT_NOFILE` of process `pid` ("self": this one).
+fn soft_nofile(pid: &str) -> Option<u64> {
+    std::fs::read_to_string(format!("/proc/{pid}/limits"))
+        .ok()?
+        .lines()
+        .find(|l| l.starts_with("Max open files"))?
+        .split_whitespace()
+        .nth(3)?
+        .parse()
+        .ok()
+}
+
 /// Enough descriptors for 1000 connections on each side (the engine's
 /// child inherits the limit); root may raise it.
 fn raise_nofile() {
-    let limits = std::fs::read_to_string("/proc/self/limits").unwrap_or_default();
-    let soft: u64 = limits
-        .lines()
-        .find(|l| l.starts_with("Max open files"))
-        .and_then(|l| l.split_whitespace().nth(3))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
-    if soft < 8192 {
+    if soft_nofile("self").unwrap_or(0) < 8192 {
         let pid = std::process::id().to_string();
         kerntun_testkit::sh("prlimit", &["--pid", &pid, "--nofile=8192:8192"])
             .expect("raise RLIMIT_NOFILE");
-    }
-}
-
-fn wait_until(what: &str, limit: Duration, mut ok: impl FnMut() -> bool) {
-    let deadline = Instant::now() + limit;
-    while !ok() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(20));
     }
 }
 
@@ -295,9 +244,9 @@ fn thousand_idle_connections_fit_the_ios_budget() {
     let ios = Budget::for_platform(Platform::Ios);
     raise_nofile();
     let topo = Topology::new().expect("topology");
-    let server = HoldServer::start(&topo);
+    let server = hold_server(&topo);
     topo.client.enter().expect("enter client ns");
-    let mut engine = EngineProcess::start(&format!("kt{}", topo.id));
+    let mut engine = EngineProcess::start(&topo.tun_name());
     let tun = engine
         .line()
         .strip_prefix("READY ")
@@ -329,7 +278,7 @@ fn thousand_idle_connections_fit_the_ios_budget() {
     wait_until(
         "the server holds every connection",
         Duration::from_secs(10),
-        || server.accepted.load(Ordering::Relaxed) >= HELD + WARM,
+        || server.accepted.load(Ordering::Relaxed) >= (HELD + WARM) as u64,
     );
     wait_until("every session running", Duration::from_secs(10), || {
         engine.stats().0 == (HELD + WARM) as u64

@@ -2,7 +2,7 @@
 //! namespace, the rules send it to a proxy in the server namespace, and the
 //! proxy reaches the test servers there. The proxies are the real thing,
 //! started in-process on a thread (with its own runtime) in the server
-//! namespace: shadowsocks-rust's server (`shadowsocks-service`) for every
+//! namespace (`kerntun_testkit::tokio_servers`): shadowsocks-rust's server for every
 //! method, and the `fast-socks5` server for SOCKS5 with and without
 //! username/password. TCP and UDP, every byte checked.
 //!
@@ -15,17 +15,17 @@
 use std::io;
 use std::net::{SocketAddr, TcpStream};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
-use std::thread::JoinHandle;
+use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
+use kerntun::StatsSnapshot;
 use kerntun::config::{
-    Config, DriverMode, OutboundConfig, ShadowsocksConfig, ShadowsocksMethod, Socks5Config,
-    StackKind,
+    DriverMode, OutboundConfig, ShadowsocksConfig, ShadowsocksMethod, StackKind,
 };
 use kerntun::rules::{Action, Rule};
-use kerntun::{Engine, StatsSnapshot, TunSource};
+use kerntun_testkit::rig::{Rig, RigBuilder, socks5};
 use kerntun_testkit::servers::{self, Mode};
+use kerntun_testkit::tokio_servers::{InProcess, in_process, listen, shadowsocks};
 use kerntun_testkit::{Netns, Topology, client, require_root};
 
 const MIB: usize = 1024 * 1024;
@@ -33,163 +33,23 @@ const MIB: usize = 1024 * 1024;
 const PSK16: &str = "AAECAwQFBgcICQoLDA0ODw==";
 const PSK32: &str = "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=";
 
-/// A client namespace with a running engine whose catch-all rule sends
-/// everything to the outbound named `proxy` (when one is configured).
-struct Rig {
-    topo: Topology,
-    engine: Engine,
-}
-
-impl Rig {
-    fn new(topo: Topology, proxy: Option<OutboundConfig>, tweak: impl FnOnce(&mut Config)) -> Rig {
-        topo.client.enter().expect("enter client ns");
-        // The system stack: these tests assert which bytes are spliced, and
-        // only kernel sockets on both sides can be (smoltcp is the desktop
-        // default, so it is named here).
-        let mut c = Config {
-            stack: StackKind::System,
-            ..Config::default()
-        };
-        c.tun.name = format!("kt{}", topo.id);
-        c.tun.mtu = 1500;
-        c.tun.ipv4 = Some("198.18.0.1/16".parse().expect("net"));
-        c.tun.ipv6 = Some("fd00:18::1/64".parse().expect("net"));
-        c.driver = DriverMode::PerPacket;
-        c.direct.interface = Some(kerntun_testkit::CLIENT_VETH.into());
-        c.direct.connect_timeout_ms = 2_000;
-        if let Some(p) = proxy {
-            c.outbounds.insert("proxy".into(), p);
-            c.rules.push(Rule {
-                cidr: None,
-                ports: None,
-                action: Action::from("proxy"),
-                ..Rule::default()
-            });
-        }
-        tweak(&mut c);
-        let engine = Engine::start(c, TunSource::Create, None).expect("engine start");
-        topo.route_via_tun(&engine.tun_name().expect("tun name"))
-            .expect("routes");
-        Rig { topo, engine }
-    }
-
-    fn stats(&self) -> StatsSnapshot {
-        self.engine.stats()
-    }
-}
-
-/// A server on a thread of its own in a namespace, with its own runtime;
-/// stopped and joined on drop.
-struct InProcess {
-    stop: Arc<AtomicBool>,
-    handle: Option<JoinHandle<()>>,
-    /// Bytes the proxy relayed (server-side view), when it reports them.
-    relayed: Arc<AtomicU64>,
-}
-
-impl Drop for InProcess {
-    fn drop(&mut self) {
-        self.stop.store(true, Relaxed);
-        if let Some(h) = self.handle.take() {
-            let _ = h.join();
-        }
-    }
-}
-
-/// Run `serve` in `ns` until the returned guard is dropped. `serve` gets a
-/// ready channel to report its bind result on.
-fn in_process<F, Fut>(ns: &Netns, serve: F) -> InProcess
-where
-    F: FnOnce(std::sync::mpsc::Sender<io::Result<()>>, Arc<AtomicU64>) -> Fut + Send + 'static,
-    Fut: std::future::Future<Output = ()>,
-{
-    let stop = Arc::new(AtomicBool::new(false));
-    let relayed = Arc::new(AtomicU64::new(0));
-    let (tx, rx) = std::sync::mpsc::channel();
-    let (stop2, relayed2) = (stop.clone(), relayed.clone());
-    let handle = ns
-        .spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("server runtime");
-            rt.block_on(async move {
-                let stopped = async {
-                    while !stop2.load(Relaxed) {
-                        tokio::time::sleep(Duration::from_millis(20)).await;
-                    }
-                };
-                tokio::select! {
-                    () = serve(tx, relayed2) => {}
-                    () = stopped => {}
-                }
-            });
-        })
-        .expect("spawn in ns");
-    rx.recv_timeout(Duration::from_secs(10))
-        .expect("server reported")
-        .expect("server bound");
-    InProcess {
-        stop,
-        handle: Some(handle),
-        relayed,
+/// An engine whose catch-all rule sends everything to the outbound named
+/// `proxy`, when there is one. The system stack: these tests assert which
+/// bytes are spliced, and only kernel sockets on both sides can be.
+fn rig<'a>(proxy: Option<OutboundConfig>) -> RigBuilder<'a> {
+    let b = Rig::builder()
+        .stack(StackKind::System)
+        .driver(DriverMode::PerPacket);
+    match proxy {
+        Some(p) => b.outbound("proxy", p).rule(Rule {
+            action: Action::from("proxy"),
+            ..Rule::default()
+        }),
+        None => b,
     }
 }
 
 // ---------------------------------------------------------------- Shadowsocks
-
-/// shadowsocks-rust's server, TCP and UDP on `addr`.
-fn ss_server(ns: &Netns, addr: SocketAddr, method: &str, password: &str) -> InProcess {
-    use shadowsocks_service::shadowsocks::config::{Mode as SsMode, ServerConfig};
-    use shadowsocks_service::shadowsocks::crypto::CipherKind;
-    let kind: CipherKind = method.parse().expect("method");
-    let password = password.to_owned();
-    in_process(ns, move |ready, relayed| async move {
-        let mut cfg = match ServerConfig::new(addr, password, kind) {
-            Ok(c) => c,
-            Err(e) => {
-                let _ = ready.send(Err(io::Error::other(format!("{e:?}"))));
-                return;
-            }
-        };
-        cfg.set_mode(SsMode::TcpAndUdp);
-        let mut builder = shadowsocks_service::server::ServerBuilder::new(cfg);
-        // shadowsocks-rust sets DF on its UDP sockets unless told otherwise,
-        // so its own 8000-byte replies could not leave over a 1500-byte
-        // link; a server on a real path fragments them like any host.
-        let udp = shadowsocks_service::shadowsocks::net::UdpSocketOpts {
-            allow_fragmentation: true,
-            ..Default::default()
-        };
-        builder.set_accept_opts(shadowsocks_service::shadowsocks::net::AcceptOpts {
-            udp: udp.clone(),
-            ..Default::default()
-        });
-        builder.set_connect_opts(shadowsocks_service::shadowsocks::net::ConnectOpts {
-            udp,
-            ..Default::default()
-        });
-        let flow = builder.flow_stat();
-        let server = match builder.build().await {
-            Ok(s) => s,
-            Err(e) => {
-                let _ = ready.send(Err(e));
-                return;
-            }
-        };
-        let _ = ready.send(Ok(()));
-        let watch = async {
-            loop {
-                relayed.store(flow.tx() + flow.rx(), Relaxed);
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-        };
-        tokio::select! {
-            _ = server.run() => {}
-            () = watch => {}
-        }
-    })
-}
 
 fn ss_outbound(server: SocketAddr, method: ShadowsocksMethod, password: &str) -> OutboundConfig {
     OutboundConfig::Shadowsocks(ShadowsocksConfig {
@@ -205,17 +65,11 @@ fn ss_outbound(server: SocketAddr, method: ShadowsocksMethod, password: &str) ->
 fn shadowsocks_method(method: ShadowsocksMethod, name: &str, password: &str, v6: bool) {
     let topo = Topology::new().expect("topology");
     let ss_addr = topo.server_addr(v6, 8388);
-    let ss = ss_server(&topo.server, ss_addr, name, password);
-    let rig = Rig::new(topo, Some(ss_outbound(ss_addr, method, password)), |_| {});
-    let echo =
-        servers::tcp(&rig.topo.server, rig.topo.server_addr(v6, 0), Mode::Echo).expect("echo");
-    let first = servers::tcp(
-        &rig.topo.server,
-        rig.topo.server_addr(v6, 0),
-        Mode::SpeakFirst,
-    )
-    .expect("speak-first");
-    let udp = servers::udp_echo(&rig.topo.server, rig.topo.server_addr(v6, 0)).expect("udp");
+    let ss = shadowsocks(&topo.server, ss_addr, name, password);
+    let rig = rig(Some(ss_outbound(ss_addr, method, password))).start_in(topo);
+    let echo = rig.tcp_server(v6, Mode::Echo);
+    let first = rig.tcp_server(v6, Mode::SpeakFirst);
+    let udp = rig.udp_echo(v6);
 
     client::echo_transfer(echo.addr, 11, 4 * MIB, false).expect("TCP echo through shadowsocks");
     client::echo_transfer(first.addr, 12, 100_000, true).expect("server speaks first");
@@ -257,44 +111,50 @@ fn shadowsocks_method(method: ShadowsocksMethod, name: &str, password: &str, v6:
     assert_eq!(ok, 10, "{name}: {:?}", rig.stats());
 }
 
-macro_rules! ss_tests {
-    ($($test:ident: $method:expr, $name:expr, $pw:expr, $v6:expr;)*) => {$(
-        #[test]
-        fn $test() {
-            require_root!();
-            shadowsocks_method($method, $name, $pw, $v6);
-        }
-    )*};
-}
-
-ss_tests! {
-    shadowsocks_none: ShadowsocksMethod::None, "none", "", false;
-    shadowsocks_none_v6: ShadowsocksMethod::None, "none", "", true;
-    shadowsocks_aes_128_gcm: ShadowsocksMethod::Aes128Gcm, "aes-128-gcm", "kerntun-test", false;
-    shadowsocks_aes_256_gcm: ShadowsocksMethod::Aes256Gcm, "aes-256-gcm", "kerntun-test", false;
-    shadowsocks_chacha20_ietf_poly1305: ShadowsocksMethod::Chacha20IetfPoly1305, "chacha20-ietf-poly1305", "kerntun-test", true;
-    shadowsocks_2022_blake3_aes_128_gcm: ShadowsocksMethod::Blake3Aes128Gcm, "2022-blake3-aes-128-gcm", PSK16, false;
-    shadowsocks_2022_blake3_aes_256_gcm: ShadowsocksMethod::Blake3Aes256Gcm, "2022-blake3-aes-256-gcm", PSK32, false;
-    shadowsocks_2022_blake3_aes_256_gcm_v6: ShadowsocksMethod::Blake3Aes256Gcm, "2022-blake3-aes-256-gcm", PSK32, true;
-}
+kerntun_testkit::root_tests!(shadowsocks_method;
+    shadowsocks_none(ShadowsocksMethod::None, "none", "", false),
+    shadowsocks_none_v6(ShadowsocksMethod::None, "none", "", true),
+    shadowsocks_aes_128_gcm(ShadowsocksMethod::Aes128Gcm, "aes-128-gcm", "kerntun-test", false),
+    shadowsocks_aes_256_gcm(ShadowsocksMethod::Aes256Gcm, "aes-256-gcm", "kerntun-test", false),
+    shadowsocks_chacha20_ietf_poly1305(
+        ShadowsocksMethod::Chacha20IetfPoly1305,
+        "chacha20-ietf-poly1305",
+        "kerntun-test",
+        true
+    ),
+    shadowsocks_2022_blake3_aes_128_gcm(
+        ShadowsocksMethod::Blake3Aes128Gcm,
+        "2022-blake3-aes-128-gcm",
+        PSK16,
+        false
+    ),
+    shadowsocks_2022_blake3_aes_256_gcm(
+        ShadowsocksMethod::Blake3Aes256Gcm,
+        "2022-blake3-aes-256-gcm",
+        PSK32,
+        false
+    ),
+    shadowsocks_2022_blake3_aes_256_gcm_v6(
+        ShadowsocksMethod::Blake3Aes256Gcm,
+        "2022-blake3-aes-256-gcm",
+        PSK32,
+        true
+    ),
+);
 
 #[test]
 fn shadowsocks_wrong_password_reaches_nothing() {
     require_root!();
     let topo = Topology::new().expect("topology");
     let ss_addr = topo.server_addr(false, 8388);
-    let _ss = ss_server(&topo.server, ss_addr, "aes-256-gcm", "right");
-    let rig = Rig::new(
-        topo,
-        Some(ss_outbound(ss_addr, ShadowsocksMethod::Aes256Gcm, "wrong")),
-        |_| {},
-    );
-    let echo = servers::tcp(
-        &rig.topo.server,
-        rig.topo.server_addr(false, 0),
-        Mode::SpeakFirst,
-    )
-    .expect("echo");
+    let _ss = shadowsocks(&topo.server, ss_addr, "aes-256-gcm", "right");
+    let rig = rig(Some(ss_outbound(
+        ss_addr,
+        ShadowsocksMethod::Aes256Gcm,
+        "wrong",
+    )))
+    .start_in(topo);
+    let echo = rig.tcp_server(false, Mode::SpeakFirst);
     // The connect succeeds (Shadowsocks has no handshake reply), but the
     // server cannot decrypt the header: it closes, and the app never gets a
     // byte; no banner arrives.
@@ -337,19 +197,14 @@ fn shadowsocks_replayed_server_stream_is_refused() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let topo = Topology::new().expect("topology");
     let ss_addr = topo.server_addr(false, 8388);
-    let _ss = ss_server(&topo.server, ss_addr, "aes-256-gcm", "kerntun-test");
+    let _ss = shadowsocks(&topo.server, ss_addr, "aes-256-gcm", "kerntun-test");
     let mitm = topo.server_addr(false, 8389);
     let recorded = Arc::new(parking_lot::Mutex::new(Vec::<u8>::new()));
     let rec = recorded.clone();
     let _mitm = in_process(&topo.server, move |ready, _| async move {
-        let l = match tokio::net::TcpListener::bind(mitm).await {
-            Ok(l) => l,
-            Err(e) => {
-                let _ = ready.send(Err(e));
-                return;
-            }
+        let Some(l) = listen(mitm, &ready).await else {
+            return;
         };
-        let _ = ready.send(Ok(()));
         let mut first = true;
         while let Ok((client, _)) = l.accept().await {
             let rec = rec.clone();
@@ -386,21 +241,13 @@ fn shadowsocks_replayed_server_stream_is_refused() {
             }
         }
     });
-    let rig = Rig::new(
-        topo,
-        Some(ss_outbound(
-            mitm,
-            ShadowsocksMethod::Aes256Gcm,
-            "kerntun-test",
-        )),
-        |_| {},
-    );
-    let target = servers::tcp(
-        &rig.topo.server,
-        rig.topo.server_addr(false, 0),
-        Mode::SpeakFirst,
-    )
-    .expect("speak-first");
+    let rig = rig(Some(ss_outbound(
+        mitm,
+        ShadowsocksMethod::Aes256Gcm,
+        "kerntun-test",
+    )))
+    .start_in(topo);
+    let target = rig.tcp_server(false, Mode::SpeakFirst);
     assert_eq!(
         read_banner(target.addr).expect("first connection"),
         servers::BANNER,
@@ -412,10 +259,9 @@ fn shadowsocks_replayed_server_stream_is_refused() {
         replayed.as_ref().map_or(true, |b| b.is_empty()),
         "a replayed server stream reaches the app: {replayed:?}"
     );
-    let deadline = Instant::now() + Duration::from_secs(3);
-    while rig.stats().outbounds[0].protocol_errors == 0 && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    rig.wait_until("the replay counted", Duration::from_secs(3), |s| {
+        s.outbounds[0].protocol_errors > 0
+    });
     let s = rig.stats();
     assert_eq!(s.outbounds[0].protocol_errors, 1, "{s:?}");
     assert_eq!(target.accepted.load(Relaxed), 1, "only the real request");
@@ -430,14 +276,9 @@ fn socks5_server(ns: &Netns, addr: SocketAddr, creds: Option<(&str, &str)>) -> I
     use fast_socks5::server::{Socks5ServerProtocol, run_tcp_proxy, run_udp_proxy};
     let creds = creds.map(|(u, p)| (u.to_owned(), p.to_owned()));
     in_process(ns, move |ready, served| async move {
-        let l = match tokio::net::TcpListener::bind(addr).await {
-            Ok(l) => l,
-            Err(e) => {
-                let _ = ready.send(Err(e));
-                return;
-            }
+        let Some(l) = listen(addr, &ready).await else {
+            return;
         };
-        let _ = ready.send(Ok(()));
         loop {
             let Ok((s, _)) = l.accept().await else {
                 continue;
@@ -472,23 +313,13 @@ fn socks5_server(ns: &Netns, addr: SocketAddr, creds: Option<(&str, &str)>) -> I
     })
 }
 
-fn socks5_outbound(server: SocketAddr, creds: Option<(&str, &str)>) -> OutboundConfig {
-    OutboundConfig::Socks5(Socks5Config {
-        server: server.into(),
-        username: creds.map(|c| c.0.into()),
-        password: creds.map(|c| c.1.into()),
-        udp: true,
-    })
-}
-
 fn socks5_case(creds: Option<(&str, &str)>, v6: bool) {
     let topo = Topology::new().expect("topology");
     let proxy = topo.server_addr(v6, 1080);
     let srv = socks5_server(&topo.server, proxy, creds);
-    let rig = Rig::new(topo, Some(socks5_outbound(proxy, creds)), |_| {});
-    let echo =
-        servers::tcp(&rig.topo.server, rig.topo.server_addr(v6, 0), Mode::Echo).expect("echo");
-    let udp = servers::udp_echo(&rig.topo.server, rig.topo.server_addr(v6, 0)).expect("udp");
+    let rig = rig(Some(socks5(proxy, creds, true))).start_in(topo);
+    let echo = rig.tcp_server(v6, Mode::Echo);
+    let udp = rig.udp_echo(v6);
     client::echo_transfer(echo.addr, 21, 4 * MIB, false).expect("TCP through SOCKS5");
     let ok = client::udp_round_trips(udp.addr, 50, 1000).expect("UDP through SOCKS5");
     assert_eq!(ok, 50);
@@ -509,23 +340,11 @@ fn socks5_case(creds: Option<(&str, &str)>, v6: bool) {
     assert_eq!(ok, 10, "{:?}", rig.stats());
 }
 
-#[test]
-fn socks5_no_auth_v4() {
-    require_root!();
-    socks5_case(None, false);
-}
-
-#[test]
-fn socks5_no_auth_v6() {
-    require_root!();
-    socks5_case(None, true);
-}
-
-#[test]
-fn socks5_username_password() {
-    require_root!();
-    socks5_case(Some(("kerntun", "s3cret")), false);
-}
+kerntun_testkit::root_tests!(socks5_case;
+    socks5_no_auth_v4(None, false),
+    socks5_no_auth_v6(None, true),
+    socks5_username_password(Some(("kerntun", "s3cret")), false),
+);
 
 #[test]
 fn socks5_wrong_password_is_a_counted_refusal() {
@@ -533,11 +352,7 @@ fn socks5_wrong_password_is_a_counted_refusal() {
     let topo = Topology::new().expect("topology");
     let proxy = topo.server_addr(false, 1080);
     let _srv = socks5_server(&topo.server, proxy, Some(("kerntun", "s3cret")));
-    let rig = Rig::new(
-        topo,
-        Some(socks5_outbound(proxy, Some(("kerntun", "nope")))),
-        |_| {},
-    );
+    let rig = rig(Some(socks5(proxy, Some(("kerntun", "nope")), true))).start_in(topo);
     let to = rig.topo.server_addr(false, 9);
     let start = Instant::now();
     let e = TcpStream::connect_timeout(&to, Duration::from_secs(3)).expect_err("refused");
@@ -557,14 +372,9 @@ fn socks5_garbage_reply_is_a_counted_refusal() {
     let proxy = topo.server_addr(false, 1080);
     let _srv = in_process(&topo.server, move |ready, _| async move {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let l = match tokio::net::TcpListener::bind(proxy).await {
-            Ok(l) => l,
-            Err(e) => {
-                let _ = ready.send(Err(e));
-                return;
-            }
+        let Some(l) = listen(proxy, &ready).await else {
+            return;
         };
-        let _ = ready.send(Ok(()));
         while let Ok((mut s, _)) = l.accept().await {
             let mut b = [0u8; 64];
             let _ = s.read(&mut b).await; // greeting
@@ -573,7 +383,7 @@ fn socks5_garbage_reply_is_a_counted_refusal() {
             let _ = s.write_all(&[5, 0, 0, 9, 1, 2, 3, 4, 5, 6]).await; // ATYP 9
         }
     });
-    let rig = Rig::new(topo, Some(socks5_outbound(proxy, None)), |_| {});
+    let rig = rig(Some(socks5(proxy, None, true))).start_in(topo);
     let e = TcpStream::connect_timeout(&rig.topo.server_addr(false, 9), Duration::from_secs(3))
         .expect_err("refused");
     assert_eq!(e.kind(), io::ErrorKind::ConnectionRefused, "{e}");
@@ -648,10 +458,8 @@ fn socks5_domain_address_on_loopback() {
 // ---------------------------------------------------------------- direct + splice
 
 fn direct_bulk(splice: bool) -> StatsSnapshot {
-    let topo = Topology::new().expect("topology");
-    let rig = Rig::new(topo, None, |c| c.relay.splice = splice);
-    let echo =
-        servers::tcp(&rig.topo.server, rig.topo.server_addr(false, 0), Mode::Echo).expect("echo");
+    let rig = rig(None).config(|_, c| c.relay.splice = splice).start();
+    let echo = rig.tcp_server(false, Mode::Echo);
     client::echo_transfer(echo.addr, 31, 8 * MIB, false).expect("direct echo");
     rig.stats()
 }
@@ -686,21 +494,19 @@ fn udp_rules_per_flow() {
     let udp_a = servers::udp_echo(&topo.server, topo.server_addr(false, 0)).expect("udp a");
     let udp_b = servers::udp_echo(&topo.server, topo.server_addr(false, 0)).expect("udp b");
     let b_port = udp_b.addr.port();
-    let mut out = socks5_outbound(proxy, None);
-    if let OutboundConfig::Socks5(c) = &mut out {
-        c.udp = false;
-    }
-    let rig = Rig::new(topo, Some(out), move |c| {
-        c.rules.insert(
-            0,
-            Rule {
-                cidr: None,
-                ports: Some(format!("{b_port}").parse().expect("port")),
-                action: Action::Reject,
-                ..Rule::default()
-            },
-        );
-    });
+    let rig = rig(Some(socks5(proxy, None, false)))
+        .config(move |_, c| {
+            c.rules.insert(
+                0,
+                Rule {
+                    cidr: None,
+                    ports: Some(format!("{b_port}").parse().expect("port")),
+                    action: Action::Reject,
+                    ..Rule::default()
+                },
+            );
+        })
+        .start_in(topo);
     assert_eq!(client::udp_round_trips(udp_a.addr, 10, 100).expect("a"), 10);
     assert_eq!(client::udp_round_trips(udp_b.addr, 2, 100).expect("b"), 0);
     let s = rig.stats();
@@ -733,7 +539,7 @@ fn dns_through_proxy(via: Via, upstream_proto: &'static str) {
     let (_proxy, outbound) = match via {
         Via::Shadowsocks => {
             let addr = topo.server_addr(false, 8388);
-            let srv = ss_server(&topo.server, addr, "aes-256-gcm", "kerntun-test");
+            let srv = shadowsocks(&topo.server, addr, "aes-256-gcm", "kerntun-test");
             (
                 srv,
                 ss_outbound(addr, ShadowsocksMethod::Aes256Gcm, "kerntun-test"),
@@ -743,19 +549,16 @@ fn dns_through_proxy(via: Via, upstream_proto: &'static str) {
             let addr = topo.server_addr(false, 1080);
             (
                 socks5_server(&topo.server, addr, None),
-                socks5_outbound(addr, None),
+                socks5(addr, None, true),
             )
         }
     };
     let real = topo.server_addr(false, 0).ip();
     let up_addr = topo.server_addr(false, 53);
-    let resolver: SocketAddr = "198.18.0.53:53".parse().expect("addr");
-    let rig = Rig::new(topo, Some(outbound), move |c| {
-        c.dns.enabled = true;
-        c.dns.hijack = vec![resolver.ip()];
-        c.dns.upstreams = vec![format!("{upstream_proto}://{up_addr}")];
-        c.dns.timeout_ms = 2_000;
-    });
+    let rig = rig(Some(outbound))
+        .dns([format!("{upstream_proto}://{up_addr}")])
+        .config(|_, c| c.dns.timeout_ms = 2_000)
+        .start_in(topo);
     let up = DnsServer::start(
         &rig.topo.server,
         up_addr,
@@ -763,7 +566,7 @@ fn dns_through_proxy(via: Via, upstream_proto: &'static str) {
     )
     .expect("dns server");
     let r = dns::ask_udp(
-        resolver,
+        kerntun_testkit::rig::RESOLVER,
         &dns::query("p.test", RecordType::A, 9),
         Duration::from_secs(5),
     )
@@ -787,26 +590,9 @@ fn dns_through_proxy(via: Via, upstream_proto: &'static str) {
     assert_eq!(s.dns.servfail + s.dns.upstream_failures, 0, "{:?}", s.dns);
 }
 
-#[test]
-fn dns_upstream_udp_through_shadowsocks() {
-    require_root!();
-    dns_through_proxy(Via::Shadowsocks, "udp");
-}
-
-#[test]
-fn dns_upstream_tcp_through_shadowsocks() {
-    require_root!();
-    dns_through_proxy(Via::Shadowsocks, "tcp");
-}
-
-#[test]
-fn dns_upstream_udp_through_socks5() {
-    require_root!();
-    dns_through_proxy(Via::Socks5, "udp");
-}
-
-#[test]
-fn dns_upstream_tcp_through_socks5() {
-    require_root!();
-    dns_through_proxy(Via::Socks5, "tcp");
-}
+kerntun_testkit::root_tests!(dns_through_proxy;
+    dns_upstream_udp_through_shadowsocks(Via::Shadowsocks, "udp"),
+    dns_upstream_tcp_through_shadowsocks(Via::Shadowsocks, "tcp"),
+    dns_upstream_udp_through_socks5(Via::Socks5, "udp"),
+    dns_upstream_tcp_through_socks5(Via::Socks5, "tcp"),
+);

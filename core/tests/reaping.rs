@@ -10,13 +10,13 @@
 use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpStream};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use kerntun::config::{Config, DriverMode, StackKind};
+use kerntun::config::{DriverMode, StackKind};
 use kerntun::outbound::KEEPALIVE_IDLE;
-use kerntun::{Engine, TunSource};
+use kerntun_testkit::rig::Rig;
 use kerntun_testkit::servers::{self, Mode};
-use kerntun_testkit::{Topology, require_root};
+use kerntun_testkit::{Topology, require_root, within};
 
 /// One row of /proc/net/tcp: the socket's timer and inode.
 #[derive(Debug, Clone, Copy)]
@@ -78,24 +78,18 @@ fn a_vanished_peer_frees_the_session_its_sockets_and_its_permit() {
     require_root!();
     const IDLE_S: u64 = 3;
     let topo = Topology::new().expect("topology");
-    topo.client.enter().expect("enter client ns");
     let srv = servers::tcp(&topo.server, topo.server_addr(false, 0), Mode::Echo).expect("server");
-    let mut cfg = Config {
-        stack: StackKind::System,
-        driver: DriverMode::PerPacket,
-        ..Config::default()
-    };
-    cfg.tun.name = format!("kt{}", topo.id);
-    cfg.tun.mtu = 1500;
-    cfg.direct.interface = Some(kerntun_testkit::CLIENT_VETH.into());
-    cfg.timeouts.tcp_idle_s = IDLE_S;
-    // One admission permit: the next session is admitted only if the
-    // reaped one gave its permit back.
-    cfg.budget.tcp_sessions = Some(1);
-    let engine = Engine::start(cfg, TunSource::Create, None).expect("start");
-    topo.route_via_tun(&engine.tun_name().expect("name"))
-        .expect("route");
-    let listener = engine.listen_addrs()[0];
+    let rig = Rig::builder()
+        .stack(StackKind::System)
+        .driver(DriverMode::PerPacket)
+        .ipv4_only()
+        .timeouts(|t| t.tcp_idle_s = IDLE_S)
+        // One admission permit: the next session is admitted only if the
+        // reaped one gave its permit back.
+        .budget(|b| b.tcp_sessions = Some(1))
+        .start_in(topo);
+    let (topo, engine) = (&rig.topo, &rig.engine);
+    let listener = rig.listener(false);
 
     let mut app = TcpStream::connect_timeout(&srv.addr, Duration::from_secs(3)).expect("connect");
     app.set_read_timeout(Some(Duration::from_secs(3)))
@@ -123,12 +117,11 @@ fn a_vanished_peer_frees_the_session_its_sockets_and_its_permit() {
             find(&|l, r| *l == listener && r.port() != 0),
         )
     };
-    let settle = Instant::now() + Duration::from_secs(1);
     let (mut outbound, mut accepted) = legs();
-    while (outbound.timer, accepted.timer) != (2, 2) && Instant::now() < settle {
-        std::thread::sleep(Duration::from_millis(10));
+    let _ = within(Duration::from_secs(1), || {
         (outbound, accepted) = legs();
-    }
+        (outbound.timer, accepted.timer) == (2, 2)
+    });
     for (leg, row) in [("outbound", outbound), ("app", accepted)] {
         // Keepalive armed with the engine's idle time (ticks are 1/100 s).
         let left = Duration::from_millis(row.ticks * 10);
@@ -143,22 +136,9 @@ fn a_vanished_peer_frees_the_session_its_sockets_and_its_permit() {
     topo.server
         .ip(&["link", "set", "kts", "down"])
         .expect("link down");
-    let went_down = Instant::now();
-    let deadline = went_down + Duration::from_secs(IDLE_S + 4);
-    let reaped = || {
-        engine.stats().tcp_sessions_active == 0
-            && !holds_socket(outbound.inode)
-            && !holds_socket(accepted.inode)
-    };
-    while !reaped() && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    assert!(
-        reaped(),
-        "session still held after {:?}: {:?}",
-        went_down.elapsed(),
-        engine.stats()
-    );
+    rig.wait_until("the session reaped", Duration::from_secs(IDLE_S + 4), |s| {
+        s.tcp_sessions_active == 0 && !holds_socket(outbound.inode) && !holds_socket(accepted.inode)
+    });
     // The app hears of it, at the latest when it speaks again: its
     // connection is reset, not left hanging.
     let _ = app.write_all(b"x");

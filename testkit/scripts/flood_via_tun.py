@@ -5,20 +5,28 @@ fast as possible, and print the number handed to the kernel.
 usage: flood_via_tun.py IFNAME KIND COUNT SEED DST4 DST6 [PORT]
 
 KIND:
-  malformed  IP-valid packets with broken L4, both families: TCP SYNs and
-             data with a bad checksum, TCP with flag combinations no
-             endpoint sends (none, FIN alone, SYN+FIN, SYN+RST, Xmas...)
-             and a valid checksum, UDP with a bad checksum, UDP over IPv6
-             with a zero checksum, UDP whose length field overruns the
-             packet. Destinations are DST4/DST6 on random ports.
-  syn        valid TCP SYNs to DST4:PORT / [DST6]:PORT from spoofed sources
-             (198.18.0.0/16 hosts .1.0-.255.255 and fd00:18::/64 hosts
-             that no namespace owns), so no SYN is ever answered.
-  udp        valid UDP datagrams (64 bytes) to DST4/DST6 on COUNT distinct
-             ports from one source port: a one-way flood.
+  malformed-l4  IP-valid packets with broken L4, both families: TCP SYNs and
+                data with a bad checksum, TCP with flag combinations no
+                endpoint sends (none, FIN alone, SYN+FIN, SYN+RST, Xmas...)
+                and a valid checksum, UDP with a bad checksum, UDP over IPv6
+                with a zero checksum, UDP whose length field overruns the
+                packet. Destinations are DST4/DST6 on random ports.
+  malformed-ip  packets the IP layer refuses or does not carry: random
+                bytes, truncated headers, bad total/payload lengths and
+                header lengths, IPv4 and IPv6 fragments that never
+                complete, ESP, TCP with a bad data offset, unknown
+                protocols. Fixed addresses (10.0.0.9 -> 198.19.1.2, ::9 ->
+                fd00:19::2): only the fragments get as far as their
+                addresses, and they share one id, so none ever completes.
+  syn           valid TCP SYNs to DST4:PORT / [DST6]:PORT from spoofed
+                sources (198.18.0.0/16 hosts .1.0-.255.255 and fd00:18::/64
+                hosts that no namespace owns), so no SYN is ever answered.
+  udp           valid UDP datagrams (64 bytes) to DST4/DST6 on COUNT
+                distinct ports from one source port: a one-way flood.
 
-The IPv4 source of malformed and udp packets is 198.18.0.9, IPv6
+The IPv4 source of malformed-l4 and udp packets is 198.18.0.9, IPv6
 fd00:18::9: addresses inside the TUN's prefixes that no namespace owns.
+The tests drive it through kerntun_testkit::rig::Rig::inject.
 """
 import random
 import socket
@@ -113,6 +121,48 @@ def malformed(rnd, dst4, dst6):
     return tcp(src, dst, sport, dport, SYN, six=six, good=False, seq=rnd.getrandbits(32))
 
 
+def raw_v4(proto, payload, flags_frag=0, total=None, ihl=5):
+    """An IPv4 header as given, its checksum left 0."""
+    total = 20 + len(payload) if total is None else total
+    return struct.pack("!BBHHHBBH4s4s", 0x40 | ihl, 0, total & 0xFFFF, 1, flags_frag, 64,
+                       proto, 0, bytes([10, 0, 0, 9]), bytes([198, 19, 1, 2])) + payload
+
+
+def raw_v6(nh, payload, plen=None):
+    plen = len(payload) if plen is None else plen
+    return (struct.pack("!IHBB", 6 << 28, plen & 0xFFFF, nh, 64) + bytes(15) + b"\x09"
+            + bytes([0xFD, 0, 0, 0x19] + [0] * 11 + [2]) + payload)
+
+
+def raw_tcp(doff=5):
+    return struct.pack("!HHIIBBHHH", 40000, 443, 1, 0, doff << 4, 0x02, 1024, 0, 0)
+
+
+def malformed_ip(rnd):
+    k = rnd.randrange(11)
+    if k == 0:
+        return bytes(rnd.getrandbits(8) for _ in range(rnd.randrange(1, 120)))
+    if k == 1:
+        return raw_v4(6, raw_tcp())[: rnd.randrange(1, 20)]                  # truncated IPv4 header
+    if k == 2:
+        return raw_v4(6, raw_tcp(), total=rnd.choice([0, 10, 19, 4000]))     # bad total length
+    if k == 3:
+        return raw_v4(17, bytes(16), flags_frag=0x2000)                      # MF set
+    if k == 4:
+        return raw_v4(17, bytes(16), flags_frag=0x0005)                      # offset set
+    if k == 5:
+        return raw_v6(44, bytes([17, 0, 0, 1, 0, 0, 0, 1]) + bytes(16))     # IPv6 Fragment header
+    if k == 6:
+        return raw_v6(50, bytes(24))                                          # ESP
+    if k == 7:
+        return raw_v4(6, raw_tcp(doff=rnd.choice([0, 1, 4, 15])))             # bad data offset
+    if k == 8:
+        return raw_v4(rnd.choice([47, 132, 253]), bytes(20))                  # unknown protocol
+    if k == 9:
+        return raw_v6(6, raw_tcp(), plen=rnd.choice([0, 5, 3000]))            # bad payload length
+    return raw_v4(6, raw_tcp(), ihl=rnd.choice([0, 3, 4, 15]))                # bad IHL
+
+
 def main():
     ifname, kind, count, seed = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
     dst4, dst6 = sys.argv[5], sys.argv[6]
@@ -125,8 +175,10 @@ def main():
         socks[proto] = s
     sent = 0
     for i in range(count):
-        if kind == "malformed":
+        if kind == "malformed-l4":
             p = malformed(rnd, dst4, dst6)
+        elif kind == "malformed-ip":
+            p = malformed_ip(rnd)
         elif kind == "syn":
             six = i % 2 == 1
             n = 256 + i // 2
@@ -142,7 +194,7 @@ def main():
             p = udp(src, dst, 40000, 1 + i % 65000, bytes(64), six=six)
         else:
             raise SystemExit("unknown kind " + kind)
-        proto = 0x86DD if p[0] >> 4 == 6 else 0x0800
+        proto = 0x86DD if p and p[0] >> 4 == 6 else 0x0800
         try:
             socks[proto].sendto(p, (ifname, proto))
             sent += 1

@@ -9,7 +9,7 @@
 
 use std::collections::HashMap;
 use std::io::{self, Read, Write};
-use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::net::{IpAddr, SocketAddr, TcpStream, UdpSocket};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -122,18 +122,14 @@ impl DnsServer {
         let silent = Arc::new(AtomicBool::new(false));
         let stop = Arc::new(AtomicBool::new(false));
         let zone = Arc::new(zone);
-        let (tx, rx) = std::sync::mpsc::channel();
         let (q, s, st, z) = (queries.clone(), silent.clone(), stop.clone(), zone.clone());
-        let udp = ns.spawn(move || {
-            let sock = match UdpSocket::bind(addr) {
-                Ok(s) => s,
-                Err(e) => {
-                    let _ = tx.send(Err(e));
-                    return;
-                }
-            };
-            let _ = tx.send(sock.local_addr());
-            let _ = sock.set_read_timeout(Some(POLL));
+        let bind = move || {
+            let sock = UdpSocket::bind(addr)?;
+            sock.set_read_timeout(Some(POLL))?;
+            let a = sock.local_addr()?;
+            Ok((sock, a))
+        };
+        let (addr, udp) = ns.serve(bind, move |sock| {
             let mut buf = vec![0u8; 65_535];
             while !st.load(Relaxed) {
                 let Ok((n, from)) = sock.recv_from(&mut buf) else {
@@ -148,33 +144,21 @@ impl DnsServer {
                 }
             }
         })?;
-        let addr = rx
-            .recv()
-            .map_err(|_| io::Error::other("dns server thread died"))??;
-        let (tx, rx) = std::sync::mpsc::channel();
         let (q, s, st) = (queries.clone(), silent.clone(), stop.clone());
-        let tcp = ns.spawn(move || {
-            let l = match TcpListener::bind(addr) {
-                Ok(l) => l,
-                Err(e) => {
-                    let _ = tx.send(Err(e));
-                    return;
-                }
-            };
-            let _ = tx.send(Ok(()));
-            let _ = l.set_nonblocking(true);
-            while !st.load(Relaxed) {
-                match l.accept() {
-                    Ok((c, _)) => {
-                        let (q, s, st, z) = (q.clone(), s.clone(), st.clone(), zone.clone());
-                        std::thread::spawn(move || serve_tcp(c, &z, &q, &s, &st));
+        let ((), tcp) = ns.serve(
+            move || Ok((crate::servers::listen(addr)?.0, ())),
+            move |l| {
+                while !st.load(Relaxed) {
+                    match l.accept() {
+                        Ok((c, _)) => {
+                            let (q, s, st, z) = (q.clone(), s.clone(), st.clone(), zone.clone());
+                            std::thread::spawn(move || serve_tcp(c, &z, &q, &s, &st));
+                        }
+                        Err(_) => std::thread::sleep(Duration::from_millis(5)),
                     }
-                    Err(_) => std::thread::sleep(Duration::from_millis(5)),
                 }
-            }
-        })?;
-        rx.recv()
-            .map_err(|_| io::Error::other("dns server thread died"))??;
+            },
+        )?;
         Ok(DnsServer {
             addr,
             queries,
@@ -213,16 +197,7 @@ fn serve_tcp(mut c: TcpStream, zone: &Zone, q: &AtomicU64, silent: &AtomicBool, 
         match c.read(&mut buf) {
             Ok(0) => return,
             Ok(n) => pending.extend_from_slice(&buf[..n]),
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::WouldBlock
-                        | io::ErrorKind::TimedOut
-                        | io::ErrorKind::Interrupted
-                ) =>
-            {
-                continue;
-            }
+            Err(e) if crate::servers::is_timeout(&e) => continue,
             Err(_) => return,
         }
         while pending.len() >= 2 {
@@ -334,40 +309,30 @@ impl Socks5Recorder {
     pub fn start(ns: &Netns, addr: SocketAddr) -> io::Result<Socks5Recorder> {
         let asked = Arc::new(Mutex::new(Vec::new()));
         let stop = Arc::new(AtomicBool::new(false));
-        let (tx, rx) = std::sync::mpsc::channel();
         let (a, st) = (asked.clone(), stop.clone());
-        let handle = ns.spawn(move || {
-            let l = match TcpListener::bind(addr) {
-                Ok(l) => l,
-                Err(e) => {
-                    let _ = tx.send(Err(e));
-                    return;
-                }
-            };
-            let _ = tx.send(l.local_addr());
-            let _ = l.set_nonblocking(true);
-            let mut conns = Vec::new();
-            while !st.load(Relaxed) {
-                match l.accept() {
-                    Ok((c, _)) => {
-                        let (a, st) = (a.clone(), st.clone());
-                        let ip = addr.ip();
-                        conns.push(std::thread::spawn(move || {
-                            let _ = socks_conn(c, ip, &a, &st);
-                        }));
+        let (bound, handle) = ns.serve(
+            move || crate::servers::listen(addr),
+            move |l| {
+                let mut conns = Vec::new();
+                while !st.load(Relaxed) {
+                    match l.accept() {
+                        Ok((c, _)) => {
+                            let (a, st) = (a.clone(), st.clone());
+                            let ip = addr.ip();
+                            conns.push(std::thread::spawn(move || {
+                                let _ = socks_conn(c, ip, &a, &st);
+                            }));
+                        }
+                        Err(_) => std::thread::sleep(Duration::from_millis(5)),
                     }
-                    Err(_) => std::thread::sleep(Duration::from_millis(5)),
                 }
-            }
-            for c in conns {
-                let _ = c.join();
-            }
-        })?;
-        let addr = rx
-            .recv()
-            .map_err(|_| io::Error::other("socks5 thread died"))??;
+                for c in conns {
+                    let _ = c.join();
+                }
+            },
+        )?;
         Ok(Socks5Recorder {
-            addr,
+            addr: bound,
             asked,
             stop,
             handle: Some(handle),
@@ -456,13 +421,7 @@ fn socks_conn(
                 match c.read(&mut buf) {
                     Ok(0) => return Ok(()),
                     Ok(n) => c.write_all(&buf[..n])?,
-                    Err(e)
-                        if matches!(
-                            e.kind(),
-                            io::ErrorKind::WouldBlock
-                                | io::ErrorKind::TimedOut
-                                | io::ErrorKind::Interrupted
-                        ) => {}
+                    Err(e) if crate::servers::is_timeout(&e) => {}
                     Err(e) => return Err(e),
                 }
             }

@@ -21,17 +21,22 @@
 //! namespace forwards into the TUN (the router topology of the benchmark's
 //! phone profiles); [`uid_route::UidRoute`] routes one uid of the client
 //! namespace into the TUN, as Android routes an app (their android
-//! topology).
+//! topology). [`rig::Rig`] is an engine running in a topology, as the
+//! end-to-end tests start it.
 
 use std::fs::File;
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Mutex, MutexGuard};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 pub mod dns;
+pub mod rig;
 pub mod router;
+pub mod tokio_servers;
 pub mod uid_route;
 
 /// Whether this process can create namespaces and TUN devices.
@@ -48,6 +53,20 @@ macro_rules! require_root {
             return;
         }
     };
+}
+
+/// One `#[test]` per case, each skipped without root ([`require_root!`])
+/// and otherwise calling `$run` with the case's arguments:
+/// `root_tests!(run; v4(false), v6(true));` makes tests `v4` and `v6`.
+#[macro_export]
+macro_rules! root_tests {
+    ($run:path; $($case:ident($($arg:expr),* $(,)?)),* $(,)?) => {$(
+        #[test]
+        fn $case() {
+            $crate::require_root!();
+            $run($($arg),*);
+        }
+    )*};
 }
 
 /// Run a command, turning a non-zero exit into an error with its stderr.
@@ -129,6 +148,31 @@ impl Netns {
             drop(file);
             f()
         }))
+    }
+
+    /// Bind on a new thread inside the namespace and serve there: `bind`
+    /// returns what it bound and the address to report; once it did, this
+    /// returns that address and the thread, which goes on to run `serve`
+    /// with it. A failed bind is this call's error.
+    pub fn serve<S, A: Send + 'static>(
+        &self,
+        bind: impl FnOnce() -> io::Result<(S, A)> + Send + 'static,
+        serve: impl FnOnce(S) + Send + 'static,
+    ) -> io::Result<(A, JoinHandle<()>)> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let handle = self.spawn(move || match bind() {
+            Ok((bound, reported)) => {
+                let _ = tx.send(Ok(reported));
+                serve(bound);
+            }
+            Err(e) => {
+                let _ = tx.send(Err(e));
+            }
+        })?;
+        let reported = rx
+            .recv()
+            .map_err(|_| io::Error::other("server thread died before binding"))??;
+        Ok((reported, handle))
     }
 }
 
@@ -236,29 +280,20 @@ impl Topology {
             (&t.client, CLIENT_VETH, &s4, &s6, &smac),
             (&t.server, "kts", &c4, &c6, &cmac),
         ] {
-            ns.ip(&[
-                "neigh",
-                "replace",
-                peer4,
-                "lladdr",
-                mac,
-                "dev",
-                dev,
-                "nud",
-                "permanent",
-            ])?;
-            ns.ip(&[
-                "-6",
-                "neigh",
-                "replace",
-                peer6,
-                "lladdr",
-                mac,
-                "dev",
-                dev,
-                "nud",
-                "permanent",
-            ])?;
+            for (family, peer) in [("-4", peer4), ("-6", peer6)] {
+                ns.ip(&[
+                    family,
+                    "neigh",
+                    "replace",
+                    peer,
+                    "lladdr",
+                    mac,
+                    "dev",
+                    dev,
+                    "nud",
+                    "permanent",
+                ])?;
+            }
         }
         Ok(t)
     }
@@ -310,6 +345,11 @@ impl Topology {
     pub fn server_addr(&self, v6: bool, port: u16) -> SocketAddr {
         SocketAddr::new(self.server(v6), port)
     }
+
+    /// The name of the TUN an engine creates in this topology (`kt<N>`).
+    pub fn tun_name(&self) -> String {
+        format!("kt{}", self.id)
+    }
 }
 
 /// Run a blocking socket call again for as long as it fails with EINTR.
@@ -349,6 +389,73 @@ pub fn count_fds() -> usize {
 /// Threads of this process.
 pub fn count_threads() -> usize {
     std::fs::read_dir("/proc/self/task").map_or(0, |d| d.count())
+}
+
+/// A memory figure of a process in KiB, from `/proc/<pid>/status` (`None`:
+/// this process): `field` is `"VmRSS"` (resident now), `"VmHWM"` (peak
+/// resident) or another `Vm*` line.
+pub fn vm_kib(pid: Option<u32>, field: &str) -> Option<u64> {
+    let path = match pid {
+        Some(p) => format!("/proc/{p}/status"),
+        None => "/proc/self/status".to_owned(),
+    };
+    std::fs::read_to_string(path)
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// Resident memory of this process, in KiB (0 when unreadable).
+pub fn rss_kib() -> u64 {
+    vm_kib(None, "VmRSS").unwrap_or(0)
+}
+
+/// Peak resident memory of this process, in KiB (0 when unreadable).
+pub fn peak_rss_kib() -> u64 {
+    vm_kib(None, "VmHWM").unwrap_or(0)
+}
+
+/// How often [`within`] looks: a test waits at most this long past the
+/// moment its condition holds.
+pub const POLL: Duration = Duration::from_millis(20);
+
+/// How long `ok` took to hold, looked at every [`POLL`]; `None` if it did
+/// not within `limit`. It is looked at once more after `limit` passed, so a
+/// thread that a loaded machine let sleep past the deadline does not fail a
+/// condition that holds.
+pub fn within(limit: Duration, mut ok: impl FnMut() -> bool) -> Option<Duration> {
+    let started = Instant::now();
+    loop {
+        let late = started.elapsed() >= limit;
+        if ok() {
+            return Some(started.elapsed());
+        }
+        if late {
+            return None;
+        }
+        std::thread::sleep(POLL);
+    }
+}
+
+/// [`within`], failing the test when `ok` did not hold in time. Where an
+/// engine runs in this process, [`rig::Rig::wait_until`] also prints its
+/// statistics.
+pub fn wait_until(what: &str, limit: Duration, ok: impl FnMut() -> bool) -> Duration {
+    within(limit, ok).unwrap_or_else(|| panic!("timed out after {limit:?} waiting for {what}"))
+}
+
+static SERIAL: Mutex<()> = Mutex::new(());
+
+/// Held by the tests of one test binary that must not overlap (they measure
+/// this process's descriptors, threads or memory, or load the machine): one
+/// runs at a time, whatever `--test-threads` says. A test that failed while
+/// holding it does not stop the others.
+pub fn serial() -> MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Blocking test servers that run on threads inside a namespace.
@@ -397,19 +504,25 @@ pub mod servers {
     }
 
     impl Server {
-        /// A server run by `handle`, which ends once `stop` is set.
-        pub fn new(
-            addr: SocketAddr,
-            accepted: Arc<AtomicU64>,
-            stop: Arc<AtomicBool>,
-            handle: JoinHandle<()>,
-        ) -> Server {
-            Server {
+        /// A server on a thread in `ns` ([`Netns::serve`]): `bind` returns
+        /// the socket and its address; `serve` runs until the stop flag it
+        /// is given is set (when the server is dropped), counting into the
+        /// counter it is given (`accepted`).
+        pub fn start<S>(
+            ns: &Netns,
+            bind: impl FnOnce() -> io::Result<(S, SocketAddr)> + Send + 'static,
+            serve: impl FnOnce(S, &Arc<AtomicBool>, &AtomicU64) + Send + 'static,
+        ) -> io::Result<Server> {
+            let stop = Arc::new(AtomicBool::new(false));
+            let accepted = Arc::new(AtomicU64::new(0));
+            let (stop2, accepted2) = (stop.clone(), accepted.clone());
+            let (addr, handle) = ns.serve(bind, move |s| serve(s, &stop2, &accepted2))?;
+            Ok(Server {
                 addr,
                 accepted,
                 stop,
                 handle: Some(handle),
-            }
+            })
         }
     }
 
@@ -424,44 +537,31 @@ pub mod servers {
 
     /// Start a TCP server in `ns` on `addr` (port 0 picks one).
     pub fn tcp(ns: &Netns, addr: SocketAddr, mode: Mode) -> io::Result<Server> {
-        let (tx, rx) = std::sync::mpsc::channel();
-        let stop = Arc::new(AtomicBool::new(false));
-        let accepted = Arc::new(AtomicU64::new(0));
-        let (stop2, accepted2) = (stop.clone(), accepted.clone());
-        let handle = ns.spawn(move || {
-            let l = match TcpListener::bind(addr) {
-                Ok(l) => l,
-                Err(e) => {
-                    let _ = tx.send(Err(e));
-                    return;
-                }
-            };
-            let _ = tx.send(l.local_addr());
-            l.set_nonblocking(true).expect("nonblocking listener");
-            while !stop2.load(Ordering::Relaxed) {
-                match l.accept() {
-                    Ok((s, _)) => {
-                        accepted2.fetch_add(1, Ordering::Relaxed);
-                        let _ = s.set_nonblocking(false);
-                        let stop3 = stop2.clone();
-                        std::thread::spawn(move || serve(s, mode, &stop3));
+        Server::start(
+            ns,
+            move || listen(addr),
+            move |l, stop, accepted| {
+                while !stop.load(Ordering::Relaxed) {
+                    match l.accept() {
+                        Ok((s, _)) => {
+                            accepted.fetch_add(1, Ordering::Relaxed);
+                            let _ = s.set_nonblocking(false);
+                            let stop = stop.clone();
+                            std::thread::spawn(move || serve(s, mode, &stop));
+                        }
+                        Err(_) => std::thread::sleep(Duration::from_millis(2)),
                     }
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                        std::thread::sleep(Duration::from_millis(2));
-                    }
-                    Err(_) => std::thread::sleep(Duration::from_millis(2)),
                 }
-            }
-        })?;
-        let addr = rx
-            .recv()
-            .map_err(|_| io::Error::other("server thread died"))??;
-        Ok(Server {
-            addr,
-            accepted,
-            stop,
-            handle: Some(handle),
-        })
+            },
+        )
+    }
+
+    /// A nonblocking listener on `addr` (port 0 picks one), and its address.
+    pub fn listen(addr: SocketAddr) -> io::Result<(TcpListener, SocketAddr)> {
+        let l = TcpListener::bind(addr)?;
+        l.set_nonblocking(true)?;
+        let a = l.local_addr()?;
+        Ok((l, a))
     }
 
     fn serve(mut s: TcpStream, mode: Mode, stop: &AtomicBool) {
@@ -540,7 +640,9 @@ pub mod servers {
         .map_err(io::Error::from)
     }
 
-    fn is_timeout(e: &io::Error) -> bool {
+    /// Whether a read with a timeout ended for want of data (or a signal),
+    /// not because the connection did.
+    pub(crate) fn is_timeout(e: &io::Error) -> bool {
         matches!(
             e.kind(),
             io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut | io::ErrorKind::Interrupted
@@ -549,36 +651,20 @@ pub mod servers {
 
     /// Start a UDP echo server in `ns`.
     pub fn udp_echo(ns: &Netns, addr: SocketAddr) -> io::Result<Server> {
-        let (tx, rx) = std::sync::mpsc::channel();
-        let stop = Arc::new(AtomicBool::new(false));
-        let accepted = Arc::new(AtomicU64::new(0));
-        let (stop2, count) = (stop.clone(), accepted.clone());
-        let handle = ns.spawn(move || {
-            let s = match UdpSocket::bind(addr) {
-                Ok(s) => s,
-                Err(e) => {
-                    let _ = tx.send(Err(e));
-                    return;
-                }
-            };
-            let _ = tx.send(s.local_addr());
-            let _ = s.set_read_timeout(Some(Duration::from_millis(50)));
+        let bind = move || {
+            let s = UdpSocket::bind(addr)?;
+            s.set_read_timeout(Some(Duration::from_millis(50)))?;
+            let a = s.local_addr()?;
+            Ok((s, a))
+        };
+        Server::start(ns, bind, |s, stop, count| {
             let mut buf = vec![0u8; 65536];
-            while !stop2.load(Ordering::Relaxed) {
+            while !stop.load(Ordering::Relaxed) {
                 if let Ok((n, from)) = s.recv_from(&mut buf) {
                     count.fetch_add(1, Ordering::Relaxed);
                     let _ = s.send_to(&buf[..n], from);
                 }
             }
-        })?;
-        let addr = rx
-            .recv()
-            .map_err(|_| io::Error::other("server thread died"))??;
-        Ok(Server {
-            addr,
-            accepted,
-            stop,
-            handle: Some(handle),
         })
     }
 }
@@ -595,28 +681,18 @@ pub fn udp_gro_echo(ns: &Netns, addr: std::net::SocketAddr) -> io::Result<server
     };
     use std::io::IoSliceMut;
     use std::net::UdpSocket;
-    use std::sync::Arc;
-    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-    let (tx, rx) = std::sync::mpsc::channel();
-    let stop = Arc::new(AtomicBool::new(false));
-    let batches = Arc::new(AtomicU64::new(0));
-    let (stop2, count) = (stop.clone(), batches.clone());
-    let handle = ns.spawn(move || {
-        let s = match UdpSocket::bind(addr).and_then(|s| {
-            setsockopt(&s, sockopt::UdpGroSegment, &true).map_err(io::Error::from)?;
-            s.set_read_timeout(Some(std::time::Duration::from_millis(50)))?;
-            Ok(s)
-        }) {
-            Ok(s) => s,
-            Err(e) => {
-                let _ = tx.send(Err(e));
-                return;
-            }
-        };
-        let _ = tx.send(s.local_addr());
+    use std::sync::atomic::Ordering;
+    let bind = move || {
+        let s = UdpSocket::bind(addr)?;
+        setsockopt(&s, sockopt::UdpGroSegment, &true).map_err(io::Error::from)?;
+        s.set_read_timeout(Some(std::time::Duration::from_millis(50)))?;
+        let a = s.local_addr()?;
+        Ok((s, a))
+    };
+    servers::Server::start(ns, bind, |s, stop, count| {
         let mut buf = vec![0u8; 65536];
         let mut space = nix::cmsg_space!(i32);
-        while !stop2.load(Ordering::Relaxed) {
+        while !stop.load(Ordering::Relaxed) {
             let (n, from, seg) = {
                 let mut iov = [IoSliceMut::new(&mut buf)];
                 let Ok(m) = recvmsg::<SockaddrStorage>(
@@ -659,11 +735,7 @@ pub fn udp_gro_echo(ns: &Netns, addr: std::net::SocketAddr) -> io::Result<server
                 let _ = s.send_to(d, from);
             }
         }
-    })?;
-    let addr = rx
-        .recv()
-        .map_err(|_| io::Error::other("server thread died"))??;
-    Ok(servers::Server::new(addr, batches, stop, handle))
+    })
 }
 
 /// Client-side checks used by the tests and the demo.

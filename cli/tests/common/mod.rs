@@ -1,6 +1,7 @@
 //! Helpers shared by the `kerntun` command's tests: a child process that is
-//! killed and reaped on drop (also when the test panics), bounded waits, and
-//! the statistics lines `kerntun run` prints.
+//! killed and reaped on drop (also when the test panics), and the statistics
+//! lines `kerntun run` prints. Bounded waits are the test kit's
+//! (`kerntun_testkit::within`).
 
 #![allow(dead_code)] // each test binary uses its own subset
 
@@ -127,18 +128,6 @@ impl Drop for Running {
             let _ = c.wait();
         }
     }
-}
-
-/// Poll `check` every 50 ms until it holds or `limit` passes.
-pub fn wait_until(limit: Duration, mut check: impl FnMut() -> bool) -> bool {
-    let start = Instant::now();
-    while start.elapsed() < limit {
-        if check() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    check()
 }
 
 /// The statistics lines (JSON objects) among `kerntun run`'s stdout.

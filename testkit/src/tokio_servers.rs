@@ -1,0 +1,162 @@
+//! Servers written on tokio (the real shadowsocks-rust server, and the
+//! proxies and TLS servers the tests write themselves): each runs on a
+//! thread of its own inside a namespace, on a current-thread runtime, until
+//! its guard is dropped.
+
+use std::io;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use crate::Netns;
+
+/// A server running on its own thread and runtime; stopped and joined on
+/// drop.
+#[derive(Debug)]
+pub struct InProcess {
+    stop: Arc<AtomicBool>,
+    handle: Option<JoinHandle<()>>,
+    /// Bytes the server relayed (its own view), where it reports them.
+    pub relayed: Arc<AtomicU64>,
+}
+
+impl Drop for InProcess {
+    fn drop(&mut self) {
+        self.stop.store(true, Relaxed);
+        if let Some(h) = self.handle.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+/// Run `serve` in `ns` until the returned guard is dropped. `serve` gets a
+/// channel to report its bind result on (this waits up to 10 s for it, and
+/// fails the test on an error) and the counter behind
+/// [`InProcess::relayed`].
+pub fn in_process<F, Fut>(ns: &Netns, serve: F) -> InProcess
+where
+    F: FnOnce(std::sync::mpsc::Sender<io::Result<()>>, Arc<AtomicU64>) -> Fut + Send + 'static,
+    Fut: Future<Output = ()>,
+{
+    let stop = Arc::new(AtomicBool::new(false));
+    let relayed = Arc::new(AtomicU64::new(0));
+    let (tx, rx) = std::sync::mpsc::channel();
+    let (stop2, relayed2) = (stop.clone(), relayed.clone());
+    let handle = ns
+        .spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("server runtime");
+            rt.block_on(async move {
+                let stopped = async {
+                    while !stop2.load(Relaxed) {
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                };
+                tokio::select! {
+                    () = serve(tx, relayed2) => {}
+                    () = stopped => {}
+                }
+            });
+        })
+        .expect("spawn in ns");
+    rx.recv_timeout(Duration::from_secs(10))
+        .expect("server reported")
+        .expect("server bound");
+    InProcess {
+        stop,
+        handle: Some(handle),
+        relayed,
+    }
+}
+
+/// A listener on `addr` for an [`in_process`] server, its bind result
+/// reported on `ready`: `None` (after reporting the error) if it failed.
+pub async fn listen(
+    addr: std::net::SocketAddr,
+    ready: &std::sync::mpsc::Sender<io::Result<()>>,
+) -> Option<tokio::net::TcpListener> {
+    match tokio::net::TcpListener::bind(addr).await {
+        Ok(l) => {
+            let _ = ready.send(Ok(()));
+            Some(l)
+        }
+        Err(e) => {
+            let _ = ready.send(Err(e));
+            None
+        }
+    }
+}
+
+/// shadowsocks-rust's server, TCP and UDP on `addr`, with `method` (its
+/// name for it) and `password`; [`InProcess::relayed`] counts the bytes it
+/// moved both ways.
+#[cfg(feature = "shadowsocks")]
+pub fn shadowsocks(
+    ns: &Netns,
+    addr: std::net::SocketAddr,
+    method: &str,
+    password: &str,
+) -> InProcess {
+    use shadowsocks_service::shadowsocks::config::{Mode, ServerConfig};
+    use shadowsocks_service::shadowsocks::net::{AcceptOpts, ConnectOpts, UdpSocketOpts};
+    let kind = method.parse().expect("method");
+    let password = password.to_owned();
+    in_process(ns, move |ready, relayed| async move {
+        let mut cfg = match ServerConfig::new(addr, password, kind) {
+            Ok(c) => c,
+            Err(e) => {
+                let _ = ready.send(Err(io::Error::other(format!("{e:?}"))));
+                return;
+            }
+        };
+        cfg.set_mode(Mode::TcpAndUdp);
+        let mut builder = shadowsocks_service::server::ServerBuilder::new(cfg);
+        // shadowsocks-rust sets DF on its UDP sockets unless told otherwise,
+        // so its own 8000-byte replies could not leave over a 1500-byte
+        // link; a server on a real path fragments them like any host.
+        let udp = UdpSocketOpts {
+            allow_fragmentation: true,
+            ..Default::default()
+        };
+        builder.set_accept_opts(AcceptOpts {
+            udp: udp.clone(),
+            ..Default::default()
+        });
+        builder.set_connect_opts(ConnectOpts {
+            udp,
+            ..Default::default()
+        });
+        let flow = builder.flow_stat();
+        let server = match builder.build().await {
+            Ok(s) => s,
+            Err(e) => {
+                let _ = ready.send(Err(e));
+                return;
+            }
+        };
+        let _ = ready.send(Ok(()));
+        let watch = async {
+            loop {
+                relayed.store(flow.tx() + flow.rx(), Relaxed);
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        };
+        tokio::select! {
+            _ = server.run() => {}
+            () = watch => {}
+        }
+    })
+}
+
+/// The `ss://` share link of a server at `addr`, as shadowsocks-rust's own
+/// encoder writes it.
+#[cfg(feature = "shadowsocks")]
+pub fn shadowsocks_url(addr: std::net::SocketAddr, method: &str, password: &str) -> String {
+    use shadowsocks_service::shadowsocks::config::ServerConfig;
+    ServerConfig::new(addr, password, method.parse().expect("method"))
+        .expect("server config")
+        .to_url()
+}
