@@ -15,7 +15,7 @@ use ipnet::{Ipv4Net, Ipv6Net};
 use kerntun::budget::Platform as CorePlatform;
 use kerntun::config as core;
 use kerntun::outbound::link::{Link, parse_server};
-use kerntun::rules::{Action, PortRange, Rule as CoreRule};
+use kerntun::rules::{Action, Network, PortRange, Rule as CoreRule};
 
 use crate::error::KerntunError;
 
@@ -81,6 +81,14 @@ pub enum RuleAction {
     /// Send through the proxy outbound configured under this name in
     /// `EngineConfig.outbounds`.
     Outbound { name: String },
+}
+
+/// The transport a rule applies to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, uniffi::Enum)]
+pub enum RuleNetwork {
+    Tcp,
+    /// UDP flows; with `ports = "443"` this names QUIC (HTTP/3).
+    Udp,
 }
 
 /// A Shadowsocks method (shadowsocks-rust's names in the comments).
@@ -247,6 +255,11 @@ pub struct RuleOptions {
     /// Destination ports: `443` or `8000-8999`.
     #[uniffi(default = None)]
     pub ports: Option<String>,
+    /// Only TCP connections or only UDP flows; `null`/`nil`, both. A
+    /// `Reject` rule with `Udp`, ports `443` and some domains makes those
+    /// apps fall back from QUIC to TCP.
+    #[uniffi(default = None)]
+    pub network: Option<RuleNetwork>,
     /// Domains matched exactly.
     #[uniffi(default = [])]
     pub domain: Vec<String>,
@@ -417,6 +430,7 @@ impl Default for RuleOptions {
         Self {
             cidr: None,
             ports: None,
+            network: None,
             domain: Vec::new(),
             domain_suffix: Vec::new(),
             domain_keyword: Vec::new(),
@@ -629,6 +643,10 @@ impl EngineConfig {
             rules.push(CoreRule {
                 cidr,
                 ports,
+                network: r.network.map(|n| match n {
+                    RuleNetwork::Tcp => Network::Tcp,
+                    RuleNetwork::Udp => Network::Udp,
+                }),
                 domain: r.domain.clone(),
                 domain_suffix: r.domain_suffix.clone(),
                 domain_keyword: r.domain_keyword.clone(),
@@ -998,14 +1016,24 @@ mod tests {
             action: RuleAction::Reject,
             ..Default::default()
         });
+        c.rules.push(RuleOptions {
+            network: Some(RuleNetwork::Udp),
+            ports: Some("443".into()),
+            domain_suffix: vec!["video.test".into()],
+            action: RuleAction::Reject,
+            ..Default::default()
+        });
         let k = c.to_core().expect("translate");
         assert_eq!(k.stack, core::StackKind::System);
         assert_eq!(k.driver, core::DriverMode::PerPacket);
         assert_eq!(k.tun.mtu, 9000);
         assert_eq!(k.tun.ipv6, Some("fd00:18::1/64".parse().expect("net")));
         assert_eq!(k.budget.tcp_sessions, Some(7));
-        assert_eq!(k.rules.len(), 1);
+        assert_eq!(k.rules.len(), 2);
         assert_eq!(k.rules[0].action, Action::Reject);
+        assert_eq!(k.rules[0].network, None);
+        assert_eq!(k.rules[1].network, Some(Network::Udp));
+        assert_eq!(k.rules[1].domain_suffix, ["video.test"]);
         assert_eq!(k.validate(), Ok(()));
     }
 
