@@ -22,6 +22,8 @@ cargo test --workspace --all-targets "$@"
 # DNS over TLS is a cargo feature (ring needs a C compiler for the target):
 # its end-to-end test runs with the feature on.
 cargo test -p kerntun --features dot --test dns "$@"
+# DNS over HTTPS likewise (`doh`, which includes `dot`).
+cargo test -p kerntun --features doh --test dns "$@"
 # The fault hook that makes engine tasks panic or end is a test-only cargo
 # feature: the tests that use it run with it on.
 cargo test -p kerntun --features fault-injection --test faults "$@"

@@ -309,8 +309,15 @@ pub struct DnsOptions {
     /// Hijack port 53 whatever the destination.
     #[uniffi(default = false)]
     pub hijack_all: bool,
-    /// Upstreams tried in order: `udp://IP:PORT`, `tcp://IP:PORT`,
-    /// `tls://IP:PORT#server-name`. Needed when `enabled`.
+    /// Upstreams tried in order: `udp://IP:PORT`, `tcp://IP:PORT`, and,
+    /// only in a library built with kerntun-ffi's `dot` / `doh` features,
+    /// `tls://IP:PORT#server-name` (DNS over TLS) and
+    /// `https://IP[:PORT][/PATH]#server-name` (DNS over HTTPS). The iOS and
+    /// Android libraries this repository's scripts build have neither
+    /// feature (their TLS library, ring, needs a C compiler for the target
+    /// that the Linux CI does not have): there `tls://` and `https://` are
+    /// refused at start with a `Config` error on `dns.upstreams`. Needed
+    /// when `enabled`.
     #[uniffi(default = [])]
     pub upstreams: Vec<String>,
     /// Time allowed to one upstream try.
@@ -336,8 +343,8 @@ pub struct DnsOptions {
     /// Domains (and their subdomains) that get real answers under fake-ip.
     #[uniffi(default = [])]
     pub fake_ip_filter: Vec<String>,
-    /// Path of extra trust anchors (PEM) for `tls://` upstreams, on top of
-    /// the Mozilla roots: a private resolver's CA.
+    /// Path of extra trust anchors (PEM) for `tls://` and `https://`
+    /// upstreams, on top of the Mozilla roots: a private resolver's CA.
     #[uniffi(default = None)]
     pub tls_ca_file: Option<String>,
 }
@@ -1103,6 +1110,34 @@ mod tests {
         );
         c.sniff.ports = Some(Vec::new());
         assert!(!c.to_core().expect("translate").sniff.covers(443));
+    }
+
+    /// The library as this repository's scripts build it for iOS and
+    /// Android (no `dot`/`doh` feature) refuses `tls://` and `https://`
+    /// upstreams at start, naming the feature.
+    #[cfg(not(any(feature = "dot", feature = "doh")))]
+    #[test]
+    fn encrypted_upstreams_are_refused_without_their_feature() {
+        for (up, feature) in [
+            ("tls://1.1.1.1:853#cloudflare-dns.com", "`dot`"),
+            ("https://1.1.1.1/dns-query#cloudflare-dns.com", "`doh`"),
+        ] {
+            let mut c = EngineConfig::default();
+            c.dns.enabled = true;
+            c.dns.upstreams = vec!["udp://198.19.1.2:53".into(), up.into()];
+            let err = c
+                .to_core()
+                .expect("translate")
+                .validate()
+                .map_err(KerntunError::from);
+            match err {
+                Err(KerntunError::Config { field, reason }) => {
+                    assert_eq!(field, "dns.upstreams");
+                    assert!(reason.contains(feature), "{reason}");
+                }
+                other => panic!("{up}: expected a config error, got {other:?}"),
+            }
+        }
     }
 
     #[test]

@@ -1370,8 +1370,15 @@ public struct DnsOptions: Equatable, Hashable {
      */
     public var hijackAll: Bool
     /**
-     * Upstreams tried in order: `udp://IP:PORT`, `tcp://IP:PORT`,
-     * `tls://IP:PORT#server-name`. Needed when `enabled`.
+     * Upstreams tried in order: `udp://IP:PORT`, `tcp://IP:PORT`, and,
+     * only in a library built with kerntun-ffi's `dot` / `doh` features,
+     * `tls://IP:PORT#server-name` (DNS over TLS) and
+     * `https://IP[:PORT][/PATH]#server-name` (DNS over HTTPS). The iOS and
+     * Android libraries this repository's scripts build have neither
+     * feature (their TLS library, ring, needs a C compiler for the target
+     * that the Linux CI does not have): there `tls://` and `https://` are
+     * refused at start with a `Config` error on `dns.upstreams`. Needed
+     * when `enabled`.
      */
     public var upstreams: [String]
     /**
@@ -1405,8 +1412,8 @@ public struct DnsOptions: Equatable, Hashable {
      */
     public var fakeIpFilter: [String]
     /**
-     * Path of extra trust anchors (PEM) for `tls://` upstreams, on top of
-     * the Mozilla roots: a private resolver's CA.
+     * Path of extra trust anchors (PEM) for `tls://` and `https://`
+     * upstreams, on top of the Mozilla roots: a private resolver's CA.
      */
     public var tlsCaFile: String?
 
@@ -1425,8 +1432,15 @@ public struct DnsOptions: Equatable, Hashable {
          * Hijack port 53 whatever the destination.
          */hijackAll: Bool = false, 
         /**
-         * Upstreams tried in order: `udp://IP:PORT`, `tcp://IP:PORT`,
-         * `tls://IP:PORT#server-name`. Needed when `enabled`.
+         * Upstreams tried in order: `udp://IP:PORT`, `tcp://IP:PORT`, and,
+         * only in a library built with kerntun-ffi's `dot` / `doh` features,
+         * `tls://IP:PORT#server-name` (DNS over TLS) and
+         * `https://IP[:PORT][/PATH]#server-name` (DNS over HTTPS). The iOS and
+         * Android libraries this repository's scripts build have neither
+         * feature (their TLS library, ring, needs a C compiler for the target
+         * that the Linux CI does not have): there `tls://` and `https://` are
+         * refused at start with a `Config` error on `dns.upstreams`. Needed
+         * when `enabled`.
          */upstreams: [String] = [], 
         /**
          * Time allowed to one upstream try.
@@ -1452,8 +1466,8 @@ public struct DnsOptions: Equatable, Hashable {
          * Domains (and their subdomains) that get real answers under fake-ip.
          */fakeIpFilter: [String] = [], 
         /**
-         * Path of extra trust anchors (PEM) for `tls://` upstreams, on top of
-         * the Mozilla roots: a private resolver's CA.
+         * Path of extra trust anchors (PEM) for `tls://` and `https://`
+         * upstreams, on top of the Mozilla roots: a private resolver's CA.
          */tlsCaFile: String? = nil) {
         self.enabled = enabled
         self.hijack = hijack
