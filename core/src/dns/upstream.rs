@@ -90,7 +90,12 @@ pub(crate) async fn exchange(
     id: u16,
     stats: &Stats,
 ) -> Result<Vec<u8>, ExchangeError> {
-    let route = ob.route(&Target::ip(up.addr));
+    // A udp:// upstream is a UDP flow for `network` rules; the others TCP.
+    let target = match up.proto {
+        UpstreamProto::Udp => Target::ip(up.addr).udp(),
+        _ => Target::ip(up.addr),
+    };
+    let route = ob.route(&target);
     if route == Route::Reject {
         return Err(ExchangeError::Rejected);
     }
