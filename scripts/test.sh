@@ -19,9 +19,9 @@ if ((EUID != 0)) && [[ ${KERNTUN_TEST_SUDO:-1} == 1 ]] && command -v sudo >/dev/
     fi
 fi
 cargo test --workspace --all-targets "$@"
-# DNS over TLS is a cargo feature (ring needs a C compiler for the target):
-# its end-to-end test runs with the feature on.
-cargo test -p kerntun --features dot --test dns "$@"
+# DNS over TLS and over HTTPS are cargo features (ring needs a C compiler for
+# the target): their end-to-end tests run with `doh`, which includes `dot`.
+cargo test -p kerntun --features doh --test dns "$@"
 # The fault hook that makes engine tasks panic or end is a test-only cargo
 # feature: the tests that use it run with it on.
 cargo test -p kerntun --features fault-injection --test faults "$@"

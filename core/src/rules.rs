@@ -2,8 +2,9 @@
 //! destination decides its outbound. Evaluated once per connection at SYN time
 //! (or once its domain is sniffed) and once per UDP flow, never per packet.
 //!
-//! Conditions are the destination network (`cidr`), its port (`ports`) and
-//! its domain (`domain`, `domain_suffix`, `domain_keyword`, `domain_list`).
+//! Conditions are the destination network (`cidr`), its port (`ports`), the
+//! transport (`network`: TCP or UDP) and the domain (`domain`,
+//! `domain_suffix`, `domain_keyword`, `domain_list`).
 //! [`RuleSet`] compiles them at start so that deciding costs a few hash
 //! lookups per rule, whatever the size of its domain lists.
 
@@ -141,6 +142,14 @@ impl<'de> Deserialize<'de> for PortRange {
     }
 }
 
+/// The transport of a flow, for the `network` condition.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Network {
+    Tcp,
+    Udp,
+}
+
 /// One rule. Absent conditions match everything; present ones must all hold.
 ///
 /// Domain conditions (`domain`, `domain_suffix`, `domain_keyword`,
@@ -157,6 +166,11 @@ pub struct Rule {
     /// Destination ports.
     #[serde(default)]
     pub ports: Option<PortRange>,
+    /// Only flows of this transport (`"tcp"` or `"udp"`); absent, both.
+    /// `network = "udp"` with `ports = "443"` names QUIC (HTTP/3): rejecting
+    /// it for some domains makes their apps fall back to TCP.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<Network>,
     /// Domains matched exactly.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub domain: Vec<String>,
@@ -176,44 +190,59 @@ pub struct Rule {
     pub action: Action,
 }
 
-/// What a routing decision looks at: the address the app sent to and, when
-/// known (fake-ip lookup, sniffed SNI / Host), the domain behind it.
+/// What a routing decision looks at: the address the app sent to, the
+/// transport, and, when known (fake-ip lookup, sniffed SNI / Host / QUIC
+/// Initial), the domain behind it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Target<'a> {
     pub addr: SocketAddr,
     pub domain: Option<&'a str>,
     /// `addr` is a fake-ip placeholder (`cidr` conditions do not apply).
     pub fake: bool,
+    /// TCP unless made with [`Target::udp`].
+    pub network: Network,
 }
 
 impl<'a> Target<'a> {
-    /// A destination known only by its address.
+    /// A TCP destination known only by its address.
     pub fn ip(addr: SocketAddr) -> Self {
         Target {
             addr,
             domain: None,
             fake: false,
+            network: Network::Tcp,
         }
     }
 
-    /// A real address whose domain was sniffed (SNI / Host): both the
+    /// A real TCP address whose domain was sniffed (SNI / Host): both the
     /// address and the domain conditions apply.
     pub fn sniffed(addr: SocketAddr, domain: &'a str) -> Self {
         Target {
-            addr,
             domain: Some(domain),
-            fake: false,
+            ..Target::ip(addr)
         }
     }
 
     /// A fake-ip address and the domain it stands for: `cidr` never
-    /// matches, ports and domain conditions do.
+    /// matches, ports and domain conditions do. TCP unless made UDP.
     pub fn fake_ip(addr: SocketAddr, domain: &'a str) -> Self {
         Target {
-            addr,
             domain: Some(domain),
             fake: true,
+            ..Target::ip(addr)
         }
+    }
+
+    /// The same destination, for a UDP flow: `Target::ip(a).udp()`,
+    /// `Target::sniffed(a, d).udp()` (a QUIC Initial's SNI),
+    /// `Target::fake_ip(a, d).udp()`.
+    pub fn udp(self) -> Self {
+        self.on(Network::Udp)
+    }
+
+    /// The same destination on `network`.
+    pub fn on(self, network: Network) -> Self {
+        Target { network, ..self }
     }
 }
 
@@ -227,17 +256,24 @@ impl Rule {
             || self.domain_list.is_some()
     }
 
-    /// Whether the address conditions (`cidr`, `ports`) hold for `t`
-    /// (domain conditions are checked by the compiled [`RuleSet`]).
+    /// Whether the address conditions (`cidr`, `ports`, `network`) hold
+    /// for `t` (domain conditions are checked by the compiled [`RuleSet`]).
     pub fn matches_addr(&self, t: &Target<'_>) -> bool {
-        addr_matches(self.cidr, self.ports, t)
+        addr_matches(self.cidr, self.ports, self.network, t)
     }
 }
 
-/// `cidr` (never for a fake-ip address) and `ports`, absent ones matching.
-fn addr_matches(cidr: Option<IpNet>, ports: Option<PortRange>, t: &Target<'_>) -> bool {
+/// `cidr` (never for a fake-ip address), `ports` and `network`, absent ones
+/// matching.
+fn addr_matches(
+    cidr: Option<IpNet>,
+    ports: Option<PortRange>,
+    network: Option<Network>,
+    t: &Target<'_>,
+) -> bool {
     cidr.is_none_or(|n| !t.fake && n.contains(&t.addr.ip()))
         && ports.is_none_or(|p| (p.start..=p.end).contains(&t.addr.port()))
+        && network.is_none_or(|n| n == t.network)
 }
 
 /// Longest name a domain condition can match (RFC 1035 section 2.3.4:
@@ -386,6 +422,7 @@ impl DomainSet {
 struct Compiled<T> {
     cidr: Option<IpNet>,
     ports: Option<PortRange>,
+    network: Option<Network>,
     /// `Some` for a rule with domain conditions.
     domains: Option<Box<DomainSet>>,
     route: T,
@@ -393,7 +430,7 @@ struct Compiled<T> {
 
 impl<T> Compiled<T> {
     fn matches_addr(&self, t: &Target<'_>) -> bool {
-        addr_matches(self.cidr, self.ports, t)
+        addr_matches(self.cidr, self.ports, self.network, t)
     }
 }
 
@@ -453,6 +490,7 @@ impl<T> RuleSet<T> {
             out.push(Compiled {
                 cidr: r.cidr,
                 ports: r.ports,
+                network: r.network,
                 domains,
                 route: route(i, r)?,
             });
@@ -483,20 +521,30 @@ impl<T> RuleSet<T> {
             .map(|r| &r.route)
     }
 
-    /// Whether some domain could route a connection to the real address
-    /// `addr` differently than the address alone does: a rule with domain
-    /// conditions whose address conditions hold comes before the first
-    /// address-only rule that matches, and leads elsewhere than that rule
-    /// (or `default` when none matches). Sniffing is only worth its wait
-    /// when this holds.
+    /// Whether some domain could route a TCP connection to the real
+    /// address `addr` differently than the address alone does: a rule with
+    /// domain conditions whose address conditions hold comes before the
+    /// first address-only rule that matches, and leads elsewhere than that
+    /// rule (or `default` when none matches). Sniffing is only worth its
+    /// wait when this holds.
     pub fn needs_domain(&self, addr: SocketAddr, default: &T) -> bool
+    where
+        T: PartialEq,
+    {
+        self.needs_domain_on(Network::Tcp, addr, default)
+    }
+
+    /// [`needs_domain`](Self::needs_domain) for a flow on `network` (a UDP
+    /// flow to port 443 is worth sniffing for its QUIC Initial only when
+    /// this holds for UDP).
+    pub fn needs_domain_on(&self, network: Network, addr: SocketAddr, default: &T) -> bool
     where
         T: PartialEq,
     {
         if !self.any_domain {
             return false;
         }
-        let t = Target::ip(addr);
+        let t = Target::ip(addr).on(network);
         let fallback_at = self
             .rules
             .iter()
@@ -1000,6 +1048,124 @@ mod tests {
         .expect("compile");
         assert!(!set.needs_domain(n("192.0.2.1:443"), &def));
         assert!(!set.needs_domain(n("198.19.0.1:443"), &def));
+    }
+
+    #[test]
+    fn network_condition() {
+        let set = compile(&[
+            // Reject QUIC to these domains: their apps fall back to TCP.
+            Rule {
+                network: Some(Network::Udp),
+                ports: Some("443".parse().expect("port")),
+                domain_suffix: vec!["video.test".into()],
+                action: Action::Reject,
+                ..Rule::default()
+            },
+            Rule {
+                network: Some(Network::Tcp),
+                ports: Some("22".parse().expect("port")),
+                action: out("ssh"),
+                ..Rule::default()
+            },
+            Rule {
+                network: Some(Network::Udp),
+                cidr: Some("192.0.2.0/24".parse().expect("net")),
+                action: out("udp-net"),
+                ..Rule::default()
+            },
+            Rule {
+                action: out("default"),
+                ..Rule::default()
+            },
+        ])
+        .expect("compile");
+        let a = |s: &str| s.parse::<SocketAddr>().expect("addr");
+        let quic = Target::sniffed(a("198.51.100.1:443"), "a.video.test").udp();
+        assert_eq!(quic.network, Network::Udp);
+        assert_eq!(route(&set, &quic), Action::Reject);
+        // The same name over TCP, or QUIC to another domain or port.
+        assert_eq!(
+            route(
+                &set,
+                &Target::sniffed(a("198.51.100.1:443"), "a.video.test")
+            ),
+            out("default")
+        );
+        assert_eq!(
+            route(
+                &set,
+                &Target::sniffed(a("198.51.100.1:443"), "other.test").udp()
+            ),
+            out("default")
+        );
+        assert_eq!(
+            route(
+                &set,
+                &Target::sniffed(a("198.51.100.1:8443"), "a.video.test").udp()
+            ),
+            out("default")
+        );
+        // A fake-ip UDP flow carries its domain too.
+        let fake = Target::fake_ip(a("198.19.0.7:443"), "b.video.test");
+        assert_eq!(route(&set, &fake.udp()), Action::Reject);
+        assert_eq!(route(&set, &fake), out("default"));
+        // Address-only rules per network.
+        assert_eq!(route(&set, &Target::ip(a("198.51.100.1:22"))), out("ssh"));
+        assert_eq!(
+            route(&set, &Target::ip(a("198.51.100.1:22")).udp()),
+            out("default")
+        );
+        assert_eq!(
+            route(&set, &Target::ip(a("192.0.2.9:53")).udp()),
+            out("udp-net")
+        );
+        assert_eq!(
+            route(&set, &Target::ip(a("192.0.2.9:53")).on(Network::Tcp)),
+            out("default")
+        );
+        // Sniffing a UDP flow is worth it only where a UDP rule names a
+        // domain; TCP to the same address needs no domain.
+        let def = Action::Direct;
+        assert!(set.needs_domain_on(Network::Udp, a("198.51.100.1:443"), &def));
+        assert!(!set.needs_domain_on(Network::Udp, a("198.51.100.1:80"), &def));
+        assert!(!set.needs_domain(a("198.51.100.1:443"), &def));
+        // The QUIC rule comes before the UDP address rule: here too.
+        assert!(set.needs_domain_on(Network::Udp, a("192.0.2.9:443"), &def));
+        assert!(!set.needs_domain_on(Network::Udp, a("192.0.2.9:80"), &def));
+    }
+
+    #[test]
+    fn network_in_toml() {
+        #[derive(Deserialize, Serialize)]
+        struct Rules {
+            rules: Vec<Rule>,
+        }
+        let text = r#"
+[[rules]]
+network = "udp"
+ports = "443"
+domain_suffix = ["video.test"]
+action = "reject"
+
+[[rules]]
+network = "tcp"
+action = "proxy"
+
+[[rules]]
+action = "direct"
+"#;
+        let r: Rules = toml::from_str(text).expect("parse");
+        let nets: Vec<_> = r.rules.iter().map(|r| r.network).collect();
+        assert_eq!(nets, [Some(Network::Udp), Some(Network::Tcp), None]);
+        let ser = toml::to_string(&r).expect("ser");
+        assert_eq!(ser.matches("network").count(), 2, "{ser}");
+        let back: Rules = toml::from_str(&ser).expect("re-parse");
+        assert_eq!(back.rules, r.rules);
+        let err = toml::from_str::<Rules>("[[rules]]\nnetwork = \"quic\"\naction = \"direct\"\n")
+            .err()
+            .expect("unknown network");
+        let msg = err.to_string();
+        assert!(msg.contains("quic") && msg.contains("udp"), "{msg}");
     }
 
     #[test]

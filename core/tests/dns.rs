@@ -4,7 +4,8 @@
 //! what reaches it. Cache, timeouts, failover, fake-ip (with a SOCKS5
 //! outbound that records the domain it is given), pool exhaustion,
 //! malformed queries, DNS over TCP from 2 000 attackers against the iOS
-//! budget, and DNS over TLS (feature `dot`).
+//! budget, DNS over TLS (feature `dot`) and DNS over HTTPS through a SOCKS5
+//! outbound (feature `doh`).
 //!
 //! Needs root (CI runs as root); otherwise each test prints why it skipped.
 
@@ -693,6 +694,148 @@ mod dot {
         let r = ask(&dns::query("secure.test", RecordType::A, 42));
         assert_eq!(r.metadata.id, 42);
         assert_eq!(dns::first_addr(&r), Some(ip));
+        assert_eq!(rig.stats().dns.upstream_failures, 0);
+        drop(server);
+        let _ = std::fs::remove_file(&ca);
+    }
+}
+
+#[cfg(feature = "doh")]
+mod doh {
+    use super::*;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+
+    use kerntun_testkit::dns::DohServer;
+
+    /// A SOCKS5 proxy (fast-socks5, CONNECT only) that counts the
+    /// connections it relays; stopped on drop.
+    struct Socks5 {
+        connects: Arc<AtomicU64>,
+        stop: Arc<AtomicBool>,
+        handle: Option<std::thread::JoinHandle<()>>,
+    }
+
+    impl Socks5 {
+        fn start(ns: &kerntun_testkit::Netns, addr: SocketAddr) -> Socks5 {
+            use fast_socks5::Socks5Command;
+            use fast_socks5::server::{Socks5ServerProtocol, run_tcp_proxy};
+            let connects = Arc::new(AtomicU64::new(0));
+            let stop = Arc::new(AtomicBool::new(false));
+            let (tx, rx) = std::sync::mpsc::channel();
+            let (c, st) = (connects.clone(), stop.clone());
+            let handle = ns
+                .spawn(move || {
+                    let rt = tokio::runtime::Builder::new_current_thread()
+                        .enable_all()
+                        .build()
+                        .expect("rt");
+                    rt.block_on(async move {
+                        let l = tokio::net::TcpListener::bind(addr).await.expect("bind");
+                        tx.send(()).expect("ready");
+                        while !st.load(Relaxed) {
+                            let Ok(Ok((s, _))) =
+                                tokio::time::timeout(Duration::from_millis(50), l.accept()).await
+                            else {
+                                continue;
+                            };
+                            let c = c.clone();
+                            tokio::spawn(async move {
+                                let Ok(proto) = Socks5ServerProtocol::accept_no_auth(s).await
+                                else {
+                                    return;
+                                };
+                                let Ok((proto, Socks5Command::TCPConnect, target)) =
+                                    proto.read_command().await
+                                else {
+                                    return;
+                                };
+                                c.fetch_add(1, Relaxed);
+                                let _ =
+                                    run_tcp_proxy(proto, &target, Duration::from_secs(5), false)
+                                        .await;
+                            });
+                        }
+                    });
+                })
+                .expect("spawn");
+            rx.recv_timeout(WAIT).expect("socks5 ready");
+            Socks5 {
+                connects,
+                stop,
+                handle: Some(handle),
+            }
+        }
+    }
+
+    impl Drop for Socks5 {
+        fn drop(&mut self) {
+            self.stop.store(true, Relaxed);
+            if let Some(h) = self.handle.take() {
+                let _ = h.join();
+            }
+        }
+    }
+
+    #[test]
+    fn dns_over_https_through_socks5_shares_one_connection() {
+        require_root!();
+        let topo = Topology::new().expect("topology");
+        let (one, two, three): (IpAddr, IpAddr, IpAddr) = (
+            "198.19.6.1".parse().expect("ip"),
+            "198.19.6.2".parse().expect("ip"),
+            "198.19.6.3".parse().expect("ip"),
+        );
+        let zone = Zone::new(60)
+            .with("one.test", one)
+            .with("two.test", two)
+            .with("three.test", three);
+        let doh_addr = topo.server_addr(false, 443);
+        let server =
+            DohServer::start(&topo.server, doh_addr, "dns.test", "/q", zone).expect("doh server");
+        let proxy = Socks5::start(&topo.server, topo.server_addr(false, 1080));
+        let ca = std::env::temp_dir().join(format!("kerntun-doh-ca-{}.pem", std::process::id()));
+        std::fs::write(&ca, &server.ca_pem).expect("write ca");
+        let (ca2, proxy_addr) = (ca.clone(), topo.server_addr(false, 1080));
+        let rig = rig(vec![format!("https://{doh_addr}/q#dns.test")])
+            .config(move |_, c| {
+                c.dns.tls_ca_file = Some(ca2);
+                c.dns.timeout_ms = 3_000;
+            })
+            .outbound("proxy", rig::socks5(proxy_addr, None, false))
+            // The upstream's address goes through the proxy.
+            .rule(Rule {
+                cidr: Some(format!("{}/32", doh_addr.ip()).parse().expect("net")),
+                action: Action::from("proxy"),
+                ..Rule::default()
+            })
+            .start_in(topo);
+        // Two queries: answered through the proxy, one TCP connection and
+        // one HTTP/2 connection for both.
+        let r = ask(&dns::query("one.test", RecordType::A, 7));
+        assert_eq!(r.metadata.id, 7);
+        assert_eq!(dns::first_addr(&r), Some(one));
+        let r = ask(&dns::query("two.test", RecordType::A, 8));
+        assert_eq!(r.metadata.id, 8);
+        assert_eq!(dns::first_addr(&r), Some(two));
+        assert_eq!(server.queries(), 2);
+        assert_eq!(server.connections(), 1, "both queries on one connection");
+        assert_eq!(
+            proxy.connects.load(Relaxed),
+            1,
+            "one CONNECT through the proxy"
+        );
+        assert_eq!(rig.stats().dns.upstream_failures, 0);
+
+        // The server closes its connections: the next query notices and
+        // makes a new one, through the proxy again.
+        server.drop_connections();
+        let r = ask(&dns::query("three.test", RecordType::A, 9));
+        assert_eq!(r.metadata.id, 9);
+        assert_eq!(dns::first_addr(&r), Some(three));
+        assert_eq!(server.queries(), 3);
+        assert_eq!(server.connections(), 2, "a new connection");
+        assert_eq!(proxy.connects.load(Relaxed), 2);
         assert_eq!(rig.stats().dns.upstream_failures, 0);
         drop(server);
         let _ = std::fs::remove_file(&ca);

@@ -15,7 +15,7 @@ use ipnet::{Ipv4Net, Ipv6Net};
 use kerntun::budget::Platform as CorePlatform;
 use kerntun::config as core;
 use kerntun::outbound::link::{Link, parse_server};
-use kerntun::rules::{Action, PortRange, Rule as CoreRule};
+use kerntun::rules::{Action, Network, PortRange, Rule as CoreRule};
 
 use crate::error::KerntunError;
 
@@ -81,6 +81,14 @@ pub enum RuleAction {
     /// Send through the proxy outbound configured under this name in
     /// `EngineConfig.outbounds`.
     Outbound { name: String },
+}
+
+/// The transport a rule applies to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, uniffi::Enum)]
+pub enum RuleNetwork {
+    Tcp,
+    /// UDP flows; with `ports = "443"` this names QUIC (HTTP/3).
+    Udp,
 }
 
 /// A Shadowsocks method (shadowsocks-rust's names in the comments).
@@ -248,6 +256,11 @@ pub struct RuleOptions {
     /// Destination ports: `443` or `8000-8999`.
     #[uniffi(default = None)]
     pub ports: Option<String>,
+    /// Only TCP connections or only UDP flows; `null`/`nil`, both. A
+    /// `Reject` rule with `Udp`, ports `443` and some domains makes those
+    /// apps fall back from QUIC to TCP.
+    #[uniffi(default = None)]
+    pub network: Option<RuleNetwork>,
     /// Domains matched exactly.
     #[uniffi(default = [])]
     pub domain: Vec<String>,
@@ -297,8 +310,15 @@ pub struct DnsOptions {
     /// Hijack port 53 whatever the destination.
     #[uniffi(default = false)]
     pub hijack_all: bool,
-    /// Upstreams tried in order: `udp://IP:PORT`, `tcp://IP:PORT`,
-    /// `tls://IP:PORT#server-name`. Needed when `enabled`.
+    /// Upstreams tried in order: `udp://IP:PORT`, `tcp://IP:PORT`, and,
+    /// only in a library built with kerntun-ffi's `dot` / `doh` features,
+    /// `tls://IP:PORT#server-name` (DNS over TLS) and
+    /// `https://IP[:PORT][/PATH]#server-name` (DNS over HTTPS). The iOS and
+    /// Android libraries this repository's scripts build have neither
+    /// feature (their TLS library, ring, needs a C compiler for the target
+    /// that the Linux CI does not have): there `tls://` and `https://` are
+    /// refused at start with a `Config` error on `dns.upstreams`. Needed
+    /// when `enabled`.
     #[uniffi(default = [])]
     pub upstreams: Vec<String>,
     /// Time allowed to one upstream try.
@@ -324,8 +344,8 @@ pub struct DnsOptions {
     /// Domains (and their subdomains) that get real answers under fake-ip.
     #[uniffi(default = [])]
     pub fake_ip_filter: Vec<String>,
-    /// Path of extra trust anchors (PEM) for `tls://` upstreams, on top of
-    /// the Mozilla roots: a private resolver's CA.
+    /// Path of extra trust anchors (PEM) for `tls://` and `https://`
+    /// upstreams, on top of the Mozilla roots: a private resolver's CA.
     #[uniffi(default = None)]
     pub tls_ca_file: Option<String>,
 }
@@ -418,6 +438,7 @@ impl Default for RuleOptions {
         Self {
             cidr: None,
             ports: None,
+            network: None,
             domain: Vec::new(),
             domain_suffix: Vec::new(),
             domain_keyword: Vec::new(),
@@ -630,6 +651,10 @@ impl EngineConfig {
             rules.push(CoreRule {
                 cidr,
                 ports,
+                network: r.network.map(|n| match n {
+                    RuleNetwork::Tcp => Network::Tcp,
+                    RuleNetwork::Udp => Network::Udp,
+                }),
                 domain: r.domain.clone(),
                 domain_suffix: r.domain_suffix.clone(),
                 domain_keyword: r.domain_keyword.clone(),
@@ -999,14 +1024,24 @@ mod tests {
             action: RuleAction::Reject,
             ..Default::default()
         });
+        c.rules.push(RuleOptions {
+            network: Some(RuleNetwork::Udp),
+            ports: Some("443".into()),
+            domain_suffix: vec!["video.test".into()],
+            action: RuleAction::Reject,
+            ..Default::default()
+        });
         let k = c.to_core().expect("translate");
         assert_eq!(k.stack, core::StackKind::System);
         assert_eq!(k.driver, core::DriverMode::PerPacket);
         assert_eq!(k.tun.mtu, 9000);
         assert_eq!(k.tun.ipv6, Some("fd00:18::1/64".parse().expect("net")));
         assert_eq!(k.budget.tcp_sessions, Some(7));
-        assert_eq!(k.rules.len(), 1);
+        assert_eq!(k.rules.len(), 2);
         assert_eq!(k.rules[0].action, Action::Reject);
+        assert_eq!(k.rules[0].network, None);
+        assert_eq!(k.rules[1].network, Some(Network::Udp));
+        assert_eq!(k.rules[1].domain_suffix, ["video.test"]);
         assert_eq!(k.validate(), Ok(()));
     }
 
@@ -1076,6 +1111,34 @@ mod tests {
         );
         c.sniff.ports = Some(Vec::new());
         assert!(!c.to_core().expect("translate").sniff.covers(443));
+    }
+
+    /// The library as this repository's scripts build it for iOS and
+    /// Android (no `dot`/`doh` feature) refuses `tls://` and `https://`
+    /// upstreams at start, naming the feature.
+    #[cfg(not(any(feature = "dot", feature = "doh")))]
+    #[test]
+    fn encrypted_upstreams_are_refused_without_their_feature() {
+        for (up, feature) in [
+            ("tls://1.1.1.1:853#cloudflare-dns.com", "`dot`"),
+            ("https://1.1.1.1/dns-query#cloudflare-dns.com", "`doh`"),
+        ] {
+            let mut c = EngineConfig::default();
+            c.dns.enabled = true;
+            c.dns.upstreams = vec!["udp://198.19.1.2:53".into(), up.into()];
+            let err = c
+                .to_core()
+                .expect("translate")
+                .validate()
+                .map_err(KerntunError::from);
+            match err {
+                Err(KerntunError::Config { field, reason }) => {
+                    assert_eq!(field, "dns.upstreams");
+                    assert!(reason.contains(feature), "{reason}");
+                }
+                other => panic!("{up}: expected a config error, got {other:?}"),
+            }
+        }
     }
 
     #[test]

@@ -2,7 +2,9 @@
 //! written on hickory-proto's message types) that counts the queries it
 //! sees and can be told to go silent, a DNS client for the tests, and a
 //! SOCKS5 server that records the addresses it is asked for and echoes the
-//! payload back (to see that an outbound was given a domain).
+//! payload back (to see that an outbound was given a domain). With the
+//! feature `doh`, a DNS-over-HTTPS server (HTTP/2 over TLS, test CA) in
+//! front of a [`Zone`].
 //!
 //! Everything runs on plain threads inside a namespace, stops when its guard
 //! is dropped, and polls its stop flag at least every 50 ms.
@@ -457,5 +459,215 @@ fn socks_conn(
             Ok(())
         }
         _ => Ok(()),
+    }
+}
+
+/// A DNS-over-HTTPS server (RFC 8484: `POST` of `application/dns-message`
+/// over HTTP/2 over TLS) answering from a [`Zone`], with a certificate for
+/// its name signed by a CA of its own ([`DohServer::ca_pem`]). It counts
+/// the connections it accepted and the queries it answered, so a test can
+/// see queries share a connection, and can close every connection it has
+/// ([`DohServer::drop_connections`]). Stopped on drop.
+#[cfg(feature = "doh")]
+#[derive(Debug)]
+pub struct DohServer {
+    pub addr: SocketAddr,
+    /// The CA certificate (PEM) that signed the server's certificate.
+    pub ca_pem: String,
+    connections: Arc<AtomicU64>,
+    queries: Arc<AtomicU64>,
+    /// Bumped to close the connections open at that moment.
+    kill: tokio::sync::watch::Sender<u64>,
+    stop: Arc<AtomicBool>,
+    handle: Option<JoinHandle<()>>,
+}
+
+#[cfg(feature = "doh")]
+impl DohServer {
+    /// Serve `zone` at `https://NAME{path}` on `addr` (port 0 picks one).
+    /// Requests to another path, or not a `POST` of a DNS message, get 404
+    /// or 415.
+    pub fn start(
+        ns: &Netns,
+        addr: SocketAddr,
+        name: &str,
+        path: &str,
+        zone: Zone,
+    ) -> io::Result<DohServer> {
+        use tokio_rustls::rustls;
+        let err = |e: &dyn std::fmt::Display| io::Error::other(e.to_string());
+        let ca_key = rcgen::KeyPair::generate().map_err(|e| err(&e))?;
+        let mut ca_params =
+            rcgen::CertificateParams::new(Vec::<String>::new()).map_err(|e| err(&e))?;
+        ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        let ca = ca_params.self_signed(&ca_key).map_err(|e| err(&e))?;
+        let key = rcgen::KeyPair::generate().map_err(|e| err(&e))?;
+        let cert = rcgen::CertificateParams::new(vec![name.to_owned()])
+            .map_err(|e| err(&e))?
+            .signed_by(&key, &rcgen::Issuer::new(ca_params, ca_key))
+            .map_err(|e| err(&e))?;
+        let mut cfg = rustls::ServerConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .map_err(|e| err(&e))?
+        .with_no_client_auth()
+        .with_single_cert(
+            vec![cert.der().clone()],
+            rustls::pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into()),
+        )
+        .map_err(|e| err(&e))?;
+        cfg.alpn_protocols = vec![b"h2".to_vec()];
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(cfg));
+        let connections = Arc::new(AtomicU64::new(0));
+        let queries = Arc::new(AtomicU64::new(0));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (c, q, st) = (connections.clone(), queries.clone(), stop.clone());
+        let (kill, killed) = tokio::sync::watch::channel(0u64);
+        let zone = Arc::new(zone);
+        let path: Arc<str> = path.into();
+        let handle = ns.spawn(move || {
+            let rt = match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(rt) => rt,
+                Err(e) => {
+                    let _ = tx.send(Err(e));
+                    return;
+                }
+            };
+            rt.block_on(async move {
+                let l = match tokio::net::TcpListener::bind(addr).await {
+                    Ok(l) => l,
+                    Err(e) => {
+                        let _ = tx.send(Err(e));
+                        return;
+                    }
+                };
+                let _ = tx.send(l.local_addr());
+                while !st.load(Relaxed) {
+                    let Ok(Ok((s, _))) = tokio::time::timeout(POLL, l.accept()).await else {
+                        continue;
+                    };
+                    let (acceptor, zone, path, q) =
+                        (acceptor.clone(), zone.clone(), path.clone(), q.clone());
+                    let mut killed = killed.clone();
+                    killed.mark_unchanged();
+                    c.fetch_add(1, Relaxed);
+                    tokio::spawn(async move {
+                        let serve = async {
+                            let Ok(tls) = acceptor.accept(s).await else {
+                                return;
+                            };
+                            let Ok(mut conn) = h2::server::handshake(tls).await else {
+                                return;
+                            };
+                            while let Some(Ok((req, respond))) = conn.accept().await {
+                                let (zone, path, q) = (zone.clone(), path.clone(), q.clone());
+                                tokio::spawn(doh_request(req, respond, zone, path, q));
+                            }
+                        };
+                        // Dropping the connection closes its socket.
+                        tokio::select! {
+                            () = serve => {}
+                            _ = killed.changed() => {}
+                        }
+                    });
+                }
+            });
+        })?;
+        let addr = rx
+            .recv()
+            .map_err(|_| io::Error::other("doh server thread died"))??;
+        Ok(DohServer {
+            addr,
+            ca_pem: ca.pem(),
+            connections,
+            queries,
+            kill,
+            stop,
+            handle: Some(handle),
+        })
+    }
+
+    /// TCP connections accepted so far.
+    pub fn connections(&self) -> u64 {
+        self.connections.load(Relaxed)
+    }
+
+    /// Queries answered so far.
+    pub fn queries(&self) -> u64 {
+        self.queries.load(Relaxed)
+    }
+
+    /// Close every connection open now (new ones are still accepted), as
+    /// a server restarting or timing out idle clients does.
+    pub fn drop_connections(&self) {
+        self.kill.send_modify(|n| *n += 1);
+    }
+}
+
+#[cfg(feature = "doh")]
+impl Drop for DohServer {
+    fn drop(&mut self) {
+        self.stop.store(true, Relaxed);
+        if let Some(h) = self.handle.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+/// One DoH request: the query from the body, the zone's answer back.
+#[cfg(feature = "doh")]
+async fn doh_request(
+    req: http::Request<h2::RecvStream>,
+    mut respond: h2::server::SendResponse<bytes::Bytes>,
+    zone: Arc<Zone>,
+    path: Arc<str>,
+    answered: Arc<AtomicU64>,
+) {
+    let reply = |status: u16| {
+        http::Response::builder()
+            .status(status)
+            .header("content-type", "application/dns-message")
+            .body(())
+    };
+    let is_dns = req
+        .headers()
+        .get("content-type")
+        .is_some_and(|v| v == "application/dns-message");
+    let status = if req.uri().path() != &*path {
+        404
+    } else if req.method() != http::Method::POST || !is_dns {
+        415
+    } else {
+        200
+    };
+    let mut body = req.into_body();
+    let mut query = Vec::new();
+    while let Some(Ok(chunk)) = body.data().await {
+        let _ = body.flow_control().release_capacity(chunk.len());
+        query.extend_from_slice(&chunk);
+        if query.len() > 65_535 {
+            return;
+        }
+    }
+    let answer = if status == 200 {
+        zone.answer(&query)
+    } else {
+        None
+    };
+    let (Ok(head), Some(answer)) = (reply(status), answer.or_else(|| Some(Vec::new()))) else {
+        return;
+    };
+    let end = answer.is_empty();
+    let Ok(mut out) = respond.send_response(head, end) else {
+        return;
+    };
+    if !end {
+        answered.fetch_add(1, Relaxed);
+        let _ = out.send_data(answer.into(), true);
     }
 }

@@ -1372,8 +1372,15 @@ public struct DnsOptions: Equatable, Hashable {
      */
     public var hijackAll: Bool
     /**
-     * Upstreams tried in order: `udp://IP:PORT`, `tcp://IP:PORT`,
-     * `tls://IP:PORT#server-name`. Needed when `enabled`.
+     * Upstreams tried in order: `udp://IP:PORT`, `tcp://IP:PORT`, and,
+     * only in a library built with kerntun-ffi's `dot` / `doh` features,
+     * `tls://IP:PORT#server-name` (DNS over TLS) and
+     * `https://IP[:PORT][/PATH]#server-name` (DNS over HTTPS). The iOS and
+     * Android libraries this repository's scripts build have neither
+     * feature (their TLS library, ring, needs a C compiler for the target
+     * that the Linux CI does not have): there `tls://` and `https://` are
+     * refused at start with a `Config` error on `dns.upstreams`. Needed
+     * when `enabled`.
      */
     public var upstreams: [String]
     /**
@@ -1407,8 +1414,8 @@ public struct DnsOptions: Equatable, Hashable {
      */
     public var fakeIpFilter: [String]
     /**
-     * Path of extra trust anchors (PEM) for `tls://` upstreams, on top of
-     * the Mozilla roots: a private resolver's CA.
+     * Path of extra trust anchors (PEM) for `tls://` and `https://`
+     * upstreams, on top of the Mozilla roots: a private resolver's CA.
      */
     public var tlsCaFile: String?
 
@@ -1427,8 +1434,15 @@ public struct DnsOptions: Equatable, Hashable {
          * Hijack port 53 whatever the destination.
          */hijackAll: Bool = false, 
         /**
-         * Upstreams tried in order: `udp://IP:PORT`, `tcp://IP:PORT`,
-         * `tls://IP:PORT#server-name`. Needed when `enabled`.
+         * Upstreams tried in order: `udp://IP:PORT`, `tcp://IP:PORT`, and,
+         * only in a library built with kerntun-ffi's `dot` / `doh` features,
+         * `tls://IP:PORT#server-name` (DNS over TLS) and
+         * `https://IP[:PORT][/PATH]#server-name` (DNS over HTTPS). The iOS and
+         * Android libraries this repository's scripts build have neither
+         * feature (their TLS library, ring, needs a C compiler for the target
+         * that the Linux CI does not have): there `tls://` and `https://` are
+         * refused at start with a `Config` error on `dns.upstreams`. Needed
+         * when `enabled`.
          */upstreams: [String] = [], 
         /**
          * Time allowed to one upstream try.
@@ -1454,8 +1468,8 @@ public struct DnsOptions: Equatable, Hashable {
          * Domains (and their subdomains) that get real answers under fake-ip.
          */fakeIpFilter: [String] = [], 
         /**
-         * Path of extra trust anchors (PEM) for `tls://` upstreams, on top of
-         * the Mozilla roots: a private resolver's CA.
+         * Path of extra trust anchors (PEM) for `tls://` and `https://`
+         * upstreams, on top of the Mozilla roots: a private resolver's CA.
          */tlsCaFile: String? = nil) {
         self.enabled = enabled
         self.hijack = hijack
@@ -2450,6 +2464,12 @@ public struct RuleOptions: Equatable, Hashable {
      */
     public var ports: String?
     /**
+     * Only TCP connections or only UDP flows; `null`/`nil`, both. A
+     * `Reject` rule with `Udp`, ports `443` and some domains makes those
+     * apps fall back from QUIC to TCP.
+     */
+    public var network: RuleNetwork?
+    /**
      * Domains matched exactly.
      */
     public var domain: [String]
@@ -2481,6 +2501,11 @@ public struct RuleOptions: Equatable, Hashable {
          * Destination ports: `443` or `8000-8999`.
          */ports: String? = nil, 
         /**
+         * Only TCP connections or only UDP flows; `null`/`nil`, both. A
+         * `Reject` rule with `Udp`, ports `443` and some domains makes those
+         * apps fall back from QUIC to TCP.
+         */network: RuleNetwork? = nil, 
+        /**
          * Domains matched exactly.
          */domain: [String] = [], 
         /**
@@ -2497,6 +2522,7 @@ public struct RuleOptions: Equatable, Hashable {
          */domainList: String? = nil, action: RuleAction) {
         self.cidr = cidr
         self.ports = ports
+        self.network = network
         self.domain = domain
         self.domainSuffix = domainSuffix
         self.domainKeyword = domainKeyword
@@ -2522,6 +2548,7 @@ public struct FfiConverterTypeRuleOptions: FfiConverterRustBuffer {
             try RuleOptions(
                 cidr: FfiConverterOptionString.read(from: &buf), 
                 ports: FfiConverterOptionString.read(from: &buf), 
+                network: FfiConverterOptionTypeRuleNetwork.read(from: &buf), 
                 domain: FfiConverterSequenceString.read(from: &buf), 
                 domainSuffix: FfiConverterSequenceString.read(from: &buf), 
                 domainKeyword: FfiConverterSequenceString.read(from: &buf), 
@@ -2533,6 +2560,7 @@ public struct FfiConverterTypeRuleOptions: FfiConverterRustBuffer {
     public static func write(_ value: RuleOptions, into buf: inout [UInt8]) {
         FfiConverterOptionString.write(value.cidr, into: &buf)
         FfiConverterOptionString.write(value.ports, into: &buf)
+        FfiConverterOptionTypeRuleNetwork.write(value.network, into: &buf)
         FfiConverterSequenceString.write(value.domain, into: &buf)
         FfiConverterSequenceString.write(value.domainSuffix, into: &buf)
         FfiConverterSequenceString.write(value.domainKeyword, into: &buf)
@@ -3727,6 +3755,78 @@ public func FfiConverterTypeRuleAction_lower(_ value: RuleAction) -> RustBuffer 
 
 
 /**
+ * The transport a rule applies to.
+ */
+
+public enum RuleNetwork: Equatable, Hashable {
+    
+    case tcp
+    /**
+     * UDP flows; with `ports = "443"` this names QUIC (HTTP/3).
+     */
+    case udp
+
+
+
+
+
+}
+
+#if compiler(>=6)
+extension RuleNetwork: Sendable {}
+#endif
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public struct FfiConverterTypeRuleNetwork: FfiConverterRustBuffer {
+    typealias SwiftType = RuleNetwork
+
+    public static func read(from buf: inout (data: Data, offset: Data.Index)) throws -> RuleNetwork {
+        let variant: Int32 = try readInt(&buf)
+        switch variant {
+        
+        case 1: return .tcp
+        
+        case 2: return .udp
+        
+        default: throw UniffiInternalError.unexpectedEnumCase
+        }
+    }
+
+    public static func write(_ value: RuleNetwork, into buf: inout [UInt8]) {
+        switch value {
+        
+        
+        case .tcp:
+            writeInt(&buf, Int32(1))
+        
+        
+        case .udp:
+            writeInt(&buf, Int32(2))
+        
+        }
+    }
+}
+
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public func FfiConverterTypeRuleNetwork_lift(_ buf: RustBuffer) throws -> RuleNetwork {
+    return try FfiConverterTypeRuleNetwork.lift(buf)
+}
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public func FfiConverterTypeRuleNetwork_lower(_ value: RuleNetwork) -> RustBuffer {
+    return FfiConverterTypeRuleNetwork.lower(value)
+}
+
+
+
+/**
  * A Shadowsocks method (shadowsocks-rust's names in the comments).
  */
 
@@ -4106,6 +4206,30 @@ fileprivate struct FfiConverterOptionTypePlatform: FfiConverterRustBuffer {
         switch try readInt(&buf) as Int8 {
         case 0: return nil
         case 1: return try FfiConverterTypePlatform.read(from: &buf)
+        default: throw UniffiInternalError.unexpectedOptionalTag
+        }
+    }
+}
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+fileprivate struct FfiConverterOptionTypeRuleNetwork: FfiConverterRustBuffer {
+    typealias SwiftType = RuleNetwork?
+
+    public static func write(_ value: SwiftType, into buf: inout [UInt8]) {
+        guard let value = value else {
+            writeInt(&buf, Int8(0))
+            return
+        }
+        writeInt(&buf, Int8(1))
+        FfiConverterTypeRuleNetwork.write(value, into: &buf)
+    }
+
+    public static func read(from buf: inout (data: Data, offset: Data.Index)) throws -> SwiftType {
+        switch try readInt(&buf) as Int8 {
+        case 0: return nil
+        case 1: return try FfiConverterTypeRuleNetwork.read(from: &buf)
         default: throw UniffiInternalError.unexpectedOptionalTag
         }
     }

@@ -29,8 +29,10 @@ pub struct DnsConfig {
     /// Hijack port 53 whatever the destination.
     pub hijack_all: bool,
     /// Upstreams, tried in order: `udp://IP:PORT`, `tcp://IP:PORT`,
-    /// `tls://IP:PORT#server-name` (DNS over TLS). Each is reached through
-    /// the outbound the rules choose for its address.
+    /// `tls://IP:PORT#server-name` (DNS over TLS, feature `dot`),
+    /// `https://IP[:PORT][/PATH]#server-name` (DNS over HTTPS, feature
+    /// `doh`). Each is reached through the outbound the rules choose for its
+    /// address.
     pub upstreams: Vec<String>,
     /// Time allowed to one upstream try.
     pub timeout_ms: u64,
@@ -48,7 +50,7 @@ pub struct DnsConfig {
     pub fake_ip_entries: usize,
     /// Domains (and their subdomains) that get real answers under fake-ip.
     pub fake_ip_filter: Vec<String>,
-    /// Extra trust anchors (PEM) for `tls://` upstreams, on top of the
+    /// Extra trust anchors (PEM) for `tls://` and `https://` upstreams, on top of the
     /// Mozilla roots: a private resolver's CA.
     pub tls_ca_file: Option<PathBuf>,
 }
@@ -69,6 +71,14 @@ impl Default for DnsConfig {
             fake_ip_filter: Vec::new(),
             tls_ca_file: None,
         }
+    }
+}
+
+/// The error for an `https://` upstream in a build without DNS over HTTPS.
+pub(crate) fn doh_missing() -> DnsConfigError {
+    DnsConfigError {
+        field: "upstreams",
+        reason: "https:// upstreams need kerntun built with the `doh` feature".into(),
     }
 }
 
@@ -107,6 +117,9 @@ impl DnsConfig {
         let ups = self.parsed_upstreams()?;
         if !cfg!(feature = "dot") && ups.iter().any(|u| u.proto == UpstreamProto::Tls) {
             return Err(dot_missing());
+        }
+        if !cfg!(feature = "doh") && ups.iter().any(|u| u.proto == UpstreamProto::Https) {
+            return Err(doh_missing());
         }
         if self.timeout_ms == 0 {
             return Err(bad("timeout_ms", "must be greater than zero".into()));

@@ -225,7 +225,7 @@ impl Dns {
                     .into_boxed_str()
             })
             .collect();
-        let tls = if upstreams.iter().any(|u| u.proto == UpstreamProto::Tls) {
+        let tls = if upstreams.iter().any(|u| u.proto.over_tls()) {
             Some(tls_connector(c)?)
         } else {
             None
@@ -548,7 +548,7 @@ impl Dns {
             };
             let cost = match up.proto {
                 UpstreamProto::Udp => UDP_EXCHANGE,
-                UpstreamProto::Tcp | UpstreamProto::Tls => STREAM_EXCHANGE,
+                UpstreamProto::Tcp | UpstreamProto::Tls | UpstreamProto::Https => STREAM_EXCHANGE,
             };
             let Some(charge) = self.charge(cost + wire.len(), stats) else {
                 return Err(DnsError::Busy);
@@ -622,7 +622,7 @@ impl Dns {
     }
 }
 
-/// The TLS client for `tls://` upstreams: the Mozilla roots (webpki-roots)
+/// The TLS client for `tls://` and `https://` upstreams: the Mozilla roots (webpki-roots)
 /// plus the PEM certificates of `tls_ca_file`.
 #[cfg(feature = "dot")]
 fn tls_connector(c: &DnsConfig) -> Result<upstream::Tls, DnsConfigError> {
@@ -659,7 +659,7 @@ fn tls_connector(c: &DnsConfig) -> Result<upstream::Tls, DnsConfigError> {
         })?
         .with_root_certificates(roots)
         .with_no_client_auth();
-    Ok(tokio_rustls::TlsConnector::from(Arc::new(cfg)))
+    Ok(upstream::Tls::new(Arc::new(cfg)))
 }
 
 #[cfg(not(feature = "dot"))]

@@ -1,11 +1,14 @@
 //! One exchange with one upstream, through the outbound the rules choose for
 //! the upstream's address: UDP (direct, or a proxy's UDP association), DNS
 //! over TCP (RFC 7766 two-byte length framing; direct, SOCKS5, or inside a
-//! Shadowsocks AEAD stream), or DNS over TLS (RFC 7858, feature `dot`).
+//! Shadowsocks AEAD stream), DNS over TLS (RFC 7858, feature `dot`), or DNS
+//! over HTTPS (RFC 8484, feature `doh`, in [`doh`]).
 //!
-//! One connection or socket per exchange: upstream queries are rare next to
-//! cache hits, and a fresh socket needs no reconnect logic, no pipelining
-//! bookkeeping and no idle timers. The caller bounds each exchange in time.
+//! One connection or socket per exchange, except DNS over HTTPS: upstream
+//! queries are rare next to cache hits, and a fresh socket needs no
+//! reconnect logic, no pipelining bookkeeping and no idle timers. DoH keeps
+//! one HTTP/2 connection per upstream ([`doh`] says why). The caller bounds
+//! each exchange in time.
 
 use std::io;
 
@@ -38,10 +41,41 @@ pub(crate) enum ExchangeError {
     Busy,
 }
 
-/// TLS client state for `tls://` upstreams.
+#[cfg(feature = "doh")]
+mod doh;
+
+/// TLS client state for `tls://` and `https://` upstreams (one per DNS
+/// service): the TLS client, and the kept DoH connections.
 #[cfg(feature = "dot")]
-pub(crate) type Tls = tokio_rustls::TlsConnector;
-/// Without the `dot` feature `tls://` is refused at configuration time.
+pub(crate) struct Tls {
+    dot: tokio_rustls::TlsConnector,
+    #[cfg(feature = "doh")]
+    doh: doh::Pool,
+}
+
+#[cfg(feature = "dot")]
+impl Tls {
+    pub(crate) fn new(cfg: std::sync::Arc<tokio_rustls::rustls::ClientConfig>) -> Tls {
+        Tls {
+            #[cfg(feature = "doh")]
+            doh: doh::Pool::new(&cfg),
+            dot: tokio_rustls::TlsConnector::from(cfg),
+        }
+    }
+}
+
+#[cfg(feature = "dot")]
+impl std::fmt::Debug for Tls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut d = f.debug_struct("Tls");
+        #[cfg(feature = "doh")]
+        d.field("doh", &self.doh);
+        d.finish_non_exhaustive()
+    }
+}
+
+/// Without the `dot` feature `tls://` and `https://` are refused at
+/// configuration time.
 #[cfg(not(feature = "dot"))]
 pub(crate) type Tls = ();
 
@@ -55,7 +89,12 @@ pub(crate) async fn exchange(
     id: u16,
     stats: &Stats,
 ) -> Result<Vec<u8>, ExchangeError> {
-    let route = ob.route(&Target::ip(up.addr));
+    // A udp:// upstream is a UDP flow for `network` rules; the others TCP.
+    let target = match up.proto {
+        UpstreamProto::Udp => Target::ip(up.addr).udp(),
+        _ => Target::ip(up.addr),
+    };
+    let route = ob.route(&target);
     if route == Route::Reject {
         return Err(ExchangeError::Rejected);
     }
@@ -88,7 +127,7 @@ pub(crate) async fn exchange(
                 let name = up.server_name.clone().unwrap_or_default();
                 let name = rustls_pki_types::ServerName::try_from(name)
                     .map_err(|_| ExchangeError::Unsupported("bad TLS server name"))?;
-                let mut s = tls.connect(name, out.stream).await?;
+                let mut s = tls.dot.connect(name, out.stream).await?;
                 let r = plain_framed(&mut s, wire, id).await;
                 let _ = s.shutdown().await;
                 r
@@ -98,6 +137,22 @@ pub(crate) async fn exchange(
                 let _ = tls;
                 Err(ExchangeError::Unsupported(
                     "tls:// upstreams need kerntun's `dot` feature",
+                ))
+            }
+        }
+        UpstreamProto::Https => {
+            #[cfg(feature = "doh")]
+            {
+                let Some(tls) = tls else {
+                    return Err(ExchangeError::Unsupported("no TLS configuration"));
+                };
+                doh::exchange(&tls.doh, ob, route, up, wire, id, stats).await
+            }
+            #[cfg(not(feature = "doh"))]
+            {
+                let _ = tls;
+                Err(ExchangeError::Unsupported(
+                    "https:// upstreams need kerntun's `doh` feature",
                 ))
             }
         }
@@ -240,6 +295,41 @@ fn complete_frame(buf: &[u8]) -> Option<&[u8]> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn upstream_syntax() {
+        let up = |s: &str| s.parse::<Upstream>();
+        let u = up("https://1.1.1.1/dns-query#cloudflare-dns.com").expect("doh");
+        assert_eq!(u.proto, UpstreamProto::Https);
+        assert_eq!(u.addr, "1.1.1.1:443".parse().expect("addr"));
+        assert_eq!(u.server_name.as_deref(), Some("cloudflare-dns.com"));
+        assert_eq!(u.path.as_deref(), Some("/dns-query"));
+        // Port and path given; path left out; IPv6 with and without port.
+        let u = up("https://192.0.2.1:8443/resolve/x#dns.test").expect("doh");
+        assert_eq!(u.addr, "192.0.2.1:8443".parse().expect("addr"));
+        assert_eq!(u.path.as_deref(), Some("/resolve/x"));
+        let u = up("https://192.0.2.1#dns.test").expect("doh");
+        assert_eq!(u.path.as_deref(), Some("/dns-query"));
+        let u = up("https://[2606:4700::1111]/dns-query#one.one.one.one").expect("v6");
+        assert_eq!(u.addr, "[2606:4700::1111]:443".parse().expect("addr"));
+        let u = up("https://[2001:db8::1]:444/q#dns.test").expect("v6 port");
+        assert_eq!(u.addr, "[2001:db8::1]:444".parse().expect("addr"));
+        assert!(UpstreamProto::Https.over_tls() && UpstreamProto::Tls.over_tls());
+        assert!(!UpstreamProto::Tcp.over_tls() && !UpstreamProto::Udp.over_tls());
+        // The other schemes keep no path.
+        assert_eq!(up("tls://192.0.2.1:853#dns.test").expect("dot").path, None);
+        for (bad, says) in [
+            ("https://1.1.1.1/dns-query", "needs #server-name"),
+            ("https://1.1.1.1/dns-query#", "needs #server-name"),
+            ("https://dns.google/dns-query#dns.google", "IP address"),
+            ("https://1.1.1.1/dns-query?dns=x#a.test", "no query string"),
+            ("https://1.1.1.1/a b#a.test", "no spaces"),
+            ("http://1.1.1.1/dns-query#a.test", "unknown scheme"),
+        ] {
+            let e = up(bad).expect_err(bad);
+            assert!(e.contains(says), "{bad}: {e}");
+        }
+    }
 
     #[test]
     fn frames() {

@@ -5,7 +5,7 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use super::addr::Address;
 use super::link::{Link, parse_server};
-use crate::dnswire::{Upstream, UpstreamProto};
+use crate::dnswire::Upstream;
 
 /// An outbound the configuration cannot use, named by its key.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -39,9 +39,9 @@ impl DirectConfig {
             .enumerate()
             .map(|(i, b)| {
                 let u: Upstream = b.parse().map_err(|e| format!("bootstrap[{i}]: {e}"))?;
-                if u.proto == UpstreamProto::Tls {
+                if u.proto.over_tls() {
                     return Err(format!(
-                        "bootstrap[{i}]: {b:?}: udp:// or tcp:// (a bootstrap resolver cannot be DNS over TLS)"
+                        "bootstrap[{i}]: {b:?}: udp:// or tcp:// (a bootstrap resolver cannot be DNS over TLS or HTTPS)"
                     ));
                 }
                 Ok(u)

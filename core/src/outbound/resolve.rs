@@ -61,7 +61,7 @@ impl Resolvers {
         } else {
             let plain: Vec<Upstream> = upstreams
                 .iter()
-                .filter(|u| u.proto != UpstreamProto::Tls)
+                .filter(|u| !u.proto.over_tls())
                 .cloned()
                 .collect();
             if plain.is_empty() {
@@ -104,6 +104,7 @@ pub fn system_resolvers() -> Vec<Upstream> {
                     proto: UpstreamProto::Udp,
                     addr: SocketAddr::new(ip, 53),
                     server_name: None,
+                    path: None,
                 })
                 .collect();
             if !list.is_empty() {

@@ -133,7 +133,7 @@ fun config(tun: String, v4: String, v6: String?, driver: Driver?, stack: Stack? 
     driver = driver,
     tun = TunOptions(name = tun, ipv4 = v4, ipv6 = v6),
     direct = DirectOptions(`interface` = veth),
-    rules = listOf(RuleOptions(ports = "$rejectedPort", action = RuleAction.Reject)),
+    rules = listOf(RuleOptions(ports = "$rejectedPort", network = RuleNetwork.TCP, action = RuleAction.Reject)),
     logLevel = LogLevel.DEBUG,
 )
 

@@ -1,6 +1,7 @@
 //! Reading the domain a connection is for from its first bytes (TLS
 //! ClientHello SNI, HTTP/1 Host) so domain rules apply to connections made to
-//! real addresses.
+//! real addresses; [`quic`] reads the same ClientHello out of a QUIC
+//! client's Initial packets.
 //!
 //! [`sniff`] is sans-I/O: the caller peeks at what the app has sent so far
 //! (without consuming it) and calls again with more bytes on
@@ -22,6 +23,8 @@
 /// routed by its address.
 pub const MAX_SNIFF: usize = 16 * 1024;
 
+pub mod quic;
+
 /// Which protocol a name was read from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Sniffer {
@@ -29,6 +32,9 @@ pub enum Sniffer {
     Tls,
     /// The `Host` header of an HTTP/1.x request.
     Http,
+    /// The `server_name` of the ClientHello in a QUIC client's Initial
+    /// packets ([`quic::QuicSniffer`]).
+    Quic,
 }
 
 /// What the first bytes of a connection say about its domain.
@@ -123,7 +129,9 @@ mod tls {
     /// records, skipping the 5-byte record headers, so a hello split over
     /// records reads as one stream without being copied. `limit` is the
     /// end (in handshake-stream offsets) of the innermost length-prefixed
-    /// structure being read: nothing is read past it.
+    /// structure being read: nothing is read past it. Over bare handshake
+    /// bytes (QUIC's CRYPTO stream, which has no records) `rec_end` is
+    /// `usize::MAX`: one endless record.
     struct Cursor<'a> {
         buf: &'a [u8],
         /// Next byte in `buf`.
@@ -227,15 +235,26 @@ mod tls {
     }
 
     pub(super) fn sniff(buf: &[u8]) -> Sniffed<'_> {
+        walk(buf, 0, Sniffer::Tls)
+    }
+
+    /// The SNI of a ClientHello given as a bare handshake message (no
+    /// record headers), as QUIC carries it in CRYPTO frames (RFC 9001
+    /// section 4.1.3).
+    pub(super) fn sniff_handshake(hs: &[u8], proto: Sniffer) -> Sniffed<'_> {
+        walk(hs, usize::MAX, proto)
+    }
+
+    fn walk(buf: &[u8], rec_end: usize, proto: Sniffer) -> Sniffed<'_> {
         let mut c = Cursor {
             buf,
             pos: 0,
-            rec_end: 0,
+            rec_end,
             off: 0,
             limit: usize::MAX,
         };
         match hello(&mut c) {
-            Ok(name) => checked(Sniffer::Tls, name),
+            Ok(name) => checked(proto, name),
             Err(More) => Sniffed::NeedMore,
             Err(No) => Sniffed::NoDomain,
         }
