@@ -57,7 +57,7 @@ use std::collections::HashMap;
 use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU16, AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
 use tokio::net::UdpSocket;
@@ -101,29 +101,79 @@ struct Flow {
     gso: bool,
     /// Last uplink datagram (driver-local, no atomics needed).
     last_up: Instant,
-    /// Last downlink datagram, milliseconds since the table's epoch, at
-    /// least 1; 0 while the flow never saw a reply ([`mark_reply`]).
-    last_down: Arc<AtomicU64>,
+    /// What the driver and the flow's reply task share.
+    state: Arc<ReplyState>,
     task: AbortHandle,
 }
 
 impl Flow {
-    fn last_active(&self, epoch: Instant) -> Instant {
-        let down = epoch + Duration::from_millis(self.last_down.load(Relaxed));
-        self.last_up.max(down)
+    fn last_active(&self) -> Instant {
+        self.last_up.max(self.state.last_down())
     }
 
     /// Whether a reply ever came back on this flow.
     fn replied(&self) -> bool {
-        self.last_down.load(Relaxed) != 0
+        self.state.replied()
     }
 }
 
-/// Record a reply at the present moment: milliseconds since `epoch`, never
-/// 0, which stands for "never replied".
-fn mark_reply(last_down: &AtomicU64, epoch: Instant) {
-    let ms = u64::try_from(epoch.elapsed().as_millis()).unwrap_or(u64::MAX);
-    last_down.store(ms.max(1), Relaxed);
+/// What a flow's reply task and the driver share: when the last reply
+/// came, and how long a reply packet toward the app may be.
+#[derive(Debug)]
+pub(super) struct ReplyState {
+    /// The flow table's epoch, which `last_down` counts from.
+    epoch: Instant,
+    /// Last downlink datagram, milliseconds since `epoch`, at least 1; 0
+    /// while the flow never saw a reply ([`ReplyState::mark`]).
+    last_down: AtomicU64,
+    /// The longest reply packet written whole: the TUN's MTU, lowered to
+    /// the longest fragment the app's datagrams came in
+    /// ([`ReplyState::lower_mtu`]).
+    mtu: AtomicU16,
+}
+
+impl ReplyState {
+    fn new(epoch: Instant, mtu: u16) -> Self {
+        Self {
+            epoch,
+            last_down: AtomicU64::new(0),
+            mtu: AtomicU16::new(mtu),
+        }
+    }
+
+    /// Record a reply at the present moment: milliseconds since the epoch,
+    /// never 0, which stands for "never replied".
+    pub(super) fn mark(&self) {
+        let ms = u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.last_down.store(ms.max(1), Relaxed);
+    }
+
+    fn replied(&self) -> bool {
+        self.last_down.load(Relaxed) != 0
+    }
+
+    fn last_down(&self) -> Instant {
+        self.epoch + Duration::from_millis(self.last_down.load(Relaxed))
+    }
+
+    /// The longest reply packet to write whole; a longer reply goes as
+    /// fragments of at most this size.
+    pub(super) fn mtu(&self) -> usize {
+        usize::from(self.mtu.load(Relaxed))
+    }
+
+    /// The app's datagram came as fragments of at most `longest` bytes: the
+    /// link between the app and the TUN is that small (a gateway forwarding
+    /// the app into a larger TUN), and a reply packet longer than that
+    /// would be lost there (a router never fragments IPv6, nor IPv4 with
+    /// DF). The flow's replies are fragmented to it from now on, never
+    /// below the least MTU of the family (576 bytes, RFC 791; 1280, RFC
+    /// 8200), whatever the app sends.
+    fn lower_mtu(&self, longest: usize, v6: bool) {
+        let floor = if v6 { 1280 } else { 576 };
+        let m = u16::try_from(longest.max(floor)).unwrap_or(u16::MAX);
+        self.mtu.fetch_min(m, Relaxed);
+    }
 }
 
 impl Drop for Flow {
@@ -204,6 +254,31 @@ impl UdpTable {
 
     /// Send one uplink datagram (`buf` holds the whole IP packet).
     pub fn handle(&mut self, buf: &[u8], ip: &IpInfo, now: Instant, local: &mut LocalCounters) {
+        self.datagram(buf, ip, None, now, local);
+    }
+
+    /// Send one uplink datagram the app sent as IP fragments, reassembled
+    /// into `buf`; its longest fragment was `longest` bytes, which bounds
+    /// the flow's reply packets from now on ([`ReplyState::lower_mtu`]).
+    pub fn handle_reassembled(
+        &mut self,
+        buf: &[u8],
+        ip: &IpInfo,
+        longest: usize,
+        now: Instant,
+        local: &mut LocalCounters,
+    ) {
+        self.datagram(buf, ip, Some(longest), now, local);
+    }
+
+    fn datagram(
+        &mut self,
+        buf: &[u8],
+        ip: &IpInfo,
+        longest: Option<usize>,
+        now: Instant,
+        local: &mut LocalCounters,
+    ) {
         let udp = match packet::parse_udp(buf, ip) {
             Ok(u) => u,
             Err(r) => return local.reject(r),
@@ -241,6 +316,9 @@ impl UdpTable {
             }
         };
         flow.last_up = now;
+        if let Some(longest) = longest {
+            flow.state.lower_mtu(longest, key.server.is_ipv6());
+        }
         match &mut flow.io {
             FlowIo::Direct(sock) if flow.gso => {
                 let fits = reply::udp_room(self.shared.mtu, key.server).1;
@@ -293,7 +371,7 @@ impl UdpTable {
         if self.flows.len() >= self.shared.max_flows {
             self.evict_oldest();
         }
-        let last_down = Arc::new(AtomicU64::new(0));
+        let state = Arc::new(ReplyState::new(self.epoch, shared.mtu));
         let (io, task) = match (route, dst) {
             (Route::Proxy(i), target) if shared.d.outbounds.udp_proxied(route) => {
                 let (queue, rx, spare_tx) = Queue::new(shared.queues.clone(), shared.mtu);
@@ -304,8 +382,7 @@ impl UdpTable {
                     target,
                     rx,
                     spare_tx,
-                    last_down.clone(),
-                    self.epoch,
+                    state.clone(),
                 ))
                 .abort_handle();
                 (FlowIo::Queued(queue), task)
@@ -326,8 +403,7 @@ impl UdpTable {
                     key,
                     rx,
                     spare_tx,
-                    last_down.clone(),
-                    self.epoch,
+                    state.clone(),
                 ))
                 .abort_handle();
                 (FlowIo::Queued(queue), task)
@@ -349,8 +425,7 @@ impl UdpTable {
                     sock.clone(),
                     self.shared.clone(),
                     key,
-                    last_down.clone(),
-                    self.epoch,
+                    state.clone(),
                 ))
                 .abort_handle();
                 (FlowIo::Direct(sock), task)
@@ -362,7 +437,7 @@ impl UdpTable {
                 gso: matches!(io, FlowIo::Direct(_)) && gather::supported(),
                 io,
                 last_up: now,
-                last_down,
+                state,
                 task,
             },
         );
@@ -376,11 +451,10 @@ impl UdpTable {
     /// least recently used of all. O(n) over a bounded table, and only when
     /// a new flow arrives at the limit.
     fn evict_oldest(&mut self) {
-        let epoch = self.epoch;
         if let Some(key) = self
             .flows
             .iter()
-            .min_by_key(|(_, f)| (f.replied(), f.last_active(epoch)))
+            .min_by_key(|(_, f)| (f.replied(), f.last_active()))
             .map(|(k, _)| *k)
         {
             self.flows.remove(&key);
@@ -394,11 +468,10 @@ impl UdpTable {
     /// flow that never saw a reply, `idle` for one that did.
     pub fn sweep(&mut self, now: Instant) {
         let (idle, unreplied) = (self.shared.idle, self.shared.unreplied);
-        let epoch = self.epoch;
         let before = self.flows.len();
         self.flows.retain(|_, f| {
             let limit = if f.replied() { idle } else { unreplied };
-            now.saturating_duration_since(f.last_active(epoch)) < limit
+            now.saturating_duration_since(f.last_active()) < limit
         });
         let removed = (before - self.flows.len()) as u64;
         if removed > 0 {

@@ -8,13 +8,13 @@
 use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::Ordering::Relaxed;
 use std::time::Instant;
 
 use tokio::sync::mpsc;
 
-use super::reply::{FRAGMENTED_REPLY_MAX, reply_loop, send_reply, udp_room};
-use super::{UdpEnv, mark_reply};
+use super::reply::{PROXIED_REPLY_MAX, reply_loop, send_reply, udp_room};
+use super::{ReplyState, UdpEnv};
 use crate::budget::ByteBudget;
 use crate::dns::Dns;
 use crate::nat::FlowKey;
@@ -104,8 +104,7 @@ pub(super) async fn resolved_flow(
     key: FlowKey,
     mut rx: mpsc::Receiver<Vec<u8>>,
     spare: mpsc::Sender<Vec<u8>>,
-    last_down: Arc<AtomicU64>,
-    epoch: Instant,
+    state: Arc<ReplyState>,
 ) {
     let server = key.server;
     let stats: &Stats = &shared.d.stats;
@@ -131,7 +130,7 @@ pub(super) async fn resolved_flow(
             return;
         }
     };
-    let down = reply_loop(sock.clone(), shared.clone(), key, last_down, epoch);
+    let down = reply_loop(sock.clone(), shared.clone(), key, state);
     let up = async {
         while let Some(buf) = rx.recv().await {
             match sock.send(&buf).await {
@@ -161,8 +160,7 @@ pub(super) async fn proxy_flow(
     target: Address,
     mut rx: mpsc::Receiver<Vec<u8>>,
     spare: mpsc::Sender<Vec<u8>>,
-    last_down: Arc<AtomicU64>,
-    epoch: Instant,
+    state: Arc<ReplyState>,
 ) {
     let server = key.server;
     let stats: &Stats = &shared.d.stats;
@@ -203,7 +201,7 @@ pub(super) async fn proxy_flow(
         Address::Domain(..) => None,
     };
     let (hdr, max_payload) = udp_room(shared.mtu, server);
-    let max_payload = max_payload.max(FRAGMENTED_REPLY_MAX);
+    let max_payload = max_payload.max(PROXIED_REPLY_MAX);
     const MAX_DATAGRAM: usize = 65_535;
     // Framing around a reply's payload: at most a SIP022 header with 900
     // bytes of padding, session ids, a domain address (up to 259 bytes) and
@@ -263,7 +261,7 @@ pub(super) async fn proxy_flow(
                 let start = HEADROOM + hdr;
                 match sock.try_recv(&mut b[start..]) {
                     Ok(n) if n == recv_room => {
-                        last_down.store(epoch.elapsed().as_millis() as u64, Relaxed);
+                        state.mark();
                         stats.drop(EngineDrop::UdpProxyReply);
                     }
                     Ok(n) => {
@@ -284,14 +282,14 @@ pub(super) async fn proxy_flow(
                             stats.drop(EngineDrop::UdpProxyReply);
                             continue;
                         }
-                        mark_reply(&last_down, epoch);
+                        state.mark();
                         let len = range.len();
                         if len > max_payload {
                             stats.drop(EngineDrop::UdpReplyTooBig);
                             continue;
                         }
                         b.copy_within(start + range.start..start + range.end, start);
-                        send_reply(&shared, b, key, len).await;
+                        send_reply(&shared, b, key, len, state.mtu()).await;
                     }
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => rbuf = None,
                     Err(e)

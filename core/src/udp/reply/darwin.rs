@@ -3,16 +3,14 @@
 use std::io;
 use std::os::fd::AsFd;
 use std::sync::Arc;
-use std::sync::atomic::AtomicU64;
-use std::time::Instant;
 
 use tokio::net::UdpSocket;
 
-use super::{FRAGMENTED_REPLY_MAX, send_reply, udp_room};
+use super::{DARWIN_REPLY_MAX, send_reply, udp_room};
 use crate::nat::FlowKey;
 use crate::packet::HEADROOM;
 use crate::stats::{EngineDrop, Stats};
-use crate::udp::{UdpEnv, mark_reply};
+use crate::udp::{ReplyState, UdpEnv};
 
 /// Receive replies for one flow and write them to the TUN as IP packets from
 /// its server to its client. The buffer exists only while replies are arriving.
@@ -20,11 +18,10 @@ pub(crate) async fn reply_loop(
     sock: Arc<UdpSocket>,
     shared: Arc<UdpEnv>,
     key: FlowKey,
-    last_down: Arc<AtomicU64>,
-    epoch: Instant,
+    state: Arc<ReplyState>,
 ) {
     let (hdr, max_payload) = udp_room(shared.mtu, key.server);
-    let room = max_payload.max(FRAGMENTED_REPLY_MAX);
+    let room = max_payload.max(DARWIN_REPLY_MAX);
     let mut buf: Option<Box<[u8]>> = None;
     loop {
         if sock.readable().await.is_err() {
@@ -39,12 +36,12 @@ pub(crate) async fn reply_loop(
         });
         match got {
             Ok((_, true)) => {
-                mark_reply(&last_down, epoch);
+                state.mark();
                 Stats::drop(&shared.d.stats, EngineDrop::UdpReplyTooBig);
             }
             Ok((n, false)) => {
-                mark_reply(&last_down, epoch);
-                send_reply(&shared, b, key, n).await;
+                state.mark();
+                send_reply(&shared, b, key, n, state.mtu()).await;
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => buf = None,
             // ICMP errors (port unreachable) surface as errors on a connected

@@ -3,7 +3,7 @@
 use std::io;
 use std::os::fd::AsFd;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::Ordering::Relaxed;
 use std::time::Instant;
 
 use tokio::net::UdpSocket;
@@ -12,7 +12,7 @@ use super::{FRAGMENTED_REPLY_MAX, udp_room, write_reply};
 use crate::nat::FlowKey;
 use crate::packet::HEADROOM;
 use crate::stats::{EngineDrop, Stats};
-use crate::udp::{UdpEnv, mark_reply};
+use crate::udp::{ReplyState, UdpEnv};
 
 /// Receive replies for one flow and write them to the TUN as IP packets from
 /// `server` to `client`, up to `sys::udp::RECV_BATCH` (16) datagrams per
@@ -22,16 +22,17 @@ use crate::udp::{UdpEnv, mark_reply};
 /// a reply that fits one TUN packet (at most [`SLOT_ROOM_MAX`]) behind space
 /// for its headers, written in place. A longer one continues in the
 /// thread's spill area ([`SPILL`], [`FRAGMENTED_REPLY_MAX`] per slot with
-/// the slot's room), is copied out whole before the next await and goes as
-/// fragments; a datagram longer than that is dropped and counted
-/// (`MSG_TRUNC`), never passed on cut short. The buffer (16 slots, about
-/// 24 KiB at MTU 1500) exists only while replies are arriving.
+/// the slot's room: any datagram UDP carries), is copied out whole before
+/// the next await, charged to the UDP byte budget (`budget.memory`'s UDP
+/// queues) until it is written, and goes as fragments; one the budget has
+/// no room for is dropped and counted (`udp_reply_too_big`), never passed
+/// on cut short. The buffer (16 slots, about 24 KiB at MTU 1500) exists
+/// only while replies are arriving.
 pub(crate) async fn reply_loop(
     sock: Arc<UdpSocket>,
     shared: Arc<UdpEnv>,
     key: FlowKey,
-    last_down: Arc<AtomicU64>,
-    epoch: Instant,
+    state: Arc<ReplyState>,
 ) {
     use crate::sys::udp::{RECV_BATCH, Slots, recv_batch};
     let (hdr, max_payload) = udp_room(shared.mtu, key.server);
@@ -49,6 +50,7 @@ pub(crate) async fn reply_loop(
         // Receive, and copy out what spilled, within one borrow of the
         // thread's spill area (no await in between).
         let mut spilled: Vec<(usize, Box<[u8]>)> = Vec::new();
+        let mut charged = 0;
         let r = SPILL.with_borrow_mut(|spill| {
             let spill = spill
                 .get_or_insert_with(|| vec![0u8; RECV_BATCH * SPILL_STRIDE_MAX].into_boxed_slice());
@@ -65,6 +67,13 @@ pub(crate) async fn reply_loop(
             })?;
             for (i, &(len, trunc)) in got.iter().enumerate().take(n) {
                 if len > room && !trunc {
+                    // Held across the writes' awaits: charged, or dropped
+                    // (below: a long datagram with no copy).
+                    let cost = HEADROOM + hdr + len;
+                    if !shared.queues.take(cost, Instant::now()) {
+                        continue;
+                    }
+                    charged += cost;
                     let mut whole = vec![0u8; HEADROOM + hdr + len].into_boxed_slice();
                     let at = HEADROOM + hdr;
                     whole[at..at + room].copy_from_slice(&dense[i * stride + at..][..room]);
@@ -76,7 +85,8 @@ pub(crate) async fn reply_loop(
         });
         match r {
             Ok(n) => {
-                mark_reply(&last_down, epoch);
+                state.mark();
+                let mtu = state.mtu();
                 let (mut packets, mut bytes) = (0u64, 0u64);
                 let mut spilled = spilled.into_iter().peekable();
                 for (i, &(len, trunc)) in got.iter().enumerate().take(n) {
@@ -85,13 +95,16 @@ pub(crate) async fn reply_loop(
                         false
                     } else if len <= room {
                         let b = &mut dense[i * stride..(i + 1) * stride];
-                        write_reply(&shared, b, key, len).await
+                        write_reply(&shared, b, key, len, mtu).await
                     } else {
                         match spilled.next_if(|(j, _)| *j == i) {
                             Some((_, mut whole)) => {
-                                write_reply(&shared, &mut whole, key, len).await
+                                write_reply(&shared, &mut whole, key, len, mtu).await
                             }
-                            None => false,
+                            None => {
+                                stats.drop(EngineDrop::UdpReplyTooBig);
+                                false
+                            }
                         }
                     };
                     if delivered {
@@ -99,6 +112,7 @@ pub(crate) async fn reply_loop(
                         bytes += len as u64;
                     }
                 }
+                shared.queues.give_back(charged);
                 if packets > 0 {
                     stats.udp_packets_down.fetch_add(packets, Relaxed);
                     stats.udp_bytes_down.fetch_add(bytes, Relaxed);
@@ -129,7 +143,7 @@ const SPILL_STRIDE_MAX: usize = FRAGMENTED_REPLY_MAX;
 thread_local! {
     /// Where the datagrams of a [`reply_loop`] batch that are longer than
     /// their slot continue: one area per worker thread, used only inside
-    /// one synchronous receive (256 KiB, allocated zeroed on first use, so
-    /// its pages become resident only once long datagrams arrive).
+    /// one synchronous receive (16 x 64 KiB, allocated zeroed on first use,
+    /// so its pages become resident only as long datagrams arrive).
     static SPILL: std::cell::RefCell<Option<Box<[u8]>>> = const { std::cell::RefCell::new(None) };
 }
