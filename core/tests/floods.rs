@@ -392,6 +392,10 @@ fn udp_to_many_ports(stack: StackKind, platform: Platform) {
             c.timeouts.udp_unreplied_s = unreplied.as_secs();
             // Small enough that the flood fills it on every platform.
             c.budget.udp_flows = Some(256);
+            // A flow per destination: the flood comes from one source
+            // port, which endpoint-independent mapping makes one flow
+            // (core/tests/udp_nat.rs).
+            c.direct.udp_nat = kerntun::config::UdpNat::Connected;
         },
         |topo| {
             let srv =

@@ -323,7 +323,12 @@ fn udp_flood_to_many_destinations_is_bounded() {
     require_root!();
     let _s = serial();
     let topo = Topology::new().expect("topology");
-    let engine = start(&topo, |c| c.budget.udp_flows = Some(64));
+    // A flow per destination (one source: one flow with endpoint-independent
+    // mapping, whose destinations are bounded per mapping instead).
+    let engine = start(&topo, |c| {
+        c.budget.udp_flows = Some(64);
+        c.direct.udp_nat = kerntun::config::UdpNat::Connected;
+    });
     let (rss0, _) = rss_kib();
     let sock = std::net::UdpSocket::bind("0.0.0.0:0").expect("udp");
     const DESTS: u16 = 5_000;

@@ -31,6 +31,7 @@ use std::thread::JoinHandle;
 pub mod dns;
 pub mod router;
 pub mod router_v6;
+pub mod stun;
 
 /// Whether this process can create namespaces and TUN devices.
 pub fn have_root() -> bool {

@@ -18,6 +18,7 @@ use super::{ReplyState, UdpEnv};
 use crate::budget::ByteBudget;
 use crate::dns::Dns;
 use crate::nat::FlowKey;
+use crate::outbound::config::UdpNat;
 use crate::outbound::{Address, OutboundError, ProxyUdp, Route};
 use crate::packet::HEADROOM;
 use crate::stats::{EngineDrop, Stats};
@@ -130,7 +131,13 @@ pub(super) async fn resolved_flow(
             return;
         }
     };
-    let down = reply_loop(sock.clone(), shared.clone(), key, state);
+    let down = reply_loop(
+        sock.clone(),
+        shared.clone(),
+        key.client,
+        Some(key.server),
+        state,
+    );
     let up = async {
         while let Some(buf) = rx.recv().await {
             match sock.send(&buf).await {
@@ -195,10 +202,14 @@ pub(super) async fn proxy_flow(
         mut codec,
     } = assoc;
     // A domain target is resolved by the proxy: its replies name whatever
-    // address that was, so only an IP target pins the source.
+    // address that was, so they reach the app from the address it used.
+    // An IP target's replies: with endpoint-independent filtering
+    // (`direct.udp_nat`) from whatever address the proxy names, else only
+    // the flow's server's (as a connected socket).
+    let eim = shared.nat == UdpNat::EndpointIndependent;
     let pinned = match &target {
-        Address::Ip(_) => Some(canonical(server)),
-        Address::Domain(..) => None,
+        Address::Ip(_) if !eim => Some(canonical(server)),
+        _ => None,
     };
     let (hdr, max_payload) = udp_room(shared.mtu, server);
     let max_payload = max_payload.max(PROXIED_REPLY_MAX);
@@ -282,6 +293,18 @@ pub(super) async fn proxy_flow(
                             stats.drop(EngineDrop::UdpProxyReply);
                             continue;
                         }
+                        // From another peer: written from it, if it is
+                        // of the app's family.
+                        let reply_key = match (&target, from.canonical_ip()) {
+                            (Address::Ip(_), Some(a)) if eim && a != canonical(server) => {
+                                if a.is_ipv6() != server.is_ipv6() {
+                                    stats.drop(EngineDrop::UdpProxyReply);
+                                    continue;
+                                }
+                                FlowKey::new(key.client, a)
+                            }
+                            _ => key,
+                        };
                         state.mark();
                         let len = range.len();
                         if len > max_payload {
@@ -289,7 +312,7 @@ pub(super) async fn proxy_flow(
                             continue;
                         }
                         b.copy_within(start + range.start..start + range.end, start);
-                        send_reply(&shared, b, key, len, state.mtu()).await;
+                        send_reply(&shared, b, reply_key, len, state.mtu()).await;
                     }
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => rbuf = None,
                     Err(e)

@@ -1,6 +1,7 @@
 //! Linux and Android: a direct flow's replies, up to 16 per `recvmmsg(2)`.
 
 use std::io;
+use std::net::SocketAddr;
 use std::os::fd::AsFd;
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
@@ -16,7 +17,9 @@ use crate::udp::{ReplyState, UdpEnv};
 
 /// Receive replies for one flow and write them to the TUN as IP packets from
 /// `server` to `client`, up to `sys::udp::RECV_BATCH` (16) datagrams per
-/// `recvmmsg(2)`, so one wake-up takes what queued up meanwhile.
+/// `recvmmsg(2)`, so one wake-up takes what queued up meanwhile. Without a
+/// `server` (an endpoint-independent mapping's unconnected socket), each
+/// datagram goes to the app from the peer `recvmmsg` names as its source.
 ///
 /// Datagram `i` of a batch lands in slot `i` of the flow's buffer, room for
 /// a reply that fits one TUN packet (at most [`SLOT_ROOM_MAX`]) behind space
@@ -31,17 +34,19 @@ use crate::udp::{ReplyState, UdpEnv};
 pub(crate) async fn reply_loop(
     sock: Arc<UdpSocket>,
     shared: Arc<UdpEnv>,
-    key: FlowKey,
+    client: SocketAddr,
+    server: Option<SocketAddr>,
     state: Arc<ReplyState>,
 ) {
     use crate::sys::udp::{RECV_BATCH, Slots, recv_batch};
-    let (hdr, max_payload) = udp_room(shared.mtu, key.server);
+    let (hdr, max_payload) = udp_room(shared.mtu, client);
     let room = max_payload.clamp(1, SLOT_ROOM_MAX);
     let stride = HEADROOM + hdr + room;
     let spill_stride = FRAGMENTED_REPLY_MAX - room;
     let stats: &Stats = &shared.d.stats;
     let mut buf: Option<Box<[u8]>> = None;
     let mut got = [(0usize, false); RECV_BATCH];
+    let mut from = [server; RECV_BATCH];
     loop {
         if sock.readable().await.is_err() {
             return;
@@ -62,8 +67,9 @@ pub(crate) async fn reply_loop(
                 spill: &mut spill[..],
                 spill_stride,
             };
+            let names = server.is_none().then_some(&mut from[..]);
             let n = sock.try_io(tokio::io::Interest::READABLE, || {
-                recv_batch(sock.as_fd(), &mut slots, &mut got)
+                recv_batch(sock.as_fd(), &mut slots, &mut got, names)
             })?;
             for (i, &(len, trunc)) in got.iter().enumerate().take(n) {
                 if len > room && !trunc {
@@ -90,6 +96,12 @@ pub(crate) async fn reply_loop(
                 let (mut packets, mut bytes) = (0u64, 0u64);
                 let mut spilled = spilled.into_iter().peekable();
                 for (i, &(len, trunc)) in got.iter().enumerate().take(n) {
+                    // A mapping's peer, named by recvmmsg (never of
+                    // another family than the socket's).
+                    let Some(key) = from[i].map(|s| FlowKey::new(client, s)) else {
+                        stats.drop(EngineDrop::UdpSendError);
+                        continue;
+                    };
                     let delivered = if trunc {
                         stats.drop(EngineDrop::UdpReplyTooBig);
                         false
