@@ -126,7 +126,7 @@ pub fn recv_batch(
     fd: BorrowedFd<'_>,
     slots: &mut Slots<'_>,
     got: &mut [(usize, bool)],
-    mut from: Option<&mut [Option<std::net::SocketAddr>]>,
+    from: Option<&mut [Option<std::net::SocketAddr>]>,
 ) -> io::Result<usize> {
     let n = got.len().min(RECV_BATCH);
     assert!(
@@ -195,7 +195,7 @@ pub fn recv_batch(
             h.msg_hdr.msg_flags & libc::MSG_TRUNC != 0,
         );
     }
-    if named && let Some(from) = from.as_deref_mut() {
+    if named && let Some(from) = from {
         for i in 0..r {
             from[i] = super::socket_addr(&names[i], hdrs[i].msg_hdr.msg_namelen);
         }
