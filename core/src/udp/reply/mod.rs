@@ -31,6 +31,7 @@ pub(super) use imp::reply_loop;
 /// UDP byte budget has room (else dropped, `udp_reply_too_big`). Darwin
 /// receives into one buffer per flow and keeps [`DARWIN_REPLY_MAX`]; a
 /// proxied flow keeps [`PROXIED_REPLY_MAX`].
+#[cfg_attr(apple, allow(dead_code))]
 pub(crate) const FRAGMENTED_REPLY_MAX: usize = 65_535 - packet::udp::HEADER_LEN;
 
 /// The longest reply a Darwin flow passes on, and so the size of its
