@@ -577,8 +577,9 @@ pub const UDP_REPLY_BATCH_BYTES: usize = 16 * (2048 + 128);
 pub const UDP_REPLY_BUFFER_DARWIN: usize = 16 * 1024 + 128;
 
 /// A runtime thread's spill area for replies longer than a batch slot
-/// (16 slots of up to 16 KiB), touched only where such replies came.
-pub const UDP_REPLY_SPILL_BYTES: usize = 16 * 16 * 1024;
+/// (16 slots of up to any UDP datagram, 65,527 bytes), touched only where
+/// such replies came (`udp/reply/linux.rs`).
+pub const UDP_REPLY_SPILL_BYTES: usize = 16 * (65_535 - 8);
 
 /// Descriptors the engine holds apart from its sessions and UDP flows: the
 /// device, the listeners, the runtime's epoll and wakers, DNS upstreams

@@ -23,6 +23,7 @@ use crate::nat::NatConfig;
 pub use crate::outbound::SetupError;
 pub use crate::outbound::config::{
     BadOutbound, DirectConfig, OutboundConfig, ShadowsocksConfig, ShadowsocksMethod, Socks5Config,
+    UdpNat,
 };
 pub use crate::relay::RelayConfig;
 use crate::rules::{Action, Rule, RuleError};

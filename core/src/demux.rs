@@ -96,7 +96,9 @@ impl Demux {
         match pushed {
             Ok(Some(n)) => match packet::parse_ip(&out[..n]) {
                 Ok(ip) if ip.protocol == protocol::UDP => {
-                    self.udp.handle(&out[..n], &ip, self.now, &mut self.local);
+                    let longest = self.frags.longest_fragment();
+                    self.udp
+                        .handle_reassembled(&out[..n], &ip, longest, self.now, &mut self.local);
                 }
                 _ => self.local.drop(EngineDrop::FragMalformed),
             },

@@ -492,6 +492,7 @@ async fn assemble(
             idle: config.udp_idle(),
             unreplied: config.udp_unreplied(),
             queues: bytes(mem.udp_queues),
+            nat: config.direct.udp_nat,
         }),
         Instant::now(),
     );

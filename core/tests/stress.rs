@@ -287,7 +287,12 @@ fn malformed_ip_storm_is_counted_and_flows_are_unaffected() {
 fn udp_flood_to_many_destinations_is_bounded() {
     require_root!();
     let _s = serial();
-    let rig = system().budget(|b| b.udp_flows = Some(64)).start();
+    // A flow per destination (one source: one flow with endpoint-independent
+    // mapping, whose destinations are bounded per mapping instead).
+    let rig = system()
+        .budget(|b| b.udp_flows = Some(64))
+        .config(|_, c| c.direct.udp_nat = kerntun::config::UdpNat::Connected)
+        .start();
     let rss0 = rss_kib();
     let sock = std::net::UdpSocket::bind("0.0.0.0:0").expect("udp");
     const DESTS: u16 = 5_000;
@@ -706,6 +711,10 @@ fn unanswered_udp_to_many_ports(stack: StackKind, platform: Platform) {
             c.timeouts.udp_unreplied_s = unreplied.as_secs();
             // Small enough that the flood fills it on every platform.
             c.budget.udp_flows = Some(256);
+            // A flow per destination: the flood comes from one source
+            // port, which endpoint-independent mapping makes one flow
+            // (core/tests/udp_nat.rs).
+            c.direct.udp_nat = kerntun::config::UdpNat::Connected;
         },
         |topo| {
             let srv =

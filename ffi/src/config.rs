@@ -413,6 +413,7 @@ impl Default for DirectOptions {
             fwmark,
             connect_timeout_ms,
             bootstrap,
+            ..
         } = core::DirectConfig::default();
         Self {
             interface,
@@ -727,6 +728,7 @@ impl EngineConfig {
                 fwmark: self.direct.fwmark,
                 connect_timeout_ms: self.direct.connect_timeout_ms,
                 bootstrap: self.direct.bootstrap.clone(),
+                ..core::DirectConfig::default()
             },
             budget: core::BudgetConfig {
                 platform: b.platform.map(CorePlatform::from),

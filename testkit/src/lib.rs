@@ -36,6 +36,8 @@ use std::time::{Duration, Instant};
 pub mod dns;
 pub mod rig;
 pub mod router;
+pub mod router_v6;
+pub mod stun;
 pub mod tokio_servers;
 pub mod uid_route;
 

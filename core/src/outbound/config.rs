@@ -29,6 +29,27 @@ pub struct DirectConfig {
     /// asked on direct sockets. Empty: the `[dns]` upstreams, else the
     /// system's (docs/configuration.md, "Host names").
     pub bootstrap: Vec<String>,
+    /// How UDP flows are mapped and filtered (docs/configuration.md, "UDP
+    /// NAT"): one socket per app source for every destination, replies
+    /// from any peer (the default), or a connected socket per destination.
+    pub udp_nat: UdpNat,
+}
+
+/// The UDP NAT behaviour (RFC 4787), `direct.udp_nat`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum UdpNat {
+    /// Endpoint-independent mapping and filtering ("full cone", RFC 4787
+    /// REQ-1 and REQ-8): an app's source address and port leave from one
+    /// unconnected socket for every destination, and a reply from any peer
+    /// reaches the app from that peer. A proxied flow passes on replies
+    /// from whatever address its proxy names.
+    #[default]
+    EndpointIndependent,
+    /// One connected socket per (app source, destination): only that
+    /// destination's replies reach the app; a proxied flow passes on only
+    /// replies its proxy names as from the flow's destination.
+    Connected,
 }
 
 impl DirectConfig {
@@ -57,6 +78,7 @@ impl Default for DirectConfig {
             fwmark: None,
             connect_timeout_ms: 5_000,
             bootstrap: Vec::new(),
+            udp_nat: UdpNat::default(),
         }
     }
 }

@@ -123,6 +123,24 @@ impl SocketFactory {
         sock.connect(&dst.into())?;
         UdpSocket::from_std(std::net::UdpSocket::from(sock))
     }
+
+    /// An unconnected direct UDP socket of one family, bound to a port of
+    /// its own: an endpoint-independent mapping, sent from to any
+    /// destination (`udp/mod.rs`, `Mapping`).
+    pub fn udp_unconnected(&self, v6: bool) -> io::Result<UdpSocket> {
+        let any: SocketAddr = if v6 {
+            (std::net::Ipv6Addr::UNSPECIFIED, 0).into()
+        } else {
+            (Ipv4Addr::UNSPECIFIED, 0).into()
+        };
+        let sock = Socket::new(Domain::for_address(any), Type::DGRAM, Some(Protocol::UDP))?;
+        self.prepare(&sock)?;
+        if v6 {
+            sock.set_only_v6(true)?;
+        }
+        sock.bind(&any.into())?;
+        UdpSocket::from_std(std::net::UdpSocket::from(sock))
+    }
 }
 
 /// TCP keepalive on both legs of a relayed connection (the outbound socket

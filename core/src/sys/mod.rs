@@ -48,29 +48,79 @@ pub fn async_device_from_owned(fd: OwnedFd) -> io::Result<tun_rs::AsyncDevice> {
 }
 
 #[cfg_attr(linux_like, allow(dead_code))]
-/// One `recvmsg(2)` into `buf` on a datagram socket: the length received
-/// and whether the datagram was longer than `buf` (`MSG_TRUNC` in the
-/// message flags, POSIX), so a caller can drop it instead of passing on a
-/// truncated one. Non-blocking sockets answer `WouldBlock` as usual.
-pub fn recv_datagram(fd: std::os::fd::BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<(usize, bool)> {
+/// One `recvmsg(2)` into `buf` on a datagram socket: the length received,
+/// whether the datagram was longer than `buf` (`MSG_TRUNC` in the message
+/// flags, POSIX), so a caller can drop it instead of passing on a
+/// truncated one, and its source (`None` from an address family other
+/// than IPv4 and IPv6). Non-blocking sockets answer `WouldBlock` as usual.
+pub fn recv_datagram(
+    fd: std::os::fd::BorrowedFd<'_>,
+    buf: &mut [u8],
+) -> io::Result<(usize, bool, Option<std::net::SocketAddr>)> {
     use std::os::fd::AsRawFd;
     let mut iov = libc::iovec {
         iov_base: buf.as_mut_ptr().cast(),
         iov_len: buf.len(),
     };
+    // SAFETY: sockaddr_storage is a plain C struct; all-zero is valid.
+    let mut name: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
     // SAFETY: msghdr is a plain C struct for which all-zero is a valid value
     // (no name, no control data); the fields recvmsg needs are set below.
     let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
     msg.msg_iov = &mut iov;
     msg.msg_iovlen = 1;
+    msg.msg_name = (&mut name as *mut libc::sockaddr_storage).cast();
+    msg.msg_namelen = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
     // SAFETY: `fd` is borrowed for the call; `msg` points at one iovec
-    // describing `buf`, which is valid and writable for `buf.len()` bytes
-    // and outlives the call.
+    // describing `buf`, which is valid and writable for `buf.len()` bytes,
+    // and at `name`, writable for the size given; both outlive the call.
     let n = unsafe { libc::recvmsg(fd.as_raw_fd(), &mut msg, 0) };
     if n < 0 {
         return Err(io::Error::last_os_error());
     }
-    Ok((n as usize, msg.msg_flags & libc::MSG_TRUNC != 0))
+    let from = socket_addr(&name, msg.msg_namelen);
+    Ok((n as usize, msg.msg_flags & libc::MSG_TRUNC != 0, from))
+}
+
+/// The IPv4 or IPv6 address the kernel wrote into `name` (`len` bytes of
+/// it), as `recvmsg(2)` and `recvmmsg(2)` report a datagram's source.
+pub fn socket_addr(
+    name: &libc::sockaddr_storage,
+    len: libc::socklen_t,
+) -> Option<std::net::SocketAddr> {
+    use std::net::{Ipv4Addr, Ipv6Addr, SocketAddrV4, SocketAddrV6};
+    let len = len as usize;
+    match i32::from(name.ss_family) {
+        libc::AF_INET if len >= std::mem::size_of::<libc::sockaddr_in>() => {
+            // SAFETY: sockaddr_storage is large enough and aligned for every
+            // socket address type, and the kernel wrote a sockaddr_in here
+            // (its family says so, and it wrote at least its size).
+            let a =
+                unsafe { &*(name as *const libc::sockaddr_storage).cast::<libc::sockaddr_in>() };
+            Some(
+                SocketAddrV4::new(
+                    Ipv4Addr::from(u32::from_be(a.sin_addr.s_addr)),
+                    u16::from_be(a.sin_port),
+                )
+                .into(),
+            )
+        }
+        libc::AF_INET6 if len >= std::mem::size_of::<libc::sockaddr_in6>() => {
+            // SAFETY: as above, for a sockaddr_in6.
+            let a =
+                unsafe { &*(name as *const libc::sockaddr_storage).cast::<libc::sockaddr_in6>() };
+            Some(
+                SocketAddrV6::new(
+                    Ipv6Addr::from(a.sin6_addr.s6_addr),
+                    u16::from_be(a.sin6_port),
+                    a.sin6_flowinfo,
+                    a.sin6_scope_id,
+                )
+                .into(),
+            )
+        }
+        _ => None,
+    }
 }
 
 /// splice(2), pipes and the urgent-mark probe for the splice relay.

@@ -39,13 +39,18 @@ pub fn gso_supported() -> bool {
     })
 }
 
-/// Send `buf` on a connected UDP socket as datagrams of `seg` bytes each,
+/// Send `buf` on a UDP socket, connected or to `to`, as datagrams of `seg` bytes each,
 /// the last one possibly shorter, in one `sendmsg(2)` with a `UDP_SEGMENT`
 /// control message: the kernel builds one large packet and splits it at the
 /// device or in software (GSO). The whole buffer is sent or nothing is: the
 /// error is the call's (`EIO`/`EINVAL` where the path or device cannot take
 /// it, `WouldBlock` when the send buffer is full).
-pub fn send_gso(fd: BorrowedFd<'_>, buf: &[u8], seg: u16) -> io::Result<usize> {
+pub fn send_gso(
+    fd: BorrowedFd<'_>,
+    to: Option<&socket2::SockAddr>,
+    buf: &[u8],
+    seg: u16,
+) -> io::Result<usize> {
     let mut iov = libc::iovec {
         iov_base: buf.as_ptr().cast_mut().cast(),
         iov_len: buf.len(),
@@ -65,6 +70,11 @@ pub fn send_gso(fd: BorrowedFd<'_>, buf: &[u8], seg: u16) -> io::Result<usize> {
     msg.msg_iovlen = 1;
     msg.msg_control = control.0.as_mut_ptr().cast();
     msg.msg_controllen = space as _;
+    if let Some(to) = to {
+        // Read only by sendmsg, though the field is not const.
+        msg.msg_name = to.as_ptr().cast_mut().cast();
+        msg.msg_namelen = to.len();
+    }
     // SAFETY: `msg` describes `control`, which is aligned for cmsghdr and at
     // least CMSG_SPACE(2) bytes long, so CMSG_FIRSTHDR returns a pointer to
     // its start (never null with msg_controllen >= sizeof(cmsghdr)), and the
@@ -78,8 +88,9 @@ pub fn send_gso(fd: BorrowedFd<'_>, buf: &[u8], seg: u16) -> io::Result<usize> {
         std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<u16>(), seg);
     }
     // SAFETY: `fd` is borrowed for the call; `msg` points at one iovec over
-    // `buf` (read-only for sendmsg, valid for `buf.len()` bytes) and at the
-    // control message above, all alive for the call.
+    // `buf` (read-only for sendmsg, valid for `buf.len()` bytes), at the
+    // control message above and at `to`'s address (valid for its length),
+    // all alive for the call.
     let n = unsafe { libc::sendmsg(fd.as_raw_fd(), &msg, 0) };
     if n < 0 {
         return Err(io::Error::last_os_error());
@@ -108,11 +119,14 @@ pub struct Slots<'a> {
 /// (at most [`RECV_BATCH`]) datagrams into `slots`. Returns how many came;
 /// `got[i]` is datagram `i`'s length and whether it was longer than its
 /// room and spill together (`MSG_TRUNC`: the caller drops it, never passes
-/// it on cut short). `WouldBlock` when none was waiting.
+/// it on cut short). With `from`, `from[i]` is datagram `i`'s source (an
+/// unconnected socket's replies come from any peer). `WouldBlock` when
+/// none was waiting.
 pub fn recv_batch(
     fd: BorrowedFd<'_>,
     slots: &mut Slots<'_>,
     got: &mut [(usize, bool)],
+    from: Option<&mut [Option<std::net::SocketAddr>]>,
 ) -> io::Result<usize> {
     let n = got.len().min(RECV_BATCH);
     assert!(
@@ -128,6 +142,9 @@ pub fn recv_batch(
     // SAFETY: mmsghdr is a plain C struct for which all-zero is a valid
     // value (no name, no iovecs, no control data).
     let mut hdrs: [libc::mmsghdr; RECV_BATCH] = unsafe { std::mem::zeroed() };
+    // SAFETY: sockaddr_storage is a plain C struct; all-zero is valid.
+    let mut names: [libc::sockaddr_storage; RECV_BATCH] = unsafe { std::mem::zeroed() };
+    let named = from.as_ref().is_some_and(|f| f.len() >= n);
     let dense = slots.dense.as_mut_ptr();
     let spill = slots.spill.as_mut_ptr();
     for i in 0..n {
@@ -148,11 +165,16 @@ pub fn recv_batch(
         };
         hdrs[i].msg_hdr.msg_iov = iov[i].as_mut_ptr();
         hdrs[i].msg_hdr.msg_iovlen = 2;
+        if named {
+            hdrs[i].msg_hdr.msg_name = (&mut names[i] as *mut libc::sockaddr_storage).cast();
+            hdrs[i].msg_hdr.msg_namelen =
+                std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+        }
     }
     // SAFETY: `fd` is borrowed for the call; each of the first `n` headers
     // points at two iovecs over disjoint, writable parts of the caller's
-    // buffers (borrowed mutably for the call), and `iov` and `hdrs` outlive
-    // it. No timeout: the socket is non-blocking, the call returns what is
+    // buffers (borrowed mutably for the call) and, with `from`, at its own
+    // entry of `names`; `iov`, `names` and `hdrs` outlive it. No timeout: the socket is non-blocking, the call returns what is
     // queued.
     let r = unsafe {
         libc::recvmmsg(
@@ -172,6 +194,11 @@ pub fn recv_batch(
             h.msg_len as usize,
             h.msg_hdr.msg_flags & libc::MSG_TRUNC != 0,
         );
+    }
+    if named && let Some(from) = from {
+        for i in 0..r {
+            from[i] = super::socket_addr(&names[i], hdrs[i].msg_hdr.msg_namelen);
+        }
     }
     Ok(r)
 }
@@ -289,7 +316,7 @@ mod tests {
                 .collect();
             let batch = want.concat();
             let (tx, rx) = pair(v6);
-            let n = send_gso(tx.as_fd(), &batch, 1200).expect("gso send");
+            let n = send_gso(tx.as_fd(), None, &batch, 1200).expect("gso send");
             assert_eq!(n, batch.len());
             let mut buf = vec![0u8; 65536];
             for (i, w) in want.iter().enumerate() {
@@ -298,7 +325,7 @@ mod tests {
             }
             let (tx, rx) = pair(v6);
             set_gro(rx.as_fd()).expect("UDP_GRO");
-            send_gso(tx.as_fd(), &batch, 1200).expect("gso send");
+            send_gso(tx.as_fd(), None, &batch, 1200).expect("gso send");
             let (got, seg) = recv_gro(rx.as_fd(), &mut buf).expect("whole batch");
             assert_eq!((got, seg), (batch.len(), Some(1200)), "v6 {v6}");
             assert_eq!(&buf[..got], &batch[..]);
@@ -334,7 +361,7 @@ mod tests {
                     spill: &mut spill,
                     spill_stride,
                 };
-                let n = recv_batch(rx.as_fd(), &mut slots, &mut got).expect("batch");
+                let n = recv_batch(rx.as_fd(), &mut slots, &mut got, None).expect("batch");
                 assert!(n > 0 && n <= RECV_BATCH);
                 for (k, &(len, trunc)) in got.iter().enumerate().take(n) {
                     let i = seen + k;
@@ -360,7 +387,7 @@ mod tests {
                 spill: &mut spill,
                 spill_stride,
             };
-            let e = recv_batch(rx.as_fd(), &mut slots, &mut got).expect_err("empty");
+            let e = recv_batch(rx.as_fd(), &mut slots, &mut got, None).expect_err("empty");
             assert_eq!(e.kind(), io::ErrorKind::WouldBlock);
         }
     }

@@ -57,5 +57,5 @@ async fn answer_hijacked(
     };
     let mut b = vec![0u8; HEADROOM + hdr + reply.len()];
     b[HEADROOM + hdr..].copy_from_slice(&reply);
-    write_reply(&shared, &mut b, key, reply.len()).await;
+    write_reply(&shared, &mut b, key, reply.len(), usize::from(shared.mtu)).await;
 }

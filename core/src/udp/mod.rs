@@ -1,9 +1,15 @@
 //! The datagram path: each (client, server) pair ([`FlowKey`], the key of
-//! the system stack's TCP flows too) gets a connected outbound UDP socket,
-//! owned by the TUN driver's flow table (no locks on the uplink), and a
-//! reply task that turns received datagrams back into IP packets.
+//! the system stack's TCP flows too) has an entry in the TUN driver's flow
+//! table (no locks on the uplink). A direct one sends from its client's
+//! [`Mapping`] (one unconnected socket per app source for every
+//! destination, whose reply task passes on replies from any peer:
+//! endpoint-independent mapping and filtering, `direct.udp_nat`'s default),
+//! or, with `udp_nat = "connected"`, from a connected socket of its own
+//! with a reply task of its own; reply tasks turn received datagrams back
+//! into IP packets.
 //!
-//! Bounds: at most `budget.udp_flows` flows, idle flows closed after
+//! Bounds: at most `budget.udp_flows` flows (a mapping counts as one, with
+//! at most [`MAPPING_PEERS`] destination entries), idle flows closed after
 //! `timeouts.udp_idle_s`, and uplink datagrams are handed to the kernel with
 //! a non-blocking send, so the socket's own send buffer is the only queue: a
 //! full one is a counted drop, never unbounded memory. A flow that never
@@ -53,11 +59,11 @@
 //! proxy, or direct to a domain resolved first); `hijack.rs` the DNS
 //! queries answered by the engine.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU16, AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
 use tokio::net::UdpSocket;
@@ -67,6 +73,7 @@ use tokio::task::AbortHandle;
 use crate::budget::ByteBudget;
 use crate::dispatch::{Dispatcher, Network, Plan};
 use crate::nat::FlowKey;
+use crate::outbound::config::UdpNat;
 use crate::outbound::{Address, Route, SocketFactory};
 use crate::packet::{self, IpInfo};
 use crate::stats::{EngineDrop, LocalCounters};
@@ -88,6 +95,9 @@ use proxied::Queue;
 enum FlowIo {
     /// Direct: a connected socket, sent to synchronously.
     Direct(Arc<UdpSocket>),
+    /// Direct, endpoint-independent: the app source's [`Mapping`] socket,
+    /// sent to this flow's server synchronously.
+    Mapped(Arc<UdpSocket>),
     /// Through a proxy: queued to the flow's task.
     Queued(Queue),
 }
@@ -101,35 +111,128 @@ struct Flow {
     gso: bool,
     /// Last uplink datagram (driver-local, no atomics needed).
     last_up: Instant,
-    /// Last downlink datagram, milliseconds since the table's epoch, at
-    /// least 1; 0 while the flow never saw a reply ([`mark_reply`]).
-    last_down: Arc<AtomicU64>,
-    task: AbortHandle,
+    /// What the driver and the flow's reply task share (a mapped flow:
+    /// its mapping's).
+    state: Arc<ReplyState>,
+    /// The flow's own task; `None` for a mapped flow, whose mapping has it.
+    task: Option<AbortHandle>,
 }
 
 impl Flow {
-    fn last_active(&self, epoch: Instant) -> Instant {
-        let down = epoch + Duration::from_millis(self.last_down.load(Relaxed));
-        self.last_up.max(down)
+    fn last_active(&self) -> Instant {
+        self.last_up.max(self.state.last_down())
     }
 
     /// Whether a reply ever came back on this flow.
     fn replied(&self) -> bool {
-        self.last_down.load(Relaxed) != 0
+        self.state.replied()
     }
 }
 
-/// Record a reply at the present moment: milliseconds since `epoch`, never
-/// 0, which stands for "never replied".
-fn mark_reply(last_down: &AtomicU64, epoch: Instant) {
-    let ms = u64::try_from(epoch.elapsed().as_millis()).unwrap_or(u64::MAX);
-    last_down.store(ms.max(1), Relaxed);
+/// What a flow's reply task and the driver share: when the last reply
+/// came, and how long a reply packet toward the app may be.
+#[derive(Debug)]
+pub(super) struct ReplyState {
+    /// The flow table's epoch, which `last_down` counts from.
+    epoch: Instant,
+    /// Last downlink datagram, milliseconds since `epoch`, at least 1; 0
+    /// while the flow never saw a reply ([`ReplyState::mark`]).
+    last_down: AtomicU64,
+    /// The longest reply packet written whole: the TUN's MTU, lowered to
+    /// the longest fragment the app's datagrams came in
+    /// ([`ReplyState::lower_mtu`]).
+    mtu: AtomicU16,
+}
+
+impl ReplyState {
+    fn new(epoch: Instant, mtu: u16) -> Self {
+        Self {
+            epoch,
+            last_down: AtomicU64::new(0),
+            mtu: AtomicU16::new(mtu),
+        }
+    }
+
+    /// Record a reply at the present moment: milliseconds since the epoch,
+    /// never 0, which stands for "never replied".
+    pub(super) fn mark(&self) {
+        let ms = u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.last_down.store(ms.max(1), Relaxed);
+    }
+
+    fn replied(&self) -> bool {
+        self.last_down.load(Relaxed) != 0
+    }
+
+    fn last_down(&self) -> Instant {
+        self.epoch + Duration::from_millis(self.last_down.load(Relaxed))
+    }
+
+    /// The longest reply packet to write whole; a longer reply goes as
+    /// fragments of at most this size.
+    pub(super) fn mtu(&self) -> usize {
+        usize::from(self.mtu.load(Relaxed))
+    }
+
+    /// The app's datagram came as fragments of at most `longest` bytes: the
+    /// link between the app and the TUN is that small (a gateway forwarding
+    /// the app into a larger TUN), and a reply packet longer than that
+    /// would be lost there (a router never fragments IPv6, nor IPv4 with
+    /// DF). The flow's replies are fragmented to it from now on, never
+    /// below the least MTU of the family (576 bytes, RFC 791; 1280, RFC
+    /// 8200), whatever the app sends.
+    fn lower_mtu(&self, longest: usize, v6: bool) {
+        let floor = if v6 { 1280 } else { 576 };
+        let m = u16::try_from(longest.max(floor)).unwrap_or(u16::MAX);
+        self.mtu.fetch_min(m, Relaxed);
+    }
 }
 
 impl Drop for Flow {
     fn drop(&mut self) {
+        if let Some(t) = &self.task {
+            t.abort();
+        }
+    }
+}
+
+/// Endpoint-independent mapping and filtering (`direct.udp_nat`, RFC 4787
+/// REQ-1 and REQ-8): one unconnected socket per app source (address and
+/// port), bound once and used for every destination the rules send direct,
+/// and one reply task that writes each datagram it receives, from any peer,
+/// to the app as from that peer. A mapping is what the flow budget counts
+/// and expires (`budget.udp_flows`, `timeouts.udp_idle_s` /
+/// `udp_unreplied_s`, with the activity of all its destinations and every
+/// reply); its destinations' entries in the table only remember that their
+/// plan was "direct" (the rules decide per destination), at most
+/// [`MAPPING_PEERS`] of them, the oldest forgotten first (its next datagram
+/// is planned again; the mapping and its socket stay).
+#[derive(Debug)]
+struct Mapping {
+    sock: Arc<UdpSocket>,
+    state: Arc<ReplyState>,
+    task: AbortHandle,
+    /// The destinations with an entry in the table, oldest first.
+    peers: VecDeque<SocketAddr>,
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
         self.task.abort();
     }
+}
+
+/// Destinations one mapping keeps a planned entry for: an ICE agent's
+/// STUN/TURN servers and candidates, a game's servers and peers. Each entry
+/// is about 150 bytes of table, so `udp_flows` mappings hold at most
+/// `udp_flows` x 32 of them (600 KiB at iOS's 128 flows); a source talking
+/// to more (a DHT node) has its older destinations planned again.
+const MAPPING_PEERS: usize = 32;
+
+/// The flow the budget would evict first.
+enum Victim {
+    Flow(FlowKey),
+    Mapping(SocketAddr),
 }
 
 /// What the datagram path and its flow tasks need.
@@ -149,14 +252,22 @@ pub(crate) struct UdpEnv {
     /// `timeouts.udp_unreplied_s`: the idle timeout of a flow that never
     /// saw a reply (at most `idle`).
     pub unreplied: Duration,
-    /// Bytes the proxied flows' queues may hold beyond one buffer each.
+    /// Bytes the proxied flows' queues may hold beyond one buffer each,
+    /// and the copies of replies longer than a reply slot while written.
     pub queues: Arc<ByteBudget>,
+    /// `direct.udp_nat`.
+    pub nat: UdpNat,
 }
 
 /// Flow table, owned by the TUN driver task.
 #[derive(Debug)]
 pub(crate) struct UdpTable {
     flows: HashMap<FlowKey, Flow>,
+    /// Endpoint-independent mappings by app source.
+    mappings: HashMap<SocketAddr, Mapping>,
+    /// Entries of `flows` with a task of their own (not mapped): with
+    /// `mappings`, what the flow budget counts.
+    owned: usize,
     shared: Arc<UdpEnv>,
     epoch: Instant,
     /// Flows evicted since the driver last yielded: their reply tasks are
@@ -171,6 +282,8 @@ impl UdpTable {
     pub fn new(shared: Arc<UdpEnv>, now: Instant) -> Self {
         Self {
             flows: HashMap::new(),
+            mappings: HashMap::new(),
+            owned: 0,
             shared,
             epoch: now,
             evicted: 0,
@@ -188,8 +301,10 @@ impl UdpTable {
         }
     }
 
+    /// Flows as the budget counts them: mappings, and flows with a socket
+    /// of their own.
     pub fn len(&self) -> usize {
-        self.flows.len()
+        self.owned + self.mappings.len()
     }
 
     /// Whether flows were evicted since the last call. Their sockets are
@@ -204,6 +319,31 @@ impl UdpTable {
 
     /// Send one uplink datagram (`buf` holds the whole IP packet).
     pub fn handle(&mut self, buf: &[u8], ip: &IpInfo, now: Instant, local: &mut LocalCounters) {
+        self.datagram(buf, ip, None, now, local);
+    }
+
+    /// Send one uplink datagram the app sent as IP fragments, reassembled
+    /// into `buf`; its longest fragment was `longest` bytes, which bounds
+    /// the flow's reply packets from now on ([`ReplyState::lower_mtu`]).
+    pub fn handle_reassembled(
+        &mut self,
+        buf: &[u8],
+        ip: &IpInfo,
+        longest: usize,
+        now: Instant,
+        local: &mut LocalCounters,
+    ) {
+        self.datagram(buf, ip, Some(longest), now, local);
+    }
+
+    fn datagram(
+        &mut self,
+        buf: &[u8],
+        ip: &IpInfo,
+        longest: Option<usize>,
+        now: Instant,
+        local: &mut LocalCounters,
+    ) {
         let udp = match packet::parse_udp(buf, ip) {
             Ok(u) => u,
             Err(r) => return local.reject(r),
@@ -231,7 +371,15 @@ impl UdpTable {
                     // only).
                     Some(Plan::Sniff) | None => return,
                 };
-                if !self.open(key, route, dst, now, local) {
+                let mapped = self.shared.nat == UdpNat::EndpointIndependent
+                    && matches!(dst, Address::Ip(_))
+                    && !self.shared.d.outbounds.udp_proxied(route);
+                let opened = if mapped {
+                    self.map(key, now, local)
+                } else {
+                    self.open(key, route, dst, now, local)
+                };
+                if !opened {
                     return;
                 }
                 let Some(f) = self.flows.get_mut(&key) else {
@@ -241,17 +389,21 @@ impl UdpTable {
             }
         };
         flow.last_up = now;
+        if let Some(longest) = longest {
+            flow.state.lower_mtu(longest, key.server.is_ipv6());
+        }
+        let to = matches!(flow.io, FlowIo::Mapped(_)).then_some(key.server);
         match &mut flow.io {
-            FlowIo::Direct(sock) if flow.gso => {
+            FlowIo::Direct(sock) | FlowIo::Mapped(sock) if flow.gso => {
                 let fits = reply::udp_room(self.shared.mtu, key.server).1;
-                if let Some(refused) = self.gso.push(key, sock, payload, fits, local)
+                if let Some(refused) = self.gso.push(key, sock, to, payload, fits, local)
                     && let Some(f) = self.flows.get_mut(&refused)
                 {
                     f.gso = false;
                 }
             }
-            FlowIo::Direct(sock) => {
-                send_one(sock, payload, local);
+            FlowIo::Direct(sock) | FlowIo::Mapped(sock) => {
+                send_one(sock, to, payload, local);
             }
             FlowIo::Queued(q) => {
                 let Some(mut buf) = q.buffer(now) else {
@@ -290,10 +442,10 @@ impl UdpTable {
         self.flush(local);
         let server = key.server;
         let shared = self.shared.clone();
-        if self.flows.len() >= self.shared.max_flows {
+        if self.len() >= self.shared.max_flows {
             self.evict_oldest();
         }
-        let last_down = Arc::new(AtomicU64::new(0));
+        let state = Arc::new(ReplyState::new(self.epoch, shared.mtu));
         let (io, task) = match (route, dst) {
             (Route::Proxy(i), target) if shared.d.outbounds.udp_proxied(route) => {
                 let (queue, rx, spare_tx) = Queue::new(shared.queues.clone(), shared.mtu);
@@ -304,8 +456,7 @@ impl UdpTable {
                     target,
                     rx,
                     spare_tx,
-                    last_down.clone(),
-                    self.epoch,
+                    state.clone(),
                 ))
                 .abort_handle();
                 (FlowIo::Queued(queue), task)
@@ -326,8 +477,7 @@ impl UdpTable {
                     key,
                     rx,
                     spare_tx,
-                    last_down.clone(),
-                    self.epoch,
+                    state.clone(),
                 ))
                 .abort_handle();
                 (FlowIo::Queued(queue), task)
@@ -348,9 +498,9 @@ impl UdpTable {
                 let task = tokio::spawn(reply::reply_loop(
                     sock.clone(),
                     self.shared.clone(),
-                    key,
-                    last_down.clone(),
-                    self.epoch,
+                    key.client,
+                    Some(key.server),
+                    state.clone(),
                 ))
                 .abort_handle();
                 (FlowIo::Direct(sock), task)
@@ -362,13 +512,95 @@ impl UdpTable {
                 gso: matches!(io, FlowIo::Direct(_)) && gather::supported(),
                 io,
                 last_up: now,
-                last_down,
-                task,
+                state,
+                task: Some(task),
             },
         );
+        self.owned += 1;
         self.shared.d.stats.udp_flows_total.fetch_add(1, Relaxed);
         self.shared.d.stats.udp_flows_active.fetch_add(1, Relaxed);
         true
+    }
+
+    /// Enter the direct flow `key` under its app source's [`Mapping`],
+    /// opening that (its socket and reply task) first if there is none.
+    /// False if the socket could not be opened (counted).
+    fn map(&mut self, key: FlowKey, now: Instant, local: &mut LocalCounters) -> bool {
+        // What is gathered goes out before the table changes.
+        self.flush(local);
+        if !self.mappings.contains_key(&key.client) {
+            if self.len() >= self.shared.max_flows {
+                self.evict_oldest();
+            }
+            let sock = match self.shared.factory.udp_unconnected(key.client.is_ipv6()) {
+                Ok(s) => Arc::new(s),
+                Err(e) => {
+                    local.drop(EngineDrop::UdpOpenFailed);
+                    self.shared
+                        .d
+                        .warn
+                        .warn(format_args!("udp mapping for {}: {e}", key.client));
+                    return false;
+                }
+            };
+            let state = Arc::new(ReplyState::new(self.epoch, self.shared.mtu));
+            let task = tokio::spawn(reply::reply_loop(
+                sock.clone(),
+                self.shared.clone(),
+                key.client,
+                None,
+                state.clone(),
+            ))
+            .abort_handle();
+            self.mappings.insert(
+                key.client,
+                Mapping {
+                    sock,
+                    state,
+                    task,
+                    peers: VecDeque::new(),
+                },
+            );
+            self.shared.d.stats.udp_flows_total.fetch_add(1, Relaxed);
+            self.shared.d.stats.udp_flows_active.fetch_add(1, Relaxed);
+        }
+        let Some(m) = self.mappings.get_mut(&key.client) else {
+            return false;
+        };
+        let flow = Flow {
+            io: FlowIo::Mapped(m.sock.clone()),
+            gso: gather::supported(),
+            last_up: now,
+            state: m.state.clone(),
+            task: None,
+        };
+        m.peers.push_back(key.server);
+        if m.peers.len() > MAPPING_PEERS
+            && let Some(old) = m.peers.pop_front()
+        {
+            self.flows.remove(&FlowKey::new(key.client, old));
+        }
+        self.flows.insert(key, flow);
+        true
+    }
+
+    /// When a mapping was last active: its last reply, or the last datagram
+    /// to any destination it has an entry for.
+    fn mapping_active(&self, client: SocketAddr, m: &Mapping) -> Instant {
+        m.peers
+            .iter()
+            .filter_map(|&p| self.flows.get(&FlowKey::new(client, p)))
+            .map(|f| f.last_up)
+            .fold(m.state.last_down(), Instant::max)
+    }
+
+    /// Remove a mapping and its destinations' entries.
+    fn unmap(&mut self, client: SocketAddr) {
+        if let Some(m) = self.mappings.remove(&client) {
+            for p in &m.peers {
+                self.flows.remove(&FlowKey::new(client, *p));
+            }
+        }
     }
 
     /// Eviction when the flow budget is reached: the least recently used
@@ -376,14 +608,25 @@ impl UdpTable {
     /// least recently used of all. O(n) over a bounded table, and only when
     /// a new flow arrives at the limit.
     fn evict_oldest(&mut self) {
-        let epoch = self.epoch;
-        if let Some(key) = self
+        let flows = self
             .flows
             .iter()
-            .min_by_key(|(_, f)| (f.replied(), f.last_active(epoch)))
-            .map(|(k, _)| *k)
-        {
-            self.flows.remove(&key);
+            .filter(|(_, f)| f.task.is_some())
+            .map(|(k, f)| ((f.replied(), f.last_active()), Victim::Flow(*k)));
+        let mappings = self.mappings.iter().map(|(c, m)| {
+            (
+                (m.state.replied(), self.mapping_active(*c, m)),
+                Victim::Mapping(*c),
+            )
+        });
+        if let Some((_, victim)) = flows.chain(mappings).min_by_key(|(age, _)| *age) {
+            match victim {
+                Victim::Flow(key) => {
+                    self.flows.remove(&key);
+                    self.owned -= 1;
+                }
+                Victim::Mapping(client) => self.unmap(client),
+            }
             self.evicted += 1;
             self.shared.d.stats.udp_flows_evicted.fetch_add(1, Relaxed);
             self.shared.d.stats.udp_flows_active.fetch_sub(1, Relaxed);
@@ -394,13 +637,28 @@ impl UdpTable {
     /// flow that never saw a reply, `idle` for one that did.
     pub fn sweep(&mut self, now: Instant) {
         let (idle, unreplied) = (self.shared.idle, self.shared.unreplied);
-        let epoch = self.epoch;
         let before = self.flows.len();
         self.flows.retain(|_, f| {
             let limit = if f.replied() { idle } else { unreplied };
-            now.saturating_duration_since(f.last_active(epoch)) < limit
+            // A mapped flow goes with its mapping (below).
+            f.task.is_none() || now.saturating_duration_since(f.last_active()) < limit
         });
-        let removed = (before - self.flows.len()) as u64;
+        let mut removed = before - self.flows.len();
+        self.owned -= removed;
+        let expired: Vec<SocketAddr> = self
+            .mappings
+            .iter()
+            .filter(|(c, m)| {
+                let limit = if m.state.replied() { idle } else { unreplied };
+                now.saturating_duration_since(self.mapping_active(**c, m)) >= limit
+            })
+            .map(|(c, _)| *c)
+            .collect();
+        removed += expired.len();
+        for c in expired {
+            self.unmap(c);
+        }
+        let removed = removed as u64;
         if removed > 0 {
             self.shared
                 .d
@@ -413,18 +671,28 @@ impl UdpTable {
 
 impl Drop for UdpTable {
     fn drop(&mut self) {
-        let n = self.flows.len() as u64;
+        let n = self.len() as u64;
         self.shared.d.stats.udp_flows_active.fetch_sub(n, Relaxed);
     }
 }
 
-/// One non-blocking `send(2)` of a direct flow's datagram, counted. True
-/// if the socket's send buffer was full (the datagram is a counted drop).
-fn send_one(sock: &UdpSocket, payload: &[u8], local: &mut LocalCounters) -> bool {
+/// One non-blocking `send(2)` of a direct flow's datagram (`sendto(2)`
+/// for a mapped flow: `to`), counted. True if the socket's send buffer was
+/// full (the datagram is a counted drop).
+fn send_one(
+    sock: &UdpSocket,
+    to: Option<SocketAddr>,
+    payload: &[u8],
+    local: &mut LocalCounters,
+) -> bool {
     // A direct non-blocking send(2): tokio's `try_send` consults its cached
     // readiness first and answers WouldBlock on a socket epoll has not yet
     // reported writable, which would drop every flow's first datagram.
-    match socket2::SockRef::from(sock).send(payload) {
+    let sent = match to {
+        None => socket2::SockRef::from(sock).send(payload),
+        Some(to) => socket2::SockRef::from(sock).send_to(payload, &to.into()),
+    };
+    match sent {
         Ok(_) => {
             local.udp_packets_up += 1;
             local.udp_bytes_up += payload.len() as u64;

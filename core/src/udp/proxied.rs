@@ -8,16 +8,17 @@
 use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::Ordering::Relaxed;
 use std::time::Instant;
 
 use tokio::sync::mpsc;
 
-use super::reply::{FRAGMENTED_REPLY_MAX, reply_loop, send_reply, udp_room};
-use super::{UdpEnv, mark_reply};
+use super::reply::{PROXIED_REPLY_MAX, reply_loop, send_reply, udp_room};
+use super::{ReplyState, UdpEnv};
 use crate::budget::ByteBudget;
 use crate::dns::Dns;
 use crate::nat::FlowKey;
+use crate::outbound::config::UdpNat;
 use crate::outbound::{Address, OutboundError, ProxyUdp, Route};
 use crate::packet::HEADROOM;
 use crate::stats::{EngineDrop, Stats};
@@ -104,8 +105,7 @@ pub(super) async fn resolved_flow(
     key: FlowKey,
     mut rx: mpsc::Receiver<Vec<u8>>,
     spare: mpsc::Sender<Vec<u8>>,
-    last_down: Arc<AtomicU64>,
-    epoch: Instant,
+    state: Arc<ReplyState>,
 ) {
     let server = key.server;
     let stats: &Stats = &shared.d.stats;
@@ -131,7 +131,13 @@ pub(super) async fn resolved_flow(
             return;
         }
     };
-    let down = reply_loop(sock.clone(), shared.clone(), key, last_down, epoch);
+    let down = reply_loop(
+        sock.clone(),
+        shared.clone(),
+        key.client,
+        Some(key.server),
+        state,
+    );
     let up = async {
         while let Some(buf) = rx.recv().await {
             match sock.send(&buf).await {
@@ -161,8 +167,7 @@ pub(super) async fn proxy_flow(
     target: Address,
     mut rx: mpsc::Receiver<Vec<u8>>,
     spare: mpsc::Sender<Vec<u8>>,
-    last_down: Arc<AtomicU64>,
-    epoch: Instant,
+    state: Arc<ReplyState>,
 ) {
     let server = key.server;
     let stats: &Stats = &shared.d.stats;
@@ -197,13 +202,17 @@ pub(super) async fn proxy_flow(
         mut codec,
     } = assoc;
     // A domain target is resolved by the proxy: its replies name whatever
-    // address that was, so only an IP target pins the source.
+    // address that was, so they reach the app from the address it used.
+    // An IP target's replies: with endpoint-independent filtering
+    // (`direct.udp_nat`) from whatever address the proxy names, else only
+    // the flow's server's (as a connected socket).
+    let eim = shared.nat == UdpNat::EndpointIndependent;
     let pinned = match &target {
-        Address::Ip(_) => Some(canonical(server)),
-        Address::Domain(..) => None,
+        Address::Ip(_) if !eim => Some(canonical(server)),
+        _ => None,
     };
     let (hdr, max_payload) = udp_room(shared.mtu, server);
-    let max_payload = max_payload.max(FRAGMENTED_REPLY_MAX);
+    let max_payload = max_payload.max(PROXIED_REPLY_MAX);
     const MAX_DATAGRAM: usize = 65_535;
     // Framing around a reply's payload: at most a SIP022 header with 900
     // bytes of padding, session ids, a domain address (up to 259 bytes) and
@@ -263,7 +272,7 @@ pub(super) async fn proxy_flow(
                 let start = HEADROOM + hdr;
                 match sock.try_recv(&mut b[start..]) {
                     Ok(n) if n == recv_room => {
-                        last_down.store(epoch.elapsed().as_millis() as u64, Relaxed);
+                        state.mark();
                         stats.drop(EngineDrop::UdpProxyReply);
                     }
                     Ok(n) => {
@@ -284,14 +293,26 @@ pub(super) async fn proxy_flow(
                             stats.drop(EngineDrop::UdpProxyReply);
                             continue;
                         }
-                        mark_reply(&last_down, epoch);
+                        // From another peer: written from it, if it is
+                        // of the app's family.
+                        let reply_key = match (&target, from.canonical_ip()) {
+                            (Address::Ip(_), Some(a)) if eim && a != canonical(server) => {
+                                if a.is_ipv6() != server.is_ipv6() {
+                                    stats.drop(EngineDrop::UdpProxyReply);
+                                    continue;
+                                }
+                                FlowKey::new(key.client, a)
+                            }
+                            _ => key,
+                        };
+                        state.mark();
                         let len = range.len();
                         if len > max_payload {
                             stats.drop(EngineDrop::UdpReplyTooBig);
                             continue;
                         }
                         b.copy_within(start + range.start..start + range.end, start);
-                        send_reply(&shared, b, key, len).await;
+                        send_reply(&shared, b, reply_key, len, state.mtu()).await;
                     }
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => rbuf = None,
                     Err(e)

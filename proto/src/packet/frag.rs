@@ -104,6 +104,8 @@ struct Datagram {
     /// Payload length, once the last fragment came.
     total: Option<usize>,
     proto: u8,
+    /// The longest fragment (whole IP packet) that came.
+    longest: usize,
 }
 
 /// What a datagram costs besides its bytes (its entry, ranges and
@@ -123,6 +125,9 @@ pub struct Reassembler {
     /// Incomplete datagrams, oldest first.
     pending: Vec<Datagram>,
     held: usize,
+    /// The longest fragment of the datagram the last [`Reassembler::push`]
+    /// completed.
+    last_longest: usize,
 }
 
 /// Largest IP payload a datagram may reassemble to.
@@ -134,7 +139,16 @@ impl Reassembler {
             limits,
             pending: Vec::new(),
             held: 0,
+            last_longest: 0,
         }
+    }
+
+    /// The length of the longest fragment (a whole IP packet) of the
+    /// datagram the last [`Reassembler::push`] completed: what the path
+    /// from its source carried in one packet, so a reply of that size
+    /// comes back the same way (0 before any datagram completed).
+    pub fn longest_fragment(&self) -> usize {
+        self.last_longest
     }
 
     /// Incomplete datagrams held.
@@ -187,6 +201,7 @@ impl Reassembler {
                 nh_at,
                 data: f.data,
             };
+            self.last_longest = pkt.len();
             return whole.write(out).map(Some);
         }
         let i = match self.pending.iter().position(|d| d.key == f.key) {
@@ -201,6 +216,7 @@ impl Reassembler {
                     have: Vec::new(),
                     total: None,
                     proto: f.proto,
+                    longest: 0,
                 });
                 self.pending.len() - 1
             }
@@ -219,7 +235,9 @@ impl Reassembler {
                 return Err(e);
             }
         }
-        let after = self.pending[i].held();
+        let d = &mut self.pending[i];
+        d.longest = d.longest.max(pkt.len());
+        let after = d.held();
         self.held += after.saturating_sub(before);
         let d = &self.pending[i];
         let complete = d.head.is_some()
@@ -247,6 +265,7 @@ impl Reassembler {
             nh_at: *nh_at,
             data: d.data.get(..total).ok_or(FragDrop::Malformed)?,
         };
+        self.last_longest = d.longest;
         whole.write(out).map(Some)
     }
 
@@ -477,6 +496,26 @@ pub fn fragment_at(
     }
 }
 
+/// Let routers fragment an IPv4 packet built with DF set and
+/// identification 0 (an atomic datagram, RFC 6864 4.1, as
+/// `udp::write_udp_headers` builds them): DF cleared, `id` as its
+/// identification, the header checksum updated. A reply that fits the TUN
+/// but not a smaller link between the TUN and the app (a gateway forwarding
+/// a client on a 1500-byte link into a 9000-byte TUN) is then split by that
+/// gateway instead of dropped. Nothing for IPv6 (routers never fragment
+/// it) or a packet without a whole header.
+pub fn allow_fragmenting(pkt: &mut [u8], id: u16) {
+    if let Some(h) = pkt.get_mut(..ipv4::HEADER_LEN)
+        && h[0] == 0x45
+    {
+        h[4..6].copy_from_slice(&id.to_be_bytes());
+        h[6] &= !0x40;
+        h[10..12].copy_from_slice(&[0, 0]);
+        let c = super::checksum::finish(super::checksum::sum_bytes(h));
+        h[10..12].copy_from_slice(&c.to_be_bytes());
+    }
+}
+
 /// Length of the IPv6 Fragment header (RFC 8200 4.5).
 const FRAG_HEADER_LEN: usize = 8;
 
@@ -668,6 +707,8 @@ mod tests {
                 let (done, drops) = reassemble(&mut r, &order);
                 assert!(drops.is_empty(), "{drops:?}");
                 assert_eq!(done, expected(&whole, 77), "v6 {v6}");
+                let longest = frags.iter().map(Vec::len).max();
+                assert_eq!(Some(r.longest_fragment()), longest, "v6 {v6}");
                 let ip = parse_ip(&done).expect("parses whole");
                 let u = parse_udp(&done, &ip).expect("udp");
                 assert_eq!(crate::packet::check_datagram(&done, &ip, &u), Ok(()));
@@ -703,6 +744,35 @@ mod tests {
                 assert_eq!(done, expected(&whole, 4242), "{len} at {mtu}, v6 {v6}");
             }
         }
+    }
+
+    /// A reply built as an atomic datagram (DF, id 0) becomes one a router
+    /// may fragment: DF cleared, the id set, the header checksum valid, the
+    /// rest unchanged; IPv6 is left alone.
+    #[test]
+    fn allow_fragmenting_clears_df_and_keeps_the_header_valid() {
+        let mut buf = vec![0u8; 4000];
+        let src: std::net::SocketAddr = "198.19.1.2:53".parse().expect("addr");
+        let dst: std::net::SocketAddr = "10.233.1.2:5000".parse().expect("addr");
+        let n = crate::packet::write_udp_headers(&mut buf, src, dst, 3000).expect("headers");
+        let before = buf[..n].to_vec();
+        assert_eq!(before[6] & 0x40, 0x40, "built with DF");
+        allow_fragmenting(&mut buf[..n], 0xbeef);
+        assert_eq!(&buf[4..6], &[0xbe, 0xef]);
+        assert_eq!(buf[6] & 0x40, 0, "DF cleared");
+        assert_eq!(
+            checksum::finish(checksum::sum_bytes(&buf[..20])),
+            0,
+            "header checksum"
+        );
+        assert_eq!(buf[12..n], before[12..], "addresses and datagram unchanged");
+        let ip = parse_ip(&buf[..n]).expect("still one whole packet");
+        let u = parse_udp(&buf[..n], &ip).expect("udp");
+        assert_eq!(crate::packet::check_datagram(&buf[..n], &ip, &u), Ok(()));
+        let v6 = big(true, 3000);
+        let mut same = v6.clone();
+        allow_fragmenting(&mut same, 1);
+        assert_eq!(same, v6);
     }
 
     #[test]

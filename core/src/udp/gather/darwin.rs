@@ -1,6 +1,7 @@
 //! Darwin: no segmentation offload for UDP sockets, so nothing is
 //! gathered; every uplink datagram leaves with its own `send(2)`.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 
 use tokio::net::UdpSocket;
@@ -28,11 +29,12 @@ impl Gso {
         &mut self,
         _key: FlowKey,
         sock: &Arc<UdpSocket>,
+        to: Option<SocketAddr>,
         payload: &[u8],
         _fits: usize,
         local: &mut LocalCounters,
     ) -> Option<FlowKey> {
-        send_one(sock, payload, local);
+        send_one(sock, to, payload, local);
         None
     }
 

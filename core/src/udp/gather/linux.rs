@@ -1,6 +1,7 @@
 //! Linux and Android: the uplink datagrams of one direct flow read in the
 //! same drain leave with one GSO send (`UDP_SEGMENT`, Linux 4.18).
 
+use std::net::SocketAddr;
 use std::os::fd::AsFd;
 use std::sync::Arc;
 
@@ -32,6 +33,8 @@ pub(super) struct Gso {
     buf: Vec<u8>,
     key: Option<FlowKey>,
     sock: Option<Arc<UdpSocket>>,
+    /// Where a mapped flow's batch goes (`None`: the socket is connected).
+    to: Option<SocketAddr>,
     /// Size of every segment but the last.
     seg: usize,
     count: usize,
@@ -53,6 +56,7 @@ impl Gso {
         &mut self,
         key: FlowKey,
         sock: &Arc<UdpSocket>,
+        to: Option<SocketAddr>,
         payload: &[u8],
         fits: usize,
         local: &mut LocalCounters,
@@ -73,7 +77,7 @@ impl Gso {
         }
         if alone || refused == Some(key) {
             // Nothing to segment (or this flow just lost GSO): as before.
-            send_one(sock, payload, local);
+            send_one(sock, to, payload, local);
             return refused;
         }
         if self.count == 0 {
@@ -82,6 +86,7 @@ impl Gso {
             }
             self.key = Some(key);
             self.sock = Some(sock.clone());
+            self.to = to;
             self.seg = len;
             self.closed = false;
         } else if len < self.seg {
@@ -107,10 +112,12 @@ impl Gso {
         let (count, seg) = (self.count, self.seg);
         self.count = 0;
         let mut refused = None;
+        let to = self.to.take();
         if count == 1 {
-            send_one(&sock, &self.buf, local);
+            send_one(&sock, to, &self.buf, local);
         } else {
-            match crate::sys::udp::send_gso(sock.as_fd(), &self.buf, seg as u16) {
+            let name = to.map(socket2::SockAddr::from);
+            match crate::sys::udp::send_gso(sock.as_fd(), name.as_ref(), &self.buf, seg as u16) {
                 Ok(_) => {
                     local.udp_packets_up += count as u64;
                     local.udp_bytes_up += self.buf.len() as u64;
@@ -127,7 +134,7 @@ impl Gso {
                         if full {
                             local.drop(EngineDrop::UdpSendFull);
                         } else {
-                            full = send_one(&sock, d, local);
+                            full = send_one(&sock, to, d, local);
                         }
                     }
                 }
@@ -197,7 +204,7 @@ mod tests {
             for (i, &(to_a, len)) in plan.iter().enumerate() {
                 let d = datagram(i, len);
                 let (k, s) = if to_a { (ka, &a) } else { (kb, &b) };
-                assert_eq!(g.push(k, s, &d, 1472, &mut local), None);
+                assert_eq!(g.push(k, s, None, &d, 1472, &mut local), None);
                 if to_a { &mut sent.0 } else { &mut sent.1 }.push(d);
             }
             assert_eq!(g.flush(&mut local), None);
@@ -220,7 +227,7 @@ mod tests {
                 .map(|i| datagram(i, if i < 10 { 1200 } else { 500 }))
                 .collect();
             for d in &run {
-                assert_eq!(g.push(key(v6, 3000), &c, d, 1472, &mut local), None);
+                assert_eq!(g.push(key(v6, 3000), &c, None, d, 1472, &mut local), None);
             }
             g.flush(&mut local);
             let (n, seg) =
@@ -252,7 +259,7 @@ mod tests {
             let mut local = LocalCounters::new(Instant::now());
             let mut g = Gso::default();
             for (i, &l) in sizes.iter().enumerate() {
-                assert_eq!(g.push(k, &s, &datagram(i, l), 1472, &mut local), None);
+                assert_eq!(g.push(k, &s, None, &datagram(i, l), 1472, &mut local), None);
             }
             let refused = g.flush(&mut local);
             assert_eq!(

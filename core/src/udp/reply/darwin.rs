@@ -1,30 +1,31 @@
 //! Darwin: a direct flow's replies, one `recvmsg` per datagram.
 
 use std::io;
+use std::net::SocketAddr;
 use std::os::fd::AsFd;
 use std::sync::Arc;
-use std::sync::atomic::AtomicU64;
-use std::time::Instant;
 
 use tokio::net::UdpSocket;
 
-use super::{FRAGMENTED_REPLY_MAX, send_reply, udp_room};
+use super::{DARWIN_REPLY_MAX, send_reply, udp_room};
 use crate::nat::FlowKey;
 use crate::packet::HEADROOM;
 use crate::stats::{EngineDrop, Stats};
-use crate::udp::{UdpEnv, mark_reply};
+use crate::udp::{ReplyState, UdpEnv};
 
 /// Receive replies for one flow and write them to the TUN as IP packets from
-/// its server to its client. The buffer exists only while replies are arriving.
+/// its server to its client; without a `server` (an endpoint-independent
+/// mapping's unconnected socket) from the source `recvmsg` names. The
+/// buffer exists only while replies are arriving.
 pub(crate) async fn reply_loop(
     sock: Arc<UdpSocket>,
     shared: Arc<UdpEnv>,
-    key: FlowKey,
-    last_down: Arc<AtomicU64>,
-    epoch: Instant,
+    client: SocketAddr,
+    server: Option<SocketAddr>,
+    state: Arc<ReplyState>,
 ) {
-    let (hdr, max_payload) = udp_room(shared.mtu, key.server);
-    let room = max_payload.max(FRAGMENTED_REPLY_MAX);
+    let (hdr, max_payload) = udp_room(shared.mtu, client);
+    let room = max_payload.max(DARWIN_REPLY_MAX);
     let mut buf: Option<Box<[u8]>> = None;
     loop {
         if sock.readable().await.is_err() {
@@ -38,13 +39,18 @@ pub(crate) async fn reply_loop(
             crate::sys::recv_datagram(sock.as_fd(), room)
         });
         match got {
-            Ok((_, true)) => {
-                mark_reply(&last_down, epoch);
+            Ok((_, true, _)) => {
+                state.mark();
                 Stats::drop(&shared.d.stats, EngineDrop::UdpReplyTooBig);
             }
-            Ok((n, false)) => {
-                mark_reply(&last_down, epoch);
-                send_reply(&shared, b, key, n).await;
+            Ok((n, false, source)) => {
+                state.mark();
+                let Some(peer) = server.or(source) else {
+                    Stats::drop(&shared.d.stats, EngineDrop::UdpSendError);
+                    continue;
+                };
+                let key = FlowKey::new(client, peer);
+                send_reply(&shared, b, key, n, state.mtu()).await;
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => buf = None,
             // ICMP errors (port unreachable) surface as errors on a connected

@@ -23,14 +23,34 @@ mod imp;
 pub(super) use imp::reply_loop;
 
 /// Reply datagrams up to this size are sent to the app as IP fragments
-/// when they do not fit one TUN packet (`packet::frag::fragment_at`; the
-/// app's stack reassembles them), larger ones are dropped and counted
-/// (`udp_reply_too_big`), never truncated. 16 KiB covers large DNS answers
-/// over EDNS0 (4096 is the common buffer size), games, VoIP and tunnels at
-/// jumbo sizes, and bounds what one receive takes: a direct flow's buffer
-/// while replies arrive (freed when they stop), or on Linux/Android a reply
-/// slot with its spill area ([`reply_loop`]).
-pub(crate) const FRAGMENTED_REPLY_MAX: usize = 16 * 1024;
+/// when they do not fit one packet toward it (`packet::frag::fragment_at`;
+/// the app's stack reassembles them), never truncated. On Linux/Android
+/// (`reply/linux.rs`) this is every datagram UDP can carry (65,535 bytes of
+/// IPv6 payload less the UDP header): a reply slot with its spill area
+/// holds it, and a reply longer than its slot is copied out only while the
+/// UDP byte budget has room (else dropped, `udp_reply_too_big`). Darwin
+/// receives into one buffer per flow and keeps [`DARWIN_REPLY_MAX`]; a
+/// proxied flow keeps [`PROXIED_REPLY_MAX`].
+#[cfg_attr(apple, allow(dead_code))]
+pub(crate) const FRAGMENTED_REPLY_MAX: usize = 65_535 - packet::udp::HEADER_LEN;
+
+/// The longest reply a Darwin flow passes on, and so the size of its
+/// receive buffer while replies arrive (`reply/darwin.rs`): 16 KiB covers
+/// large DNS answers over EDNS0 (4096 is the common buffer size), games,
+/// VoIP and tunnels at jumbo sizes. Longer ones are dropped and counted
+/// (`udp_reply_too_big`).
+#[cfg_attr(not(apple), allow(dead_code))]
+pub(crate) const DARWIN_REPLY_MAX: usize = 16 * 1024;
+
+/// The longest reply payload a proxied flow passes on (`proxied.rs`): its
+/// receive buffer holds this and the proxy's framing while replies arrive.
+pub(crate) const PROXIED_REPLY_MAX: usize = 16 * 1024;
+
+/// A reply packet longer than this, written whole, goes without DF so a
+/// router between the TUN and the app may fragment it
+/// (`packet::frag::allow_fragmenting`): the least datagram every IPv4 host
+/// takes (RFC 791), so shorter ones stay atomic (RFC 6864).
+const V4_ATOMIC_MAX: usize = 576;
 
 /// Identification of the reply datagrams the engine fragments (RFC 6864:
 /// unique per source, destination and protocol while fragments may live).
@@ -49,9 +69,10 @@ pub(super) fn udp_room(mtu: u16, server: SocketAddr) -> (usize, usize) {
 }
 
 /// Write the reply of `len` bytes at `b[HEADROOM + header..]` to the app as a
-/// datagram from the flow's server to its client, headers written in place.
-pub(super) async fn send_reply(env: &UdpEnv, b: &mut [u8], key: FlowKey, len: usize) {
-    if write_reply(env, b, key, len).await {
+/// datagram from the flow's server to its client, headers written in place;
+/// a packet longer than `mtu` goes as fragments.
+pub(super) async fn send_reply(env: &UdpEnv, b: &mut [u8], key: FlowKey, len: usize, mtu: usize) {
+    if write_reply(env, b, key, len, mtu).await {
         let stats: &Stats = &env.d.stats;
         stats.udp_packets_down.fetch_add(1, Relaxed);
         stats.udp_bytes_down.fetch_add(len as u64, Relaxed);
@@ -65,11 +86,16 @@ pub(super) async fn write_reply(
     b: &mut [u8],
     FlowKey { client, server }: FlowKey,
     len: usize,
+    mtu: usize,
 ) -> bool {
     let stats: &Stats = &env.d.stats;
-    let mtu = usize::from(env.mtu);
+    let mtu = mtu.min(usize::from(env.mtu));
     match packet::write_udp_headers(&mut b[HEADROOM..], server, client, len) {
         Ok(total) if total <= mtu => {
+            if total > V4_ATOMIC_MAX {
+                let id = FRAG_ID.fetch_add(1, Relaxed) as u16;
+                packet::frag::allow_fragmenting(&mut b[HEADROOM..HEADROOM + total], id);
+            }
             // Without waiting first: the device's queue is rarely full.
             let sent = match env.tun.try_send(b, total) {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => env.tun.send(b, total).await,
