@@ -6,8 +6,13 @@
 # Every library is linked for 16 KB pages (.cargo/config.toml) and checked
 # after the build (scripts/check-android-config.sh --elf).
 #
-#   android/build.sh              release native libraries
-#   PROFILE=debug android/build.sh
+#   android/build.sh                  native libraries with the release-mobile
+#                                     profile (Cargo.toml: size-optimised, fat LTO)
+#   PROFILE=release android/build.sh  the desktop release profile; PROFILE=debug
+#
+# Each library is built with `cargo rustc --crate-type cdylib`: with one
+# crate type the profile's LTO runs (cargo leaves LTO out for a crate that is
+# also an rlib, and kerntun-ffi lists `lib` for its tests; scripts/sizes.sh).
 #
 # Then: cd android && gradle :kerntun:assembleRelease (or include the module
 # in your app's Gradle build).
@@ -21,8 +26,8 @@ cd "$(dirname "$0")/.."
 # out. Keep in step with abiFilters in kerntun/build.gradle.kts and
 # PackagedAbis in KerntunPolicy.kt (scripts/check-android-config.sh checks).
 abis=(arm64-v8a x86_64)
-profile=${PROFILE:-release}
-flag=$([[ $profile == release ]] && echo --release || true)
+profile=${PROFILE:-release-mobile}
+cargo_profile=$([[ $profile == debug ]] && echo dev || echo "$profile")
 # API 26 (Android 8.0) is the module's minSdk.
 api=${ANDROID_API:-26}
 gen=android/kerntun/build/generated
@@ -43,7 +48,8 @@ bash scripts/check-android-config.sh
 rm -rf "$gen/jniLibs" "$gen/uniffi"
 targets=()
 for abi in "${abis[@]}"; do targets+=(-t "$abi"); done
-cargo ndk "${targets[@]}" -P "$api" -o "$gen/jniLibs" build $flag -p kerntun-ffi
+cargo ndk "${targets[@]}" -P "$api" -o "$gen/jniLibs" \
+    rustc -p kerntun-ffi --lib --crate-type cdylib --profile "$cargo_profile"
 mapfile -t libs < <(find "$gen/jniLibs" -name '*.so' | sort)
 ((${#libs[@]} == ${#abis[@]})) || { echo "expected ${#abis[@]} libraries, got: ${libs[*]}" >&2; exit 1; }
 bash scripts/check-android-config.sh --elf "${libs[@]}"

@@ -2,8 +2,11 @@
 # Build KerntunFFI.xcframework (static library + C headers) for the Swift
 # package in this directory. Runs on macOS with Xcode and rustup.
 #
-#   apple/build-xcframework.sh            release build
-#   PROFILE=debug apple/build-xcframework.sh
+#   apple/build-xcframework.sh            the release-mobile profile (Cargo.toml)
+#   PROFILE=release apple/build-xcframework.sh, PROFILE=debug ...
+#
+# apple/assemble-xcframework.sh build makes the same framework without
+# Xcode (and on Linux).
 #
 # Slices: iOS device (arm64), iOS simulator (arm64 + x86_64), macOS
 # (arm64 + x86_64). The headers are the committed apple/Headers, which CI
@@ -13,8 +16,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 [[ $(uname) == Darwin ]] || { echo "build-xcframework.sh needs macOS and Xcode" >&2; exit 1; }
 
-profile=${PROFILE:-release}
-flag=$([[ $profile == release ]] && echo --release || true)
+profile=${PROFILE:-release-mobile}
+cargo_profile=$([[ $profile == debug ]] && echo dev || echo "$profile")
 export IPHONEOS_DEPLOYMENT_TARGET=${IPHONEOS_DEPLOYMENT_TARGET:-15.0}
 export MACOSX_DEPLOYMENT_TARGET=${MACOSX_DEPLOYMENT_TARGET:-12.0}
 targets=(aarch64-apple-ios aarch64-apple-ios-sim x86_64-apple-ios aarch64-apple-darwin x86_64-apple-darwin)
@@ -22,9 +25,11 @@ targets=(aarch64-apple-ios aarch64-apple-ios-sim x86_64-apple-ios aarch64-apple-
 bash scripts/bindings.sh check
 
 rustup target add "${targets[@]}" >/dev/null
+# One crate type per build, so that the profile's LTO runs (cargo leaves it
+# out for a crate that is also an rlib; scripts/sizes.sh).
 for t in "${targets[@]}"; do
-    echo "== cargo build $flag --target $t -p kerntun-ffi"
-    cargo build $flag --target "$t" -p kerntun-ffi
+    echo "== cargo rustc -p kerntun-ffi --lib --crate-type staticlib --profile $cargo_profile --target $t"
+    cargo rustc -p kerntun-ffi --lib --crate-type staticlib --profile "$cargo_profile" --target "$t"
 done
 
 target_dir=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')

@@ -7,29 +7,21 @@
 #
 # kerntun-ffi is also a cdylib (for Android and the JVM test), and cargo
 # links every crate type. Linux has no Apple linker or SDK, so the iOS
-# dylib is linked with rust-lld (ld64 flavour) against an empty libSystem
-# stub with `-undefined dynamic_lookup`: it is a link check only and is
-# never shipped (the XCFramework uses the .a; build-xcframework.sh on a Mac
-# links with Xcode). The staticlib itself involves no linker.
+# dylib is linked with rust-lld (ld64 flavour) against empty libSystem
+# stubs with `-undefined dynamic_lookup` (scripts/cross-link.sh): it is a
+# link check only and is never shipped (the XCFramework uses the .a;
+# build-xcframework.sh on a Mac links with Xcode). The staticlib itself
+# involves no linker.
+#
+# This is the `release` profile with every crate type, as CI has always
+# built it; the shipped library is the `release-mobile` staticlib of
+# apple/assemble-xcframework.sh (or build-xcframework.sh), which checks
+# the same interface.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-stub=$(mktemp -d)
-trap 'rm -rf "$stub"' EXIT
-for lib in System c m iconv resolv objc; do
-    cat >"$stub/lib$lib.tbd" <<TBD
---- !tapi-tbd
-tbd-version:     4
-targets:         [ arm64-ios ]
-install-name:    '/usr/lib/lib$lib.dylib'
-...
-TBD
-done
-lld="$(rustc --print sysroot)/lib/rustlib/$(rustc -vV | sed -n 's/^host: //p')/bin/rust-lld"
-[[ -x "$lld" ]] || { echo "rust-lld not found at $lld" >&2; exit 1; }
-
-export CARGO_TARGET_AARCH64_APPLE_IOS_LINKER="$lld"
-export CARGO_TARGET_AARCH64_APPLE_IOS_RUSTFLAGS="-Clinker-flavor=ld64.lld -Clink-arg=-L$stub -Clink-arg=-undefined -Clink-arg=dynamic_lookup -Clink-arg=-platform_version -Clink-arg=ios -Clink-arg=15.0 -Clink-arg=17.0"
+. scripts/cross-link.sh
+cross_link_env aarch64-apple-ios
 export IPHONEOS_DEPLOYMENT_TARGET=15.0
 
 cargo build --target aarch64-apple-ios --release -p kerntun-ffi
@@ -42,7 +34,7 @@ echo "staticlib: $a ($(du -h "$a" | cut -f1))"
 # The archive's uniffi metadata must produce exactly the committed bindings.
 cargo build --quiet -p kerntun-uniffi-bindgen
 gen=$(mktemp -d)
-trap 'rm -rf "$stub" "$gen"' EXIT
+trap 'rm -rf "$gen"' EXIT
 "$target_dir/debug/uniffi-bindgen" generate --library "$a" --language swift --no-format --out-dir "$gen"
 diff -u apple/Sources/Kerntun/Kerntun.swift "$gen/Kerntun.swift"
 diff -u apple/Headers/KerntunFFI.h "$gen/KerntunFFI.h"

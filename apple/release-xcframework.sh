@@ -6,6 +6,11 @@
 #                                                zip, checksum, set-release URL CHECKSUM.
 #                                                URL is where the zip will be downloadable
 #                                                (e.g. a release asset .../KerntunFFI.xcframework.zip)
+#   apple/release-xcframework.sh release-assembled URL [XCFRAMEWORK] [-- BUILD-OPTIONS]
+#                                                the same without Xcode, on Linux or a Mac:
+#                                                assemble-xcframework.sh build (BUILD-OPTIONS
+#                                                passed on) unless an assembled XCFRAMEWORK is
+#                                                given, then verify, zip, checksum, set-release
 #   apple/release-xcframework.sh zip XCFRAMEWORK OUT.zip
 #                                                zip an .xcframework the way SwiftPM expects
 #                                                (the .xcframework directory at the top of the
@@ -19,10 +24,11 @@
 #                                                (PACKAGE_SWIFT=path for another file);
 #                                                set-release "" "" goes back to the local framework
 #   apple/release-xcframework.sh self-test       every part that needs no Xcode, on a fake
-#                                                framework (runs on Linux)
+#                                                framework (runs on Linux), and
+#                                                assemble-xcframework.sh self-test
 #
-# Only `release` needs macOS and Xcode (xcodebuild, lipo); the rest needs
-# python3.
+# Only `release` needs macOS and Xcode (xcodebuild, lipo); `release-assembled`
+# needs cargo (and llvm-lipo for the x86_64 slices); the rest needs python3.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/.." && pwd)
@@ -148,6 +154,41 @@ set-release "" "") switches back to apple/KerntunFFI.xcframework.
 EOF
 }
 
+# release_assembled URL [XCFRAMEWORK] [-- BUILD-OPTIONS]
+release_assembled() {
+    local url=${1:-} fw="" sum
+    [[ -n "$url" ]] || die "usage: $0 release-assembled URL [XCFRAMEWORK] [-- BUILD-OPTIONS]"
+    shift
+    if [[ $# -gt 0 && $1 != -- ]]; then
+        fw=$1
+        shift
+    fi
+    [[ ${1:-} == -- ]] && shift
+    # Refuse a bad URL before minutes of building.
+    [[ "$url" == https://*.zip ]] || die "URL must be an https:// address of the .zip: $url"
+    if [[ -z "$fw" ]]; then
+        fw="$here/KerntunFFI.xcframework"
+        bash "$here/assemble-xcframework.sh" build --out "$fw" "$@"
+    else
+        (($# == 0)) || die "build options ($*) apply only when the framework is built here"
+        bash "$here/assemble-xcframework.sh" verify "$fw" >/dev/null || die "$fw: $(bash "$here/assemble-xcframework.sh" verify "$fw")"
+    fi
+    local out=${RELEASE_ZIP:-$here/build/KerntunFFI.xcframework.zip}
+    mkdir -p "$(dirname "$out")"
+    rm -f "$out"
+    zip_framework "$fw" "$out" >/dev/null
+    sum=$(checksum "$out")
+    set_release "$url" "$sum"
+    cat <<EOF
+
+zip:      $out
+checksum: $sum
+url:      $url
+
+Next: upload the zip to exactly that URL, commit Package.swift, tag.
+EOF
+}
+
 self_test() {
     selftest_tmp=$(mktemp -d)
     trap 'rm -rf "$selftest_tmp"' EXIT
@@ -224,14 +265,44 @@ PY
         grep -q 'needs macOS with Xcode' "$tmp/err" || die "self-test: release failed without saying why: $(cat "$tmp/err")"
         ok "release without macOS stops with: $(head -c 80 "$tmp/err")..."
     fi
+
+    # release-assembled on an assembled framework (the cargo builds of
+    # `assemble-xcframework.sh build` are left out: minutes, not seconds).
+    local afw="$tmp/assembled/KerntunFFI.xcframework"
+    mkdir -p "$tmp/assembled"
+    python3 "$here/xcframework.py" fake-archive "$tmp/ios.a" arm64 ios
+    python3 "$here/xcframework.py" fake-archive "$tmp/sim.a" arm64 ios-simulator
+    python3 "$here/xcframework.py" fake-archive "$tmp/mac.a" arm64 macos
+    python3 "$here/xcframework.py" assemble "$afw" "$root/apple/Headers" - \
+        "ios=$tmp/ios.a" "ios-simulator=$tmp/sim.a" "macos=$tmp/mac.a" >/dev/null
+    cp "$here/../Package.swift" "$tmp/Package.swift"
+    PACKAGE_SWIFT="$tmp/Package.swift" RELEASE_ZIP="$tmp/assembled.zip" \
+        release_assembled "https://example.com/v2/KerntunFFI.xcframework.zip" "$afw" >"$tmp/rel.out"
+    sum=$(checksum "$tmp/assembled.zip")
+    grep -qx 'let releaseURL = "https://example.com/v2/KerntunFFI.xcframework.zip"' "$tmp/Package.swift" \
+        && grep -qx "let releaseChecksum = \"$sum\"" "$tmp/Package.swift" && grep -q "checksum: $sum" "$tmp/rel.out" \
+        || die "self-test: release-assembled did not zip, checksum and set the release"
+    ok "release-assembled on an assembled framework: zip, checksum, Package.swift"
+    rm -f "$afw/ios-arm64/Headers/module.modulemap"
+    if (PACKAGE_SWIFT="$tmp/Package.swift" RELEASE_ZIP="$tmp/broken.zip" \
+        release_assembled "https://example.com/v3/KerntunFFI.xcframework.zip" "$afw" >/dev/null 2>"$tmp/err"); then
+        die "self-test: release-assembled released a framework verify refuses"
+    fi
+    [[ ! -e "$tmp/broken.zip" ]] && grep -q "module.modulemap is missing" "$tmp/err" \
+        || die "self-test: release-assembled failed without saying why: $(cat "$tmp/err")"
+    ok "release-assembled refuses a framework verify refuses, before zipping"
+
+    echo "== assemble-xcframework.sh self-test"
+    bash "$here/assemble-xcframework.sh" self-test
     echo "release-xcframework.sh self-test passed"
 }
 
 case "${1:-}" in
 release) shift; release "$@" ;;
+release-assembled) shift; release_assembled "$@" ;;
 zip) (($# == 3)) || die "usage: $0 zip XCFRAMEWORK OUT.zip"; zip_framework "$2" "$3" ;;
 checksum) (($# == 2)) || die "usage: $0 checksum FILE.zip"; checksum "$2" ;;
 set-release) (($# == 3)) || die "usage: $0 set-release URL CHECKSUM"; set_release "$2" "$3" ;;
 self-test) self_test ;;
-*) sed -n '2,26p' "$0" >&2; exit 2 ;;
+*) sed -n '2,31p' "$0" >&2; exit 2 ;;
 esac

@@ -11,9 +11,13 @@
 // * tells the engine whether the tunnel has `includeAllNetworks` on (the
 //   system stack cannot run then, so the engine's `auto` picks smoltcp);
 // * forwards the system's memory-pressure events to the engine;
+// * applies the settings with a deadline (`networkSettingsTimeout`): a
+//   completion handler that never comes fails the start with a clear error
+//   instead of leaving it hanging;
 // * watches the network the extension's own traffic leaves on
-//   (NWPathMonitor) and, when it moves to another interface, re-applies
-//   the tunnel settings with `reasserting` set;
+//   (NWPathMonitor) and, when it changes in a way that matters (status,
+//   interfaces, gateways, IPv4/IPv6/DNS support, expensive/constrained),
+//   re-applies the tunnel settings with `reasserting` set;
 // * answers any app message (NETunnelProviderSession.sendProviderMessage)
 //   with the engine's statistics as a JSON object;
 // * cancels the tunnel if the engine stops on its own, and stops the engine
@@ -33,6 +37,8 @@ public enum KerntunTunnelError: Error, LocalizedError {
     case noUtunDescriptor
     /// The engine stopped by itself (device gone, listener failed).
     case engineFailed(String)
+    /// `setTunnelNetworkSettings` did not call back within this many seconds.
+    case networkSettingsTimedOut(TimeInterval)
 
     public var errorDescription: String? {
         switch self {
@@ -40,7 +46,50 @@ public enum KerntunTunnelError: Error, LocalizedError {
             return "the utun descriptor of this tunnel was not found"
         case .engineFailed(let why):
             return "the kerntun engine stopped: \(why)"
+        case .networkSettingsTimedOut(let seconds):
+            return "setTunnelNetworkSettings did not complete within \(seconds) s"
         }
+    }
+}
+
+/// What the provider knows of the network its own traffic leaves on, from
+/// an `NWPath`: what a re-apply of the tunnel settings is decided on, and
+/// what the engine will be told about a network change. `NWPath` carries no
+/// DNS server list; a change of DNS servers alone (same interfaces, same
+/// gateways) is not seen here.
+public struct KerntunNetworkInfo: Equatable {
+    public var status: NWPath.Status
+    /// Physical interfaces in the system's order of preference; utun
+    /// (`.other`) and loopback are left out, they are never the underlying
+    /// network.
+    public var interfaces: [NWInterface]
+    public var gateways: [NWEndpoint]
+    public var supportsIPv4: Bool
+    public var supportsIPv6: Bool
+    public var supportsDNS: Bool
+    public var isExpensive: Bool
+    public var isConstrained: Bool
+
+    public init(_ path: NWPath) {
+        status = path.status
+        interfaces = path.availableInterfaces.filter { $0.type != .other && $0.type != .loopback }
+        gateways = path.gateways
+        supportsIPv4 = path.supportsIPv4
+        supportsIPv6 = path.supportsIPv6
+        supportsDNS = path.supportsDNS
+        isExpensive = path.isExpensive
+        isConstrained = path.isConstrained
+    }
+
+    /// One line for the log: "satisfied en0(wifi) gw 192.168.1.1 v4 v6 dns".
+    public var summary: String {
+        let names = interfaces.map { "\($0.name)(\($0.type))" }.joined(separator: ",")
+        let via = gateways.map { "\($0)" }.joined(separator: ",")
+        let flags = [
+            supportsIPv4 ? "v4" : nil, supportsIPv6 ? "v6" : nil, supportsDNS ? "dns" : nil,
+            isExpensive ? "expensive" : nil, isConstrained ? "constrained" : nil,
+        ].compactMap { $0 }.joined(separator: " ")
+        return "\(status) \(names.isEmpty ? "-" : names) gw \(via.isEmpty ? "-" : via) \(flags)"
     }
 }
 
@@ -54,6 +103,10 @@ final class ProviderHooks: PlatformHooks, @unchecked Sendable {
     /// The provider's own messages, next to the engine's.
     func logInfo(_ message: String) {
         logger.info("\(message, privacy: .public)")
+    }
+
+    func logError(_ message: String) {
+        logger.error("\(message, privacy: .public)")
     }
 
     func log(level: LogLevel, message: String) throws {
@@ -80,18 +133,30 @@ open class KerntunPacketTunnelProvider: NEPacketTunnelProvider {
     /// How often the provider checks that the engine is still running.
     open var healthCheckInterval: DispatchTimeInterval { .seconds(2) }
 
-    /// Whether a move of the extension's traffic to another interface
-    /// (Wi-Fi to cellular, ...) re-applies the tunnel network settings with
-    /// `reasserting` set, so the system re-evaluates routes and DNS on the
-    /// new network and shows the tunnel as reconnecting meanwhile.
+    /// Whether a change of the network the extension's traffic leaves on
+    /// (Wi-Fi to cellular, one Wi-Fi to another, see `KerntunNetworkInfo`)
+    /// re-applies the tunnel network settings with `reasserting` set, so the
+    /// system re-evaluates routes and DNS on the new network and shows the
+    /// tunnel as reconnecting meanwhile.
     open var reassertOnNetworkChange: Bool { true }
+
+    /// How long `setTunnelNetworkSettings` may take before the start (or a
+    /// re-apply) fails with `KerntunTunnelError.networkSettingsTimedOut`.
+    /// Without a deadline, a completion handler that is never called would
+    /// leave the tunnel "connecting" (or "reasserting") for good.
+    open var networkSettingsTimeout: TimeInterval { 10 }
 
     private let queue = DispatchQueue(label: "kerntun.provider")
     private let hooks = ProviderHooks()
     private var memoryPressure: DispatchSourceMemoryPressure?
     private var healthTimer: DispatchSourceTimer?
     private var pathMonitor: NWPathMonitor?
-    private var lastInterface: String?
+    /// The network the current tunnel settings were applied on (nil until
+    /// the first path report), and the latest one reported.
+    private var appliedNetwork: KerntunNetworkInfo?
+    private var latestNetwork: KerntunNetworkInfo?
+    /// A re-apply is in flight: later changes wait for it.
+    private var reapplying = false
     private var activeConfig: EngineConfig?
     private var stopping = false
 
@@ -145,33 +210,32 @@ open class KerntunPacketTunnelProvider: NEPacketTunnelProvider {
         // the rewritten SYNs: the engine then runs smoltcp (stack unset) or
         // refuses an explicit `.system` with a typed config error.
         config.tun.includeAllNetworks = protocolConfiguration.includeAllNetworks
-        setTunnelNetworkSettings(makeNetworkSettings(config: config)) { [weak self] error in
+        applyNetworkSettings(makeNetworkSettings(config: config)) { [weak self] error in
             guard let self else { return }
             if let error {
                 completionHandler(error)
                 return
             }
-            // Engine.start blocks until the engine is ready (well under a
-            // second): keep it off the provider's callback thread.
-            self.queue.async {
-                // The descriptor belongs to the system: the engine works on
-                // its own duplicate, and the provider never closes this one.
-                guard let fd = findTunFd() else {
-                    completionHandler(KerntunTunnelError.noUtunDescriptor)
-                    return
-                }
-                do {
-                    let engine = try Engine.start(config: config, tunFd: fd, platform: self.hooks)
-                    self.engine = engine
-                    self.stopping = false
-                    self.activeConfig = config
-                    self.watchMemoryPressure(engine)
-                    self.watchHealth(engine)
-                    self.watchPath()
-                    completionHandler(nil)
-                } catch {
-                    completionHandler(error)
-                }
+            // On the provider's queue (applyNetworkSettings calls back
+            // there), off the system's callback thread: Engine.start blocks
+            // until the engine is ready (well under a second).
+            // The descriptor belongs to the system: the engine works on its
+            // own duplicate, and the provider never closes this one.
+            guard let fd = findTunFd() else {
+                completionHandler(KerntunTunnelError.noUtunDescriptor)
+                return
+            }
+            do {
+                let engine = try Engine.start(config: config, tunFd: fd, platform: self.hooks)
+                self.engine = engine
+                self.stopping = false
+                self.activeConfig = config
+                self.watchMemoryPressure(engine)
+                self.watchHealth(engine)
+                self.watchPath()
+                completionHandler(nil)
+            } catch {
+                completionHandler(error)
             }
         }
     }
@@ -188,7 +252,8 @@ open class KerntunPacketTunnelProvider: NEPacketTunnelProvider {
             self.healthTimer = nil
             self.pathMonitor?.cancel()
             self.pathMonitor = nil
-            self.lastInterface = nil
+            self.appliedNetwork = nil
+            self.latestNetwork = nil
             self.activeConfig = nil
             // Resets the open connections, closes the engine's copy of the
             // descriptor, joins its threads (bounded).
@@ -231,34 +296,77 @@ open class KerntunPacketTunnelProvider: NEPacketTunnelProvider {
         memoryPressure = source
     }
 
+    /// `setTunnelNetworkSettings` with a deadline: `completion` runs once,
+    /// on the provider's queue, with the system's answer or, after
+    /// `networkSettingsTimeout`, `KerntunTunnelError.networkSettingsTimedOut`
+    /// (an answer after that is ignored).
+    private func applyNetworkSettings(
+        _ settings: NETunnelNetworkSettings, completion: @escaping (Error?) -> Void
+    ) {
+        let timeout = networkSettingsTimeout
+        let queue = self.queue
+        var finished = false  // read and written on `queue` only
+        let finish: (Error?) -> Void = { error in
+            queue.async {
+                guard !finished else { return }
+                finished = true
+                completion(error)
+            }
+        }
+        queue.asyncAfter(deadline: .now() + timeout) {
+            finish(KerntunTunnelError.networkSettingsTimedOut(timeout))
+        }
+        setTunnelNetworkSettings(settings) { error in finish(error) }
+    }
+
     /// Called on the provider's queue for every path update while the
     /// engine runs. The path is the one the extension's own sockets use
     /// (the provider's traffic bypasses its tunnel): the physical network.
     /// Override to react further, calling super.
     open func networkPathChanged(_ path: NWPath) {
-        // The first physical interface the system would use; utun (.other)
-        // and loopback are never the underlying network.
-        let primary = path.status == .satisfied
-            ? path.availableInterfaces.first(where: { $0.type != .other && $0.type != .loopback })?.name
-            : nil
-        let previous = lastInterface
-        lastInterface = primary
-        // Nothing to do on the first report, without a path (connections
-        // fail until one returns; the engine keeps running) or on the same
-        // interface.
-        guard reassertOnNetworkChange, let primary, let previous, primary != previous,
-              let config = activeConfig else { return }
-        hooks.logInfo("network moved from \(previous) to \(primary): re-applying tunnel settings")
-        reasserting = true
-        setTunnelNetworkSettings(makeNetworkSettings(config: config)) { [weak self] error in
-            guard let self else { return }
-            self.queue.async {
-                self.reasserting = false
-                if let error {
-                    self.hooks.logInfo("re-applying tunnel settings failed: \(error.localizedDescription)")
-                }
-            }
+        let info = KerntunNetworkInfo(path)
+        latestNetwork = info
+        networkChangedForEngine(info)
+        // The first report is the network the settings were applied on.
+        guard let applied = appliedNetwork else {
+            appliedNetwork = info
+            return
         }
+        reapplyIfChanged(from: applied)
+    }
+
+    /// Re-applies the tunnel settings when the latest network differs from
+    /// the one they were applied on. Not while there is no usable path
+    /// (connections fail until one returns; the engine keeps running), and
+    /// one re-apply at a time: a change that arrives meanwhile is handled
+    /// when a successful one ends. After a failure the next path update
+    /// tries again (never at once: a system that fails at once would
+    /// otherwise be asked in a loop).
+    private func reapplyIfChanged(from applied: KerntunNetworkInfo) {
+        guard reassertOnNetworkChange, !reapplying, !stopping, let info = latestNetwork,
+              info.status == .satisfied, info != applied, let config = activeConfig else { return }
+        hooks.logInfo("network changed from [\(applied.summary)] to [\(info.summary)]: re-applying tunnel settings")
+        reapplying = true
+        reasserting = true
+        applyNetworkSettings(makeNetworkSettings(config: config)) { [weak self] error in
+            guard let self else { return }
+            self.reapplying = false
+            self.reasserting = false
+            if self.stopping { return }
+            if let error {
+                self.hooks.logError("re-applying tunnel settings failed: \(error.localizedDescription)")
+                return
+            }
+            self.appliedNetwork = info
+            self.reapplyIfChanged(from: info)
+        }
+    }
+
+    /// Where the engine will hear of a network change (an FFI call such as
+    /// `engine.networkChanged(info)`, not there yet): every path update,
+    /// whether or not the settings are re-applied. Today it only logs.
+    private func networkChangedForEngine(_ info: KerntunNetworkInfo) {
+        hooks.logInfo("network: \(info.summary)")
     }
 
     private func watchPath() {

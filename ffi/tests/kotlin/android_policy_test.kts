@@ -2,7 +2,8 @@
 // (android/kerntun/src/main/kotlin/org/kerntun/android/KerntunPolicy.kt),
 // compiled by run.sh into the same jar as the bindings and tested here on a
 // plain JVM: trim levels -> memory pressure (with decay), app routing,
-// packaged ABIs, state reporting, Builder failures, CIDR parsing.
+// packaged ABIs, state reporting, the tick schedule (who watches),
+// Builder failures, CIDR parsing.
 // Needs no root, no network and no native library.
 // Prints "N passed, M failed" and exits non-zero on any failure.
 
@@ -141,6 +142,45 @@ try {
     TunnelStatus.removeListener(broken)
     TunnelStatus.publish(TunnelState.Running("tun0"))
     check(seen.size == 3, "a removed listener hears nothing more")
+
+    // --- statistics listeners: how many watch, told to the service
+    val counts = mutableListOf<Int>()
+    TunnelStatus.onStatsListenerCount = { counts.add(it) }
+    val a = TunnelStatus.StatsListener { }
+    val b = TunnelStatus.StatsListener { }
+    TunnelStatus.addStatsListener(a)
+    TunnelStatus.addStatsListener(b)
+    check(TunnelStatus.statsListenerCount == 2, "two statistics listeners registered")
+    TunnelStatus.removeStatsListener(a)
+    TunnelStatus.removeStatsListener(a)
+    TunnelStatus.removeStatsListener(b)
+    check(counts == listOf(1, 2, 1, 0), "each add and remove reports the new count, a repeated remove nothing: $counts")
+    TunnelStatus.onStatsListenerCount = null
+    TunnelStatus.addStatsListener(a)
+    TunnelStatus.removeStatsListener(a)
+    check(counts.size == 4 && TunnelStatus.statsListenerCount == 0, "without the service's callback, adding and removing still work")
+
+    // --- the tick schedule: once a second while watched, once a minute (or never) otherwise
+    val ts = TickSchedule()
+    check(ts.watched && ts.delayAfterTick() == 1_000L, "starts watched (screen on until told otherwise): every second")
+    check(ts.onScreen(false), "screen off, no listener: the schedule changes")
+    check(!ts.watched && ts.delayNow() == 60_000L && ts.delayAfterTick() == 60_000L,
+        "nobody watching: the next tick in a minute, then every minute")
+    check(!ts.onScreen(false), "a repeated screen-off changes nothing")
+    check(ts.onStatsListeners(1) && ts.watched && ts.delayNow() == 0L,
+        "a statistics listener with the screen off: watched, tick now")
+    check(!ts.onScreen(true) && ts.delayAfterTick() == 1_000L, "screen on while a listener watches: no change, every second")
+    check(!ts.onStatsListeners(0) && ts.watched, "the listener leaves, the screen is on: still watched")
+    check(ts.onScreen(false) && !ts.watched, "screen off with nobody listening: unwatched")
+    check(ts.onScreen(true) && ts.delayNow() == 0L, "screen on again: a tick now (the notification catches up)")
+    check(!ts.onStatsListeners(-1) && ts.watched, "a negative count is read as none")
+    val never = TickSchedule(unwatchedMillis = null)
+    never.onScreen(false)
+    check(never.delayNow() == null && never.delayAfterTick() == null, "unwatchedMillis = null: no tick while nobody watches")
+    never.onStatsListeners(3)
+    check(never.delayNow() == 0L && never.delayAfterTick() == 1_000L, "... and back to every second once somebody does")
+    check(throwsIllegalArgument { TickSchedule(watchedMillis = 0) } != null &&
+        throwsIllegalArgument { TickSchedule(unwatchedMillis = -5) } != null, "non-positive intervals are refused")
 
     // --- Builder steps
     try {

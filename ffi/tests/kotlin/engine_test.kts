@@ -210,6 +210,17 @@ fun round(n: Int) {
     check(s.packetsUp > 0uL && s.tunReads > 0uL, "round $n: stats count TUN reads")
     check(s.totalDrops == s.drops.sumOf { it.count }, "round $n: total_drops is the sum of drops")
     check(s.memoryPressure == MemoryPressure.NORMAL, "round $n: pressure starts normal")
+    // The Android glue hands these to its statistics listeners
+    // (KerntunPolicy.kt TunnelStatus); a throwing one does not stop the next.
+    val heard = mutableListOf<EngineStats>()
+    val throwing = org.kerntun.android.TunnelStatus.StatsListener { throw IllegalStateException("listener bug") }
+    val hearing = org.kerntun.android.TunnelStatus.StatsListener { heard.add(it) }
+    org.kerntun.android.TunnelStatus.addStatsListener(throwing)
+    org.kerntun.android.TunnelStatus.addStatsListener(hearing)
+    org.kerntun.android.TunnelStatus.publishStats(s)
+    org.kerntun.android.TunnelStatus.removeStatsListener(throwing)
+    org.kerntun.android.TunnelStatus.removeStatsListener(hearing)
+    check(heard == listOf(s), "round $n: TunnelStatus.publishStats reaches a listener past a throwing one")
 
     engine.setMemoryPressure(MemoryPressure.CRITICAL)
     val p = engine.stats()

@@ -16,6 +16,14 @@
 # module's platform-independent Kotlin (KerntunPolicy.kt) on the same JVM;
 # engine_test.kts also hammers the glue's EngineHandle.kt.
 #
+# KERNTUN_FFI_PROFILE=release-mobile (any cargo profile): the engine test
+# loads the cdylib built with that profile the way it ships (`cargo rustc
+# --crate-type cdylib`, so LTO runs, still with the fault hook) instead of
+# the debug one, e.g. to see that the shipped profile still turns a panic
+# into an error (it keeps panic = "unwind"). The bindings come from the
+# debug build either way: a stripped library has no symbol table for
+# uniffi-bindgen to read, and the interface is the same.
+#
 # Needs: root, ip (iproute2), python3, Java 17, JNA (apt-get install -y
 # libjna-java), the Kotlin compiler (npm install -g kotlin-compiler; its
 # kotlinc is not put on PATH, so it is looked up under `npm root -g`).
@@ -68,6 +76,11 @@ step "build the cdylib (with the test-only fault hook) and generate plain Kotlin
 KERNTUN_FFI_FEATURES=fault-injection bash scripts/bindings.sh kotlin "$work/gen"
 target_dir=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
 libdir="$target_dir/debug"
+if [[ -n "${KERNTUN_FFI_PROFILE:-}" && $KERNTUN_FFI_PROFILE != dev ]]; then
+    step "build the cdylib with the $KERNTUN_FFI_PROFILE profile (and the fault hook)"
+    cargo rustc --quiet -p kerntun-ffi --lib --crate-type cdylib --profile "$KERNTUN_FFI_PROFILE" --features fault-injection
+    libdir="$target_dir/$KERNTUN_FFI_PROFILE"
+fi
 [[ -f "$libdir/libkerntun_ffi.so" ]] || { echo "missing $libdir/libkerntun_ffi.so" >&2; exit 1; }
 
 # With them, the Android module's platform-independent Kotlin (no android.*
@@ -103,7 +116,7 @@ for _ in $(seq 50); do
 done
 grep -q ready "$work/echo.log" || { echo "echo server did not start:" >&2; cat "$work/echo.log" >&2; exit 1; }
 
-step "engine_test.kts inside $ns_c"
+step "engine_test.kts inside $ns_c ($libdir/libkerntun_ffi.so)"
 ip netns exec "$ns_c" timeout 600 "$KOTLINC" \
     -J-ea -J-Djna.library.path="$libdir" \
     -classpath "$work/kerntun.jar:$JNA_JAR" \

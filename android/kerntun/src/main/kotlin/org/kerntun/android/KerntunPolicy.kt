@@ -10,12 +10,16 @@
 //   the app itself stays inside its own VPN;
 // * PackagedAbis: the ABIs this module ships native code for, and the JNA
 //   natives an app must leave out;
-// * TunnelState / TunnelStatus: what the service reports to the app;
+// * TunnelState / TunnelStatus: what the service reports to the app, and
+//   its statistics to the activities that show them;
+// * TickSchedule: how often the service looks at the engine, by whether
+//   anybody watches (screen on, statistics listeners);
 // * builderStep / splitCidr: typed failures for VpnService.Builder calls.
 
 package org.kerntun.android
 
 import java.util.concurrent.CopyOnWriteArrayList
+import org.kerntun.EngineStats
 import org.kerntun.MemoryPressure
 import org.kerntun.Stack
 
@@ -82,7 +86,8 @@ internal fun higher(a: MemoryPressure, b: MemoryPressure): MemoryPressure = if (
  *    itself. A new event raises the tier (never lowers it) and restarts the
  *    window.
  * 2. `ActivityManager.getMemoryInfo()` ([onMemoryInfo], polled by the
- *    service once a second with its statistics): `lowMemory` (the system
+ *    service on every tick of its [TickSchedule]: once a second while
+ *    somebody watches, once a minute otherwise): `lowMemory` (the system
  *    considers memory low and starts killing) -> CRITICAL; available memory
  *    below twice the system's `threshold` -> ELEVATED; otherwise NORMAL.
  *    This one is current on every API level, and is the only source of a
@@ -303,17 +308,42 @@ sealed class TunnelState {
 
 /**
  * The state of the app's VPN service, readable and observable from the
- * app's activities in the same process. The service publishes; listeners
- * are called on the thread that publishes (the service's main thread), in
- * the order they were added. A listener that throws is skipped for that
- * update, never taking the service down.
+ * app's activities in the same process, and its statistics for the ones
+ * that show them. The service publishes; listeners are called on the
+ * thread that publishes (the service's main thread), in the order they
+ * were added. A listener that throws is skipped for that update, never
+ * taking the service down.
  */
 object TunnelStatus {
     fun interface Listener {
         fun onState(state: TunnelState)
     }
 
+    /**
+     * The engine's statistics, once a second while the engine runs. A
+     * registered statistics listener counts as somebody watching
+     * ([TickSchedule]): register in an activity's `onStart`, remove in its
+     * `onStop`. While none is registered and the screen is off, the
+     * service does not read the statistics at all.
+     */
+    fun interface StatsListener {
+        fun onStats(stats: EngineStats)
+    }
+
     private val listeners = CopyOnWriteArrayList<Listener>()
+    private val statsListeners = CopyOnWriteArrayList<StatsListener>()
+
+    /**
+     * Called with the number of statistics listeners after each add and
+     * each remove, on the thread that made it. The service sets it while
+     * it runs (and hands the count to its main thread).
+     */
+    @Volatile
+    var onStatsListenerCount: ((Int) -> Unit)? = null
+
+    /** How many statistics listeners are registered. */
+    val statsListenerCount: Int
+        get() = statsListeners.size
 
     @Volatile
     var state: TunnelState = TunnelState.Stopped
@@ -335,6 +365,27 @@ object TunnelStatus {
         listeners.forEach { deliver(it, next) }
     }
 
+    /** Adds [listener]; it hears the next statistics the service reads (within a second while the engine runs). */
+    fun addStatsListener(listener: StatsListener) {
+        statsListeners.add(listener)
+        onStatsListenerCount?.invoke(statsListeners.size)
+    }
+
+    fun removeStatsListener(listener: StatsListener) {
+        if (statsListeners.remove(listener)) onStatsListenerCount?.invoke(statsListeners.size)
+    }
+
+    /** Called by the service. */
+    fun publishStats(stats: EngineStats) {
+        statsListeners.forEach {
+            try {
+                it.onStats(stats)
+            } catch (e: Exception) {
+                System.err.println("kerntun: TunnelStatus stats listener threw: $e")
+            }
+        }
+    }
+
     private fun deliver(listener: Listener, s: TunnelState) {
         try {
             listener.onState(s)
@@ -342,6 +393,77 @@ object TunnelStatus {
             // A broken listener must not stop the others or the service.
             System.err.println("kerntun: TunnelStatus listener threw: $e")
         }
+    }
+}
+
+/**
+ * When the service's tick runs, and what it does. Every tick checks that
+ * the engine still runs (a dead engine is reported and the VPN torn down,
+ * so that traffic does not sink into a TUN nobody reads) and polls the
+ * memory info for [PressureTracker]. A tick while somebody watches also
+ * reads the statistics, refreshes the notification and hands them to the
+ * [TunnelStatus] statistics listeners.
+ *
+ * Somebody watches while the screen is on (the notification can be pulled
+ * down; `PowerManager.isInteractive`, ACTION_SCREEN_ON / ACTION_SCREEN_OFF)
+ * or while a statistics listener is registered: the tick then runs every
+ * [watchedMillis]. Otherwise every [unwatchedMillis], or not at all when
+ * that is null; `onTrimMemory` keeps arriving either way. The engine has
+ * no periodic wake-up of its own while idle, so this tick is what an idle
+ * tunnel costs.
+ *
+ * A change to watched asks for a tick now ([delayNow] is 0): the
+ * notification shows current numbers as soon as the screen comes on. A
+ * change to unwatched moves the next tick to [unwatchedMillis] from now.
+ *
+ * Not thread-safe: the service calls it from its main thread only.
+ */
+class TickSchedule(
+    val watchedMillis: Long = WATCHED_MILLIS,
+    val unwatchedMillis: Long? = UNWATCHED_MILLIS,
+) {
+    init {
+        require(watchedMillis > 0 && (unwatchedMillis == null || unwatchedMillis > 0)) {
+            "tick intervals must be positive: watched $watchedMillis, unwatched $unwatchedMillis"
+        }
+    }
+
+    private var screenOn = true
+    private var statsListeners = 0
+
+    /** The screen is on or a statistics listener is registered. */
+    val watched: Boolean
+        get() = screenOn || statsListeners > 0
+
+    /** The screen turned on or off; true if [watched] changed (then reschedule with [delayNow]). */
+    fun onScreen(on: Boolean): Boolean = change { screenOn = on }
+
+    /** The number of statistics listeners is now [count]; true if [watched] changed. */
+    fun onStatsListeners(count: Int): Boolean = change { statsListeners = maxOf(0, count) }
+
+    /** The delay of the next tick right after a change: 0 while watched, else [unwatchedMillis] (null: none). */
+    fun delayNow(): Long? = if (watched) 0L else unwatchedMillis
+
+    /** The delay of the next tick after one ran (null: none until a change). */
+    fun delayAfterTick(): Long? = if (watched) watchedMillis else unwatchedMillis
+
+    private inline fun change(apply: () -> Unit): Boolean {
+        val before = watched
+        apply()
+        return watched != before
+    }
+
+    companion object {
+        /** Once a second: the notification's byte counters move visibly. */
+        const val WATCHED_MILLIS: Long = 1_000
+
+        /**
+         * Once a minute: an engine that died is noticed within a minute of
+         * the device being awake, at a sixtieth of the watched rate. (A
+         * Handler's delay counts uptime, which stops while the device
+         * sleeps: the tick never wakes the device.)
+         */
+        const val UNWATCHED_MILLIS: Long = 60_000
     }
 }
 

@@ -14,7 +14,10 @@
 // * onTrimMemory and ActivityManager.MemoryInfo turned into memory pressure;
 // * every failure (a Builder call, establish(), the native library, the
 //   engine) reported through TunnelStatus, never thrown at the system;
-// * a foreground notification with live statistics, a stop action;
+// * a foreground notification with live statistics, a stop action; the
+//   statistics are read once a second only while somebody watches (screen
+//   on, or a TunnelStatus statistics listener), else a health check runs
+//   once a minute (TickSchedule in KerntunPolicy.kt);
 // * a clean stop on stop requests, onRevoke and onDestroy.
 //
 // The decisions (trim levels, app routing, ABIs, state) live in
@@ -29,7 +32,10 @@ import android.app.Notification
 import android.app.NotificationChannel
 import android.app.NotificationManager
 import android.app.PendingIntent
+import android.content.BroadcastReceiver
+import android.content.Context
 import android.content.Intent
+import android.content.IntentFilter
 import android.content.pm.PackageManager
 import android.content.pm.ServiceInfo
 import android.net.ConnectivityManager
@@ -42,6 +48,7 @@ import android.os.Build
 import android.os.Handler
 import android.os.Looper
 import android.os.ParcelFileDescriptor
+import android.os.PowerManager
 import android.os.SystemClock
 import android.util.Log
 import androidx.core.app.NotificationCompat
@@ -76,6 +83,8 @@ abstract class KerntunVpnService : VpnService() {
     private val pressure = PressureTracker()
     private var pressureSent = MemoryPressure.NORMAL
     private var networkCallback: ConnectivityManager.NetworkCallback? = null
+    private val schedule by lazy { TickSchedule(unwatchedMillis = unwatchedTickMillis) }
+    private var screenReceiver: BroadcastReceiver? = null
 
     /** The engine configuration. Keep addresses and MTU in agreement with [configureBuilder]. */
     open fun engineConfig(): EngineConfig = EngineConfig(
@@ -102,6 +111,13 @@ abstract class KerntunVpnService : VpnService() {
      * addresses the engine answers on ([resolverAddresses]) are announced instead.
      */
     open val dnsServers: List<String> = listOf("1.1.1.1", "2606:4700:4700::1111")
+
+    /**
+     * How often the engine's health and the memory info are checked while
+     * nobody watches (screen off, no [TunnelStatus] statistics listener);
+     * null: not until somebody watches again. See [TickSchedule].
+     */
+    open val unwatchedTickMillis: Long? = TickSchedule.UNWATCHED_MILLIS
 
     /** The notification's title and small icon. */
     open val notificationTitle: String = "kerntun"
@@ -255,6 +271,7 @@ abstract class KerntunVpnService : VpnService() {
             report(TunnelState.Running(started.tunName() ?: "fd $fd"))
             main.post {
                 watchNetworks()
+                watchWatchers()
                 main.post(statsTick)
             }
         } catch (e: KerntunException) {
@@ -274,6 +291,7 @@ abstract class KerntunVpnService : VpnService() {
         main.post {
             main.removeCallbacks(statsTick)
             unwatchNetworks()
+            unwatchWatchers()
         }
         engine?.let {
             it.stop()
@@ -347,7 +365,11 @@ abstract class KerntunVpnService : VpnService() {
         }
     }
 
-    /** Refresh the notification and the memory pressure once a second. */
+    /**
+     * The engine's health and the memory info on every tick; the
+     * statistics (notification, listeners) only while somebody watches.
+     * Its pace comes from [schedule].
+     */
     private val statsTick = object : Runnable {
         override fun run() {
             val e = engine ?: return
@@ -360,11 +382,67 @@ abstract class KerntunVpnService : VpnService() {
                 return
             }
             pollMemoryInfo()
-            val s = e.stats() ?: return
-            val text = "↑ ${human(s.tcpBytesUp + s.udpBytesUp)}  ↓ ${human(s.tcpBytesDown + s.udpBytesDown)}  " +
-                "· ${s.tcpSessionsActive} TCP · ${s.udpFlowsActive} UDP"
-            getSystemService(NotificationManager::class.java).notify(NOTIFICATION_ID, notification(text))
-            main.postDelayed(this, 1000)
+            if (schedule.watched) {
+                val s = e.stats() ?: return
+                val text = "↑ ${human(s.tcpBytesUp + s.udpBytesUp)}  ↓ ${human(s.tcpBytesDown + s.udpBytesDown)}  " +
+                    "· ${s.tcpSessionsActive} TCP · ${s.udpFlowsActive} UDP"
+                getSystemService(NotificationManager::class.java).notify(NOTIFICATION_ID, notification(text))
+                TunnelStatus.publishStats(s)
+            }
+            schedule.delayAfterTick()?.let { main.postDelayed(this, it) }
+        }
+    }
+
+    /** After a change of who watches: the next tick as [schedule] says (main thread). */
+    private fun reschedule() {
+        main.removeCallbacks(statsTick)
+        if (engine == null) return
+        schedule.delayNow()?.let { main.postDelayed(statsTick, it) }
+    }
+
+    /**
+     * Follows what [schedule] needs: the screen's interactive state
+     * (ACTION_SCREEN_ON/OFF reach context-registered receivers only; they
+     * are system broadcasts, so no export flag is needed) and the number
+     * of [TunnelStatus] statistics listeners. Main thread.
+     */
+    private fun watchWatchers() {
+        TunnelStatus.onStatsListenerCount = { count -> main.post { if (schedule.onStatsListeners(count)) reschedule() } }
+        schedule.onStatsListeners(TunnelStatus.statsListenerCount)
+        if (screenReceiver != null) return
+        val receiver = object : BroadcastReceiver() {
+            override fun onReceive(context: Context, intent: Intent) {
+                val on = when (intent.action) {
+                    Intent.ACTION_SCREEN_ON -> true
+                    Intent.ACTION_SCREEN_OFF -> false
+                    else -> return
+                }
+                if (schedule.onScreen(on)) reschedule()
+            }
+        }
+        val filter = IntentFilter().apply {
+            addAction(Intent.ACTION_SCREEN_ON)
+            addAction(Intent.ACTION_SCREEN_OFF)
+        }
+        try {
+            registerReceiver(receiver, filter)
+            screenReceiver = receiver
+            schedule.onScreen(getSystemService(PowerManager::class.java)?.isInteractive ?: true)
+        } catch (e: RuntimeException) {
+            // Without it the screen counts as on: once a second, as before.
+            schedule.onScreen(true)
+            Log.w(TAG, "screen state receiver not registered: $e")
+        }
+    }
+
+    private fun unwatchWatchers() {
+        TunnelStatus.onStatsListenerCount = null
+        val receiver = screenReceiver ?: return
+        screenReceiver = null
+        try {
+            unregisterReceiver(receiver)
+        } catch (e: IllegalArgumentException) {
+            Log.w(TAG, "unregisterReceiver: $e")
         }
     }
 
