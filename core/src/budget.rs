@@ -51,9 +51,12 @@ impl Platform {
         }
     }
 
-    /// MTUs peers settled on: iOS throughput drops above 4064 in a Network
-    /// Extension, some Android devices return ENOBUFS at 65535, desktop Linux
-    /// takes 65535 (the values sing-box settled on per platform).
+    /// Default MTU per platform. iOS 4064: a Network Extension's packet flow
+    /// loses throughput above it; Android 9000: some devices refuse writes
+    /// of 65535-byte packets to the TUN with ENOBUFS; desktop Linux 65535,
+    /// the largest IP packet, so a bulk transfer crosses the TUN in the
+    /// fewest packets. The iOS and Android values are not measured here (no
+    /// device in this lab); a host can set `tun.mtu`.
     pub const fn default_mtu(self) -> u16 {
         match self {
             Platform::Ios => 4064,

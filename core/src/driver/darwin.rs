@@ -1,8 +1,10 @@
 //! The Darwin reader: `recvmsg_x` batch reads, probed at run time (the
 //! symbol must exist and the calls must succeed; on any error the reader
 //! switches to per-packet reads for good and counts it as a failed batch
-//! read). Writes stay per packet: `sendmsg_x` is avoided, since sing-tun
-//! found it takes the network down on some macOS versions.
+//! read). Writes stay per packet: a utun has no list send, so the private
+//! `sendmsg_x` would still hand the kernel one packet at a time
+//! (docs/notes.md, "Merging on a utun"), and its behaviour across macOS
+//! versions is not tested here.
 
 use std::io;
 use std::os::fd::AsFd;
@@ -13,8 +15,10 @@ use crate::stats::EngineDrop;
 use crate::sys::utun::{MAX_BATCH, RecvBatch, SlotError};
 use crate::tun::Tun;
 
-/// Batches per readiness edge: with [`MAX_BATCH`] this is the 128-packet
-/// bound wireguard-go's Darwin reader uses per wake-up.
+/// Batches per readiness edge: with [`MAX_BATCH`] (32) at most 128 packets
+/// per wake-up, which bounds the time the reader keeps a worker before the
+/// other tasks run, as [`super::DRAIN_PER_EDGE`] does for per-packet reads
+/// (fewer wake-ups per packet, since one call reads up to 32).
 const BATCHES_PER_EDGE: usize = 4;
 
 pub(super) async fn run(

@@ -39,7 +39,7 @@ mod per_packet;
 
 /// Packets drained per readiness edge in per-packet mode. Bounds the time the
 /// driver monopolises a worker (32 x ~1 us) while amortising the wake-up
-/// over a burst, as sing-tun's drain loop does.
+/// over a burst.
 pub const DRAIN_PER_EDGE: usize = 32;
 
 /// How often NAT entries, unaccepted outbounds and idle UDP flows are expired.

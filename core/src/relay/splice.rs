@@ -21,8 +21,8 @@
 //!   buffers the same way. Handing back goes to a small per-thread pool
 //!   ([`POOL_PER_THREAD`] pipes) rather than closing, because a fresh pipe
 //!   (`pipe2`, `F_SETPIPE_SZ`, two `close`s) costs tens of microseconds and
-//!   bulk transfers go idle thousands of times per GB (measured in
-//!   docs/architecture.md, "The splice pipe pool"). The pool costs a
+//!   bulk transfers go idle thousands of times per GB (measured:
+//!   docs/notes.md, "The splice pipe pool"). The pool costs a
 //!   thread-local pop and push; a task that moved to another worker thread
 //!   misses it now and then.
 //! * Fill, then drain: splice from the source into the empty pipe, then from

@@ -9,8 +9,9 @@
 //! no copy, no second buffer.
 //!
 //! The batch read receives up to [`MAX_BATCH`] packets per `recvmsg_x` call,
-//! each message with two iovecs (the header, then the packet), the way
-//! wireguard-go and sing-tun read utun. The layout work (slots, iovecs,
+//! each message with two iovecs (the header, then the packet), so each
+//! packet lands behind its headroom as a single read's does, with no copy.
+//! The layout work (slots, iovecs,
 //! headers re-zeroed before every call, reading back `msg_datalen` and
 //! `msg_flags`) is platform-neutral and tested on Linux; only the system
 //! call itself is Darwin's ([`super::darwin::recvmsg_x`], which takes a
@@ -88,8 +89,7 @@ pub struct MsghdrX {
 
 impl MsghdrX {
     /// An all-zero header: what every header must be before each call (the
-    /// kernel reads `msg_flags`/`msg_controllen` as inputs; sing-tun
-    /// re-zeroes for the same reason).
+    /// kernel reads `msg_flags`/`msg_controllen` as inputs).
     pub const ZERO: MsghdrX = MsghdrX {
         msg_name: std::ptr::null_mut(),
         msg_namelen: 0,

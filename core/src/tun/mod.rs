@@ -50,8 +50,8 @@ pub enum TunSource<'fd> {
 pub struct TunConfig {
     /// Interface name when kerntun creates the device (Linux desktop).
     pub name: String,
-    /// Device MTU. Desktop Linux default 65535; iOS 4064 and Android 9000 are the
-    /// values peers settled on.
+    /// Device MTU. Default per platform: desktop Linux 65535, iOS 4064,
+    /// Android 9000 (`budget::Platform::default_mtu` says why).
     pub mtu: u16,
     /// Gateway address and prefix, e.g. `198.18.0.1/16`. The NAT address is gateway + 1.
     pub ipv4: Option<Ipv4Net>,

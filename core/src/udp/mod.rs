@@ -13,8 +13,9 @@
 //! `timeouts.udp_idle_s`, and uplink datagrams are handed to the kernel with
 //! a non-blocking send, so the socket's own send buffer is the only queue: a
 //! full one is a counted drop, never unbounded memory. A flow that never
-//! saw a reply closes sooner, after `timeouts.udp_unreplied_s` (as Linux
-//! conntrack's unreplied UDP timeout, 30 s against 120-180 s), and past the
+//! saw a reply closes sooner, after `timeouts.udp_unreplied_s` (30 s against
+//! 120-180 s: a request that got no answer in 30 s went to a dead peer or
+//! was a probe, and its flow only holds a socket), and past the
 //! flow budget the oldest unreplied flow is evicted first (counted): a
 //! one-way flood (a port scan, datagrams to dead peers) recycles its own
 //! flows and never evicts a flow that was answered while an unanswered one

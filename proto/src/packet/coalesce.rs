@@ -8,8 +8,8 @@
 //! above the device MTU on a TUN without offload).
 //!
 //! Two segments merge only when the result is what the sender could have
-//! sent as one segment, the rules of Linux's `tcp_gro_receive` and
-//! wireguard-go's `tcpGRO`:
+//! sent as one segment, so the receiving TCP sees nothing a sender could
+//! not have produced:
 //! * same addresses and ports, IPv4 without options (same TOS, TTL, DF) or
 //!   IPv6 without extension headers (same traffic class, flow label, hop
 //!   limit);

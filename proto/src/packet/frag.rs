@@ -4,11 +4,12 @@
 //! can be relayed.
 //!
 //! Only UDP datagrams are reassembled (TCP never needs it: its segments are
-//! sized by the MSS); the rules are the Linux kernel's:
+//! sized by the MSS). The rules:
 //!
-//! * overlapping fragments discard the whole datagram (RFC 5722 for IPv6;
-//!   Linux does the same for IPv4), a fragment inside what is held already
-//!   is a duplicate and ignored;
+//! * overlapping fragments discard the whole datagram (RFC 5722 for IPv6,
+//!   and for IPv4 too: a correct sender never overlaps, and an overlap is
+//!   how a fragment rewrites what a filter already judged, RFC 1858), a
+//!   fragment inside what is held already is a duplicate and ignored;
 //! * every fragment but the last carries a multiple of 8 bytes, and none
 //!   may end past 65535 bytes of datagram;
 //! * the first fragment must hold the whole header chain up to and

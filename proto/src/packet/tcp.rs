@@ -188,10 +188,10 @@ impl TcpInfo {
 /// Whether `flags` is a combination of control bits some TCP endpoint
 /// sends. PSH, ECE and CWR may go with anything; of SYN, FIN, RST, ACK and
 /// URG only these pass: SYN (URG), SYN+ACK, RST, RST+ACK, FIN+ACK (URG),
-/// ACK (URG). The same table Linux conntrack holds as `tcp_valid_flags`
-/// (nf_conntrack_proto_tcp.c): no flags at all (a "null scan"), SYN+FIN,
-/// SYN+RST, FIN without ACK ("FIN scan", "Xmas") and the like are marked
-/// invalid there, and a stack behind a firewall never sees them.
+/// ACK (URG). No flags at all (a "null scan"), SYN+FIN, SYN+RST, FIN
+/// without ACK ("FIN scan", "Xmas") and the like are no TCP endpoint's
+/// output: they come from scanners and crafted packets, and a stack
+/// behind a stateful firewall never sees them.
 #[inline]
 pub const fn valid_flags(f: u8) -> bool {
     use flags::*;
@@ -451,7 +451,7 @@ mod tests {
     use proptest::prelude::*;
     use std::net::{Ipv4Addr, Ipv6Addr, SocketAddrV4, SocketAddrV6};
 
-    /// Conntrack's table, spelled out: every combination of the five bits
+    /// The table, spelled out: every combination of the five bits
     /// that matter, and PSH/ECE/CWR never changing the answer.
     #[test]
     fn valid_flags_is_conntracks_table() {

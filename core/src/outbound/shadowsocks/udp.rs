@@ -17,8 +17,8 @@ use crate::outbound::addr::Address;
 /// SIP022 UDP: packet ids accepted behind the newest one, the room left for
 /// reordering. Paths reorder by a few packets, rarely by hundreds; a
 /// datagram overtaken by 1024 newer ones is dropped like a lost one. The
-/// bitmap costs 136 bytes per server session (WireGuard keeps 8128 ids in
-/// 1 KiB per peer; a UDP flow here is one app's socket, not a whole link).
+/// bitmap costs 136 bytes per server session; a UDP flow here is one app's
+/// socket, not a whole link's traffic, so it sees little reordering.
 pub const PACKET_WINDOW: u64 = 1024;
 /// SIP022 UDP: server sessions one client session keeps a window for. A
 /// server keeps one session per client session for the association's life
@@ -36,7 +36,7 @@ const WINDOW_BLOCKS: u64 = PACKET_WINDOW / 64 + 1;
 /// SIP022 UDP packet ids of one server session: the newest accepted id and
 /// a bitmap of the [`PACKET_WINDOW`] ids before it, kept as a ring of
 /// 64-bit blocks so moving forward clears blocks instead of shifting bits
-/// (RFC 6479, as WireGuard's replay counter).
+/// (RFC 6479).
 #[derive(Debug, Clone)]
 struct PacketWindow {
     newest: u64,

@@ -89,7 +89,8 @@ abstract class KerntunVpnService : VpnService() {
     /** The engine configuration. Keep addresses and MTU in agreement with [configureBuilder]. */
     open fun engineConfig(): EngineConfig = EngineConfig(
         tun = TunOptions(
-            // Some devices return ENOBUFS at 65535; 9000 is what peers settled on.
+            // Some devices refuse 65535-byte TUN writes with ENOBUFS; 9000 is the
+            // engine's Android default (core/src/budget.rs, `default_mtu`).
             mtu = 9000.toUShort(),
             ipv4 = "198.18.0.1/16",
             ipv6 = "fd00:18::1/64",
