@@ -15,8 +15,9 @@
 //!   matrix), each with its own bar;
 //! - floods ([`flood`]), each against both stacks under the desktop and
 //!   the iOS budget, while a long-lived stream keeps moving: after each, a
-//!   fresh connection must succeed within 1 s and descriptors and flows
-//!   must be back to idle within the flood's settle time.
+//!   fresh connection must succeed within 3 s (its SYN and one
+//!   retransmission, [`FRESH_WITHIN`]) and descriptors and flows must be
+//!   back to idle within the flood's settle time.
 //!
 //! Packets are written into the TUN from the client namespace
 //! (`Rig::inject`), so the engine reads them as an app's.
@@ -489,9 +490,17 @@ impl Kind {
     }
 }
 
+/// How long a fresh connection right after a flood may take: its first SYN
+/// and one retransmission (the initial RTO is 1 s). Right after 4 000
+/// spoofed SYNs the engine is still connecting the outbounds of the SYNs
+/// queued ahead of the fresh one, so the app's TCP can retransmit its SYN
+/// once while the engine connects for it (counted `syn_while_connecting`).
+/// Measured on the system stack (2 cores, load 3-4): 0.97-1.35 s.
+const FRESH_WITHIN: Duration = Duration::from_secs(3);
+
 /// One fresh connection and one echo right after a flood; how long it took.
 fn fresh_connection(addr: SocketAddr) -> io::Result<Duration> {
-    echo_once(addr, b"fresh", Duration::from_secs(1))
+    echo_once(addr, b"fresh", FRESH_WITHIN)
 }
 
 /// What one flood run measured.
@@ -609,10 +618,7 @@ fn flood<T>(
         rig.engine.error()
     );
     let fresh = fresh.expect("a fresh connection right after the flood");
-    assert!(
-        fresh < Duration::from_secs(1),
-        "fresh connection took {fresh:?}"
-    );
+    assert!(fresh < FRESH_WITHIN, "fresh connection took {fresh:?}");
     assert!(
         settled.is_some(),
         "back to idle within {settle:?}: {stats:?}"
