@@ -81,7 +81,19 @@ impl EngineTask {
     fn runs_until_stop(self) -> bool {
         !matches!(self, EngineTask::Dns)
     }
+
+    /// Whether a panic ends only this task: one query, whose bytes came
+    /// from the app (the DNS decoder meets them), not the engine. Its
+    /// caller counts it ([`Panicked`]).
+    fn isolated(self) -> bool {
+        matches!(self, EngineTask::Dns)
+    }
 }
+
+/// A supervised task panicked; its message. For an isolated task (a DNS
+/// query) the engine keeps running and the caller counts it.
+#[derive(Debug)]
+pub(crate) struct Panicked(pub(crate) String);
 
 /// What the test-only fault hook does to a task.
 #[cfg(any(test, feature = "fault-injection"))]
@@ -96,9 +108,15 @@ pub enum Fault {
 
 /// Run `task`'s future under supervision: a panic inside it, or its end
 /// while the engine is still running (for a task that runs until stop),
-/// fails the engine with the reason. The cost is a landing pad around each
-/// poll of the task, not of each packet: no allocation, no lock, no clock.
-pub(crate) async fn supervised<F>(life: Arc<Lifecycle>, task: EngineTask, fut: F)
+/// fails the engine with the reason; a panic of an isolated task (a DNS
+/// query) ends only that task and comes back as [`Panicked`]. The cost is
+/// a landing pad around each poll of the task, not of each packet: no
+/// allocation, no lock, no clock.
+pub(crate) async fn supervised<F>(
+    life: Arc<Lifecycle>,
+    task: EngineTask,
+    fut: F,
+) -> Result<(), Panicked>
 where
     F: Future<Output = ()>,
 {
@@ -118,16 +136,19 @@ where
     })
     .await;
     match panicked {
-        Some(payload) => life.fail(format!(
-            "{} panicked: {}",
-            task.name(),
-            panic_message(payload.as_ref())
-        )),
+        Some(payload) => {
+            let why = panic_message(payload.as_ref());
+            if !task.isolated() {
+                life.fail(format!("{} panicked: {why}", task.name()));
+            }
+            return Err(Panicked(why));
+        }
         None if task.runs_until_stop() && life.phase() == Phase::Running => {
             life.fail(format!("{} ended unexpectedly", task.name()))
         }
         None => {}
     }
+    Ok(())
 }
 
 /// The message of a panic payload (`panic!` with a literal or a format).
@@ -244,14 +265,14 @@ mod tests {
         life: &Arc<Lifecycle>,
         task: EngineTask,
         fut: impl Future<Output = ()> + Send + 'static,
-    ) {
+    ) -> Result<(), Panicked> {
         rt().block_on(async {
             let h = tokio::spawn(supervised(life.clone(), task, fut));
             tokio::time::timeout(std::time::Duration::from_secs(5), h)
                 .await
                 .expect("the supervised task ends")
-                .expect("the supervisor itself never panics");
-        });
+                .expect("the supervisor itself never panics")
+        })
     }
 
     #[test]
@@ -260,22 +281,30 @@ mod tests {
             EngineTask::Driver,
             EngineTask::AcceptLoop,
             EngineTask::Poller,
-            EngineTask::Dns,
         ] {
             let life = Arc::new(Lifecycle::default());
-            run_supervised(&life, task, async { panic!("boom") });
+            let panicked = run_supervised(&life, task, async { panic!("boom") });
             assert_eq!(life.phase(), Phase::Stopped, "{task:?}");
             let why = life.fatal().expect("a reason");
             assert!(why.contains(task.name()) && why.contains("boom"), "{why}");
+            assert!(panicked.is_err());
         }
+    }
+
+    #[test]
+    fn a_panicking_dns_query_ends_only_itself() {
+        let life = Arc::new(Lifecycle::default());
+        let panicked = run_supervised(&life, EngineTask::Dns, async { panic!("boom") });
+        assert_eq!((life.phase(), life.fatal()), (Phase::Running, None));
+        assert_eq!(panicked.expect_err("panicked").0, "boom");
     }
 
     #[test]
     fn a_loop_ending_while_running_fails_the_engine_a_dns_query_does_not() {
         let life = Arc::new(Lifecycle::default());
-        run_supervised(&life, EngineTask::Dns, async {});
+        run_supervised(&life, EngineTask::Dns, async {}).expect("no panic");
         assert_eq!((life.phase(), life.fatal()), (Phase::Running, None));
-        run_supervised(&life, EngineTask::AcceptLoop, async {});
+        run_supervised(&life, EngineTask::AcceptLoop, async {}).expect("no panic");
         assert_eq!(life.phase(), Phase::Stopped);
         assert_eq!(
             life.fatal().as_deref(),
@@ -287,7 +316,7 @@ mod tests {
     fn loops_that_end_because_the_engine_stops_are_no_failure() {
         let life = Arc::new(Lifecycle::default());
         life.advance(Phase::Draining);
-        run_supervised(&life, EngineTask::AcceptLoop, async {});
+        run_supervised(&life, EngineTask::AcceptLoop, async {}).expect("no panic");
         assert_eq!((life.phase(), life.fatal()), (Phase::Draining, None));
     }
 
@@ -304,7 +333,8 @@ mod tests {
             tokio::time::timeout(std::time::Duration::from_secs(5), driver)
                 .await
                 .expect("the driver ends")
-                .expect("no panic escapes");
+                .expect("no panic escapes")
+                .expect("ended, no panic");
             assert!(!poller.is_finished(), "other tasks are left alone");
             poller.abort();
         });
@@ -312,15 +342,15 @@ mod tests {
             life.fatal().as_deref(),
             Some("TUN driver ended unexpectedly")
         );
-        // A DNS fault stays armed for the next query task.
+        // A DNS fault stays armed for the next query task, which panics
+        // alone.
         let life = Arc::new(Lifecycle::default());
         life.inject(EngineTask::Dns, Fault::Panic);
-        run_supervised(&life, EngineTask::Dns, std::future::pending());
-        let why = life.fatal().expect("failed");
-        assert!(
-            why.starts_with("DNS query task panicked: fault injected"),
-            "{why}"
-        );
+        let why = run_supervised(&life, EngineTask::Dns, std::future::pending())
+            .expect_err("panicked")
+            .0;
+        assert!(why.starts_with("fault injected"), "{why}");
+        assert_eq!(life.fatal(), None);
     }
 
     #[test]

@@ -365,6 +365,54 @@ fn ping_to_gateway_is_answered(v6: bool, driver: DriverMode, stack: StackKind) {
 
 // ---- Configuration paths that are not part of the matrix --------------------
 
+/// SYNs with random sequence numbers spoofed onto a live connection's own
+/// 4-tuple (1 000 per family, written into the TUN as the app's) go to the
+/// old connection, whose kernel socket answers each with a challenge ACK:
+/// the connection keeps moving bytes, byte-exact, and no new session
+/// starts. (When a new ISN replaced the flow's entry, the first spoofed
+/// SYN ended the connection.)
+#[test]
+fn spoofed_syns_on_a_live_connection_leave_it_byte_exact() {
+    require_root!();
+    let rig = rig(DriverMode::PerPacket, StackKind::System);
+    for v6 in [false, true] {
+        let srv = rig.tcp_server(v6, Mode::Echo);
+        let mut s = TcpStream::connect_timeout(&srv.addr, Duration::from_secs(2)).expect("connect");
+        s.set_read_timeout(Some(Duration::from_secs(5)))
+            .expect("timeout");
+        let app = s.local_addr().expect("local");
+        let mut round_trip = |seed: u64| {
+            let data = kerntun_testkit::pattern(seed, 64 * 1024);
+            s.write_all(&data).expect("write");
+            let mut back = vec![0u8; data.len()];
+            s.read_exact(&mut back).expect("echo");
+            assert!(back == data, "v6 {v6}: echo of round {seed} differs");
+        };
+        round_trip(0);
+        rig.wait_until("the session running", Duration::from_secs(2), |st| {
+            st.tcp_sessions_active == 1
+        });
+        let before = rig.stats();
+        let mut sent = 0;
+        for round in 1..=10u64 {
+            sent += rig.inject_syns_on(app, srv.addr, 100, round).reached;
+            round_trip(round);
+        }
+        assert_eq!(sent, 1_000, "v6 {v6}: every spoofed SYN reached the engine");
+        round_trip(11);
+        let after = rig.stats();
+        assert_eq!(
+            (after.tcp_sessions_total, after.tcp_sessions_active),
+            (before.tcp_sessions_total, 1),
+            "v6 {v6}: no session started or ended: {after:?}"
+        );
+        drop(s);
+        rig.wait_until("the session ended", Duration::from_secs(5), |st| {
+            st.tcp_sessions_active == 0
+        });
+    }
+}
+
 /// A local process that sources the NAT address and the port of an app's
 /// half-open connection (`IP_TRANSPARENT`, `IPV6_FREEBIND`), with the
 /// kernel's answers to the NAT address routed back to it, never takes over

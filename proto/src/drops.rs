@@ -78,6 +78,9 @@ pub enum EngineDrop {
     /// The smoltcp stack's sockets (open or closing) and connects in flight
     /// are at `budget.tcp_flows`: a new flow's SYN is answered with an RST.
     SmoltcpSocketsFull,
+    /// A hijacked DNS query's task panicked (the query is dropped; the
+    /// engine keeps running).
+    DnsTaskPanic,
 }
 
 impl EngineDrop {
@@ -93,7 +96,7 @@ impl EngineDrop {
         }
     }
 
-    pub const COUNT: usize = 27;
+    pub const COUNT: usize = 28;
     pub const ALL: [EngineDrop; Self::COUNT] = [
         EngineDrop::NoMapping,
         EngineDrop::StrayTcp,
@@ -122,6 +125,7 @@ impl EngineDrop {
         EngineDrop::FragNoRoom,
         EngineDrop::FragTimeout,
         EngineDrop::SmoltcpSocketsFull,
+        EngineDrop::DnsTaskPanic,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -153,6 +157,7 @@ impl EngineDrop {
             EngineDrop::FragNoRoom => "frag_no_room",
             EngineDrop::FragTimeout => "frag_timeout",
             EngineDrop::SmoltcpSocketsFull => "smoltcp_sockets_full",
+            EngineDrop::DnsTaskPanic => "dns_task_panic",
         }
     }
 }

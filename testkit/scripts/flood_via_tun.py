@@ -2,7 +2,7 @@
 reading the TUN receives it, as if an app on the device had sent it), as
 fast as possible, and print the number handed to the kernel.
 
-usage: flood_via_tun.py IFNAME KIND COUNT SEED DST4 DST6 [PORT]
+usage: flood_via_tun.py IFNAME KIND COUNT SEED DST4 DST6 [PORT [SRC SPORT]]
 
 KIND:
   malformed-l4  IP-valid packets with broken L4, both families: TCP SYNs and
@@ -21,6 +21,9 @@ KIND:
   syn           valid TCP SYNs to DST4:PORT / [DST6]:PORT from spoofed
                 sources (198.18.0.0/16 hosts .1.0-.255.255 and fd00:18::/64
                 hosts that no namespace owns), so no SYN is ever answered.
+  syn-on        valid TCP SYNs with random sequence numbers on one 4-tuple,
+                SRC:SPORT -> DST4:PORT (DST6 if SRC is IPv6): spoofed onto
+                a connection that is live.
   udp           valid UDP datagrams (64 bytes) to DST4/DST6 on COUNT
                 distinct ports from one source port: a one-way flood.
 
@@ -188,6 +191,10 @@ def main():
             else:
                 src = "198.18.%d.%d" % ((n // 256) % 256, n % 256)
                 p = tcp(src, dst4, 1024 + (n // 65536) % 60000, port, SYN, seq=rnd.getrandbits(32))
+        elif kind == "syn-on":
+            src, sport = sys.argv[8], int(sys.argv[9])
+            six = ":" in src
+            p = tcp(src, dst6 if six else dst4, sport, port, SYN, six=six, seq=rnd.getrandbits(32))
         elif kind == "udp":
             six = i % 2 == 1
             src, dst = ("fd00:18::9", dst6) if six else ("198.18.0.9", dst4)

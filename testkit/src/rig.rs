@@ -371,28 +371,55 @@ impl Rig {
     /// takes them, generated from `seed`, aimed at the server (`port` for
     /// the SYNs).
     pub fn inject(&self, flood: Flood, count: usize, seed: u64, port: u16) -> Injected {
+        self.run_injector(flood.arg(), count, seed, port, &[])
+    }
+
+    /// `count` SYNs with random sequence numbers (from `seed`) on one
+    /// 4-tuple, `client` -> `server`, written into the TUN as the app's:
+    /// spoofed onto a live connection. `server` is one of the topology's
+    /// server addresses.
+    pub fn inject_syns_on(
+        &self,
+        client: SocketAddr,
+        server: SocketAddr,
+        count: usize,
+        seed: u64,
+    ) -> Injected {
+        assert!(
+            server.ip() == IpAddr::from(self.topo.server_v4())
+                || server.ip() == IpAddr::from(self.topo.server_v6()),
+            "{server} is not one of the topology's servers"
+        );
+        let (src, sport) = (client.ip().to_string(), client.port().to_string());
+        self.run_injector("syn-on", count, seed, server.port(), &[&src, &sport])
+    }
+
+    fn run_injector(
+        &self,
+        kind: &str,
+        count: usize,
+        seed: u64,
+        port: u16,
+        extra: &[&str],
+    ) -> Injected {
         let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/flood_via_tun.py");
         let (d4, d6) = (
             self.topo.server_v4().to_string(),
             self.topo.server_v6().to_string(),
         );
+        let (tun, count, seed, port) = (
+            self.tun(),
+            count.to_string(),
+            seed.to_string(),
+            port.to_string(),
+        );
+        let mut args = vec![script, &tun, kind, &count, &seed, &d4, &d6, &port];
+        args.extend_from_slice(extra);
         let dropped = self.tun_tx_dropped();
         let sent: u64 = self
             .topo
             .client
-            .exec(
-                "python3",
-                &[
-                    script,
-                    &self.tun(),
-                    flood.arg(),
-                    &count.to_string(),
-                    &seed.to_string(),
-                    &d4,
-                    &d6,
-                    &port.to_string(),
-                ],
-            )
+            .exec("python3", &args)
             .expect("flood script")
             .trim()
             .parse()

@@ -10,10 +10,10 @@ use super::reply::{udp_room, write_reply};
 use super::{UdpEnv, UdpTable};
 use crate::budget::Charge;
 use crate::dns::Dns;
-use crate::lifecycle::{EngineTask, supervised};
+use crate::lifecycle::{EngineTask, Panicked, supervised};
 use crate::nat::FlowKey;
 use crate::packet::HEADROOM;
-use crate::stats::LocalCounters;
+use crate::stats::{EngineDrop, LocalCounters, Stats};
 
 impl UdpTable {
     /// Hand a hijacked query to a task (one copy of the payload; the driver
@@ -35,8 +35,16 @@ impl UdpTable {
             Err(why) => return local.drop(why),
         };
         let answer = answer_hijacked(self.shared.clone(), dns, payload.to_vec(), key, charge);
-        let life = self.shared.d.life.clone();
-        tokio::spawn(supervised(life, EngineTask::Dns, answer));
+        let d = self.shared.d.clone();
+        tokio::spawn(async move {
+            // A panic decoding the app's bytes ends this query alone (its
+            // charge is released as the task unwinds), counted.
+            if let Err(Panicked(why)) = supervised(d.life.clone(), EngineTask::Dns, answer).await {
+                Stats::drop(&d.stats, EngineDrop::DnsTaskPanic);
+                d.warn
+                    .warn(format_args!("a DNS query task panicked: {why}"));
+            }
+        });
     }
 }
 

@@ -28,7 +28,10 @@
 //! Active               mark_closing     -> Closing           (the session ended)
 //! any                  cleanup          -> removed           (its state's timeout; Closing: the linger)
 //! never accepted       uplink (SYN)     -> removed           (a full table's eviction)
-//! any                  uplink (SYN)     -> removed           (another ISN, or any on Closing: a new entry replaces it)
+//! HalfOpen, Closing     uplink (SYN)     -> removed           (another ISN, or any on Closing: a new entry replaces it)
+//! Active               uplink (FIN/RST) -> Active            (the app closed its side: marked)
+//! Active, marked       uplink (SYN)     -> removed           (another ISN: a new entry replaces it)
+//! Active, not marked   uplink (SYN)     -> Active            (another ISN: the old connection's segment, challenge ACK)
 //! ```
 //!
 //! | transition | method | hands back |
@@ -276,6 +279,7 @@ impl<P> NatTable<P> {
             downlink_no_mapping: downlink,
             accept_refused: e.accept_refused.load(Relaxed),
             evicted: e.evicted.load(Relaxed),
+            syn_on_active: e.syn_on_active.load(Relaxed),
         }
     }
 

@@ -3,7 +3,7 @@
 //! lines, and the lock-order check of debug builds.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::time::Instant;
 
 use parking_lot::{RwLock, RwLockReadGuard, RwLockWriteGuard};
@@ -47,6 +47,10 @@ pub(super) struct Mapping {
     /// Initial sequence number of the SYN that created the entry: a SYN with
     /// the same ISN is a retransmit, another ISN is a new connection.
     pub(super) isn: u32,
+    /// The app sent a FIN or an RST on this flow: only then may a SYN with
+    /// another ISN replace an Active entry (until then it is the old
+    /// connection's, whose kernel socket answers it with a challenge ACK).
+    pub(super) app_closed: AtomicBool,
 }
 
 /// What the engine attached to an admitted half-open flow (Connecting or
@@ -221,4 +225,5 @@ pub(super) struct ErrorCounters {
     pub(super) downlink_no_mapping: AtomicU64,
     pub(super) accept_refused: AtomicU64,
     pub(super) evicted: AtomicU64,
+    pub(super) syn_on_active: AtomicU64,
 }

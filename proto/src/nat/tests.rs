@@ -149,30 +149,62 @@ fn open(t: &Arc<Table>, key: &FlowKey, now: Instant) -> Guard {
     t.guard(&t.accept(u.port, now).unwrap())
 }
 
+/// A SYN with another ISN on a live connection (the app sent neither FIN
+/// nor RST) is the old connection's segment: same port, nothing created,
+/// the entry stays Active and is not refreshed; the old connection's
+/// kernel socket answers it with a challenge ACK. A spoofed SYN on a live
+/// 4-tuple cannot end the connection.
 #[test]
-fn syn_with_a_new_isn_on_an_active_entry_is_a_new_connection() {
+fn syn_with_a_new_isn_on_a_live_active_entry_goes_to_the_old_connection() {
     let (clock, t) = table(NatConfig::default());
     let now = clock.now();
-    let k = flow(40000);
+    let k = flow(40002);
     let first = t.uplink(&k, Some(1000), now).expect("syn");
     let acc = t.accept(first.port, now).expect("accept");
-    let guard = t.guard(&acc);
-    // Retransmit of the original SYN: same ISN, same port.
-    let again = t.uplink(&k, Some(1000), now).expect("retransmit");
-    assert_eq!((again.port, again.created), (first.port, false));
-    // The app reused the 4-tuple for a new connection before the old
-    // session ended: another ISN gets a different port.
-    let second = t.uplink(&k, Some(777), now).expect("new connection");
-    assert!(second.created);
-    assert_ne!(second.port, first.port);
-    assert_eq!(t.state(first.port), None, "old mapping retired");
-    assert_eq!(t.counts().active, 0);
-    assert_eq!(t.counts().half_open, 1);
-    // The old session's guard cannot touch the new entry.
-    drop(guard);
-    assert_eq!(t.state(second.port), Some(NatState::HalfOpen(Stage::New)));
-    assert_eq!(t.len(), 1, "the replacement took over the budget slot");
+    let _guard = t.guard(&acc);
+    for isn in [1u32, 777, 0xFFFF_FFFF] {
+        let spoofed = t.uplink(&k, Some(isn), now + SEC).expect("spoofed");
+        assert_eq!(spoofed, existing(first.port, acc.generation));
+    }
+    assert_eq!(t.state(first.port), Some(NatState::Active));
+    assert_eq!((t.counts().active, t.counts().half_open), (1, 0));
+    assert_eq!(t.error_counts().syn_on_active, 3);
+    // Not refreshed by the spoofed SYNs: idle since `now`.
+    t.cleanup(now + 2 * SEC);
+    assert_eq!(t.state(first.port), Some(NatState::Active));
     t.check_invariants().expect("invariants");
+}
+
+#[test]
+fn syn_with_a_new_isn_after_the_apps_fin_is_a_new_connection() {
+    for app_closing in ["FIN", "RST"] {
+        let (clock, t) = table(NatConfig::default());
+        let now = clock.now();
+        let k = flow(40000);
+        let first = t.uplink(&k, Some(1000), now).expect("syn");
+        let acc = t.accept(first.port, now).expect("accept");
+        let guard = t.guard(&acc);
+        // Retransmit of the original SYN: same ISN, same port.
+        let again = t.uplink(&k, Some(1000), now).expect("retransmit");
+        assert_eq!((again.port, again.created), (first.port, false));
+        // The app closes its side ...
+        let fin = t.uplink_segment(&k, None, true, now).expect(app_closing);
+        assert_eq!(fin, existing(first.port, acc.generation));
+        // ... and reuses the 4-tuple for a new connection before the old
+        // session ended: another ISN gets a different port.
+        let second = t.uplink(&k, Some(777), now).expect("new connection");
+        assert!(second.created, "{app_closing}");
+        assert_ne!(second.port, first.port);
+        assert_eq!(t.state(first.port), None, "old mapping retired");
+        assert_eq!(t.counts().active, 0);
+        assert_eq!(t.counts().half_open, 1);
+        assert_eq!(t.error_counts().syn_on_active, 0);
+        // The old session's guard cannot touch the new entry.
+        drop(guard);
+        assert_eq!(t.state(second.port), Some(NatState::HalfOpen(Stage::New)));
+        assert_eq!(t.len(), 1, "the replacement took over the budget slot");
+        t.check_invariants().expect("invariants");
+    }
 }
 
 #[test]
@@ -1353,11 +1385,24 @@ fn replacing_syn_racing_a_phase_change_keeps_the_counters() {
                     }
                 }
             });
-            s.spawn(|| {
+            let syn = s.spawn(|| {
                 barrier.wait();
-                let new = t.uplink(&key, Some(isn + 1), now).unwrap();
-                assert!(new.created, "round {round}");
+                t.uplink(&key, Some(isn + 1), now).unwrap()
             });
+            let new = syn.join().expect("syn thread");
+            // Before the session ended, or once accepted, the flow is live
+            // (the app sent no FIN or RST): the SYN is the old connection's
+            // (its session ends it: the racing thread in even rounds, here
+            // in odd ones). Otherwise the SYN replaced the entry.
+            if !new.created {
+                assert_eq!(new.port, up.port, "round {round}");
+                if round % 2 == 1 {
+                    assert!(
+                        t.mark_closing(new.port, new.generation, now),
+                        "round {round}"
+                    );
+                }
+            }
         });
         if let Err(e) = t.check_invariants() {
             panic!("round {round}: {e}");

@@ -141,7 +141,8 @@ pub fn translate_tcp<P>(
         server: SocketAddr::new(ip.dst, tcp.dst_port),
     };
     let syn_only = tcp.is_syn_only();
-    match nat.uplink(&key, syn_only.then_some(tcp.seq), now) {
+    let app_closing = tcp.flags & (packet::tcp_flags::FIN | packet::tcp_flags::RST) != 0;
+    match nat.uplink_segment(&key, syn_only.then_some(tcp.seq), app_closing, now) {
         Ok(Uplink {
             port,
             created: true,

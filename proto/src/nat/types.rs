@@ -300,6 +300,10 @@ pub struct NatErrorCounts {
     /// Unanswered entries (never accepted) evicted to make room for a new
     /// flow in a full table.
     pub evicted: u64,
+    /// SYNs with another ISN on an Active flow the app had not closed, sent
+    /// on to the old connection (whose kernel socket answers with a
+    /// challenge ACK) instead of replacing it.
+    pub syn_on_active: u64,
 }
 
 /// An expired entry (or a Ready flow past its handshake time) found by

@@ -4,7 +4,7 @@
 
 use std::collections::VecDeque;
 use std::collections::hash_map::Entry as MapEntry;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::time::Instant;
 
 use super::key::PackedKey;
@@ -18,13 +18,19 @@ impl<P> NatTable<P> {
     /// * HalfOpen/Active entry: refresh it and return its port. A SYN with the
     ///   entry's ISN is a retransmit and reuses the mapping ([`Uplink::held`]
     ///   while the table holds that SYN for its connect).
-    /// * HalfOpen/Active entry, SYN with a *different* ISN: the app opened a
-    ///   new connection on the same 4-tuple (its side of the old one is gone;
-    ///   a passive closer keeps no TIME_WAIT) before the old session ended.
-    ///   Handled like a Closing entry below; reusing the port would land the
-    ///   SYN on the old connection's kernel socket, which in TIME_WAIT accepts
-    ///   it as a second connection on the same NAT port. A half-open entry's
-    ///   attachment comes back as [`Uplink::replaced`].
+    /// * Active entry, SYN with a *different* ISN, before the app sent a FIN
+    ///   or an RST on it: a segment of the old connection, translated to its
+    ///   port. The old connection's kernel socket answers it with a challenge
+    ///   ACK (RFC 5961 4), so a SYN spoofed onto a live 4-tuple cannot end it;
+    ///   the app's own TCP, whose side is still open, never sends one.
+    /// * HalfOpen entry, or Active after the app's FIN or RST, SYN with a
+    ///   *different* ISN: the app opened a new connection on the same 4-tuple
+    ///   (its side of the old one is gone; a passive closer keeps no
+    ///   TIME_WAIT) before the old session ended. Handled like a Closing
+    ///   entry below; reusing the port would land the SYN on the old
+    ///   connection's kernel socket, which in TIME_WAIT accepts it as a second
+    ///   connection on the same NAT port. A half-open entry's attachment comes
+    ///   back as [`Uplink::replaced`].
     /// * Closing entry, SYN (a new connection reusing the 4-tuple): the old
     ///   entry is removed from both maps and a *different* port is allocated,
     ///   `created = true`.
@@ -36,10 +42,25 @@ impl<P> NatTable<P> {
     ///   all the same).
     /// * No entry, not a SYN: [`NatError::NoMapping`], counted; a stray
     ///   segment never allocates.
+    ///
+    /// A segment without FIN or RST; [`NatTable::uplink_segment`] says which.
     pub fn uplink(
         &self,
         key: &FlowKey,
         syn: Option<u32>,
+        now: Instant,
+    ) -> Result<Uplink<P>, Refused<P>> {
+        self.uplink_segment(key, syn, false, now)
+    }
+
+    /// [`NatTable::uplink`] for a segment that says whether it carries the
+    /// app's FIN or RST (`app_closing`), which lets a later SYN with another
+    /// ISN replace the flow.
+    pub fn uplink_segment(
+        &self,
+        key: &FlowKey,
+        syn: Option<u32>,
+        app_closing: bool,
         now: Instant,
     ) -> Result<Uplink<P>, Refused<P>> {
         let pk = PackedKey::new(key);
@@ -56,9 +77,19 @@ impl<P> NatTable<P> {
                             if syn.is_none_or(|isn| isn == m.isn) =>
                         {
                             m.touch(now_ms);
+                            if app_closing && m.phase == Phase::Active {
+                                m.app_closed.store(true, Relaxed);
+                            }
                             let held =
                                 syn.is_some() && m.phase == Phase::HalfOpen(Stage::Connecting);
                             return Ok(Uplink::existing(port, m.generation, held));
+                        }
+                        // Another ISN on a connection the app has not closed:
+                        // the old socket's to answer (not refreshed: a spoofer
+                        // must not keep an idle flow alive).
+                        Phase::Active if !m.app_closed.load(Relaxed) => {
+                            self.errors.syn_on_active.fetch_add(1, Relaxed);
+                            return Ok(Uplink::existing(port, m.generation, false));
                         }
                         Phase::HalfOpen(_) | Phase::Active => {} // new ISN: replaced below
                         Phase::Closing if syn.is_none() => {
@@ -178,6 +209,12 @@ impl<P> NatTable<P> {
         if let Some(&port) = fwd.get(&pk) {
             let rev = self.reverse_shard(port).read();
             if let Some(m) = rev.map.get(&port).filter(|m| m.key == pk) {
+                if m.phase == Phase::Active && m.isn != isn && !m.app_closed.load(Relaxed) {
+                    // Accepted since the read above: the old connection's
+                    // segment, as there.
+                    self.errors.syn_on_active.fetch_add(1, Relaxed);
+                    return Ok(Uplink::existing(port, m.generation, false));
+                }
                 if m.phase == Phase::Closing || m.isn != isn {
                     replacing = Some(port);
                 } else {
@@ -271,6 +308,7 @@ impl<P> NatTable<P> {
                     key,
                     phase,
                     isn,
+                    app_closed: AtomicBool::new(false),
                 });
                 self.count_in(phase);
                 drop(rev);
