@@ -584,10 +584,18 @@ pub const UDP_REPLY_BUFFER_DARWIN: usize = 16 * 1024 + 128;
 /// such replies came (`udp/reply/linux.rs`).
 pub const UDP_REPLY_SPILL_BYTES: usize = 16 * (65_535 - 8);
 
-/// Descriptors the engine holds apart from its sessions and UDP flows: the
-/// device, the listeners, the runtime's epoll and wakers, DNS upstreams
-/// and the splice pipes of directions moving data, with room to spare.
+/// Descriptors the engine holds apart from its sessions, UDP flows and
+/// splice pipes: the device, the listeners, the runtime's epoll and wakers,
+/// DNS upstreams, with room to spare.
 pub const DESCRIPTOR_RESERVE: usize = 256;
+
+/// Descriptors of the splice pipes that may exist at once (two per pipe,
+/// at most `relay::splice::MAX_PIPES`); none where there is no splice(2).
+#[cfg(any(target_os = "linux", target_os = "android"))]
+pub const SPLICE_PIPE_DESCRIPTORS: usize = 2 * crate::relay::splice::MAX_PIPES;
+/// Descriptors of the splice pipes: none where there is no splice(2).
+#[cfg(not(any(target_os = "linux", target_os = "android")))]
+pub const SPLICE_PIPE_DESCRIPTORS: usize = 0;
 
 impl TcpStack {
     /// Descriptors one TCP session holds: the app's side (the kernel
@@ -603,7 +611,10 @@ impl TcpStack {
 /// Descriptors the engine needs to admit `sessions` TCP sessions of
 /// `stack` beside `udp_flows` flows (one socket each).
 pub const fn descriptors_needed(sessions: usize, stack: TcpStack, udp_flows: usize) -> usize {
-    sessions * stack.descriptors_per_session() + udp_flows + DESCRIPTOR_RESERVE
+    sessions * stack.descriptors_per_session()
+        + udp_flows
+        + DESCRIPTOR_RESERVE
+        + SPLICE_PIPE_DESCRIPTORS
 }
 
 /// The admission limits `sessions` (normal, elevated, critical) cut to
@@ -616,7 +627,7 @@ pub fn fit_descriptors(
     udp_flows: usize,
     nofile: usize,
 ) -> [usize; 3] {
-    let room = nofile.saturating_sub(udp_flows + DESCRIPTOR_RESERVE);
+    let room = nofile.saturating_sub(udp_flows + DESCRIPTOR_RESERVE + SPLICE_PIPE_DESCRIPTORS);
     let fit = room / stack.descriptors_per_session();
     if fit >= sessions[0] {
         sessions
@@ -861,7 +872,10 @@ mod tests {
         let ios = Budget::for_platform(Platform::Ios);
         let want = ios.tcp_sessions(TcpStack::System);
         let need = descriptors_needed(want[0], TcpStack::System, ios.udp_flows);
-        assert_eq!(need, 2 * want[0] + ios.udp_flows + DESCRIPTOR_RESERVE);
+        assert_eq!(
+            need,
+            2 * want[0] + ios.udp_flows + DESCRIPTOR_RESERVE + SPLICE_PIPE_DESCRIPTORS
+        );
         assert_eq!(
             fit_descriptors(want, TcpStack::System, ios.udp_flows, need),
             want
@@ -873,10 +887,11 @@ mod tests {
             [1, 1, 1]
         );
         let cut = fit_descriptors(want, TcpStack::System, 128, 1024);
-        assert_eq!(cut, tiers((1024 - 128 - DESCRIPTOR_RESERVE) / 2));
+        let reserved = DESCRIPTOR_RESERVE + SPLICE_PIPE_DESCRIPTORS;
+        assert_eq!(cut, tiers((1024 - 128 - reserved) / 2));
         assert_eq!(
             fit_descriptors(want, TcpStack::Smoltcp, 128, 1024)[0],
-            1024 - 128 - DESCRIPTOR_RESERVE
+            1024 - 128 - reserved
         );
     }
 

@@ -49,6 +49,7 @@ use std::cell::RefCell;
 use std::fs::File;
 use std::io::{self, Read};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 
 use tokio::io::Interest;
 use tokio::net::TcpStream;
@@ -71,6 +72,46 @@ const URGENT_READ: usize = 4096;
 /// whatever the number of connections.
 pub const POOL_PER_THREAD: usize = 8;
 
+/// Pipes that may exist at once in this process (held by directions
+/// moving data, or pooled), two descriptors each: counted in the
+/// descriptor budget (`budget::SPLICE_PIPE_DESCRIPTORS`). Past it a
+/// direction copies in userspace (`pipe2` is not called; the direction's
+/// fallback is `PipeFailed(EMFILE)`), so stalled downloads cannot take the
+/// descriptors accepts, connects and DNS need. 256 pipes of [`PIPE_SIZE`]
+/// are Linux's default per-user pipe budget (64 MiB); past that the kernel
+/// grants pipes too small to splice through anyway ([`MIN_PIPE`]).
+///
+/// [`PIPE_SIZE`]: super::PIPE_SIZE
+pub const MAX_PIPES: usize = 256;
+
+/// Pipes in existence, against [`MAX_PIPES`].
+static PIPES: AtomicUsize = AtomicUsize::new(0);
+
+/// Pipes in existence in this process (for tests and diagnostics).
+pub fn pipes_open() -> usize {
+    PIPES.load(Relaxed)
+}
+
+/// One of the [`MAX_PIPES`] places, given back when its pipe closes.
+#[derive(Debug)]
+pub struct PipeSlot(&'static AtomicUsize);
+
+impl PipeSlot {
+    /// A place, if fewer than `max` pipes are counted in `pipes`.
+    fn take(pipes: &'static AtomicUsize, max: usize) -> Option<PipeSlot> {
+        pipes
+            .fetch_update(Relaxed, Relaxed, |n| (n < max).then_some(n + 1))
+            .ok()
+            .map(|_| PipeSlot(pipes))
+    }
+}
+
+impl Drop for PipeSlot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Relaxed);
+    }
+}
+
 /// A pipe for one direction.
 #[derive(Debug)]
 pub struct Pipe {
@@ -78,6 +119,8 @@ pub struct Pipe {
     pub write: OwnedFd,
     /// Capacity granted by the kernel.
     pub size: usize,
+    /// Its place among the [`MAX_PIPES`] (`None`: a test's own pipe).
+    pub slot: Option<PipeSlot>,
 }
 
 /// The system calls the relay makes, as a seam: tests wrap
@@ -127,8 +170,16 @@ impl SpliceOps for KernelSplice {
         if let Some(p) = pooled {
             return Ok(p);
         }
+        let Some(slot) = PipeSlot::take(&PIPES, MAX_PIPES) else {
+            return Err(io::Error::from_raw_os_error(libc::EMFILE));
+        };
         let (read, write, size) = sys::pipe(size)?;
-        Ok(Pipe { read, write, size })
+        Ok(Pipe {
+            read,
+            write,
+            size,
+            slot: Some(slot),
+        })
     }
     fn splice(&self, from: BorrowedFd<'_>, to: BorrowedFd<'_>, len: usize) -> io::Result<usize> {
         sys::splice(from, to, len)
@@ -404,4 +455,35 @@ async fn copy_rest(
     // Boxed: a fallback is rare, and inline its state would size every
     // spliced connection's future (docs/benchmarks.md, idle connections).
     Box::pin(copy::leg(src, dst, opts.buffer, Codec::Plain, meter, leg)).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The cap counts pipes in existence: past it no place is given, and a
+    /// pipe that closes gives its place back. (A counter of the test's
+    /// own: the process-wide one is shared with the relay tests running
+    /// beside this one.)
+    #[test]
+    fn pipe_places_stop_at_the_cap_and_come_back_on_close() {
+        static COUNT: AtomicUsize = AtomicUsize::new(0);
+        let held: Vec<PipeSlot> = (0..3)
+            .map(|_| PipeSlot::take(&COUNT, 3).expect("below the cap"))
+            .collect();
+        assert!(PipeSlot::take(&COUNT, 3).is_none(), "at the cap");
+        assert_eq!(COUNT.load(Relaxed), 3);
+        drop(held);
+        assert_eq!(COUNT.load(Relaxed), 0);
+        assert!(PipeSlot::take(&COUNT, 3).is_some(), "places came back");
+    }
+
+    /// A pipe the relay takes holds one of the process's places until it
+    /// closes (pooled pipes keep theirs).
+    #[test]
+    fn a_kernel_pipe_holds_a_place_while_open() {
+        let p = KernelSplice.pipe(MIN_PIPE).expect("pipe");
+        assert!(p.slot.is_some());
+        drop(p);
+    }
 }
