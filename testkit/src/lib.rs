@@ -131,6 +131,23 @@ impl Netns {
         route_host(&self.name, host, dev, table)
     }
 
+    /// A permanent neighbour entry: `addr` is at `mac` on `dev`, for the
+    /// family `family` (`-4` or `-6`).
+    pub fn pin_neighbour(&self, family: &str, addr: &str, mac: &str, dev: &str) -> io::Result<()> {
+        self.ip(&[
+            family,
+            "neigh",
+            "replace",
+            addr,
+            "lladdr",
+            mac,
+            "dev",
+            dev,
+            "nud",
+            "permanent",
+        ])
+    }
+
     /// Run a command inside the namespace and return its stdout.
     pub fn exec(&self, cmd: &str, args: &[&str]) -> io::Result<String> {
         let mut a = vec!["netns", "exec", self.name.as_str(), cmd];
@@ -299,18 +316,7 @@ impl Topology {
             (&t.server, "kts", &c4, &c6, &cmac),
         ] {
             for (family, peer) in [("-4", peer4), ("-6", peer6)] {
-                ns.ip(&[
-                    family,
-                    "neigh",
-                    "replace",
-                    peer,
-                    "lladdr",
-                    mac,
-                    "dev",
-                    dev,
-                    "nud",
-                    "permanent",
-                ])?;
+                ns.pin_neighbour(family, peer, mac, dev)?;
             }
         }
         Ok(t)

@@ -119,22 +119,10 @@ impl Router {
         (app, app_mac): (&str, &str),
         (gateway, gateway_mac): (&str, &str),
     ) -> io::Result<()> {
-        let neigh = |ns: &Netns, addr, mac, dev| {
-            ns.ip(&[
-                family,
-                "neigh",
-                "replace",
-                addr,
-                "lladdr",
-                mac,
-                "dev",
-                dev,
-                "nud",
-                "permanent",
-            ])
-        };
-        neigh(&self.app, gateway, gateway_mac, APP_VETH)?;
-        neigh(&topo.client, app, app_mac, GATEWAY_VETH)
+        self.app
+            .pin_neighbour(family, gateway, gateway_mac, APP_VETH)?;
+        topo.client
+            .pin_neighbour(family, app, app_mac, GATEWAY_VETH)
     }
 
     /// The policy rule `iif kte lookup 233` for the family `family` (`-4`
