@@ -10,49 +10,22 @@
 
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use kerntun::relay::splice::{self, KernelSplice, Pipe, SpliceOps};
 use kerntun::relay::{Fallback, Meter, RelayOptions, Relayed};
+use kerntun::stats::Stats;
 use kerntun_testkit::pattern;
+use kerntun_testkit::tokio_servers::tcp_pair;
 use socket2::SockRef;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 
 const MIB: usize = 1024 * 1024;
 /// Every test finishes well within this; a hang is a failure, not a stuck CI.
 const LIMIT: Duration = Duration::from_secs(30);
-
-async fn pair() -> (TcpStream, TcpStream) {
-    let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let a = TcpStream::connect(l.local_addr().expect("addr"))
-        .await
-        .expect("connect");
-    let (b, _) = l.accept().await.expect("accept");
-    (a, b)
-}
-
-#[derive(Default)]
-struct Counters {
-    up: AtomicU64,
-    down: AtomicU64,
-    spliced: AtomicU64,
-    copied: AtomicU64,
-}
-
-impl Counters {
-    fn meter(&self) -> Meter<'_> {
-        Meter {
-            up: &self.up,
-            down: &self.down,
-            spliced: &self.spliced,
-            copied: &self.copied,
-            pool: None,
-        }
-    }
-}
 
 /// Which splice to fail.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -122,15 +95,15 @@ impl SpliceOps for Faulty {
 struct Rig {
     client: TcpStream,
     server: TcpStream,
-    relay: tokio::task::JoinHandle<(io::Result<Relayed>, Arc<Counters>)>,
+    relay: tokio::task::JoinHandle<(io::Result<Relayed>, Arc<Stats>)>,
 }
 
 async fn rig(ops: Arc<dyn SpliceOps + Send>, opts: RelayOptions) -> Rig {
-    let (client, app_side) = pair().await;
-    let (out_side, server) = pair().await;
+    let (client, app_side) = tcp_pair().await;
+    let (out_side, server) = tcp_pair().await;
     let relay = tokio::spawn(async move {
-        let c = Arc::new(Counters::default());
-        let r = splice::relay(&app_side, &out_side, &opts, &c.meter(), &*ops).await;
+        let c = Arc::new(Stats::default());
+        let r = splice::relay(&app_side, &out_side, &opts, &Meter::tcp(&c, None), &*ops).await;
         (r, c)
     });
     Rig {
@@ -145,8 +118,8 @@ fn opts() -> RelayOptions {
 }
 
 async fn finish(
-    rig_relay: tokio::task::JoinHandle<(io::Result<Relayed>, Arc<Counters>)>,
-) -> (io::Result<Relayed>, Arc<Counters>) {
+    rig_relay: tokio::task::JoinHandle<(io::Result<Relayed>, Arc<Stats>)>,
+) -> (io::Result<Relayed>, Arc<Stats>) {
     tokio::time::timeout(LIMIT, rig_relay)
         .await
         .expect("relay finished in time")
@@ -177,7 +150,7 @@ async fn read_all(r: &mut tokio::net::tcp::OwnedReadHalf) -> Vec<u8> {
 }
 
 /// Both directions at once, each checked byte for byte, with counts.
-async fn both_ways(up_len: usize, down_len: usize) -> (Relayed, Arc<Counters>) {
+async fn both_ways(up_len: usize, down_len: usize) -> (Relayed, Arc<Stats>) {
     let rig = rig(Arc::new(KernelSplice), opts()).await;
     let (mut cr, cw) = rig.client.into_split();
     let (mut sr, sw) = rig.server.into_split();
@@ -202,8 +175,16 @@ async fn both_ways(up_len: usize, down_len: usize) -> (Relayed, Arc<Counters>) {
     let r = r.expect("relay ok");
     assert_eq!(r.up.bytes(), up_len as u64);
     assert_eq!(r.down.bytes(), down_len as u64);
-    assert_eq!(c.up.load(Relaxed), up_len as u64, "live up counter");
-    assert_eq!(c.down.load(Relaxed), down_len as u64, "live down counter");
+    assert_eq!(
+        c.tcp_bytes_up.load(Relaxed),
+        up_len as u64,
+        "live up counter"
+    );
+    assert_eq!(
+        c.tcp_bytes_down.load(Relaxed),
+        down_len as u64,
+        "live down counter"
+    );
     (r, c)
 }
 
@@ -213,8 +194,8 @@ async fn both_directions_spliced_with_counts() {
     assert_eq!((r.up.spliced, r.up.copied), (16 * MIB as u64, 0));
     assert_eq!((r.down.spliced, r.down.copied), (8 * MIB as u64, 0));
     assert_eq!((r.up.fallback, r.down.fallback), (None, None));
-    assert_eq!(c.spliced.load(Relaxed), 24 * MIB as u64);
-    assert_eq!(c.copied.load(Relaxed), 0);
+    assert_eq!(c.tcp_bytes_spliced.load(Relaxed), 24 * MIB as u64);
+    assert_eq!(c.tcp_bytes_copied.load(Relaxed), 0);
 }
 
 #[tokio::test]
@@ -394,7 +375,7 @@ async fn pipe_failures_mean_copying() {
         let r = r.expect("ok");
         assert_eq!(r.up.fallback, Some(want));
         assert_eq!((r.up.spliced, r.up.copied), (0, 2 * MIB as u64));
-        assert_eq!(c.copied.load(Relaxed), 2 * MIB as u64 + 4);
+        assert_eq!(c.tcp_bytes_copied.load(Relaxed), 2 * MIB as u64 + 4);
     }
 }
 
