@@ -113,6 +113,28 @@ async fn rig(ops: Arc<dyn SpliceOps + Send>, opts: RelayOptions) -> Rig {
     }
 }
 
+impl Rig {
+    /// Send `up` from the client and `down` from the server at once, the
+    /// connection left open; what the server and the client received.
+    async fn exchange(&mut self, up: &[u8], down: &[u8]) -> (Vec<u8>, Vec<u8>) {
+        let mut got_up = vec![0u8; up.len()];
+        let mut got_down = vec![0u8; down.len()];
+        let (mut cr, mut cw) = self.client.split();
+        let (mut sr, mut sw) = self.server.split();
+        let (w1, r1, w2, r2) = tokio::join!(
+            cw.write_all(up),
+            sr.read_exact(&mut got_up),
+            sw.write_all(down),
+            cr.read_exact(&mut got_down),
+        );
+        w1.expect("w up");
+        r1.expect("r up");
+        w2.expect("w down");
+        r2.expect("r down");
+        (got_up, got_down)
+    }
+}
+
 fn opts() -> RelayOptions {
     RelayOptions::default()
 }
@@ -542,16 +564,21 @@ const FD_CHILD: &str = "KERNTUN_SPLICE_FD_CHILD";
 /// in a child.
 #[test]
 fn idle_spliced_connections_hold_no_pipes() {
-    if std::env::var_os(FD_CHILD).is_some() {
-        idle_pipes_body();
-        return;
-    }
-    rerun_in_child("idle_spliced_connections_hold_no_pipes", FD_CHILD);
+    rerun_in_child(
+        "idle_spliced_connections_hold_no_pipes",
+        FD_CHILD,
+        idle_pipes_body,
+    );
 }
 
 /// Run the test `name` of this binary again, alone, in a child process with
-/// `env` set (the test then runs its body), and check that it passed.
-fn rerun_in_child(name: &str, env: &str) {
+/// `env` set (the test then runs its body), and check that it passed. In
+/// that child (`env` set), run `body` instead.
+fn rerun_in_child(name: &str, env: &str, body: fn()) {
+    if std::env::var_os(env).is_some() {
+        body();
+        return;
+    }
     let exe = std::env::current_exe().expect("test executable");
     let out = std::process::Command::new(exe)
         .args(["--exact", name, "--nocapture", "--test-threads=1"])
@@ -594,20 +621,7 @@ fn idle_pipes_body() {
                 for (i, r) in rigs.iter_mut().enumerate() {
                     let seed = 1000 * (round + 1) + i as u64;
                     let (up, down) = (pattern(seed, UP), pattern(seed + 500, DOWN));
-                    let mut got_up = vec![0u8; UP];
-                    let mut got_down = vec![0u8; DOWN];
-                    let (mut cr, mut cw) = r.client.split();
-                    let (mut sr, mut sw) = r.server.split();
-                    let (w1, r1, w2, r2) = tokio::join!(
-                        cw.write_all(&up),
-                        sr.read_exact(&mut got_up),
-                        sw.write_all(&down),
-                        cr.read_exact(&mut got_down),
-                    );
-                    w1.expect("w up");
-                    r1.expect("r up");
-                    w2.expect("w down");
-                    r2.expect("r down");
+                    let (got_up, got_down) = r.exchange(&up, &down).await;
                     assert!(got_up == up, "round {round} conn {i}: upload intact");
                     assert!(got_down == down, "round {round} conn {i}: download intact");
                 }
@@ -685,13 +699,10 @@ const SIGPIPE_CHILD: &str = "KERNTUN_SPLICE_SIGPIPE_CHILD";
 /// that restores the default first.
 #[test]
 fn sigpipe_at_its_default_action_means_copy_and_no_crash() {
-    if std::env::var_os(SIGPIPE_CHILD).is_some() {
-        sigpipe_default_body();
-        return;
-    }
     rerun_in_child(
         "sigpipe_at_its_default_action_means_copy_and_no_crash",
         SIGPIPE_CHILD,
+        sigpipe_default_body,
     );
 }
 
@@ -716,22 +727,7 @@ fn sigpipe_default_body() {
             let mut r = rig(Arc::new(KernelSplice), opts()).await;
             let up = pattern(71, 2 * MIB);
             let down = pattern(72, MIB);
-            let mut got_up = vec![0u8; up.len()];
-            let mut got_down = vec![0u8; down.len()];
-            {
-                let (mut cr, mut cw) = r.client.split();
-                let (mut sr, mut sw) = r.server.split();
-                let (w1, r1, w2, r2) = tokio::join!(
-                    cw.write_all(&up),
-                    sr.read_exact(&mut got_up),
-                    sw.write_all(&down),
-                    cr.read_exact(&mut got_down),
-                );
-                w1.expect("w up");
-                r1.expect("r up");
-                w2.expect("w down");
-                r2.expect("r down");
-            }
+            let (got_up, got_down) = r.exchange(&up, &down).await;
             assert!(got_up == up && got_down == down, "bytes intact");
             r.client.shutdown().await.expect("client fin");
             r.server.shutdown().await.expect("server fin");
