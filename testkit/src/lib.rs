@@ -33,6 +33,7 @@ use std::sync::{Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+pub mod child;
 pub mod dns;
 pub mod rig;
 pub mod router;
