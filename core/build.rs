@@ -11,5 +11,16 @@ fn main() {
         linux_like: { any(target_os = "linux", target_os = "android") },
         // Phones: the engine adopts the platform's descriptor, never creates one.
         mobile: { any(target_os = "ios", target_os = "android") },
+        // Architectures whose `SIOCATMARK` is asm-generic/sockios.h's
+        // (sys/splice.rs): the ones Android and desktop Linux run on.
+        generic_sockios: { any(
+            target_arch = "x86",
+            target_arch = "x86_64",
+            target_arch = "arm",
+            target_arch = "aarch64",
+            target_arch = "riscv64",
+            target_arch = "loongarch64",
+            target_arch = "powerpc64"
+        ) },
     }
 }

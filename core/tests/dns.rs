@@ -18,6 +18,7 @@ use kerntun::budget::{Budget, Platform};
 use kerntun::config::{Config, DriverMode, StackKind};
 use kerntun::rules::{Action, Rule};
 use kerntun::{Engine, TunSource};
+use kerntun_testkit::child::{self, EngineProcess};
 use kerntun_testkit::dns::{self, DnsServer, Socks5Recorder, Zone};
 use kerntun_testkit::rig::{self, RESOLVER, Rig, RigBuilder};
 use kerntun_testkit::{Topology, require_root};
@@ -268,7 +269,6 @@ const ATTACK_TEST: &str = "tcp_queries_announced_past_the_cap_hold_no_memory_und
 /// hijacked and answered from `upstream`. Says READY with its TUN's name,
 /// answers `stats` lines, stops when stdin closes.
 fn engine_child(arg: &str) {
-    use std::io::BufRead;
     let (tun, upstream) = arg.split_once(' ').expect("tun and upstream");
     let mut c = Config {
         stack: StackKind::System,
@@ -285,106 +285,27 @@ fn engine_child(arg: &str) {
     c.dns.hijack = vec![RESOLVER.ip()];
     c.dns.upstreams = vec![format!("udp://{upstream}")];
     c.dns.timeout_ms = 1_000;
-    let mut engine = Engine::start(c, TunSource::Create, None).expect("engine");
-    println!("KT READY {}", engine.tun_name().expect("name"));
-    for line in std::io::stdin().lock().lines() {
-        let Ok(line) = line else { break };
-        if line == "stats" {
-            let s = engine.stats();
-            println!(
-                "KT STATS {} {} {} {} {}",
-                s.dns.tcp_queries,
-                s.drop_count("dns_query_too_long"),
-                s.drop_count("dns_queue_full"),
-                s.admission_refused,
-                s.dns.queries,
-            );
-        }
-    }
-    engine.stop();
+    let engine = Engine::start(c, TunSource::Create, None).expect("engine");
+    child::serve(engine, |s| {
+        vec![
+            s.dns.tcp_queries,
+            s.drop_count("dns_query_too_long"),
+            s.drop_count("dns_queue_full"),
+            s.admission_refused,
+            s.dns.queries,
+        ]
+    });
 }
 
-/// The child process running [`engine_child`]; stopped (or killed) on drop.
-struct EngineProcess {
-    child: std::process::Child,
-    stdin: Option<std::process::ChildStdin>,
-    stdout: std::io::BufReader<std::process::ChildStdout>,
-}
-
-impl EngineProcess {
-    /// This test again, as the engine, in the calling thread's namespace.
-    fn start(tun: &str, upstream: SocketAddr) -> EngineProcess {
-        use std::process::{Command, Stdio};
-        let mut child = Command::new(std::env::current_exe().expect("test executable"))
-            .args(["--exact", ATTACK_TEST, "--nocapture", "--test-threads=1"])
-            .env(ENGINE_CHILD, format!("{tun} {upstream}"))
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("child test process");
-        let stdin = child.stdin.take();
-        let stdout = std::io::BufReader::new(child.stdout.take().expect("stdout"));
-        EngineProcess {
-            child,
-            stdin,
-            stdout,
-        }
-    }
-
-    /// What follows `KT ` on the next line that has it.
-    fn line(&mut self) -> String {
-        use std::io::BufRead;
-        let mut l = String::new();
-        loop {
-            l.clear();
-            let n = self.stdout.read_line(&mut l).expect("child stdout");
-            assert!(n > 0, "the engine process ended early");
-            if let Some(i) = l.find("KT ") {
-                return l[i + 3..].trim_end().to_owned();
-            }
-        }
-    }
-
-    /// TCP queries, `dns_query_too_long`, `dns_queue_full`, admission
-    /// refusals and all queries, as the engine counts them.
-    fn stats(&mut self) -> [u64; 5] {
-        use std::io::Write;
-        writeln!(self.stdin.as_mut().expect("stdin"), "stats").expect("ask for stats");
-        let l = self.line();
-        let v: Vec<u64> = l
-            .strip_prefix("STATS ")
-            .expect("a stats line")
-            .split(' ')
-            .map(|n| n.parse().expect("number"))
-            .collect();
-        v.try_into().expect("five numbers")
-    }
-}
-
-impl Drop for EngineProcess {
-    fn drop(&mut self) {
-        drop(self.stdin.take());
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// TCP queries, `dns_query_too_long`, `dns_queue_full`, admission
+/// refusals and all queries, as the engine counts them.
+fn attack_stats(engine: &mut EngineProcess) -> [u64; 5] {
+    engine.stats().try_into().expect("five numbers")
 }
 
 /// Resident memory of process `pid`, in KiB (0 once it is gone).
 fn rss_kib(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
+    kerntun_testkit::vm_kib(Some(pid), "VmRSS").unwrap_or(0)
 }
 
 /// Enough descriptors for the attack's connections (root may raise it).
@@ -467,7 +388,11 @@ fn tcp_queries_announced_past_the_cap_hold_no_memory_under_the_ios_budget() {
             .with("fresh.test", fresh),
     );
     topo.client.enter().expect("enter client ns");
-    let mut engine = EngineProcess::start(&format!("kt{}", topo.id), srv.addr);
+    let mut engine = EngineProcess::start(
+        ATTACK_TEST,
+        (ENGINE_CHILD, &format!("kt{} {}", topo.id, srv.addr)),
+        &[],
+    );
     let tun = engine.line();
     let tun = tun.strip_prefix("READY ").expect("ready line");
     topo.route_via_tun(tun).expect("routes");
@@ -476,7 +401,7 @@ fn tcp_queries_announced_past_the_cap_hold_no_memory_under_the_ios_budget() {
         (Some(warm), Some(warm)),
         "warm-up"
     );
-    let pid = engine.child.id();
+    let pid = engine.pid();
     let rss0 = rss_kib(pid);
 
     let sampling = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
@@ -520,7 +445,7 @@ fn tcp_queries_announced_past_the_cap_hold_no_memory_under_the_ios_budget() {
     let attack_took = t0.elapsed();
     // The attackers still hold their connections: fresh questions.
     let during = ask_both("fresh.test", 2);
-    let [tcp_queries, too_long, queue_full, refused, queries] = engine.stats();
+    let [tcp_queries, too_long, queue_full, refused, queries] = attack_stats(&mut engine);
     sampling.store(false, std::sync::atomic::Ordering::Relaxed);
     let peak = sampler.join().expect("sampler");
     let grown = usize::try_from(peak.saturating_sub(rss0) * 1024).unwrap_or(usize::MAX);

@@ -10,15 +10,14 @@
 //! when its stdin closes (also when this process dies) and is killed if it
 //! does not.
 
-use std::io::{BufRead, BufReader, Write};
 use std::net::TcpStream;
-use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use kerntun::budget::{self, Budget, Platform, TcpStack};
 use kerntun::config::{DriverMode, StackKind};
 use kerntun::{Engine, TunSource};
+use kerntun_testkit::child::{self, EngineProcess};
 use kerntun_testkit::{Topology, require_root, rig, servers, wait_until};
 
 /// Set in the child: the engine's TUN name.
@@ -37,118 +36,41 @@ fn engine_child(tun: &str) {
     c.budget.platform = Some(Platform::Ios);
     c.tun.mtu = Platform::Ios.default_mtu();
     c.tun.ipv6 = None;
-    let mut engine = Engine::start(c, TunSource::Create, None).expect("engine");
-    println!("KT READY {}", engine.tun_name().expect("name"));
-    for line in std::io::stdin().lock().lines() {
-        let Ok(line) = line else { break };
-        if line == "stats" {
-            let s = engine.stats();
-            println!(
-                "KT STATS {} {} {}",
-                s.tcp_sessions_active, s.admission_limit, s.admission_refused
-            );
-        }
-    }
-    engine.stop();
+    let engine = Engine::start(c, TunSource::Create, None).expect("engine");
+    child::serve(engine, |s| {
+        vec![
+            s.tcp_sessions_active,
+            s.admission_limit,
+            s.admission_refused,
+        ]
+    });
 }
 
-/// The child process and its pipes; stopped (or killed) on drop.
-struct EngineProcess {
-    child: Child,
-    stdin: Option<ChildStdin>,
-    stdout: BufReader<ChildStdout>,
+/// (sessions active, admission limit, refusals) as the engine counts them.
+fn session_counts(engine: &mut EngineProcess) -> (u64, u64, u64) {
+    let v = engine.stats();
+    (v[0], v[1], v[2])
 }
 
-impl EngineProcess {
-    /// Run this test again in a child (it inherits the calling thread's
-    /// network namespace) as the engine.
-    fn start(tun: &str) -> EngineProcess {
-        Self::start_with_nofile(tun, None)
-    }
-
-    /// [`EngineProcess::start`] with the child's `RLIMIT_NOFILE` set to
-    /// (soft, hard) before it runs (by `prlimit`, which then execs it).
-    fn start_with_nofile(tun: &str, nofile: Option<(u64, u64)>) -> EngineProcess {
-        let exe = std::env::current_exe().expect("test executable");
-        let mut cmd = match nofile {
-            Some((soft, hard)) => {
-                let mut c = Command::new("prlimit");
-                c.arg(format!("--nofile={soft}:{hard}")).arg("--").arg(exe);
-                c
-            }
-            None => Command::new(exe),
-        };
-        let mut child = cmd
-            .args([
-                "--exact",
-                "thousand_idle_connections_fit_the_ios_budget",
-                "--nocapture",
-                "--test-threads=1",
-            ])
-            .env(CHILD, tun)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("child test process");
-        let stdin = child.stdin.take();
-        let stdout = BufReader::new(child.stdout.take().expect("stdout"));
-        EngineProcess {
-            child,
-            stdin,
-            stdout,
-        }
-    }
-
-    /// What follows `KT ` on the next line that has it (the test harness
-    /// prints lines of its own).
-    fn line(&mut self) -> String {
-        let mut l = String::new();
-        loop {
-            l.clear();
-            let n = self.stdout.read_line(&mut l).expect("child stdout");
-            assert!(n > 0, "the engine process ended early");
-            // The harness prints "test <name> ... " before the first line.
-            if let Some(i) = l.find("KT ") {
-                return l[i + 3..].trim_end().to_owned();
-            }
-        }
-    }
-
-    /// (sessions active, admission limit, refusals) as the engine counts them.
-    fn stats(&mut self) -> (u64, u64, u64) {
-        let stdin = self.stdin.as_mut().expect("stdin");
-        writeln!(stdin, "stats").expect("ask for stats");
-        let l = self.line();
-        let v: Vec<u64> = l
-            .strip_prefix("STATS ")
-            .expect("a stats line")
-            .split(' ')
-            .map(|n| n.parse().expect("number"))
-            .collect();
-        (v[0], v[1], v[2])
-    }
-
-    /// Resident memory of the engine process, in KiB.
-    fn rss_kib(&self) -> u64 {
-        kerntun_testkit::vm_kib(Some(self.child.id()), "VmRSS")
-            .expect("VmRSS of the engine process")
-    }
+/// Run this test again in a child (it inherits the calling thread's
+/// network namespace) as the engine, with its `RLIMIT_NOFILE` set to
+/// (soft, hard) before it runs (by `prlimit`, which then execs it).
+fn start_engine(tun: &str, nofile: Option<(u64, u64)>) -> EngineProcess {
+    let limit = nofile.map(|(soft, hard)| format!("--nofile={soft}:{hard}"));
+    let wrapper: Vec<&str> = match &limit {
+        Some(l) => vec!["prlimit", l, "--"],
+        None => Vec::new(),
+    };
+    EngineProcess::start(
+        "thousand_idle_connections_fit_the_ios_budget",
+        (CHILD, tun),
+        &wrapper,
+    )
 }
 
-impl Drop for EngineProcess {
-    fn drop(&mut self) {
-        // EOF on stdin: the child stops its engine and exits.
-        drop(self.stdin.take());
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// Resident memory of the engine process, in KiB.
+fn rss_kib(engine: &EngineProcess) -> u64 {
+    kerntun_testkit::vm_kib(Some(engine.pid()), "VmRSS").expect("VmRSS of the engine process")
 }
 
 /// A server in the server namespace that accepts and holds every connection
@@ -194,10 +116,10 @@ fn admission_fits_the_descriptor_limit() {
             1024,
         ),
     ] {
-        let mut engine = EngineProcess::start_with_nofile(&topo.tun_name(), Some((256, hard)));
+        let mut engine = start_engine(&topo.tun_name(), Some((256, hard)));
         engine.line();
-        let (_, limit, _) = engine.stats();
-        let soft = soft_nofile(&engine.child.id().to_string()).expect("soft NOFILE of the engine");
+        let (_, limit, _) = session_counts(&mut engine);
+        let soft = soft_nofile(&engine.pid().to_string()).expect("soft NOFILE of the engine");
         eprintln!("[memory] NOFILE 256:{hard} -> soft {soft}, admission {limit}");
         assert_eq!(soft, soft_after, "soft limit raised (hard {hard})");
         assert_eq!(
@@ -246,7 +168,7 @@ fn thousand_idle_connections_fit_the_ios_budget() {
     let topo = Topology::new().expect("topology");
     let server = hold_server(&topo);
     topo.client.enter().expect("enter client ns");
-    let mut engine = EngineProcess::start(&topo.tun_name());
+    let mut engine = start_engine(&topo.tun_name(), None);
     let tun = engine
         .line()
         .strip_prefix("READY ")
@@ -261,10 +183,10 @@ fn thousand_idle_connections_fit_the_ios_budget() {
         .map(|_| TcpStream::connect_timeout(&server.addr, Duration::from_secs(3)).expect("warm-up"))
         .collect();
     wait_until("warm-up sessions running", Duration::from_secs(10), || {
-        engine.stats().0 == WARM as u64
+        session_counts(&mut engine).0 == WARM as u64
     });
     std::thread::sleep(Duration::from_millis(300));
-    let rss0 = engine.rss_kib();
+    let rss0 = rss_kib(&engine);
     eprintln!("[memory] baseline {rss0} KiB");
     let started = Instant::now();
     let mut held = Vec::with_capacity(HELD);
@@ -281,11 +203,11 @@ fn thousand_idle_connections_fit_the_ios_budget() {
         || server.accepted.load(Ordering::Relaxed) >= (HELD + WARM) as u64,
     );
     wait_until("every session running", Duration::from_secs(10), || {
-        engine.stats().0 == (HELD + WARM) as u64
+        session_counts(&mut engine).0 == (HELD + WARM) as u64
     });
     std::thread::sleep(Duration::from_millis(300));
-    let rss1 = engine.rss_kib();
-    let (active, limit, refused) = engine.stats();
+    let rss1 = rss_kib(&engine);
+    let (active, limit, refused) = session_counts(&mut engine);
     let per_session = (rss1.saturating_sub(rss0) * 1024) / HELD as u64;
     eprintln!(
         "[memory] {HELD} idle system-stack sessions under the iOS budget (admission limit {limit}): \

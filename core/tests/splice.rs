@@ -10,49 +10,22 @@
 
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use kerntun::relay::splice::{self, KernelSplice, Pipe, SpliceOps};
 use kerntun::relay::{Fallback, Meter, RelayOptions, Relayed};
+use kerntun::stats::Stats;
 use kerntun_testkit::pattern;
+use kerntun_testkit::tokio_servers::tcp_pair;
 use socket2::SockRef;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 
 const MIB: usize = 1024 * 1024;
 /// Every test finishes well within this; a hang is a failure, not a stuck CI.
 const LIMIT: Duration = Duration::from_secs(30);
-
-async fn pair() -> (TcpStream, TcpStream) {
-    let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let a = TcpStream::connect(l.local_addr().expect("addr"))
-        .await
-        .expect("connect");
-    let (b, _) = l.accept().await.expect("accept");
-    (a, b)
-}
-
-#[derive(Default)]
-struct Counters {
-    up: AtomicU64,
-    down: AtomicU64,
-    spliced: AtomicU64,
-    copied: AtomicU64,
-}
-
-impl Counters {
-    fn meter(&self) -> Meter<'_> {
-        Meter {
-            up: &self.up,
-            down: &self.down,
-            spliced: &self.spliced,
-            copied: &self.copied,
-            pool: None,
-        }
-    }
-}
 
 /// Which splice to fail.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -122,15 +95,15 @@ impl SpliceOps for Faulty {
 struct Rig {
     client: TcpStream,
     server: TcpStream,
-    relay: tokio::task::JoinHandle<(io::Result<Relayed>, Arc<Counters>)>,
+    relay: tokio::task::JoinHandle<(io::Result<Relayed>, Arc<Stats>)>,
 }
 
 async fn rig(ops: Arc<dyn SpliceOps + Send>, opts: RelayOptions) -> Rig {
-    let (client, app_side) = pair().await;
-    let (out_side, server) = pair().await;
+    let (client, app_side) = tcp_pair().await;
+    let (out_side, server) = tcp_pair().await;
     let relay = tokio::spawn(async move {
-        let c = Arc::new(Counters::default());
-        let r = splice::relay(&app_side, &out_side, &opts, &c.meter(), &*ops).await;
+        let c = Arc::new(Stats::default());
+        let r = splice::relay(&app_side, &out_side, &opts, &Meter::tcp(&c, None), &*ops).await;
         (r, c)
     });
     Rig {
@@ -140,13 +113,35 @@ async fn rig(ops: Arc<dyn SpliceOps + Send>, opts: RelayOptions) -> Rig {
     }
 }
 
+impl Rig {
+    /// Send `up` from the client and `down` from the server at once, the
+    /// connection left open; what the server and the client received.
+    async fn exchange(&mut self, up: &[u8], down: &[u8]) -> (Vec<u8>, Vec<u8>) {
+        let mut got_up = vec![0u8; up.len()];
+        let mut got_down = vec![0u8; down.len()];
+        let (mut cr, mut cw) = self.client.split();
+        let (mut sr, mut sw) = self.server.split();
+        let (w1, r1, w2, r2) = tokio::join!(
+            cw.write_all(up),
+            sr.read_exact(&mut got_up),
+            sw.write_all(down),
+            cr.read_exact(&mut got_down),
+        );
+        w1.expect("w up");
+        r1.expect("r up");
+        w2.expect("w down");
+        r2.expect("r down");
+        (got_up, got_down)
+    }
+}
+
 fn opts() -> RelayOptions {
     RelayOptions::default()
 }
 
 async fn finish(
-    rig_relay: tokio::task::JoinHandle<(io::Result<Relayed>, Arc<Counters>)>,
-) -> (io::Result<Relayed>, Arc<Counters>) {
+    rig_relay: tokio::task::JoinHandle<(io::Result<Relayed>, Arc<Stats>)>,
+) -> (io::Result<Relayed>, Arc<Stats>) {
     tokio::time::timeout(LIMIT, rig_relay)
         .await
         .expect("relay finished in time")
@@ -177,7 +172,7 @@ async fn read_all(r: &mut tokio::net::tcp::OwnedReadHalf) -> Vec<u8> {
 }
 
 /// Both directions at once, each checked byte for byte, with counts.
-async fn both_ways(up_len: usize, down_len: usize) -> (Relayed, Arc<Counters>) {
+async fn both_ways(up_len: usize, down_len: usize) -> (Relayed, Arc<Stats>) {
     let rig = rig(Arc::new(KernelSplice), opts()).await;
     let (mut cr, cw) = rig.client.into_split();
     let (mut sr, sw) = rig.server.into_split();
@@ -202,8 +197,16 @@ async fn both_ways(up_len: usize, down_len: usize) -> (Relayed, Arc<Counters>) {
     let r = r.expect("relay ok");
     assert_eq!(r.up.bytes(), up_len as u64);
     assert_eq!(r.down.bytes(), down_len as u64);
-    assert_eq!(c.up.load(Relaxed), up_len as u64, "live up counter");
-    assert_eq!(c.down.load(Relaxed), down_len as u64, "live down counter");
+    assert_eq!(
+        c.tcp_bytes_up.load(Relaxed),
+        up_len as u64,
+        "live up counter"
+    );
+    assert_eq!(
+        c.tcp_bytes_down.load(Relaxed),
+        down_len as u64,
+        "live down counter"
+    );
     (r, c)
 }
 
@@ -213,8 +216,8 @@ async fn both_directions_spliced_with_counts() {
     assert_eq!((r.up.spliced, r.up.copied), (16 * MIB as u64, 0));
     assert_eq!((r.down.spliced, r.down.copied), (8 * MIB as u64, 0));
     assert_eq!((r.up.fallback, r.down.fallback), (None, None));
-    assert_eq!(c.spliced.load(Relaxed), 24 * MIB as u64);
-    assert_eq!(c.copied.load(Relaxed), 0);
+    assert_eq!(c.tcp_bytes_spliced.load(Relaxed), 24 * MIB as u64);
+    assert_eq!(c.tcp_bytes_copied.load(Relaxed), 0);
 }
 
 #[tokio::test]
@@ -394,7 +397,7 @@ async fn pipe_failures_mean_copying() {
         let r = r.expect("ok");
         assert_eq!(r.up.fallback, Some(want));
         assert_eq!((r.up.spliced, r.up.copied), (0, 2 * MIB as u64));
-        assert_eq!(c.copied.load(Relaxed), 2 * MIB as u64 + 4);
+        assert_eq!(c.tcp_bytes_copied.load(Relaxed), 2 * MIB as u64 + 4);
     }
 }
 
@@ -561,16 +564,21 @@ const FD_CHILD: &str = "KERNTUN_SPLICE_FD_CHILD";
 /// in a child.
 #[test]
 fn idle_spliced_connections_hold_no_pipes() {
-    if std::env::var_os(FD_CHILD).is_some() {
-        idle_pipes_body();
-        return;
-    }
-    rerun_in_child("idle_spliced_connections_hold_no_pipes", FD_CHILD);
+    rerun_in_child(
+        "idle_spliced_connections_hold_no_pipes",
+        FD_CHILD,
+        idle_pipes_body,
+    );
 }
 
 /// Run the test `name` of this binary again, alone, in a child process with
-/// `env` set (the test then runs its body), and check that it passed.
-fn rerun_in_child(name: &str, env: &str) {
+/// `env` set (the test then runs its body), and check that it passed. In
+/// that child (`env` set), run `body` instead.
+fn rerun_in_child(name: &str, env: &str, body: fn()) {
+    if std::env::var_os(env).is_some() {
+        body();
+        return;
+    }
     let exe = std::env::current_exe().expect("test executable");
     let out = std::process::Command::new(exe)
         .args(["--exact", name, "--nocapture", "--test-threads=1"])
@@ -613,20 +621,7 @@ fn idle_pipes_body() {
                 for (i, r) in rigs.iter_mut().enumerate() {
                     let seed = 1000 * (round + 1) + i as u64;
                     let (up, down) = (pattern(seed, UP), pattern(seed + 500, DOWN));
-                    let mut got_up = vec![0u8; UP];
-                    let mut got_down = vec![0u8; DOWN];
-                    let (mut cr, mut cw) = r.client.split();
-                    let (mut sr, mut sw) = r.server.split();
-                    let (w1, r1, w2, r2) = tokio::join!(
-                        cw.write_all(&up),
-                        sr.read_exact(&mut got_up),
-                        sw.write_all(&down),
-                        cr.read_exact(&mut got_down),
-                    );
-                    w1.expect("w up");
-                    r1.expect("r up");
-                    w2.expect("w down");
-                    r2.expect("r down");
+                    let (got_up, got_down) = r.exchange(&up, &down).await;
                     assert!(got_up == up, "round {round} conn {i}: upload intact");
                     assert!(got_down == down, "round {round} conn {i}: download intact");
                 }
@@ -704,13 +699,10 @@ const SIGPIPE_CHILD: &str = "KERNTUN_SPLICE_SIGPIPE_CHILD";
 /// that restores the default first.
 #[test]
 fn sigpipe_at_its_default_action_means_copy_and_no_crash() {
-    if std::env::var_os(SIGPIPE_CHILD).is_some() {
-        sigpipe_default_body();
-        return;
-    }
     rerun_in_child(
         "sigpipe_at_its_default_action_means_copy_and_no_crash",
         SIGPIPE_CHILD,
+        sigpipe_default_body,
     );
 }
 
@@ -735,22 +727,7 @@ fn sigpipe_default_body() {
             let mut r = rig(Arc::new(KernelSplice), opts()).await;
             let up = pattern(71, 2 * MIB);
             let down = pattern(72, MIB);
-            let mut got_up = vec![0u8; up.len()];
-            let mut got_down = vec![0u8; down.len()];
-            {
-                let (mut cr, mut cw) = r.client.split();
-                let (mut sr, mut sw) = r.server.split();
-                let (w1, r1, w2, r2) = tokio::join!(
-                    cw.write_all(&up),
-                    sr.read_exact(&mut got_up),
-                    sw.write_all(&down),
-                    cr.read_exact(&mut got_down),
-                );
-                w1.expect("w up");
-                r1.expect("r up");
-                w2.expect("w down");
-                r2.expect("r down");
-            }
+            let (got_up, got_down) = r.exchange(&up, &down).await;
             assert!(got_up == up && got_down == down, "bytes intact");
             r.client.shutdown().await.expect("client fin");
             r.server.shutdown().await.expect("server fin");

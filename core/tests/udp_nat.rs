@@ -150,6 +150,18 @@ impl Local {
     }
 }
 
+/// The app's socket of a family, on any address; reads give up after
+/// 700 ms.
+fn app_socket(v6: bool) -> UdpSocket {
+    let any: SocketAddr = if v6 { "[::]:0" } else { "0.0.0.0:0" }
+        .parse()
+        .expect("addr");
+    let app = UdpSocket::bind(any).expect("app socket");
+    app.set_read_timeout(Some(Duration::from_millis(700)))
+        .expect("timeout");
+    app
+}
+
 /// The app sends to the server's port A; the server answers from A, then
 /// from its port B and from its second address. With endpoint-independent
 /// filtering (the default) all three reach the app, each from the address
@@ -186,12 +198,7 @@ fn replies_from_other_ports_and_addresses_follow_udp_nat() {
                 })
                 .expect("server thread");
             let to = rx.recv().expect("server address");
-            let any: SocketAddr = if v6 { "[::]:0" } else { "0.0.0.0:0" }
-                .parse()
-                .expect("addr");
-            let app = UdpSocket::bind(any).expect("app socket");
-            app.set_read_timeout(Some(Duration::from_millis(700)))
-                .expect("timeout");
+            let app = app_socket(v6);
             app.send_to(b"hello", to).expect("send");
             let from = peer.join().expect("server thread").expect("server");
             let mut got = Vec::new();
@@ -234,12 +241,7 @@ fn stun_reports_one_mapping_across_destinations() {
                 .expect("stun server");
             let two = stun::server(&rig.topo.server, SocketAddr::new(second, one.addr.port()))
                 .expect("second stun server");
-            let any: SocketAddr = if v6 { "[::]:0" } else { "0.0.0.0:0" }
-                .parse()
-                .expect("addr");
-            let app = UdpSocket::bind(any).expect("app socket");
-            app.set_read_timeout(Some(Duration::from_millis(700)))
-                .expect("timeout");
+            let app = app_socket(v6);
             let mut mapped = Vec::new();
             for (i, to) in [one.addr, two.addr].into_iter().enumerate() {
                 let id = [b'k', b't', i as u8, 0, 0, 0, 0, 0, 0, 0, 0, v6 as u8];

@@ -460,21 +460,23 @@ impl Default for SniffOptions {
 }
 
 impl Default for DnsOptions {
+    /// The core's defaults.
     fn default() -> Self {
-        Self {
-            enabled: false,
-            hijack: Vec::new(),
-            hijack_all: false,
-            upstreams: Vec::new(),
-            timeout_ms: 2_000,
-            cache_entries: 4_096,
-            fake_ip: false,
-            fake_ip_pool: "198.18.128.0/17".into(),
-            fake_ip_pool6: None,
-            fake_ip_entries: 65_536,
-            fake_ip_filter: Vec::new(),
-            tls_ca_file: None,
-        }
+        moved!(core::DnsConfig::default(); core::DnsConfig => DnsOptions {
+            enabled,
+            hijack_all,
+            upstreams,
+            timeout_ms,
+            fake_ip,
+            fake_ip_filter,
+        } converted {
+            hijack: hijack.iter().map(ToString::to_string).collect(),
+            cache_entries: cache_entries as u64,
+            fake_ip_entries: fake_ip_entries as u64,
+            fake_ip_pool: fake_ip_pool.to_string(),
+            fake_ip_pool6: fake_ip_pool6.map(|p| p.to_string()),
+            tls_ca_file: tls_ca_file.map(|p| p.display().to_string()),
+        })
     }
 }
 
@@ -527,14 +529,17 @@ impl SniffOptions {
     }
 }
 
+moved!(both core::TimeoutConfig, TimeoutOptions {
+    udp_idle_s,
+    udp_unreplied_s,
+    tcp_idle_s,
+    tcp_linger_s,
+});
+
 impl Default for TimeoutOptions {
+    /// The core's defaults.
     fn default() -> Self {
-        Self {
-            udp_idle_s: 60,
-            udp_unreplied_s: 30,
-            tcp_idle_s: 7_440,
-            tcp_linger_s: 10,
-        }
+        core::TimeoutConfig::default().into()
     }
 }
 
@@ -738,12 +743,7 @@ impl EngineConfig {
                 backlog: b.backlog,
                 relay_buffer: size("budget.relay_buffer", b.relay_buffer)?,
             },
-            timeouts: core::TimeoutConfig {
-                udp_idle_s: self.timeouts.udp_idle_s,
-                udp_unreplied_s: self.timeouts.udp_unreplied_s,
-                tcp_idle_s: self.timeouts.tcp_idle_s,
-                tcp_linger_s: self.timeouts.tcp_linger_s,
-            },
+            timeouts: self.timeouts.clone().into(),
             rules,
             workers: usize::try_from(self.workers).unwrap_or(usize::MAX),
             outbounds,

@@ -15,6 +15,33 @@
 
 uniffi::setup_scaffolding!("kerntun");
 
+/// Moves a value of one struct into another field by field (a core
+/// snapshot or configuration into its record, or back). The pattern has no
+/// `..`, so a field added to one side fails to compile here until the other
+/// has it too. `converted` fields change type on the way; `added` ones are
+/// the target's alone. Without a value it writes the `From` impl (`both`:
+/// both ways).
+macro_rules! moved {
+    (both $a:path, $b:path { $($same:ident),* $(,)? }) => {
+        moved!($a => $b { $($same,)* });
+        moved!($b => $a { $($same,)* });
+    };
+    ($from:path => $to:path { $($same:ident),* $(,)? }) => {
+        impl From<$from> for $to {
+            fn from(s: $from) -> Self {
+                moved!(s; $from => $to { $($same,)* })
+            }
+        }
+    };
+    ($value:expr; $from:path => $to:path { $($same:ident),* $(,)? }
+        $(converted { $($field:ident: $conv:expr),* $(,)? })?
+        $(added { $($extra:ident),* $(,)? })?
+    ) => {{
+        let $from { $($same,)* $($($field,)*)? } = $value;
+        $to { $($same,)* $($($field: $conv,)*)? $($($extra,)*)? }
+    }};
+}
+
 mod config;
 mod engine;
 mod error;

@@ -83,40 +83,21 @@ pub struct DnsStats {
     pub sniff_misses: u64,
 }
 
-impl From<DnsSnapshot> for DnsStats {
-    fn from(d: DnsSnapshot) -> Self {
-        let DnsSnapshot {
-            queries,
-            tcp_queries,
-            cache_hits,
-            upstream_failures,
-            servfail,
-            malformed,
-            refused,
-            fakeip_answers,
-            fakeip_active,
-            fakeip_evictions,
-            fakeip_fallbacks,
-            sniffed,
-            sniff_misses,
-        } = d;
-        DnsStats {
-            queries,
-            tcp_queries,
-            cache_hits,
-            upstream_failures,
-            servfail,
-            malformed,
-            refused,
-            fakeip_answers,
-            fakeip_active,
-            fakeip_evictions,
-            fakeip_fallbacks,
-            sniffed,
-            sniff_misses,
-        }
-    }
-}
+moved!(DnsSnapshot => DnsStats {
+    queries,
+    tcp_queries,
+    cache_hits,
+    upstream_failures,
+    servfail,
+    malformed,
+    refused,
+    fakeip_answers,
+    fakeip_active,
+    fakeip_evictions,
+    fakeip_fallbacks,
+    sniffed,
+    sniff_misses,
+});
 
 /// A point-in-time copy of everything the engine counts. "Up" is from the
 /// apps (TUN) toward the network, "down" the reverse.
@@ -195,10 +176,7 @@ fn pressure(name: &str) -> Option<MemoryPressure> {
 impl From<StatsSnapshot> for EngineStats {
     fn from(s: StatsSnapshot) -> Self {
         let total_drops = s.total_drops();
-        let StatsSnapshot {
-            stack,
-            driver,
-            memory_pressure,
+        moved!(s; StatsSnapshot => EngineStats {
             uptime_ms,
             packets_up,
             bytes_up,
@@ -224,62 +202,18 @@ impl From<StatsSnapshot> for EngineStats {
             udp_bytes_up,
             udp_packets_down,
             udp_bytes_down,
-            tcp_flows:
-                TcpFlowsSnapshot {
-                    half_open,
-                    active,
-                    closing,
-                },
             tun_reads,
             tun_read_packets,
             tun_read_max_batch,
             tun_writes,
-            drops,
             tcp_bytes_spliced,
             tcp_bytes_copied,
             splice_fallbacks,
-            outbounds,
-            dns,
-        } = s;
-        EngineStats {
+        } converted {
             stack: stack.to_string(),
             driver: driver.to_string(),
             memory_pressure: pressure(memory_pressure),
-            uptime_ms,
-            packets_up,
-            bytes_up,
-            packets_down,
-            bytes_down,
-            icmp_echo_replies,
-            tcp_sessions_active,
-            tcp_sessions_total,
-            tcp_bytes_up,
-            tcp_bytes_down,
-            tcp_rejected_by_rule,
-            tcp_connect_failed,
-            admission_limit,
-            admission_refused,
-            accept_errors,
-            accept_foreign_peer,
-            accept_syn_unverified,
-            accept_unknown_port,
-            udp_flows_active,
-            udp_flows_total,
-            udp_flows_evicted,
-            udp_packets_up,
-            udp_bytes_up,
-            udp_packets_down,
-            udp_bytes_down,
-            tcp_flows: TcpFlowStats {
-                half_open,
-                active,
-                closing,
-            },
-            tun_reads,
-            tun_read_packets,
-            tun_read_max_batch,
-            tun_writes,
-            total_drops,
+            tcp_flows: TcpFlowStats::from(tcp_flows),
             drops: drops
                 .into_iter()
                 .map(|(reason, count)| DropCount {
@@ -287,37 +221,29 @@ impl From<StatsSnapshot> for EngineStats {
                     count,
                 })
                 .collect(),
-            tcp_bytes_spliced,
-            tcp_bytes_copied,
-            splice_fallbacks,
             outbounds: outbounds.into_iter().map(OutboundStats::from).collect(),
             dns: DnsStats::from(dns),
-        }
+        } added {
+            total_drops,
+        })
     }
 }
 
-impl From<OutboundSnapshot> for OutboundStats {
-    fn from(o: OutboundSnapshot) -> Self {
-        let OutboundSnapshot {
-            name,
-            tcp_connects,
-            tcp_failures,
-            protocol_errors,
-            udp_flows,
-            udp_failures,
-            resolve_failures,
-        } = o;
-        OutboundStats {
-            name,
-            tcp_connects,
-            tcp_failures,
-            protocol_errors,
-            udp_flows,
-            udp_failures,
-            resolve_failures,
-        }
-    }
-}
+moved!(TcpFlowsSnapshot => TcpFlowStats {
+    half_open,
+    active,
+    closing,
+});
+
+moved!(OutboundSnapshot => OutboundStats {
+    name,
+    tcp_connects,
+    tcp_failures,
+    protocol_errors,
+    udp_flows,
+    udp_failures,
+    resolve_failures,
+});
 
 #[cfg(test)]
 mod tests {

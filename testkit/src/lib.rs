@@ -33,6 +33,7 @@ use std::sync::{Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+pub mod child;
 pub mod dns;
 pub mod rig;
 pub mod router;
@@ -93,6 +94,16 @@ pub struct Netns {
 
 const PREFIX: &str = "ktns";
 
+/// `ip -n NS route add HOST/32|128 dev DEV [table TABLE]`.
+fn route_host(ns: &str, host: IpAddr, dev: &str, table: Option<&str>) -> io::Result<()> {
+    let dst = format!("{host}/{}", if host.is_ipv6() { 128 } else { 32 });
+    let mut args = vec!["-n", ns, "route", "add", &dst, "dev", dev];
+    if let Some(table) = table {
+        args.extend(["table", table]);
+    }
+    sh("ip", &args)
+}
+
 impl Netns {
     /// Create `ktns-<pid>-<tag>` with loopback up.
     pub fn new(tag: &str) -> io::Result<Netns> {
@@ -113,6 +124,29 @@ impl Netns {
         let mut a = vec!["-n", self.name.as_str()];
         a.extend_from_slice(args);
         sh("ip", &a)
+    }
+
+    /// Route `host` (a /32 or /128) into the device `dev`, in the main
+    /// table or in `table`.
+    pub fn route_host(&self, host: IpAddr, dev: &str, table: Option<&str>) -> io::Result<()> {
+        route_host(&self.name, host, dev, table)
+    }
+
+    /// A permanent neighbour entry: `addr` is at `mac` on `dev`, for the
+    /// family `family` (`-4` or `-6`).
+    pub fn pin_neighbour(&self, family: &str, addr: &str, mac: &str, dev: &str) -> io::Result<()> {
+        self.ip(&[
+            family,
+            "neigh",
+            "replace",
+            addr,
+            "lladdr",
+            mac,
+            "dev",
+            dev,
+            "nud",
+            "permanent",
+        ])
     }
 
     /// Run a command inside the namespace and return its stdout.
@@ -283,18 +317,7 @@ impl Topology {
             (&t.server, "kts", &c4, &c6, &cmac),
         ] {
             for (family, peer) in [("-4", peer4), ("-6", peer6)] {
-                ns.ip(&[
-                    family,
-                    "neigh",
-                    "replace",
-                    peer,
-                    "lladdr",
-                    mac,
-                    "dev",
-                    dev,
-                    "nud",
-                    "permanent",
-                ])?;
+                ns.pin_neighbour(family, peer, mac, dev)?;
             }
         }
         Ok(t)
@@ -326,21 +349,8 @@ impl Topology {
     /// (call once the engine created `tun`). The engine's own sockets are bound
     /// to the veth and keep using the connected /24 and /64 routes.
     pub fn route_via_tun(&self, tun: &str) -> io::Result<()> {
-        self.client.ip(&[
-            "route",
-            "add",
-            &format!("{}/32", self.server_v4()),
-            "dev",
-            tun,
-        ])?;
-        self.client.ip(&[
-            "-6",
-            "route",
-            "add",
-            &format!("{}/128", self.server_v6()),
-            "dev",
-            tun,
-        ])
+        self.client.route_host(self.server(false), tun, None)?;
+        self.client.route_host(self.server(true), tun, None)
     }
 
     /// A socket address on the server.

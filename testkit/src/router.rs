@@ -105,35 +105,37 @@ impl Router {
         ])?;
         // Static neighbours, as in `Topology::new`: no resolution delay on
         // the first packets.
-        r.app.ip(&[
-            "neigh",
-            "replace",
-            &g4,
-            "lladdr",
-            &gmac,
-            "dev",
-            APP_VETH,
-            "nud",
-            "permanent",
-        ])?;
-        topo.client.ip(&[
-            "neigh",
-            "replace",
-            &a4,
-            "lladdr",
-            &amac,
-            "dev",
-            GATEWAY_VETH,
-            "nud",
-            "permanent",
-        ])?;
-        // `del` first: a router attached to the same topology before left
-        // its rule behind (the rule lives in the client namespace), and a
-        // second one would fail with EEXIST.
-        let rule = ["iif", GATEWAY_VETH, "lookup", APP_TABLE, "pref", "1000"];
-        let _ = topo.client.ip(&[&["rule", "del"][..], &rule].concat());
-        topo.client.ip(&[&["rule", "add"][..], &rule].concat())?;
+        r.pin_neighbours(topo, "-4", (&a4, &amac), (&g4, &gmac))?;
+        r.add_rule(topo, "-4")?;
         Ok(r)
+    }
+
+    /// Static neighbours both ways on the app's link, for the family
+    /// `family` (`-4` or `-6`): the app's address and MAC, the gateway's.
+    pub(crate) fn pin_neighbours(
+        &self,
+        topo: &Topology,
+        family: &str,
+        (app, app_mac): (&str, &str),
+        (gateway, gateway_mac): (&str, &str),
+    ) -> io::Result<()> {
+        self.app
+            .pin_neighbour(family, gateway, gateway_mac, APP_VETH)?;
+        topo.client
+            .pin_neighbour(family, app, app_mac, GATEWAY_VETH)
+    }
+
+    /// The policy rule `iif kte lookup 233` for the family `family` (`-4`
+    /// or `-6`). `del` first: a router attached to the same topology before
+    /// left its rule behind (the rule lives in the client namespace), and a
+    /// second one would fail with EEXIST.
+    pub(crate) fn add_rule(&self, topo: &Topology, family: &str) -> io::Result<()> {
+        let rule = ["iif", GATEWAY_VETH, "lookup", APP_TABLE, "pref", "1000"];
+        let _ = topo
+            .client
+            .ip(&[&[family, "rule", "del"][..], &rule].concat());
+        topo.client
+            .ip(&[&[family, "rule", "add"][..], &rule].concat())
     }
 
     /// The app's address (the client of the router topology).
@@ -149,15 +151,8 @@ impl Router {
     /// Send what the app sends to the server into `tun` (call once the
     /// engine created it; the route goes when the device does).
     pub fn route_via_tun(&self, topo: &Topology, tun: &str) -> io::Result<()> {
-        topo.client.ip(&[
-            "route",
-            "add",
-            &format!("{}/32", topo.server_v4()),
-            "dev",
-            tun,
-            "table",
-            APP_TABLE,
-        ])
+        topo.client
+            .route_host(topo.server(false), tun, Some(APP_TABLE))
     }
 
     /// Set the MTU of every veth of the topology, the app's pair included.

@@ -66,30 +66,7 @@ impl Router {
                 .map(|m| m.trim().to_owned())
         };
         let (amac, gmac) = (mac(&self.app, APP_VETH)?, mac(&topo.client, GATEWAY_VETH)?);
-        self.app.ip(&[
-            "-6",
-            "neigh",
-            "replace",
-            &g6,
-            "lladdr",
-            &gmac,
-            "dev",
-            APP_VETH,
-            "nud",
-            "permanent",
-        ])?;
-        topo.client.ip(&[
-            "-6",
-            "neigh",
-            "replace",
-            &a6,
-            "lladdr",
-            &amac,
-            "dev",
-            GATEWAY_VETH,
-            "nud",
-            "permanent",
-        ])?;
+        self.pin_neighbours(topo, "-6", (&a6, &amac), (&g6, &gmac))?;
         topo.server.ip(&[
             "-6",
             "route",
@@ -98,25 +75,12 @@ impl Router {
             "via",
             &topo.client_v6().to_string(),
         ])?;
-        let rule = ["iif", GATEWAY_VETH, "lookup", APP_TABLE, "pref", "1000"];
-        let _ = topo
-            .client
-            .ip(&[&["-6", "rule", "del"][..], &rule].concat());
-        topo.client
-            .ip(&[&["-6", "rule", "add"][..], &rule].concat())
+        self.add_rule(topo, "-6")
     }
 
     /// Send what the app sends to the server's IPv6 address into `tun`.
     pub fn route_v6_via_tun(&self, topo: &Topology, tun: &str) -> io::Result<()> {
-        topo.client.ip(&[
-            "-6",
-            "route",
-            "add",
-            &format!("{}/128", topo.server_v6()),
-            "dev",
-            tun,
-            "table",
-            APP_TABLE,
-        ])
+        topo.client
+            .route_host(topo.server(true), tun, Some(APP_TABLE))
     }
 }

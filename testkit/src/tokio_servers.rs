@@ -11,6 +11,17 @@ use std::time::Duration;
 
 use crate::Netns;
 
+/// A connected pair of loopback TCP sockets: (the connecting end, the
+/// accepted end).
+pub async fn tcp_pair() -> (tokio::net::TcpStream, tokio::net::TcpStream) {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = l.local_addr().expect("addr");
+    let (c, s) = tokio::join!(tokio::net::TcpStream::connect(addr), l.accept());
+    (c.expect("connect"), s.expect("accept").0)
+}
+
 /// A server running on its own thread and runtime; stopped and joined on
 /// drop.
 #[derive(Debug)]

@@ -68,20 +68,7 @@ impl UidRoute {
     /// Send what the uid sends to the server into `tun` (call once the
     /// engine created it; the route goes when the device does).
     pub fn route_via_tun(&self, tun: &str) -> io::Result<()> {
-        sh(
-            "ip",
-            &[
-                "-n",
-                &self.ns,
-                "route",
-                "add",
-                &format!("{}/32", self.server),
-                "dev",
-                tun,
-                "table",
-                UID_TABLE,
-            ],
-        )
+        crate::route_host(&self.ns, self.server.into(), tun, Some(UID_TABLE))
     }
 }
 

@@ -167,21 +167,28 @@ fn say(line: &str) {
     let _ = out.flush();
 }
 
+/// The next connection; an accept error is printed and tried again after
+/// 50 ms.
+async fn accept(l: &TcpListener) -> (TcpStream, SocketAddr) {
+    loop {
+        match l.accept().await {
+            Ok(v) => return v,
+            Err(e) => {
+                // EMFILE and friends: back off instead of spinning.
+                eprintln!("accept: {e}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
+
 async fn hold_server(listen: SocketAddr) -> Result<(), String> {
     let l = TcpListener::bind(listen)
         .await
         .map_err(|e| format!("bind {listen}: {e}"))?;
     say(&format!("listening {listen}"));
     loop {
-        let (mut s, _) = match l.accept().await {
-            Ok(v) => v,
-            Err(e) => {
-                // EMFILE and friends: back off instead of spinning.
-                eprintln!("accept: {e}");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
-            }
-        };
+        let (mut s, _) = accept(&l).await;
         tokio::spawn(async move {
             // Answer each byte (the client's ping) until the peer closes,
             // one byte at a time: nothing is buffered per connection.
@@ -284,14 +291,7 @@ async fn ss_none(listen: SocketAddr) -> Result<(), String> {
 
 async fn ss_none_serve(l: TcpListener) -> Result<(), String> {
     loop {
-        let (s, peer) = match l.accept().await {
-            Ok(v) => v,
-            Err(e) => {
-                eprintln!("accept: {e}");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
-            }
-        };
+        let (s, peer) = accept(&l).await;
         tokio::spawn(async move {
             if let Err(e) = ss_none_conn(s, peer).await {
                 eprintln!("ss-none {peer}: {e}");

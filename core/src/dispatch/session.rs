@@ -166,13 +166,7 @@ pub(crate) async fn relay<A: App, H: Hold>(d: &Dispatcher, app: A, out: Outbound
         route,
     } = out;
     let stats = &d.stats;
-    let meter = Meter {
-        up: &stats.tcp_bytes_up,
-        down: &stats.tcp_bytes_down,
-        spliced: &stats.tcp_bytes_spliced,
-        copied: &stats.tcp_bytes_copied,
-        pool: Some(&*d.relay_pool),
-    };
+    let meter = Meter::tcp(stats, Some(&*d.relay_pool));
     let r = tokio::select! {
         r = relay::run(&app, &out, framing.as_deref_mut(), &d.outbounds.relay, &meter) => r,
         () = d.life.reached(Phase::Draining) => Err(io::Error::other("engine stopping")),

@@ -675,6 +675,7 @@ mod tests {
     use crate::outbound::SocketFactory;
     use hickory_proto::op::ResponseCode;
     use hickory_proto::rr::RecordType;
+    use kerntun_testkit::tokio_servers::tcp_pair;
 
     fn service(tweak: impl FnOnce(&mut Config)) -> Arc<Dns> {
         service_with(tweak, 1 << 20)
@@ -955,16 +956,6 @@ mod tests {
         });
         assert_eq!(stats.dns.tcp_queries.load(Relaxed), 2);
         assert_eq!(stats.dns.queries.load(Relaxed), 2);
-    }
-
-    /// A connected pair on loopback: (the app's end, the service's end).
-    async fn tcp_pair() -> (tokio::net::TcpStream, tokio::net::TcpStream) {
-        let l = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
-        let addr = l.local_addr().expect("addr");
-        let (c, s) = tokio::join!(tokio::net::TcpStream::connect(addr), l.accept());
-        (c.expect("connect"), s.expect("accept").0)
     }
 
     /// A prefix announcing more than MAX_QUERY closes the connection at

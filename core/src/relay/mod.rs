@@ -29,6 +29,7 @@ pub mod splice;
 
 use crate::budget::ByteBudget;
 use crate::framing::Framing;
+use crate::stats::Stats;
 use copy::Codec;
 pub(crate) use copy::{Side, read, read_exact, write_all};
 
@@ -47,6 +48,20 @@ pub struct Meter<'a> {
     /// The relay pool full-size copy buffers are charged to (`None`: no
     /// bound, every buffer is full size).
     pub pool: Option<&'a ByteBudget>,
+}
+
+impl<'a> Meter<'a> {
+    /// The engine's TCP byte counters (`tcp_bytes_*` of [`Stats`]), buffers
+    /// charged to `pool`.
+    pub fn tcp(stats: &'a Stats, pool: Option<&'a ByteBudget>) -> Self {
+        Meter {
+            up: &stats.tcp_bytes_up,
+            down: &stats.tcp_bytes_down,
+            spliced: &stats.tcp_bytes_spliced,
+            copied: &stats.tcp_bytes_copied,
+            pool,
+        }
+    }
 }
 
 /// One direction's counters.
@@ -235,45 +250,15 @@ pub(crate) async fn run<A: Side>(
 mod tests {
     use super::*;
     use crate::framing::{Open, Seal};
+    use kerntun_testkit::tokio_servers::tcp_pair;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    use tokio::net::TcpListener;
-
-    /// A connected pair of loopback sockets.
-    async fn pair() -> (TcpStream, TcpStream) {
-        let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let a = TcpStream::connect(l.local_addr().expect("addr"))
-            .await
-            .expect("connect");
-        let (b, _) = l.accept().await.expect("accept");
-        (a, b)
-    }
-
-    #[derive(Default)]
-    struct Counters {
-        up: AtomicU64,
-        down: AtomicU64,
-        spliced: AtomicU64,
-        copied: AtomicU64,
-    }
-
-    impl Counters {
-        fn meter(&self) -> Meter<'_> {
-            Meter {
-                up: &self.up,
-                down: &self.down,
-                spliced: &self.spliced,
-                copied: &self.copied,
-                pool: None,
-            }
-        }
-    }
 
     /// client <-> [app_side | relay | out_side] <-> server, run both ways round
     /// (the relay must be symmetric).
     async fn half_close_then_answer(swap: bool) {
-        let (mut client, app_side) = pair().await;
-        let (out_side, mut server) = pair().await;
-        let c = Counters::default();
+        let (mut client, app_side) = tcp_pair().await;
+        let (out_side, mut server) = tcp_pair().await;
+        let c = Stats::default();
         let (a, b) = if swap {
             (&out_side, &app_side)
         } else {
@@ -285,7 +270,7 @@ mod tests {
             (&mut client, &mut server)
         };
         let payload: Vec<u8> = (0..300_000u32).map(|i| (i * 7 % 251) as u8).collect();
-        let meter = c.meter();
+        let meter = Meter::tcp(&c, None);
         let relay_fut = copy::both(
             a,
             b,
@@ -313,9 +298,12 @@ mod tests {
         assert_eq!(r.up.bytes(), payload.len() as u64);
         assert_eq!(r.down.bytes(), 16);
         assert_eq!(r.up.spliced + r.down.spliced, 0);
-        assert_eq!(c.up.load(Relaxed), r.up.bytes());
-        assert_eq!(c.down.load(Relaxed), r.down.bytes());
-        assert_eq!(c.copied.load(Relaxed), r.up.bytes() + r.down.bytes());
+        assert_eq!(c.tcp_bytes_up.load(Relaxed), r.up.bytes());
+        assert_eq!(c.tcp_bytes_down.load(Relaxed), r.down.bytes());
+        assert_eq!(
+            c.tcp_bytes_copied.load(Relaxed),
+            r.up.bytes() + r.down.bytes()
+        );
     }
 
     #[tokio::test]
@@ -326,16 +314,16 @@ mod tests {
 
     #[tokio::test]
     async fn empty_transfer_and_reset() {
-        let (client, app_side) = pair().await;
-        let (out_side, server) = pair().await;
-        let c = Counters::default();
+        let (client, app_side) = tcp_pair().await;
+        let (out_side, server) = tcp_pair().await;
+        let c = Stats::default();
         drop(client);
         drop(server);
         let opts = RelayOptions {
             splice: false,
             ..RelayOptions::default()
         };
-        let r = run(&app_side, &out_side, None, &opts, &c.meter()).await;
+        let r = run(&app_side, &out_side, None, &opts, &Meter::tcp(&c, None)).await;
         // Both peers closed without data: either a clean 0/0 or a reset, never a hang.
         if let Ok(r) = r {
             assert_eq!(r.up.bytes() + r.down.bytes(), 0);
@@ -372,11 +360,11 @@ mod tests {
     /// sockets with splicing on), through its framing both ways.
     #[tokio::test]
     async fn framed_relay_transforms_both_ways_and_half_closes() {
-        let (mut client, app_side) = pair().await;
-        let (out_side, mut server) = pair().await;
-        let c = Counters::default();
+        let (mut client, app_side) = tcp_pair().await;
+        let (out_side, mut server) = tcp_pair().await;
+        let c = Stats::default();
         let mut framing = XorFraming(Xor(0x5a), Xor(0x5a));
-        let meter = c.meter();
+        let meter = Meter::tcp(&c, None);
         let opts = RelayOptions {
             splice: true,
             buffer: 1024,

@@ -56,29 +56,13 @@ pub fn splice(from: BorrowedFd<'_>, to: BorrowedFd<'_>, len: usize) -> io::Resul
 /// desktop Linux run on (x86, Arm, RISC-V, LoongArch, PowerPC) all use the
 /// generic value. Others (Alpha, MIPS, SPARC...) define their own and get
 /// no splicing (see [`at_urgent_mark`]).
-#[cfg(any(
-    target_arch = "x86",
-    target_arch = "x86_64",
-    target_arch = "arm",
-    target_arch = "aarch64",
-    target_arch = "riscv64",
-    target_arch = "loongarch64",
-    target_arch = "powerpc64"
-))]
+#[cfg(generic_sockios)]
 const SIOCATMARK: u32 = 0x8905;
 
 /// Whether the socket's read position is at the urgent mark, i.e. the next
 /// byte is the out-of-band one. `splice` from TCP stops in front of it and
 /// returns EAGAIN (or 0 with the FIN in) until something reads past it.
-#[cfg(any(
-    target_arch = "x86",
-    target_arch = "x86_64",
-    target_arch = "arm",
-    target_arch = "aarch64",
-    target_arch = "riscv64",
-    target_arch = "loongarch64",
-    target_arch = "powerpc64"
-))]
+#[cfg(generic_sockios)]
 pub fn at_urgent_mark(sock: BorrowedFd<'_>) -> io::Result<bool> {
     let mut at: libc::c_int = 0;
     // SAFETY: SIOCATMARK writes one int through the pointer, which is valid
@@ -94,15 +78,7 @@ pub fn at_urgent_mark(sock: BorrowedFd<'_>) -> io::Result<bool> {
 
 /// Architectures with their own `SIOCATMARK` number: report "unsupported",
 /// which makes the relay copy instead of splicing.
-#[cfg(not(any(
-    target_arch = "x86",
-    target_arch = "x86_64",
-    target_arch = "arm",
-    target_arch = "aarch64",
-    target_arch = "riscv64",
-    target_arch = "loongarch64",
-    target_arch = "powerpc64"
-)))]
+#[cfg(not(generic_sockios))]
 pub fn at_urgent_mark(_sock: BorrowedFd<'_>) -> io::Result<bool> {
     Err(io::Error::from_raw_os_error(libc::EOPNOTSUPP))
 }

@@ -13,7 +13,7 @@ use std::time::Instant;
 
 use tokio::sync::mpsc;
 
-use super::reply::{PROXIED_REPLY_MAX, reply_loop, send_reply, udp_room};
+use super::reply::{PROXIED_REPLY_MAX, recv_error_is_transient, reply_loop, send_reply, udp_room};
 use super::{ReplyState, UdpEnv};
 use crate::budget::ByteBudget;
 use crate::dns::Dns;
@@ -315,11 +315,7 @@ pub(super) async fn proxy_flow(
                         send_reply(&shared, b, reply_key, len, state.mtu()).await;
                     }
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => rbuf = None,
-                    Err(e)
-                        if matches!(
-                            e.kind(),
-                            io::ErrorKind::ConnectionRefused | io::ErrorKind::Interrupted
-                        ) => {}
+                    Err(e) if recv_error_is_transient(&e) => {}
                     Err(_) => return,
                 }
             }

@@ -10,20 +10,7 @@
 import org.kerntun.MemoryPressure
 import org.kerntun.Stack
 import org.kerntun.android.*
-import kotlin.system.exitProcess
-
-var passed = 0
-var failed = 0
-
-fun check(cond: Boolean, what: String) {
-    if (cond) {
-        passed++
-        println("ok   $what")
-    } else {
-        failed++
-        println("FAIL $what")
-    }
-}
+import org.kerntun.testkit.*
 
 fun <T> throwsIllegalArgument(block: () -> T): String? = try {
     block()
@@ -36,7 +23,7 @@ val N = MemoryPressure.NORMAL
 val E = MemoryPressure.ELEVATED
 val C = MemoryPressure.CRITICAL
 
-try {
+guarded {
     // --- trim levels
     check(pressureForTrimLevel(TrimLevel.UI_HIDDEN) == null, "UI_HIDDEN (API 34+) carries no memory information")
     check(pressureForTrimLevel(TrimLevel.BACKGROUND) == E, "BACKGROUND (API 34+) -> ELEVATED")
@@ -204,10 +191,5 @@ try {
     for (bad in listOf("198.18.0.1", "/16", "198.18.0.1/33", "fd00::1/129", "198.18.0.1/x")) {
         check(throwsIllegalArgument { splitCidr(bad) } != null, "splitCidr refuses \"$bad\"")
     }
-} catch (e: Throwable) {
-    failed++
-    println("FAIL unexpected ${e::class.qualifiedName}: ${e.message}")
-    e.printStackTrace()
 }
-println("$passed passed, $failed failed")
-exitProcess(if (failed == 0) 0 else 1)
+finish()

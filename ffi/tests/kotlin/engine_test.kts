@@ -17,25 +17,12 @@ import java.util.Collections
 import java.util.concurrent.TimeUnit
 import java.util.concurrent.atomic.AtomicInteger
 import kotlin.concurrent.thread
-import kotlin.system.exitProcess
+import org.kerntun.testkit.*
 
 val serverV4 = args[0]
 val serverV6 = args[1]
 val port = args[2].toInt()
 val veth = args[3]
-
-var passed = 0
-var failed = 0
-
-fun check(cond: Boolean, what: String) {
-    if (cond) {
-        passed++
-        println("ok   $what")
-    } else {
-        failed++
-        println("FAIL $what")
-    }
-}
 
 /** Run a command; its output is shown only when it fails unexpectedly. */
 fun sh(vararg cmd: String, expectFailure: Boolean = false): Int {
@@ -284,7 +271,7 @@ fun round(n: Int) {
     engine.close()
 }
 
-try {
+guarded {
     check(version().isNotEmpty(), "version() = ${version()}")
     initLogging(LogLevel.WARN)
     initLogging(LogLevel.INFO) // a second call only changes the level
@@ -319,10 +306,6 @@ try {
     }
     round(1)
     round(2)
-} catch (e: Throwable) {
-    failed++
-    println("FAIL unexpected ${e::class.qualifiedName}: ${e.message}")
-    e.printStackTrace()
 }
 // ==== begin: calls during stop and close (stats from a second thread) ====
 // An app's stats timer keeps calling while another thread stops and closes
@@ -437,15 +420,11 @@ fun hammerWhileStoppingAndClosing(stopFirst: Boolean, viaHandle: Boolean) {
     check(gone, "$what: TUN $tun removed")
 }
 
-try {
+guarded(" in the stop/close hammer:") {
     for (viaHandle in listOf(false, true)) {
         hammerWhileStoppingAndClosing(stopFirst = true, viaHandle = viaHandle)
         hammerWhileStoppingAndClosing(stopFirst = false, viaHandle = viaHandle)
     }
-} catch (e: Throwable) {
-    failed++
-    println("FAIL unexpected in the stop/close hammer: ${e::class.qualifiedName}: ${e.message}")
-    e.printStackTrace()
 }
 // ==== end: calls during stop and close ====
 
@@ -477,14 +456,9 @@ fun faults() {
     }
 }
 
-try {
+guarded(" in the fault checks:") {
     faults()
-} catch (e: Throwable) {
-    failed++
-    println("FAIL unexpected in the fault checks: ${e::class.qualifiedName}: ${e.message}")
-    e.printStackTrace()
 }
 // ==== end: a dead engine task ====
 
-println("$passed passed, $failed failed")
-exitProcess(if (failed == 0) 0 else 1)
+finish()

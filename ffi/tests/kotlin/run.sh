@@ -89,7 +89,7 @@ android_src="$root/android/kerntun/src/main/kotlin/org/kerntun/android"
 policy="$android_src/KerntunPolicy.kt"
 handle="$android_src/EngineHandle.kt"
 step "kotlinc -Werror the generated bindings, $(basename "$policy") and $(basename "$handle") (JNA $(basename "$(readlink -f "$JNA_JAR")"))"
-"$KOTLINC" -Werror -d "$work/kerntun.jar" -classpath "$JNA_JAR" "$work"/gen/org/kerntun/*.kt "$policy" "$handle" 2>&1
+"$KOTLINC" -Werror -d "$work/kerntun.jar" -classpath "$JNA_JAR" "$work"/gen/org/kerntun/*.kt "$policy" "$handle" "$here/Checks.kt" 2>&1
 
 step "android_policy_test.kts (trim levels, app routing, ABIs, state reporting)"
 timeout 300 "$KOTLINC" -J-ea -classpath "$work/kerntun.jar:$JNA_JAR" -script "$here/android_policy_test.kts"

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use tokio::net::UdpSocket;
 
-use super::{DARWIN_REPLY_MAX, send_reply, udp_room};
+use super::{DARWIN_REPLY_MAX, recv_error_is_transient, send_reply, udp_room};
 use crate::nat::FlowKey;
 use crate::packet::HEADROOM;
 use crate::stats::{EngineDrop, Stats};
@@ -55,11 +55,7 @@ pub(crate) async fn reply_loop(
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => buf = None,
             // ICMP errors (port unreachable) surface as errors on a connected
             // UDP socket; the flow stays usable.
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::ConnectionRefused | io::ErrorKind::Interrupted
-                ) => {}
+            Err(e) if recv_error_is_transient(&e) => {}
             Err(_) => return,
         }
     }

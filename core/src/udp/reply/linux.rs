@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use tokio::net::UdpSocket;
 
-use super::{FRAGMENTED_REPLY_MAX, udp_room, write_reply};
+use super::{FRAGMENTED_REPLY_MAX, recv_error_is_transient, udp_room, write_reply};
 use crate::nat::FlowKey;
 use crate::packet::HEADROOM;
 use crate::stats::{EngineDrop, Stats};
@@ -137,11 +137,7 @@ pub(crate) async fn reply_loop(
             }
             // ICMP errors (port unreachable) surface as errors on a connected
             // UDP socket; the flow stays usable.
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::ConnectionRefused | io::ErrorKind::Interrupted
-                ) => {}
+            Err(e) if recv_error_is_transient(&e) => {}
             Err(_) => return,
         }
     }

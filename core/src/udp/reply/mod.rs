@@ -68,6 +68,16 @@ pub(super) fn udp_room(mtu: u16, server: SocketAddr) -> (usize, usize) {
     (hdr, usize::from(mtu).saturating_sub(hdr))
 }
 
+/// Whether a receive error leaves the flow usable: ICMP errors (port
+/// unreachable) surface as errors on a connected UDP socket, and an
+/// interrupted call is tried again on the next wake-up.
+pub(super) fn recv_error_is_transient(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::ConnectionRefused | io::ErrorKind::Interrupted
+    )
+}
+
 /// Write the reply of `len` bytes at `b[HEADROOM + header..]` to the app as a
 /// datagram from the flow's server to its client, headers written in place;
 /// a packet longer than `mtu` goes as fragments.
