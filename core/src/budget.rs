@@ -589,10 +589,19 @@ pub const UDP_REPLY_SPILL_BYTES: usize = 16 * (65_535 - 8);
 /// DNS upstreams, with room to spare.
 pub const DESCRIPTOR_RESERVE: usize = 256;
 
+/// Splice pipes that may exist at once in this process (held by relay
+/// directions moving data, or pooled), two descriptors each: counted in
+/// the descriptor budget ([`SPLICE_PIPE_DESCRIPTORS`]), so stalled
+/// downloads cannot take the descriptors accepts, connects and DNS need.
+/// 256 pipes of the relay's 256 KiB are Linux's default per-user pipe
+/// budget (64 MiB); past that the kernel grants pipes too small to splice
+/// through anyway.
+pub const MAX_PIPES: usize = 256;
+
 /// Descriptors of the splice pipes that may exist at once (two per pipe,
-/// at most `relay::splice::MAX_PIPES`); none where there is no splice(2).
+/// at most [`MAX_PIPES`]); none where there is no splice(2).
 #[cfg(any(target_os = "linux", target_os = "android"))]
-pub const SPLICE_PIPE_DESCRIPTORS: usize = 2 * crate::relay::splice::MAX_PIPES;
+pub const SPLICE_PIPE_DESCRIPTORS: usize = 2 * MAX_PIPES;
 /// Descriptors of the splice pipes: none where there is no splice(2).
 #[cfg(not(any(target_os = "linux", target_os = "android")))]
 pub const SPLICE_PIPE_DESCRIPTORS: usize = 0;

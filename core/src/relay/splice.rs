@@ -73,16 +73,10 @@ const URGENT_READ: usize = 4096;
 pub const POOL_PER_THREAD: usize = 8;
 
 /// Pipes that may exist at once in this process (held by directions
-/// moving data, or pooled), two descriptors each: counted in the
-/// descriptor budget (`budget::SPLICE_PIPE_DESCRIPTORS`). Past it a
-/// direction copies in userspace (`pipe2` is not called; the direction's
-/// fallback is `PipeFailed(EMFILE)`), so stalled downloads cannot take the
-/// descriptors accepts, connects and DNS need. 256 pipes of [`PIPE_SIZE`]
-/// are Linux's default per-user pipe budget (64 MiB); past that the kernel
-/// grants pipes too small to splice through anyway ([`MIN_PIPE`]).
-///
-/// [`PIPE_SIZE`]: super::PIPE_SIZE
-pub const MAX_PIPES: usize = 256;
+/// moving data, or pooled): past it a direction copies in userspace
+/// (`pipe2` is not called; the direction's fallback is
+/// `PipeFailed(EMFILE)`). The number and why: [`crate::budget::MAX_PIPES`].
+pub use crate::budget::MAX_PIPES;
 
 /// Pipes in existence, against [`MAX_PIPES`].
 static PIPES: AtomicUsize = AtomicUsize::new(0);
