@@ -1,7 +1,7 @@
 //! The desktop scenarios' parts of the page: the machine, the scenarios'
 //! throughput and cost, the stacks side by side, splice against the
 //! userspace copy (and where the engine's CPU goes), integrity, idle
-//! connections, criterion and the seed's figures.
+//! connections, criterion and the reference run's figures.
 
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
@@ -13,11 +13,12 @@ use crate::record::{
     CriterionFigure, Direction, Integrity, Meta, Record, Scale, ScenarioInfo, Throughput,
 };
 
-/// The seed's measurements: Linux 6.18, i7-12650H, iperf3 over veth
+/// The reference run's measurements: Linux 6.18, i7-12650H, iperf3 over veth
 /// between two namespaces, TUN txqueuelen 10000, veth without TUN about 66
 /// Gbit/s. (streams, smoltcp, system) in Gbit/s.
-pub const SEED_GBIT: [(u32, f64, f64); 3] = [(1, 3.39, 4.82), (16, 4.36, 4.68), (64, 4.13, 4.09)];
-pub const SEED_VETH_GBIT: f64 = 66.0;
+pub const REFERENCE_GBIT: [(u32, f64, f64); 3] =
+    [(1, 3.39, 4.82), (16, 4.36, 4.68), (64, 4.13, 4.09)];
+pub const REFERENCE_VETH_GBIT: f64 = 66.0;
 
 /// Per idle connection, system stack at 10k connections (the target the page checks).
 pub const TARGET_PER_CONN_BYTES: f64 = 2048.0;
@@ -143,7 +144,7 @@ pub(super) fn fill(f: &mut Fill, records: &[Record]) -> Vec<String> {
     }
     scale(f, &v);
     criterion(f, &v);
-    seeds(f, &v);
+    references(f, &v);
     f.text("run_secs", v.meta.map_or(5, |m| m.duration_s).to_string());
     summary(&v)
 }
@@ -899,24 +900,24 @@ fn fmt_ns(ns: f64) -> String {
     }
 }
 
-fn seeds(f: &mut Fill, v: &View) {
-    f.text("seed_veth", format!("{SEED_VETH_GBIT:.0}"));
-    let rows = SEED_GBIT.iter().map(|&(s, smol, sys)| {
+fn references(f: &mut Fill, v: &View) {
+    f.text("ref_veth", format!("{REFERENCE_VETH_GBIT:.0}"));
+    let rows = REFERENCE_GBIT.iter().map(|&(s, smol, sys)| {
         let here = |id: &str| {
             v.fraction(id, s, Direction::Upload)
                 .map(|x| format!("{:.0} %", 100.0 * x))
         };
         format!(
             "| {s} | {sys:.2} Gbit/s | {smol:.2} Gbit/s | {:.1} % | {} | {} |",
-            100.0 * sys / SEED_VETH_GBIT,
+            100.0 * sys / REFERENCE_VETH_GBIT,
             here("system-batch").unwrap_or_else(|| "–".into()),
             here("smoltcp-batch").unwrap_or_else(|| "n/a".into()),
         )
     });
     f.text(
-        "seeds",
+        "references",
         table(
-            "| streams | seed system | seed smoltcp | seed system / veth | here `system-batch` / baseline | here `smoltcp-batch` / baseline |",
+            "| streams | reference system | reference smoltcp | reference system / veth | here `system-batch` / baseline | here `smoltcp-batch` / baseline |",
             "|---:|---:|---:|---:|---:|---:|",
             rows,
         ),
@@ -926,7 +927,7 @@ fn seeds(f: &mut Fill, v: &View) {
         .filter_map(|t| t.run.cpu_s_per_gb)
         .collect();
     f.text(
-        "seed_cpu",
+        "ref_cpu",
         range(&cpu)
             .map(|(lo, hi)| format!("{lo:.2}–{hi:.2}"))
             .unwrap_or_default(),
@@ -936,7 +937,7 @@ fn seeds(f: &mut Fill, v: &View) {
         .filter_map(|t| t.run.hwm_kib)
         .max();
     f.text(
-        "seed_rss",
+        "ref_rss",
         rss.map(|k| format!("{:.1}", k as f64 / 1024.0))
             .unwrap_or_default(),
     );

@@ -1,5 +1,5 @@
 //! `docs/benchmarks.md`, rendered from the records of the harness's runs
-//! (and nothing else, except the seed figures of `desktop::SEED_GBIT`), so
+//! (and nothing else, except the reference run's figures of `desktop::REFERENCE_GBIT`), so
 //! the page always matches `results.jsonl`.
 //!
 //! The page's prose is the template `benches/page.md`; this module fills its
