@@ -243,6 +243,13 @@ typedef void (*UniffiForeignFutureCompleteVoid)(uint64_t, UniffiForeignFutureRes
     );
 
 #endif
+#ifndef UNIFFI_FFIDEF_CALLBACK_INTERFACE_ENGINE_LISTENER_METHOD0
+#define UNIFFI_FFIDEF_CALLBACK_INTERFACE_ENGINE_LISTENER_METHOD0
+typedef void (*UniffiCallbackInterfaceEngineListenerMethod0)(uint64_t, RustBuffer, void* _Nonnull, 
+        RustCallStatus *_Nonnull uniffiCallStatus
+    );
+
+#endif
 #ifndef UNIFFI_FFIDEF_CALLBACK_INTERFACE_PLATFORM_HOOKS_METHOD0
 #define UNIFFI_FFIDEF_CALLBACK_INTERFACE_PLATFORM_HOOKS_METHOD0
 typedef void (*UniffiCallbackInterfacePlatformHooksMethod0)(uint64_t, int32_t, void* _Nonnull, 
@@ -255,6 +262,15 @@ typedef void (*UniffiCallbackInterfacePlatformHooksMethod0)(uint64_t, int32_t, v
 typedef void (*UniffiCallbackInterfacePlatformHooksMethod1)(uint64_t, RustBuffer, RustBuffer, void* _Nonnull, 
         RustCallStatus *_Nonnull uniffiCallStatus
     );
+
+#endif
+#ifndef UNIFFI_FFIDEF_V_TABLE_CALLBACK_INTERFACE_ENGINE_LISTENER
+#define UNIFFI_FFIDEF_V_TABLE_CALLBACK_INTERFACE_ENGINE_LISTENER
+typedef struct UniffiVTableCallbackInterfaceEngineListener {
+    UniffiCallbackInterfaceFree _Nonnull uniffiFree;
+    UniffiCallbackInterfaceClone _Nonnull uniffiClone;
+    UniffiCallbackInterfaceEngineListenerMethod0 _Nonnull onEvent;
+} UniffiVTableCallbackInterfaceEngineListener;
 
 #endif
 #ifndef UNIFFI_FFIDEF_V_TABLE_CALLBACK_INTERFACE_PLATFORM_HOOKS
@@ -287,9 +303,29 @@ uint64_t uniffi_kerntun_ffi_fn_constructor_engine_start(RustBuffer config, int32
 RustBuffer uniffi_kerntun_ffi_fn_method_engine_error(uint64_t ptr, RustCallStatus *_Nonnull out_status
 );
 #endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_FN_METHOD_ENGINE_EVENTS_DROPPED
+#define UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_FN_METHOD_ENGINE_EVENTS_DROPPED
+uint64_t uniffi_kerntun_ffi_fn_method_engine_events_dropped(uint64_t ptr, RustCallStatus *_Nonnull out_status
+);
+#endif
 #ifndef UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_FN_METHOD_ENGINE_IS_RUNNING
 #define UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_FN_METHOD_ENGINE_IS_RUNNING
 int8_t uniffi_kerntun_ffi_fn_method_engine_is_running(uint64_t ptr, RustCallStatus *_Nonnull out_status
+);
+#endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_FN_METHOD_ENGINE_RECENT_LOGS
+#define UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_FN_METHOD_ENGINE_RECENT_LOGS
+RustBuffer uniffi_kerntun_ffi_fn_method_engine_recent_logs(uint64_t ptr, RustCallStatus *_Nonnull out_status
+);
+#endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_FN_METHOD_ENGINE_SET_LISTENER
+#define UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_FN_METHOD_ENGINE_SET_LISTENER
+void uniffi_kerntun_ffi_fn_method_engine_set_listener(uint64_t ptr, RustBuffer listener, RustCallStatus *_Nonnull out_status
+);
+#endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_FN_METHOD_ENGINE_SET_LOG_LEVEL
+#define UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_FN_METHOD_ENGINE_SET_LOG_LEVEL
+void uniffi_kerntun_ffi_fn_method_engine_set_log_level(uint64_t ptr, RustBuffer level, RustCallStatus *_Nonnull out_status
 );
 #endif
 #ifndef UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_FN_METHOD_ENGINE_SET_MEMORY_PRESSURE
@@ -310,6 +346,26 @@ void uniffi_kerntun_ffi_fn_method_engine_stop(uint64_t ptr, RustCallStatus *_Non
 #ifndef UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_FN_METHOD_ENGINE_TUN_NAME
 #define UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_FN_METHOD_ENGINE_TUN_NAME
 RustBuffer uniffi_kerntun_ffi_fn_method_engine_tun_name(uint64_t ptr, RustCallStatus *_Nonnull out_status
+);
+#endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_FN_CLONE_ENGINELISTENER
+#define UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_FN_CLONE_ENGINELISTENER
+uint64_t uniffi_kerntun_ffi_fn_clone_enginelistener(uint64_t handle, RustCallStatus *_Nonnull out_status
+);
+#endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_FN_FREE_ENGINELISTENER
+#define UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_FN_FREE_ENGINELISTENER
+void uniffi_kerntun_ffi_fn_free_enginelistener(uint64_t handle, RustCallStatus *_Nonnull out_status
+);
+#endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_FN_INIT_CALLBACK_VTABLE_ENGINELISTENER
+#define UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_FN_INIT_CALLBACK_VTABLE_ENGINELISTENER
+void uniffi_kerntun_ffi_fn_init_callback_vtable_enginelistener(const UniffiVTableCallbackInterfaceEngineListener* _Nonnull vtable
+);
+#endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_FN_METHOD_ENGINELISTENER_ON_EVENT
+#define UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_FN_METHOD_ENGINELISTENER_ON_EVENT
+void uniffi_kerntun_ffi_fn_method_enginelistener_on_event(uint64_t ptr, RustBuffer event, RustCallStatus *_Nonnull out_status
 );
 #endif
 #ifndef UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_FN_CLONE_PLATFORMHOOKS
@@ -672,9 +728,33 @@ uint16_t uniffi_kerntun_ffi_checksum_method_engine_error(void
     
 );
 #endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_CHECKSUM_METHOD_ENGINE_EVENTS_DROPPED
+#define UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_CHECKSUM_METHOD_ENGINE_EVENTS_DROPPED
+uint16_t uniffi_kerntun_ffi_checksum_method_engine_events_dropped(void
+    
+);
+#endif
 #ifndef UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_CHECKSUM_METHOD_ENGINE_IS_RUNNING
 #define UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_CHECKSUM_METHOD_ENGINE_IS_RUNNING
 uint16_t uniffi_kerntun_ffi_checksum_method_engine_is_running(void
+    
+);
+#endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_CHECKSUM_METHOD_ENGINE_RECENT_LOGS
+#define UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_CHECKSUM_METHOD_ENGINE_RECENT_LOGS
+uint16_t uniffi_kerntun_ffi_checksum_method_engine_recent_logs(void
+    
+);
+#endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_CHECKSUM_METHOD_ENGINE_SET_LISTENER
+#define UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_CHECKSUM_METHOD_ENGINE_SET_LISTENER
+uint16_t uniffi_kerntun_ffi_checksum_method_engine_set_listener(void
+    
+);
+#endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_CHECKSUM_METHOD_ENGINE_SET_LOG_LEVEL
+#define UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_CHECKSUM_METHOD_ENGINE_SET_LOG_LEVEL
+uint16_t uniffi_kerntun_ffi_checksum_method_engine_set_log_level(void
     
 );
 #endif
@@ -699,6 +779,12 @@ uint16_t uniffi_kerntun_ffi_checksum_method_engine_stop(void
 #ifndef UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_CHECKSUM_METHOD_ENGINE_TUN_NAME
 #define UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_CHECKSUM_METHOD_ENGINE_TUN_NAME
 uint16_t uniffi_kerntun_ffi_checksum_method_engine_tun_name(void
+    
+);
+#endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_CHECKSUM_METHOD_ENGINELISTENER_ON_EVENT
+#define UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_CHECKSUM_METHOD_ENGINELISTENER_ON_EVENT
+uint16_t uniffi_kerntun_ffi_checksum_method_enginelistener_on_event(void
     
 );
 #endif

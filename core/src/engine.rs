@@ -252,6 +252,21 @@ impl Engine {
         }
     }
 
+    /// Tell `sink` of every change of the engine's state from now on
+    /// (`None`: nobody). It hears the current state at once: `Running`, or
+    /// `Failed` with the reason; `Stopped` once [`Engine::stop`] finished.
+    /// On a stopped engine it hears `Stopped` at once.
+    pub fn set_event_sink(&self, sink: Option<Arc<dyn crate::EventSink>>) {
+        match &self.inner {
+            Some(inner) => inner.parts.life.set_sink(sink),
+            None => {
+                if let Some(s) = sink {
+                    s.event(crate::EngineEvent::Stopped);
+                }
+            }
+        }
+    }
+
     /// Whether the engine is running (not stopped and no fatal error).
     pub fn is_running(&self) -> bool {
         self.inner
@@ -329,8 +344,9 @@ impl Engine {
         } else {
             rt.shutdown_timeout(STOP_TIMEOUT);
         }
-        drop(parts);
         tracing::info!("kerntun stopped");
+        parts.life.emit(crate::EngineEvent::Stopped);
+        drop(parts);
     }
 }
 

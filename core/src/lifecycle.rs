@@ -11,6 +11,11 @@
 //! running, fails the engine with the reason ([`Lifecycle::fail`]), so
 //! `Engine::is_running` turns false and `Engine::error` says why, instead
 //! of a tunnel whose device nobody reads any more.
+//!
+//! The host may also be told: an [`EventSink`] set on the engine hears
+//! each change of state ([`EngineEvent`]) once, from whichever thread made
+//! it, and must return at once (the FFI queues them for a thread of its
+//! own).
 
 use std::any::Any;
 use std::future::Future;
@@ -29,14 +34,46 @@ pub(crate) enum Phase {
     Stopped,
 }
 
+/// A change in an engine's state, as its host hears it ([`EventSink`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum EngineEvent {
+    /// The engine runs (said once, when a sink is set on a running engine).
+    Running,
+    /// A fatal error ended the engine's loops; `Engine::error` says the
+    /// same. Said once, for the first failure.
+    Failed { reason: String },
+    /// `Engine::stop` finished (after `Failed`, if the engine had failed).
+    Stopped,
+}
+
+/// Where an engine tells its host of [`EngineEvent`]s. Called on the
+/// engine's own threads (or the thread that calls `stop`), never on the
+/// packet path; it must not block.
+pub trait EventSink: Send + Sync {
+    fn event(&self, event: EngineEvent);
+}
+
 /// The phase and the first fatal error, shared by everything the engine runs.
-#[derive(Debug)]
 pub(crate) struct Lifecycle {
     phase: watch::Sender<Phase>,
     fatal: Mutex<Option<String>>,
+    /// The host's sink, if it set one. Taken for each event, which happen a
+    /// few times in an engine's life.
+    sink: Mutex<Option<Arc<dyn EventSink>>>,
     /// The test-only fault hook (`Engine::inject_fault`).
     #[cfg(any(test, feature = "fault-injection"))]
     fault: watch::Sender<Option<(EngineTask, Fault)>>,
+}
+
+impl std::fmt::Debug for Lifecycle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Lifecycle")
+            .field("phase", &self.phase())
+            .field("fatal", &self.fatal())
+            .field("sink", &self.sink.lock().is_some())
+            .finish_non_exhaustive()
+    }
 }
 
 impl Default for Lifecycle {
@@ -44,6 +81,7 @@ impl Default for Lifecycle {
         Self {
             phase: watch::Sender::new(Phase::Running),
             fatal: Mutex::new(None),
+            sink: Mutex::new(None),
             #[cfg(any(test, feature = "fault-injection"))]
             fault: watch::Sender::new(None),
         }
@@ -190,11 +228,43 @@ impl Lifecycle {
         self.phase.subscribe()
     }
 
-    /// Record a fatal error (the first one wins) and stop every loop.
+    /// Record a fatal error (the first one wins, and is the one the sink
+    /// hears) and stop every loop.
     pub fn fail(&self, what: String) {
         tracing::error!("kerntun stopping: {what}");
-        self.fatal.lock().get_or_insert(what);
+        let first = {
+            let mut fatal = self.fatal.lock();
+            let first = fatal.is_none();
+            fatal.get_or_insert_with(|| what.clone());
+            first
+        };
         self.advance(Phase::Stopped);
+        if first {
+            self.emit(EngineEvent::Failed { reason: what });
+        }
+    }
+
+    /// Set (or, with `None`, remove) the host's sink. A new sink hears the
+    /// state the engine is in now: `Running`, or `Failed` with the reason
+    /// (the engine's `stop` says `Stopped` later).
+    pub fn set_sink(&self, sink: Option<Arc<dyn EventSink>>) {
+        let now = match self.fatal() {
+            Some(reason) => EngineEvent::Failed { reason },
+            None => EngineEvent::Running,
+        };
+        if let Some(s) = &sink {
+            s.event(now);
+        }
+        *self.sink.lock() = sink;
+    }
+
+    /// Tell the sink, if there is one (called outside the sink's lock, so
+    /// a sink that calls back into the engine cannot deadlock).
+    pub fn emit(&self, event: EngineEvent) {
+        let sink = self.sink.lock().clone();
+        if let Some(s) = sink {
+            s.event(event);
+        }
     }
 
     /// The fatal error, if one ended the engine.
@@ -351,6 +421,48 @@ mod tests {
             .0;
         assert!(why.starts_with("fault injected"), "{why}");
         assert_eq!(life.fatal(), None);
+    }
+
+    #[derive(Default)]
+    struct Heard(Mutex<Vec<EngineEvent>>);
+
+    impl EventSink for Heard {
+        fn event(&self, event: EngineEvent) {
+            self.0.lock().push(event);
+        }
+    }
+
+    #[test]
+    fn a_sink_hears_the_current_state_then_the_first_failure_once() {
+        let l = Lifecycle::default();
+        let heard = Arc::new(Heard::default());
+        l.set_sink(Some(heard.clone()));
+        l.fail("first".into());
+        l.fail("second".into());
+        l.emit(EngineEvent::Stopped);
+        assert_eq!(
+            *heard.0.lock(),
+            [
+                EngineEvent::Running,
+                EngineEvent::Failed {
+                    reason: "first".into()
+                },
+                EngineEvent::Stopped
+            ]
+        );
+        // A sink set after the failure hears it at once; a removed one
+        // hears nothing more.
+        let late = Arc::new(Heard::default());
+        l.set_sink(Some(late.clone()));
+        l.set_sink(None);
+        l.emit(EngineEvent::Stopped);
+        assert_eq!(
+            *late.0.lock(),
+            [EngineEvent::Failed {
+                reason: "first".into()
+            }]
+        );
+        assert_eq!(heard.0.lock().len(), 3);
     }
 
     #[test]

@@ -9,15 +9,17 @@
 //! final one).
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
 use kerntun::{StartOptions, StatsSnapshot, TunSource};
 use parking_lot::Mutex;
 
-use crate::config::{EngineConfig, MemoryPressure};
+use crate::config::{EngineConfig, LogLevel, MemoryPressure};
 use crate::error::{KerntunError, guard, panic_message};
+use crate::events::{Delivery, EngineEvent, EngineListener};
 use crate::hooks::{HookProtect, PlatformHooks};
-use crate::logging::hook_dispatch;
+use crate::logging::{EngineLog, LogRecord};
 use crate::stats::EngineStats;
 
 /// A running engine. Several may run in one process; each owns its own
@@ -34,9 +36,11 @@ pub struct Engine {
     /// Held for the whole of `stop` (and only by it), so a second `stop`
     /// returns once the first finished.
     stopping: Mutex<()>,
-    /// The engine's own log dispatcher (`EngineConfig.log_level`), also used
-    /// for the lines `stop` logs on the caller's thread.
-    dispatch: Option<tracing::Dispatch>,
+    /// The engine's own logging (its dispatcher, also used for the lines
+    /// `stop` logs on the caller's thread, and its ring of recent lines).
+    log: EngineLog,
+    /// Events the listeners' queues had no room for.
+    events_dropped: Arc<AtomicU64>,
 }
 
 #[derive(Debug, Default)]
@@ -51,11 +55,8 @@ impl std::fmt::Debug for Engine {
     }
 }
 
-fn scoped<T>(dispatch: &Option<tracing::Dispatch>, f: impl FnOnce() -> T) -> T {
-    match dispatch {
-        Some(d) => tracing::dispatcher::with_default(d, f),
-        None => f(),
-    }
+fn scoped<T>(dispatch: &tracing::Dispatch, f: impl FnOnce() -> T) -> T {
+    tracing::dispatcher::with_default(dispatch, f)
 }
 
 impl Engine {
@@ -120,13 +121,11 @@ impl Engine {
     ) -> Result<Arc<Self>, KerntunError> {
         guard(|| {
             let core = config.to_core()?;
-            let dispatch = config
-                .log_level
-                .map(|level| hook_dispatch(platform.clone(), level));
-            let options = match &dispatch {
-                Some(d) => StartOptions::with_dispatch(d.clone()),
-                None => StartOptions::default(),
-            };
+            let log = EngineLog::new(
+                config.log_level.map(|_| platform.clone()),
+                config.log_level.unwrap_or(LogLevel::Info),
+            );
+            let options = StartOptions::with_dispatch(log.dispatch.clone());
             let protect = Arc::new(HookProtect(platform));
             // The app lends `tun_fd` until this call returns (documented above).
             let engine = kerntun::tun::with_lent_fd(tun_fd, |lent| {
@@ -139,7 +138,7 @@ impl Engine {
                         });
                     }
                 };
-                scoped(&dispatch, || {
+                scoped(&log.dispatch, || {
                     kerntun::Engine::start_with(core, source, Some(protect), options)
                 })
                 .map_err(KerntunError::from)
@@ -148,7 +147,8 @@ impl Engine {
                 core: Mutex::new(Some(Arc::new(engine))),
                 stopped: Mutex::new(Stopped::default()),
                 stopping: Mutex::new(()),
-                dispatch,
+                log,
+                events_dropped: Arc::new(AtomicU64::new(0)),
             }))
         })
     }
@@ -161,7 +161,7 @@ impl Engine {
     /// counts at that moment, then with the final ones.
     pub fn stop(&self) {
         let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            scoped(&self.dispatch, || self.stop_core());
+            scoped(&self.log.dispatch, || self.stop_core());
         }));
         if let Err(p) = r {
             tracing::error!("kerntun stop panicked: {}", panic_message(p.as_ref()));
@@ -188,7 +188,7 @@ impl Engine {
     pub fn set_memory_pressure(&self, level: MemoryPressure) {
         let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             if let Some(e) = self.running() {
-                scoped(&self.dispatch, || e.set_memory_pressure(level.into()));
+                scoped(&self.log.dispatch, || e.set_memory_pressure(level.into()));
             }
         }));
     }
@@ -210,6 +210,61 @@ impl Engine {
             None => self.stopped.lock().error.clone(),
         }))
         .unwrap_or_else(|p| Some(panic_message(p.as_ref())))
+    }
+
+    /// Hear the engine's state changes ([`EngineEvent`]) on a thread of the
+    /// listener's own, instead of polling `is_running()`. The listener hears
+    /// the current state at once (`Running`, `Failed`, or `Stopped` on a
+    /// stopped engine), then each change. A new listener replaces the
+    /// previous one (which still hears what was queued for it); `None`
+    /// removes it.
+    pub fn set_listener(&self, listener: Option<Arc<dyn EngineListener>>) {
+        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let delivery = match listener {
+                Some(l) => match Delivery::start(l, self.events_dropped.clone()) {
+                    Ok(d) => Some(Arc::new(d)),
+                    Err(e) => {
+                        scoped(&self.log.dispatch, || {
+                            tracing::error!("no thread for the engine listener: {e}")
+                        });
+                        return;
+                    }
+                },
+                None => None,
+            };
+            match self.running() {
+                Some(e) => e.set_event_sink(delivery.map(|d| d as Arc<dyn kerntun::EventSink>)),
+                None => {
+                    if let Some(d) = delivery {
+                        d.send(EngineEvent::Stopped);
+                    }
+                }
+            }
+        }));
+    }
+
+    /// Events no listener had room for (a listener that stopped taking
+    /// them); see [`crate::events::QUEUE`].
+    pub fn events_dropped(&self) -> u64 {
+        self.events_dropped.load(Relaxed)
+    }
+
+    /// Change the level of the engine's log (its `PlatformHooks.log` lines,
+    /// when `EngineConfig.log_level` was set, and its ring of recent lines)
+    /// while it runs.
+    pub fn set_log_level(&self, level: LogLevel) {
+        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            self.log.set_level(level);
+        }));
+    }
+
+    /// The engine's last lines ([`crate::logging::RING_LINES`] at most,
+    /// oldest first), at its level (`EngineConfig.log_level`, else info;
+    /// [`Engine::set_log_level`]); still answered after `stop`, so an app
+    /// can show why a tunnel failed.
+    pub fn recent_logs(&self) -> Vec<LogRecord> {
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.log.ring.lines()))
+            .unwrap_or_default()
     }
 
     /// The TUN interface name, when known (`utun4`, `kerntun0`); `None`
@@ -279,7 +334,7 @@ impl Drop for Engine {
         let Some(core) = self.core.get_mut().take() else {
             return;
         };
-        let dispatch = self.dispatch.clone();
+        let dispatch = self.log.dispatch.clone();
         // No call can be in flight (they borrow `self`), so this is the last
         // reference: dropping it stops the core engine (its own `Drop`).
         // Should the spawn fail, the closure, and the engine in it, is

@@ -45,6 +45,7 @@ macro_rules! moved {
 mod config;
 mod engine;
 mod error;
+mod events;
 mod hooks;
 mod logging;
 mod stats;
@@ -61,8 +62,9 @@ pub use engine::Engine;
 #[cfg(feature = "fault-injection")]
 pub use engine::{FaultKind, FaultTask};
 pub use error::{HookError, KerntunError};
+pub use events::{EngineEvent, EngineListener};
 pub use hooks::PlatformHooks;
-pub use logging::init_logging;
+pub use logging::{LogRecord, init_logging};
 pub use stats::{DropCount, EngineStats, OutboundStats, TcpFlowStats};
 
 /// The library version (`kerntun` crate version).

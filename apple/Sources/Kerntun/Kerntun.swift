@@ -619,10 +619,41 @@ public protocol EngineProtocol: AnyObject, Sendable {
     func error()  -> String?
     
     /**
+     * Events no listener had room for (a listener that stopped taking
+     * them); see [`crate::events::QUEUE`].
+     */
+    func eventsDropped()  -> UInt64
+    
+    /**
      * Whether the engine is running (not stopping or stopped, no fatal
      * error). Never blocks on `stop`.
      */
     func isRunning()  -> Bool
+    
+    /**
+     * The engine's last lines ([`crate::logging::RING_LINES`] at most,
+     * oldest first), at its level (`EngineConfig.log_level`, else info;
+     * [`Engine::set_log_level`]); still answered after `stop`, so an app
+     * can show why a tunnel failed.
+     */
+    func recentLogs()  -> [LogRecord]
+    
+    /**
+     * Hear the engine's state changes ([`EngineEvent`]) on a thread of the
+     * listener's own, instead of polling `is_running()`. The listener hears
+     * the current state at once (`Running`, `Failed`, or `Stopped` on a
+     * stopped engine), then each change. A new listener replaces the
+     * previous one (which still hears what was queued for it); `None`
+     * removes it.
+     */
+    func setListener(listener: EngineListener?) 
+    
+    /**
+     * Change the level of the engine's log (its `PlatformHooks.log` lines,
+     * when `EngineConfig.log_level` was set, and its ring of recent lines)
+     * while it runs.
+     */
+    func setLogLevel(level: LogLevel) 
     
     /**
      * Forward the platform's memory pressure (iOS dispatch source, Android
@@ -750,6 +781,19 @@ open func error() -> String?  {
 }
     
     /**
+     * Events no listener had room for (a listener that stopped taking
+     * them); see [`crate::events::QUEUE`].
+     */
+open func eventsDropped() -> UInt64  {
+    return try!  FfiConverterUInt64.lift(try! rustCall() {
+        uniffiCallStatus in
+    uniffi_kerntun_ffi_fn_method_engine_events_dropped(
+            self.uniffiCloneHandle(),uniffiCallStatus
+    )
+})
+}
+    
+    /**
      * Whether the engine is running (not stopping or stopped, no fatal
      * error). Never blocks on `stop`.
      */
@@ -760,6 +804,52 @@ open func isRunning() -> Bool  {
             self.uniffiCloneHandle(),uniffiCallStatus
     )
 })
+}
+    
+    /**
+     * The engine's last lines ([`crate::logging::RING_LINES`] at most,
+     * oldest first), at its level (`EngineConfig.log_level`, else info;
+     * [`Engine::set_log_level`]); still answered after `stop`, so an app
+     * can show why a tunnel failed.
+     */
+open func recentLogs() -> [LogRecord]  {
+    return try!  FfiConverterSequenceTypeLogRecord.lift(try! rustCall() {
+        uniffiCallStatus in
+    uniffi_kerntun_ffi_fn_method_engine_recent_logs(
+            self.uniffiCloneHandle(),uniffiCallStatus
+    )
+})
+}
+    
+    /**
+     * Hear the engine's state changes ([`EngineEvent`]) on a thread of the
+     * listener's own, instead of polling `is_running()`. The listener hears
+     * the current state at once (`Running`, `Failed`, or `Stopped` on a
+     * stopped engine), then each change. A new listener replaces the
+     * previous one (which still hears what was queued for it); `None`
+     * removes it.
+     */
+open func setListener(listener: EngineListener?)  {try! rustCall() {
+        uniffiCallStatus in
+    uniffi_kerntun_ffi_fn_method_engine_set_listener(
+            self.uniffiCloneHandle(),
+        FfiConverterOptionTypeEngineListener.lower(listener),uniffiCallStatus
+    )
+}
+}
+    
+    /**
+     * Change the level of the engine's log (its `PlatformHooks.log` lines,
+     * when `EngineConfig.log_level` was set, and its ring of recent lines)
+     * while it runs.
+     */
+open func setLogLevel(level: LogLevel)  {try! rustCall() {
+        uniffiCallStatus in
+    uniffi_kerntun_ffi_fn_method_engine_set_log_level(
+            self.uniffiCloneHandle(),
+        FfiConverterTypeLogLevel_lower(level),uniffiCallStatus
+    )
+}
 }
     
     /**
@@ -862,6 +952,212 @@ public func FfiConverterTypeEngine_lift(_ handle: UInt64) throws -> Engine {
 #endif
 public func FfiConverterTypeEngine_lower(_ value: Engine) -> UInt64 {
     return FfiConverterTypeEngine.lower(value)
+}
+
+
+
+
+
+
+/**
+ * Implemented by the app and passed to `Engine.setListener`. Called on a
+ * thread of its own (one per listener), one event at a time, in order.
+ */
+public protocol EngineListener: AnyObject, Sendable {
+    
+    func onEvent(event: EngineEvent) 
+    
+}
+/**
+ * Implemented by the app and passed to `Engine.setListener`. Called on a
+ * thread of its own (one per listener), one event at a time, in order.
+ */
+open class EngineListenerImpl: EngineListener, @unchecked Sendable {
+    fileprivate let handle: UInt64
+
+    /// Used to instantiate a [FFIObject] without an actual handle, for fakes in tests, mostly.
+#if swift(>=5.8)
+    @_documentation(visibility: private)
+#endif
+    public struct NoHandle {
+        public init() {}
+    }
+
+    // TODO: We'd like this to be `private` but for Swifty reasons,
+    // we can't implement `FfiConverter` without making this `required` and we can't
+    // make it `required` without making it `public`.
+#if swift(>=5.8)
+    @_documentation(visibility: private)
+#endif
+    required public init(unsafeFromHandle handle: UInt64) {
+        self.handle = handle
+    }
+
+    // This constructor can be used to instantiate a fake object.
+    // - Parameter noHandle: Placeholder value so we can have a constructor separate from the default empty one that may be implemented for classes extending [FFIObject].
+    //
+    // - Warning:
+    //     Any object instantiated with this constructor cannot be passed to an actual Rust-backed object. Since there isn't a backing handle the FFI lower functions will crash.
+#if swift(>=5.8)
+    @_documentation(visibility: private)
+#endif
+    public init(noHandle: NoHandle) {
+        self.handle = 0
+    }
+
+#if swift(>=5.8)
+    @_documentation(visibility: private)
+#endif
+    public func uniffiCloneHandle() -> UInt64 {
+        return try! rustCall { uniffi_kerntun_ffi_fn_clone_enginelistener(self.handle, $0) }
+    }
+    // No primary constructor declared for this class.
+
+    deinit {
+        if handle == 0 {
+            // Mock objects have handle=0 don't try to free them
+            return
+        }
+
+        try! rustCall { uniffi_kerntun_ffi_fn_free_enginelistener(handle, $0) }
+    }
+
+    
+
+    
+open func onEvent(event: EngineEvent)  {try! rustCall() {
+        uniffiCallStatus in
+    uniffi_kerntun_ffi_fn_method_enginelistener_on_event(
+            self.uniffiCloneHandle(),
+        FfiConverterTypeEngineEvent_lower(event),uniffiCallStatus
+    )
+}
+}
+    
+
+    
+}
+
+
+
+// Put the implementation in a struct so we don't pollute the top-level namespace
+fileprivate struct UniffiCallbackInterfaceEngineListener {
+
+    // Create the VTable using a series of closures.
+    // Swift automatically converts these into C callback functions.
+    //
+    // Store the vtable directly.
+    static let vtable: UniffiVTableCallbackInterfaceEngineListener = UniffiVTableCallbackInterfaceEngineListener(
+        uniffiFree: { (uniffiHandle: UInt64) -> () in
+            do {
+                try FfiConverterTypeEngineListener.handleMap.remove(handle: uniffiHandle)
+            } catch {
+                print("Uniffi callback interface EngineListener: handle missing in uniffiFree")
+            }
+        },
+        uniffiClone: { (uniffiHandle: UInt64) -> UInt64 in
+            do {
+                return try FfiConverterTypeEngineListener.handleMap.clone(handle: uniffiHandle)
+            } catch {
+                fatalError("Uniffi callback interface EngineListener: handle missing in uniffiClone")
+            }
+        },
+        onEvent: { (
+            uniffiHandle: UInt64,
+            event: RustBuffer,
+            uniffiOutReturn: UnsafeMutableRawPointer,
+            uniffiCallStatus: UnsafeMutablePointer<RustCallStatus>
+        ) in
+            let makeCall = {
+                () throws -> () in
+                guard let uniffiObj = try? FfiConverterTypeEngineListener.handleMap.get(handle: uniffiHandle) else {
+                    throw UniffiInternalError.unexpectedStaleHandle
+                }
+                return uniffiObj.onEvent(
+                     event: try FfiConverterTypeEngineEvent_lift(event)
+                )
+            }
+
+            
+            let writeReturn = { () }
+            uniffiTraitInterfaceCall(
+                callStatus: uniffiCallStatus,
+                makeCall: makeCall,
+                writeReturn: writeReturn
+            )
+        }
+    )
+
+    // Rust stores this pointer for future callback invocations, so it must live
+    // for the process lifetime (not just for the init function call).
+    //
+    // `nonisolated(unsafe)` is needed under Swift 6 strict concurrency.
+    // This is safe because the pointee is initialized once during static init
+    // and never mutated by either side of the FFI.  Its fields are C function pointers.
+    nonisolated(unsafe) static let vtablePtr: UnsafePointer<UniffiVTableCallbackInterfaceEngineListener> = {
+        let ptr = UnsafeMutablePointer<UniffiVTableCallbackInterfaceEngineListener>.allocate(capacity: 1)
+        ptr.initialize(to: vtable)
+        return UnsafePointer(ptr)
+    }()
+}
+
+private func uniffiCallbackInitEngineListener() {
+    uniffi_kerntun_ffi_fn_init_callback_vtable_enginelistener(UniffiCallbackInterfaceEngineListener.vtablePtr)
+}
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public struct FfiConverterTypeEngineListener: FfiConverter {
+    fileprivate static let handleMap = UniffiHandleMap<EngineListener>()
+
+    typealias FfiType = UInt64
+    typealias SwiftType = EngineListener
+
+    public static func lift(_ handle: UInt64) throws -> EngineListener {
+        if ((handle & 1) == 0) {
+            // Rust-generated handle, construct a new class that uses the handle to implement the
+            // interface
+            return EngineListenerImpl(unsafeFromHandle: handle)
+        } else {
+            // Swift-generated handle, get the object from the handle map
+            return try handleMap.remove(handle: handle)
+        }
+    }
+
+    public static func lower(_ value: EngineListener) -> UInt64 {
+         if let rustImpl = value as? EngineListenerImpl {
+             // Rust-implemented object.  Clone the handle and return it
+            return rustImpl.uniffiCloneHandle()
+         } else {
+            // Swift object, generate a new vtable handle and return that.
+            return handleMap.insert(obj: value)
+         }
+    }
+
+    public static func read(from buf: inout (data: Data, offset: Data.Index)) throws -> EngineListener {
+        let handle: UInt64 = try readInt(&buf)
+        return try lift(handle)
+    }
+
+    public static func write(_ value: EngineListener, into buf: inout [UInt8]) {
+        writeInt(&buf, lower(value))
+    }
+}
+
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public func FfiConverterTypeEngineListener_lift(_ handle: UInt64) throws -> EngineListener {
+    return try FfiConverterTypeEngineListener.lift(handle)
+}
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public func FfiConverterTypeEngineListener_lower(_ value: EngineListener) -> UInt64 {
+    return FfiConverterTypeEngineListener.lower(value)
 }
 
 
@@ -2250,6 +2546,79 @@ public func FfiConverterTypeEngineStats_lower(_ value: EngineStats) -> RustBuffe
 
 
 /**
+ * One line of an engine's log, as [`crate::Engine::recent_logs`] returns it.
+ */
+public struct LogRecord: Equatable, Hashable {
+    /**
+     * Wall-clock time, milliseconds since the Unix epoch.
+     */
+    public var unixMs: UInt64
+    public var level: LogLevel
+    /**
+     * `target: message key=value ...`
+     */
+    public var message: String
+
+    // Default memberwise initializers are never public by default, so we
+    // declare one manually.
+    public init(
+        /**
+         * Wall-clock time, milliseconds since the Unix epoch.
+         */unixMs: UInt64, level: LogLevel, 
+        /**
+         * `target: message key=value ...`
+         */message: String) {
+        self.unixMs = unixMs
+        self.level = level
+        self.message = message
+    }
+
+    
+
+    
+}
+
+#if compiler(>=6)
+extension LogRecord: Sendable {}
+#endif
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public struct FfiConverterTypeLogRecord: FfiConverterRustBuffer {
+    public static func read(from buf: inout (data: Data, offset: Data.Index)) throws -> LogRecord {
+        return
+            try LogRecord(
+                unixMs: FfiConverterUInt64.read(from: &buf), 
+                level: FfiConverterTypeLogLevel.read(from: &buf), 
+                message: FfiConverterString.read(from: &buf)
+        )
+    }
+
+    public static func write(_ value: LogRecord, into buf: inout [UInt8]) {
+        FfiConverterUInt64.write(value.unixMs, into: &buf)
+        FfiConverterTypeLogLevel.write(value.level, into: &buf)
+        FfiConverterString.write(value.message, into: &buf)
+    }
+}
+
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public func FfiConverterTypeLogRecord_lift(_ buf: RustBuffer) throws -> LogRecord {
+    return try FfiConverterTypeLogRecord.lift(buf)
+}
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public func FfiConverterTypeLogRecord_lower(_ value: LogRecord) -> RustBuffer {
+    return FfiConverterTypeLogRecord.lower(value)
+}
+
+
+/**
  * Counters of one proxy outbound.
  */
 public struct OutboundStats: Equatable, Hashable {
@@ -3032,6 +3401,98 @@ public func FfiConverterTypeDriver_lift(_ buf: RustBuffer) throws -> Driver {
 #endif
 public func FfiConverterTypeDriver_lower(_ value: Driver) -> RustBuffer {
     return FfiConverterTypeDriver.lower(value)
+}
+
+
+
+/**
+ * A change in an engine's state.
+ */
+
+public enum EngineEvent: Equatable, Hashable {
+    
+    /**
+     * The engine runs: said once, when a listener is set on a running
+     * engine.
+     */
+    case running
+    /**
+     * A fatal error ended the engine (`error()` says the same): a device
+     * or listener failure, or an engine task that panicked or ended. Said
+     * once. The app should stop the engine and tell the user.
+     */
+    case failed(reason: String
+    )
+    /**
+     * `stop()` finished (also said at once to a listener set on a stopped
+     * engine).
+     */
+    case stopped
+
+
+
+
+
+}
+
+#if compiler(>=6)
+extension EngineEvent: Sendable {}
+#endif
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public struct FfiConverterTypeEngineEvent: FfiConverterRustBuffer {
+    typealias SwiftType = EngineEvent
+
+    public static func read(from buf: inout (data: Data, offset: Data.Index)) throws -> EngineEvent {
+        let variant: Int32 = try readInt(&buf)
+        switch variant {
+        
+        case 1: return .running
+        
+        case 2: return .failed(reason: try FfiConverterString.read(from: &buf)
+        )
+        
+        case 3: return .stopped
+        
+        default: throw UniffiInternalError.unexpectedEnumCase
+        }
+    }
+
+    public static func write(_ value: EngineEvent, into buf: inout [UInt8]) {
+        switch value {
+        
+        
+        case .running:
+            writeInt(&buf, Int32(1))
+        
+        
+        case let .failed(reason):
+            writeInt(&buf, Int32(2))
+            FfiConverterString.write(reason, into: &buf)
+            
+        
+        case .stopped:
+            writeInt(&buf, Int32(3))
+        
+        }
+    }
+}
+
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public func FfiConverterTypeEngineEvent_lift(_ buf: RustBuffer) throws -> EngineEvent {
+    return try FfiConverterTypeEngineEvent.lift(buf)
+}
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public func FfiConverterTypeEngineEvent_lower(_ value: EngineEvent) -> RustBuffer {
+    return FfiConverterTypeEngineEvent.lower(value)
 }
 
 
@@ -4118,6 +4579,30 @@ fileprivate struct FfiConverterOptionString: FfiConverterRustBuffer {
 #if swift(>=5.8)
 @_documentation(visibility: private)
 #endif
+fileprivate struct FfiConverterOptionTypeEngineListener: FfiConverterRustBuffer {
+    typealias SwiftType = EngineListener?
+
+    public static func write(_ value: SwiftType, into buf: inout [UInt8]) {
+        guard let value = value else {
+            writeInt(&buf, Int8(0))
+            return
+        }
+        writeInt(&buf, Int8(1))
+        FfiConverterTypeEngineListener.write(value, into: &buf)
+    }
+
+    public static func read(from buf: inout (data: Data, offset: Data.Index)) throws -> SwiftType {
+        switch try readInt(&buf) as Int8 {
+        case 0: return nil
+        case 1: return try FfiConverterTypeEngineListener.read(from: &buf)
+        default: throw UniffiInternalError.unexpectedOptionalTag
+        }
+    }
+}
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
 fileprivate struct FfiConverterOptionTypeDriver: FfiConverterRustBuffer {
     typealias SwiftType = Driver?
 
@@ -4336,6 +4821,31 @@ fileprivate struct FfiConverterSequenceTypeDropCount: FfiConverterRustBuffer {
 #if swift(>=5.8)
 @_documentation(visibility: private)
 #endif
+fileprivate struct FfiConverterSequenceTypeLogRecord: FfiConverterRustBuffer {
+    typealias SwiftType = [LogRecord]
+
+    public static func write(_ value: [LogRecord], into buf: inout [UInt8]) {
+        let len = Int32(value.count)
+        writeInt(&buf, len)
+        for item in value {
+            FfiConverterTypeLogRecord.write(item, into: &buf)
+        }
+    }
+
+    public static func read(from buf: inout (data: Data, offset: Data.Index)) throws -> [LogRecord] {
+        let len: Int32 = try readInt(&buf)
+        var seq = [LogRecord]()
+        seq.reserveCapacity(Int(len))
+        for _ in 0 ..< len {
+            seq.append(try FfiConverterTypeLogRecord.read(from: &buf))
+        }
+        return seq
+    }
+}
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
 fileprivate struct FfiConverterSequenceTypeOutboundStats: FfiConverterRustBuffer {
     typealias SwiftType = [OutboundStats]
 
@@ -4521,7 +5031,19 @@ private let initializationResult: InitializationResult = {
     if (uniffi_kerntun_ffi_checksum_method_engine_error() != 42560) {
         return InitializationResult.apiChecksumMismatch
     }
+    if (uniffi_kerntun_ffi_checksum_method_engine_events_dropped() != 2013) {
+        return InitializationResult.apiChecksumMismatch
+    }
     if (uniffi_kerntun_ffi_checksum_method_engine_is_running() != 37654) {
+        return InitializationResult.apiChecksumMismatch
+    }
+    if (uniffi_kerntun_ffi_checksum_method_engine_recent_logs() != 48469) {
+        return InitializationResult.apiChecksumMismatch
+    }
+    if (uniffi_kerntun_ffi_checksum_method_engine_set_listener() != 47003) {
+        return InitializationResult.apiChecksumMismatch
+    }
+    if (uniffi_kerntun_ffi_checksum_method_engine_set_log_level() != 7889) {
         return InitializationResult.apiChecksumMismatch
     }
     if (uniffi_kerntun_ffi_checksum_method_engine_set_memory_pressure() != 38109) {
@@ -4536,6 +5058,9 @@ private let initializationResult: InitializationResult = {
     if (uniffi_kerntun_ffi_checksum_method_engine_tun_name() != 46394) {
         return InitializationResult.apiChecksumMismatch
     }
+    if (uniffi_kerntun_ffi_checksum_method_enginelistener_on_event() != 20511) {
+        return InitializationResult.apiChecksumMismatch
+    }
     if (uniffi_kerntun_ffi_checksum_method_platformhooks_protect() != 55524) {
         return InitializationResult.apiChecksumMismatch
     }
@@ -4546,6 +5071,7 @@ private let initializationResult: InitializationResult = {
         return InitializationResult.apiChecksumMismatch
     }
 
+    uniffiCallbackInitEngineListener()
     uniffiCallbackInitPlatformHooks()
     return InitializationResult.ok
 }()

@@ -119,6 +119,22 @@ final class ProviderHooks: PlatformHooks, @unchecked Sendable {
     }
 }
 
+/// Hears the engine's state events (on the listener's own thread) and hands
+/// a failure to the provider.
+final class ProviderListener: EngineListener, @unchecked Sendable {
+    private let onFailure: (String) -> Void
+
+    init(onFailure: @escaping (String) -> Void) {
+        self.onFailure = onFailure
+    }
+
+    func onEvent(event: EngineEvent) {
+        if case let .failed(reason) = event {
+            onFailure(reason)
+        }
+    }
+}
+
 open class KerntunPacketTunnelProvider: NEPacketTunnelProvider {
     /// The running engine, if any.
     public private(set) var engine: Engine?
@@ -129,9 +145,6 @@ open class KerntunPacketTunnelProvider: NEPacketTunnelProvider {
     /// addresses the engine answers on (`resolverAddresses(config:)`) are
     /// announced instead.
     open var dnsServers: [String] { ["1.1.1.1", "2606:4700:4700::1111"] }
-
-    /// How often the provider checks that the engine is still running.
-    open var healthCheckInterval: DispatchTimeInterval { .seconds(2) }
 
     /// Whether a change of the network the extension's traffic leaves on
     /// (Wi-Fi to cellular, one Wi-Fi to another, see `KerntunNetworkInfo`)
@@ -149,7 +162,6 @@ open class KerntunPacketTunnelProvider: NEPacketTunnelProvider {
     private let queue = DispatchQueue(label: "kerntun.provider")
     private let hooks = ProviderHooks()
     private var memoryPressure: DispatchSourceMemoryPressure?
-    private var healthTimer: DispatchSourceTimer?
     private var pathMonitor: NWPathMonitor?
     /// The network the current tunnel settings were applied on (nil until
     /// the first path report), and the latest one reported.
@@ -248,8 +260,7 @@ open class KerntunPacketTunnelProvider: NEPacketTunnelProvider {
             self.stopping = true
             self.memoryPressure?.cancel()
             self.memoryPressure = nil
-            self.healthTimer?.cancel()
-            self.healthTimer = nil
+            self.engine?.setListener(listener: nil)
             self.pathMonitor?.cancel()
             self.pathMonitor = nil
             self.appliedNetwork = nil
@@ -379,17 +390,16 @@ open class KerntunPacketTunnelProvider: NEPacketTunnelProvider {
         pathMonitor = monitor
     }
 
+    /// The engine tells of its own failure (device gone, a task died): the
+    /// tunnel is cancelled with the reason, with no polling.
     private func watchHealth(_ engine: Engine) {
-        let timer = DispatchSource.makeTimerSource(queue: queue)
-        timer.schedule(deadline: .now() + healthCheckInterval, repeating: healthCheckInterval)
-        timer.setEventHandler { [weak self, weak engine] in
-            guard let self, let engine, !self.stopping, !engine.isRunning() else { return }
-            self.healthTimer?.cancel()
-            self.cancelTunnelWithError(
-                KerntunTunnelError.engineFailed(engine.error() ?? "unknown error"))
-        }
-        timer.resume()
-        healthTimer = timer
+        engine.setListener(listener: ProviderListener { [weak self] reason in
+            guard let self else { return }
+            self.queue.async {
+                guard !self.stopping, self.engine === engine else { return }
+                self.cancelTunnelWithError(KerntunTunnelError.engineFailed(reason))
+            }
+        })
     }
 
     /// "198.18.0.1/16" -> ("198.18.0.1", 16).

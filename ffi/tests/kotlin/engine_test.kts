@@ -429,10 +429,29 @@ guarded(" in the stop/close hammer:") {
 // ==== end: calls during stop and close ====
 
 // ==== begin: a dead engine task, seen at the FFI ====
+/** Records the engine's state events (called on the listener's own thread). */
+class Listener : EngineListener {
+    val events: MutableList<EngineEvent> = Collections.synchronizedList(mutableListOf())
+    override fun onEvent(event: EngineEvent) {
+        events.add(event)
+    }
+}
+
+/** Polls [cond] until it holds or [ms] pass. */
+fun waitFor(ms: Long = 3000, cond: () -> Boolean): Boolean {
+    val deadline = System.nanoTime() + ms * 1_000_000
+    while (!cond()) {
+        if (System.nanoTime() > deadline) return false
+        Thread.sleep(5)
+    }
+    return true
+}
+
 /**
  * A dead engine task ends the engine visibly: the test-only fault hook
  * (run.sh builds the cdylib with the cargo feature `fault-injection`)
- * makes one task panic or end, and the FFI reports it.
+ * makes one task panic or end, and the FFI reports it: isRunning()/error(),
+ * the listener's events, the log hook and the engine's ring of recent lines.
  */
 fun faults() {
     println("--- faults")
@@ -443,6 +462,9 @@ fun faults() {
         val hooks = Hooks()
         val engine = Engine.start(config("ktfault", "198.18.0.1/16", null, Driver.PER_PACKET, Stack.SYSTEM), -1, hooks)
         check(engine.isRunning() && engine.error() == null, "faults: engine running before the $task fault")
+        val listener = Listener()
+        engine.setListener(listener)
+        check(waitFor { listener.events.toList() == listOf(EngineEvent.Running) }, "events: a new listener hears Running: ${listener.events}")
         engine.injectFault(task, fault)
         val deadline = System.nanoTime() + 3_000_000_000L
         while (engine.isRunning() && System.nanoTime() < deadline) Thread.sleep(5)
@@ -450,14 +472,53 @@ fun faults() {
         val err = engine.error()
         check(err != null && err.startsWith(want), "faults: $task $fault -> error() says why: $err")
         check(hooks.logs.any { it.startsWith("ERROR") && it.contains(want) }, "faults: the failure is logged through PlatformHooks.log")
+        check(
+            waitFor { listener.events.any { it is EngineEvent.Failed && it.reason.startsWith(want) } },
+            "events: $task $fault -> Failed with the reason: ${listener.events}",
+        )
+        check(
+            engine.recentLogs().any { it.level == LogLevel.ERROR && it.message.contains(want) },
+            "logs: the ring keeps the failure",
+        )
         engine.stop()
+        check(waitFor { listener.events.lastOrNull() == EngineEvent.Stopped }, "events: Stopped once stop() returned: ${listener.events}")
+        check(listener.events.count { it is EngineEvent.Failed } == 1, "events: the failure is said once")
+        val late = Listener()
+        engine.setListener(late)
+        check(waitFor { late.events.toList() == listOf(EngineEvent.Stopped) }, "events: a listener set after stop hears Stopped")
+        check(engine.recentLogs().any { it.message.contains(want) }, "logs: the ring still answers after stop")
+        check(engine.eventsDropped() == 0UL, "events: none dropped")
         engine.close()
         check(sh("ip", "link", "show", "ktfault", expectFailure = true) != 0, "faults: the failed engine's TUN is removed on stop")
     }
 }
 
+/** The engine's log level changes while it runs, for the hook and the ring alike. */
+fun logLevels() {
+    println("--- log levels")
+    val hooks = Hooks()
+    val engine = Engine.start(config("ktlog", "198.18.0.1/16", null, Driver.PER_PACKET, Stack.SYSTEM), -1, hooks)
+    fun lines() = engine.recentLogs().count { it.message.contains("memory pressure") } to
+        hooks.logs.count { it.contains("memory pressure") }
+    val before = lines()
+    engine.setLogLevel(LogLevel.WARN)
+    engine.setMemoryPressure(MemoryPressure.ELEVATED)
+    check(lines() == before, "logs: at WARN an info line reaches neither the ring nor the hook: ${lines()} vs $before")
+    engine.setLogLevel(LogLevel.INFO)
+    engine.setMemoryPressure(MemoryPressure.NORMAL)
+    val after = lines()
+    check(after.first == before.first + 1 && after.second == before.second + 1, "logs: back at INFO both get it: $after vs $before")
+    val r = engine.recentLogs().last { it.message.contains("memory pressure") }
+    check(r.level == LogLevel.INFO && r.unixMs > 1_600_000_000_000UL, "logs: a record has its level and time: $r")
+    engine.stop()
+    engine.close()
+}
+
 guarded(" in the fault checks:") {
     faults()
+}
+guarded(" in the log level checks:") {
+    logLevels()
 }
 // ==== end: a dead engine task ====
 

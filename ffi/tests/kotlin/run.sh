@@ -11,7 +11,9 @@
 # them, reads stats, checks typed errors and the protect hook, and stops
 # them, twice in one JVM; then it makes an engine task panic through the
 # test-only fault hook (the cdylib is built with the cargo feature
-# `fault-injection`) and checks isRunning()/error(). Namespaces, the server and temp files are removed
+# `fault-injection`) and checks isRunning()/error(), the listener's
+# Running/Failed/Stopped events and the log ring; and it changes an engine's
+# log level while it runs. Namespaces, the server and temp files are removed
 # on every exit. Before that, android_policy_test.kts tests the Android
 # module's platform-independent Kotlin (KerntunPolicy.kt) on the same JVM;
 # engine_test.kts also hammers the glue's EngineHandle.kt.

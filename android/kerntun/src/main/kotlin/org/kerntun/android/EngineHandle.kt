@@ -6,7 +6,10 @@ package org.kerntun.android
 
 import java.util.concurrent.atomic.AtomicBoolean
 import org.kerntun.Engine
+import org.kerntun.EngineListener
 import org.kerntun.EngineStats
+import org.kerntun.LogLevel
+import org.kerntun.LogRecord
 import org.kerntun.MemoryPressure
 
 /**
@@ -43,6 +46,14 @@ class EngineHandle(private val engine: Engine) : AutoCloseable {
     fun stats(): EngineStats? = call(null) { it.stats() }
 
     fun setMemoryPressure(level: MemoryPressure) = call(Unit) { it.setMemoryPressure(level) }
+
+    /** Hear the engine's state events (null: nobody); a no-op once closed. */
+    fun setListener(listener: EngineListener?) = call(Unit) { it.setListener(listener) }
+
+    /** The engine's last log lines, oldest first; empty once closed. */
+    fun recentLogs(): List<LogRecord> = call(emptyList()) { it.recentLogs() }
+
+    fun setLogLevel(level: LogLevel) = call(Unit) { it.setLogLevel(level) }
 
     /** Stops the engine (bounded by the engine's drain deadline); idempotent. */
     fun stop() = call(Unit) { it.stop() }

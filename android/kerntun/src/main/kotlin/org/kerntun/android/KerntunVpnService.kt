@@ -57,6 +57,8 @@ import java.util.concurrent.ExecutorService
 import java.util.concurrent.Executors
 import org.kerntun.Engine
 import org.kerntun.EngineConfig
+import org.kerntun.EngineEvent
+import org.kerntun.EngineListener
 import org.kerntun.HookException
 import org.kerntun.KerntunException
 import org.kerntun.LogLevel
@@ -268,7 +270,20 @@ abstract class KerntunVpnService : VpnService() {
         val fd = pfd.detachFd()
         try {
             val started = Engine.start(config, fd, hooks)
-            engine = EngineHandle(started)
+            val handle = EngineHandle(started)
+            engine = handle
+            // The engine says when it fails on its own (device gone, a task
+            // died), on its listener's thread: no polling.
+            handle.setListener(object : EngineListener {
+                override fun onEvent(event: EngineEvent) {
+                    if (event !is EngineEvent.Failed) return
+                    worker.execute {
+                        if (engine !== handle) return@execute
+                        stopEngine(TunnelState.Failed(FailureKind.ENGINE_DIED, event.reason))
+                        main.post { stopSelf() }
+                    }
+                }
+            })
             report(TunnelState.Running(started.tunName() ?: "fd $fd"))
             main.post {
                 watchNetworks()
@@ -367,21 +382,15 @@ abstract class KerntunVpnService : VpnService() {
     }
 
     /**
-     * The engine's health and the memory info on every tick; the
-     * statistics (notification, listeners) only while somebody watches.
-     * Its pace comes from [schedule].
+     * The memory info on every tick; the statistics (notification,
+     * listeners) only while somebody watches. Its pace comes from
+     * [schedule]. (The engine's failure arrives as an event, see
+     * [startEngine].)
      */
     private val statsTick = object : Runnable {
         override fun run() {
             val e = engine ?: return
-            if (!e.isRunning()) {
-                val why = e.error() ?: "unknown error"
-                worker.execute {
-                    stopEngine(TunnelState.Failed(FailureKind.ENGINE_DIED, why))
-                    main.post { stopSelf() }
-                }
-                return
-            }
+            if (!e.isRunning()) return
             pollMemoryInfo()
             if (schedule.watched) {
                 val s = e.stats() ?: return
