@@ -84,6 +84,30 @@ fn hijacked_udp_query_is_answered_and_cached_for_its_ttl() {
     assert_eq!(rig.stats().dns.cache_hits, 2);
 }
 
+/// DNS over TLS to the hijacked address is reset at once, so a resolver
+/// that tries it first falls back to port 53 (`dns.reset_dot`, on by
+/// default), and counted; port 53 there keeps answering.
+#[test]
+fn dot_to_the_hijacked_address_is_reset_and_port_53_answers() {
+    require_root!();
+    let topo = Topology::new().expect("topology");
+    let web: IpAddr = "198.19.7.8".parse().expect("ip");
+    let srv = upstream(&topo, Zone::new(60).with("dot.test", web));
+    let rig = rig(vec![format!("udp://{}", srv.addr)]).start_in(topo);
+    let dot = SocketAddr::new(RESOLVER.ip(), 853);
+    let t0 = Instant::now();
+    let err = std::net::TcpStream::connect_timeout(&dot, WAIT).expect_err("reset");
+    assert_eq!(err.kind(), std::io::ErrorKind::ConnectionRefused, "{err}");
+    assert!(
+        t0.elapsed() < Duration::from_secs(1),
+        "at once: {:?}",
+        t0.elapsed()
+    );
+    assert_eq!(rig.stats().drop_count("dns_tls_reset"), 1);
+    let r = ask(&dns::query("dot.test", RecordType::A, 5));
+    assert_eq!(dns::first_addr(&r), Some(web));
+}
+
 #[test]
 fn upstream_down_is_servfail_within_the_timeout() {
     require_root!();

@@ -310,6 +310,12 @@ pub struct DnsOptions {
     /// Hijack port 53 whatever the destination.
     #[uniffi(default = false)]
     pub hijack_all: bool,
+    /// Reset TCP to port 853 (DNS over TLS) of the hijacked addresses, so
+    /// Android's Private DNS (automatic mode) falls back to port 53 and
+    /// kerntun answers; counted as the drop `dns_tls_reset`. Off: an
+    /// ordinary flow.
+    #[uniffi(default = true)]
+    pub reset_dot: bool,
     /// Upstreams tried in order: `udp://IP:PORT`, `tcp://IP:PORT`, and,
     /// only in a library built with kerntun-ffi's `dot` / `doh` features,
     /// `tls://IP:PORT#server-name` (DNS over TLS) and
@@ -465,6 +471,7 @@ impl Default for DnsOptions {
         moved!(core::DnsConfig::default(); core::DnsConfig => DnsOptions {
             enabled,
             hijack_all,
+            reset_dot,
             upstreams,
             timeout_ms,
             fake_ip,
@@ -494,6 +501,7 @@ impl DnsOptions {
             enabled: self.enabled,
             hijack,
             hijack_all: self.hijack_all,
+            reset_dot: self.reset_dot,
             upstreams: self.upstreams.clone(),
             timeout_ms: self.timeout_ms,
             cache_entries: count("dns.cache_entries", self.cache_entries)?,

@@ -81,6 +81,11 @@ pub enum EngineDrop {
     /// A hijacked DNS query's task panicked (the query is dropped; the
     /// engine keeps running).
     DnsTaskPanic,
+    /// A TCP connection to port 853 (DNS over TLS) of a hijacked address,
+    /// answered with an RST so the platform's resolver (Android's Private
+    /// DNS in its automatic mode) asks port 53, which kerntun answers
+    /// (`dns.reset_dot`).
+    DnsTlsReset,
 }
 
 impl EngineDrop {
@@ -96,7 +101,7 @@ impl EngineDrop {
         }
     }
 
-    pub const COUNT: usize = 28;
+    pub const COUNT: usize = 29;
     pub const ALL: [EngineDrop; Self::COUNT] = [
         EngineDrop::NoMapping,
         EngineDrop::StrayTcp,
@@ -126,6 +131,7 @@ impl EngineDrop {
         EngineDrop::FragTimeout,
         EngineDrop::SmoltcpSocketsFull,
         EngineDrop::DnsTaskPanic,
+        EngineDrop::DnsTlsReset,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -158,6 +164,7 @@ impl EngineDrop {
             EngineDrop::FragTimeout => "frag_timeout",
             EngineDrop::SmoltcpSocketsFull => "smoltcp_sockets_full",
             EngineDrop::DnsTaskPanic => "dns_task_panic",
+            EngineDrop::DnsTlsReset => "dns_tls_reset",
         }
     }
 }

@@ -1668,6 +1668,13 @@ public struct DnsOptions: Equatable, Hashable {
      */
     public var hijackAll: Bool
     /**
+     * Reset TCP to port 853 (DNS over TLS) of the hijacked addresses, so
+     * Android's Private DNS (automatic mode) falls back to port 53 and
+     * kerntun answers; counted as the drop `dns_tls_reset`. Off: an
+     * ordinary flow.
+     */
+    public var resetDot: Bool
+    /**
      * Upstreams tried in order: `udp://IP:PORT`, `tcp://IP:PORT`, and,
      * only in a library built with kerntun-ffi's `dot` / `doh` features,
      * `tls://IP:PORT#server-name` (DNS over TLS) and
@@ -1730,6 +1737,12 @@ public struct DnsOptions: Equatable, Hashable {
          * Hijack port 53 whatever the destination.
          */hijackAll: Bool = false, 
         /**
+         * Reset TCP to port 853 (DNS over TLS) of the hijacked addresses, so
+         * Android's Private DNS (automatic mode) falls back to port 53 and
+         * kerntun answers; counted as the drop `dns_tls_reset`. Off: an
+         * ordinary flow.
+         */resetDot: Bool = true, 
+        /**
          * Upstreams tried in order: `udp://IP:PORT`, `tcp://IP:PORT`, and,
          * only in a library built with kerntun-ffi's `dot` / `doh` features,
          * `tls://IP:PORT#server-name` (DNS over TLS) and
@@ -1770,6 +1783,7 @@ public struct DnsOptions: Equatable, Hashable {
         self.enabled = enabled
         self.hijack = hijack
         self.hijackAll = hijackAll
+        self.resetDot = resetDot
         self.upstreams = upstreams
         self.timeoutMs = timeoutMs
         self.cacheEntries = cacheEntries
@@ -1800,6 +1814,7 @@ public struct FfiConverterTypeDnsOptions: FfiConverterRustBuffer {
                 enabled: FfiConverterBool.read(from: &buf), 
                 hijack: FfiConverterSequenceString.read(from: &buf), 
                 hijackAll: FfiConverterBool.read(from: &buf), 
+                resetDot: FfiConverterBool.read(from: &buf), 
                 upstreams: FfiConverterSequenceString.read(from: &buf), 
                 timeoutMs: FfiConverterUInt64.read(from: &buf), 
                 cacheEntries: FfiConverterUInt64.read(from: &buf), 
@@ -1816,6 +1831,7 @@ public struct FfiConverterTypeDnsOptions: FfiConverterRustBuffer {
         FfiConverterBool.write(value.enabled, into: &buf)
         FfiConverterSequenceString.write(value.hijack, into: &buf)
         FfiConverterBool.write(value.hijackAll, into: &buf)
+        FfiConverterBool.write(value.resetDot, into: &buf)
         FfiConverterSequenceString.write(value.upstreams, into: &buf)
         FfiConverterUInt64.write(value.timeoutMs, into: &buf)
         FfiConverterUInt64.write(value.cacheEntries, into: &buf)

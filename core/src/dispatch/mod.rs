@@ -88,6 +88,8 @@ enum Refusal {
     Rule,
     /// A fake-ip address that stands for no domain (evicted, or never given).
     UnknownFake,
+    /// TCP to port 853 of a hijacked address (`dns.reset_dot`).
+    DnsOverTls,
 }
 
 impl Dispatcher {
@@ -137,6 +139,7 @@ impl Dispatcher {
             }
             (Refusal::Rule, Network::Udp) => Stats::drop(&self.stats, EngineDrop::UdpRejected),
             (Refusal::UnknownFake, _) => Stats::drop(&self.stats, EngineDrop::FakeIpUnknown),
+            (Refusal::DnsOverTls, _) => Stats::drop(&self.stats, EngineDrop::DnsTlsReset),
         }
     }
 
@@ -145,6 +148,9 @@ impl Dispatcher {
         if let Some(dns) = &self.dns {
             if dns.hijacks(server) {
                 return Ok(Plan::Dns);
+            }
+            if network == Network::Tcp && dns.resets_dot(server) {
+                return Err(Refusal::DnsOverTls);
             }
             if dns.is_fake(server.ip()) {
                 let Some(domain) = dns.fake_domain(server.ip()) else {
@@ -341,9 +347,52 @@ mod tests {
             d.plan(sniffed, Network::Udp),
             Some(Plan::Connect { route: Route::Direct, dst: Address::Ip(a) }) if a == sniffed
         ));
+        // DNS over TLS to the hijacked address is refused (an RST), and
+        // counted on its own; QUIC-style UDP to 853 and 853 elsewhere are
+        // ordinary flows.
+        let dot: SocketAddr = "198.18.0.3:853".parse().expect("static");
+        assert!(d.plan(dot, Network::Tcp).is_none());
+        assert!(d.admit(dot, Instant::now()).is_none());
+        assert_eq!(drops(EngineDrop::DnsTlsReset), 2);
+        assert!(matches!(
+            d.plan(dot, Network::Udp),
+            Some(Plan::Connect { .. })
+        ));
+        let elsewhere: SocketAddr = "203.0.113.5:853".parse().expect("static");
+        assert!(matches!(
+            d.plan(elsewhere, Network::Tcp),
+            Some(Plan::Connect { .. })
+        ));
         // Nothing else was counted as refused.
         assert_eq!(d.stats.tcp_rejected_by_rule.load(Relaxed), 2);
         assert_eq!(drops(EngineDrop::UdpRejected), 2);
         assert_eq!(drops(EngineDrop::FakeIpUnknown), 2);
+        assert_eq!(drops(EngineDrop::DnsTlsReset), 2);
+    }
+
+    /// `dns.reset_dot = false`: port 853 of the hijacked address is an
+    /// ordinary flow.
+    #[test]
+    fn dot_to_the_hijacked_address_is_a_flow_when_reset_is_off() {
+        let mut d = dispatcher();
+        let mut cfg = DnsConfig {
+            enabled: true,
+            hijack: vec!["198.18.0.3".parse().expect("static")],
+            upstreams: vec!["udp://192.0.2.1:53".into()],
+            reset_dot: false,
+            ..DnsConfig::default()
+        };
+        let pressure = Arc::new(Pressure::default());
+        let bytes = || Arc::new(ByteBudget::new(1 << 20, pressure.clone()));
+        let nets = ["198.18.0.1/16".parse().expect("static")];
+        d.dns = Dns::new(&cfg, &nets, d.outbounds.clone(), bytes(), bytes(), bytes()).expect("dns");
+        let dot: SocketAddr = "198.18.0.3:853".parse().expect("static");
+        assert!(matches!(
+            d.plan(dot, Network::Tcp),
+            Some(Plan::Connect { .. })
+        ));
+        cfg.reset_dot = true;
+        d.dns = Dns::new(&cfg, &nets, d.outbounds.clone(), bytes(), bytes(), bytes()).expect("dns");
+        assert!(d.plan(dot, Network::Tcp).is_none());
     }
 }

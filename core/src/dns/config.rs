@@ -28,6 +28,12 @@ pub struct DnsConfig {
     pub hijack: Vec<IpAddr>,
     /// Hijack port 53 whatever the destination.
     pub hijack_all: bool,
+    /// Answer TCP connections to port 853 (DNS over TLS) of the hijacked
+    /// addresses with an RST (counted `dns_tls_reset`), so a resolver that
+    /// tries TLS first (Android's Private DNS, automatic mode) falls back to
+    /// port 53 and its queries reach kerntun's DNS instead of going around
+    /// it. Off: such a connection is an ordinary flow.
+    pub reset_dot: bool,
     /// Upstreams, tried in order: `udp://IP:PORT`, `tcp://IP:PORT`,
     /// `tls://IP:PORT#server-name` (DNS over TLS, feature `dot`),
     /// `https://IP[:PORT][/PATH]#server-name` (DNS over HTTPS, feature
@@ -61,6 +67,7 @@ impl Default for DnsConfig {
             enabled: false,
             hijack: Vec::new(),
             hijack_all: false,
+            reset_dot: true,
             upstreams: Vec::new(),
             timeout_ms: 2_000,
             cache_entries: 4_096,

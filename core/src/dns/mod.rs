@@ -89,6 +89,8 @@ pub struct Dns {
     timeout: Duration,
     hijack: Vec<IpAddr>,
     hijack_all: bool,
+    /// `dns.reset_dot`.
+    reset_dot: bool,
     cache: Cache,
     /// Bytes the cache may hold (shrinks with memory pressure).
     cache_bytes: Arc<ByteBudget>,
@@ -236,6 +238,7 @@ impl Dns {
             timeout: Duration::from_millis(c.timeout_ms.max(1)),
             hijack,
             hijack_all: c.hijack_all,
+            reset_dot: c.reset_dot,
             cache: Cache::new(c.cache_entries),
             cache_bytes,
             in_flight,
@@ -251,6 +254,16 @@ impl Dns {
     #[inline]
     pub fn hijacks(&self, dst: SocketAddr) -> bool {
         dst.port() == 53 && (self.hijack_all || self.hijack.contains(&dst.ip()))
+    }
+
+    /// Whether a TCP connection to `dst` is DNS over TLS to a hijacked
+    /// address, to be reset (`dns.reset_dot`). Only the hijacked addresses
+    /// themselves, also with `hijack_all`: a resolver configured with a
+    /// server of its own (Private DNS with a host name) does not fall back,
+    /// so resetting it would only break it.
+    #[inline]
+    pub fn resets_dot(&self, dst: SocketAddr) -> bool {
+        self.reset_dot && dst.port() == 853 && self.hijack.contains(&dst.ip())
     }
 
     /// The answer to one hijacked query; `None` for a packet that is not a
