@@ -3,13 +3,14 @@
 //! lines, and the lock-order check of debug builds.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering::Relaxed};
 use std::time::Instant;
 
 use parking_lot::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use super::Stage;
 use super::key::{KeyedBuild, PackedKey};
+use super::window::{self, WindowScale};
 
 /// One byte: the stage lives in the mapping, so the per-packet path (a
 /// SYN retransmit held while connecting) never reads the side map.
@@ -51,6 +52,10 @@ pub(super) struct Mapping {
     /// another ISN replace an Active entry (until then it is the old
     /// connection's, whose kernel socket answers it with a challenge ACK).
     pub(super) app_closed: AtomicBool,
+    /// Window scale shift codes (`window::code`) of the app's SYN and of
+    /// the listener's SYN-ACK, `window::UNSEEN` until that SYN passed.
+    pub(super) app_wscale: AtomicU8,
+    pub(super) listener_wscale: AtomicU8,
 }
 
 /// What the engine attached to an admitted half-open flow (Connecting or
@@ -99,12 +104,26 @@ impl<P> Ports<P> {
 
 impl Mapping {
     /// Per-packet refresh, under a read lock. Closing entries are left alone
-    /// so late segments cannot extend the linger.
+    /// so late segments cannot extend the linger. True for the entry's
+    /// first refresh in a [`window::EPOCH_MS`] epoch (the flow is busy in
+    /// it, `window::Busy`).
     #[inline]
-    pub(super) fn touch(&self, now_ms: u64) {
-        if self.phase != Phase::Closing && self.last_seen.load(Relaxed) < now_ms {
+    pub(super) fn touch(&self, now_ms: u64) -> bool {
+        let last = self.last_seen.load(Relaxed);
+        if self.phase != Phase::Closing && last < now_ms {
             self.last_seen.fetch_max(now_ms, Relaxed);
+            return last / window::EPOCH_MS != now_ms / window::EPOCH_MS;
         }
+        false
+    }
+
+    /// What the flow's handshake said about window scaling so far.
+    #[inline]
+    pub(super) fn window_scale(&self) -> WindowScale {
+        WindowScale::from_codes(
+            self.app_wscale.load(Relaxed),
+            self.listener_wscale.load(Relaxed),
+        )
     }
 }
 

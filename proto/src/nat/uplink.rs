@@ -4,11 +4,12 @@
 
 use std::collections::VecDeque;
 use std::collections::hash_map::Entry as MapEntry;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering::Relaxed};
 use std::time::Instant;
 
 use super::key::PackedKey;
 use super::shard::{ForwardShard, Mapping, Phase};
+use super::window::{self, WindowScale};
 use super::{Evicted, FlowKey, NatError, NatTable, Refused, Stage, Uplink};
 
 impl<P> NatTable<P> {
@@ -76,13 +77,14 @@ impl<P> NatTable<P> {
                         Phase::HalfOpen(_) | Phase::Active
                             if syn.is_none_or(|isn| isn == m.isn) =>
                         {
-                            m.touch(now_ms);
+                            self.touch(m, now_ms);
                             if app_closing && m.phase == Phase::Active {
                                 m.app_closed.store(true, Relaxed);
                             }
                             let held =
                                 syn.is_some() && m.phase == Phase::HalfOpen(Stage::Connecting);
-                            return Ok(Uplink::existing(port, m.generation, held));
+                            return Ok(Uplink::existing(port, m.generation, held)
+                                .with_scale(m.window_scale()));
                         }
                         // Another ISN on a connection the app has not closed:
                         // the old socket's to answer (not refreshed: a spoofer
@@ -93,7 +95,8 @@ impl<P> NatTable<P> {
                         }
                         Phase::HalfOpen(_) | Phase::Active => {} // new ISN: replaced below
                         Phase::Closing if syn.is_none() => {
-                            return Ok(Uplink::existing(port, m.generation, false));
+                            return Ok(Uplink::existing(port, m.generation, false)
+                                .with_scale(m.window_scale()));
                         }
                         Phase::Closing => {} // replaced below, under write locks
                     }
@@ -219,7 +222,7 @@ impl<P> NatTable<P> {
                     replacing = Some(port);
                 } else {
                     // Another thread's SYN won the race, or a retransmit.
-                    m.touch(now_ms);
+                    self.touch(m, now_ms);
                     let held = m.phase == Phase::HalfOpen(Stage::Connecting);
                     return Ok(Uplink::existing(port, m.generation, held));
                 }
@@ -270,6 +273,7 @@ impl<P> NatTable<P> {
             held: false,
             evicted: None,
             replaced,
+            scale: WindowScale::UNKNOWN,
         })
     }
 
@@ -309,7 +313,10 @@ impl<P> NatTable<P> {
                     phase,
                     isn,
                     app_closed: AtomicBool::new(false),
+                    app_wscale: AtomicU8::new(window::UNSEEN),
+                    listener_wscale: AtomicU8::new(window::UNSEEN),
                 });
+                self.busy.note(now_ms / window::EPOCH_MS);
                 self.count_in(phase);
                 drop(rev);
                 self.note_unanswered(port, generation);
@@ -323,16 +330,59 @@ impl<P> NatTable<P> {
     /// refreshing it (Closing entries are translated but not refreshed).
     /// `None` (counted) means drop the segment: never forward a wrong tuple.
     pub fn downlink(&self, port: u16, now: Instant) -> Option<FlowKey> {
+        self.downlink_segment(port, None, now).map(|(key, _)| key)
+    }
+
+    /// [`NatTable::downlink`] that also records the window scale option of
+    /// the listener's SYN-ACK (`syn_ack`: `Some(option)` for a SYN-ACK,
+    /// `option` `None` if it carried none) and returns what the flow's
+    /// handshake said about window scaling.
+    pub fn downlink_segment(
+        &self,
+        port: u16,
+        syn_ack: Option<Option<u8>>,
+        now: Instant,
+    ) -> Option<(FlowKey, WindowScale)> {
         let rev = self.reverse_shard(port).read();
         match rev.map.get(&port) {
             Some(m) => {
-                m.touch(self.ms(now));
-                Some(m.key.to_flow_key())
+                self.touch(m, self.ms(now));
+                if let Some(option) = syn_ack {
+                    m.listener_wscale.store(window::code(option), Relaxed);
+                }
+                Some((m.key.to_flow_key(), m.window_scale()))
             }
             None => {
                 self.errors.downlink_no_mapping.fetch_add(1, Relaxed);
                 None
             }
+        }
+    }
+
+    /// Record the window scale option of the app's SYN that created the
+    /// entry at `port` (stamped `generation`; another entry there is left
+    /// alone). Off the per-packet path: once per new flow.
+    pub fn record_app_syn(&self, port: u16, generation: u64, option: Option<u8>) {
+        let rev = self.reverse_shard(port).read();
+        if let Some(m) = rev.map.get(&port).filter(|m| m.generation == generation) {
+            m.app_wscale.store(window::code(option), Relaxed);
+        }
+    }
+
+    /// Flows that carried a packet in the last one to two
+    /// [`window::EPOCH_MS`] epochs (`window::Busy`): what the window clamp
+    /// splits the queue among.
+    #[inline]
+    pub fn busy_flows(&self, now: Instant) -> usize {
+        self.busy.count(self.ms(now) / window::EPOCH_MS)
+    }
+
+    /// Refresh `m` (under its shard's lock), counting the flow busy on its
+    /// first packet of an epoch.
+    #[inline]
+    pub(super) fn touch(&self, m: &Mapping, now_ms: u64) {
+        if m.touch(now_ms) {
+            self.busy.note(now_ms / window::EPOCH_MS);
         }
     }
 }
