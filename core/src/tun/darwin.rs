@@ -29,6 +29,11 @@ pub(super) fn describe(dev: &tun_rs::AsyncDevice) -> (bool, Option<String>) {
     (false, crate::sys::darwin::utun_name(dev.as_raw_fd()).ok())
 }
 
+/// utun has no `txqueuelen` to read.
+pub(super) fn tx_queue_len(_: &tun_rs::AsyncDevice) -> Option<u32> {
+    None
+}
+
 pub(super) fn frame(buf: &mut [u8], len: usize, _vnet_hdr: bool) -> io::Result<&[u8]> {
     utun_frame(buf, len)
 }

@@ -296,7 +296,7 @@ impl<P> NatTable<P> {
                     m.phase = Phase::Active;
                     self.count_in(m.phase);
                     m.generation = self.next_generation.fetch_add(1, Relaxed);
-                    self.touch(m, self.ms(now));
+                    m.touch(self.ms(now));
                     let payload = if was.is_held() {
                         rev.held.remove(&port).map(|h| h.payload)
                     } else {

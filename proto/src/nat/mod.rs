@@ -91,16 +91,16 @@
 //! allocates nor reads an attachment. `last_seen` is an `AtomicU64` of
 //! milliseconds since the table's epoch, bumped with `fetch_max` only when
 //! the millisecond changed, so a burst of packets does not keep writing the
-//! entry's cache line. An entry's first packet in a 100 ms epoch also
-//! counts its flow busy (`window.rs`: the window clamp's share), one
-//! counter update per flow per epoch.
+//! entry's cache line. A direction's first segment with payload in a
+//! 100 ms epoch counts it busy (`window.rs`: the window clamp's share), one
+//! counter update per direction per epoch.
 //!
 //! # Entry size
 //!
 //! Measured with `size_of` (asserted in the tests, 64-bit targets):
 //! `Mapping` is 64 bytes (8 generation + 8 last-seen + 38 packed key + 1
-//! state + 4 SYN sequence number + 1 app-closed + 2 window scale shifts,
-//! padded), the reverse bucket `(u16, Mapping)`
+//! state + 4 SYN sequence number + 1 app-closed + 2 window scale shifts +
+//! 2 busy epochs), the reverse bucket `(u16, Mapping)`
 //! 72, the forward bucket `(PackedKey, u16)` 40; with hashbrown's one control
 //! byte per bucket that is 114 bytes per connection at full load, about 130 to
 //! 228 bytes across

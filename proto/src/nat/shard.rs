@@ -56,6 +56,9 @@ pub(super) struct Mapping {
     /// the listener's SYN-ACK, `window::UNSEEN` until that SYN passed.
     pub(super) app_wscale: AtomicU8,
     pub(super) listener_wscale: AtomicU8,
+    /// Per direction (`window::Dir`), the epoch (modulo 256) of its last
+    /// segment with payload.
+    pub(super) data_epoch: [AtomicU8; 2],
 }
 
 /// What the engine attached to an admitted half-open flow (Connecting or
@@ -104,17 +107,28 @@ impl<P> Ports<P> {
 
 impl Mapping {
     /// Per-packet refresh, under a read lock. Closing entries are left alone
-    /// so late segments cannot extend the linger. True for the entry's
-    /// first refresh in a [`window::EPOCH_MS`] epoch (the flow is busy in
-    /// it, `window::Busy`).
+    /// so late segments cannot extend the linger.
     #[inline]
-    pub(super) fn touch(&self, now_ms: u64) -> bool {
-        let last = self.last_seen.load(Relaxed);
-        if self.phase != Phase::Closing && last < now_ms {
+    pub(super) fn touch(&self, now_ms: u64) {
+        if self.phase != Phase::Closing && self.last_seen.load(Relaxed) < now_ms {
             self.last_seen.fetch_max(now_ms, Relaxed);
-            return last / window::EPOCH_MS != now_ms / window::EPOCH_MS;
         }
-        false
+    }
+
+    /// A segment with payload from the app (`Dir::Up`) or the listener
+    /// (`Dir::Down`) in `epoch`: true for the first of its direction in
+    /// that epoch (`window::Busy` counts it). The epoch is kept modulo 256
+    /// (25.6 s): a direction quiet for a multiple of that is counted one
+    /// epoch late.
+    #[inline]
+    pub(super) fn carried(&self, dir: window::Dir, epoch: u64) -> bool {
+        let tag = epoch as u8;
+        let seen = &self.data_epoch[dir as usize];
+        if seen.load(Relaxed) == tag {
+            return false;
+        }
+        seen.store(tag, Relaxed);
+        true
     }
 
     /// What the flow's handshake said about window scaling so far.

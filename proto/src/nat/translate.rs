@@ -162,7 +162,8 @@ pub fn translate_tcp_clamped<P>(
         use packet::tcp_flags::{ACK, SYN};
         let syn_ack =
             (tcp.flags & (SYN | ACK) == SYN | ACK).then(|| packet::window_scale(buf, ip, &tcp));
-        let Some((key, scale)) = nat.downlink_segment(tcp.dst_port, syn_ack, now) else {
+        let data = tcp.payload_len > 0;
+        let Some((key, scale)) = nat.downlink_segment(tcp.dst_port, syn_ack, data, now) else {
             return TcpStep::Drop(Cause::Engine(EngineDrop::NoMapping));
         };
         return match packet::rewrite_tcp(buf, ip, key.server, key.client) {
@@ -185,7 +186,8 @@ pub fn translate_tcp_clamped<P>(
     };
     let syn_only = tcp.is_syn_only();
     let app_closing = tcp.flags & (packet::tcp_flags::FIN | packet::tcp_flags::RST) != 0;
-    match nat.uplink_segment(&key, syn_only.then_some(tcp.seq), app_closing, now) {
+    let data = tcp.payload_len > 0;
+    match nat.uplink_data(&key, syn_only.then_some(tcp.seq), app_closing, data, now) {
         Ok(Uplink {
             port,
             created: true,
@@ -577,7 +579,8 @@ mod tests {
             clamped: 0,
         };
         let port = handshake(&nat, &mut clamp, now, 3000, Some(7), Some(9));
-        assert_eq!(nat.busy_flows(now), 1);
+        assert_eq!(nat.busy_flows(now), 0, "no payload yet");
+        // The app's data makes its direction busy: one share of the queue.
         let share = budget.per_flow(1);
 
         let mut up = tcp_v4("10.0.0.9:3000", "1.1.1.1:443", 101, 501, ACK, &[], b"data");
@@ -595,9 +598,11 @@ mod tests {
         let ip = packet::parse_ip(&down).expect("ip");
         let step = translate_tcp_clamped(&mut down, &ip, &nat, &addrs(), &mut clamp, now);
         assert_eq!(step, TcpStep::Downlink(down.len()));
+        // The listener's data makes the second direction busy.
+        assert_eq!(nat.busy_flows(now), 2);
         assert_eq!(
             window_of(&down),
-            ((share >> 9) as u16, true),
+            ((budget.per_flow(2) >> 9) as u16, true),
             "the listener's shift"
         );
         assert_eq!(clamp.clamped, 2);
@@ -611,9 +616,10 @@ mod tests {
         assert_eq!(off.clamped, 0);
     }
 
-    /// More busy flows, smaller shares, down to the floor; a flow whose
-    /// SYNs lacked the option is clamped unscaled; a window already below
-    /// the share, a zero window and an RST pass unchanged.
+    /// More flows carrying data, smaller shares, down to the floor; pure
+    /// ACKs do not count; a flow whose SYNs lacked the option is clamped
+    /// unscaled; a window already below the share, a zero window and an
+    /// RST pass unchanged.
     #[test]
     fn window_clamp_shares_the_queue_among_busy_flows() {
         let (nat, now) = table(128);
@@ -625,10 +631,23 @@ mod tests {
             budget: Some(budget),
             clamped: 0,
         };
+        let send = |nat: &NatTable, clamp: &mut WindowClamp, cport: u16, payload: &[u8], at| {
+            let client = format!("10.0.0.9:{cport}");
+            let mut p = tcp_v4(&client, "1.1.1.1:443", 101, 501, ACK, &[], payload);
+            let ip = packet::parse_ip(&p).expect("ip");
+            translate_tcp_clamped(&mut p, &ip, nat, &addrs(), clamp, at);
+        };
         for cport in 4000..4016 {
             handshake(&nat, &mut clamp, now, cport, None, Some(7));
+            send(&nat, &mut clamp, cport, b"data", now);
+            send(&nat, &mut clamp, cport, b"more", now);
         }
-        assert_eq!(nat.busy_flows(now), 16);
+        assert_eq!(nat.busy_flows(now), 16, "once per direction and epoch");
+        for cport in 4016..4020 {
+            handshake(&nat, &mut clamp, now, cport, None, Some(7));
+            send(&nat, &mut clamp, cport, b"", now);
+        }
+        assert_eq!(nat.busy_flows(now), 16, "pure ACKs do not count");
         let mut up = tcp_v4("10.0.0.9:4000", "1.1.1.1:443", 101, 501, ACK, &[], b"x");
         let ip = packet::parse_ip(&up).expect("ip");
         translate_tcp_clamped(&mut up, &ip, &nat, &addrs(), &mut clamp, now);
@@ -666,23 +685,24 @@ mod tests {
         translate_tcp_clamped(&mut rst, &ip, &nat, &addrs(), &mut clamp, now);
         assert_eq!(window_of(&rst).0, 0xffff, "an RST passes as it is");
 
-        for cport in 4016..4100 {
+        for cport in 4020..4100 {
             handshake(&nat, &mut clamp, now, cport, None, None);
+            send(&nat, &mut clamp, cport, b"data", now);
         }
         let mut up = tcp_v4("10.0.0.9:4005", "1.1.1.1:443", 101, 501, ACK, &[], b"x");
         let ip = packet::parse_ip(&up).expect("ip");
         translate_tcp_clamped(&mut up, &ip, &nat, &addrs(), &mut clamp, now);
         let floor = (crate::nat::FLOOR_SEGMENTS * 1460) as u16;
-        assert_eq!(window_of(&up), (floor, true), "100 busy flows: the floor");
+        assert_eq!(window_of(&up), (floor, true), "96 busy flows: the floor");
 
         // Flows that went quiet stop counting two epochs later: a new flow
         // then has the whole share.
         let later = now + std::time::Duration::from_millis(3 * crate::nat::EPOCH_MS);
         handshake(&nat, &mut clamp, later, 4200, Some(7), Some(7));
-        assert_eq!(nat.busy_flows(later), 1);
         let mut up = tcp_v4("10.0.0.9:4200", "1.1.1.1:443", 101, 501, ACK, &[], b"x");
         let ip = packet::parse_ip(&up).expect("ip");
         translate_tcp_clamped(&mut up, &ip, &nat, &addrs(), &mut clamp, later);
+        assert_eq!(nat.busy_flows(later), 1);
         assert_eq!(window_of(&up), (((250 * 1460u32) >> 7) as u16, true));
     }
 

@@ -64,6 +64,20 @@ impl<P> NatTable<P> {
         app_closing: bool,
         now: Instant,
     ) -> Result<Uplink<P>, Refused<P>> {
+        self.uplink_data(key, syn, app_closing, false, now)
+    }
+
+    /// [`NatTable::uplink_segment`] that also counts the flow's uplink
+    /// busy when the segment carries `data` (the window clamp's share,
+    /// [`NatTable::busy_flows`]).
+    pub fn uplink_data(
+        &self,
+        key: &FlowKey,
+        syn: Option<u32>,
+        app_closing: bool,
+        data: bool,
+        now: Instant,
+    ) -> Result<Uplink<P>, Refused<P>> {
         let pk = PackedKey::new(key);
         let fshard = self.forward_shard(&pk);
         let now_ms = self.ms(now);
@@ -77,7 +91,8 @@ impl<P> NatTable<P> {
                         Phase::HalfOpen(_) | Phase::Active
                             if syn.is_none_or(|isn| isn == m.isn) =>
                         {
-                            self.touch(m, now_ms);
+                            m.touch(now_ms);
+                            self.note_data(m, window::Dir::Up, data, now_ms);
                             if app_closing && m.phase == Phase::Active {
                                 m.app_closed.store(true, Relaxed);
                             }
@@ -222,7 +237,7 @@ impl<P> NatTable<P> {
                     replacing = Some(port);
                 } else {
                     // Another thread's SYN won the race, or a retransmit.
-                    self.touch(m, now_ms);
+                    m.touch(now_ms);
                     let held = m.phase == Phase::HalfOpen(Stage::Connecting);
                     return Ok(Uplink::existing(port, m.generation, held));
                 }
@@ -315,8 +330,10 @@ impl<P> NatTable<P> {
                     app_closed: AtomicBool::new(false),
                     app_wscale: AtomicU8::new(window::UNSEEN),
                     listener_wscale: AtomicU8::new(window::UNSEEN),
+                    data_epoch: std::array::from_fn(|_| {
+                        AtomicU8::new((now_ms / window::EPOCH_MS) as u8 ^ 0x80)
+                    }),
                 });
-                self.busy.note(now_ms / window::EPOCH_MS);
                 self.count_in(phase);
                 drop(rev);
                 self.note_unanswered(port, generation);
@@ -330,23 +347,28 @@ impl<P> NatTable<P> {
     /// refreshing it (Closing entries are translated but not refreshed).
     /// `None` (counted) means drop the segment: never forward a wrong tuple.
     pub fn downlink(&self, port: u16, now: Instant) -> Option<FlowKey> {
-        self.downlink_segment(port, None, now).map(|(key, _)| key)
+        self.downlink_segment(port, None, false, now)
+            .map(|(key, _)| key)
     }
 
     /// [`NatTable::downlink`] that also records the window scale option of
     /// the listener's SYN-ACK (`syn_ack`: `Some(option)` for a SYN-ACK,
-    /// `option` `None` if it carried none) and returns what the flow's
-    /// handshake said about window scaling.
+    /// `option` `None` if it carried none), counts the direction busy if
+    /// the segment carries `data`, and returns what the flow's handshake
+    /// said about window scaling.
     pub fn downlink_segment(
         &self,
         port: u16,
         syn_ack: Option<Option<u8>>,
+        data: bool,
         now: Instant,
     ) -> Option<(FlowKey, WindowScale)> {
         let rev = self.reverse_shard(port).read();
         match rev.map.get(&port) {
             Some(m) => {
-                self.touch(m, self.ms(now));
+                let now_ms = self.ms(now);
+                m.touch(now_ms);
+                self.note_data(m, window::Dir::Down, data, now_ms);
                 if let Some(option) = syn_ack {
                     m.listener_wscale.store(window::code(option), Relaxed);
                 }
@@ -369,7 +391,7 @@ impl<P> NatTable<P> {
         }
     }
 
-    /// Flows that carried a packet in the last one to two
+    /// Flow directions that carried payload in the last one to two
     /// [`window::EPOCH_MS`] epochs (`window::Busy`): what the window clamp
     /// splits the queue among.
     #[inline]
@@ -377,12 +399,13 @@ impl<P> NatTable<P> {
         self.busy.count(self.ms(now) / window::EPOCH_MS)
     }
 
-    /// Refresh `m` (under its shard's lock), counting the flow busy on its
-    /// first packet of an epoch.
+    /// Count `m`'s direction `dir` busy if its segment carries `data` and
+    /// is its first with payload in this epoch.
     #[inline]
-    pub(super) fn touch(&self, m: &Mapping, now_ms: u64) {
-        if m.touch(now_ms) {
-            self.busy.note(now_ms / window::EPOCH_MS);
+    fn note_data(&self, m: &Mapping, dir: window::Dir, data: bool, now_ms: u64) {
+        let epoch = now_ms / window::EPOCH_MS;
+        if data && m.carried(dir, epoch) {
+            self.busy.note(epoch);
         }
     }
 }

@@ -10,8 +10,10 @@
 //! megabytes. So the translation lowers the window of every segment it
 //! rewrites (both directions, SYNs excepted) to a share of the queue:
 //! what the queue holds ([`WindowBudget::queue_packets`]), less room for
-//! the ACKs the data causes, split among the flows that carried packets in
-//! the last two epochs ([`Busy`]), never below [`FLOOR_SEGMENTS`] segments.
+//! the ACKs the data causes, split among the flow directions that carried
+//! payload in the last two epochs ([`Busy`]: a flow moving data both ways
+//! counts twice, one only acknowledging counts once), never below
+//! [`FLOOR_SEGMENTS`] segments.
 //!
 //! A window field is scaled by the shift its sender announced in its SYN
 //! (RFC 7323 2.2): the app's by the option in its SYN, the listener's by
@@ -31,6 +33,15 @@ pub const FLOOR_SEGMENTS: u32 = 4;
 /// Length of one [`Busy`] epoch in milliseconds: a flow counts as busy for
 /// one to two epochs after its last packet.
 pub const EPOCH_MS: u64 = 100;
+
+/// A flow's direction, as the busy count tells them apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Dir {
+    /// The app's segments.
+    Up = 0,
+    /// The listener's segments.
+    Down = 1,
+}
 
 /// Shift code: the SYN had no window scale option.
 pub(super) const NO_OPTION: u8 = 15;
@@ -102,7 +113,7 @@ pub struct WindowBudget {
 }
 
 impl WindowBudget {
-    /// Bytes one of `flows` busy flows may have in flight. Half the queue
+    /// Bytes one of `flows` busy flow directions may have in flight. Half the queue
     /// is for data: each data segment causes about half an ACK in the same
     /// queue (delayed ACKs), and the last quarter absorbs bursts and the
     /// packets of flows not yet counted. At least [`FLOOR_SEGMENTS`].
@@ -119,11 +130,11 @@ impl WindowBudget {
     }
 }
 
-/// How many flows carried a packet recently: the flows whose entry was
-/// touched in the current [`EPOCH_MS`] epoch, or in the previous one if
-/// that counted more. An entry counts once per epoch (its first packet in
-/// it), so this costs one counter update per flow per epoch, none per
-/// packet.
+/// How many flow directions carried payload recently: in the current
+/// [`EPOCH_MS`] epoch, or in the previous one if that counted more. A
+/// direction counts once per epoch (its first segment with payload in it,
+/// stamped on the entry), so this costs one counter update per direction
+/// per epoch, none per packet.
 #[derive(Debug, Default)]
 pub(super) struct Busy {
     epoch: AtomicU64,
@@ -132,14 +143,14 @@ pub(super) struct Busy {
 }
 
 impl Busy {
-    /// Count one flow's first packet in `epoch`.
+    /// Count one direction's first segment with payload in `epoch`.
     #[inline]
     pub(super) fn note(&self, epoch: u64) {
         self.roll(epoch);
         self.current.fetch_add(1, Relaxed);
     }
 
-    /// Flows busy in `epoch` or the one before it (the larger count).
+    /// Directions busy in `epoch` or the one before it (the larger count).
     #[inline]
     pub(super) fn count(&self, epoch: u64) -> usize {
         self.roll(epoch);
