@@ -21,6 +21,9 @@ pub(super) fn describe(_: &tun_rs::AsyncDevice) -> (bool, Option<String>) {
 
 /// Not asked: an adopted VpnService descriptor keeps the kernel's default
 /// (no app may change it), and tun-rs does not name it here.
+/// Nothing to tune: the kernel queues `txqueuelen` packets for the reader.
+pub(super) fn tune(_: &tun_rs::AsyncDevice, _: u16) {}
+
 pub(super) fn tx_queue_len(_: &tun_rs::AsyncDevice) -> Option<u32> {
     None
 }

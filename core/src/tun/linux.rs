@@ -19,6 +19,9 @@ pub(super) fn describe(dev: &tun_rs::AsyncDevice) -> (bool, Option<String>) {
 }
 
 /// The device's `txqueuelen` (`SIOCGIFTXQLEN`), if the kernel says.
+/// Nothing to tune: the kernel queues `txqueuelen` packets for the reader.
+pub(super) fn tune(_: &tun_rs::AsyncDevice, _: u16) {}
+
 pub(super) fn tx_queue_len(dev: &tun_rs::AsyncDevice) -> Option<u32> {
     dev.tx_queue_len().ok()
 }

@@ -70,8 +70,10 @@ pub struct TunConfig {
     /// Per-packet driver on Linux/Android: merge consecutive in-order
     /// segments of a flow, read in the same drain, into one larger segment
     /// before writing them back toward the kernel listener (a userspace GRO,
-    /// `packet::coalesce`; docs/architecture.md "Drivers"). Turned off for
-    /// the engine's life, logged, if the device ever refuses a merged packet.
+    /// `packet::coalesce`; docs/architecture.md "Drivers"), at most 32 KiB.
+    /// A merged packet the device refuses is written as its segments;
+    /// merging goes on after `ENOBUFS`/`ENOMEM` (transient) and is turned
+    /// off for the engine's life, logged, after any other refusal.
     pub coalesce: bool,
     /// System stack: lower the window each TCP segment advertises, in both
     /// directions, to its flow's share of the TUN's transmit queue, so the
@@ -143,6 +145,7 @@ impl Tun {
             TunSource::Fd(fd) => crate::sys::async_device_from_owned(fd.try_clone_to_owned()?)?,
         };
         let (vnet_hdr, name) = imp::describe(&dev);
+        imp::tune(&dev, cfg.mtu);
         Ok(Tun {
             dev,
             vnet_hdr,
