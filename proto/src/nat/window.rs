@@ -113,10 +113,14 @@ pub struct WindowBudget {
 }
 
 impl WindowBudget {
-    /// Bytes one of `flows` busy flow directions may have in flight. Half the queue
-    /// is for data: each data segment causes about half an ACK in the same
-    /// queue (delayed ACKs), and the last quarter absorbs bursts and the
-    /// packets of flows not yet counted. At least [`FLOOR_SEGMENTS`].
+    /// Bytes one of `flows` busy flow directions may have in flight. Half
+    /// the queue is for data: each data segment causes about half an ACK in
+    /// the same queue (delayed ACKs), and the last quarter absorbs bursts
+    /// and the packets of flows not yet counted. (Two thirds, data and ACKs
+    /// filling the queue, stalled a connection of
+    /// `e2e::window_clamp_keeps_16_echoes_within_a_500_packet_queue` for
+    /// 20 s: docs/notes.md, "Window clamping on the phone's TUN".) At
+    /// least [`FLOOR_SEGMENTS`].
     pub fn per_flow(self, flows: usize) -> u32 {
         let flows = u32::try_from(flows.max(1)).unwrap_or(u32::MAX);
         let segments = (self.queue_packets / 2 / flows).max(FLOOR_SEGMENTS);
