@@ -23,7 +23,7 @@ use crate::demux::Demux;
 use crate::dispatch::Dispatcher;
 use crate::driver::{self, DriverKind};
 use crate::lifecycle::{EngineTask, Lifecycle, Phase, supervised};
-use crate::nat::NatConfig;
+use crate::nat::{NatConfig, WindowBudget};
 use crate::outbound::{Outbounds, Protect, SocketFactory};
 use crate::stack::Stack;
 use crate::stack::smoltcp::{SmoltcpStack, Sockets};
@@ -494,7 +494,28 @@ async fn assemble(
                 linger,
                 ..NatConfig::default()
             };
-            let st = SystemStack::new(d.clone(), tun.clone(), nat_cfg, addrs, Instant::now());
+            let window = config.tun.window_clamp.then(|| {
+                let budget = WindowBudget {
+                    queue_packets: tun.queue_packets(&config.tun),
+                    // A full IPv4 segment's payload: the MTU less 20 + 20
+                    // header bytes (IPv6 segments carry 20 less; the
+                    // clamp is a share of packets, not exact bytes).
+                    mss: u32::from(config.tun.mtu).saturating_sub(40).max(536),
+                };
+                tracing::info!(
+                    "TCP windows clamped to a share of the TUN's {} queued packets",
+                    budget.queue_packets
+                );
+                budget
+            });
+            let st = SystemStack::new(
+                d.clone(),
+                tun.clone(),
+                nat_cfg,
+                addrs,
+                window,
+                Instant::now(),
+            );
             Stack::System(Arc::new(st))
         }
     };

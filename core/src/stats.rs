@@ -45,6 +45,9 @@ pub struct Stats {
     pub tun_read_packets: AtomicU64,
     pub tun_read_max_batch: AtomicU64,
     pub tun_writes: AtomicU64,
+    /// System-stack TCP segments whose advertised window the translation
+    /// lowered (`tun.window_clamp`).
+    pub tcp_window_clamped: AtomicU64,
     pub rejects: [AtomicU64; Reject::COUNT],
     pub drops: [AtomicU64; EngineDrop::COUNT],
     /// TCP payload bytes (both directions) moved with splice(2), never in userspace.
@@ -196,6 +199,7 @@ pub struct LocalCounters {
     pub read_packets: u64,
     pub max_batch: u64,
     pub writes: u64,
+    pub window_clamped: u64,
     pub rejects: [u64; Reject::COUNT],
     pub drops: [u64; EngineDrop::COUNT],
     pending: u64,
@@ -222,6 +226,7 @@ impl LocalCounters {
             read_packets: 0,
             max_batch: 0,
             writes: 0,
+            window_clamped: 0,
             rejects: [0; Reject::COUNT],
             drops: [0; EngineDrop::COUNT],
             pending: 0,
@@ -273,6 +278,7 @@ impl LocalCounters {
         add(&stats.tun_reads, &mut self.reads);
         add(&stats.tun_read_packets, &mut self.read_packets);
         add(&stats.tun_writes, &mut self.writes);
+        add(&stats.tcp_window_clamped, &mut self.window_clamped);
         stats.tun_read_max_batch.fetch_max(self.max_batch, Relaxed);
         for (c, v) in stats.rejects.iter().zip(self.rejects.iter_mut()) {
             add(c, v);
@@ -340,6 +346,8 @@ pub struct StatsSnapshot {
     pub tun_read_packets: u64,
     pub tun_read_max_batch: u64,
     pub tun_writes: u64,
+    /// TCP segments whose advertised window was clamped (`tun.window_clamp`).
+    pub tcp_window_clamped: u64,
     /// Non-zero drop counters, by reason name (parse rejections and engine drops).
     pub drops: Vec<(&'static str, u64)>,
     /// TCP payload bytes moved with splice(2) (both directions).
@@ -414,6 +422,7 @@ impl Stats {
             tun_read_packets: g(&self.tun_read_packets),
             tun_read_max_batch: g(&self.tun_read_max_batch),
             tun_writes: g(&self.tun_writes),
+            tcp_window_clamped: g(&self.tcp_window_clamped),
             drops,
             tcp_bytes_spliced: g(&self.tcp_bytes_spliced),
             tcp_bytes_copied: g(&self.tcp_bytes_copied),

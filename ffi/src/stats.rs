@@ -147,6 +147,9 @@ pub struct EngineStats {
     pub tun_read_packets: u64,
     pub tun_read_max_batch: u64,
     pub tun_writes: u64,
+    /// TCP segments whose advertised window the system stack clamped to
+    /// their share of the TUN's transmit queue.
+    pub tcp_window_clamped: u64,
     /// Sum of `drops`.
     pub total_drops: u64,
     /// Non-zero drop counters by reason (parse rejections and engine drops).
@@ -206,6 +209,7 @@ impl From<StatsSnapshot> for EngineStats {
             tun_read_packets,
             tun_read_max_batch,
             tun_writes,
+            tcp_window_clamped,
             tcp_bytes_spliced,
             tcp_bytes_copied,
             splice_fallbacks,

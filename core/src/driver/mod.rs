@@ -76,16 +76,21 @@ async fn handle(demux: &mut Demux, tun: &Tun, buf: &mut [u8], len: usize) {
 /// waiting first, awaiting the device only when its queue is full. A
 /// failed write is a counted drop (TCP retransmits it); false then.
 async fn write_back(tun: &Tun, local: &mut LocalCounters, buf: &mut [u8], len: usize) -> bool {
-    local.writes += 1;
-    let sent = match tun.try_send(buf, len) {
-        Ok(()) => Ok(()),
-        Err(e) if e.kind() == io::ErrorKind::WouldBlock => tun.send(buf, len).await,
-        Err(e) => Err(e),
-    };
+    let sent = send(tun, local, buf, len).await;
     if sent.is_err() {
         local.drop(EngineDrop::TunWrite);
     }
     sent.is_ok()
+}
+
+/// [`write_back`] that leaves a failure to the caller, uncounted.
+async fn send(tun: &Tun, local: &mut LocalCounters, buf: &mut [u8], len: usize) -> io::Result<()> {
+    local.writes += 1;
+    match tun.try_send(buf, len) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => tun.send(buf, len).await,
+        Err(e) => Err(e),
+    }
 }
 
 /// Run the driver until the engine stops or the device fails (then the

@@ -20,6 +20,9 @@ const SYSPROTO_CONTROL: c_int = 2;
 const AF_SYS_CONTROL: u16 = 2;
 /// `net/if_utun.h`: get the interface name of a utun control socket.
 const UTUN_OPT_IFNAME: c_int = 2;
+/// `net/if_utun.h`: how many packets utun queues on the control socket
+/// for the reader (a `u32`, at least 1; XNU's default is 1).
+const UTUN_OPT_MAX_PENDING_PACKETS: c_int = 16;
 /// `sys/kern_control.h`: `_IOWR('N', 3, struct ctl_info)`.
 const CTLIOCGINFO: libc::c_ulong = 0xc064_4e03;
 /// `sys/kern_control.h`.
@@ -127,6 +130,26 @@ pub fn utun_name(fd: RawFd) -> io::Result<String> {
     let end = name[..len].iter().position(|&b| b == 0).unwrap_or(len);
     String::from_utf8(name[..end].to_vec())
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "utun name is not UTF-8"))
+}
+
+/// Let utun queue up to `packets` packets for the reader
+/// (`UTUN_OPT_MAX_PENDING_PACKETS`).
+pub fn set_max_pending_packets(fd: RawFd, packets: u32) -> io::Result<()> {
+    // SAFETY: `packets` is a live u32 and its exact size is passed;
+    // setsockopt only reads it.
+    let r = unsafe {
+        libc::setsockopt(
+            fd,
+            SYSPROTO_CONTROL,
+            UTUN_OPT_MAX_PENDING_PACKETS,
+            (&raw const packets).cast::<c_void>(),
+            std::mem::size_of::<u32>() as libc::socklen_t,
+        )
+    };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// The control id of `com.apple.net.utun_control`, asked through `fd`

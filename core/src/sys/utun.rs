@@ -37,6 +37,19 @@ pub const DARWIN_MSG_TRUNC: c_int = 0x10;
 /// per-packet drain would.
 pub const MAX_BATCH: usize = 32;
 
+/// Bytes the kernel may hold for the engine to read: with
+/// `UTUN_OPT_MAX_PENDING_PACKETS` at its default of 1, utun queues a single
+/// packet on the control socket (XNU `bsd/net/if_utun.c`), so a
+/// `recvmsg_x` batch finds one packet and a burst is dropped behind it.
+pub const PENDING_BYTES: usize = 512 * 1024;
+
+/// `UTUN_OPT_MAX_PENDING_PACKETS` for a device of `mtu`: [`PENDING_BYTES`]
+/// in packets of that size, at least two batches ([`MAX_BATCH`]).
+pub fn max_pending_packets(mtu: usize) -> u32 {
+    let packets = (PENDING_BYTES / mtu.max(1)).max(2 * MAX_BATCH);
+    u32::try_from(packets).unwrap_or(u32::MAX)
+}
+
 // The header must fit in the headroom every buffer reserves.
 const _: () = assert!(AF_HEADER_LEN <= HEADROOM);
 
@@ -230,6 +243,15 @@ impl RecvBatch {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pending_packets_hold_half_a_mebibyte_and_two_batches() {
+        assert_eq!(max_pending_packets(1500), 349);
+        assert_eq!(max_pending_packets(4064), 129);
+        assert_eq!(max_pending_packets(9000), 64, "two batches at least");
+        assert_eq!(max_pending_packets(65535), 64);
+        assert_eq!(max_pending_packets(0), 524_288, "never a division by zero");
+    }
 
     #[test]
     fn af_header_follows_the_ip_version() {

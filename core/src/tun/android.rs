@@ -19,6 +19,15 @@ pub(super) fn describe(_: &tun_rs::AsyncDevice) -> (bool, Option<String>) {
     (false, None)
 }
 
+/// Not asked: an adopted VpnService descriptor keeps the kernel's default
+/// (no app may change it), and tun-rs does not name it here.
+/// Nothing to tune: the kernel queues `txqueuelen` packets for the reader.
+pub(super) fn tune(_: &tun_rs::AsyncDevice, _: u16) {}
+
+pub(super) fn tx_queue_len(_: &tun_rs::AsyncDevice) -> Option<u32> {
+    None
+}
+
 pub(super) fn frame(buf: &mut [u8], len: usize, _vnet_hdr: bool) -> io::Result<&[u8]> {
     let end = packet_end(buf, len)?;
     Ok(&buf[HEADROOM..end])

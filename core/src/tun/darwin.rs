@@ -7,7 +7,7 @@ use std::io;
 use std::os::fd::{AsRawFd, RawFd};
 
 use super::TunConfig;
-use crate::sys::utun::{HEADER_AT, frame as utun_frame, packet_len};
+use crate::sys::utun::{HEADER_AT, frame as utun_frame, max_pending_packets, packet_len};
 
 #[cfg(target_os = "ios")]
 pub(super) fn create(_: &TunConfig, _: bool) -> io::Result<tun_rs::AsyncDevice> {
@@ -27,6 +27,21 @@ pub(super) fn create(cfg: &TunConfig, _offload: bool) -> io::Result<tun_rs::Asyn
 pub(super) fn describe(dev: &tun_rs::AsyncDevice) -> (bool, Option<String>) {
     dev.set_ignore_packet_info(false);
     (false, crate::sys::darwin::utun_name(dev.as_raw_fd()).ok())
+}
+
+/// Let utun queue [`max_pending_packets`] packets for the engine instead
+/// of its default one, so a `recvmsg_x` batch finds a burst waiting. A
+/// refusal leaves the default, logged.
+pub(super) fn tune(dev: &tun_rs::AsyncDevice, mtu: u16) {
+    let packets = max_pending_packets(usize::from(mtu));
+    if let Err(e) = crate::sys::darwin::set_max_pending_packets(dev.as_raw_fd(), packets) {
+        tracing::warn!("utun kept its default pending-packet limit ({packets} asked): {e}");
+    }
+}
+
+/// utun has no `txqueuelen` to read.
+pub(super) fn tx_queue_len(_: &tun_rs::AsyncDevice) -> Option<u32> {
+    None
 }
 
 pub(super) fn frame(buf: &mut [u8], len: usize, _vnet_hdr: bool) -> io::Result<&[u8]> {

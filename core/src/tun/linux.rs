@@ -18,6 +18,14 @@ pub(super) fn describe(dev: &tun_rs::AsyncDevice) -> (bool, Option<String>) {
     (dev.tcp_gso(), dev.name().ok())
 }
 
+/// The device's `txqueuelen` (`SIOCGIFTXQLEN`), if the kernel says.
+/// Nothing to tune: the kernel queues `txqueuelen` packets for the reader.
+pub(super) fn tune(_: &tun_rs::AsyncDevice, _: u16) {}
+
+pub(super) fn tx_queue_len(dev: &tun_rs::AsyncDevice) -> Option<u32> {
+    dev.tx_queue_len().ok()
+}
+
 /// The bytes to hand the device for the packet at `buf[HEADROOM..][..len]`.
 pub(super) fn frame(buf: &mut [u8], len: usize, vnet_hdr: bool) -> io::Result<&[u8]> {
     let end = packet_end(buf, len)?;

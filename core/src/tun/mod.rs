@@ -70,10 +70,27 @@ pub struct TunConfig {
     /// Per-packet driver on Linux/Android: merge consecutive in-order
     /// segments of a flow, read in the same drain, into one larger segment
     /// before writing them back toward the kernel listener (a userspace GRO,
-    /// `packet::coalesce`; docs/architecture.md "Drivers"). Turned off for
-    /// the engine's life, logged, if the device ever refuses a merged packet.
+    /// `packet::coalesce`; docs/architecture.md "Drivers"), at most 32 KiB.
+    /// A merged packet the device refuses is written as its segments;
+    /// merging goes on after `ENOBUFS`/`ENOMEM` (transient) and is turned
+    /// off for the engine's life, logged, after any other refusal.
     pub coalesce: bool,
+    /// System stack: lower the window each TCP segment advertises, in both
+    /// directions, to its flow's share of the TUN's transmit queue, so the
+    /// two TCPs keep no more in flight than the queue holds (the kernel
+    /// drops what overflows it; docs/architecture.md "Window clamping").
+    pub window_clamp: bool,
+    /// Packets the TUN's transmit queue holds, which `window_clamp` shares
+    /// out. Unset: the device's own `txqueuelen` where the engine can read
+    /// it (Linux: `SIOCGIFTXQLEN`; a device kerntun creates has
+    /// `tx_queue_len`), else [`DEFAULT_QUEUE_PACKETS`] (Android, Darwin).
+    pub queue_packets: Option<u32>,
 }
+
+/// A TUN's transmit queue in packets when neither the configuration nor
+/// the device says: the kernel's default `txqueuelen` for a TUN, which an
+/// Android VpnService TUN keeps (no app may change it).
+pub const DEFAULT_QUEUE_PACKETS: u32 = 500;
 
 impl TunConfig {
     /// The configured gateway prefixes, IPv4 first.
@@ -96,6 +113,8 @@ impl Default for TunConfig {
             tx_queue_len: 10_000,
             include_all_networks: false,
             coalesce: true,
+            window_clamp: true,
+            queue_packets: None,
         }
     }
 }
@@ -126,6 +145,7 @@ impl Tun {
             TunSource::Fd(fd) => crate::sys::async_device_from_owned(fd.try_clone_to_owned()?)?,
         };
         let (vnet_hdr, name) = imp::describe(&dev);
+        imp::tune(&dev, cfg.mtu);
         Ok(Tun {
             dev,
             vnet_hdr,
@@ -149,6 +169,15 @@ impl Tun {
     /// length (a device header in front of it is not counted).
     pub fn try_recv(&self, buf: &mut [u8]) -> io::Result<usize> {
         imp::try_recv(&self.dev, buf)
+    }
+
+    /// Packets the device's transmit queue holds: `cfg.queue_packets`, else
+    /// the device's `txqueuelen` where it can be read, else
+    /// [`DEFAULT_QUEUE_PACKETS`].
+    pub fn queue_packets(&self, cfg: &TunConfig) -> u32 {
+        cfg.queue_packets
+            .or_else(|| imp::tx_queue_len(&self.dev))
+            .unwrap_or(DEFAULT_QUEUE_PACKETS)
     }
 
     /// Whether the batch driver can run on this device: Linux with the

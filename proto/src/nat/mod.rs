@@ -91,13 +91,16 @@
 //! allocates nor reads an attachment. `last_seen` is an `AtomicU64` of
 //! milliseconds since the table's epoch, bumped with `fetch_max` only when
 //! the millisecond changed, so a burst of packets does not keep writing the
-//! entry's cache line.
+//! entry's cache line. A direction's first segment with payload in a
+//! 100 ms epoch counts it busy (`window.rs`: the window clamp's share), one
+//! counter update per direction per epoch.
 //!
 //! # Entry size
 //!
 //! Measured with `size_of` (asserted in the tests, 64-bit targets):
 //! `Mapping` is 64 bytes (8 generation + 8 last-seen + 38 packed key + 1
-//! state + 4 SYN sequence number, padded), the reverse bucket `(u16, Mapping)`
+//! state + 4 SYN sequence number + 1 app-closed + 2 window scale shifts +
+//! 2 busy epochs), the reverse bucket `(u16, Mapping)`
 //! 72, the forward bucket `(PackedKey, u16)` 40; with hashbrown's one control
 //! byte per bucket that is 114 bytes per connection at full load, about 130 to
 //! 228 bytes across
@@ -120,6 +123,7 @@ mod shard;
 pub mod translate;
 mod types;
 mod uplink;
+mod window;
 
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
@@ -132,6 +136,7 @@ pub use half_open::{HALF_OPEN_MAX, HALF_OPEN_PER_SOURCE, HANDSHAKE_TIMEOUT, half
 use key::{KeyedBuild, PackedKey, shard_index};
 use shard::{ErrorCounters, ForwardShard, Phase, Ports, ReverseShard, Shard};
 pub use types::*;
+pub use window::{EPOCH_MS, FLOOR_SEGMENTS, WindowBudget, WindowScale};
 
 /// Shards per map. 64 keeps two threads on different flows off each other's
 /// locks nearly always (1/64 collision) for 2 x 64 x 128 B = 16 KiB of locks.
@@ -175,6 +180,8 @@ pub struct NatTable<P = ()> {
     held: AtomicUsize,
     active: AtomicUsize,
     closing: AtomicUsize,
+    /// Flows with a packet in the last epochs, for the window clamp.
+    busy: window::Busy,
     errors: ErrorCounters,
 }
 
@@ -217,6 +224,7 @@ impl<P> NatTable<P> {
             held: AtomicUsize::new(0),
             active: AtomicUsize::new(0),
             closing: AtomicUsize::new(0),
+            busy: window::Busy::default(),
             errors: ErrorCounters::default(),
             cfg,
         }

@@ -3,13 +3,14 @@
 //! lines, and the lock-order check of debug builds.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering::Relaxed};
 use std::time::Instant;
 
 use parking_lot::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use super::Stage;
 use super::key::{KeyedBuild, PackedKey};
+use super::window::{self, WindowScale};
 
 /// One byte: the stage lives in the mapping, so the per-packet path (a
 /// SYN retransmit held while connecting) never reads the side map.
@@ -51,6 +52,13 @@ pub(super) struct Mapping {
     /// another ISN replace an Active entry (until then it is the old
     /// connection's, whose kernel socket answers it with a challenge ACK).
     pub(super) app_closed: AtomicBool,
+    /// Window scale shift codes (`window::code`) of the app's SYN and of
+    /// the listener's SYN-ACK, `window::UNSEEN` until that SYN passed.
+    pub(super) app_wscale: AtomicU8,
+    pub(super) listener_wscale: AtomicU8,
+    /// Per direction (`window::Dir`), the epoch (modulo 256) of its last
+    /// segment with payload.
+    pub(super) data_epoch: [AtomicU8; 2],
 }
 
 /// What the engine attached to an admitted half-open flow (Connecting or
@@ -105,6 +113,31 @@ impl Mapping {
         if self.phase != Phase::Closing && self.last_seen.load(Relaxed) < now_ms {
             self.last_seen.fetch_max(now_ms, Relaxed);
         }
+    }
+
+    /// A segment with payload from the app (`Dir::Up`) or the listener
+    /// (`Dir::Down`) in `epoch`: true for the first of its direction in
+    /// that epoch (`window::Busy` counts it). The epoch is kept modulo 256
+    /// (25.6 s): a direction quiet for a multiple of that is counted one
+    /// epoch late.
+    #[inline]
+    pub(super) fn carried(&self, dir: window::Dir, epoch: u64) -> bool {
+        let tag = epoch as u8;
+        let seen = &self.data_epoch[dir as usize];
+        if seen.load(Relaxed) == tag {
+            return false;
+        }
+        seen.store(tag, Relaxed);
+        true
+    }
+
+    /// What the flow's handshake said about window scaling so far.
+    #[inline]
+    pub(super) fn window_scale(&self) -> WindowScale {
+        WindowScale::from_codes(
+            self.app_wscale.load(Relaxed),
+            self.listener_wscale.load(Relaxed),
+        )
     }
 }
 

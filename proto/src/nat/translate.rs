@@ -13,7 +13,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use ipnet::IpNet;
 use std::time::Instant;
 
-use super::{Evicted, FlowKey, NatError, NatTable, Refused, Uplink};
+use super::{Evicted, FlowKey, NatError, NatTable, Refused, Uplink, WindowBudget};
 use crate::drops::EngineDrop;
 use crate::packet::{self, IpInfo, Reject, TcpInfo};
 
@@ -115,6 +115,42 @@ pub fn translate_tcp<P>(
     addrs: &StackAddrs,
     now: Instant,
 ) -> TcpStep<P> {
+    let mut off = WindowClamp::OFF;
+    translate_tcp_clamped(buf, ip, nat, addrs, &mut off, now)
+}
+
+/// The window clamp of [`translate_tcp_clamped`] (module `nat::window`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WindowClamp {
+    /// What the clamp is derived from; `None`: windows pass unchanged.
+    pub budget: Option<WindowBudget>,
+    /// Segments whose window was lowered so far (the caller takes it).
+    pub clamped: u64,
+}
+
+impl WindowClamp {
+    /// No clamping.
+    pub const OFF: Self = Self {
+        budget: None,
+        clamped: 0,
+    };
+}
+
+/// [`translate_tcp`], lowering the advertised window of every segment it
+/// rewrites in either direction (SYNs and RSTs excepted) to the share of
+/// `clamp.budget` each busy flow gets, once the flow's window scaling is
+/// known (module `nat::window`). It records the window scale options of
+/// the app's SYN and of the listener's SYN-ACK as they pass, clamped or
+/// not.
+#[inline]
+pub fn translate_tcp_clamped<P>(
+    buf: &mut [u8],
+    ip: &IpInfo,
+    nat: &NatTable<P>,
+    addrs: &StackAddrs,
+    clamp: &mut WindowClamp,
+    now: Instant,
+) -> TcpStep<P> {
     let tcp = match packet::parse_tcp(buf, ip) {
         Ok(t) => t,
         Err(r) => return TcpStep::Drop(Cause::Reject(r)),
@@ -123,11 +159,19 @@ pub fn translate_tcp<P>(
         return TcpStep::Drop(Cause::Engine(EngineDrop::FamilyDisabled));
     };
     if packet::is_downlink(ip, &tcp, fam.gateway, fam.nat, fam.listen_port) {
-        let Some(key) = nat.downlink(tcp.dst_port, now) else {
+        use packet::tcp_flags::{ACK, SYN};
+        let syn_ack =
+            (tcp.flags & (SYN | ACK) == SYN | ACK).then(|| packet::window_scale(buf, ip, &tcp));
+        let data = tcp.payload_len > 0;
+        let Some((key, scale)) = nat.downlink_segment(tcp.dst_port, syn_ack, data, now) else {
             return TcpStep::Drop(Cause::Engine(EngineDrop::NoMapping));
         };
         return match packet::rewrite_tcp(buf, ip, key.server, key.client) {
-            Ok(()) => TcpStep::Downlink(ip.len),
+            Ok(()) => {
+                let shift = scale.shifts().map(|(_, listener)| listener);
+                clamp_segment(buf, ip, &tcp, shift, nat, clamp, now);
+                TcpStep::Downlink(ip.len)
+            }
             Err(r) => TcpStep::Drop(Cause::Reject(r)),
         };
     }
@@ -142,7 +186,8 @@ pub fn translate_tcp<P>(
     };
     let syn_only = tcp.is_syn_only();
     let app_closing = tcp.flags & (packet::tcp_flags::FIN | packet::tcp_flags::RST) != 0;
-    match nat.uplink_segment(&key, syn_only.then_some(tcp.seq), app_closing, now) {
+    let data = tcp.payload_len > 0;
+    match nat.uplink_data(&key, syn_only.then_some(tcp.seq), app_closing, data, now) {
         Ok(Uplink {
             port,
             created: true,
@@ -150,22 +195,29 @@ pub fn translate_tcp<P>(
             evicted,
             replaced,
             ..
-        }) => TcpStep::NewFlow {
-            key,
-            port,
-            generation,
-            tcp,
-            evicted,
-            replaced,
-        },
+        }) => {
+            nat.record_app_syn(port, generation, packet::window_scale(buf, ip, &tcp));
+            TcpStep::NewFlow {
+                key,
+                port,
+                generation,
+                tcp,
+                evicted,
+                replaced,
+            }
+        }
         Ok(Uplink { held: true, .. }) => {
             TcpStep::Drop(Cause::Engine(EngineDrop::SynWhileConnecting))
         }
-        Ok(Uplink { port, .. }) => {
+        Ok(Uplink { port, scale, .. }) => {
             let nat_src = SocketAddr::new(fam.nat, port);
             let listener = SocketAddr::new(fam.gateway, fam.listen_port);
             match packet::rewrite_tcp(buf, ip, nat_src, listener) {
-                Ok(()) => TcpStep::Uplink(ip.len),
+                Ok(()) => {
+                    let shift = scale.shifts().map(|(app, _)| app);
+                    clamp_segment(buf, ip, &tcp, shift, nat, clamp, now);
+                    TcpStep::Uplink(ip.len)
+                }
                 Err(r) => TcpStep::Drop(Cause::Reject(r)),
             }
         }
@@ -188,6 +240,33 @@ pub fn translate_tcp<P>(
                 },
             }
         }
+    }
+}
+
+/// Lower the window of a rewritten segment whose sender scales its windows
+/// by `shift` (`None`: not known yet, left alone) to its flow's share of
+/// the budget. SYNs (their window is never scaled) and RSTs pass as they
+/// are, as does every segment without a budget.
+#[inline]
+fn clamp_segment<P>(
+    buf: &mut [u8],
+    ip: &IpInfo,
+    tcp: &TcpInfo,
+    shift: Option<u8>,
+    nat: &NatTable<P>,
+    clamp: &mut WindowClamp,
+    now: Instant,
+) {
+    use packet::tcp_flags::{ACK, RST, SYN};
+    let (Some(budget), Some(shift)) = (clamp.budget, shift) else {
+        return;
+    };
+    if tcp.flags & (SYN | RST | ACK) != ACK {
+        return;
+    }
+    let bytes = budget.per_flow(nat.busy_flows(now));
+    if packet::clamp_window(buf, ip, WindowBudget::field(bytes, shift)) {
+        clamp.clamped += 1;
     }
 }
 
@@ -429,5 +508,236 @@ mod tests {
             TcpStep::Uplink(syn.len()),
             "after release it goes to the kernel"
         );
+    }
+
+    /// The window of the packet `p` and whether its checksum verifies.
+    fn window_of(p: &[u8]) -> (u16, bool) {
+        let ip = packet::parse_ip(p).expect("ip");
+        let w = packet::TcpPacket::new_unchecked(&p[ip.l4_offset..ip.len]).window();
+        (w, packet::checksum::verify_transport_checksum(p, &ip))
+    }
+
+    /// SYN options with window scale `ws` (MSS 1460, NOP, window scale).
+    fn ws_opts(ws: u8) -> [u8; 8] {
+        [2, 4, 5, 0xb4, 1, 3, 3, ws]
+    }
+
+    /// A flow through its handshake (the app's SYN with window scale
+    /// `app`, accepted, and the listener's SYN-ACK with `listener`, whose
+    /// window passes unchanged): its NAT port.
+    fn handshake(
+        nat: &NatTable,
+        clamp: &mut WindowClamp,
+        now: Instant,
+        cport: u16,
+        app: Option<u8>,
+        listener: Option<u8>,
+    ) -> u16 {
+        let opts = |ws: Option<u8>| ws.map_or(Vec::new(), |w| ws_opts(w).to_vec());
+        let client = format!("10.0.0.9:{cport}");
+        let mut syn = tcp_v4(&client, "1.1.1.1:443", 100, 0, SYN, &opts(app), b"");
+        let ip = packet::parse_ip(&syn).expect("ip");
+        let TcpStep::NewFlow { port, .. } =
+            translate_tcp_clamped(&mut syn, &ip, nat, &addrs(), clamp, now)
+        else {
+            panic!("a SYN creates a flow");
+        };
+        nat.accept(port, now).expect("accept");
+        let nat_addr = format!("198.18.0.2:{port}");
+        let mut syn_ack = tcp_v4(
+            "198.18.0.1:40000",
+            &nat_addr,
+            500,
+            101,
+            SYN | ACK,
+            &opts(listener),
+            b"",
+        );
+        let ip = packet::parse_ip(&syn_ack).expect("ip");
+        let step = translate_tcp_clamped(&mut syn_ack, &ip, nat, &addrs(), clamp, now);
+        assert_eq!(step, TcpStep::Downlink(syn_ack.len()));
+        assert_eq!(
+            window_of(&syn_ack),
+            (0xffff, true),
+            "a SYN-ACK's window is never clamped"
+        );
+        port
+    }
+
+    /// Both directions are clamped to the flow's share of the queue at
+    /// each sender's own shift, checksums verify after the incremental
+    /// update, and the clamp is counted.
+    #[test]
+    fn window_clamp_lowers_both_directions_at_each_senders_shift() {
+        let (nat, now) = table(16);
+        let budget = WindowBudget {
+            queue_packets: 500,
+            mss: 1460,
+        };
+        let mut clamp = WindowClamp {
+            budget: Some(budget),
+            clamped: 0,
+        };
+        let port = handshake(&nat, &mut clamp, now, 3000, Some(7), Some(9));
+        assert_eq!(nat.busy_flows(now), 0, "no payload yet");
+        // The app's data makes its direction busy: one share of the queue.
+        let share = budget.per_flow(1);
+
+        let mut up = tcp_v4("10.0.0.9:3000", "1.1.1.1:443", 101, 501, ACK, &[], b"data");
+        let ip = packet::parse_ip(&up).expect("ip");
+        let step = translate_tcp_clamped(&mut up, &ip, &nat, &addrs(), &mut clamp, now);
+        assert_eq!(step, TcpStep::Uplink(up.len()));
+        assert_eq!(
+            window_of(&up),
+            ((share >> 7) as u16, true),
+            "the app's shift"
+        );
+
+        let nat_addr = format!("198.18.0.2:{port}");
+        let mut down = tcp_v4("198.18.0.1:40000", &nat_addr, 501, 105, ACK, &[], b"reply");
+        let ip = packet::parse_ip(&down).expect("ip");
+        let step = translate_tcp_clamped(&mut down, &ip, &nat, &addrs(), &mut clamp, now);
+        assert_eq!(step, TcpStep::Downlink(down.len()));
+        // The listener's data makes the second direction busy.
+        assert_eq!(nat.busy_flows(now), 2);
+        assert_eq!(
+            window_of(&down),
+            ((budget.per_flow(2) >> 9) as u16, true),
+            "the listener's shift"
+        );
+        assert_eq!(clamp.clamped, 2);
+
+        // The same segment without a budget: unchanged, not counted.
+        let mut plain = tcp_v4("10.0.0.9:3000", "1.1.1.1:443", 105, 506, ACK, &[], b"");
+        let ip = packet::parse_ip(&plain).expect("ip");
+        let mut off = WindowClamp::OFF;
+        translate_tcp_clamped(&mut plain, &ip, &nat, &addrs(), &mut off, now);
+        assert_eq!(window_of(&plain), (0xffff, true));
+        assert_eq!(off.clamped, 0);
+    }
+
+    /// More flows carrying data, smaller shares, down to the floor; pure
+    /// ACKs do not count; a flow whose SYNs lacked the option is clamped
+    /// unscaled; a window already below the share, a zero window and an
+    /// RST pass unchanged.
+    #[test]
+    fn window_clamp_shares_the_queue_among_busy_flows() {
+        let (nat, now) = table(128);
+        let budget = WindowBudget {
+            queue_packets: 500,
+            mss: 1460,
+        };
+        let mut clamp = WindowClamp {
+            budget: Some(budget),
+            clamped: 0,
+        };
+        let send = |nat: &NatTable, clamp: &mut WindowClamp, cport: u16, payload: &[u8], at| {
+            let client = format!("10.0.0.9:{cport}");
+            let mut p = tcp_v4(&client, "1.1.1.1:443", 101, 501, ACK, &[], payload);
+            let ip = packet::parse_ip(&p).expect("ip");
+            translate_tcp_clamped(&mut p, &ip, nat, &addrs(), clamp, at);
+        };
+        for cport in 4000..4016 {
+            handshake(&nat, &mut clamp, now, cport, None, Some(7));
+            send(&nat, &mut clamp, cport, b"data", now);
+            send(&nat, &mut clamp, cport, b"more", now);
+        }
+        assert_eq!(nat.busy_flows(now), 16, "once per direction and epoch");
+        for cport in 4016..4020 {
+            handshake(&nat, &mut clamp, now, cport, None, Some(7));
+            send(&nat, &mut clamp, cport, b"", now);
+        }
+        assert_eq!(nat.busy_flows(now), 16, "pure ACKs do not count");
+        let mut up = tcp_v4("10.0.0.9:4000", "1.1.1.1:443", 101, 501, ACK, &[], b"x");
+        let ip = packet::parse_ip(&up).expect("ip");
+        translate_tcp_clamped(&mut up, &ip, &nat, &addrs(), &mut clamp, now);
+        let want = 250 / 16 * 1460;
+        assert_eq!(
+            window_of(&up),
+            (want as u16, true),
+            "no app option: unscaled"
+        );
+
+        let mut small = tcp_v4("10.0.0.9:4001", "1.1.1.1:443", 101, 501, ACK, &[], b"");
+        let ip = packet::parse_ip(&small).expect("ip");
+        packet::TcpPacket::new_unchecked(&mut small[ip.l4_offset..ip.len]).set_window(1000);
+        packet::checksum::fill_transport_checksum(&mut small, &ip);
+        translate_tcp_clamped(&mut small, &ip, &nat, &addrs(), &mut clamp, now);
+        assert_eq!(window_of(&small), (1000, true), "never raised");
+
+        let mut zero = tcp_v4("10.0.0.9:4002", "1.1.1.1:443", 101, 501, ACK, &[], b"");
+        let ip = packet::parse_ip(&zero).expect("ip");
+        packet::TcpPacket::new_unchecked(&mut zero[ip.l4_offset..ip.len]).set_window(0);
+        packet::checksum::fill_transport_checksum(&mut zero, &ip);
+        translate_tcp_clamped(&mut zero, &ip, &nat, &addrs(), &mut clamp, now);
+        assert_eq!(window_of(&zero), (0, true), "a zero window stays closed");
+
+        let mut rst = tcp_v4(
+            "10.0.0.9:4003",
+            "1.1.1.1:443",
+            101,
+            501,
+            RST | ACK,
+            &[],
+            b"",
+        );
+        let ip = packet::parse_ip(&rst).expect("ip");
+        translate_tcp_clamped(&mut rst, &ip, &nat, &addrs(), &mut clamp, now);
+        assert_eq!(window_of(&rst).0, 0xffff, "an RST passes as it is");
+
+        for cport in 4020..4100 {
+            handshake(&nat, &mut clamp, now, cport, None, None);
+            send(&nat, &mut clamp, cport, b"data", now);
+        }
+        let mut up = tcp_v4("10.0.0.9:4005", "1.1.1.1:443", 101, 501, ACK, &[], b"x");
+        let ip = packet::parse_ip(&up).expect("ip");
+        translate_tcp_clamped(&mut up, &ip, &nat, &addrs(), &mut clamp, now);
+        let floor = (crate::nat::FLOOR_SEGMENTS * 1460) as u16;
+        assert_eq!(window_of(&up), (floor, true), "96 busy flows: the floor");
+
+        // Flows that went quiet stop counting two epochs later: a new flow
+        // then has the whole share.
+        let later = now + std::time::Duration::from_millis(3 * crate::nat::EPOCH_MS);
+        handshake(&nat, &mut clamp, later, 4200, Some(7), Some(7));
+        let mut up = tcp_v4("10.0.0.9:4200", "1.1.1.1:443", 101, 501, ACK, &[], b"x");
+        let ip = packet::parse_ip(&up).expect("ip");
+        translate_tcp_clamped(&mut up, &ip, &nat, &addrs(), &mut clamp, later);
+        assert_eq!(nat.busy_flows(later), 1);
+        assert_eq!(window_of(&up), (((250 * 1460u32) >> 7) as u16, true));
+    }
+
+    /// Until the listener's SYN-ACK has passed, the flow's scaling is not
+    /// known and its segments are not clamped.
+    #[test]
+    fn window_clamp_waits_for_the_syn_ack() {
+        let (nat, now) = table(16);
+        let mut clamp = WindowClamp {
+            budget: Some(WindowBudget {
+                queue_packets: 500,
+                mss: 1460,
+            }),
+            clamped: 0,
+        };
+        let mut syn = tcp_v4(
+            "10.0.0.9:5000",
+            "1.1.1.1:443",
+            100,
+            0,
+            SYN,
+            &ws_opts(7),
+            b"",
+        );
+        let ip = packet::parse_ip(&syn).expect("ip");
+        let TcpStep::NewFlow { port, .. } =
+            translate_tcp_clamped(&mut syn, &ip, &nat, &addrs(), &mut clamp, now)
+        else {
+            panic!("new flow");
+        };
+        nat.accept(port, now).expect("accept");
+        let mut up = tcp_v4("10.0.0.9:5000", "1.1.1.1:443", 101, 501, ACK, &[], b"x");
+        let ip = packet::parse_ip(&up).expect("ip");
+        translate_tcp_clamped(&mut up, &ip, &nat, &addrs(), &mut clamp, now);
+        assert_eq!(window_of(&up), (0xffff, true));
+        assert_eq!(clamp.clamped, 0);
     }
 }

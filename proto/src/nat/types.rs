@@ -6,6 +6,7 @@ use std::ops::RangeInclusive;
 use std::time::{Duration, Instant};
 
 use super::key::PackedKey;
+use super::window::WindowScale;
 
 /// Configuration of a [`NatTable`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -151,6 +152,9 @@ pub struct Uplink<P = ()> {
     /// This SYN replaced its 4-tuple's half-open entry (another ISN: a new
     /// connection): what the engine had attached to the old one.
     pub replaced: Option<P>,
+    /// What the flow's handshake said about window scaling (unknown for a
+    /// new entry, and for a SYN's or one the old connection answers).
+    pub scale: WindowScale,
 }
 
 impl<P> Uplink<P> {
@@ -163,7 +167,14 @@ impl<P> Uplink<P> {
             held,
             evicted: None,
             replaced: None,
+            scale: WindowScale::UNKNOWN,
         }
+    }
+
+    /// With the flow's window scaling.
+    pub(super) fn with_scale(mut self, scale: WindowScale) -> Self {
+        self.scale = scale;
+        self
     }
 }
 

@@ -4,11 +4,12 @@
 
 use std::collections::VecDeque;
 use std::collections::hash_map::Entry as MapEntry;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering::Relaxed};
 use std::time::Instant;
 
 use super::key::PackedKey;
 use super::shard::{ForwardShard, Mapping, Phase};
+use super::window::{self, WindowScale};
 use super::{Evicted, FlowKey, NatError, NatTable, Refused, Stage, Uplink};
 
 impl<P> NatTable<P> {
@@ -63,6 +64,20 @@ impl<P> NatTable<P> {
         app_closing: bool,
         now: Instant,
     ) -> Result<Uplink<P>, Refused<P>> {
+        self.uplink_data(key, syn, app_closing, false, now)
+    }
+
+    /// [`NatTable::uplink_segment`] that also counts the flow's uplink
+    /// busy when the segment carries `data` (the window clamp's share,
+    /// [`NatTable::busy_flows`]).
+    pub fn uplink_data(
+        &self,
+        key: &FlowKey,
+        syn: Option<u32>,
+        app_closing: bool,
+        data: bool,
+        now: Instant,
+    ) -> Result<Uplink<P>, Refused<P>> {
         let pk = PackedKey::new(key);
         let fshard = self.forward_shard(&pk);
         let now_ms = self.ms(now);
@@ -77,12 +92,14 @@ impl<P> NatTable<P> {
                             if syn.is_none_or(|isn| isn == m.isn) =>
                         {
                             m.touch(now_ms);
+                            self.note_data(m, window::Dir::Up, data, now_ms);
                             if app_closing && m.phase == Phase::Active {
                                 m.app_closed.store(true, Relaxed);
                             }
                             let held =
                                 syn.is_some() && m.phase == Phase::HalfOpen(Stage::Connecting);
-                            return Ok(Uplink::existing(port, m.generation, held));
+                            return Ok(Uplink::existing(port, m.generation, held)
+                                .with_scale(m.window_scale()));
                         }
                         // Another ISN on a connection the app has not closed:
                         // the old socket's to answer (not refreshed: a spoofer
@@ -93,7 +110,8 @@ impl<P> NatTable<P> {
                         }
                         Phase::HalfOpen(_) | Phase::Active => {} // new ISN: replaced below
                         Phase::Closing if syn.is_none() => {
-                            return Ok(Uplink::existing(port, m.generation, false));
+                            return Ok(Uplink::existing(port, m.generation, false)
+                                .with_scale(m.window_scale()));
                         }
                         Phase::Closing => {} // replaced below, under write locks
                     }
@@ -270,6 +288,7 @@ impl<P> NatTable<P> {
             held: false,
             evicted: None,
             replaced,
+            scale: WindowScale::UNKNOWN,
         })
     }
 
@@ -309,6 +328,11 @@ impl<P> NatTable<P> {
                     phase,
                     isn,
                     app_closed: AtomicBool::new(false),
+                    app_wscale: AtomicU8::new(window::UNSEEN),
+                    listener_wscale: AtomicU8::new(window::UNSEEN),
+                    data_epoch: std::array::from_fn(|_| {
+                        AtomicU8::new((now_ms / window::EPOCH_MS) as u8 ^ 0x80)
+                    }),
                 });
                 self.count_in(phase);
                 drop(rev);
@@ -323,16 +347,65 @@ impl<P> NatTable<P> {
     /// refreshing it (Closing entries are translated but not refreshed).
     /// `None` (counted) means drop the segment: never forward a wrong tuple.
     pub fn downlink(&self, port: u16, now: Instant) -> Option<FlowKey> {
+        self.downlink_segment(port, None, false, now)
+            .map(|(key, _)| key)
+    }
+
+    /// [`NatTable::downlink`] that also records the window scale option of
+    /// the listener's SYN-ACK (`syn_ack`: `Some(option)` for a SYN-ACK,
+    /// `option` `None` if it carried none), counts the direction busy if
+    /// the segment carries `data`, and returns what the flow's handshake
+    /// said about window scaling.
+    pub fn downlink_segment(
+        &self,
+        port: u16,
+        syn_ack: Option<Option<u8>>,
+        data: bool,
+        now: Instant,
+    ) -> Option<(FlowKey, WindowScale)> {
         let rev = self.reverse_shard(port).read();
         match rev.map.get(&port) {
             Some(m) => {
-                m.touch(self.ms(now));
-                Some(m.key.to_flow_key())
+                let now_ms = self.ms(now);
+                m.touch(now_ms);
+                self.note_data(m, window::Dir::Down, data, now_ms);
+                if let Some(option) = syn_ack {
+                    m.listener_wscale.store(window::code(option), Relaxed);
+                }
+                Some((m.key.to_flow_key(), m.window_scale()))
             }
             None => {
                 self.errors.downlink_no_mapping.fetch_add(1, Relaxed);
                 None
             }
+        }
+    }
+
+    /// Record the window scale option of the app's SYN that created the
+    /// entry at `port` (stamped `generation`; another entry there is left
+    /// alone). Off the per-packet path: once per new flow.
+    pub fn record_app_syn(&self, port: u16, generation: u64, option: Option<u8>) {
+        let rev = self.reverse_shard(port).read();
+        if let Some(m) = rev.map.get(&port).filter(|m| m.generation == generation) {
+            m.app_wscale.store(window::code(option), Relaxed);
+        }
+    }
+
+    /// Flow directions that carried payload in the last one to two
+    /// [`window::EPOCH_MS`] epochs (`window::Busy`): what the window clamp
+    /// splits the queue among.
+    #[inline]
+    pub fn busy_flows(&self, now: Instant) -> usize {
+        self.busy.count(self.ms(now) / window::EPOCH_MS)
+    }
+
+    /// Count `m`'s direction `dir` busy if its segment carries `data` and
+    /// is its first with payload in this epoch.
+    #[inline]
+    fn note_data(&self, m: &Mapping, dir: window::Dir, data: bool, now_ms: u64) {
+        let epoch = now_ms / window::EPOCH_MS;
+        if data && m.carried(dir, epoch) {
+            self.busy.note(epoch);
         }
     }
 }

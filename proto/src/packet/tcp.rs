@@ -370,6 +370,72 @@ pub fn rewrite_tcp(
     Ok(())
 }
 
+/// Option kinds this crate reads (RFC 9293 3.1, RFC 7323 2.2).
+mod option {
+    pub const END: u8 = 0;
+    pub const NOP: u8 = 1;
+    pub const WINDOW_SCALE: u8 = 3;
+}
+
+/// Largest shift a window scale option may carry (RFC 7323 2.3: a larger
+/// one is used as 14).
+pub const MAX_WINDOW_SCALE: u8 = 14;
+
+/// The window scale option of the segment `tcp` describes (its shift, at
+/// most [`MAX_WINDOW_SCALE`]), or `None` if it carries none. Only a SYN's
+/// option means anything (RFC 7323 2.2); the caller asks for SYNs only. A
+/// malformed option list ends the walk: what was not found is not there.
+pub fn window_scale(buf: &[u8], ip: &IpInfo, tcp: &TcpInfo) -> Option<u8> {
+    let start = ip.l4_offset.checked_add(HEADER_LEN)?;
+    let end = ip.l4_offset.checked_add(tcp.header_len)?;
+    let mut opts = buf.get(start..end)?;
+    while let Some((&kind, rest)) = opts.split_first() {
+        match kind {
+            option::END => return None,
+            option::NOP => opts = rest,
+            _ => {
+                let len = usize::from(*rest.first()?);
+                if len < 2 || len > opts.len() {
+                    return None;
+                }
+                if kind == option::WINDOW_SCALE && len == 3 {
+                    return Some(opts[2].min(MAX_WINDOW_SCALE));
+                }
+                opts = &opts[len..];
+            }
+        }
+    }
+    None
+}
+
+/// Lowers the window field of the TCP packet `ip` describes to `max`, if
+/// it is larger, and updates the checksum incrementally (RFC 1624 eqn. 3,
+/// one word). A zero window stays zero and `max` is taken as at least 1,
+/// so a window is never raised and an open one never closed. Returns
+/// whether the field changed; a packet too short to hold a TCP header is
+/// left alone.
+#[inline]
+pub fn clamp_window(buf: &mut [u8], ip: &IpInfo, max: u16) -> bool {
+    let Some(tcp) = buf
+        .get_mut(ip.l4_offset..)
+        .and_then(|seg| seg.first_chunk_mut::<HEADER_LEN>())
+    else {
+        return false;
+    };
+    let w = &tcp[field::WINDOW];
+    let old = u16::from_be_bytes([w[0], w[1]]);
+    let new = max.max(1);
+    if old <= new {
+        return false;
+    }
+    let delta = replaced(&old.to_be_bytes(), &new.to_be_bytes());
+    tcp[field::WINDOW].copy_from_slice(&new.to_be_bytes());
+    let c = &mut tcp[field::CHECKSUM];
+    let tc = nonzero(update(u16::from_be_bytes([c[0], c[1]]), delta));
+    c.copy_from_slice(&tc.to_be_bytes());
+    true
+}
+
 /// Builds, in place over the packet that triggered it, a TCP RST answering
 /// `tcp`, following RFC 9293 3.10.7.1 (a segment reaching a CLOSED port):
 ///
@@ -450,6 +516,110 @@ mod tests {
     use crate::packet::{Ipv4Packet, is_downlink, parse_ip};
     use proptest::prelude::*;
     use std::net::{Ipv4Addr, Ipv6Addr, SocketAddrV4, SocketAddrV6};
+
+    /// The shift is found behind other options, capped at 14, and absent
+    /// when the list has none, ends first, or is malformed.
+    #[test]
+    fn window_scale_reads_the_syn_option() {
+        let ws = |opts: &[u8]| {
+            let p = tcp_v4("10.0.0.9:1000", "1.1.1.1:443", 1, 0, flags::SYN, opts, b"");
+            let ip = parse_ip(&p).expect("ip");
+            let t = parse_tcp(&p, &ip).expect("tcp");
+            window_scale(&p, &ip, &t)
+        };
+        // MSS, SACK permitted, timestamps, NOP, window scale 7: a Linux SYN.
+        let linux = [
+            2, 4, 5, 0xb4, 4, 2, 8, 10, 0, 0, 0x12, 0x34, 0, 0, 0, 0, 1, 3, 3, 7,
+        ];
+        assert_eq!(ws(&linux), Some(7));
+        assert_eq!(ws(&[1, 3, 3, 0]), Some(0));
+        assert_eq!(ws(&[1, 3, 3, 15]), Some(MAX_WINDOW_SCALE), "capped");
+        assert_eq!(ws(&[]), None);
+        assert_eq!(ws(&[2, 4, 5, 0xb4]), None, "MSS only");
+        assert_eq!(ws(&[0, 3, 3, 7]), None, "after the end of the list");
+        assert_eq!(ws(&[2, 0, 3, 3, 7, 0, 0, 0]), None, "length 0: malformed");
+        assert_eq!(ws(&[2, 9, 0, 0]), None, "length past the header");
+        assert_eq!(ws(&[3, 4, 7, 0]), None, "wrong length for window scale");
+        let v6 = tcp_v6(
+            "[fd00::9]:1000",
+            "[2001:db8::1]:443",
+            &[ExtHdr::HopByHop { units: 0 }],
+            1,
+            0,
+            flags::SYN | flags::ACK,
+            &linux,
+            b"",
+        );
+        let ip = parse_ip(&v6).expect("ip");
+        let t = parse_tcp(&v6, &ip).expect("tcp");
+        assert_eq!(
+            window_scale(&v6, &ip, &t),
+            Some(7),
+            "behind an extension header"
+        );
+    }
+
+    /// Clamping lowers only larger windows, never closes an open one,
+    /// leaves a zero window alone, and keeps the checksum what a full
+    /// recomputation gives (IPv4 and IPv6, random payloads and windows).
+    #[test]
+    fn clamp_window_keeps_the_checksum_valid() {
+        let window =
+            |p: &[u8], ip: &IpInfo| TcpPacket::new_unchecked(&p[ip.l4_offset..ip.len]).window();
+        let mut rng = crate::packet::testutil::Rng::new(23);
+        for i in 0..400 {
+            let payload: Vec<u8> = (0..rng.below(80)).map(|_| rng.byte()).collect();
+            let mut p = if i % 2 == 0 {
+                tcp_v4(
+                    "10.0.0.9:1000",
+                    "1.1.1.1:443",
+                    7,
+                    9,
+                    flags::ACK,
+                    &[],
+                    &payload,
+                )
+            } else {
+                tcp_v6(
+                    "[fd00::9]:1000",
+                    "[2001:db8::1]:443",
+                    &[],
+                    7,
+                    9,
+                    flags::ACK,
+                    &[],
+                    &payload,
+                )
+            };
+            let ip = parse_ip(&p).expect("ip");
+            let w = (rng.next_u64() & 0xffff) as u16;
+            {
+                let seg = &mut p[ip.l4_offset..ip.len];
+                let mut t = TcpPacket::new_unchecked(&mut *seg);
+                t.set_window(w);
+                t.set_checksum(0);
+            }
+            let c = compute_transport_checksum(&p, &ip).expect("sum");
+            TcpPacket::new_unchecked(&mut p[ip.l4_offset..ip.len]).set_checksum(c);
+            let max = (rng.next_u64() & 0xffff) as u16;
+            let changed = clamp_window(&mut p, &ip, max);
+            let after = window(&p, &ip);
+            let expect = if w == 0 { 0 } else { w.min(max.max(1)) };
+            assert_eq!(after, expect, "window {w} clamped to {max}");
+            assert_eq!(changed, after != w);
+            assert!(verify_transport_checksum(&p, &ip), "window {w} -> {after}");
+            let sum = TcpPacket::new_unchecked(&p[ip.l4_offset..ip.len]).checksum();
+            assert_ne!(sum, 0, "a rewrite never writes checksum 0");
+        }
+        // A nonzero window clamped to 0 stays open (1), a zero one stays 0.
+        let mut p = tcp_v4("10.0.0.9:1000", "1.1.1.1:443", 7, 9, flags::ACK, &[], b"x");
+        let ip = parse_ip(&p).expect("ip");
+        assert!(clamp_window(&mut p, &ip, 0));
+        assert_eq!(window(&p, &ip), 1);
+        TcpPacket::new_unchecked(&mut p[ip.l4_offset..ip.len]).set_window(0);
+        assert!(!clamp_window(&mut p, &ip, 0));
+        assert_eq!(window(&p, &ip), 0);
+    }
 
     /// The table, spelled out: every combination of the five bits
     /// that matter, and PSH/ECE/CWR never changing the answer.

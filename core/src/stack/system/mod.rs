@@ -38,10 +38,10 @@ use std::time::Instant;
 
 use super::HeldSyn;
 use crate::dispatch::{Dispatcher, Next, Plan};
-use crate::nat::{Evicted, FlowKey, NatConfig, NatTable, Stage};
+use crate::nat::{Evicted, FlowKey, NatConfig, NatTable, Stage, WindowBudget};
 use crate::packet::{self, Disposition, IpInfo, TcpInfo};
 use crate::stats::{EngineDrop, LocalCounters, Stats, TcpFlowsSnapshot};
-use crate::translate::{self, Cause, FamilyAddrs, StackAddrs, TcpStep};
+use crate::translate::{self, Cause, FamilyAddrs, StackAddrs, TcpStep, WindowClamp};
 use crate::tun::Tun;
 
 mod listener;
@@ -60,16 +60,19 @@ pub(crate) struct SystemStack {
     nat: Arc<NatTable<Pending>>,
     /// Gateway, NAT address and listener port per family.
     addrs: StackAddrs,
+    /// What the window clamp shares out (`tun.window_clamp`; `None`: off).
+    window: Option<WindowBudget>,
 }
 
 impl SystemStack {
     /// The stack over a new flow table built from `nat` (its clock starts
-    /// at `now`).
+    /// at `now`), clamping windows to `window` if given.
     pub fn new(
         d: Arc<Dispatcher>,
         tun: Arc<Tun>,
         nat: NatConfig,
         addrs: StackAddrs,
+        window: Option<WindowBudget>,
         now: Instant,
     ) -> Self {
         SystemStack {
@@ -77,6 +80,7 @@ impl SystemStack {
             tun,
             nat: Arc::new(NatTable::new(nat, now)),
             addrs,
+            window,
         }
     }
 
@@ -89,7 +93,14 @@ impl SystemStack {
         now: Instant,
         local: &mut LocalCounters,
     ) -> Disposition {
-        match translate::translate_tcp(buf, ip, &self.nat, &self.addrs, now) {
+        let mut clamp = WindowClamp {
+            budget: self.window,
+            clamped: 0,
+        };
+        let step =
+            translate::translate_tcp_clamped(buf, ip, &self.nat, &self.addrs, &mut clamp, now);
+        local.window_clamped += clamp.clamped;
+        match step {
             TcpStep::Uplink(n) => {
                 local.packets_up += 1;
                 local.bytes_up += n as u64;

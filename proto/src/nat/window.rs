@@ -1,0 +1,245 @@
+//! Ring-aware window clamping: the numbers behind it, kept pure.
+//!
+//! Every packet of the system stack crosses the TUN's transmit queue on its
+//! way to the engine: the app's segments and the kernel listener's, data
+//! one way and ACKs the other. The kernel's TUN transmit orphans each
+//! packet before queueing it, so neither TCP is ever throttled by that
+//! queue: a full queue drops, and the senders learn of it by
+//! retransmitting. The only bound on what they keep in flight is the
+//! window the other side advertises, and the listener autotunes its own to
+//! megabytes. So the translation lowers the window of every segment it
+//! rewrites (both directions, SYNs excepted) to a share of the queue:
+//! what the queue holds ([`WindowBudget::queue_packets`]), less room for
+//! the ACKs the data causes, split among the flow directions that carried
+//! payload in the last two epochs ([`Busy`]: a flow moving data both ways
+//! counts twice, one only acknowledging counts once), never below
+//! [`FLOOR_SEGMENTS`] segments.
+//!
+//! A window field is scaled by the shift its sender announced in its SYN
+//! (RFC 7323 2.2): the app's by the option in its SYN, the listener's by
+//! the one in its SYN-ACK, and neither when either SYN lacked the option.
+//! The flow's entry records both as its handshake passes through the
+//! translation ([`WindowScale`]); until the SYN-ACK has passed, the flow
+//! is not clamped.
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+
+use crate::packet::tcp::MAX_WINDOW_SCALE;
+
+/// A window never clamped below this many full segments per flow, so a
+/// flow among many still keeps several segments in flight.
+pub const FLOOR_SEGMENTS: u32 = 4;
+
+/// Length of one [`Busy`] epoch in milliseconds: a flow counts as busy for
+/// one to two epochs after its last packet.
+pub const EPOCH_MS: u64 = 100;
+
+/// A flow's direction, as the busy count tells them apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Dir {
+    /// The app's segments.
+    Up = 0,
+    /// The listener's segments.
+    Down = 1,
+}
+
+/// Shift code: the SYN had no window scale option.
+pub(super) const NO_OPTION: u8 = 15;
+/// Shift code: that SYN has not passed through the translation (yet).
+pub(super) const UNSEEN: u8 = u8::MAX;
+
+/// The shift code of a SYN's window scale option (`None`: it had none).
+#[inline]
+pub(super) fn code(option: Option<u8>) -> u8 {
+    option.map_or(NO_OPTION, |s| s.min(MAX_WINDOW_SCALE))
+}
+
+/// What a flow's handshake said about window scaling, as far as it has
+/// passed through the translation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WindowScale {
+    app: u8,
+    listener: u8,
+}
+
+impl Default for WindowScale {
+    fn default() -> Self {
+        Self::UNKNOWN
+    }
+}
+
+impl WindowScale {
+    /// Neither SYN seen.
+    pub const UNKNOWN: Self = Self {
+        app: UNSEEN,
+        listener: UNSEEN,
+    };
+
+    /// From the codes a flow entry keeps.
+    pub(super) fn from_codes(app: u8, listener: u8) -> Self {
+        Self { app, listener }
+    }
+
+    /// The scale of the app's SYN option `app` and the listener's SYN-ACK
+    /// option `listener` (`None`: no option), as the translation records
+    /// them.
+    pub fn new(app: Option<u8>, listener: Option<u8>) -> Self {
+        Self::from_codes(code(app), code(listener))
+    }
+
+    /// `(app, listener)`: the shifts of the windows each side advertises,
+    /// once both SYNs have passed; `(0, 0)` when either lacked the option
+    /// (scaling is then off in both directions, RFC 7323 2.2); `None`
+    /// before that.
+    pub fn shifts(self) -> Option<(u8, u8)> {
+        if self.app == UNSEEN || self.listener == UNSEEN {
+            return None;
+        }
+        if self.app == NO_OPTION || self.listener == NO_OPTION {
+            return Some((0, 0));
+        }
+        Some((self.app, self.listener))
+    }
+}
+
+/// What the clamp is derived from: the TUN's transmit queue in packets and
+/// the largest segment's payload.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WindowBudget {
+    /// Packets the TUN's transmit queue holds (its `txqueuelen`).
+    pub queue_packets: u32,
+    /// Payload bytes of a full segment (the MTU less the headers).
+    pub mss: u32,
+}
+
+impl WindowBudget {
+    /// Bytes one of `flows` busy flow directions may have in flight. Half
+    /// the queue is for data: each data segment causes about half an ACK in
+    /// the same queue (delayed ACKs), and the last quarter absorbs bursts
+    /// and the packets of flows not yet counted. (Two thirds, data and ACKs
+    /// filling the queue, stalled a connection of
+    /// `e2e::window_clamp_keeps_16_echoes_within_a_500_packet_queue` for
+    /// 20 s: docs/notes.md, "Window clamping on the phone's TUN".) At
+    /// least [`FLOOR_SEGMENTS`].
+    pub fn per_flow(self, flows: usize) -> u32 {
+        let flows = u32::try_from(flows.max(1)).unwrap_or(u32::MAX);
+        let segments = (self.queue_packets / 2 / flows).max(FLOOR_SEGMENTS);
+        segments.saturating_mul(self.mss.max(1))
+    }
+
+    /// The window field that advertises `bytes` at `shift` (rounded down,
+    /// at most 0xFFFF).
+    pub fn field(bytes: u32, shift: u8) -> u16 {
+        u16::try_from(bytes >> shift.min(MAX_WINDOW_SCALE)).unwrap_or(u16::MAX)
+    }
+}
+
+/// How many flow directions carried payload recently: in the current
+/// [`EPOCH_MS`] epoch, or in the previous one if that counted more. A
+/// direction counts once per epoch (its first segment with payload in it,
+/// stamped on the entry), so this costs one counter update per direction
+/// per epoch, none per packet.
+#[derive(Debug, Default)]
+pub(super) struct Busy {
+    epoch: AtomicU64,
+    current: AtomicUsize,
+    previous: AtomicUsize,
+}
+
+impl Busy {
+    /// Count one direction's first segment with payload in `epoch`.
+    #[inline]
+    pub(super) fn note(&self, epoch: u64) {
+        self.roll(epoch);
+        self.current.fetch_add(1, Relaxed);
+    }
+
+    /// Directions busy in `epoch` or the one before it (the larger count).
+    #[inline]
+    pub(super) fn count(&self, epoch: u64) -> usize {
+        self.roll(epoch);
+        self.current.load(Relaxed).max(self.previous.load(Relaxed))
+    }
+
+    #[inline]
+    fn roll(&self, epoch: u64) {
+        let seen = self.epoch.load(Relaxed);
+        if seen < epoch
+            && self
+                .epoch
+                .compare_exchange(seen, epoch, Relaxed, Relaxed)
+                .is_ok()
+        {
+            let ended = self.current.swap(0, Relaxed);
+            let previous = if epoch == seen + 1 { ended } else { 0 };
+            self.previous.store(previous, Relaxed);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shifts_need_both_syns_and_both_options() {
+        assert_eq!(WindowScale::UNKNOWN.shifts(), None);
+        assert_eq!(WindowScale::from_codes(7, UNSEEN).shifts(), None);
+        assert_eq!(WindowScale::from_codes(UNSEEN, 7).shifts(), None);
+        assert_eq!(WindowScale::new(Some(7), Some(9)).shifts(), Some((7, 9)));
+        assert_eq!(WindowScale::new(Some(7), None).shifts(), Some((0, 0)));
+        assert_eq!(WindowScale::new(None, Some(9)).shifts(), Some((0, 0)));
+        assert_eq!(WindowScale::new(Some(20), Some(0)).shifts(), Some((14, 0)));
+    }
+
+    #[test]
+    fn per_flow_splits_half_the_queue_above_a_floor() {
+        let b = WindowBudget {
+            queue_packets: 500,
+            mss: 1460,
+        };
+        assert_eq!(b.per_flow(0), 250 * 1460, "no busy flow counts as one");
+        assert_eq!(b.per_flow(1), 250 * 1460);
+        assert_eq!(b.per_flow(16), 15 * 1460);
+        assert_eq!(b.per_flow(64), FLOOR_SEGMENTS * 1460, "the floor");
+        assert_eq!(b.per_flow(usize::MAX), FLOOR_SEGMENTS * 1460);
+        // Segments in flight across 16 flows, plus half an ACK each, fit.
+        let segs = 16 * b.per_flow(16) / 1460;
+        assert!(segs * 3 / 2 <= 500, "{segs}");
+        let huge = WindowBudget {
+            queue_packets: u32::MAX,
+            mss: u32::MAX,
+        };
+        assert_eq!(huge.per_flow(1), u32::MAX, "saturates");
+    }
+
+    #[test]
+    fn field_scales_down_and_caps() {
+        assert_eq!(WindowBudget::field(22_000, 0), 22_000);
+        assert_eq!(WindowBudget::field(22_000, 7), 171);
+        assert_eq!(WindowBudget::field(1_000_000, 0), u16::MAX);
+        assert_eq!(WindowBudget::field(100, 9), 0, "the caller keeps it open");
+        assert_eq!(WindowBudget::field(1 << 20, 30), 64, "shift capped at 14");
+    }
+
+    #[test]
+    fn busy_counts_flows_per_epoch_and_forgets_quiet_ones() {
+        let b = Busy::default();
+        assert_eq!(b.count(1), 0);
+        for _ in 0..3 {
+            b.note(1);
+        }
+        assert_eq!(b.count(1), 3);
+        b.note(2);
+        assert_eq!(b.count(2), 3, "the previous epoch counted more");
+        b.note(2);
+        b.note(2);
+        b.note(2);
+        assert_eq!(b.count(2), 4);
+        assert_eq!(b.count(3), 4, "epoch 2 is now the previous");
+        assert_eq!(b.count(5), 0, "two quiet epochs: nothing busy");
+        b.note(9);
+        assert_eq!(b.count(9), 1);
+        assert_eq!(b.count(8), 1, "an older epoch does not roll back");
+    }
+}
