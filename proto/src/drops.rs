@@ -81,6 +81,11 @@ pub enum EngineDrop {
     /// A hijacked DNS query's task panicked (the query is dropped; the
     /// engine keeps running).
     DnsTaskPanic,
+    /// A proxied TCP session ended (both sides reset) because its outbound
+    /// cut a frame longer than the relay's fallback buffer (a Shadowsocks
+    /// chunk of up to 64 KiB) and the relay pool had no room to hold it
+    /// until the rest arrives.
+    RelayFrameRefused,
 }
 
 impl EngineDrop {
@@ -96,7 +101,7 @@ impl EngineDrop {
         }
     }
 
-    pub const COUNT: usize = 28;
+    pub const COUNT: usize = 29;
     pub const ALL: [EngineDrop; Self::COUNT] = [
         EngineDrop::NoMapping,
         EngineDrop::StrayTcp,
@@ -126,6 +131,7 @@ impl EngineDrop {
         EngineDrop::FragTimeout,
         EngineDrop::SmoltcpSocketsFull,
         EngineDrop::DnsTaskPanic,
+        EngineDrop::RelayFrameRefused,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -158,6 +164,7 @@ impl EngineDrop {
             EngineDrop::FragTimeout => "frag_timeout",
             EngineDrop::SmoltcpSocketsFull => "smoltcp_sockets_full",
             EngineDrop::DnsTaskPanic => "dns_task_panic",
+            EngineDrop::RelayFrameRefused => "relay_frame_refused",
         }
     }
 }
