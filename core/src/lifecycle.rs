@@ -62,6 +62,8 @@ pub enum EngineTask {
     Poller,
     /// A hijacked DNS query being answered (one task per query).
     Dns,
+    /// The heap trim after load (`housekeeping.rs`; Linux with glibc).
+    Housekeeping,
 }
 
 impl EngineTask {
@@ -72,6 +74,7 @@ impl EngineTask {
             EngineTask::AcceptLoop => "accept loop",
             EngineTask::Poller => "smoltcp poller",
             EngineTask::Dns => "DNS query task",
+            EngineTask::Housekeeping => "housekeeping",
         }
     }
 
