@@ -369,13 +369,16 @@ impl Budget {
             ("dns in flight", self.memory.dns_in_flight),
             ("fake-ip pool", self.memory.fake_ip),
             ("udp queues", self.memory.udp_queues),
-            // Per flow, the larger of a proxied flow's first queue buffer
-            // and reply buffer (with room for a proxy's framing) and a
-            // direct flow's reply batch while replies arrive.
+            // Per flow, the larger of what a proxied flow keeps (its first
+            // queue buffer, its encoded datagram and its reply buffer) and
+            // a direct flow's reply batch while replies arrive.
             (
                 "udp flow buffers",
-                self.udp_flows * (2 * mtu + 2 * 1024).max(self.udp_reply_bytes()),
+                self.udp_flows * proxied_udp_flow_bytes(mtu).max(self.udp_reply_bytes()),
             ),
+            // IP reassembly of the app's fragmented datagrams: a fixed
+            // bound, whatever the platform (`packet::frag::Limits`).
+            ("ip reassembly", REASSEMBLY_BYTES),
             // Each runtime thread's spill area for replies longer than a
             // batch slot (Linux/Android; 1 thread on mobile, 2 on desktop).
             (
@@ -574,6 +577,23 @@ impl Pressure {
 /// one `recvmmsg` batch of 16 slots, each up to 2 KiB of payload behind
 /// room for the headers (`udp/reply/linux.rs`; freed when the socket runs dry).
 pub const UDP_REPLY_BATCH_BYTES: usize = 16 * (2048 + 128);
+
+/// What a proxied UDP flow (or a direct one to a fake-ip domain) keeps
+/// with a TUN MTU of `mtu` (`udp/proxied.rs`): its first queue buffer (one
+/// MTU, the rest charged to the UDP queue budget), the encoded uplink
+/// datagram kept between sends (an MTU and 2 KiB of framing), and while
+/// replies arrive its receive buffer (the larger of an MTU and the 16 KiB
+/// passed on, 2 KiB of framing, the headers).
+pub const fn proxied_udp_flow_bytes(mtu: usize) -> usize {
+    const FRAMING: usize = 2 * 1024;
+    const HEADERS: usize = 128;
+    let reply = if mtu > 16 * 1024 { mtu } else { 16 * 1024 };
+    mtu + (mtu + FRAMING) + (reply + FRAMING + HEADERS)
+}
+
+/// The IP reassembler's bound on incomplete datagrams, all sources
+/// together (`packet::frag::Limits::default`, one reassembler per engine).
+pub const REASSEMBLY_BYTES: usize = 1 << 20;
 
 /// Darwin's reply buffer of a direct UDP flow: the largest reply passed on
 /// (16 KiB, sent as fragments) behind room for the headers.
@@ -842,9 +862,14 @@ mod tests {
             eprintln!("[budget] {p:?}: total {:.2} MiB", total as f64 / MIB);
             if p == Platform::Ios {
                 assert!(b.tcp_sessions(TcpStack::System)[0] >= 1000);
-                assert!(total <= 26 * 1024 * 1024, "{total}");
+                assert!(total <= 29 * 1024 * 1024, "{total}");
             }
         }
+        assert_eq!(
+            REASSEMBLY_BYTES,
+            crate::packet::frag::Limits::default().total_bytes,
+            "the reassembler's bound, as the engine builds it"
+        );
     }
 
     #[test]

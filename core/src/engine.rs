@@ -195,6 +195,13 @@ impl Engine {
         let tun = parts.tun.clone();
         let read = driver::run(demux, tun, driver, life.clone(), parts.mtu, coalesce);
         rt.spawn(supervised(life.clone(), EngineTask::Driver, read));
+        // glibc keeps freed memory: trimmed once load stops.
+        #[cfg(all(target_os = "linux", target_env = "gnu"))]
+        rt.spawn(supervised(
+            life.clone(),
+            EngineTask::Housekeeping,
+            crate::housekeeping::run(parts.stats.clone(), life.clone()),
+        ));
         tracing::info!(
             "kerntun started on {} ({} stack: {why}; {} driver, mtu {})",
             parts.tun.name.as_deref().unwrap_or("fd"),

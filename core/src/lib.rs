@@ -44,6 +44,8 @@ pub mod dns;
 mod dnswire;
 mod driver;
 mod engine;
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+mod housekeeping;
 pub use kerntun_proto::framing;
 /// Entry points of the fuzz targets (`fuzz/`), not part of the API.
 #[cfg(fuzzing)]

@@ -100,6 +100,10 @@ pub enum EngineTask {
     Poller,
     /// A hijacked DNS query being answered (one task per query).
     Dns,
+    /// The heap trim after load (`housekeeping.rs`; Linux with glibc, the
+    /// only platform that runs it).
+    #[cfg_attr(not(all(target_os = "linux", target_env = "gnu")), allow(dead_code))]
+    Housekeeping,
 }
 
 impl EngineTask {
@@ -110,6 +114,7 @@ impl EngineTask {
             EngineTask::AcceptLoop => "accept loop",
             EngineTask::Poller => "smoltcp poller",
             EngineTask::Dns => "DNS query task",
+            EngineTask::Housekeeping => "housekeeping",
         }
     }
 

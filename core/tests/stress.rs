@@ -17,7 +17,11 @@
 //!   the iOS budget, while a long-lived stream keeps moving: after each, a
 //!   fresh connection must succeed within 3 s (its SYN and one
 //!   retransmission, [`FRESH_WITHIN`]) and descriptors and flows must be
-//!   back to idle within the flood's settle time.
+//!   back to idle within the flood's settle time. After churn the suite
+//!   also measures how soon the process's RSS comes within
+//!   [`RSS_SLACK_KIB`] of its idle figure, up to [`RSS_BACK_WITHIN`] after
+//!   the load's end (the engine trims the heap once load stops:
+//!   `core/src/housekeeping.rs`); printed, not yet asserted.
 //!
 //! Packets are written into the TUN from the client namespace
 //! (`Rig::inject`), so the engine reads them as an app's.
@@ -498,6 +502,13 @@ impl Kind {
 /// Measured on the system stack (2 cores, load 3-4): 0.97-1.35 s.
 const FRESH_WITHIN: Duration = Duration::from_secs(3);
 
+/// How soon after a flood's load stops its memory must be back.
+const RSS_BACK_WITHIN: Duration = Duration::from_secs(15);
+/// How far above the idle figure "back" is. The idle figure is taken with
+/// the live stream open; it ends before the check, so no flow that lives
+/// on holds more.
+const RSS_SLACK_KIB: u64 = 2 * 1024;
+
 /// One fresh connection and one echo right after a flood; how long it took.
 fn fresh_connection(addr: SocketAddr) -> io::Result<Duration> {
     echo_once(addr, b"fresh", FRESH_WITHIN)
@@ -514,8 +525,10 @@ struct Outcome<'a> {
 
 /// Start an engine, a live stream through it, flood, then check the bar:
 /// the live stream kept moving, a fresh connection works within 1 s,
-/// descriptors and flows are back to idle within `settle`. `check` looks
-/// at the stats after the flood.
+/// descriptors and flows are back to idle within `settle`; with `rss_back`
+/// it also waits (up to [`RSS_BACK_WITHIN`] after the flood's end) for the
+/// RSS to come within [`RSS_SLACK_KIB`] of idle, and prints how long that
+/// took. `check` looks at the stats after the flood.
 #[allow(clippy::too_many_arguments)]
 fn flood<T>(
     kind: Kind,
@@ -523,6 +536,7 @@ fn flood<T>(
     platform: Platform,
     count: usize,
     settle: Duration,
+    rss_back: bool,
     tweak: impl FnOnce(&mut Config),
     prepare: impl FnOnce(&Topology) -> T,
     check: impl FnOnce(&Outcome<'_>, T),
@@ -582,6 +596,7 @@ fn flood<T>(
         }
     };
     let took = started.elapsed();
+    let stopped = Instant::now();
     sampling.store(false, Ordering::Relaxed);
     let (fds_peak, rss_peak) = sampler.join().expect("sampler");
     let fresh = fresh_connection(echo.addr);
@@ -593,10 +608,21 @@ fn flood<T>(
             && s.tcp_flows.active <= idle.tcp_flows.active + 1
     });
     let (trips, stall) = live.finish();
+    // Polled, so a run whose memory is back at once does not wait.
+    let bound = rss0 + RSS_SLACK_KIB;
+    let rss_after = rss_back.then(|| {
+        loop {
+            let rss = rss_kib();
+            if rss <= bound || stopped.elapsed() >= RSS_BACK_WITHIN {
+                break (rss, stopped.elapsed());
+            }
+            std::thread::sleep(Duration::from_millis(250));
+        }
+    });
     let stats = rig.stats();
     eprintln!(
         "[flood] {} {} {:?}: {sent} sent in {:.1} s, {reached} reached; fds {fds0} -> peak {fds_peak} -> {}; \
-         rss {rss0} -> {rss_peak} KiB; fresh connection {:?}; settled in {:?}; live stream {trips} round trips, \
+         rss {rss0} -> {rss_peak} KiB -> {rss_after:?}; fresh connection {:?}; settled in {:?}; live stream {trips} round trips, \
          longest {stall:?}; udp flows {} opened, {} active (idle {}); tcp flows {:?} (idle {:?}); drops {:?}",
         kind.name(),
         stats.stack,
@@ -632,6 +658,16 @@ fn flood<T>(
             "peak RSS grew {grown} B, over the iOS budget's worst case {worst_case} B"
         );
     }
+    // Printed, not asserted: smoltcp's churn under the desktop budget is
+    // sometimes back in 3.4 s and sometimes 0.5-3 MB over the bar 15 s
+    // after (docs/reliability.md).
+    if let Some((rss, at)) = rss_after
+        && rss > bound
+    {
+        eprintln!(
+            "[flood] memory not back: RSS {rss} KiB {at:?} after the load stopped, over idle {rss0} KiB + {RSS_SLACK_KIB} KiB"
+        );
+    }
     assert!(trips > 0, "the live stream moved");
     assert!(
         stall < Duration::from_secs(2),
@@ -649,12 +685,13 @@ fn flood<T>(
 }
 
 /// [`flood`] of the engine as it starts it, with nothing set up beside the
-/// flood, back to idle within 5 s.
+/// flood, back to idle within 5 s (and its memory too, with `rss_back`).
 fn plain_flood(
     kind: Kind,
     stack: StackKind,
     platform: Platform,
     count: usize,
+    rss_back: bool,
     check: impl FnOnce(&Outcome<'_>),
 ) {
     let settle = Duration::from_secs(5);
@@ -664,6 +701,7 @@ fn plain_flood(
         platform,
         count,
         settle,
+        rss_back,
         |_| {},
         |_| (),
         |o, ()| check(o),
@@ -676,7 +714,7 @@ fn plain_flood(
 fn malformed_l4(stack: StackKind, platform: Platform) {
     const COUNT: usize = 20_000;
     let kind = Kind::Packets(Flood::MalformedL4);
-    plain_flood(kind, stack, platform, COUNT, |o| {
+    plain_flood(kind, stack, platform, COUNT, false, |o| {
         let s = &o.stats;
         assert_eq!(s.udp_flows_total, 0, "no UDP flow opened: {s:?}");
         assert_eq!(
@@ -713,6 +751,7 @@ fn unanswered_udp_to_many_ports(stack: StackKind, platform: Platform) {
         platform,
         COUNT,
         unreplied + Duration::from_secs(3),
+        false,
         |c| {
             c.timeouts.udp_unreplied_s = unreplied.as_secs();
             // Small enough that the flood fills it on every platform.
@@ -766,26 +805,37 @@ fn unanswered_udp_to_many_ports(stack: StackKind, platform: Platform) {
 /// the engine holds a bounded number of half-open connections and
 /// outbound sockets, evicting the oldest, and the next real connection is
 /// admitted at once.
+///
+/// Its memory is not measured back (churn's is): after the heap trim the
+/// process stayed 5 MB (system stack) and 18 MB (smoltcp) above idle under
+/// the desktop budget, 15 s after the flood; docs/reliability.md.
 fn spoofed_syn_flood(stack: StackKind, platform: Platform) {
     const COUNT: usize = 4_000;
-    plain_flood(Kind::Packets(Flood::Syn), stack, platform, COUNT, |o| {
-        let s = &o.stats;
-        let (fds0, peak) = o.fds;
-        // A half-open connection holds one outbound socket (the target
-        // server, in this process, one more): 512 at most on desktop,
-        // half the admission limit (32) on iOS; a third for the ones
-        // closing after eviction.
-        let cap = if s.admission_limit <= 64 { 32 } else { 512 };
-        let bound = 3 * cap + 64;
-        assert!(
-            peak <= fds0 + bound,
-            "descriptors during the flood: {fds0} -> {peak} (bound {bound})"
-        );
-        assert!(
-            s.drop_count("half_open_evicted") > 0,
-            "the flood went past the half-open bound: {s:?}"
-        );
-    });
+    plain_flood(
+        Kind::Packets(Flood::Syn),
+        stack,
+        platform,
+        COUNT,
+        false,
+        |o| {
+            let s = &o.stats;
+            let (fds0, peak) = o.fds;
+            // A half-open connection holds one outbound socket (the target
+            // server, in this process, one more): 512 at most on desktop,
+            // half the admission limit (32) on iOS; a third for the ones
+            // closing after eviction.
+            let cap = if s.admission_limit <= 64 { 32 } else { 512 };
+            let bound = 3 * cap + 64;
+            assert!(
+                peak <= fds0 + bound,
+                "descriptors during the flood: {fds0} -> {peak} (bound {bound})"
+            );
+            assert!(
+                s.drop_count("half_open_evicted") > 0,
+                "the flood went past the half-open bound: {s:?}"
+            );
+        },
+    );
 }
 
 /// `count` real connections from 4 threads, each ending one of three ways
@@ -833,7 +883,7 @@ fn one_churn(addr: SocketAddr, how: usize) -> io::Result<()> {
 /// NAT entries or sockets drain, nothing is left behind.
 fn churn_resets_half_closes(stack: StackKind, platform: Platform) {
     const COUNT: usize = 1_500;
-    plain_flood(Kind::Churn, stack, platform, COUNT, |o| {
+    plain_flood(Kind::Churn, stack, platform, COUNT, true, |o| {
         assert!(
             o.reached * 100 >= COUNT as u64 * 99,
             "{} of {COUNT} connections completed: {:?}",

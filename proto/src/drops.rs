@@ -86,6 +86,11 @@ pub enum EngineDrop {
     /// DNS in its automatic mode) asks port 53, which kerntun answers
     /// (`dns.reset_dot`).
     DnsTlsReset,
+    /// A proxied TCP session ended (both sides reset) because its outbound
+    /// cut a frame longer than the relay's fallback buffer (a Shadowsocks
+    /// chunk of up to 64 KiB) and the relay pool had no room to hold it
+    /// until the rest arrives.
+    RelayFrameRefused,
 }
 
 impl EngineDrop {
@@ -101,7 +106,7 @@ impl EngineDrop {
         }
     }
 
-    pub const COUNT: usize = 29;
+    pub const COUNT: usize = 30;
     pub const ALL: [EngineDrop; Self::COUNT] = [
         EngineDrop::NoMapping,
         EngineDrop::StrayTcp,
@@ -132,6 +137,7 @@ impl EngineDrop {
         EngineDrop::SmoltcpSocketsFull,
         EngineDrop::DnsTaskPanic,
         EngineDrop::DnsTlsReset,
+        EngineDrop::RelayFrameRefused,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -165,6 +171,7 @@ impl EngineDrop {
             EngineDrop::SmoltcpSocketsFull => "smoltcp_sockets_full",
             EngineDrop::DnsTaskPanic => "dns_task_panic",
             EngineDrop::DnsTlsReset => "dns_tls_reset",
+            EngineDrop::RelayFrameRefused => "relay_frame_refused",
         }
     }
 }

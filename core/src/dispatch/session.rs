@@ -25,7 +25,7 @@ use crate::lifecycle::Phase;
 use crate::outbound::{Address, OutboundStream, Route, reset_on_close};
 use crate::relay::{self, Meter, Side};
 use crate::sniff::{self, Sniffed};
-use crate::stats::Stats;
+use crate::stats::{EngineDrop, Stats};
 
 /// The app's side of a connection, as a session needs it besides relaying
 /// it ([`Side`], which `relay::run` takes).
@@ -190,6 +190,10 @@ pub(crate) async fn relay<A: App, H: Hold>(d: &Dispatcher, app: A, out: Outbound
                 && let Some(c) = stats.outbounds.get(i)
             {
                 c.protocol_errors.fetch_add(1, Relaxed);
+            }
+            // A cut frame the relay pool had no room for (`relay/copy.rs`).
+            if e.kind() == io::ErrorKind::OutOfMemory {
+                Stats::drop(stats, EngineDrop::RelayFrameRefused);
             }
             // A failure reaches both sides as a reset, not a clean FIN.
             tracing::debug!("relay via {} ended with {e}", d.outbounds.name(route));

@@ -619,6 +619,12 @@ pub struct UdpCodec {
 }
 
 impl UdpCodec {
+    /// SOCKS5's framing, for tests of what decodes it.
+    #[cfg(test)]
+    pub(crate) fn socks5() -> Self {
+        UdpCodec { session: None }
+    }
+
     /// Wrap `payload` for `target` into `out` (cleared first).
     pub fn encode(
         &mut self,

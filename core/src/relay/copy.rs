@@ -11,6 +11,13 @@
 //! for it, charged until it is freed; past that, or under memory pressure,
 //! a direction copies through a [`RELAY_FALLBACK_BUFFER`] instead: slower,
 //! never blocked, and counted in each session's admission cost.
+//!
+//! A frame an outbound's framing holds because a read cut it (a
+//! Shadowsocks chunk of up to 64 KiB, [`Open::held`]) is charged to the
+//! same pool while it waits for its rest, past the fallback buffer's size:
+//! a server that announces a long chunk and stalls holds pool bytes, not
+//! uncounted ones. A frame the pool has no room for ends the relay with an
+//! `OutOfMemory` error (the session counts it, `relay_frame_refused`).
 
 use std::io;
 use std::net::Shutdown;
@@ -52,6 +59,51 @@ impl<'a> LegBuffer<'a> {
 }
 
 impl Drop for LegBuffer<'_> {
+    fn drop(&mut self) {
+        if let Some(p) = self.pool {
+            p.give_back(self.charged);
+        }
+    }
+}
+
+/// What a direction's framing holds of a cut frame, charged to the relay
+/// pool past [`RELAY_FALLBACK_BUFFER`] bytes; given back as the frame
+/// completes, and on drop.
+struct HeldFrame<'a> {
+    pool: Option<&'a ByteBudget>,
+    charged: usize,
+}
+
+impl HeldFrame<'_> {
+    /// The framing now holds `held` bytes: charge the growth, give back
+    /// what it freed. An error if the pool has no room for the growth.
+    fn set(&mut self, held: usize) -> io::Result<()> {
+        let Some(pool) = self.pool else {
+            return Ok(());
+        };
+        // A length header or a short chunk is within the session's
+        // fallback share (`Budget::session_cost`).
+        let want = if held > RELAY_FALLBACK_BUFFER {
+            held
+        } else {
+            0
+        };
+        if want > self.charged {
+            if !pool.take(want - self.charged, Instant::now()) {
+                return Err(io::Error::new(
+                    io::ErrorKind::OutOfMemory,
+                    format!("no room in the relay pool for a {held}-byte partial frame"),
+                ));
+            }
+        } else {
+            pool.give_back(self.charged - want);
+        }
+        self.charged = want;
+        Ok(())
+    }
+}
+
+impl Drop for HeldFrame<'_> {
     fn drop(&mut self) {
         if let Some(p) = self.pool {
             p.give_back(self.charged);
@@ -134,6 +186,14 @@ impl Codec<'_> {
         }
     }
 
+    /// Bytes the codec holds of a frame cut by a read.
+    fn held(&self) -> usize {
+        match self {
+            Codec::Open(o) => o.held(),
+            Codec::Plain | Codec::Seal(_) => 0,
+        }
+    }
+
     /// The source reached EOF: an error if it stopped inside a frame.
     fn finish(&mut self) -> io::Result<()> {
         match self {
@@ -157,6 +217,10 @@ pub(super) async fn leg<S: Side, D: Side>(
     let mut buf: Option<LegBuffer<'_>> = None;
     let mut out: Vec<u8> = Vec::new();
     let coded = !matches!(codec, Codec::Plain);
+    let mut held = HeldFrame {
+        pool: meter.pool,
+        charged: 0,
+    };
     loop {
         src.readable().await?;
         let b = &mut buf
@@ -179,6 +243,7 @@ pub(super) async fn leg<S: Side, D: Side>(
             Err(e) => return Err(e),
         };
         let plain = codec.apply(&b[..n], &mut out)?;
+        held.set(codec.held())?;
         if matches!(codec, Codec::Plain) {
             dst.write_all(&b[..n]).await?;
         } else {
@@ -307,5 +372,82 @@ mod tests {
         assert_eq!(LegBuffer::take(64 * 1024, None, true).buf.len(), 64 * 1024);
         drop(LegBuffer::take(1024, Some(&pool), false));
         assert_eq!(pool.used(), 16 * 1024);
+    }
+
+    /// A stalling Shadowsocks server: it sends its stream's salt and header
+    /// and then 2,000 bytes of a 16 KiB chunk, and nothing more. While the
+    /// relay waits for the rest, the pool holds the whole chunk's bytes;
+    /// with no room for them the relay ends with `OutOfMemory`; once the
+    /// connection goes, the pool is back to what the buffers hold.
+    /// (Before, the cut frame was held and charged nothing.)
+    #[tokio::test]
+    async fn a_frame_cut_by_a_stalling_server_is_charged_to_the_pool() {
+        use kerntun_proto::framing::shadowsocks::{AEAD_MAX_CHUNK, AeadKey, AeadStream, Request};
+        use shadowsocks_crypto::CipherKind;
+        use tokio::net::TcpListener;
+
+        use crate::relay::Meter;
+        use crate::stats::Stats;
+
+        let kind = CipherKind::AES_256_GCM;
+        let now = || 0;
+        // A key (and salt filter) of its own per call: the same server
+        // stream twice under one key is a replay.
+        let stream = |salt: u8| {
+            let key = AeadKey::new(kind, vec![3u8; kind.key_len()].into_boxed_slice());
+            let req = Request {
+                address: &[1, 198, 19, 1, 2, 0, 7],
+                salt: &[salt; 32],
+                padding: 1,
+            };
+            let mut header = Vec::new();
+            let s = AeadStream::client(&key, req, now, &mut header).expect("an AEAD method");
+            (header, s)
+        };
+        // The server's stream: SIP004 frames the same way in both
+        // directions, so another client's salt and chunks stand for it.
+        let (mut down, mut server) = stream(1);
+        server.seal.seal(&[9u8; AEAD_MAX_CHUNK], &mut down);
+        let cut = down.len() - AEAD_MAX_CHUNK - 16 + 2000;
+        let held = AEAD_MAX_CHUNK + 16;
+
+        for (pool_size, room) in [(256 * 1024, true), (held - 1, false)] {
+            let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+            let addr = l.local_addr().expect("addr");
+            let (to_server, accepted) = tokio::join!(TcpStream::connect(addr), l.accept());
+            let (to_server, (srv, _)) = (to_server.expect("connect"), accepted.expect("accept"));
+            let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+            let addr = l.local_addr().expect("addr");
+            let (app, accepted) = tokio::join!(TcpStream::connect(addr), l.accept());
+            let (_app, (app_end, _)) = (app.expect("connect"), accepted.expect("accept"));
+
+            let pool = ByteBudget::new(pool_size, Arc::new(Pressure::default()));
+            let stats = Stats::default();
+            let meter = Meter::tcp(&stats, Some(&pool));
+            let (_, mut client) = stream(2);
+            srv.write_all(&down[..cut]).await.expect("server writes");
+            let mut relay = Box::pin(leg(
+                &to_server,
+                &app_end,
+                16 * 1024,
+                Codec::Open(&mut client.open),
+                meter.down_leg(),
+                Leg::default(),
+            ));
+            let r = tokio::select! {
+                r = &mut relay => Some(r),
+                () = tokio::time::sleep(std::time::Duration::from_millis(300)) => None,
+            };
+            if room {
+                assert!(r.is_none(), "the relay waits for the rest: {r:?}");
+                // Drained: the read buffers are gone, the cut frame is not.
+                assert_eq!(pool.used(), held, "the cut frame is charged");
+            } else {
+                let e = r.expect("the relay ended").expect_err("no room");
+                assert_eq!(e.kind(), io::ErrorKind::OutOfMemory, "{e}");
+            }
+            drop(relay);
+            assert_eq!(pool.used(), 0, "given back with the connection");
+        }
     }
 }

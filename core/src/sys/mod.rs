@@ -208,6 +208,20 @@ pub fn raise_nofile(want: u64) -> io::Result<u64> {
     Ok(target)
 }
 
+/// Hand the allocator's free memory back to the kernel: glibc keeps what
+/// was freed in its arenas (one per thread that allocated), so after a
+/// burst of connections the process's RSS stays at its peak until this
+/// runs. `malloc_trim(0)` releases the free pages of every arena. Returns
+/// whether any memory was released. glibc only: Android's bionic (scudo,
+/// or jemalloc before Android 11) and Darwin's libmalloc release free pages
+/// on their own and have no `malloc_trim`.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+pub fn trim_heap() -> bool {
+    // SAFETY: malloc_trim takes no pointer and only walks glibc's own arenas
+    // under their locks; 0 asks it to keep no padding at the heap's top.
+    unsafe { libc::malloc_trim(0) == 1 }
+}
+
 /// Batched UDP: GSO sends (`UDP_SEGMENT`) and `recvmmsg`.
 #[cfg(linux_like)]
 pub mod udp;

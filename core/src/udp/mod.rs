@@ -27,9 +27,12 @@
 //! payload into one of the flow's recycled buffers (at most
 //! [`QUEUE_DEPTH`](proxied::QUEUE_DEPTH)) and hands it to the flow's task
 //! over a bounded channel; a full queue is a counted drop. A flow's first buffer always exists; each further one is charged
-//! one MTU against the proxied-queue byte budget (`budget.memory`), so all
-//! flows together hold at most `udp_flows` x MTU plus that budget, and a
-//! buffer the budget refuses is a counted drop too. The task opens the
+//! one MTU against the proxied-queue byte budget (`budget.memory`), and a
+//! buffer carrying a datagram longer than the MTU (one the app sent as
+//! fragments, up to 65,507 bytes) its excess too until it is shrunk back
+//! before the next datagram, so all flows together hold at most
+//! `udp_flows` x MTU plus that budget, and a buffer or an excess the budget
+//! refuses is a counted drop too. The task opens the
 //! association, frames and sends, and turns the proxy's replies back into
 //! IP packets.
 //!
@@ -407,19 +410,20 @@ impl UdpTable {
                 send_one(sock, to, payload, local);
             }
             FlowIo::Queued(q) => {
-                let Some(mut buf) = q.buffer(now) else {
+                // Charged at the buffer's capacity, a reassembled datagram's
+                // excess over the MTU included.
+                let Some(buf) = q.load(payload, now) else {
                     return local.drop(EngineDrop::UdpQueueFull);
                 };
-                buf.clear();
-                // Exact: a buffer never holds more than the largest payload
-                // it carried (at most the MTU it is charged for).
-                buf.reserve_exact(payload.len());
-                buf.extend_from_slice(payload);
                 match q.tx.try_send(buf) {
                     Ok(()) => {}
-                    Err(mpsc::error::TrySendError::Full(_)) => local.drop(EngineDrop::UdpQueueFull),
+                    Err(mpsc::error::TrySendError::Full(b)) => {
+                        q.keep(b);
+                        local.drop(EngineDrop::UdpQueueFull)
+                    }
                     // The association failed or ended; the flow idles out.
-                    Err(mpsc::error::TrySendError::Closed(_)) => {
+                    Err(mpsc::error::TrySendError::Closed(b)) => {
+                        q.keep(b);
                         local.drop(EngineDrop::UdpSendError)
                     }
                 }

@@ -32,6 +32,12 @@ pub trait Open: Send {
     fn open(&mut self, wire: &[u8], out: &mut Vec<u8>) -> io::Result<()>;
     /// The outbound reached EOF: an error if it stopped inside a frame.
     fn finish(&mut self) -> io::Result<()>;
+    /// Bytes held for a frame cut by a read (its whole length is allocated
+    /// once its first bytes arrive), until the frame completes. The relay
+    /// charges them: a server can announce a long frame and stall.
+    fn held(&self) -> usize {
+        0
+    }
 }
 
 /// The framing of one outbound stream: both directions' state.

@@ -395,7 +395,8 @@ pub struct AeadOpen {
     clock: Clock,
     cipher: Option<ChunkCipher>,
     state: OpenState,
-    /// Bytes of an incomplete frame, kept across reads (at most one frame).
+    /// Bytes of an incomplete frame, kept across reads: at most one frame,
+    /// allocated at its length ([`Open::held`]), freed once it completes.
     pending: Vec<u8>,
 }
 
@@ -515,6 +516,9 @@ impl AeadOpen {
             wire = &wire[need..];
         }
         if !wire.is_empty() {
+            // The frame's whole length at once, so what is held is known
+            // (and charged by the relay) before the rest arrives.
+            self.pending.reserve_exact(self.need());
             self.pending.extend_from_slice(wire);
         }
         Ok(())
@@ -544,6 +548,9 @@ impl Open for AeadOpen {
     }
     fn finish(&mut self) -> io::Result<()> {
         Ok(self.end()?)
+    }
+    fn held(&self) -> usize {
+        self.pending.capacity()
     }
 }
 
@@ -842,5 +849,35 @@ mod tests {
         assert_eq!(plain[TARGET.len()..], [5u8; 20_000]);
         let e = open.open(&[0u8; 64], &mut plain).expect_err("garbage");
         assert_eq!(e.kind(), io::ErrorKind::InvalidData);
+    }
+
+    /// A SIP022 server announces a 0xFFFF-byte chunk and stalls after part
+    /// of it: the reader holds the whole frame's length from its first byte
+    /// (what the relay charges, `Open::held`), and nothing once it
+    /// completes. (Before, the held bytes grew with each read and no one
+    /// saw them.)
+    #[test]
+    fn a_partial_frame_is_held_at_its_length() {
+        let kind = CipherKind::AEAD2022_BLAKE3_AES_256_GCM;
+        let k = v2_key(kind);
+        let tag = kind.tag_len();
+        let (_, mut s) = client(&k);
+        let body = vec![4u8; AEAD2022_MAX_CHUNK];
+        let down = sip022_server_stream(&k, &s.open, &[6u8; 32], &body);
+        let header = 32 + 1 + 8 + 32 + 2 + tag;
+        let mut got = Vec::new();
+        let open: &mut dyn Open = &mut s.open;
+        assert_eq!(open.held(), 0);
+        open.open(&down[..header + 1000], &mut got)
+            .expect("header, part of the chunk");
+        assert!(got.is_empty());
+        assert_eq!(open.held(), AEAD2022_MAX_CHUNK + tag, "the announced frame");
+        open.open(&down[header + 1000..down.len() - 1], &mut got)
+            .expect("more");
+        assert_eq!(open.held(), AEAD2022_MAX_CHUNK + tag, "no growth past it");
+        open.open(&down[down.len() - 1..], &mut got)
+            .expect("the last byte");
+        assert_eq!(got, body);
+        assert_eq!(open.held(), 0, "a completed frame is freed");
     }
 }
