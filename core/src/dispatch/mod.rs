@@ -45,13 +45,10 @@ pub(crate) struct Dispatcher {
     pub life: Arc<Lifecycle>,
 }
 
-/// The transport of a new flow: what its plan may be (only TCP is
-/// sniffed) and the names its refusals are counted under.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Network {
-    Tcp,
-    Udp,
-}
+/// The transport of a new flow: the rules' `network` condition sees it,
+/// and it says what its plan may be (only TCP is sniffed) and the names its
+/// refusals are counted under.
+pub(crate) use crate::rules::Network;
 
 /// The decision for a new flow: a TCP connection's SYN, a UDP flow's first
 /// datagram.
@@ -83,7 +80,7 @@ pub(crate) enum Next {
 
 /// Why a new flow is refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Refusal {
+pub(crate) enum Refusal {
     /// A `reject` rule matched.
     Rule,
     /// A fake-ip address that stands for no domain (evicted, or never given).
@@ -117,13 +114,15 @@ impl Dispatcher {
     /// driver for a new TCP connection's SYN and a new UDP flow's first
     /// datagram.
     pub fn plan(&self, server: SocketAddr, network: Network) -> Option<Plan> {
-        match self.decide(server, network) {
-            Ok(plan) => Some(plan),
-            Err(refusal) => {
-                self.count_refusal(refusal, network);
-                None
-            }
-        }
+        self.plan_or_refusal(server, network).ok()
+    }
+
+    /// [`Dispatcher::plan`], saying why a flow is refused (counted here
+    /// too): the UDP flow table answers a rule's refusal with an ICMP error.
+    pub fn plan_or_refusal(&self, server: SocketAddr, network: Network) -> Result<Plan, Refusal> {
+        self.decide(server, network).inspect_err(|&refusal| {
+            self.count_refusal(refusal, network);
+        })
     }
 
     /// Count a refused flow, under the names the statistics have always
@@ -150,7 +149,8 @@ impl Dispatcher {
                 let Some(domain) = dns.fake_domain(server.ip()) else {
                     return Err(Refusal::UnknownFake);
                 };
-                return match self.outbounds.route(&Target::fake_ip(server, &domain)) {
+                let target = Target::fake_ip(server, &domain).on(network);
+                return match self.outbounds.route(&target) {
                     Route::Reject => Err(Refusal::Rule),
                     route => Ok(Plan::Connect {
                         route,
@@ -168,7 +168,7 @@ impl Dispatcher {
         {
             return Ok(Plan::Sniff);
         }
-        match self.outbounds.route(&Target::ip(server)) {
+        match self.outbounds.route(&Target::ip(server).on(network)) {
             Route::Reject => Err(Refusal::Rule),
             route => Ok(Plan::Connect {
                 route,
@@ -259,6 +259,12 @@ mod tests {
                 action: Action::Reject,
                 ..Rule::default()
             },
+            Rule {
+                ports: Some("4433".parse().expect("port")),
+                network: Some(Network::Udp),
+                action: Action::Reject,
+                ..Rule::default()
+            },
         ];
         let factory = SocketFactory::new(&DirectConfig::default(), None);
         let outbounds = Arc::new(
@@ -345,5 +351,24 @@ mod tests {
         assert_eq!(d.stats.tcp_rejected_by_rule.load(Relaxed), 2);
         assert_eq!(drops(EngineDrop::UdpRejected), 2);
         assert_eq!(drops(EngineDrop::FakeIpUnknown), 2);
+    }
+
+    /// The `network` condition sees the flow's transport: `network = "udp"`
+    /// refuses UDP to port 4433 and lets TCP to it through.
+    #[test]
+    fn network_condition_sees_the_transport() {
+        let d = dispatcher();
+        let quic: SocketAddr = "203.0.113.5:4433".parse().expect("static");
+        assert!(matches!(
+            d.plan(quic, Network::Tcp),
+            Some(Plan::Connect {
+                route: Route::Direct,
+                ..
+            })
+        ));
+        assert_eq!(
+            d.plan_or_refusal(quic, Network::Udp).err(),
+            Some(Refusal::Rule)
+        );
     }
 }
