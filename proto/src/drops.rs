@@ -81,6 +81,10 @@ pub enum EngineDrop {
     /// A hijacked DNS query's task panicked (the query is dropped; the
     /// engine keeps running).
     DnsTaskPanic,
+    /// A datagram a `reject` rule refused (counted `udp_rejected` too) was
+    /// not answered with an ICMP port unreachable: the answers' rate limit
+    /// held it back (`core/src/udp/reject.rs`).
+    IcmpRateLimited,
 }
 
 impl EngineDrop {
@@ -96,7 +100,7 @@ impl EngineDrop {
         }
     }
 
-    pub const COUNT: usize = 28;
+    pub const COUNT: usize = 29;
     pub const ALL: [EngineDrop; Self::COUNT] = [
         EngineDrop::NoMapping,
         EngineDrop::StrayTcp,
@@ -126,6 +130,7 @@ impl EngineDrop {
         EngineDrop::FragTimeout,
         EngineDrop::SmoltcpSocketsFull,
         EngineDrop::DnsTaskPanic,
+        EngineDrop::IcmpRateLimited,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -158,6 +163,7 @@ impl EngineDrop {
             EngineDrop::FragTimeout => "frag_timeout",
             EngineDrop::SmoltcpSocketsFull => "smoltcp_sockets_full",
             EngineDrop::DnsTaskPanic => "dns_task_panic",
+            EngineDrop::IcmpRateLimited => "icmp_rate_limited",
         }
     }
 }

@@ -72,7 +72,7 @@ use tokio::sync::mpsc;
 use tokio::task::AbortHandle;
 
 use crate::budget::ByteBudget;
-use crate::dispatch::{Dispatcher, Network, Plan};
+use crate::dispatch::{Dispatcher, Network, Plan, Refusal};
 use crate::nat::FlowKey;
 use crate::outbound::config::UdpNat;
 use crate::outbound::{Address, Route, SocketFactory};
@@ -87,6 +87,7 @@ use crate::tun::Tun;
 mod gather;
 mod hijack;
 mod proxied;
+mod reject;
 mod reply;
 
 use gather::Gso;
@@ -277,6 +278,8 @@ pub(crate) struct UdpTable {
     evicted: usize,
     /// Uplink datagrams of one direct flow waiting for one GSO send.
     gso: Gso,
+    /// The ICMP answer to datagrams a rule refuses, rate limited.
+    unreachable: reject::Unreachable,
 }
 
 impl UdpTable {
@@ -289,6 +292,7 @@ impl UdpTable {
             epoch: now,
             evicted: 0,
             gso: Gso::new(),
+            unreachable: reject::Unreachable::new(),
         }
     }
 
@@ -365,12 +369,18 @@ impl UdpTable {
                 // The plan TCP connections get too (`Dispatcher::plan`).
                 // DNS to a hijacked address and refused datagrams open no
                 // flow, so each of them is planned again.
-                let (route, dst) = match self.shared.d.plan(key.server, Network::Udp) {
-                    Some(Plan::Connect { route, dst }) => (route, dst),
-                    Some(Plan::Dns) => return self.hijack(key, payload, now, local),
+                let (route, dst) = match self.shared.d.plan_or_refusal(key.server, Network::Udp) {
+                    Ok(Plan::Connect { route, dst }) => (route, dst),
+                    Ok(Plan::Dns) => return self.hijack(key, payload, now, local),
+                    // Refused by a rule, and counted by the plan: the app
+                    // hears it at once (`reject.rs`).
+                    Err(Refusal::Rule) => {
+                        let tun = &self.shared.tun;
+                        return self.unreachable.answer(buf, ip, tun, now, local);
+                    }
                     // Refused, and counted, by the plan (which sniffs TCP
                     // only).
-                    Some(Plan::Sniff) | None => return,
+                    Ok(Plan::Sniff) | Err(Refusal::UnknownFake) => return,
                 };
                 let mapped = self.shared.nat == UdpNat::EndpointIndependent
                     && matches!(dst, Address::Ip(_))
