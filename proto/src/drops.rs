@@ -34,7 +34,8 @@ pub enum EngineDrop {
     TunWrite,
     /// A proxied UDP flow's bounded queue was full, or the UDP queue byte
     /// budget had no room for another buffer (proxy slow or still
-    /// handshaking).
+    /// handshaking); or a datagram held while its flow's QUIC Initials were
+    /// read, for a flow forgotten to make room (`core/src/udp/sniff.rs`).
     UdpQueueFull,
     /// A datagram from a proxy that did not decode (bad header, tag,
     /// fragment, or a source other than the flow's server), or too long for

@@ -160,12 +160,10 @@ impl Dispatcher {
             }
         }
         // Sniffing delays routing until the app speaks, so it is only done
-        // where a domain could change the route (and only for TCP, whose
-        // first bytes name it).
-        if network == Network::Tcp
-            && self.sniff.covers(server.port())
-            && self.outbounds.needs_domain(server)
-        {
+        // where a domain could change the route: a TCP connection's first
+        // bytes (TLS SNI, HTTP Host), a UDP flow's QUIC Initials
+        // (`udp/sniff.rs`).
+        if self.sniff.covers(server.port()) && self.outbounds.needs_domain_on(network, server) {
             return Ok(Plan::Sniff);
         }
         match self.outbounds.route(&Target::ip(server).on(network)) {
@@ -224,10 +222,22 @@ impl Dispatcher {
     /// The route for a sniffed connection (the sniffed name only picks the
     /// rule; the outbound is given the address the app used).
     pub fn route_sniffed(&self, server: SocketAddr, domain: Option<&str>) -> Route {
-        self.outbounds.route(&match domain {
+        self.route_sniffed_on(server, domain, Network::Tcp)
+    }
+
+    /// [`Dispatcher::route_sniffed`] for a flow of `network` (a UDP flow
+    /// whose QUIC Initial named its server).
+    pub fn route_sniffed_on(
+        &self,
+        server: SocketAddr,
+        domain: Option<&str>,
+        network: Network,
+    ) -> Route {
+        let target = match domain {
             Some(d) => Target::sniffed(server, d),
             None => Target::ip(server),
-        })
+        };
+        self.outbounds.route(&target.on(network))
     }
 }
 
@@ -313,7 +323,7 @@ mod tests {
     /// refuses the UDP flow to the same place, each counted under its own
     /// name; a fake address no domain holds is `fake_ip_unknown` for both;
     /// port 53 of the hijacked address is DNS for both; a sniffed port is
-    /// sniffed for TCP only, and routed by address for UDP.
+    /// sniffed for both (UDP: its QUIC Initials).
     #[test]
     fn one_plan_for_tcp_and_udp_refusals_counted_by_network() {
         let d = dispatcher();
@@ -342,11 +352,9 @@ mod tests {
             assert!(matches!(d.plan(hijacked, net), Some(Plan::Dns)), "{net:?}");
         }
         let sniffed: SocketAddr = "203.0.113.5:443".parse().expect("static");
-        assert!(matches!(d.plan(sniffed, Network::Tcp), Some(Plan::Sniff)));
-        assert!(matches!(
-            d.plan(sniffed, Network::Udp),
-            Some(Plan::Connect { route: Route::Direct, dst: Address::Ip(a) }) if a == sniffed
-        ));
+        for net in [Network::Tcp, Network::Udp] {
+            assert!(matches!(d.plan(sniffed, net), Some(Plan::Sniff)), "{net:?}");
+        }
         // Nothing else was counted as refused.
         assert_eq!(d.stats.tcp_rejected_by_rule.load(Relaxed), 2);
         assert_eq!(drops(EngineDrop::UdpRejected), 2);
