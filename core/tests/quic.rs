@@ -118,6 +118,8 @@ mod real {
     const QUIC_PORT: u16 = 8443;
     /// A second server port, refused by address for UDP (`network = "udp"`).
     const REFUSED_PORT: u16 = 8444;
+    /// A third, sniffed too, where a plain UDP echo (not QUIC) answers.
+    const PLAIN_PORT: u16 = 8445;
     /// How long the client waits for a handshake: the bound on a test
     /// whose handshake cannot complete. The client's idle timeout is at
     /// least 3 probe timeouts (RFC 9000 10.1), so the client starts from an
@@ -253,7 +255,9 @@ mod real {
     /// reads its socket unconnected and does not act on ICMP errors, so its
     /// handshake fails at its idle timeout ([`HANDSHAKE`]), not at once; the
     /// connected-socket check above (`rejected_udp_is_refused_at_once`) is
-    /// what shows the answer arrives at once.
+    /// what shows the answer arrives at once;
+    /// (c) plain UDP (not QUIC) on a sniffed port is routed by its address
+    /// at once, every datagram answered.
     #[test]
     fn quic_routed_by_its_initial_server_name() {
         kerntun_testkit::require_root!();
@@ -279,7 +283,7 @@ mod real {
                 );
                 c.sniff.ports = vec![PortRange {
                     start: QUIC_PORT,
-                    end: REFUSED_PORT,
+                    end: PLAIN_PORT,
                 }];
             })
             .start();
@@ -333,6 +337,15 @@ mod real {
                 );
                 eprintln!("v6 {v6}: refused by port: {err} after {took:?}");
             });
+            // Not QUIC on a sniffed port: routed by address at once, every
+            // datagram answered (none held back or lost).
+            let plain = kerntun_testkit::servers::udp_echo(
+                &rig.topo.server,
+                SocketAddr::new(ip, PLAIN_PORT),
+            )
+            .expect("udp echo");
+            let ok = kerntun_testkit::client::udp_round_trips(plain.addr, 5, 100).expect("plain");
+            assert_eq!(ok, 5, "v6 {v6}: {:?}", rig.stats());
             let s = rig.stats();
             assert!(
                 s.dns.sniffed >= before.dns.sniffed + 3,
@@ -341,6 +354,10 @@ mod real {
             assert!(
                 s.drop_count("udp_rejected") > before.drop_count("udp_rejected"),
                 "{s:?}"
+            );
+            assert!(
+                s.dns.sniff_misses > before.dns.sniff_misses,
+                "the plain flow was read and routed by address: {s:?}"
             );
             for (stop, t) in servers {
                 drop(stop);

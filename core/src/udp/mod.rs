@@ -35,8 +35,10 @@
 //!
 //! What a new flow is, is decided by the plan TCP connections get
 //! (`Dispatcher::plan`, with `Network::Udp`): DNS to a hijacked address,
-//! a route by address or by the domain behind a fake-ip address, or a
-//! refusal, counted there (`udp_rejected`, `fake_ip_unknown`).
+//! a route by address or by the domain behind a fake-ip address, a route
+//! by the server name in its QUIC Initials (`sniff.rs`), or a refusal,
+//! counted there (`udp_rejected`, `fake_ip_unknown`); a rule's refusal is
+//! answered with an ICMP port unreachable (`reject.rs`).
 //!
 //! DNS (when `[dns]` is on): a datagram to a hijacked address's port 53 opens
 //! no flow. Its payload is copied to a task that asks the DNS service and

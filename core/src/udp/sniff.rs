@@ -35,7 +35,7 @@ use crate::outbound::Route;
 use crate::packet::IpInfo;
 use crate::sniff::Sniffed;
 use crate::sniff::quic::QuicSniffer;
-use crate::stats::{EngineDrop, LocalCounters, Stats};
+use crate::stats::{EngineDrop, LocalCounters};
 
 /// The most payload bytes held for one flow while its Initials are read:
 /// a ClientHello spans at most 4 Initials, each in a datagram of at most
@@ -84,9 +84,9 @@ impl UdpTable {
                 .filter(|s| s.held().is_some())
                 .count();
             if reading >= READING_MAX {
-                self.forget_oldest_sniffing(true);
+                self.forget_oldest_sniffing(true, local);
             } else if self.sniffing.len() >= self.shared.max_flows {
-                self.forget_oldest_sniffing(false);
+                self.forget_oldest_sniffing(false, local);
             }
         }
         let entry = self
@@ -101,7 +101,7 @@ impl UdpTable {
         let (sniffer, held, bytes, started) = match entry {
             Sniffing::Refused { last } => {
                 *last = now;
-                Stats::drop(&self.shared.d.stats, EngineDrop::UdpRejected);
+                local.drop(EngineDrop::UdpRejected);
                 let tun = &self.shared.tun;
                 self.unreachable.answer(buf, ip, tun, now, local);
                 return None;
@@ -138,7 +138,7 @@ impl UdpTable {
         if route == Route::Reject {
             // This datagram and those held: all refused.
             for _ in 0..=held.len() {
-                Stats::drop(&self.shared.d.stats, EngineDrop::UdpRejected);
+                local.drop(EngineDrop::UdpRejected);
             }
             self.sniffing.insert(key, Sniffing::Refused { last: now });
             let tun = &self.shared.tun;
@@ -152,7 +152,7 @@ impl UdpTable {
     /// Forget the flow (of those being read, with `reading`) seen longest
     /// ago; the datagrams it held are counted as dropped. O(n) over a
     /// bounded map, only when it is full.
-    fn forget_oldest_sniffing(&mut self, reading: bool) {
+    fn forget_oldest_sniffing(&mut self, reading: bool, local: &mut LocalCounters) {
         let oldest = self
             .sniffing
             .iter()
@@ -161,7 +161,7 @@ impl UdpTable {
             .map(|(k, _)| *k);
         if let Some(s) = oldest.and_then(|k| self.sniffing.remove(&k)) {
             for _ in 0..s.held().unwrap_or(0) {
-                Stats::drop(&self.shared.d.stats, EngineDrop::UdpQueueFull);
+                local.drop(EngineDrop::UdpQueueFull);
             }
         }
     }
@@ -194,7 +194,7 @@ impl UdpTable {
                 .route_sniffed_on(key.server, None, Network::Udp);
             if route == Route::Reject {
                 for _ in 0..held.len() {
-                    Stats::drop(&self.shared.d.stats, EngineDrop::UdpRejected);
+                    local.drop(EngineDrop::UdpRejected);
                 }
                 continue;
             }
