@@ -158,14 +158,14 @@ impl Demux {
 
     /// Whether there is state a cleanup tick could expire.
     pub fn has_state(&self) -> bool {
-        self.stack.has_state() || self.udp.len() > 0 || !self.frags.is_empty()
+        self.stack.has_state() || self.udp.has_state() || !self.frags.is_empty()
     }
 
     /// The periodic cleanup: NAT entries, unaccepted outbounds, idle UDP
     /// flows, datagrams whose fragments stopped coming.
     pub fn cleanup(&mut self, now: Instant) {
         self.stack.cleanup(now);
-        self.udp.sweep(now);
+        self.udp.sweep(now, &mut self.local);
         let stats = &self.stats;
         self.frags
             .expire(now, |d| Stats::drop(stats, EngineDrop::of_frag(d)));

@@ -13,14 +13,14 @@
 //! Needs root (CI runs as root); otherwise each test prints why it skipped.
 
 use std::io;
-use std::net::{SocketAddr, TcpStream};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpStream, UdpSocket};
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
 use kerntun::StatsSnapshot;
 use kerntun::config::{
-    DriverMode, OutboundConfig, ShadowsocksConfig, ShadowsocksMethod, StackKind,
+    DriverMode, OutboundConfig, ShadowsocksConfig, ShadowsocksMethod, StackKind, UdpNat,
 };
 use kerntun::rules::{Action, Rule};
 use kerntun_testkit::rig::{Rig, RigBuilder, socks5};
@@ -484,7 +484,9 @@ fn relay_splice_false_copies() {
 }
 
 /// A proxy outbound configured without UDP sends UDP flows direct; a
-/// `reject` rule drops them (counted).
+/// `reject` rule drops them (counted) and answers with an ICMP port
+/// unreachable, which the app's connected socket reports as
+/// `ECONNREFUSED`.
 #[test]
 fn udp_rules_per_flow() {
     require_root!();
@@ -508,21 +510,136 @@ fn udp_rules_per_flow() {
         })
         .start_in(topo);
     assert_eq!(client::udp_round_trips(udp_a.addr, 10, 100).expect("a"), 10);
-    assert_eq!(client::udp_round_trips(udp_b.addr, 2, 100).expect("b"), 0);
+    let refused = client::udp_round_trips(udp_b.addr, 2, 100).expect_err("b refused");
+    assert_eq!(
+        refused.kind(),
+        io::ErrorKind::ConnectionRefused,
+        "{refused}"
+    );
     let s = rig.stats();
     assert_eq!(
         srv.relayed.load(Relaxed),
         0,
         "no association for udp = false"
     );
-    assert!(s.drop_count("udp_rejected") >= 2, "{s:?}");
+    assert!(s.drop_count("udp_rejected") >= 1, "{s:?}");
     assert_eq!(udp_b.accepted.load(Relaxed), 0);
+}
+
+/// A second address of the server, 198.19.N.3 / fd00:19:N::3, on its link,
+/// routed into the TUN in the client namespace (replies from it reach the
+/// app through the engine, as a peer's would).
+fn second_server_address(rig: &Rig, v6: bool) -> IpAddr {
+    let second: IpAddr = match rig.topo.server(v6) {
+        IpAddr::V4(a) => {
+            let o = a.octets();
+            Ipv4Addr::new(o[0], o[1], o[2], 3).into()
+        }
+        IpAddr::V6(a) => {
+            let mut s = a.segments();
+            s[7] = 3;
+            Ipv6Addr::from(s).into()
+        }
+    };
+    let (fam, len) = if v6 { ("-6", 64) } else { ("-4", 24) };
+    let addr = format!("{second}/{len}");
+    let mut args = vec![fam, "addr", "add", &addr, "dev", "kts"];
+    if v6 {
+        // Usable at once (no DAD), and deprecated, so the server's kernel
+        // never picks it as the source of what the proxies send from their
+        // unbound sockets (the engine's association is connected to the
+        // proxy's first address).
+        args.extend(["nodad", "preferred_lft", "0"]);
+    }
+    rig.topo.server.ip(&args).expect("second address");
+    let tun = rig.tun();
+    rig.topo
+        .client
+        .ip(&[fam, "route", "add", &second.to_string(), "dev", &tun])
+        .expect("second route");
+    second
+}
+
+/// Through a SOCKS5 UDP association and a Shadowsocks UDP relay, the app
+/// sends to the server's port A; the server answers from A, from its port
+/// B and from a second address. With endpoint-independent filtering (the
+/// default, `direct.udp_nat`) all three reach the app, each from the address
+/// and port the proxy names (the real source); with `udp_nat = "connected"`
+/// only A's. Both families. The test kit's proxies relay replies from any
+/// address (fast-socks5 and shadowsocks-rust read their outbound sockets
+/// unconnected).
+#[test]
+fn proxied_udp_replies_from_any_address() {
+    require_root!();
+    for via in [Via::Socks5, Via::Shadowsocks] {
+        for nat in [UdpNat::EndpointIndependent, UdpNat::Connected] {
+            for v6 in [false, true] {
+                let topo = Topology::new().expect("topology");
+                let proxy_addr = topo.server_addr(v6, 1080);
+                let (_proxy, outbound) = match via {
+                    Via::Socks5 => (
+                        socks5_server(&topo.server, proxy_addr, None),
+                        socks5(proxy_addr, None, true),
+                    ),
+                    Via::Shadowsocks => (
+                        shadowsocks(&topo.server, proxy_addr, "aes-256-gcm", "kerntun-test"),
+                        ss_outbound(proxy_addr, ShadowsocksMethod::Aes256Gcm, "kerntun-test"),
+                    ),
+                };
+                let rig = rig(Some(outbound))
+                    .config(move |_, c| c.direct.udp_nat = nat)
+                    .start_in(topo);
+                let second = second_server_address(&rig, v6);
+                let server = rig.topo.server(v6);
+                let (tx, rx) = std::sync::mpsc::channel();
+                let peer = rig
+                    .topo
+                    .server
+                    .spawn(move || -> io::Result<Vec<SocketAddr>> {
+                        let a = UdpSocket::bind(SocketAddr::new(server, 0))?;
+                        let b = UdpSocket::bind(SocketAddr::new(server, 0))?;
+                        let c = UdpSocket::bind(SocketAddr::new(second, 0))?;
+                        let _ = tx.send(a.local_addr()?);
+                        a.set_read_timeout(Some(Duration::from_secs(3)))?;
+                        let mut buf = [0u8; 64];
+                        let (n, relay) = kerntun_testkit::uninterrupted(|| a.recv_from(&mut buf))?;
+                        a.send_to(&buf[..n], relay)?;
+                        b.send_to(b"from port B", relay)?;
+                        c.send_to(b"from the second address", relay)?;
+                        Ok(vec![a.local_addr()?, b.local_addr()?, c.local_addr()?])
+                    })
+                    .expect("server thread");
+                let to = rx.recv().expect("server address");
+                let any: SocketAddr = if v6 { "[::]:0" } else { "0.0.0.0:0" }
+                    .parse()
+                    .expect("addr");
+                let app = UdpSocket::bind(any).expect("app socket");
+                app.set_read_timeout(Some(Duration::from_millis(700)))
+                    .expect("timeout");
+                app.send_to(b"hello", to).expect("send");
+                let from = peer.join().expect("server thread").expect("server");
+                let mut got = Vec::new();
+                let mut buf = [0u8; 64];
+                while let Ok((n, src)) = kerntun_testkit::uninterrupted(|| app.recv_from(&mut buf))
+                {
+                    got.push((src, buf[..n].to_vec()));
+                }
+                let mut want = vec![(from[0], b"hello".to_vec())];
+                if nat == UdpNat::EndpointIndependent {
+                    want.push((from[1], b"from port B".to_vec()));
+                    want.push((from[2], b"from the second address".to_vec()));
+                }
+                assert_eq!(got, want, "{via:?} {nat:?} v6 {v6}: {:?}", rig.stats());
+                assert_eq!(rig.stats().outbounds[0].udp_flows, 1, "{via:?}");
+            }
+        }
+    }
 }
 
 // ---------------------------------------------------------------- DNS upstreams
 
 /// Which proxy carries the DNS service's upstream exchange.
-#[derive(Clone, Copy)]
+#[derive(Debug, Clone, Copy)]
 enum Via {
     Shadowsocks,
     Socks5,

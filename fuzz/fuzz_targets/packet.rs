@@ -9,8 +9,8 @@
 //! TCP rewrite to any same-family tuple and back restores the original bytes
 //! (checksum fields may only flip between 0x0000 and 0xFFFF, the two ones'
 //! complement zeros); a checksum that verified before a rewrite or an echo
-//! reply still verifies after; RST replies and rebuilt UDP datagrams parse
-//! and carry valid checksums.
+//! reply still verifies after; RST replies, rebuilt UDP datagrams and ICMP
+//! port unreachable errors parse and carry valid checksums.
 #![no_main]
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -116,6 +116,28 @@ fn check_echo(data: &[u8], ip: &IpInfo) {
     }
 }
 
+fn check_unreachable(data: &[u8], ip: &IpInfo) {
+    let mut b = [0u8; packet::icmp::ERROR_MAX_V6];
+    let Some(n) = packet::port_unreachable(data, ip, &mut b) else {
+        return;
+    };
+    let max = if ip.src.is_ipv4() {
+        packet::icmp::ERROR_MAX_V4
+    } else {
+        packet::icmp::ERROR_MAX_V6
+    };
+    assert!(n <= max);
+    let rip = packet::parse_ip(&b[..n]).expect("ICMP error parses");
+    assert_eq!((rip.src, rip.dst, rip.len), (ip.dst, ip.src, n));
+    assert!(checksum::verify_transport_checksum(&b[..n], &rip));
+    if ip.src.is_ipv4() {
+        assert!(ipv4_header_ok(&b[..n]));
+    }
+    let quote = &b[rip.l4_offset + packet::icmp::ERROR_HEADER_LEN..n];
+    assert!(quote.len() >= ip.l4_offset + 8);
+    assert_eq!(quote, &data[..quote.len()]);
+}
+
 fn check_tcp(data: &[u8], ip: &IpInfo) {
     let Ok(tcp) = packet::parse_tcp(data, ip) else {
         return;
@@ -189,5 +211,6 @@ fuzz_target!(|data: &[u8]| {
     assert!(ip.l4_offset <= ip.len && ip.len <= data.len());
     check_udp(data, &ip);
     check_echo(data, &ip);
+    check_unreachable(data, &ip);
     check_tcp(data, &ip);
 });

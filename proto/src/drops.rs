@@ -34,7 +34,8 @@ pub enum EngineDrop {
     TunWrite,
     /// A proxied UDP flow's bounded queue was full, or the UDP queue byte
     /// budget had no room for another buffer (proxy slow or still
-    /// handshaking).
+    /// handshaking); or a datagram held while its flow's QUIC Initials were
+    /// read, for a flow forgotten to make room (`core/src/udp/sniff.rs`).
     UdpQueueFull,
     /// A datagram from a proxy that did not decode (bad header, tag,
     /// fragment, or a source other than the flow's server), or too long for
@@ -91,6 +92,10 @@ pub enum EngineDrop {
     /// chunk of up to 64 KiB) and the relay pool had no room to hold it
     /// until the rest arrives.
     RelayFrameRefused,
+    /// A datagram a `reject` rule refused (counted `udp_rejected` too) was
+    /// not answered with an ICMP port unreachable: the answers' rate limit
+    /// held it back (`core/src/udp/reject.rs`).
+    IcmpRateLimited,
 }
 
 impl EngineDrop {
@@ -106,7 +111,7 @@ impl EngineDrop {
         }
     }
 
-    pub const COUNT: usize = 30;
+    pub const COUNT: usize = 31;
     pub const ALL: [EngineDrop; Self::COUNT] = [
         EngineDrop::NoMapping,
         EngineDrop::StrayTcp,
@@ -138,6 +143,7 @@ impl EngineDrop {
         EngineDrop::DnsTaskPanic,
         EngineDrop::DnsTlsReset,
         EngineDrop::RelayFrameRefused,
+        EngineDrop::IcmpRateLimited,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -172,6 +178,7 @@ impl EngineDrop {
             EngineDrop::DnsTaskPanic => "dns_task_panic",
             EngineDrop::DnsTlsReset => "dns_tls_reset",
             EngineDrop::RelayFrameRefused => "relay_frame_refused",
+            EngineDrop::IcmpRateLimited => "icmp_rate_limited",
         }
     }
 }

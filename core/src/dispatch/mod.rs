@@ -45,13 +45,10 @@ pub(crate) struct Dispatcher {
     pub life: Arc<Lifecycle>,
 }
 
-/// The transport of a new flow: what its plan may be (only TCP is
-/// sniffed) and the names its refusals are counted under.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Network {
-    Tcp,
-    Udp,
-}
+/// The transport of a new flow: the rules' `network` condition sees it,
+/// and it says what its plan may be (only TCP is sniffed) and the names its
+/// refusals are counted under.
+pub(crate) use crate::rules::Network;
 
 /// The decision for a new flow: a TCP connection's SYN, a UDP flow's first
 /// datagram.
@@ -83,7 +80,7 @@ pub(crate) enum Next {
 
 /// Why a new flow is refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Refusal {
+pub(crate) enum Refusal {
     /// A `reject` rule matched.
     Rule,
     /// A fake-ip address that stands for no domain (evicted, or never given).
@@ -119,13 +116,15 @@ impl Dispatcher {
     /// driver for a new TCP connection's SYN and a new UDP flow's first
     /// datagram.
     pub fn plan(&self, server: SocketAddr, network: Network) -> Option<Plan> {
-        match self.decide(server, network) {
-            Ok(plan) => Some(plan),
-            Err(refusal) => {
-                self.count_refusal(refusal, network);
-                None
-            }
-        }
+        self.plan_or_refusal(server, network).ok()
+    }
+
+    /// [`Dispatcher::plan`], saying why a flow is refused (counted here
+    /// too): the UDP flow table answers a rule's refusal with an ICMP error.
+    pub fn plan_or_refusal(&self, server: SocketAddr, network: Network) -> Result<Plan, Refusal> {
+        self.decide(server, network).inspect_err(|&refusal| {
+            self.count_refusal(refusal, network);
+        })
     }
 
     /// Count a refused flow, under the names the statistics have always
@@ -156,7 +155,8 @@ impl Dispatcher {
                 let Some(domain) = dns.fake_domain(server.ip()) else {
                     return Err(Refusal::UnknownFake);
                 };
-                return match self.outbounds.route(&Target::fake_ip(server, &domain)) {
+                let target = Target::fake_ip(server, &domain).on(network);
+                return match self.outbounds.route(&target) {
                     Route::Reject => Err(Refusal::Rule),
                     route => Ok(Plan::Connect {
                         route,
@@ -166,15 +166,13 @@ impl Dispatcher {
             }
         }
         // Sniffing delays routing until the app speaks, so it is only done
-        // where a domain could change the route (and only for TCP, whose
-        // first bytes name it).
-        if network == Network::Tcp
-            && self.sniff.covers(server.port())
-            && self.outbounds.needs_domain(server)
-        {
+        // where a domain could change the route: a TCP connection's first
+        // bytes (TLS SNI, HTTP Host), a UDP flow's QUIC Initials
+        // (`udp/sniff.rs`).
+        if self.sniff.covers(server.port()) && self.outbounds.needs_domain_on(network, server) {
             return Ok(Plan::Sniff);
         }
-        match self.outbounds.route(&Target::ip(server)) {
+        match self.outbounds.route(&Target::ip(server).on(network)) {
             Route::Reject => Err(Refusal::Rule),
             route => Ok(Plan::Connect {
                 route,
@@ -230,10 +228,22 @@ impl Dispatcher {
     /// The route for a sniffed connection (the sniffed name only picks the
     /// rule; the outbound is given the address the app used).
     pub fn route_sniffed(&self, server: SocketAddr, domain: Option<&str>) -> Route {
-        self.outbounds.route(&match domain {
+        self.route_sniffed_on(server, domain, Network::Tcp)
+    }
+
+    /// [`Dispatcher::route_sniffed`] for a flow of `network` (a UDP flow
+    /// whose QUIC Initial named its server).
+    pub fn route_sniffed_on(
+        &self,
+        server: SocketAddr,
+        domain: Option<&str>,
+        network: Network,
+    ) -> Route {
+        let target = match domain {
             Some(d) => Target::sniffed(server, d),
             None => Target::ip(server),
-        })
+        };
+        self.outbounds.route(&target.on(network))
     }
 }
 
@@ -262,6 +272,12 @@ mod tests {
             },
             Rule {
                 domain_suffix: vec!["blocked.test".into()],
+                action: Action::Reject,
+                ..Rule::default()
+            },
+            Rule {
+                ports: Some("4433".parse().expect("port")),
+                network: Some(Network::Udp),
                 action: Action::Reject,
                 ..Rule::default()
             },
@@ -313,7 +329,7 @@ mod tests {
     /// refuses the UDP flow to the same place, each counted under its own
     /// name; a fake address no domain holds is `fake_ip_unknown` for both;
     /// port 53 of the hijacked address is DNS for both; a sniffed port is
-    /// sniffed for TCP only, and routed by address for UDP.
+    /// sniffed for both (UDP: its QUIC Initials).
     #[test]
     fn one_plan_for_tcp_and_udp_refusals_counted_by_network() {
         let d = dispatcher();
@@ -342,11 +358,9 @@ mod tests {
             assert!(matches!(d.plan(hijacked, net), Some(Plan::Dns)), "{net:?}");
         }
         let sniffed: SocketAddr = "203.0.113.5:443".parse().expect("static");
-        assert!(matches!(d.plan(sniffed, Network::Tcp), Some(Plan::Sniff)));
-        assert!(matches!(
-            d.plan(sniffed, Network::Udp),
-            Some(Plan::Connect { route: Route::Direct, dst: Address::Ip(a) }) if a == sniffed
-        ));
+        for net in [Network::Tcp, Network::Udp] {
+            assert!(matches!(d.plan(sniffed, net), Some(Plan::Sniff)), "{net:?}");
+        }
         // DNS over TLS to the hijacked address is refused (an RST), and
         // counted on its own; QUIC-style UDP to 853 and 853 elsewhere are
         // ordinary flows.
@@ -394,5 +408,24 @@ mod tests {
         cfg.reset_dot = true;
         d.dns = Dns::new(&cfg, &nets, d.outbounds.clone(), bytes(), bytes(), bytes()).expect("dns");
         assert!(d.plan(dot, Network::Tcp).is_none());
+    }
+
+    /// The `network` condition sees the flow's transport: `network = "udp"`
+    /// refuses UDP to port 4433 and lets TCP to it through.
+    #[test]
+    fn network_condition_sees_the_transport() {
+        let d = dispatcher();
+        let quic: SocketAddr = "203.0.113.5:4433".parse().expect("static");
+        assert!(matches!(
+            d.plan(quic, Network::Tcp),
+            Some(Plan::Connect {
+                route: Route::Direct,
+                ..
+            })
+        ));
+        assert_eq!(
+            d.plan_or_refusal(quic, Network::Udp).err(),
+            Some(Refusal::Rule)
+        );
     }
 }

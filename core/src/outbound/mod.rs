@@ -396,6 +396,12 @@ impl Outbounds {
         self.rules.needs_domain(addr, &Route::Direct)
     }
 
+    /// [`Outbounds::needs_domain`] for a flow on `network` (rules with a
+    /// `network` condition count only for their transport).
+    pub fn needs_domain_on(&self, network: crate::rules::Network, addr: SocketAddr) -> bool {
+        self.rules.needs_domain_on(network, addr, &Route::Direct)
+    }
+
     /// The configured outbound names, in index order.
     pub fn names(&self) -> &[String] {
         &self.names

@@ -38,8 +38,10 @@
 //!
 //! What a new flow is, is decided by the plan TCP connections get
 //! (`Dispatcher::plan`, with `Network::Udp`): DNS to a hijacked address,
-//! a route by address or by the domain behind a fake-ip address, or a
-//! refusal, counted there (`udp_rejected`, `fake_ip_unknown`).
+//! a route by address or by the domain behind a fake-ip address, a route
+//! by the server name in its QUIC Initials (`sniff.rs`), or a refusal,
+//! counted there (`udp_rejected`, `fake_ip_unknown`); a rule's refusal is
+//! answered with an ICMP port unreachable (`reject.rs`).
 //!
 //! DNS (when `[dns]` is on): a datagram to a hijacked address's port 53 opens
 //! no flow. Its payload is copied to a task that asks the DNS service and
@@ -75,7 +77,7 @@ use tokio::sync::mpsc;
 use tokio::task::AbortHandle;
 
 use crate::budget::ByteBudget;
-use crate::dispatch::{Dispatcher, Network, Plan};
+use crate::dispatch::{Dispatcher, Network, Plan, Refusal};
 use crate::nat::FlowKey;
 use crate::outbound::config::UdpNat;
 use crate::outbound::{Address, Route, SocketFactory};
@@ -90,7 +92,9 @@ use crate::tun::Tun;
 mod gather;
 mod hijack;
 mod proxied;
+mod reject;
 mod reply;
+mod sniff;
 
 use gather::Gso;
 use proxied::Queue;
@@ -280,6 +284,11 @@ pub(crate) struct UdpTable {
     evicted: usize,
     /// Uplink datagrams of one direct flow waiting for one GSO send.
     gso: Gso,
+    /// The ICMP answer to datagrams a rule refuses, rate limited.
+    unreachable: reject::Unreachable,
+    /// New flows to a sniffed port whose QUIC Initials are being read, and
+    /// flows refused by the name they sent.
+    sniffing: HashMap<FlowKey, sniff::Sniffing>,
 }
 
 impl UdpTable {
@@ -292,6 +301,8 @@ impl UdpTable {
             epoch: now,
             evicted: 0,
             gso: Gso::new(),
+            unreachable: reject::Unreachable::new(),
+            sniffing: HashMap::new(),
         }
     }
 
@@ -309,6 +320,11 @@ impl UdpTable {
     /// of their own.
     pub fn len(&self) -> usize {
         self.owned + self.mappings.len()
+    }
+
+    /// Whether the cleanup tick has anything to do here.
+    pub fn has_state(&self) -> bool {
+        self.len() > 0 || !self.sniffing.is_empty()
     }
 
     /// Whether flows were evicted since the last call. Their sockets are
@@ -362,72 +378,106 @@ impl UdpTable {
         );
         let payload = &buf[udp.payload_offset..udp.payload_offset + udp.payload_len];
         // One lookup per datagram; a second only when the flow is new.
-        let flow = match self.flows.get_mut(&key) {
-            Some(f) => f,
-            None => {
-                // The plan TCP connections get too (`Dispatcher::plan`).
-                // DNS to a hijacked address and refused datagrams open no
-                // flow, so each of them is planned again.
-                let (route, dst) = match self.shared.d.plan(key.server, Network::Udp) {
-                    Some(Plan::Connect { route, dst }) => (route, dst),
-                    Some(Plan::Dns) => return self.hijack(key, payload, now, local),
-                    // Refused, and counted, by the plan (which sniffs TCP
-                    // only).
-                    Some(Plan::Sniff) | None => return,
-                };
-                let mapped = self.shared.nat == UdpNat::EndpointIndependent
-                    && matches!(dst, Address::Ip(_))
-                    && !self.shared.d.outbounds.udp_proxied(route);
-                let opened = if mapped {
-                    self.map(key, now, local)
-                } else {
-                    self.open(key, route, dst, now, local)
-                };
-                if !opened {
-                    return;
-                }
-                let Some(f) = self.flows.get_mut(&key) else {
-                    return;
-                };
-                f
-            }
-        };
-        flow.last_up = now;
-        if let Some(longest) = longest {
-            flow.state.lower_mtu(longest, key.server.is_ipv6());
+        if let Some(flow) = self.flows.get_mut(&key) {
+            let refused = send_on(
+                flow,
+                key,
+                &mut self.gso,
+                self.shared.mtu,
+                payload,
+                longest,
+                now,
+                local,
+            );
+            return self.gso_refused(refused);
         }
-        let to = matches!(flow.io, FlowIo::Mapped(_)).then_some(key.server);
-        match &mut flow.io {
-            FlowIo::Direct(sock) | FlowIo::Mapped(sock) if flow.gso => {
-                let fits = reply::udp_room(self.shared.mtu, key.server).1;
-                if let Some(refused) = self.gso.push(key, sock, to, payload, fits, local)
-                    && let Some(f) = self.flows.get_mut(&refused)
-                {
-                    f.gso = false;
-                }
+        // The plan TCP connections get too (`Dispatcher::plan`). DNS to a
+        // hijacked address and refused datagrams open no flow, so each of
+        // them is planned again; a flow being sniffed is decided by its
+        // sniffer (`sniff.rs`).
+        let planned = match self.sniffing.contains_key(&key) {
+            true => Ok(Plan::Sniff),
+            false => self.shared.d.plan_or_refusal(key.server, Network::Udp),
+        };
+        let (route, dst, held) = match planned {
+            Ok(Plan::Connect { route, dst }) => (route, dst, Vec::new()),
+            Ok(Plan::Dns) => return self.hijack(key, payload, now, local),
+            Ok(Plan::Sniff) => match self.sniff(key, buf, ip, payload, now, local) {
+                Some((route, held)) => (route, Address::Ip(key.server), held),
+                None => return,
+            },
+            // Refused by a rule, and counted by the plan: the app hears it
+            // at once (`reject.rs`).
+            Err(Refusal::Rule) => {
+                let tun = &self.shared.tun;
+                return self.unreachable.answer(buf, ip, tun, now, local);
             }
-            FlowIo::Direct(sock) | FlowIo::Mapped(sock) => {
-                send_one(sock, to, payload, local);
-            }
-            FlowIo::Queued(q) => {
-                // Charged at the buffer's capacity, a reassembled datagram's
-                // excess over the MTU included.
-                let Some(buf) = q.load(payload, now) else {
-                    return local.drop(EngineDrop::UdpQueueFull);
-                };
-                match q.tx.try_send(buf) {
-                    Ok(()) => {}
-                    Err(mpsc::error::TrySendError::Full(b)) => {
-                        q.keep(b);
-                        local.drop(EngineDrop::UdpQueueFull)
-                    }
-                    // The association failed or ended; the flow idles out.
-                    Err(mpsc::error::TrySendError::Closed(b)) => {
-                        q.keep(b);
-                        local.drop(EngineDrop::UdpSendError)
-                    }
-                }
-            }
+            // Refused, and counted, by the plan (DNS over TLS is TCP's
+            // only).
+            Err(Refusal::UnknownFake | Refusal::DnsOverTls) => return,
+        };
+        if !self.open_planned(key, route, dst, now, local) {
+            return;
+        }
+        // What the sniffer held goes first, in order.
+        for p in held {
+            self.forward(key, &p, None, now, local);
+        }
+        self.forward(key, payload, longest, now, local);
+    }
+
+    /// Send `payload` on the flow `key` has (a second lookup: new flows and
+    /// those a sniffer held only).
+    fn forward(
+        &mut self,
+        key: FlowKey,
+        payload: &[u8],
+        longest: Option<usize>,
+        now: Instant,
+        local: &mut LocalCounters,
+    ) {
+        if let Some(flow) = self.flows.get_mut(&key) {
+            let refused = send_on(
+                flow,
+                key,
+                &mut self.gso,
+                self.shared.mtu,
+                payload,
+                longest,
+                now,
+                local,
+            );
+            self.gso_refused(refused);
+        }
+    }
+
+    /// A flow whose path refused a GSO send sends one datagram at a time.
+    fn gso_refused(&mut self, refused: Option<FlowKey>) {
+        if let Some(refused) = refused
+            && let Some(f) = self.flows.get_mut(&refused)
+        {
+            f.gso = false;
+        }
+    }
+
+    /// Open the flow `key` along its planned route: under its app source's
+    /// mapping (direct to an address, endpoint-independent), or a flow of
+    /// its own. False if it could not be opened (counted).
+    fn open_planned(
+        &mut self,
+        key: FlowKey,
+        route: Route,
+        dst: Address,
+        now: Instant,
+        local: &mut LocalCounters,
+    ) -> bool {
+        let mapped = self.shared.nat == UdpNat::EndpointIndependent
+            && matches!(dst, Address::Ip(_))
+            && !self.shared.d.outbounds.udp_proxied(route);
+        if mapped {
+            self.map(key, now, local)
+        } else {
+            self.open(key, route, dst, now, local)
         }
     }
 
@@ -639,8 +689,11 @@ impl UdpTable {
     }
 
     /// Close flows idle for longer than their timeout: `unreplied` for a
-    /// flow that never saw a reply, `idle` for one that did.
-    pub fn sweep(&mut self, now: Instant) {
+    /// flow that never saw a reply, `idle` for one that did; route the
+    /// flows whose QUIC sniffer did not answer in time by their address
+    /// (`sniff.rs`).
+    pub fn sweep(&mut self, now: Instant, local: &mut LocalCounters) {
+        self.sweep_sniffing(now, local);
         let (idle, unreplied) = (self.shared.idle, self.shared.unreplied);
         let before = self.flows.len();
         self.flows.retain(|_, f| {
@@ -679,6 +732,58 @@ impl Drop for UdpTable {
         let n = self.len() as u64;
         self.shared.d.stats.udp_flows_active.fetch_sub(n, Relaxed);
     }
+}
+
+/// Send one uplink datagram on `flow` (the flow table's entry for `key`):
+/// gathered for a GSO send, sent at once, or queued to the flow's task.
+/// Returns a flow whose path refused a GSO send (the caller stops
+/// gathering for it).
+#[allow(clippy::too_many_arguments)]
+fn send_on(
+    flow: &mut Flow,
+    key: FlowKey,
+    gso: &mut Gso,
+    mtu: u16,
+    payload: &[u8],
+    longest: Option<usize>,
+    now: Instant,
+    local: &mut LocalCounters,
+) -> Option<FlowKey> {
+    flow.last_up = now;
+    if let Some(longest) = longest {
+        flow.state.lower_mtu(longest, key.server.is_ipv6());
+    }
+    let to = matches!(flow.io, FlowIo::Mapped(_)).then_some(key.server);
+    match &mut flow.io {
+        FlowIo::Direct(sock) | FlowIo::Mapped(sock) if flow.gso => {
+            let fits = reply::udp_room(mtu, key.server).1;
+            return gso.push(key, sock, to, payload, fits, local);
+        }
+        FlowIo::Direct(sock) | FlowIo::Mapped(sock) => {
+            send_one(sock, to, payload, local);
+        }
+        FlowIo::Queued(q) => {
+            // Charged at the buffer's capacity, a reassembled datagram's
+            // excess over the MTU included.
+            let Some(buf) = q.load(payload, now) else {
+                local.drop(EngineDrop::UdpQueueFull);
+                return None;
+            };
+            match q.tx.try_send(buf) {
+                Ok(()) => {}
+                Err(mpsc::error::TrySendError::Full(b)) => {
+                    q.keep(b);
+                    local.drop(EngineDrop::UdpQueueFull)
+                }
+                // The association failed or ended; the flow idles out.
+                Err(mpsc::error::TrySendError::Closed(b)) => {
+                    q.keep(b);
+                    local.drop(EngineDrop::UdpSendError)
+                }
+            }
+        }
+    }
+    None
 }
 
 /// One non-blocking `send(2)` of a direct flow's datagram (`sendto(2)`

@@ -31,7 +31,7 @@ pub mod udp;
 #[doc(hidden)]
 pub mod testutil;
 
-pub use icmp::echo_reply_in_place;
+pub use icmp::{echo_reply_in_place, port_unreachable};
 pub use ipv4::Ipv4Packet;
 pub use ipv6::Ipv6Packet;
 pub use tcp::{
