@@ -2317,6 +2317,11 @@ public struct EngineStats: Equatable, Hashable {
     public var tunReadMaxBatch: UInt64
     public var tunWrites: UInt64
     /**
+     * TCP segments whose advertised window the system stack clamped to
+     * their share of the TUN's transmit queue.
+     */
+    public var tcpWindowClamped: UInt64
+    /**
      * Sum of `drops`.
      */
     public var totalDrops: UInt64
@@ -2379,6 +2384,10 @@ public struct EngineStats: Equatable, Hashable {
          * Device reads (a batched read counts once) and the packets they carried.
          */tunReads: UInt64, tunReadPackets: UInt64, tunReadMaxBatch: UInt64, tunWrites: UInt64, 
         /**
+         * TCP segments whose advertised window the system stack clamped to
+         * their share of the TUN's transmit queue.
+         */tcpWindowClamped: UInt64, 
+        /**
          * Sum of `drops`.
          */totalDrops: UInt64, 
         /**
@@ -2433,6 +2442,7 @@ public struct EngineStats: Equatable, Hashable {
         self.tunReadPackets = tunReadPackets
         self.tunReadMaxBatch = tunReadMaxBatch
         self.tunWrites = tunWrites
+        self.tcpWindowClamped = tcpWindowClamped
         self.totalDrops = totalDrops
         self.drops = drops
         self.tcpBytesSpliced = tcpBytesSpliced
@@ -2491,6 +2501,7 @@ public struct FfiConverterTypeEngineStats: FfiConverterRustBuffer {
                 tunReadPackets: FfiConverterUInt64.read(from: &buf), 
                 tunReadMaxBatch: FfiConverterUInt64.read(from: &buf), 
                 tunWrites: FfiConverterUInt64.read(from: &buf), 
+                tcpWindowClamped: FfiConverterUInt64.read(from: &buf), 
                 totalDrops: FfiConverterUInt64.read(from: &buf), 
                 drops: FfiConverterSequenceTypeDropCount.read(from: &buf), 
                 tcpBytesSpliced: FfiConverterUInt64.read(from: &buf), 
@@ -2535,6 +2546,7 @@ public struct FfiConverterTypeEngineStats: FfiConverterRustBuffer {
         FfiConverterUInt64.write(value.tunReadPackets, into: &buf)
         FfiConverterUInt64.write(value.tunReadMaxBatch, into: &buf)
         FfiConverterUInt64.write(value.tunWrites, into: &buf)
+        FfiConverterUInt64.write(value.tcpWindowClamped, into: &buf)
         FfiConverterUInt64.write(value.totalDrops, into: &buf)
         FfiConverterSequenceTypeDropCount.write(value.drops, into: &buf)
         FfiConverterUInt64.write(value.tcpBytesSpliced, into: &buf)
