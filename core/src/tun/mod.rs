@@ -79,6 +79,9 @@ pub struct TunConfig {
     /// directions, to its flow's share of the TUN's transmit queue, so the
     /// two TCPs keep no more in flight than the queue holds (the kernel
     /// drops what overflows it; docs/architecture.md "Window clamping").
+    /// Off by default: on an idle machine it took the drops to 0 but cost
+    /// 13-63 % of the throughput and up to 2.6x the CPU per byte at 16 and
+    /// 64 streams (docs/notes.md, "Window clamping on the phone's TUN").
     pub window_clamp: bool,
     /// Packets the TUN's transmit queue holds, which `window_clamp` shares
     /// out. Unset: the device's own `txqueuelen` where the engine can read
@@ -113,7 +116,7 @@ impl Default for TunConfig {
             tx_queue_len: 10_000,
             include_all_networks: false,
             coalesce: true,
-            window_clamp: true,
+            window_clamp: false,
             queue_packets: None,
         }
     }
