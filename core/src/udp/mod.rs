@@ -378,18 +378,8 @@ impl UdpTable {
         );
         let payload = &buf[udp.payload_offset..udp.payload_offset + udp.payload_len];
         // One lookup per datagram; a second only when the flow is new.
-        if let Some(flow) = self.flows.get_mut(&key) {
-            let refused = send_on(
-                flow,
-                key,
-                &mut self.gso,
-                self.shared.mtu,
-                payload,
-                longest,
-                now,
-                local,
-            );
-            return self.gso_refused(refused);
+        if self.forward(key, payload, longest, now, local) {
+            return;
         }
         // The plan TCP connections get too (`Dispatcher::plan`). DNS to a
         // hijacked address and refused datagrams open no flow, so each of
@@ -426,8 +416,9 @@ impl UdpTable {
         self.forward(key, payload, longest, now, local);
     }
 
-    /// Send `payload` on the flow `key` has (a second lookup: new flows and
-    /// those a sniffer held only).
+    /// Send `payload` on the flow `key` has: every datagram's one lookup,
+    /// and a second one for a flow just opened (with what its sniffer
+    /// held). False if there is no such flow.
     fn forward(
         &mut self,
         key: FlowKey,
@@ -435,20 +426,22 @@ impl UdpTable {
         longest: Option<usize>,
         now: Instant,
         local: &mut LocalCounters,
-    ) {
-        if let Some(flow) = self.flows.get_mut(&key) {
-            let refused = send_on(
-                flow,
-                key,
-                &mut self.gso,
-                self.shared.mtu,
-                payload,
-                longest,
-                now,
-                local,
-            );
-            self.gso_refused(refused);
-        }
+    ) -> bool {
+        let Some(flow) = self.flows.get_mut(&key) else {
+            return false;
+        };
+        let refused = send_on(
+            flow,
+            key,
+            &mut self.gso,
+            self.shared.mtu,
+            payload,
+            longest,
+            now,
+            local,
+        );
+        self.gso_refused(refused);
+        true
     }
 
     /// A flow whose path refused a GSO send sends one datagram at a time.
