@@ -70,7 +70,7 @@ pub struct TunConfig {
     /// Per-packet driver on Linux/Android: merge consecutive in-order
     /// segments of a flow, read in the same drain, into one larger segment
     /// before writing them back toward the kernel listener (a userspace GRO,
-    /// `packet::coalesce`; docs/architecture.md "Drivers"), at most 32 KiB.
+    /// `packet::coalesce`; docs/architecture.md "Drivers"), at most 64 KiB.
     /// A merged packet the device refuses is written as its segments;
     /// merging goes on after `ENOBUFS`/`ENOMEM` (transient) and is turned
     /// off for the engine's life, logged, after any other refusal.
