@@ -98,13 +98,13 @@
 //! # Entry size
 //!
 //! Measured with `size_of` (asserted in the tests, 64-bit targets):
-//! `Mapping` is 64 bytes (8 generation + 8 last-seen + 38 packed key + 1
+//! `Mapping` is 72 bytes (8 generation + 8 last-seen + 38 packed key + 1
 //! state + 4 SYN sequence number + 1 app-closed + 2 window scale shifts +
-//! 2 busy epochs), the reverse bucket `(u16, Mapping)`
-//! 72, the forward bucket `(PackedKey, u16)` 40; with hashbrown's one control
-//! byte per bucket that is 114 bytes per connection at full load, about 130 to
-//! 228 bytes across
-//! hashbrown's 7/8 to 1/2 load range. An attachment costs its flow nothing
+//! 2 busy epochs + 8 for the window clamp's two right edges), the reverse
+//! bucket `(u16, Mapping)` 80, the forward bucket `(PackedKey, u16)` 40;
+//! with hashbrown's one control byte per bucket that is 122 bytes per
+//! connection at full load, about 139 to 244 bytes across hashbrown's 7/8
+//! to 1/2 load range. An attachment costs its flow nothing
 //! once the flow is established: only admitted half-open flows (at most
 //! [`HALF_OPEN_MAX`]) have one, in the side map. `Closing { since }` reuses
 //! the last-seen field: a Closing entry is never refreshed, so its

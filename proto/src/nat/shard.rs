@@ -3,14 +3,14 @@
 //! lines, and the lock-order check of debug builds.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, Ordering::Relaxed};
 use std::time::Instant;
 
 use parking_lot::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use super::Stage;
 use super::key::{KeyedBuild, PackedKey};
-use super::window::{self, WindowScale};
+use super::window::{self, SynAck, WindowScale};
 
 /// One byte: the stage lives in the mapping, so the per-packet path (a
 /// SYN retransmit held while connecting) never reads the side map.
@@ -59,6 +59,12 @@ pub(super) struct Mapping {
     /// Per direction (`window::Dir`), the epoch (modulo 256) of its last
     /// segment with payload.
     pub(super) data_epoch: [AtomicU8; 2],
+    /// Per direction (`window::Dir`), the right edge (acknowledgment plus
+    /// window, in the other side's sequence space) the segments of that
+    /// direction have advertised, as far as the window clamp knows: a
+    /// clamped window never moves it back. Set when the listener's SYN-ACK
+    /// passes; until then `edge[Dir::Up]` holds the app's SYN window.
+    pub(super) edge: [AtomicU32; 2],
 }
 
 /// What the engine attached to an admitted half-open flow (Connecting or
@@ -129,6 +135,20 @@ impl Mapping {
         }
         seen.store(tag, Relaxed);
         true
+    }
+
+    /// Record the listener's SYN-ACK: its window scale option, and, the
+    /// first time, the right edges both SYNs advertised (unscaled).
+    #[inline]
+    pub(super) fn note_syn_ack(&self, s: SynAck) {
+        let seen = self.listener_wscale.swap(window::code(s.option), Relaxed);
+        if seen == window::UNSEEN {
+            let up = &self.edge[window::Dir::Up as usize];
+            let app_window = up.load(Relaxed);
+            up.store(s.seq.wrapping_add(1).wrapping_add(app_window), Relaxed);
+            self.edge[window::Dir::Down as usize]
+                .store(s.ack.wrapping_add(u32::from(s.window)), Relaxed);
+        }
     }
 
     /// What the flow's handshake said about window scaling so far.

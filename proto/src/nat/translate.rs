@@ -13,6 +13,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use ipnet::IpNet;
 use std::time::Instant;
 
+use super::window::{Dir, SynAck};
 use super::{Evicted, FlowKey, NatError, NatTable, Refused, Uplink, WindowBudget};
 use crate::drops::EngineDrop;
 use crate::packet::{self, IpInfo, Reject, TcpInfo};
@@ -160,8 +161,12 @@ pub fn translate_tcp_clamped<P>(
     };
     if packet::is_downlink(ip, &tcp, fam.gateway, fam.nat, fam.listen_port) {
         use packet::tcp_flags::{ACK, SYN};
-        let syn_ack =
-            (tcp.flags & (SYN | ACK) == SYN | ACK).then(|| packet::window_scale(buf, ip, &tcp));
+        let syn_ack = (tcp.flags & (SYN | ACK) == SYN | ACK).then(|| SynAck {
+            option: packet::window_scale(buf, ip, &tcp),
+            seq: tcp.seq,
+            ack: tcp.ack,
+            window: packet::window_field(buf, ip),
+        });
         let data = tcp.payload_len > 0;
         let Some((key, scale)) = nat.downlink_segment(tcp.dst_port, syn_ack, data, now) else {
             return TcpStep::Drop(Cause::Engine(EngineDrop::NoMapping));
@@ -169,7 +174,8 @@ pub fn translate_tcp_clamped<P>(
         return match packet::rewrite_tcp(buf, ip, key.server, key.client) {
             Ok(()) => {
                 let shift = scale.shifts().map(|(_, listener)| listener);
-                clamp_segment(buf, ip, &tcp, shift, nat, clamp, now);
+                let at = (tcp.dst_port, Dir::Down);
+                clamp_segment(buf, ip, &tcp, shift, at, nat, clamp, now);
                 TcpStep::Downlink(ip.len)
             }
             Err(r) => TcpStep::Drop(Cause::Reject(r)),
@@ -196,7 +202,8 @@ pub fn translate_tcp_clamped<P>(
             replaced,
             ..
         }) => {
-            nat.record_app_syn(port, generation, packet::window_scale(buf, ip, &tcp));
+            let option = packet::window_scale(buf, ip, &tcp);
+            nat.record_app_syn(port, generation, option, packet::window_field(buf, ip));
             TcpStep::NewFlow {
                 key,
                 port,
@@ -215,7 +222,7 @@ pub fn translate_tcp_clamped<P>(
             match packet::rewrite_tcp(buf, ip, nat_src, listener) {
                 Ok(()) => {
                     let shift = scale.shifts().map(|(app, _)| app);
-                    clamp_segment(buf, ip, &tcp, shift, nat, clamp, now);
+                    clamp_segment(buf, ip, &tcp, shift, (port, Dir::Up), nat, clamp, now);
                     TcpStep::Uplink(ip.len)
                 }
                 Err(r) => TcpStep::Drop(Cause::Reject(r)),
@@ -245,14 +252,18 @@ pub fn translate_tcp_clamped<P>(
 
 /// Lower the window of a rewritten segment whose sender scales its windows
 /// by `shift` (`None`: not known yet, left alone) to its flow's share of
-/// the budget. SYNs (their window is never scaled) and RSTs pass as they
-/// are, as does every segment without a budget.
+/// the budget, but never so far that the right edge its direction already
+/// advertised moves back (`NatTable::clamp_field`). `at` is the flow's NAT
+/// port and the segment's direction. SYNs (their window is never scaled)
+/// and RSTs pass as they are, as does every segment without a budget.
 #[inline]
+#[allow(clippy::too_many_arguments)]
 fn clamp_segment<P>(
     buf: &mut [u8],
     ip: &IpInfo,
     tcp: &TcpInfo,
     shift: Option<u8>,
+    at: (u16, Dir),
     nat: &NatTable<P>,
     clamp: &mut WindowClamp,
     now: Instant,
@@ -264,8 +275,11 @@ fn clamp_segment<P>(
     if tcp.flags & (SYN | RST | ACK) != ACK {
         return;
     }
-    let bytes = budget.per_flow(nat.busy_flows(now));
-    if packet::clamp_window(buf, ip, WindowBudget::field(bytes, shift)) {
+    let want = budget.per_flow(nat.busy_flows(now));
+    let field = packet::window_field(buf, ip);
+    let (port, dir) = at;
+    let max = nat.clamp_field(port, dir, tcp.ack, field, shift, want);
+    if packet::clamp_window(buf, ip, max) {
         clamp.clamped += 1;
     }
 }
@@ -648,7 +662,14 @@ mod tests {
             send(&nat, &mut clamp, cport, b"", now);
         }
         assert_eq!(nat.busy_flows(now), 16, "pure ACKs do not count");
+        // Flow 4000's first segments offered 64 KiB beyond ack 501: a
+        // segment with that ack keeps it; one past it gets the share.
         let mut up = tcp_v4("10.0.0.9:4000", "1.1.1.1:443", 101, 501, ACK, &[], b"x");
+        let ip = packet::parse_ip(&up).expect("ip");
+        translate_tcp_clamped(&mut up, &ip, &nat, &addrs(), &mut clamp, now);
+        assert_eq!(window_of(&up), (0xffff, true), "the edge is kept");
+        let past = 501 + 0xffff;
+        let mut up = tcp_v4("10.0.0.9:4000", "1.1.1.1:443", 101, past, ACK, &[], b"x");
         let ip = packet::parse_ip(&up).expect("ip");
         translate_tcp_clamped(&mut up, &ip, &nat, &addrs(), &mut clamp, now);
         let want = 250 / 16 * 1460;
@@ -689,7 +710,7 @@ mod tests {
             handshake(&nat, &mut clamp, now, cport, None, None);
             send(&nat, &mut clamp, cport, b"data", now);
         }
-        let mut up = tcp_v4("10.0.0.9:4005", "1.1.1.1:443", 101, 501, ACK, &[], b"x");
+        let mut up = tcp_v4("10.0.0.9:4005", "1.1.1.1:443", 101, past, ACK, &[], b"x");
         let ip = packet::parse_ip(&up).expect("ip");
         translate_tcp_clamped(&mut up, &ip, &nat, &addrs(), &mut clamp, now);
         let floor = (crate::nat::FLOOR_SEGMENTS * 1460) as u16;
@@ -704,6 +725,70 @@ mod tests {
         translate_tcp_clamped(&mut up, &ip, &nat, &addrs(), &mut clamp, later);
         assert_eq!(nat.busy_flows(later), 1);
         assert_eq!(window_of(&up), (((250 * 1460u32) >> 7) as u16, true));
+    }
+
+    /// When more flows get busy, the share falls, but a flow's window
+    /// never moves the right edge it already advertised back: it closes
+    /// as the acknowledgments reach that edge, then holds the new share.
+    /// The listener's SYN-ACK window (64 KiB, unscaled) is the first edge
+    /// of the downlink direction.
+    #[test]
+    fn window_clamp_never_moves_a_right_edge_back() {
+        let (nat, now) = table(64);
+        let budget = WindowBudget {
+            queue_packets: 500,
+            mss: 1460,
+        };
+        let mut clamp = WindowClamp {
+            budget: Some(budget),
+            clamped: 0,
+        };
+        let port = handshake(&nat, &mut clamp, now, 6000, Some(7), Some(7));
+        let nat_addr = format!("198.18.0.2:{port}");
+        let down = |nat: &NatTable, clamp: &mut WindowClamp, ack: u32| {
+            let mut p = tcp_v4("198.18.0.1:40000", &nat_addr, 501, ack, ACK, &[], b"");
+            let ip = packet::parse_ip(&p).expect("ip");
+            translate_tcp_clamped(&mut p, &ip, nat, &addrs(), clamp, now);
+            window_of(&p)
+        };
+        // One busy direction (this flow's app data): the whole share.
+        let mut up = tcp_v4("10.0.0.9:6000", "1.1.1.1:443", 101, 501, ACK, &[], b"x");
+        let ip = packet::parse_ip(&up).expect("ip");
+        translate_tcp_clamped(&mut up, &ip, &nat, &addrs(), &mut clamp, now);
+        assert_eq!(nat.busy_flows(now), 1);
+        let wide = (budget.per_flow(1) >> 7) as u16;
+        assert_eq!(down(&nat, &mut clamp, 102), (wide, true));
+        let edge = 102 + (u32::from(wide) << 7);
+
+        // 31 more busy directions: the share is 7 segments.
+        for cport in 6001..6032 {
+            handshake(&nat, &mut clamp, now, cport, Some(7), Some(7));
+            let client = format!("10.0.0.9:{cport}");
+            let mut p = tcp_v4(&client, "1.1.1.1:443", 101, 501, ACK, &[], b"x");
+            let ip = packet::parse_ip(&p).expect("ip");
+            translate_tcp_clamped(&mut p, &ip, &nat, &addrs(), &mut clamp, now);
+        }
+        assert_eq!(nat.busy_flows(now), 32);
+        let narrow = (budget.per_flow(32) >> 7) as u16;
+        assert!(narrow < wide / 4, "{narrow} {wide}");
+
+        // Acknowledgments short of the edge keep it, rounding up.
+        for ack in [102, 50_000, 300_000] {
+            let (w, ok) = down(&nat, &mut clamp, ack);
+            assert!(ok);
+            assert!(w >= narrow, "{ack}: {w}");
+            assert!(
+                ack + (u32::from(w) << 7) >= edge,
+                "{ack}: {w} moves the edge back"
+            );
+            assert!(
+                ack + (u32::from(w) << 7) < edge + 128,
+                "{ack}: {w} no more than kept"
+            );
+        }
+        // Past the edge: the share.
+        assert_eq!(down(&nat, &mut clamp, edge + 1), (narrow, true));
+        assert_eq!(down(&nat, &mut clamp, edge + 5_000), (narrow, true));
     }
 
     /// Until the listener's SYN-ACK has passed, the flow's scaling is not

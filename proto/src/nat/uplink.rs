@@ -4,12 +4,12 @@
 
 use std::collections::VecDeque;
 use std::collections::hash_map::Entry as MapEntry;
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, Ordering::Relaxed};
 use std::time::Instant;
 
 use super::key::PackedKey;
 use super::shard::{ForwardShard, Mapping, Phase};
-use super::window::{self, WindowScale};
+use super::window::{self, SynAck, WindowScale};
 use super::{Evicted, FlowKey, NatError, NatTable, Refused, Stage, Uplink};
 
 impl<P> NatTable<P> {
@@ -333,6 +333,7 @@ impl<P> NatTable<P> {
                     data_epoch: std::array::from_fn(|_| {
                         AtomicU8::new((now_ms / window::EPOCH_MS) as u8 ^ 0x80)
                     }),
+                    edge: [AtomicU32::new(0), AtomicU32::new(0)],
                 });
                 self.count_in(phase);
                 drop(rev);
@@ -351,15 +352,14 @@ impl<P> NatTable<P> {
             .map(|(key, _)| key)
     }
 
-    /// [`NatTable::downlink`] that also records the window scale option of
-    /// the listener's SYN-ACK (`syn_ack`: `Some(option)` for a SYN-ACK,
-    /// `option` `None` if it carried none), counts the direction busy if
-    /// the segment carries `data`, and returns what the flow's handshake
-    /// said about window scaling.
+    /// [`NatTable::downlink`] that also records what the window clamp needs
+    /// of the listener's SYN-ACK (`syn_ack`: `Some` for a SYN-ACK), counts
+    /// the direction busy if the segment carries `data`, and returns what
+    /// the flow's handshake said about window scaling.
     pub fn downlink_segment(
         &self,
         port: u16,
-        syn_ack: Option<Option<u8>>,
+        syn_ack: Option<SynAck>,
         data: bool,
         now: Instant,
     ) -> Option<(FlowKey, WindowScale)> {
@@ -369,8 +369,8 @@ impl<P> NatTable<P> {
                 let now_ms = self.ms(now);
                 m.touch(now_ms);
                 self.note_data(m, window::Dir::Down, data, now_ms);
-                if let Some(option) = syn_ack {
-                    m.listener_wscale.store(window::code(option), Relaxed);
+                if let Some(s) = syn_ack {
+                    m.note_syn_ack(s);
                 }
                 Some((m.key.to_flow_key(), m.window_scale()))
             }
@@ -381,14 +381,49 @@ impl<P> NatTable<P> {
         }
     }
 
-    /// Record the window scale option of the app's SYN that created the
-    /// entry at `port` (stamped `generation`; another entry there is left
-    /// alone). Off the per-packet path: once per new flow.
-    pub fn record_app_syn(&self, port: u16, generation: u64, option: Option<u8>) {
+    /// Record the window scale option and the window of the app's SYN that
+    /// created the entry at `port` (stamped `generation`; another entry
+    /// there is left alone). Off the per-packet path: once per new flow.
+    pub fn record_app_syn(&self, port: u16, generation: u64, option: Option<u8>, window: u16) {
         let rev = self.reverse_shard(port).read();
         if let Some(m) = rev.map.get(&port).filter(|m| m.generation == generation) {
             m.app_wscale.store(window::code(option), Relaxed);
+            m.edge[window::Dir::Up as usize].store(u32::from(window), Relaxed);
         }
+    }
+
+    /// The window clamp's field for a segment of direction `dir` on the
+    /// flow at `port` that acknowledges `ack` and advertises `field` at
+    /// `shift`: the share `want` (bytes), raised to keep the right edge
+    /// that direction already advertised ([`window::no_shrink_field`]),
+    /// never above `field`. Records the edge the result advertises. A
+    /// port with no entry gets `field` back. Two threads translating the
+    /// same direction of one flow at once can record the lower of two
+    /// edges; the next segment then keeps that one.
+    pub(super) fn clamp_field(
+        &self,
+        port: u16,
+        dir: window::Dir,
+        ack: u32,
+        field: u16,
+        shift: u8,
+        want: u32,
+    ) -> u16 {
+        let rev = self.reverse_shard(port).read();
+        let Some(m) = rev.map.get(&port) else {
+            return field;
+        };
+        let slot = &m.edge[dir as usize];
+        let edge = slot.load(Relaxed);
+        let out = window::no_shrink_field(want, window::open(edge, ack), shift)
+            .max(1)
+            .min(field);
+        let shift = shift.min(crate::packet::tcp::MAX_WINDOW_SCALE);
+        let advertised = ack.wrapping_add(u32::from(out) << shift);
+        if window::open(advertised, edge) > 0 {
+            slot.store(advertised, Relaxed);
+        }
+        out
     }
 
     /// Flow directions that carried payload in the last one to two

@@ -102,6 +102,52 @@ impl WindowScale {
     }
 }
 
+/// What the translation reads from the listener's SYN-ACK for the clamp.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SynAck {
+    /// Its window scale option (`None`: it had none).
+    pub option: Option<u8>,
+    /// Its sequence number: the listener's initial one.
+    pub seq: u32,
+    /// Its acknowledgment: the app's initial sequence number plus one.
+    pub ack: u32,
+    /// Its window field (never scaled in a SYN).
+    pub window: u16,
+}
+
+/// Bytes beyond `ack` that a right edge `edge` already lets the sender
+/// send (0 once `ack` has reached or passed it), in sequence space.
+#[inline]
+pub fn open(edge: u32, ack: u32) -> u32 {
+    let ahead = edge.wrapping_sub(ack);
+    if ahead == 0 || ahead > i32::MAX as u32 {
+        0
+    } else {
+        ahead
+    }
+}
+
+/// The window field at `shift` for a share of `want` bytes that does not
+/// move the right edge back: at least the `open` bytes the sender was
+/// already offered (rounded up to the field's unit), at most 0xFFFF.
+///
+/// A shrunk window is no mere throttle for the kernel's TCP: with its
+/// next byte to send beyond the window's end, Linux sends its ACKs with
+/// that end as their sequence number (`tcp_acceptable_seq`), below what
+/// the peer has already received, and the peer drops them as old. When
+/// both directions of a flow shrink, neither side hears the other's
+/// acknowledgments, and the flow stalls until retransmission timeouts
+/// back off past 20 s. That stall failed
+/// `e2e::window_clamp_keeps_16_echoes_within_a_500_packet_queue` in 2 of
+/// 4 runs before the edge was kept (docs/notes.md, "Window clamping on
+/// the phone's TUN").
+#[inline]
+pub fn no_shrink_field(want: u32, open: u32, shift: u8) -> u16 {
+    let shift = shift.min(MAX_WINDOW_SCALE);
+    let keep = open.div_ceil(1 << shift);
+    u16::try_from((want >> shift).max(keep)).unwrap_or(u16::MAX)
+}
+
 /// What the clamp is derived from: the TUN's transmit queue in packets and
 /// the largest segment's payload.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -220,6 +266,33 @@ mod tests {
         assert_eq!(WindowBudget::field(1_000_000, 0), u16::MAX);
         assert_eq!(WindowBudget::field(100, 9), 0, "the caller keeps it open");
         assert_eq!(WindowBudget::field(1 << 20, 30), 64, "shift capped at 14");
+    }
+
+    #[test]
+    fn open_counts_bytes_ahead_of_the_ack_across_the_wrap() {
+        assert_eq!(open(1000, 400), 600);
+        assert_eq!(open(400, 1000), 0, "the ack passed the edge");
+        assert_eq!(open(1000, 1000), 0);
+        assert_eq!(open(100, u32::MAX - 99), 200, "across the wrap");
+        assert_eq!(open(u32::MAX - 99, 100), 0);
+    }
+
+    #[test]
+    fn no_shrink_field_keeps_the_edge_and_rounds_it_up() {
+        // The share alone when nothing more was offered.
+        assert_eq!(no_shrink_field(21_900, 0, 7), 171);
+        assert_eq!(no_shrink_field(21_900, 10_000, 7), 171);
+        // An edge 300,000 bytes ahead is kept: 300,000 / 128 rounded up
+        // (2,344 * 128 = 300,032).
+        assert_eq!(no_shrink_field(21_900, 300_000, 7), 2344);
+        assert_eq!(no_shrink_field(5_840, 1_025, 10), 5, "5,840 >> 10");
+        assert_eq!(
+            no_shrink_field(0, 1_025, 10),
+            2,
+            "1,025 bytes need 2 KiB units"
+        );
+        assert_eq!(no_shrink_field(0, u32::MAX, 0), u16::MAX, "capped");
+        assert_eq!(no_shrink_field(0, 1, 30), 1, "shift capped at 14");
     }
 
     #[test]

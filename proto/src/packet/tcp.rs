@@ -408,6 +408,17 @@ pub fn window_scale(buf: &[u8], ip: &IpInfo, tcp: &TcpInfo) -> Option<u8> {
     None
 }
 
+/// The window field of the TCP segment at `ip.l4_offset` (0 if the packet
+/// is too short to hold a TCP header).
+#[inline]
+pub fn window_field(buf: &[u8], ip: &IpInfo) -> u16 {
+    buf.get(ip.l4_offset..)
+        .and_then(|seg| seg.first_chunk::<HEADER_LEN>())
+        .map_or(0, |h| {
+            u16::from_be_bytes([h[field::WINDOW.start], h[field::WINDOW.start + 1]])
+        })
+}
+
 /// Lowers the window field of the TCP packet `ip` describes to `max`, if
 /// it is larger, and updates the checksum incrementally (RFC 1624 eqn. 3,
 /// one word). A zero window stays zero and `max` is taken as at least 1,
