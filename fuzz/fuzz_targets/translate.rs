@@ -11,24 +11,28 @@
 //! the NAT tuple (uplink) or a mapped original tuple (downlink), and its
 //! transport checksum verifies whenever the input's did; an attachment
 //! (a unique token here) comes back once, from the transition that ended
-//! its flow's stage, and at the end every one has.
+//! its flow's stage, and at the end every one has. With the window clamp
+//! on (the first input byte, odd), a forwarded packet's window is never
+//! above the input's, and an open window never closes.
 #![no_main]
 
 use std::collections::HashSet;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
-use kerntun::nat::{Accepted, Evicted, NatConfig, NatTable, Stage};
+use kerntun::nat::{Accepted, Evicted, NatConfig, NatTable, Stage, WindowBudget};
 use kerntun::packet::{self, checksum};
-use kerntun::translate::{FamilyAddrs, StackAddrs, TcpStep, translate_tcp};
+use kerntun::translate::{FamilyAddrs, StackAddrs, TcpStep, WindowClamp, translate_tcp_clamped};
 use libfuzzer_sys::fuzz_target;
 
 const GATEWAY: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 1);
 const NAT: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 2);
 const LISTEN: u16 = 40000;
 
-/// A valid IPv4/TCP packet with correct checksums.
-fn tcp4(src: SocketAddr, dst: SocketAddr, flags: u8, payload: &[u8]) -> Vec<u8> {
+/// A valid IPv4/TCP packet with correct checksums, acknowledging 2000 plus
+/// `step` KiB and advertising a window from `step` (so the window clamp's
+/// edges move, forward and back).
+fn tcp4(src: SocketAddr, dst: SocketAddr, flags: u8, payload: &[u8], step: u8) -> Vec<u8> {
     let (IpAddr::V4(s), IpAddr::V4(d)) = (src.ip(), dst.ip()) else {
         unreachable!("v4 only")
     };
@@ -45,10 +49,12 @@ fn tcp4(src: SocketAddr, dst: SocketAddr, flags: u8, payload: &[u8]) -> Vec<u8> 
     p[20..22].copy_from_slice(&src.port().to_be_bytes());
     p[22..24].copy_from_slice(&dst.port().to_be_bytes());
     p[24..28].copy_from_slice(&1000u32.to_be_bytes());
-    p[28..32].copy_from_slice(&2000u32.to_be_bytes());
+    let ack = 2000u32.wrapping_add(u32::from(step) << 10);
+    p[28..32].copy_from_slice(&ack.to_be_bytes());
     p[32] = 5 << 4;
     p[33] = flags;
-    p[34..36].copy_from_slice(&65535u16.to_be_bytes());
+    let window = [65535u16, 0, 1, 300, 4096][usize::from(step % 5)];
+    p[34..36].copy_from_slice(&window.to_be_bytes());
     p[40..].copy_from_slice(payload);
     let ip = packet::parse_ip(&p).expect("built packet parses");
     checksum::fill_transport_checksum(&mut p, &ip);
@@ -103,7 +109,14 @@ fuzz_target!(|data: &[u8]| {
     let mut opened = [0u64; 16];
     let mut attached = Attached::default();
     let mut tokens = 0u64;
-    let mut i = 0;
+    let mut clamp = match data.first() {
+        Some(&b) if b & 1 == 1 => WindowClamp {
+            budget: Some(WindowBudget { queue_packets: u32::from(b >> 1) * 8, mss: 1460 }),
+            clamped: 0,
+        },
+        _ => WindowClamp::OFF,
+    };
+    let mut i = 1;
     while i + 2 <= data.len() {
         let (op, arg) = (data[i], data[i + 1]);
         i += 2;
@@ -113,7 +126,7 @@ fuzz_target!(|data: &[u8]| {
             // App -> server: SYN, ACK, data, FIN, RST by flag choice.
             0 | 1 => {
                 let flags = [0x02, 0x10, 0x18, 0x11, 0x14, 0x12][usize::from(arg >> 4) % 6];
-                tcp4(client(arg), server(arg >> 2), flags, &[arg; 3])
+                tcp4(client(arg), server(arg >> 2), flags, &[arg; 3], arg.rotate_left(3))
             }
             // Kernel listener -> app for some NAT port in the range.
             2 => tcp4(
@@ -121,6 +134,7 @@ fuzz_target!(|data: &[u8]| {
                 SocketAddr::new(IpAddr::V4(NAT), 20000 + u16::from(arg % 18)),
                 0x18,
                 &[arg; 5],
+                arg.rotate_left(5),
             ),
             // Raw bytes from the input.
             3 => {
@@ -206,7 +220,8 @@ fuzz_target!(|data: &[u8]| {
             if let Ok(ip) = packet::parse_ip(&pkt) {
                 if ip.protocol == 6 {
                     let verified = checksum::verify_transport_checksum(&pkt, &ip);
-                    let step = translate_tcp(&mut pkt, &ip, &nat, &addrs, now);
+                    let window_in = packet::window_field(&pkt, &ip);
+                    let step = translate_tcp_clamped(&mut pkt, &ip, &nat, &addrs, &mut clamp, now);
                     match step {
                         TcpStep::Uplink(n) | TcpStep::Downlink(n) => {
                             let out = packet::parse_ip(&pkt[..n]).expect("forwarded packet parses");
@@ -214,6 +229,9 @@ fuzz_target!(|data: &[u8]| {
                             if verified {
                                 assert!(checksum::verify_transport_checksum(&pkt[..n], &out));
                             }
+                            let window_out = packet::window_field(&pkt[..n], &out);
+                            assert!(window_out <= window_in, "the clamp raised a window");
+                            assert_eq!(window_out == 0, window_in == 0, "the clamp closed a window");
                             if matches!(step, TcpStep::Uplink(_)) {
                                 assert_eq!(out.src, IpAddr::V4(NAT));
                                 assert_eq!((out.dst, tcp.dst_port), (IpAddr::V4(GATEWAY), LISTEN));
