@@ -531,6 +531,19 @@ mod tests {
         (w, packet::checksum::verify_transport_checksum(p, &ip))
     }
 
+    /// The phone's TUN queue (500 packets) at MTU 1500, and a clamp on it.
+    fn phone_clamp() -> (WindowBudget, WindowClamp) {
+        let budget = WindowBudget {
+            queue_packets: 500,
+            mss: 1460,
+        };
+        let clamp = WindowClamp {
+            budget: Some(budget),
+            clamped: 0,
+        };
+        (budget, clamp)
+    }
+
     /// SYN options with window scale `ws` (MSS 1460, NOP, window scale).
     fn ws_opts(ws: u8) -> [u8; 8] {
         [2, 4, 5, 0xb4, 1, 3, 3, ws]
@@ -584,14 +597,7 @@ mod tests {
     #[test]
     fn window_clamp_lowers_both_directions_at_each_senders_shift() {
         let (nat, now) = table(16);
-        let budget = WindowBudget {
-            queue_packets: 500,
-            mss: 1460,
-        };
-        let mut clamp = WindowClamp {
-            budget: Some(budget),
-            clamped: 0,
-        };
+        let (budget, mut clamp) = phone_clamp();
         let port = handshake(&nat, &mut clamp, now, 3000, Some(7), Some(9));
         assert_eq!(nat.busy_flows(now), 0, "no payload yet");
         // The app's data makes its direction busy: one share of the queue.
@@ -637,14 +643,7 @@ mod tests {
     #[test]
     fn window_clamp_shares_the_queue_among_busy_flows() {
         let (nat, now) = table(128);
-        let budget = WindowBudget {
-            queue_packets: 500,
-            mss: 1460,
-        };
-        let mut clamp = WindowClamp {
-            budget: Some(budget),
-            clamped: 0,
-        };
+        let (_, mut clamp) = phone_clamp();
         let send = |nat: &NatTable, clamp: &mut WindowClamp, cport: u16, payload: &[u8], at| {
             let client = format!("10.0.0.9:{cport}");
             let mut p = tcp_v4(&client, "1.1.1.1:443", 101, 501, ACK, &[], payload);
@@ -735,14 +734,7 @@ mod tests {
     #[test]
     fn window_clamp_never_moves_a_right_edge_back() {
         let (nat, now) = table(64);
-        let budget = WindowBudget {
-            queue_packets: 500,
-            mss: 1460,
-        };
-        let mut clamp = WindowClamp {
-            budget: Some(budget),
-            clamped: 0,
-        };
+        let (budget, mut clamp) = phone_clamp();
         let port = handshake(&nat, &mut clamp, now, 6000, Some(7), Some(7));
         let nat_addr = format!("198.18.0.2:{port}");
         let down = |nat: &NatTable, clamp: &mut WindowClamp, ack: u32| {
@@ -796,13 +788,7 @@ mod tests {
     #[test]
     fn window_clamp_waits_for_the_syn_ack() {
         let (nat, now) = table(16);
-        let mut clamp = WindowClamp {
-            budget: Some(WindowBudget {
-                queue_packets: 500,
-                mss: 1460,
-            }),
-            clamped: 0,
-        };
+        let (_, mut clamp) = phone_clamp();
         let mut syn = tcp_v4(
             "10.0.0.9:5000",
             "1.1.1.1:443",
