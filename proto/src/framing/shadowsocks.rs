@@ -387,6 +387,11 @@ enum OpenState {
     Data(usize),
 }
 
+/// The largest frame of an AEAD stream that is not a payload chunk: a
+/// SIP022 response header (32-byte salt, type, timestamp, the request's
+/// 32-byte salt, length, 16-byte tag) is 91 bytes.
+const HEADER_FRAME_MAX: usize = 96;
+
 /// The server-to-client half of an AEAD stream.
 pub struct AeadOpen {
     key: AeadKey,
@@ -488,6 +493,30 @@ impl AeadOpen {
         Ok(())
     }
 
+    /// [`AeadOpen::step`] over a copy of `frame` (exactly `need()` bytes):
+    /// a payload chunk is copied to the end of `out` and decrypted there,
+    /// its tag cut off (nothing of it stays if it does not verify); the
+    /// salt and length frames, at most [`HEADER_FRAME_MAX`] bytes, on the
+    /// stack.
+    fn step_copied(&mut self, frame: &[u8], out: &mut Vec<u8>) -> Result<(), AeadError> {
+        if let OpenState::Data(len) = self.state {
+            let c = self.cipher.as_mut().ok_or(AeadError::Truncated)?;
+            let start = out.len();
+            out.extend_from_slice(frame);
+            if !c.open(&mut out[start..]) {
+                out.truncate(start);
+                return Err(AeadError::Decrypt);
+            }
+            out.truncate(start + len);
+            self.state = OpenState::Length;
+            return Ok(());
+        }
+        let mut header = [0u8; HEADER_FRAME_MAX];
+        let copy = header.get_mut(..frame.len()).ok_or(AeadError::Truncated)?;
+        copy.copy_from_slice(frame);
+        self.step(copy, out)
+    }
+
     /// Sans-I/O core of [`Open::open`], with the typed error.
     pub fn feed(&mut self, mut wire: &[u8], out: &mut Vec<u8>) -> Result<(), AeadError> {
         // Finish a frame started in an earlier read.
@@ -502,17 +531,16 @@ impl AeadOpen {
             let mut frame = std::mem::take(&mut self.pending);
             self.step(&mut frame, out)?;
         }
-        // Whole frames straight from the read buffer (copied once to decrypt
-        // in place: the read buffer is shared with the next read).
-        let mut scratch = Vec::new();
+        // Whole frames straight from the read buffer, copied once to decrypt
+        // in place (the read buffer is shared with the next read): a chunk
+        // into `out`, where its plaintext stays, a header on the stack. No
+        // allocation but `out`'s own growth.
         loop {
             let need = self.need();
             if wire.len() < need {
                 break;
             }
-            scratch.clear();
-            scratch.extend_from_slice(&wire[..need]);
-            self.step(&mut scratch, out)?;
+            self.step_copied(&wire[..need], out)?;
             wire = &wire[need..];
         }
         if !wire.is_empty() {
@@ -679,7 +707,11 @@ mod tests {
             let mut bad = down.clone();
             let last = bad.len() - 1;
             bad[last] ^= 1;
-            assert_eq!(s.open.feed(&bad, &mut Vec::new()), Err(AeadError::Decrypt));
+            let mut got = Vec::new();
+            assert_eq!(s.open.feed(&bad, &mut got), Err(AeadError::Decrypt));
+            // The chunks before the bad one are out, nothing of it.
+            assert!(got.len() < body.len(), "{kind}");
+            assert_eq!(got, body[..got.len()], "{kind}");
             let (_, mut s) = client(&v1_key(kind, "secret"));
             s.open
                 .feed(&down[..down.len() - 3], &mut Vec::new())
@@ -690,6 +722,30 @@ mod tests {
                 let (_, mut s) = client(&v1_key(kind, "secret"));
                 s.open.feed(&down[..cut], &mut Vec::new()).expect("salt");
                 assert_eq!(s.open.end().is_ok(), clean, "{kind} EOF after {cut} bytes");
+            }
+        }
+    }
+
+    /// Every frame but a payload chunk fits the stack copy
+    /// ([`HEADER_FRAME_MAX`]) for every method, salt frame included.
+    #[test]
+    fn header_frames_fit_the_stack_copy() {
+        for kind in [
+            CipherKind::AES_128_GCM,
+            CipherKind::AES_256_GCM,
+            CipherKind::CHACHA20_POLY1305,
+            CipherKind::AEAD2022_BLAKE3_AES_128_GCM,
+            CipherKind::AEAD2022_BLAKE3_AES_256_GCM,
+        ] {
+            let k = if kind.is_aead_2022() {
+                v2_key(kind)
+            } else {
+                v1_key(kind, "pw")
+            };
+            let (_, mut s) = client(&k);
+            for state in [OpenState::Salt, OpenState::Length] {
+                s.open.state = state;
+                assert!(s.open.need() <= HEADER_FRAME_MAX, "{kind} {state:?}");
             }
         }
     }
