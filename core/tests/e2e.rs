@@ -163,10 +163,11 @@ fn window_clamp_keeps_16_echoes_within_a_500_packet_queue() {
         let drops = rig.tun_tx_dropped() - before;
         let s = rig.stats();
         eprintln!(
-            "window clamp {clamp}: {STREAMS} x 8 MiB each way in {:.2} s, TUN tx_dropped {drops}, {} segments clamped, {} packets read",
+            "window clamp {clamp}: {STREAMS} x 8 MiB each way in {:.2} s, TUN tx_dropped {drops}, {} segments clamped, {} packets read, {} written",
             elapsed.as_secs_f64(),
             s.tcp_window_clamped,
-            s.tun_read_packets
+            s.tun_read_packets,
+            s.tun_writes
         );
         if clamp {
             assert!(s.tcp_window_clamped > 0, "{s:?}");
