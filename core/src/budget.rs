@@ -379,6 +379,8 @@ impl Budget {
             // IP reassembly of the app's fragmented datagrams: a fixed
             // bound, whatever the platform (`packet::frag::Limits`).
             ("ip reassembly", REASSEMBLY_BYTES),
+            // QUIC flows whose Initials are being read (`udp/sniff.rs`).
+            ("quic sniffing", QUIC_SNIFF_BYTES),
             // Each runtime thread's spill area for replies longer than a
             // batch slot (Linux/Android; 1 thread on mobile, 2 on desktop).
             (
@@ -590,6 +592,24 @@ pub const fn proxied_udp_flow_bytes(mtu: usize) -> usize {
     let reply = if mtu > 16 * 1024 { mtu } else { 16 * 1024 };
     mtu + (mtu + FRAMING) + (reply + FRAMING + HEADERS)
 }
+
+/// The most payload bytes held for one UDP flow while its QUIC Initials
+/// are read (`udp/sniff.rs`): a ClientHello spans at most 4 Initials, each
+/// in a datagram of at most 1500 bytes on the links apps use; more than
+/// 16 KiB is not QUIC's start.
+pub const QUIC_SNIFF_HELD: usize = 16 * 1024;
+
+/// UDP flows whose QUIC Initials are read at once. A client sends its
+/// Initials back to back, so a flow is read for about the time its first
+/// datagrams take to arrive; 16 covers a page load opening QUIC
+/// connections to many hosts at once.
+pub const QUIC_SNIFF_READING: usize = 16;
+
+/// What QUIC sniffing holds at most: per flow read, its sniffer (its
+/// CRYPTO stream and one packet's plaintext, `sniff::MAX_SNIFF` each) and
+/// its held datagrams. 768 KiB.
+pub const QUIC_SNIFF_BYTES: usize =
+    QUIC_SNIFF_READING * (2 * kerntun_proto::sniff::MAX_SNIFF + QUIC_SNIFF_HELD);
 
 /// The IP reassembler's bound on incomplete datagrams, all sources
 /// together (`packet::frag::Limits::default`, one reassembler per engine).

@@ -92,6 +92,9 @@ pub struct DnsCounters {
     pub sniffed: AtomicU64,
     /// Sniffing gave up (timeout, or the first bytes named no domain).
     pub sniff_misses: AtomicU64,
+    /// Of those, sniffs that needed more than a session's own 8 KiB and
+    /// found no room in the relay pool for 16 KiB (routed by address).
+    pub sniff_unbudgeted: AtomicU64,
 }
 
 impl DnsCounters {
@@ -111,6 +114,7 @@ impl DnsCounters {
             fakeip_fallbacks: g(&self.fakeip_fallbacks),
             sniffed: g(&self.sniffed),
             sniff_misses: g(&self.sniff_misses),
+            sniff_unbudgeted: g(&self.sniff_unbudgeted),
         }
     }
 }
@@ -131,6 +135,7 @@ pub struct DnsSnapshot {
     pub fakeip_fallbacks: u64,
     pub sniffed: u64,
     pub sniff_misses: u64,
+    pub sniff_unbudgeted: u64,
 }
 
 /// Counters of one proxy outbound.

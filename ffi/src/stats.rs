@@ -81,6 +81,9 @@ pub struct DnsStats {
     pub sniffed: u64,
     /// Sniffing gave up (timeout, or no domain in the first bytes).
     pub sniff_misses: u64,
+    /// Of those, sniffs that needed more than a session's own 8 KiB and
+    /// found no room in the relay pool (routed by address).
+    pub sniff_unbudgeted: u64,
 }
 
 moved!(DnsSnapshot => DnsStats {
@@ -97,6 +100,7 @@ moved!(DnsSnapshot => DnsStats {
     fakeip_fallbacks,
     sniffed,
     sniff_misses,
+    sniff_unbudgeted,
 });
 
 /// A point-in-time copy of everything the engine counts. "Up" is from the

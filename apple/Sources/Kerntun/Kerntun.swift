@@ -1916,6 +1916,11 @@ public struct DnsStats: Equatable, Hashable {
      * Sniffing gave up (timeout, or no domain in the first bytes).
      */
     public var sniffMisses: UInt64
+    /**
+     * Of those, sniffs that needed more than a session's own 8 KiB and
+     * found no room in the relay pool (routed by address).
+     */
+    public var sniffUnbudgeted: UInt64
 
     // Default memberwise initializers are never public by default, so we
     // declare one manually.
@@ -1958,7 +1963,11 @@ public struct DnsStats: Equatable, Hashable {
          */sniffed: UInt64, 
         /**
          * Sniffing gave up (timeout, or no domain in the first bytes).
-         */sniffMisses: UInt64) {
+         */sniffMisses: UInt64, 
+        /**
+         * Of those, sniffs that needed more than a session's own 8 KiB and
+         * found no room in the relay pool (routed by address).
+         */sniffUnbudgeted: UInt64) {
         self.queries = queries
         self.tcpQueries = tcpQueries
         self.cacheHits = cacheHits
@@ -1972,6 +1981,7 @@ public struct DnsStats: Equatable, Hashable {
         self.fakeipFallbacks = fakeipFallbacks
         self.sniffed = sniffed
         self.sniffMisses = sniffMisses
+        self.sniffUnbudgeted = sniffUnbudgeted
     }
 
     
@@ -2002,7 +2012,8 @@ public struct FfiConverterTypeDnsStats: FfiConverterRustBuffer {
                 fakeipEvictions: FfiConverterUInt64.read(from: &buf), 
                 fakeipFallbacks: FfiConverterUInt64.read(from: &buf), 
                 sniffed: FfiConverterUInt64.read(from: &buf), 
-                sniffMisses: FfiConverterUInt64.read(from: &buf)
+                sniffMisses: FfiConverterUInt64.read(from: &buf), 
+                sniffUnbudgeted: FfiConverterUInt64.read(from: &buf)
         )
     }
 
@@ -2020,6 +2031,7 @@ public struct FfiConverterTypeDnsStats: FfiConverterRustBuffer {
         FfiConverterUInt64.write(value.fakeipFallbacks, into: &buf)
         FfiConverterUInt64.write(value.sniffed, into: &buf)
         FfiConverterUInt64.write(value.sniffMisses, into: &buf)
+        FfiConverterUInt64.write(value.sniffUnbudgeted, into: &buf)
     }
 }
 

@@ -16,11 +16,12 @@ use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::net::TcpStream;
 
 use super::{Dispatcher, Next};
+use crate::budget::{ByteBudget, Charge, RELAY_FALLBACK_BUFFER};
 use crate::lifecycle::Phase;
 use crate::outbound::{Address, OutboundStream, Route, reset_on_close};
 use crate::relay::{self, Meter, Side};
@@ -31,8 +32,9 @@ use crate::stats::{EngineDrop, Stats};
 /// it ([`Side`], which `relay::run` takes).
 pub(crate) trait App: Side {
     /// The domain the first bytes name, read within `timeout`, and the bytes
-    /// consumed to learn it (sent to the outbound before the relay starts).
-    async fn sniff(&self, timeout: Duration) -> (Option<String>, Vec<u8>);
+    /// consumed to learn it (sent to the outbound before the relay starts),
+    /// with their charge to `pool` ([`SniffBytes`]).
+    async fn sniff(&self, timeout: Duration, pool: &SniffBytes<'_>) -> Sniff;
 
     /// Reset the connection toward the app.
     fn reset(&self);
@@ -41,8 +43,13 @@ pub(crate) trait App: Side {
 /// The system stack's side: a kernel socket (the relay splices it to a
 /// plain outbound on Linux/Android); sniffing peeks, so nothing is consumed.
 impl App for TcpStream {
-    async fn sniff(&self, timeout: Duration) -> (Option<String>, Vec<u8>) {
-        (sniff_peek(self, timeout).await, Vec::new())
+    async fn sniff(&self, timeout: Duration, pool: &SniffBytes<'_>) -> Sniff {
+        let (domain, charge) = sniff_peek(self, timeout, pool).await;
+        Sniff {
+            domain,
+            first: Vec::new(),
+            charge,
+        }
     }
 
     fn reset(&self) {
@@ -73,11 +80,53 @@ impl Hold for () {
 /// incomplete (peek cannot wait for *more* data than it already saw).
 const SNIFF_RETRY: Duration = Duration::from_millis(5);
 
+/// Bytes a sniffing session holds of its own: the relay's fallback buffers
+/// it is charged for (`Budget::session_cost`) are not allocated until it
+/// relays, so sniffing may use as much. Almost every ClientHello and HTTP
+/// request head fits; a longer one needs its buffer grown to
+/// [`sniff::MAX_SNIFF`] (and a read chunk), charged to the relay pool.
+pub(crate) const SNIFF_OWN: usize = 4 * RELAY_FALLBACK_BUFFER;
+
+/// What sniffing read: the domain, the bytes consumed to learn it (a
+/// socket that cannot be peeked), and the charge for a buffer grown past
+/// [`SNIFF_OWN`], held until those bytes are sent on.
+pub(crate) struct Sniff {
+    pub domain: Option<String>,
+    pub first: Vec<u8>,
+    pub charge: Option<Charge>,
+}
+
+/// The pool a sniffing buffer grows from, and what counts its refusals.
+pub(crate) struct SniffBytes<'a> {
+    pub pool: &'a Arc<ByteBudget>,
+    pub stats: &'a Stats,
+}
+
+impl SniffBytes<'_> {
+    /// Charge `n` bytes, or count the refusal: sniffing then ends with
+    /// what it has (the flow is routed by address, unless that named a
+    /// domain already).
+    fn charge(&self, n: usize) -> Option<Charge> {
+        let charge = self.pool.try_charge(n, Instant::now());
+        if charge.is_none() {
+            self.stats.dns.sniff_unbudgeted.fetch_add(1, Relaxed);
+        }
+        charge
+    }
+}
+
 /// Sniff a kernel socket without consuming anything (MSG_PEEK): the relay
-/// later moves every byte, spliced or copied.
-async fn sniff_peek(app: &TcpStream, timeout: Duration) -> Option<String> {
-    let mut buf = vec![0u8; sniff::MAX_SNIFF];
-    tokio::time::timeout(timeout, async {
+/// later moves every byte, spliced or copied. Peeks into [`SNIFF_OWN`]
+/// bytes, then into [`sniff::MAX_SNIFF`] charged to the pool while the
+/// first bytes still need more.
+async fn sniff_peek(
+    app: &TcpStream,
+    timeout: Duration,
+    pool: &SniffBytes<'_>,
+) -> (Option<String>, Option<Charge>) {
+    let mut buf = vec![0u8; SNIFF_OWN];
+    let mut charge = None;
+    let domain = tokio::time::timeout(timeout, async {
         loop {
             let n = app.peek(&mut buf).await.ok()?;
             if n == 0 {
@@ -86,6 +135,10 @@ async fn sniff_peek(app: &TcpStream, timeout: Duration) -> Option<String> {
             match sniff::sniff(&buf[..n]) {
                 Sniffed::Domain { name, .. } => return Some(name.to_owned()),
                 Sniffed::NoDomain => return None,
+                Sniffed::NeedMore if n == buf.len() && buf.len() < sniff::MAX_SNIFF => {
+                    charge = Some(pool.charge(sniff::MAX_SNIFF)?);
+                    buf = vec![0u8; sniff::MAX_SNIFF];
+                }
                 Sniffed::NeedMore if n == buf.len() => return None,
                 Sniffed::NeedMore => tokio::time::sleep(SNIFF_RETRY).await,
             }
@@ -93,29 +146,52 @@ async fn sniff_peek(app: &TcpStream, timeout: Duration) -> Option<String> {
     })
     .await
     .ok()
-    .flatten()
+    .flatten();
+    (domain, charge)
 }
 
 /// Read an app's first bytes until they name a domain, name none, reach
 /// [`sniff::MAX_SNIFF`], or `timeout` passes, for an app side that cannot be
-/// peeked. Every byte read is returned, past the sniffing cap too.
-pub(crate) async fn sniff_read<S: Side>(app: &S, timeout: Duration) -> (Option<String>, Vec<u8>) {
+/// peeked. Every byte read is returned, past the sniffing cap too. The
+/// read chunk and the first bytes fit [`SNIFF_OWN`]; past that, both at
+/// their largest ([`sniff::MAX_SNIFF`] and a chunk more) are charged to the
+/// pool, or sniffing ends with what it read.
+pub(crate) async fn sniff_read<S: Side>(
+    app: &S,
+    timeout: Duration,
+    pool: &SniffBytes<'_>,
+) -> Sniff {
+    const CHUNK: usize = SNIFF_OWN / 2;
     let deadline = tokio::time::Instant::now() + timeout;
-    let mut first = Vec::new();
-    let mut chunk = vec![0u8; 4096];
-    loop {
+    let mut first = Vec::with_capacity(SNIFF_OWN - CHUNK);
+    let mut chunk = vec![0u8; CHUNK];
+    let mut charge = None;
+    let domain = loop {
         let n = match tokio::time::timeout_at(deadline, relay::read(app, &mut chunk)).await {
             Ok(Ok(n)) if n > 0 => n,
-            _ => return (None, first),
+            _ => break None,
         };
+        if charge.is_none() && first.len() + n > SNIFF_OWN - CHUNK {
+            charge = pool.charge(sniff::MAX_SNIFF + CHUNK);
+            if charge.is_none() {
+                first.extend_from_slice(&chunk[..n]);
+                break None;
+            }
+            first.reserve_exact(sniff::MAX_SNIFF + CHUNK - first.len());
+        }
         first.extend_from_slice(&chunk[..n]);
         let seen = &first[..first.len().min(sniff::MAX_SNIFF)];
         match sniff::sniff(seen) {
-            Sniffed::Domain { name, .. } => return (Some(name.to_owned()), first),
-            Sniffed::NoDomain => return (None, first),
-            Sniffed::NeedMore if first.len() >= sniff::MAX_SNIFF => return (None, first),
+            Sniffed::Domain { name, .. } => break Some(name.to_owned()),
+            Sniffed::NoDomain => break None,
+            Sniffed::NeedMore if first.len() >= sniff::MAX_SNIFF => break None,
             Sniffed::NeedMore => {}
         }
+    };
+    Sniff {
+        domain,
+        first,
+        charge,
     }
 }
 
@@ -228,7 +304,15 @@ pub(crate) async fn dns<A: App, H>(d: &Dispatcher, app: A, hold: H) {
 pub(crate) async fn sniff<A: App, H: Hold>(d: &Dispatcher, app: A, server: SocketAddr, hold: H) {
     let timeout = Duration::from_millis(d.sniff.timeout_ms);
     let connected = async {
-        let (domain, first) = app.sniff(timeout).await;
+        let pool = SniffBytes {
+            pool: &d.relay_pool,
+            stats: &d.stats,
+        };
+        let Sniff {
+            domain,
+            first,
+            charge,
+        } = app.sniff(timeout, &pool).await;
         count_sniff(&d.stats, domain.is_some());
         let route = d.route_sniffed(server, domain.as_deref());
         if route == Route::Reject {
@@ -255,6 +339,8 @@ pub(crate) async fn sniff<A: App, H: Hold>(d: &Dispatcher, app: A, server: Socke
             d.stats.tcp_bytes_up.fetch_add(n, Relaxed);
             d.stats.tcp_bytes_copied.fetch_add(n, Relaxed);
         }
+        // The first bytes are out: their charge goes back with them.
+        drop((first, charge));
         Some(out)
     };
     let out = tokio::select! {
@@ -287,6 +373,53 @@ mod tests {
     use crate::budget::SESSION_STATE;
     use crate::stack::smoltcp::SmolStream;
     use crate::stack::system::FlowHold;
+
+    /// A first request longer than a session's own sniffing bytes is read
+    /// whole only with room in the relay pool for the larger buffer, held
+    /// while sniffing and given back after; without room sniffing ends,
+    /// counted. A short one takes nothing from the pool.
+    #[tokio::test]
+    async fn a_long_first_request_is_sniffed_only_with_room_in_the_pool() {
+        use crate::budget::Pressure;
+
+        let pad = "a".repeat(SNIFF_OWN + 1024);
+        let long = format!("GET / HTTP/1.1\r\nX-Pad: {pad}\r\nHost: long.example\r\n\r\n");
+        let short = "GET / HTTP/1.1\r\nHost: short.example\r\n\r\n".to_owned();
+        for (request, room, want) in [
+            (&long, true, Some("long.example")),
+            (&long, false, None),
+            (&short, false, Some("short.example")),
+        ] {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+                .await
+                .expect("bind");
+            let client = TcpStream::connect(listener.local_addr().expect("addr"))
+                .await
+                .expect("connect");
+            let (app, _) = listener.accept().await.expect("accept");
+            client.write_all(request.as_bytes()).await.expect("request");
+            let limit = if room {
+                2 * sniff::MAX_SNIFF
+            } else {
+                sniff::MAX_SNIFF - 1
+            };
+            let pool = Arc::new(ByteBudget::new(limit, Arc::new(Pressure::default())));
+            let stats = Stats::default();
+            let bytes = SniffBytes {
+                pool: &pool,
+                stats: &stats,
+            };
+            let got = app.sniff(Duration::from_secs(2), &bytes).await;
+            assert_eq!(got.domain.as_deref(), want, "{} bytes", request.len());
+            let long = request.len() > SNIFF_OWN;
+            let held = if long && room { sniff::MAX_SNIFF } else { 0 };
+            assert_eq!(pool.used(), held, "{} bytes", request.len());
+            let refused = u64::from(long && !room);
+            assert_eq!(stats.dns.sniff_unbudgeted.load(Relaxed), refused);
+            drop(got);
+            assert_eq!(pool.used(), 0, "given back");
+        }
+    }
 
     /// The size of the future `f` returns (an async fn item's state machine).
     fn future_size<A, B, C, D, E, F: Future>(_: impl Fn(A, B, C, D, E) -> F) -> usize {

@@ -37,16 +37,7 @@ use crate::sniff::Sniffed;
 use crate::sniff::quic::QuicSniffer;
 use crate::stats::{EngineDrop, LocalCounters};
 
-/// The most payload bytes held for one flow while its Initials are read:
-/// a ClientHello spans at most 4 Initials, each in a datagram of at most
-/// 1500 bytes on the links apps use; more than 16 KiB is not QUIC's start.
-const HELD_BYTES: usize = 16 * 1024;
-
-/// Flows whose Initials are read at once. A client sends its Initials
-/// back to back, so a flow is read for about the time its first datagrams
-/// take to arrive; 16 covers a page load opening QUIC connections to many
-/// hosts at once.
-const READING_MAX: usize = 16;
+pub(crate) use crate::budget::{QUIC_SNIFF_HELD as HELD_BYTES, QUIC_SNIFF_READING as READING_MAX};
 
 /// A new flow whose route waits for its QUIC Initials, or a flow the rules
 /// refused by name.

@@ -113,8 +113,8 @@ impl Side for SmolStream {
 /// A smoltcp socket cannot be peeked, so sniffing keeps what it read for
 /// the outbound.
 impl App for SmolStream {
-    async fn sniff(&self, timeout: Duration) -> (Option<String>, Vec<u8>) {
-        session::sniff_read(self, timeout).await
+    async fn sniff(&self, timeout: Duration, pool: &session::SniffBytes<'_>) -> session::Sniff {
+        session::sniff_read(self, timeout, pool).await
     }
 
     fn reset(&self) {
