@@ -7,10 +7,12 @@
 # endpoint-independent mapping). The app sends one request; the server
 # answers with COUNT datagrams of 1,200 bytes (QUIC-shaped, as the phone
 # profiles' UDP part), BURST at a time every GAP_MS milliseconds, slow
-# enough that the engine under valgrind drops none. Counters are zeroed
-# after the request's reply and dumped once the last datagram arrived, so
-# start-up is not counted. As root, after `cargo build --release -p
-# kerntun-cli`:
+# enough that the engine under valgrind keeps up (what overflowed its
+# socket is printed: UdpRcvbufErrors). Counters are zeroed after the
+# request's reply, before the app's "go", and dumped once the app has
+# every datagram (or heard nothing for 3 s), so start-up is not counted;
+# the total is divided by the datagrams the app got. As root, after
+# `cargo build --release -p kerntun-cli`:
 #
 #     bash scripts/udp-down-callgrind.sh [COUNT] [BURST] [GAP_MS]
 #
