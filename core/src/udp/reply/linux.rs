@@ -31,6 +31,19 @@ use crate::udp::{ReplyState, UdpEnv};
 /// no room for is dropped and counted (`udp_reply_too_big`), never passed
 /// on cut short. The buffer (16 slots, about 24 KiB at MTU 1500) exists
 /// only while replies are arriving.
+///
+/// A mapping's socket takes a batch shorter than 16 as the end of its
+/// queue and clears its readiness with it, instead of asking once more only
+/// to hear `WouldBlock`: one `recvmmsg` less per wake-up, half the calls of
+/// a download paced at two datagrams a millisecond (docs/notes.md, "UDP
+/// download: instructions per datagram"). A batch ends early only on an
+/// empty queue or an error, and an unconnected socket is given no ICMP
+/// errors; a datagram arriving after the receive raises a new readiness
+/// event, which clearing the one this wake-up acted on does not erase.
+/// (Kernels from before 2015 also ended a non-blocking receive at a
+/// datagram whose checksum failed; there, what queued behind it waits for
+/// the next datagram.) A connected socket reads on until `WouldBlock`: an
+/// ICMP error pending on it ends a batch with datagrams still queued.
 pub(crate) async fn reply_loop(
     sock: Arc<UdpSocket>,
     shared: Arc<UdpEnv>,
@@ -56,6 +69,7 @@ pub(crate) async fn reply_loop(
         // thread's spill area (no await in between).
         let mut spilled: Vec<(usize, Box<[u8]>)> = Vec::new();
         let mut charged = 0;
+        let mut drained = None;
         let r = SPILL.with_borrow_mut(|spill| {
             let spill = spill
                 .get_or_insert_with(|| vec![0u8; RECV_BATCH * SPILL_STRIDE_MAX].into_boxed_slice());
@@ -68,9 +82,20 @@ pub(crate) async fn reply_loop(
                 spill_stride,
             };
             let names = server.is_none().then_some(&mut from[..]);
-            let n = sock.try_io(tokio::io::Interest::READABLE, || {
-                recv_batch(sock.as_fd(), &mut slots, &mut got, names)
-            })?;
+            let r = sock.try_io(tokio::io::Interest::READABLE, || {
+                let n = recv_batch(sock.as_fd(), &mut slots, &mut got, names)?;
+                if server.is_none() && n < RECV_BATCH {
+                    // The queue is empty (above): tokio clears the
+                    // readiness on WouldBlock; the batch is kept.
+                    drained = Some(n);
+                    return Err(io::ErrorKind::WouldBlock.into());
+                }
+                Ok(n)
+            });
+            let n = match (r, drained) {
+                (_, Some(n)) => n,
+                (r, None) => r?,
+            };
             for (i, &(len, trunc)) in got.iter().enumerate().take(n) {
                 if len > room && !trunc {
                     // Held across the writes' awaits: charged, or dropped
@@ -128,6 +153,12 @@ pub(crate) async fn reply_loop(
                 if packets > 0 {
                     stats.udp_packets_down.fetch_add(packets, Relaxed);
                     stats.udp_bytes_down.fetch_add(bytes, Relaxed);
+                }
+                // The socket ran dry (its readiness is cleared): as below.
+                if drained.is_some()
+                    && let Some(b) = buf.take()
+                {
+                    keep_batch_buffer(b);
                 }
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {

@@ -1,0 +1,169 @@
+#!/usr/bin/env bash
+# The engine's own instructions per downloaded UDP datagram, counted by
+# callgrind (load-independent, unlike CPU time on a shared machine): the
+# router topology of the phone profiles (as scripts/phone-perf.sh: an app
+# namespace routed through the engine's namespace into its TUN, MTU 1500,
+# the per-packet driver, direct outbound with its default
+# endpoint-independent mapping). The app sends one request; the server
+# answers with COUNT datagrams of 1,200 bytes (QUIC-shaped, as the phone
+# profiles' UDP part), BURST at a time every GAP_MS milliseconds, slow
+# enough that the engine under valgrind keeps up (what overflowed its
+# socket is printed: UdpRcvbufErrors). Counters are zeroed after the
+# request's reply, before the app's "go", and dumped once the app has
+# every datagram (or heard nothing for 3 s), so start-up is not counted;
+# the total is divided by the datagrams the app got. As root, after
+# `cargo build --release -p kerntun-cli`:
+#
+#     bash scripts/udp-down-callgrind.sh [COUNT] [BURST] [GAP_MS]
+#
+# Defaults: 20000 datagrams, 16 per burst, 8 ms apart. Prints the
+# datagrams the app got, the engine's instructions per datagram, and
+# callgrind_annotate's inclusive top functions. Needs iproute2, python3 and
+# valgrind. KERNTUN=path runs another engine binary; UDP_NAT=connected
+# sets `direct.udp_nat` (default: endpoint-independent); KEEP=dir keeps
+# the callgrind output there.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+count=${1:-20000}
+burst=${2:-16}
+gap=${3:-8}
+engine=${KERNTUN:-${CARGO_TARGET_DIR:-target}/release/kerntun}
+if [[ $EUID -ne 0 ]]; then
+    echo "udp-down-callgrind.sh: needs root (namespaces, a TUN device)" >&2
+    exit 2
+fi
+for c in ip python3 valgrind callgrind_control callgrind_annotate; do
+    command -v "$c" >/dev/null || {
+        echo "udp-down-callgrind.sh: $c not found" >&2
+        exit 2
+    }
+done
+[[ -x $engine ]] || {
+    echo "udp-down-callgrind.sh: no engine at $engine (cargo build --release -p kerntun-cli)" >&2
+    exit 2
+}
+
+id=$$
+app=ktca$id eng=ktce$id srv=ktcs$id
+work=$(mktemp -d)
+epid="" spid=""
+cleanup() {
+    set +e
+    [[ -n $epid ]] && kill -INT "$epid" 2>/dev/null && wait "$epid" 2>/dev/null
+    [[ -n $spid ]] && kill "$spid" 2>/dev/null && wait "$spid" 2>/dev/null
+    ip netns del "$app" 2>/dev/null
+    ip netns del "$eng" 2>/dev/null
+    ip netns del "$srv" 2>/dev/null
+    if [[ -n ${KEEP:-} ]]; then
+        mkdir -p "$KEEP" && cp "$work"/callgrind.out* "$KEEP"/ 2>/dev/null
+    fi
+    rm -rf "$work"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+for n in $app $eng $srv; do
+    ip netns add "$n"
+    ip -n "$n" link set lo up
+done
+ip -n "$eng" link add kte type veth peer name kta netns "$app"
+ip -n "$eng" link add ktc type veth peer name kts netns "$srv"
+ip -n "$app" addr add 10.233.8.2/24 dev kta
+ip -n "$app" link set kta up mtu 1500
+ip -n "$app" route add default via 10.233.8.1
+ip -n "$eng" addr add 10.233.8.1/24 dev kte
+ip -n "$eng" link set kte up mtu 1500
+ip -n "$eng" addr add 198.19.8.1/24 dev ktc
+ip -n "$eng" link set ktc up mtu 1500
+ip -n "$srv" addr add 198.19.8.2/24 dev kts
+ip -n "$srv" link set kts up mtu 1500
+ip -n "$srv" route add 10.233.8.0/24 via 198.19.8.1
+for k in net.ipv4.ip_forward=1 net.ipv4.conf.all.rp_filter=0 \
+    net.ipv4.conf.default.rp_filter=0 net.ipv4.conf.kte.rp_filter=0; do
+    ip netns exec "$eng" sysctl -qw "$k"
+done
+ip -n "$eng" rule add iif kte lookup 233 pref 1000
+
+cat >"$work/engine.toml" <<EOF
+stack = "system"
+driver = "per_packet"
+[tun]
+name = "ktct"
+mtu = 1500
+ipv4 = "198.18.0.1/16"
+[direct]
+interface = "ktc"
+udp_nat = "${UDP_NAT:-endpoint-independent}"
+EOF
+
+# The server: a request "COUNT BURST GAP_MS" is answered with COUNT
+# datagrams of 1,200 bytes to its source.
+cat >"$work/server.py" <<'EOF'
+import socket, sys, time
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.bind(("198.19.8.2", 5300))
+while True:
+    req, peer = s.recvfrom(100)
+    n, burst, gap = (int(x) for x in req.split())
+    payload = bytes(1200)
+    s.sendto(b"ready", peer)
+    if s.recvfrom(100)[0] != b"go":
+        continue
+    t = time.monotonic()
+    for i in range(n):
+        s.sendto(payload, peer)
+        if (i + 1) % burst == 0:
+            t += gap / 1000
+            d = t - time.monotonic()
+            if d > 0:
+                time.sleep(d)
+EOF
+# The app: one request, then count what comes back until 3 s of silence.
+cat >"$work/client.py" <<'EOF'
+import socket, subprocess, sys
+n, burst, gap, zero = sys.argv[1:5]
+c = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+c.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+c.settimeout(60)
+c.sendto(f"{n} {burst} {gap}".encode(), ("198.19.8.2", 5300))
+assert c.recv(2000) == b"ready"
+# The flow exists and has replied: count from here on.
+subprocess.run(zero, shell=True, check=True, stdout=subprocess.DEVNULL)
+c.sendto(b"go", ("198.19.8.2", 5300))
+got = 0
+c.settimeout(3)
+try:
+    while got < int(n):
+        if len(c.recv(2000)) == 1200:
+            got += 1
+except socket.timeout:
+    pass
+print(got)
+EOF
+
+ip netns exec "$srv" python3 "$work/server.py" &
+spid=$!
+ip netns exec "$eng" valgrind --tool=callgrind --callgrind-out-file="$work/callgrind.out" \
+    "$engine" run --config "$work/engine.toml" >/dev/null 2>"$work/engine.log" &
+epid=$!
+for _ in $(seq 600); do
+    grep -q "kerntun started on" "$work/engine.log" && break
+    sleep 0.1
+done
+grep -q "kerntun started on" "$work/engine.log" || {
+    cat "$work/engine.log" >&2
+    exit 1
+}
+ip -n "$eng" route add 198.19.8.2/32 dev ktct table 233
+sleep 1
+# valgrind's pid is the engine's.
+got=$(ip netns exec "$app" python3 "$work/client.py" "$count" "$burst" "$gap" \
+    "callgrind_control --zero $epid")
+callgrind_control --dump=download "$epid" >/dev/null
+dump=$(ls "$work"/callgrind.out.* | head -1)
+total=$(callgrind_annotate "$dump" | awk '/PROGRAM TOTALS/ {gsub(",", "", $1); print $1}')
+echo "datagrams sent: $count ($burst every $gap ms), received by the app: $got"
+echo "engine namespace, UDP receive buffer errors: $(ip netns exec "$eng" nstat -az UdpRcvbufErrors | awk '/UdpRcvbufErrors/ {print $2}')"
+echo "engine instructions: $total, per datagram: $((total / (got > 0 ? got : 1)))"
+callgrind_annotate --inclusive=yes "$dump" 2>/dev/null | sed -n '/^Ir/,$p' | head -45
