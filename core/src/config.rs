@@ -22,8 +22,8 @@ pub use crate::dns::{DnsConfig, DnsConfigError};
 use crate::nat::NatConfig;
 pub use crate::outbound::SetupError;
 pub use crate::outbound::config::{
-    BadOutbound, DirectConfig, OutboundConfig, ShadowsocksConfig, ShadowsocksMethod, Socks5Config,
-    UdpNat,
+    BadOutbound, DirectConfig, OutboundConfig, OutboundUdp, ShadowsocksConfig, ShadowsocksMethod,
+    Socks5Config, UdpNat,
 };
 pub use crate::relay::RelayConfig;
 use crate::rules::{Action, Rule, RuleError};
@@ -432,7 +432,7 @@ action = "ss-none"
         match &c.outbounds["ss-none"] {
             OutboundConfig::Shadowsocks(s) => {
                 assert_eq!(s.method, ShadowsocksMethod::None);
-                assert!(s.udp, "udp defaults to on");
+                assert_eq!(s.udp, OutboundUdp::Relay, "udp defaults to relayed");
             }
             o => panic!("wrong type {o:?}"),
         }

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use hickory_proto::op::{Message, ResponseCode};
 use hickory_proto::rr::RecordType;
 use kerntun::budget::{Budget, Platform};
-use kerntun::config::{Config, DriverMode, StackKind};
+use kerntun::config::{Config, DriverMode, OutboundUdp, StackKind};
 use kerntun::rules::{Action, Rule};
 use kerntun::{Engine, TunSource};
 use kerntun_testkit::child::{self, EngineProcess};
@@ -200,7 +200,7 @@ fn fake_ip_rig(topo: Topology, pool: &str, proxy: SocketAddr, upstream: String) 
             c.dns.fake_ip_pool = pool;
             c.dns.fake_ip_filter = vec!["real.test".into()];
         })
-        .outbound("proxy", rig::socks5(proxy, None, true))
+        .outbound("proxy", rig::socks5(proxy, None, OutboundUdp::Relay))
         // Domains (fake addresses) go to the proxy; the upstream's address
         // has none and stays direct.
         .rule(Rule {
@@ -751,7 +751,7 @@ mod doh {
                 c.dns.tls_ca_file = Some(ca2);
                 c.dns.timeout_ms = 3_000;
             })
-            .outbound("proxy", rig::socks5(proxy_addr, None, false))
+            .outbound("proxy", rig::socks5(proxy_addr, None, OutboundUdp::Refuse))
             // The upstream's address goes through the proxy.
             .rule(Rule {
                 cidr: Some(format!("{}/32", doh_addr.ip()).parse().expect("net")),

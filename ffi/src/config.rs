@@ -109,6 +109,20 @@ pub enum ShadowsocksMethod {
     Blake3Aes256Gcm,
 }
 
+/// What a proxy outbound does with the UDP flows the rules send it
+/// (`udp = true | false | "direct"` in the TOML).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, uniffi::Enum)]
+pub enum OutboundUdp {
+    /// Relayed through the proxy (SOCKS5 UDP ASSOCIATE, Shadowsocks UDP).
+    Relay,
+    /// Refused: the app's socket gets an ICMP port unreachable
+    /// (`ECONNREFUSED`), counted as the drop `udp_outbound_refused`.
+    /// Nothing leaves outside the proxy.
+    Refuse,
+    /// Sent direct, from the device's own address, outside the proxy.
+    Direct,
+}
+
 /// A proxy outbound that rules can send flows to.
 #[derive(Debug, Clone, PartialEq, Eq, uniffi::Enum)]
 pub enum Outbound {
@@ -118,8 +132,8 @@ pub enum Outbound {
         server: String,
         username: Option<String>,
         password: Option<String>,
-        /// Relay UDP flows with UDP ASSOCIATE (else they go direct).
-        udp: bool,
+        /// What happens to UDP flows routed here (`Relay`: UDP ASSOCIATE).
+        udp: OutboundUdp,
     },
     /// A Shadowsocks server.
     Shadowsocks {
@@ -128,8 +142,8 @@ pub enum Outbound {
         method: ShadowsocksMethod,
         /// The password (SIP004 methods) or base64 key (AEAD-2022); ignored by `Plain`.
         password: String,
-        /// Relay UDP flows through the server too (else they go direct).
-        udp: bool,
+        /// What happens to UDP flows routed here (`Relay`: through the server).
+        udp: OutboundUdp,
     },
 }
 
@@ -561,6 +575,16 @@ impl From<Platform> for CorePlatform {
     }
 }
 
+impl From<OutboundUdp> for core::OutboundUdp {
+    fn from(u: OutboundUdp) -> Self {
+        match u {
+            OutboundUdp::Relay => core::OutboundUdp::Relay,
+            OutboundUdp::Refuse => core::OutboundUdp::Refuse,
+            OutboundUdp::Direct => core::OutboundUdp::Direct,
+        }
+    }
+}
+
 impl From<ShadowsocksMethod> for core::ShadowsocksMethod {
     fn from(m: ShadowsocksMethod) -> Self {
         match m {
@@ -698,7 +722,7 @@ impl EngineConfig {
                     server: server(addr)?,
                     username: username.clone(),
                     password: password.clone(),
-                    udp: *udp,
+                    udp: (*udp).into(),
                 }),
                 Outbound::Shadowsocks {
                     server: addr,
@@ -709,7 +733,7 @@ impl EngineConfig {
                     server: server(addr)?,
                     method: (*method).into(),
                     password: password.clone(),
-                    udp: *udp,
+                    udp: (*udp).into(),
                 }),
             };
             outbounds.insert(name.clone(), out);
@@ -774,9 +798,10 @@ pub fn default_config() -> EngineConfig {
 }
 
 /// An outbound from a share link: `ss://` (SIP002, or the whole-base64
-/// form) or `socks5://[user:pass@]host:port`. UDP is on; change it with
-/// `copy(udp = false)` (Kotlin). The link's `#tag` is not kept: the app
-/// names the outbound when it puts it into `EngineConfig.outbounds`.
+/// form) or `socks5://[user:pass@]host:port`. UDP is relayed; change it
+/// with `copy(udp = OutboundUdp.REFUSE)` (Kotlin). The link's `#tag` is not
+/// kept: the app names the outbound when it puts it into
+/// `EngineConfig.outbounds`.
 #[uniffi::export]
 pub fn outbound_from_url(url: String) -> Result<Outbound, KerntunError> {
     crate::error::guard(|| {
@@ -788,7 +813,7 @@ pub fn outbound_from_url(url: String) -> Result<Outbound, KerntunError> {
                 server: l.server.to_string(),
                 method: l.method.into(),
                 password: l.password,
-                udp: true,
+                udp: OutboundUdp::Relay,
             },
             Link::Socks5(l) => {
                 let (username, password) = l.credentials.unzip();
@@ -796,7 +821,7 @@ pub fn outbound_from_url(url: String) -> Result<Outbound, KerntunError> {
                     server: l.server.to_string(),
                     username,
                     password,
-                    udp: true,
+                    udp: OutboundUdp::Relay,
                 }
             }
         })
@@ -911,7 +936,7 @@ mod tests {
                 server: "203.0.113.7:8388".into(),
                 method: ShadowsocksMethod::Blake3Aes256Gcm,
                 password: "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=".into(),
-                udp: true,
+                udp: OutboundUdp::Relay,
             }
         );
         let o = outbound_from_url("socks5://me:p%40ss@[2001:db8::5]:1080".into()).expect("socks");
@@ -921,7 +946,7 @@ mod tests {
                 server: "[2001:db8::5]:1080".into(),
                 username: Some("me".into()),
                 password: Some("p@ss".into()),
-                udp: true,
+                udp: OutboundUdp::Relay,
             }
         );
         let e =
@@ -945,7 +970,7 @@ mod tests {
                 server: "[fd00::5]:8388".into(),
                 method: ShadowsocksMethod::Chacha20IetfPoly1305,
                 password: "secret".into(),
-                udp: false,
+                udp: OutboundUdp::Refuse,
             },
         );
         c.outbounds.insert(
@@ -954,7 +979,7 @@ mod tests {
                 server: "198.19.1.2:1080".into(),
                 username: None,
                 password: None,
-                udp: true,
+                udp: OutboundUdp::Direct,
             },
         );
         c.rules.push(RuleOptions {
@@ -972,10 +997,11 @@ mod tests {
             core::OutboundConfig::Shadowsocks(s) => {
                 assert_eq!(s.server.to_string(), "[fd00::5]:8388");
                 assert_eq!(s.method, core::ShadowsocksMethod::Chacha20IetfPoly1305);
-                assert!(!s.udp);
+                assert_eq!(s.udp, core::OutboundUdp::Refuse);
             }
             other => panic!("wrong outbound {other:?}"),
         }
+        assert_eq!(k.outbounds["socks"].udp(), core::OutboundUdp::Direct);
         assert!(!k.relay.splice);
         assert_eq!(k.relay.pipe_size, core::RelayConfig::default().pipe_size);
         assert_eq!(k.validate(), Ok(()));
@@ -986,7 +1012,7 @@ mod tests {
                 server: "nowhere".into(),
                 username: None,
                 password: None,
-                udp: true,
+                udp: OutboundUdp::Relay,
             },
         );
         match c.to_core() {

@@ -3981,8 +3981,8 @@ public enum Outbound: Equatable, Hashable {
          * `ip:port`, `[v6]:port` or `name:port` (see `DirectOptions.bootstrap`).
          */server: String, username: String?, password: String?, 
         /**
-         * Relay UDP flows with UDP ASSOCIATE (else they go direct).
-         */udp: Bool
+         * What happens to UDP flows routed here (`Relay`: UDP ASSOCIATE).
+         */udp: OutboundUdp
     )
     /**
      * A Shadowsocks server.
@@ -3995,8 +3995,8 @@ public enum Outbound: Equatable, Hashable {
          * The password (SIP004 methods) or base64 key (AEAD-2022); ignored by `Plain`.
          */password: String, 
         /**
-         * Relay UDP flows through the server too (else they go direct).
-         */udp: Bool
+         * What happens to UDP flows routed here (`Relay`: through the server).
+         */udp: OutboundUdp
     )
 
 
@@ -4019,10 +4019,10 @@ public struct FfiConverterTypeOutbound: FfiConverterRustBuffer {
         let variant: Int32 = try readInt(&buf)
         switch variant {
         
-        case 1: return .socks5(server: try FfiConverterString.read(from: &buf), username: try FfiConverterOptionString.read(from: &buf), password: try FfiConverterOptionString.read(from: &buf), udp: try FfiConverterBool.read(from: &buf)
+        case 1: return .socks5(server: try FfiConverterString.read(from: &buf), username: try FfiConverterOptionString.read(from: &buf), password: try FfiConverterOptionString.read(from: &buf), udp: try FfiConverterTypeOutboundUdp.read(from: &buf)
         )
         
-        case 2: return .shadowsocks(server: try FfiConverterString.read(from: &buf), method: try FfiConverterTypeShadowsocksMethod.read(from: &buf), password: try FfiConverterString.read(from: &buf), udp: try FfiConverterBool.read(from: &buf)
+        case 2: return .shadowsocks(server: try FfiConverterString.read(from: &buf), method: try FfiConverterTypeShadowsocksMethod.read(from: &buf), password: try FfiConverterString.read(from: &buf), udp: try FfiConverterTypeOutboundUdp.read(from: &buf)
         )
         
         default: throw UniffiInternalError.unexpectedEnumCase
@@ -4038,7 +4038,7 @@ public struct FfiConverterTypeOutbound: FfiConverterRustBuffer {
             FfiConverterString.write(server, into: &buf)
             FfiConverterOptionString.write(username, into: &buf)
             FfiConverterOptionString.write(password, into: &buf)
-            FfiConverterBool.write(udp, into: &buf)
+            FfiConverterTypeOutboundUdp.write(udp, into: &buf)
             
         
         case let .shadowsocks(server,method,password,udp):
@@ -4046,7 +4046,7 @@ public struct FfiConverterTypeOutbound: FfiConverterRustBuffer {
             FfiConverterString.write(server, into: &buf)
             FfiConverterTypeShadowsocksMethod.write(method, into: &buf)
             FfiConverterString.write(password, into: &buf)
-            FfiConverterBool.write(udp, into: &buf)
+            FfiConverterTypeOutboundUdp.write(udp, into: &buf)
             
         }
     }
@@ -4065,6 +4065,94 @@ public func FfiConverterTypeOutbound_lift(_ buf: RustBuffer) throws -> Outbound 
 #endif
 public func FfiConverterTypeOutbound_lower(_ value: Outbound) -> RustBuffer {
     return FfiConverterTypeOutbound.lower(value)
+}
+
+
+
+/**
+ * What a proxy outbound does with the UDP flows the rules send it
+ * (`udp = true | false | "direct"` in the TOML).
+ */
+
+public enum OutboundUdp: Equatable, Hashable {
+    
+    /**
+     * Relayed through the proxy (SOCKS5 UDP ASSOCIATE, Shadowsocks UDP).
+     */
+    case relay
+    /**
+     * Refused: the app's socket gets an ICMP port unreachable
+     * (`ECONNREFUSED`), counted as the drop `udp_outbound_refused`.
+     * Nothing leaves outside the proxy.
+     */
+    case refuse
+    /**
+     * Sent direct, from the device's own address, outside the proxy.
+     */
+    case direct
+
+
+
+
+
+}
+
+#if compiler(>=6)
+extension OutboundUdp: Sendable {}
+#endif
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public struct FfiConverterTypeOutboundUdp: FfiConverterRustBuffer {
+    typealias SwiftType = OutboundUdp
+
+    public static func read(from buf: inout (data: Data, offset: Data.Index)) throws -> OutboundUdp {
+        let variant: Int32 = try readInt(&buf)
+        switch variant {
+        
+        case 1: return .relay
+        
+        case 2: return .refuse
+        
+        case 3: return .direct
+        
+        default: throw UniffiInternalError.unexpectedEnumCase
+        }
+    }
+
+    public static func write(_ value: OutboundUdp, into buf: inout [UInt8]) {
+        switch value {
+        
+        
+        case .relay:
+            writeInt(&buf, Int32(1))
+        
+        
+        case .refuse:
+            writeInt(&buf, Int32(2))
+        
+        
+        case .direct:
+            writeInt(&buf, Int32(3))
+        
+        }
+    }
+}
+
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public func FfiConverterTypeOutboundUdp_lift(_ buf: RustBuffer) throws -> OutboundUdp {
+    return try FfiConverterTypeOutboundUdp.lift(buf)
+}
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public func FfiConverterTypeOutboundUdp_lower(_ value: OutboundUdp) -> RustBuffer {
+    return FfiConverterTypeOutboundUdp.lower(value)
 }
 
 
@@ -4982,9 +5070,10 @@ public func defaultConfig() -> EngineConfig  {
 }
 /**
  * An outbound from a share link: `ss://` (SIP002, or the whole-base64
- * form) or `socks5://[user:pass@]host:port`. UDP is on; change it with
- * `copy(udp = false)` (Kotlin). The link's `#tag` is not kept: the app
- * names the outbound when it puts it into `EngineConfig.outbounds`.
+ * form) or `socks5://[user:pass@]host:port`. UDP is relayed; change it
+ * with `copy(udp = OutboundUdp.REFUSE)` (Kotlin). The link's `#tag` is not
+ * kept: the app names the outbound when it puts it into
+ * `EngineConfig.outbounds`.
  */
 public func outboundFromUrl(url: String)throws  -> Outbound  {
     return try  FfiConverterTypeOutbound_lift(try rustCallWithError(FfiConverterTypeKerntunError_lift) {
@@ -5047,7 +5136,7 @@ private let initializationResult: InitializationResult = {
     if (uniffi_kerntun_ffi_checksum_func_default_config() != 56504) {
         return InitializationResult.apiChecksumMismatch
     }
-    if (uniffi_kerntun_ffi_checksum_func_outbound_from_url() != 32589) {
+    if (uniffi_kerntun_ffi_checksum_func_outbound_from_url() != 56894) {
         return InitializationResult.apiChecksumMismatch
     }
     if (uniffi_kerntun_ffi_checksum_func_resolver_addresses() != 8589) {
