@@ -18,7 +18,7 @@ use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 
 pub use crate::budget::BudgetConfig;
-pub use crate::dns::{DnsConfig, DnsConfigError};
+pub use crate::dns::{DnsConfig, DnsConfigError, DnsStrategy};
 use crate::nat::NatConfig;
 pub use crate::outbound::SetupError;
 pub use crate::outbound::config::{
@@ -422,6 +422,35 @@ action = "ss2022"
 [[rules]]
 action = "ss-none"
 "#;
+
+    /// `dns.strategy` from TOML: the four names; anything else is an
+    /// error that shows the line and the names accepted.
+    #[test]
+    fn dns_strategy_from_toml() {
+        let dns = "[dns]\nenabled = true\nupstreams = [\"udp://192.0.2.53:53\"]\n";
+        assert_eq!(
+            Config::from_toml(dns).expect("default").dns.strategy,
+            DnsStrategy::Auto
+        );
+        for (text, want) in [
+            ("auto", DnsStrategy::Auto),
+            ("dual_stack", DnsStrategy::DualStack),
+            ("ipv4_only", DnsStrategy::Ipv4Only),
+        ] {
+            let c = Config::from_toml(&format!("{dns}strategy = \"{text}\"\n")).expect(text);
+            assert_eq!(c.dns.strategy, want);
+        }
+        let e = Config::from_toml(&format!("{dns}strategy = \"ipv6_only\"\n"))
+            .expect_err("the default TUN has no IPv6");
+        assert!(
+            e.starts_with("dns.strategy: ipv6_only needs tun.ipv6"),
+            "{e}"
+        );
+        let e = Config::from_toml(&format!("{dns}strategy = \"prefer_ipv4\"\n"))
+            .expect_err("not a strategy");
+        assert!(e.contains("strategy = \"prefer_ipv4\""), "{e}");
+        assert!(e.contains("`ipv4_only`"), "{e}");
+    }
 
     #[test]
     fn outbounds_rules_and_relay_from_toml() {

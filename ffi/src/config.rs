@@ -368,6 +368,24 @@ pub struct DnsOptions {
     /// upstreams, on top of the Mozilla roots: a private resolver's CA.
     #[uniffi(default = None)]
     pub tls_ca_file: Option<String>,
+    /// Which families A/AAAA queries are answered with; a query for a
+    /// family left out gets NOERROR without records (counted in
+    /// `DnsStats.strategy_empty`). `null`/`nil` = automatic: both, except
+    /// AAAA when the tunnel has no IPv6 address (`tun.ipv6` unset).
+    #[uniffi(default = None)]
+    pub strategy: Option<DnsStrategy>,
+}
+
+/// Which families the DNS service answers A/AAAA queries with
+/// (`dns.strategy`; `null`/`nil` in [`DnsOptions`] is automatic).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, uniffi::Enum)]
+pub enum DnsStrategy {
+    /// Both families, whatever the tunnel has.
+    DualStack,
+    /// A only: AAAA answered empty.
+    Ipv4Only,
+    /// AAAA only: A answered empty (needs `tun.ipv6`).
+    Ipv6Only,
 }
 
 /// Everything [`crate::Engine::start`] needs besides the device.
@@ -497,6 +515,12 @@ impl Default for DnsOptions {
             fake_ip_pool: fake_ip_pool.to_string(),
             fake_ip_pool6: fake_ip_pool6.map(|p| p.to_string()),
             tls_ca_file: tls_ca_file.map(|p| p.display().to_string()),
+            strategy: match strategy {
+                core::DnsStrategy::Auto => None,
+                core::DnsStrategy::DualStack => Some(DnsStrategy::DualStack),
+                core::DnsStrategy::Ipv4Only => Some(DnsStrategy::Ipv4Only),
+                core::DnsStrategy::Ipv6Only => Some(DnsStrategy::Ipv6Only),
+            },
         })
     }
 }
@@ -529,6 +553,12 @@ impl DnsOptions {
             fake_ip_entries: count("dns.fake_ip_entries", self.fake_ip_entries)?,
             fake_ip_filter: self.fake_ip_filter.clone(),
             tls_ca_file: self.tls_ca_file.as_ref().map(PathBuf::from),
+            strategy: match self.strategy {
+                None => core::DnsStrategy::Auto,
+                Some(DnsStrategy::DualStack) => core::DnsStrategy::DualStack,
+                Some(DnsStrategy::Ipv4Only) => core::DnsStrategy::Ipv4Only,
+                Some(DnsStrategy::Ipv6Only) => core::DnsStrategy::Ipv6Only,
+            },
         })
     }
 }
@@ -1104,6 +1134,7 @@ mod tests {
             fake_ip_entries: 100,
             fake_ip_filter: vec!["real.test".into()],
             tls_ca_file: Some("/data/ca.pem".into()),
+            strategy: Some(DnsStrategy::Ipv4Only),
             ..Default::default()
         };
         c.sniff = SniffOptions {
@@ -1140,6 +1171,14 @@ mod tests {
         assert_eq!(k.sniff.ports.len(), 2);
         assert!(k.sniff.covers(8050) && !k.sniff.covers(80));
         assert_eq!(k.sniff.timeout_ms, 50);
+        assert_eq!(k.dns.strategy, core::DnsStrategy::Ipv4Only);
+        // No strategy given: automatic, the core's default.
+        assert_eq!(DnsOptions::default().strategy, None);
+        c.dns.strategy = None;
+        assert_eq!(
+            c.to_core().expect("translate").dns.strategy,
+            core::DnsStrategy::Auto
+        );
         // Sniffing on by default with the core's ports; an empty list is no ports.
         assert_eq!(
             EngineConfig::default().to_core().expect("defaults").sniff,

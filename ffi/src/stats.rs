@@ -81,6 +81,10 @@ pub struct DnsStats {
     pub sniffed: u64,
     /// Sniffing gave up (timeout, or no domain in the first bytes).
     pub sniff_misses: u64,
+    /// A/AAAA queries answered NOERROR without records because
+    /// `DnsOptions.strategy` leaves their family out (AAAA when the tunnel
+    /// has no IPv6 address, by default).
+    pub strategy_empty: u64,
 }
 
 moved!(DnsSnapshot => DnsStats {
@@ -97,6 +101,7 @@ moved!(DnsSnapshot => DnsStats {
     fakeip_fallbacks,
     sniffed,
     sniff_misses,
+    strategy_empty,
 });
 
 /// A point-in-time copy of everything the engine counts. "Up" is from the

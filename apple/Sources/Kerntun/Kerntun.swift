@@ -1721,6 +1721,13 @@ public struct DnsOptions: Equatable, Hashable {
      * upstreams, on top of the Mozilla roots: a private resolver's CA.
      */
     public var tlsCaFile: String?
+    /**
+     * Which families A/AAAA queries are answered with; a query for a
+     * family left out gets NOERROR without records (counted in
+     * `DnsStats.strategy_empty`). `null`/`nil` = automatic: both, except
+     * AAAA when the tunnel has no IPv6 address (`tun.ipv6` unset).
+     */
+    public var strategy: DnsStrategy?
 
     // Default memberwise initializers are never public by default, so we
     // declare one manually.
@@ -1779,7 +1786,13 @@ public struct DnsOptions: Equatable, Hashable {
         /**
          * Path of extra trust anchors (PEM) for `tls://` and `https://`
          * upstreams, on top of the Mozilla roots: a private resolver's CA.
-         */tlsCaFile: String? = nil) {
+         */tlsCaFile: String? = nil, 
+        /**
+         * Which families A/AAAA queries are answered with; a query for a
+         * family left out gets NOERROR without records (counted in
+         * `DnsStats.strategy_empty`). `null`/`nil` = automatic: both, except
+         * AAAA when the tunnel has no IPv6 address (`tun.ipv6` unset).
+         */strategy: DnsStrategy? = nil) {
         self.enabled = enabled
         self.hijack = hijack
         self.hijackAll = hijackAll
@@ -1793,6 +1806,7 @@ public struct DnsOptions: Equatable, Hashable {
         self.fakeIpEntries = fakeIpEntries
         self.fakeIpFilter = fakeIpFilter
         self.tlsCaFile = tlsCaFile
+        self.strategy = strategy
     }
 
     
@@ -1823,7 +1837,8 @@ public struct FfiConverterTypeDnsOptions: FfiConverterRustBuffer {
                 fakeIpPool6: FfiConverterOptionString.read(from: &buf), 
                 fakeIpEntries: FfiConverterUInt64.read(from: &buf), 
                 fakeIpFilter: FfiConverterSequenceString.read(from: &buf), 
-                tlsCaFile: FfiConverterOptionString.read(from: &buf)
+                tlsCaFile: FfiConverterOptionString.read(from: &buf), 
+                strategy: FfiConverterOptionTypeDnsStrategy.read(from: &buf)
         )
     }
 
@@ -1841,6 +1856,7 @@ public struct FfiConverterTypeDnsOptions: FfiConverterRustBuffer {
         FfiConverterUInt64.write(value.fakeIpEntries, into: &buf)
         FfiConverterSequenceString.write(value.fakeIpFilter, into: &buf)
         FfiConverterOptionString.write(value.tlsCaFile, into: &buf)
+        FfiConverterOptionTypeDnsStrategy.write(value.strategy, into: &buf)
     }
 }
 
@@ -1916,6 +1932,12 @@ public struct DnsStats: Equatable, Hashable {
      * Sniffing gave up (timeout, or no domain in the first bytes).
      */
     public var sniffMisses: UInt64
+    /**
+     * A/AAAA queries answered NOERROR without records because
+     * `DnsOptions.strategy` leaves their family out (AAAA when the tunnel
+     * has no IPv6 address, by default).
+     */
+    public var strategyEmpty: UInt64
 
     // Default memberwise initializers are never public by default, so we
     // declare one manually.
@@ -1958,7 +1980,12 @@ public struct DnsStats: Equatable, Hashable {
          */sniffed: UInt64, 
         /**
          * Sniffing gave up (timeout, or no domain in the first bytes).
-         */sniffMisses: UInt64) {
+         */sniffMisses: UInt64, 
+        /**
+         * A/AAAA queries answered NOERROR without records because
+         * `DnsOptions.strategy` leaves their family out (AAAA when the tunnel
+         * has no IPv6 address, by default).
+         */strategyEmpty: UInt64) {
         self.queries = queries
         self.tcpQueries = tcpQueries
         self.cacheHits = cacheHits
@@ -1972,6 +1999,7 @@ public struct DnsStats: Equatable, Hashable {
         self.fakeipFallbacks = fakeipFallbacks
         self.sniffed = sniffed
         self.sniffMisses = sniffMisses
+        self.strategyEmpty = strategyEmpty
     }
 
     
@@ -2002,7 +2030,8 @@ public struct FfiConverterTypeDnsStats: FfiConverterRustBuffer {
                 fakeipEvictions: FfiConverterUInt64.read(from: &buf), 
                 fakeipFallbacks: FfiConverterUInt64.read(from: &buf), 
                 sniffed: FfiConverterUInt64.read(from: &buf), 
-                sniffMisses: FfiConverterUInt64.read(from: &buf)
+                sniffMisses: FfiConverterUInt64.read(from: &buf), 
+                strategyEmpty: FfiConverterUInt64.read(from: &buf)
         )
     }
 
@@ -2020,6 +2049,7 @@ public struct FfiConverterTypeDnsStats: FfiConverterRustBuffer {
         FfiConverterUInt64.write(value.fakeipFallbacks, into: &buf)
         FfiConverterUInt64.write(value.sniffed, into: &buf)
         FfiConverterUInt64.write(value.sniffMisses, into: &buf)
+        FfiConverterUInt64.write(value.strategyEmpty, into: &buf)
     }
 }
 
@@ -3355,6 +3385,92 @@ public func FfiConverterTypeTunOptions_lift(_ buf: RustBuffer) throws -> TunOpti
 public func FfiConverterTypeTunOptions_lower(_ value: TunOptions) -> RustBuffer {
     return FfiConverterTypeTunOptions.lower(value)
 }
+
+
+/**
+ * Which families the DNS service answers A/AAAA queries with
+ * (`dns.strategy`; `null`/`nil` in [`DnsOptions`] is automatic).
+ */
+
+public enum DnsStrategy: Equatable, Hashable {
+    
+    /**
+     * Both families, whatever the tunnel has.
+     */
+    case dualStack
+    /**
+     * A only: AAAA answered empty.
+     */
+    case ipv4Only
+    /**
+     * AAAA only: A answered empty (needs `tun.ipv6`).
+     */
+    case ipv6Only
+
+
+
+
+
+}
+
+#if compiler(>=6)
+extension DnsStrategy: Sendable {}
+#endif
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public struct FfiConverterTypeDnsStrategy: FfiConverterRustBuffer {
+    typealias SwiftType = DnsStrategy
+
+    public static func read(from buf: inout (data: Data, offset: Data.Index)) throws -> DnsStrategy {
+        let variant: Int32 = try readInt(&buf)
+        switch variant {
+        
+        case 1: return .dualStack
+        
+        case 2: return .ipv4Only
+        
+        case 3: return .ipv6Only
+        
+        default: throw UniffiInternalError.unexpectedEnumCase
+        }
+    }
+
+    public static func write(_ value: DnsStrategy, into buf: inout [UInt8]) {
+        switch value {
+        
+        
+        case .dualStack:
+            writeInt(&buf, Int32(1))
+        
+        
+        case .ipv4Only:
+            writeInt(&buf, Int32(2))
+        
+        
+        case .ipv6Only:
+            writeInt(&buf, Int32(3))
+        
+        }
+    }
+}
+
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public func FfiConverterTypeDnsStrategy_lift(_ buf: RustBuffer) throws -> DnsStrategy {
+    return try FfiConverterTypeDnsStrategy.lift(buf)
+}
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public func FfiConverterTypeDnsStrategy_lower(_ value: DnsStrategy) -> RustBuffer {
+    return FfiConverterTypeDnsStrategy.lower(value)
+}
+
 
 
 /**
@@ -4711,6 +4827,30 @@ fileprivate struct FfiConverterOptionTypeEngineListener: FfiConverterRustBuffer 
         switch try readInt(&buf) as Int8 {
         case 0: return nil
         case 1: return try FfiConverterTypeEngineListener.read(from: &buf)
+        default: throw UniffiInternalError.unexpectedOptionalTag
+        }
+    }
+}
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+fileprivate struct FfiConverterOptionTypeDnsStrategy: FfiConverterRustBuffer {
+    typealias SwiftType = DnsStrategy?
+
+    public static func write(_ value: SwiftType, into buf: inout [UInt8]) {
+        guard let value = value else {
+            writeInt(&buf, Int8(0))
+            return
+        }
+        writeInt(&buf, Int8(1))
+        FfiConverterTypeDnsStrategy.write(value, into: &buf)
+    }
+
+    public static func read(from buf: inout (data: Data, offset: Data.Index)) throws -> SwiftType {
+        switch try readInt(&buf) as Int8 {
+        case 0: return nil
+        case 1: return try FfiConverterTypeDnsStrategy.read(from: &buf)
         default: throw UniffiInternalError.unexpectedOptionalTag
         }
     }
