@@ -18,12 +18,12 @@ use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 
 pub use crate::budget::BudgetConfig;
-pub use crate::dns::{DnsConfig, DnsConfigError};
+pub use crate::dns::{DnsConfig, DnsConfigError, DnsStrategy};
 use crate::nat::NatConfig;
 pub use crate::outbound::SetupError;
 pub use crate::outbound::config::{
-    BadOutbound, DirectConfig, OutboundConfig, ShadowsocksConfig, ShadowsocksMethod, Socks5Config,
-    UdpNat,
+    BadOutbound, DirectConfig, OutboundConfig, OutboundUdp, ShadowsocksConfig, ShadowsocksMethod,
+    Socks5Config, UdpNat,
 };
 pub use crate::relay::RelayConfig;
 use crate::rules::{Action, Rule, RuleError};
@@ -423,6 +423,35 @@ action = "ss2022"
 action = "ss-none"
 "#;
 
+    /// `dns.strategy` from TOML: the four names; anything else is an
+    /// error that shows the line and the names accepted.
+    #[test]
+    fn dns_strategy_from_toml() {
+        let dns = "[dns]\nenabled = true\nupstreams = [\"udp://192.0.2.53:53\"]\n";
+        assert_eq!(
+            Config::from_toml(dns).expect("default").dns.strategy,
+            DnsStrategy::Auto
+        );
+        for (text, want) in [
+            ("auto", DnsStrategy::Auto),
+            ("dual_stack", DnsStrategy::DualStack),
+            ("ipv4_only", DnsStrategy::Ipv4Only),
+        ] {
+            let c = Config::from_toml(&format!("{dns}strategy = \"{text}\"\n")).expect(text);
+            assert_eq!(c.dns.strategy, want);
+        }
+        let e = Config::from_toml(&format!("{dns}strategy = \"ipv6_only\"\n"))
+            .expect_err("the default TUN has no IPv6");
+        assert!(
+            e.starts_with("dns.strategy: ipv6_only needs tun.ipv6"),
+            "{e}"
+        );
+        let e = Config::from_toml(&format!("{dns}strategy = \"prefer_ipv4\"\n"))
+            .expect_err("not a strategy");
+        assert!(e.contains("strategy = \"prefer_ipv4\""), "{e}");
+        assert!(e.contains("`ipv4_only`"), "{e}");
+    }
+
     #[test]
     fn outbounds_rules_and_relay_from_toml() {
         let c = Config::from_toml(OUTBOUNDS).expect("parse");
@@ -432,7 +461,7 @@ action = "ss-none"
         match &c.outbounds["ss-none"] {
             OutboundConfig::Shadowsocks(s) => {
                 assert_eq!(s.method, ShadowsocksMethod::None);
-                assert!(s.udp, "udp defaults to on");
+                assert_eq!(s.udp, OutboundUdp::Relay, "udp defaults to relayed");
             }
             o => panic!("wrong type {o:?}"),
         }

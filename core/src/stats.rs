@@ -88,6 +88,10 @@ pub struct DnsCounters {
     pub fakeip_evictions: AtomicU64,
     /// A/AAAA answered with the real address: no fake one was free.
     pub fakeip_fallbacks: AtomicU64,
+    /// A/AAAA queries answered NOERROR without records because
+    /// `dns.strategy` leaves their family out (AAAA on a TUN without IPv6
+    /// by default).
+    pub strategy_empty: AtomicU64,
     /// Connections whose domain was read from a TLS ClientHello or HTTP Host.
     pub sniffed: AtomicU64,
     /// Sniffing gave up (timeout, or the first bytes named no domain).
@@ -112,6 +116,7 @@ impl DnsCounters {
             fakeip_active: g(&self.fakeip_active),
             fakeip_evictions: g(&self.fakeip_evictions),
             fakeip_fallbacks: g(&self.fakeip_fallbacks),
+            strategy_empty: g(&self.strategy_empty),
             sniffed: g(&self.sniffed),
             sniff_misses: g(&self.sniff_misses),
             sniff_unbudgeted: g(&self.sniff_unbudgeted),
@@ -133,6 +138,7 @@ pub struct DnsSnapshot {
     pub fakeip_active: u64,
     pub fakeip_evictions: u64,
     pub fakeip_fallbacks: u64,
+    pub strategy_empty: u64,
     pub sniffed: u64,
     pub sniff_misses: u64,
     pub sniff_unbudgeted: u64,

@@ -14,7 +14,7 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
 use hickory_proto::rr::RecordType;
-use kerntun::config::{Config, DriverMode, StackKind};
+use kerntun::config::{Config, DriverMode, OutboundUdp, StackKind};
 use kerntun::rules::{Action, Rule};
 use kerntun_testkit::Topology;
 use kerntun_testkit::dns::{self, DnsServer, Socks5Recorder, Zone};
@@ -247,7 +247,7 @@ fn fake_ip_tcp_goes_to_socks5_as_a_domain(stack: StackKind, driver: DriverMode) 
     let proxy = topo.server_addr(false, 1080);
     let (rig, _up) = dns_on(stack, driver, &topo, Zone::new(60));
     let rig = rig
-        .outbound("proxy", rig::socks5(proxy, None, false))
+        .outbound("proxy", rig::socks5(proxy, None, OutboundUdp::Refuse))
         .rule(Rule {
             domain_suffix: vec!["site.test".into()],
             action: Action::from("proxy"),

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use hickory_proto::op::{Message, ResponseCode};
 use hickory_proto::rr::RecordType;
 use kerntun::budget::{Budget, Platform};
-use kerntun::config::{Config, DriverMode, StackKind};
+use kerntun::config::{Config, DriverMode, OutboundUdp, StackKind};
 use kerntun::rules::{Action, Rule};
 use kerntun::{Engine, TunSource};
 use kerntun_testkit::child::{self, EngineProcess};
@@ -106,6 +106,58 @@ fn dot_to_the_hijacked_address_is_reset_and_port_53_answers() {
     assert_eq!(rig.stats().drop_count("dns_tls_reset"), 1);
     let r = ask(&dns::query("dot.test", RecordType::A, 5));
     assert_eq!(dns::first_addr(&r), Some(web));
+}
+
+/// `dns.strategy`: with `ipv4_only` an AAAA query through the hijacked
+/// address gets NOERROR with zero answers, over UDP and TCP, without
+/// reaching the upstream (which has an AAAA record for the name), while A
+/// is answered as before; with the default (`auto`) on a TUN without IPv6
+/// the same holds, and `dual_stack` there passes the AAAA answer on.
+#[test]
+fn aaaa_is_answered_empty_when_the_strategy_leaves_ipv6_out() {
+    require_root!();
+    use kerntun::config::DnsStrategy;
+    let v4: IpAddr = "198.19.7.9".parse().expect("ip");
+    let v6: IpAddr = "fd00:19::9".parse().expect("ip");
+    let zone = || Zone::new(60).with("both.test", v4).with("both.test", v6);
+    let empty = |r: &Message, id: u16| {
+        assert_eq!(r.metadata.id, id);
+        assert_eq!(r.metadata.response_code, ResponseCode::NoError, "{r:?}");
+        assert_eq!(r.answers.len(), 0, "{r:?}");
+    };
+    // (tun with IPv6, strategy, AAAA answered empty)
+    for (tun6, strategy, left_out) in [
+        (true, DnsStrategy::Ipv4Only, true),
+        (false, DnsStrategy::Auto, true),
+        (false, DnsStrategy::DualStack, false),
+    ] {
+        let case = format!("tun6 {tun6}, {strategy:?}");
+        let topo = Topology::new().expect("topology");
+        let srv = upstream(&topo, zone());
+        let b =
+            rig(vec![format!("udp://{}", srv.addr)]).config(move |_, c| c.dns.strategy = strategy);
+        let rig = if tun6 { b } else { b.ipv4_only() }.start_in(topo);
+        let r = ask(&dns::query("both.test", RecordType::AAAA, 21));
+        let tcp = dns::ask_tcp(
+            RESOLVER,
+            &[dns::query("both.test", RecordType::AAAA, 22)],
+            WAIT,
+        )
+        .expect("ask over TCP");
+        if left_out {
+            empty(&r, 21);
+            empty(&tcp[0], 22);
+            assert_eq!(srv.queries(), 0, "{case}: the upstream is not asked");
+            assert_eq!(rig.stats().dns.strategy_empty, 2, "{case}");
+        } else {
+            assert_eq!(dns::first_addr(&r), Some(v6), "{case}: {r:?}");
+            assert_eq!(dns::first_addr(&tcp[0]), Some(v6), "{case}");
+            assert_eq!(rig.stats().dns.strategy_empty, 0, "{case}");
+        }
+        let r = ask(&dns::query("both.test", RecordType::A, 23));
+        assert_eq!(dns::first_addr(&r), Some(v4), "{case}: {r:?}");
+        assert!(srv.queries() >= 1, "{case}");
+    }
 }
 
 #[test]
@@ -200,7 +252,7 @@ fn fake_ip_rig(topo: Topology, pool: &str, proxy: SocketAddr, upstream: String) 
             c.dns.fake_ip_pool = pool;
             c.dns.fake_ip_filter = vec!["real.test".into()];
         })
-        .outbound("proxy", rig::socks5(proxy, None, true))
+        .outbound("proxy", rig::socks5(proxy, None, OutboundUdp::Relay))
         // Domains (fake addresses) go to the proxy; the upstream's address
         // has none and stays direct.
         .rule(Rule {
@@ -751,7 +803,7 @@ mod doh {
                 c.dns.tls_ca_file = Some(ca2);
                 c.dns.timeout_ms = 3_000;
             })
-            .outbound("proxy", rig::socks5(proxy_addr, None, false))
+            .outbound("proxy", rig::socks5(proxy_addr, None, OutboundUdp::Refuse))
             // The upstream's address goes through the proxy.
             .rule(Rule {
                 cidr: Some(format!("{}/32", doh_addr.ip()).parse().expect("net")),

@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
-use kerntun::config::{DirectConfig, OutboundConfig, RelayConfig, Socks5Config};
+use kerntun::config::{DirectConfig, OutboundConfig, OutboundUdp, RelayConfig, Socks5Config};
 use kerntun::dns::Upstream;
 use kerntun::outbound::resolve::Resolvers;
 use kerntun::outbound::{Address, OutboundError, Outbounds, Route, SocketFactory};
@@ -65,7 +65,7 @@ impl Rig {
                 server: kerntun::outbound::link::parse_server(server).expect("server"),
                 username: None,
                 password: None,
-                udp: true,
+                udp: OutboundUdp::Relay,
             }),
         );
         let direct = DirectConfig {

@@ -20,7 +20,8 @@ use std::time::{Duration, Instant};
 
 use kerntun::StatsSnapshot;
 use kerntun::config::{
-    DriverMode, OutboundConfig, ShadowsocksConfig, ShadowsocksMethod, StackKind, UdpNat,
+    DriverMode, OutboundConfig, OutboundUdp, ShadowsocksConfig, ShadowsocksMethod, StackKind,
+    UdpNat,
 };
 use kerntun::rules::{Action, Rule};
 use kerntun_testkit::rig::{Rig, RigBuilder, socks5};
@@ -56,7 +57,7 @@ fn ss_outbound(server: SocketAddr, method: ShadowsocksMethod, password: &str) ->
         server: server.into(),
         method,
         password: password.into(),
-        udp: true,
+        udp: OutboundUdp::Relay,
     })
 }
 
@@ -317,7 +318,7 @@ fn socks5_case(creds: Option<(&str, &str)>, v6: bool) {
     let topo = Topology::new().expect("topology");
     let proxy = topo.server_addr(v6, 1080);
     let srv = socks5_server(&topo.server, proxy, creds);
-    let rig = rig(Some(socks5(proxy, creds, true))).start_in(topo);
+    let rig = rig(Some(socks5(proxy, creds, OutboundUdp::Relay))).start_in(topo);
     let echo = rig.tcp_server(v6, Mode::Echo);
     let udp = rig.udp_echo(v6);
     client::echo_transfer(echo.addr, 21, 4 * MIB, false).expect("TCP through SOCKS5");
@@ -352,7 +353,12 @@ fn socks5_wrong_password_is_a_counted_refusal() {
     let topo = Topology::new().expect("topology");
     let proxy = topo.server_addr(false, 1080);
     let _srv = socks5_server(&topo.server, proxy, Some(("kerntun", "s3cret")));
-    let rig = rig(Some(socks5(proxy, Some(("kerntun", "nope")), true))).start_in(topo);
+    let rig = rig(Some(socks5(
+        proxy,
+        Some(("kerntun", "nope")),
+        OutboundUdp::Relay,
+    )))
+    .start_in(topo);
     let to = rig.topo.server_addr(false, 9);
     let start = Instant::now();
     let e = TcpStream::connect_timeout(&to, Duration::from_secs(3)).expect_err("refused");
@@ -383,7 +389,7 @@ fn socks5_garbage_reply_is_a_counted_refusal() {
             let _ = s.write_all(&[5, 0, 0, 9, 1, 2, 3, 4, 5, 6]).await; // ATYP 9
         }
     });
-    let rig = rig(Some(socks5(proxy, None, true))).start_in(topo);
+    let rig = rig(Some(socks5(proxy, None, OutboundUdp::Relay))).start_in(topo);
     let e = TcpStream::connect_timeout(&rig.topo.server_addr(false, 9), Duration::from_secs(3))
         .expect_err("refused");
     assert_eq!(e.kind(), io::ErrorKind::ConnectionRefused, "{e}");
@@ -483,7 +489,7 @@ fn relay_splice_false_copies() {
     assert_eq!(s.tcp_bytes_copied, total, "{s:?}");
 }
 
-/// A proxy outbound configured without UDP sends UDP flows direct; a
+/// A proxy outbound with `udp = "direct"` sends UDP flows direct; a
 /// `reject` rule drops them (counted) and answers with an ICMP port
 /// unreachable, which the app's connected socket reports as
 /// `ECONNREFUSED`.
@@ -496,7 +502,7 @@ fn udp_rules_per_flow() {
     let udp_a = servers::udp_echo(&topo.server, topo.server_addr(false, 0)).expect("udp a");
     let udp_b = servers::udp_echo(&topo.server, topo.server_addr(false, 0)).expect("udp b");
     let b_port = udp_b.addr.port();
-    let rig = rig(Some(socks5(proxy, None, false)))
+    let rig = rig(Some(socks5(proxy, None, OutboundUdp::Direct)))
         .config(move |_, c| {
             c.rules.insert(
                 0,
@@ -520,10 +526,123 @@ fn udp_rules_per_flow() {
     assert_eq!(
         srv.relayed.load(Relaxed),
         0,
-        "no association for udp = false"
+        "no association for udp = \"direct\""
     );
     assert!(s.drop_count("udp_rejected") >= 1, "{s:?}");
+    assert_eq!(s.drop_count("udp_outbound_refused"), 0, "{s:?}");
     assert_eq!(udp_b.accepted.load(Relaxed), 0);
+}
+
+/// How long an app's connected UDP socket waits for the refusal of what
+/// it sends: an ICMP port unreachable written back at once
+/// (`core/src/udp/reject.rs`) takes microseconds through the TUN; a
+/// second leaves room for a loaded CI machine and is still far below the
+/// seconds a QUIC client or resolver would wait out.
+const REFUSAL_BOUND: Duration = Duration::from_secs(1);
+
+/// One datagram from a fresh connected socket to `to`, and the error its
+/// next receive reports, with the time from the send to that error (a
+/// receive that times out after [`REFUSAL_BOUND`] reports `WouldBlock` or
+/// `TimedOut`).
+fn send_and_wait(to: SocketAddr) -> (io::Error, Duration) {
+    let bind: SocketAddr = match to {
+        SocketAddr::V4(_) => "0.0.0.0:0".parse().expect("static"),
+        SocketAddr::V6(_) => "[::]:0".parse().expect("static"),
+    };
+    let s = UdpSocket::bind(bind).expect("bind");
+    s.connect(to).expect("connect");
+    s.set_read_timeout(Some(REFUSAL_BOUND)).expect("timeout");
+    let start = Instant::now();
+    s.send(b"must not leave past the proxy").expect("send");
+    let mut buf = [0u8; 64];
+    let e = match s.recv(&mut buf) {
+        Ok(n) => panic!("a reply of {n} bytes: the datagram got through"),
+        Err(e) => e,
+    };
+    (e, start.elapsed())
+}
+
+/// A SOCKS5 outbound with `udp = false` refuses the UDP flows the rules
+/// send it: no datagram reaches the server (counted there), no UDP
+/// ASSOCIATE is asked for, the app's connected socket fails with
+/// `ECONNREFUSED` within [`REFUSAL_BOUND`] (an ICMP port unreachable, as
+/// for a `reject` rule), and each datagram is counted as
+/// `udp_outbound_refused`. TCP still goes through the proxy.
+fn udp_false_refuses_udp(v6: bool) {
+    let topo = Topology::new().expect("topology");
+    let proxy = topo.server_addr(v6, 1080);
+    let srv = socks5_server(&topo.server, proxy, None);
+    let rig = rig(Some(socks5(proxy, None, OutboundUdp::Refuse))).start_in(topo);
+    let udp = rig.udp_echo(v6);
+    // Three sockets, three flows: each is refused, none opens.
+    for i in 0..3 {
+        let (e, took) = send_and_wait(udp.addr);
+        assert_eq!(e.kind(), io::ErrorKind::ConnectionRefused, "{i}: {e}");
+        assert!(took < REFUSAL_BOUND, "{i}: refused after {took:?}");
+    }
+    // The round-trip client sends again on a timeout: still refused.
+    let e = client::udp_round_trips(udp.addr, 2, 100).expect_err("refused");
+    assert_eq!(e.kind(), io::ErrorKind::ConnectionRefused, "{e}");
+    let echo = rig.tcp_server(v6, Mode::Echo);
+    client::echo_transfer(echo.addr, 1, 64 * 1024, false).expect("TCP through SOCKS5");
+    // Anything that leaked would have reached the server by now: what the
+    // refusals took is well past a datagram's time across the veth.
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(udp.accepted.load(Relaxed), 0, "no datagram at the server");
+    assert_eq!(
+        srv.relayed.load(Relaxed),
+        1,
+        "one CONNECT, no UDP ASSOCIATE"
+    );
+    let s = rig.stats();
+    assert!(s.drop_count("udp_outbound_refused") >= 4, "{s:?}");
+    assert_eq!(
+        s.drop_count("udp_rejected"),
+        0,
+        "not a rule's refusal: {s:?}"
+    );
+    assert_eq!(
+        (s.outbounds[0].tcp_connects, s.outbounds[0].udp_flows),
+        (1, 0)
+    );
+    assert_eq!(s.udp_flows_total, 0, "no flow opened: {s:?}");
+}
+
+#[test]
+fn udp_false_refuses_udp_v4() {
+    require_root!();
+    udp_false_refuses_udp(false);
+}
+
+#[test]
+fn udp_false_refuses_udp_v6() {
+    require_root!();
+    udp_false_refuses_udp(true);
+}
+
+/// `udp = "direct"`: the same datagrams reach the server, from the
+/// client's own address, and no UDP ASSOCIATE is asked for.
+#[test]
+fn udp_direct_sends_udp_around_the_proxy() {
+    require_root!();
+    let topo = Topology::new().expect("topology");
+    let proxy = topo.server_addr(false, 1080);
+    let srv = socks5_server(&topo.server, proxy, None);
+    let rig = rig(Some(socks5(proxy, None, OutboundUdp::Direct))).start_in(topo);
+    let udp = rig.udp_echo(false);
+    assert_eq!(
+        client::udp_round_trips(udp.addr, 10, 100).expect("direct"),
+        10
+    );
+    assert_eq!(
+        udp.accepted.load(Relaxed),
+        10,
+        "every datagram at the server"
+    );
+    assert_eq!(srv.relayed.load(Relaxed), 0, "no UDP ASSOCIATE");
+    let s = rig.stats();
+    assert_eq!(s.drop_count("udp_outbound_refused"), 0, "{s:?}");
+    assert_eq!(s.outbounds[0].udp_flows, 0, "{s:?}");
 }
 
 /// A second address of the server, 198.19.N.3 / fd00:19:N::3, on its link,
@@ -579,7 +698,7 @@ fn proxied_udp_replies_from_any_address() {
                 let (_proxy, outbound) = match via {
                     Via::Socks5 => (
                         socks5_server(&topo.server, proxy_addr, None),
-                        socks5(proxy_addr, None, true),
+                        socks5(proxy_addr, None, OutboundUdp::Relay),
                     ),
                     Via::Shadowsocks => (
                         shadowsocks(&topo.server, proxy_addr, "aes-256-gcm", "kerntun-test"),
@@ -666,7 +785,7 @@ fn dns_through_proxy(via: Via, upstream_proto: &'static str) {
             let addr = topo.server_addr(false, 1080);
             (
                 socks5_server(&topo.server, addr, None),
-                socks5(addr, None, true),
+                socks5(addr, None, OutboundUdp::Relay),
             )
         }
     };

@@ -365,4 +365,70 @@ mod real {
             }
         }
     }
+
+    /// A QUIC flow whose Initial names a domain the rules send to a proxy
+    /// with `udp = false` is refused as a `reject` rule's would be, and
+    /// counted as `udp_outbound_refused`: the route is decided by the name
+    /// (`udp/sniff.rs`), so a refusal decided there must not send the flow
+    /// direct either. The same address as another name connects. Nothing
+    /// listens at the proxy's address: it is never asked.
+    #[test]
+    fn quic_named_for_a_proxy_without_udp_is_refused() {
+        kerntun_testkit::require_root!();
+        use kerntun::config::OutboundUdp;
+        let rig = Rig::builder()
+            .config(|t, c| {
+                c.outbounds.insert(
+                    "proxy".into(),
+                    kerntun_testkit::rig::socks5(
+                        t.server_addr(false, 1080),
+                        None,
+                        OutboundUdp::Refuse,
+                    ),
+                );
+                c.rules.insert(
+                    0,
+                    Rule {
+                        domain: vec!["blocked.test".into()],
+                        action: Action::from("proxy"),
+                        ..Rule::default()
+                    },
+                );
+                c.sniff.ports = vec![PortRange {
+                    start: QUIC_PORT,
+                    end: QUIC_PORT,
+                }];
+            })
+            .start();
+        let (cert, key) = cert();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let to = SocketAddr::new(rig.topo.server(false), QUIC_PORT);
+        let (stop, t) = server(&rig.topo.server, to, cert.clone(), key);
+        let ep = || {
+            let _in_rt = rt.enter();
+            client(cert.clone(), false)
+        };
+        rt.block_on(async {
+            echo(&ep(), to, "allowed.test")
+                .await
+                .unwrap_or_else(|e| panic!("allowed.test: {e:?}: {:?}", rig.stats()));
+            let (err, took) = echo(&ep(), to, "blocked.test")
+                .await
+                .expect_err("blocked.test refused");
+            assert!(
+                took < HANDSHAKE + Duration::from_secs(1),
+                "{err} after {took:?}"
+            );
+        });
+        let s = rig.stats();
+        assert!(s.dns.sniffed >= 2, "both names read: {s:?}");
+        assert!(s.drop_count("udp_outbound_refused") >= 1, "{s:?}");
+        assert_eq!(s.drop_count("udp_rejected"), 0, "{s:?}");
+        assert_eq!(s.outbounds[0].udp_flows, 0, "{s:?}");
+        drop(stop);
+        t.join().expect("server thread");
+    }
 }

@@ -109,6 +109,20 @@ pub enum ShadowsocksMethod {
     Blake3Aes256Gcm,
 }
 
+/// What a proxy outbound does with the UDP flows the rules send it
+/// (`udp = true | false | "direct"` in the TOML).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, uniffi::Enum)]
+pub enum OutboundUdp {
+    /// Relayed through the proxy (SOCKS5 UDP ASSOCIATE, Shadowsocks UDP).
+    Relay,
+    /// Refused: the app's socket gets an ICMP port unreachable
+    /// (`ECONNREFUSED`), counted as the drop `udp_outbound_refused`.
+    /// Nothing leaves outside the proxy.
+    Refuse,
+    /// Sent direct, from the device's own address, outside the proxy.
+    Direct,
+}
+
 /// A proxy outbound that rules can send flows to.
 #[derive(Debug, Clone, PartialEq, Eq, uniffi::Enum)]
 pub enum Outbound {
@@ -118,8 +132,8 @@ pub enum Outbound {
         server: String,
         username: Option<String>,
         password: Option<String>,
-        /// Relay UDP flows with UDP ASSOCIATE (else they go direct).
-        udp: bool,
+        /// What happens to UDP flows routed here (`Relay`: UDP ASSOCIATE).
+        udp: OutboundUdp,
     },
     /// A Shadowsocks server.
     Shadowsocks {
@@ -128,8 +142,8 @@ pub enum Outbound {
         method: ShadowsocksMethod,
         /// The password (SIP004 methods) or base64 key (AEAD-2022); ignored by `Plain`.
         password: String,
-        /// Relay UDP flows through the server too (else they go direct).
-        udp: bool,
+        /// What happens to UDP flows routed here (`Relay`: through the server).
+        udp: OutboundUdp,
     },
 }
 
@@ -354,6 +368,24 @@ pub struct DnsOptions {
     /// upstreams, on top of the Mozilla roots: a private resolver's CA.
     #[uniffi(default = None)]
     pub tls_ca_file: Option<String>,
+    /// Which families A/AAAA queries are answered with; a query for a
+    /// family left out gets NOERROR without records (counted in
+    /// `DnsStats.strategy_empty`). `null`/`nil` = automatic: both, except
+    /// AAAA when the tunnel has no IPv6 address (`tun.ipv6` unset).
+    #[uniffi(default = None)]
+    pub strategy: Option<DnsStrategy>,
+}
+
+/// Which families the DNS service answers A/AAAA queries with
+/// (`dns.strategy`; `null`/`nil` in [`DnsOptions`] is automatic).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, uniffi::Enum)]
+pub enum DnsStrategy {
+    /// Both families, whatever the tunnel has.
+    DualStack,
+    /// A only: AAAA answered empty.
+    Ipv4Only,
+    /// AAAA only: A answered empty (needs `tun.ipv6`).
+    Ipv6Only,
 }
 
 /// Everything [`crate::Engine::start`] needs besides the device.
@@ -483,6 +515,12 @@ impl Default for DnsOptions {
             fake_ip_pool: fake_ip_pool.to_string(),
             fake_ip_pool6: fake_ip_pool6.map(|p| p.to_string()),
             tls_ca_file: tls_ca_file.map(|p| p.display().to_string()),
+            strategy: match strategy {
+                core::DnsStrategy::Auto => None,
+                core::DnsStrategy::DualStack => Some(DnsStrategy::DualStack),
+                core::DnsStrategy::Ipv4Only => Some(DnsStrategy::Ipv4Only),
+                core::DnsStrategy::Ipv6Only => Some(DnsStrategy::Ipv6Only),
+            },
         })
     }
 }
@@ -515,6 +553,12 @@ impl DnsOptions {
             fake_ip_entries: count("dns.fake_ip_entries", self.fake_ip_entries)?,
             fake_ip_filter: self.fake_ip_filter.clone(),
             tls_ca_file: self.tls_ca_file.as_ref().map(PathBuf::from),
+            strategy: match self.strategy {
+                None => core::DnsStrategy::Auto,
+                Some(DnsStrategy::DualStack) => core::DnsStrategy::DualStack,
+                Some(DnsStrategy::Ipv4Only) => core::DnsStrategy::Ipv4Only,
+                Some(DnsStrategy::Ipv6Only) => core::DnsStrategy::Ipv6Only,
+            },
         })
     }
 }
@@ -557,6 +601,16 @@ impl From<Platform> for CorePlatform {
             Platform::Ios => CorePlatform::Ios,
             Platform::Android => CorePlatform::Android,
             Platform::Desktop => CorePlatform::Desktop,
+        }
+    }
+}
+
+impl From<OutboundUdp> for core::OutboundUdp {
+    fn from(u: OutboundUdp) -> Self {
+        match u {
+            OutboundUdp::Relay => core::OutboundUdp::Relay,
+            OutboundUdp::Refuse => core::OutboundUdp::Refuse,
+            OutboundUdp::Direct => core::OutboundUdp::Direct,
         }
     }
 }
@@ -698,7 +752,7 @@ impl EngineConfig {
                     server: server(addr)?,
                     username: username.clone(),
                     password: password.clone(),
-                    udp: *udp,
+                    udp: (*udp).into(),
                 }),
                 Outbound::Shadowsocks {
                     server: addr,
@@ -709,7 +763,7 @@ impl EngineConfig {
                     server: server(addr)?,
                     method: (*method).into(),
                     password: password.clone(),
-                    udp: *udp,
+                    udp: (*udp).into(),
                 }),
             };
             outbounds.insert(name.clone(), out);
@@ -774,9 +828,10 @@ pub fn default_config() -> EngineConfig {
 }
 
 /// An outbound from a share link: `ss://` (SIP002, or the whole-base64
-/// form) or `socks5://[user:pass@]host:port`. UDP is on; change it with
-/// `copy(udp = false)` (Kotlin). The link's `#tag` is not kept: the app
-/// names the outbound when it puts it into `EngineConfig.outbounds`.
+/// form) or `socks5://[user:pass@]host:port`. UDP is relayed; change it
+/// with `copy(udp = OutboundUdp.REFUSE)` (Kotlin). The link's `#tag` is not
+/// kept: the app names the outbound when it puts it into
+/// `EngineConfig.outbounds`.
 #[uniffi::export]
 pub fn outbound_from_url(url: String) -> Result<Outbound, KerntunError> {
     crate::error::guard(|| {
@@ -788,7 +843,7 @@ pub fn outbound_from_url(url: String) -> Result<Outbound, KerntunError> {
                 server: l.server.to_string(),
                 method: l.method.into(),
                 password: l.password,
-                udp: true,
+                udp: OutboundUdp::Relay,
             },
             Link::Socks5(l) => {
                 let (username, password) = l.credentials.unzip();
@@ -796,7 +851,7 @@ pub fn outbound_from_url(url: String) -> Result<Outbound, KerntunError> {
                     server: l.server.to_string(),
                     username,
                     password,
-                    udp: true,
+                    udp: OutboundUdp::Relay,
                 }
             }
         })
@@ -911,7 +966,7 @@ mod tests {
                 server: "203.0.113.7:8388".into(),
                 method: ShadowsocksMethod::Blake3Aes256Gcm,
                 password: "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=".into(),
-                udp: true,
+                udp: OutboundUdp::Relay,
             }
         );
         let o = outbound_from_url("socks5://me:p%40ss@[2001:db8::5]:1080".into()).expect("socks");
@@ -921,7 +976,7 @@ mod tests {
                 server: "[2001:db8::5]:1080".into(),
                 username: Some("me".into()),
                 password: Some("p@ss".into()),
-                udp: true,
+                udp: OutboundUdp::Relay,
             }
         );
         let e =
@@ -945,7 +1000,7 @@ mod tests {
                 server: "[fd00::5]:8388".into(),
                 method: ShadowsocksMethod::Chacha20IetfPoly1305,
                 password: "secret".into(),
-                udp: false,
+                udp: OutboundUdp::Refuse,
             },
         );
         c.outbounds.insert(
@@ -954,7 +1009,7 @@ mod tests {
                 server: "198.19.1.2:1080".into(),
                 username: None,
                 password: None,
-                udp: true,
+                udp: OutboundUdp::Direct,
             },
         );
         c.rules.push(RuleOptions {
@@ -972,10 +1027,11 @@ mod tests {
             core::OutboundConfig::Shadowsocks(s) => {
                 assert_eq!(s.server.to_string(), "[fd00::5]:8388");
                 assert_eq!(s.method, core::ShadowsocksMethod::Chacha20IetfPoly1305);
-                assert!(!s.udp);
+                assert_eq!(s.udp, core::OutboundUdp::Refuse);
             }
             other => panic!("wrong outbound {other:?}"),
         }
+        assert_eq!(k.outbounds["socks"].udp(), core::OutboundUdp::Direct);
         assert!(!k.relay.splice);
         assert_eq!(k.relay.pipe_size, core::RelayConfig::default().pipe_size);
         assert_eq!(k.validate(), Ok(()));
@@ -986,7 +1042,7 @@ mod tests {
                 server: "nowhere".into(),
                 username: None,
                 password: None,
-                udp: true,
+                udp: OutboundUdp::Relay,
             },
         );
         match c.to_core() {
@@ -1078,6 +1134,7 @@ mod tests {
             fake_ip_entries: 100,
             fake_ip_filter: vec!["real.test".into()],
             tls_ca_file: Some("/data/ca.pem".into()),
+            strategy: Some(DnsStrategy::Ipv4Only),
             ..Default::default()
         };
         c.sniff = SniffOptions {
@@ -1114,6 +1171,14 @@ mod tests {
         assert_eq!(k.sniff.ports.len(), 2);
         assert!(k.sniff.covers(8050) && !k.sniff.covers(80));
         assert_eq!(k.sniff.timeout_ms, 50);
+        assert_eq!(k.dns.strategy, core::DnsStrategy::Ipv4Only);
+        // No strategy given: automatic, the core's default.
+        assert_eq!(DnsOptions::default().strategy, None);
+        c.dns.strategy = None;
+        assert_eq!(
+            c.to_core().expect("translate").dns.strategy,
+            core::DnsStrategy::Auto
+        );
         // Sniffing on by default with the core's ports; an empty list is no ports.
         assert_eq!(
             EngineConfig::default().to_core().expect("defaults").sniff,

@@ -54,9 +54,10 @@ mod stats;
 mod sys;
 
 pub use config::{
-    BudgetOptions, DirectOptions, DnsOptions, Driver, EngineConfig, LogLevel, MemoryPressure,
-    Outbound, Platform, RelayOptions, RuleAction, RuleOptions, ShadowsocksMethod, SniffOptions,
-    Stack, TimeoutOptions, TunOptions, default_config, outbound_from_url, resolver_addresses,
+    BudgetOptions, DirectOptions, DnsOptions, DnsStrategy, Driver, EngineConfig, LogLevel,
+    MemoryPressure, Outbound, OutboundUdp, Platform, RelayOptions, RuleAction, RuleOptions,
+    ShadowsocksMethod, SniffOptions, Stack, TimeoutOptions, TunOptions, default_config,
+    outbound_from_url, resolver_addresses,
 };
 pub use engine::Engine;
 #[cfg(feature = "fault-injection")]

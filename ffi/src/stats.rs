@@ -84,6 +84,10 @@ pub struct DnsStats {
     /// Of those, sniffs that needed more than a session's own 8 KiB and
     /// found no room in the relay pool (routed by address).
     pub sniff_unbudgeted: u64,
+    /// A/AAAA queries answered NOERROR without records because
+    /// `DnsOptions.strategy` leaves their family out (AAAA when the tunnel
+    /// has no IPv6 address, by default).
+    pub strategy_empty: u64,
 }
 
 moved!(DnsSnapshot => DnsStats {
@@ -101,6 +105,7 @@ moved!(DnsSnapshot => DnsStats {
     sniffed,
     sniff_misses,
     sniff_unbudgeted,
+    strategy_empty,
 });
 
 /// A point-in-time copy of everything the engine counts. "Up" is from the

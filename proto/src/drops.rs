@@ -96,6 +96,10 @@ pub enum EngineDrop {
     /// not answered with an ICMP port unreachable: the answers' rate limit
     /// held it back (`core/src/udp/reject.rs`).
     IcmpRateLimited,
+    /// A UDP datagram the rules sent to a proxy outbound configured with
+    /// `udp = false`: refused (answered with an ICMP port unreachable like
+    /// a `reject` rule's), never sent direct instead.
+    UdpOutboundRefused,
 }
 
 impl EngineDrop {
@@ -111,7 +115,7 @@ impl EngineDrop {
         }
     }
 
-    pub const COUNT: usize = 31;
+    pub const COUNT: usize = 32;
     pub const ALL: [EngineDrop; Self::COUNT] = [
         EngineDrop::NoMapping,
         EngineDrop::StrayTcp,
@@ -144,6 +148,7 @@ impl EngineDrop {
         EngineDrop::DnsTlsReset,
         EngineDrop::RelayFrameRefused,
         EngineDrop::IcmpRateLimited,
+        EngineDrop::UdpOutboundRefused,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -179,6 +184,7 @@ impl EngineDrop {
             EngineDrop::DnsTlsReset => "dns_tls_reset",
             EngineDrop::RelayFrameRefused => "relay_frame_refused",
             EngineDrop::IcmpRateLimited => "icmp_rate_limited",
+            EngineDrop::UdpOutboundRefused => "udp_outbound_refused",
         }
     }
 }

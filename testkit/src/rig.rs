@@ -19,7 +19,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kerntun::budget::{BudgetConfig, Platform};
-use kerntun::config::{Config, DriverMode, OutboundConfig, Socks5Config, StackKind, TimeoutConfig};
+use kerntun::config::{
+    Config, DriverMode, OutboundConfig, OutboundUdp, Socks5Config, StackKind, TimeoutConfig,
+};
 use kerntun::rules::{PortRange, Rule};
 use kerntun::{Engine, Protect, StatsSnapshot, TunSource};
 
@@ -50,9 +52,9 @@ pub fn config(tun: &str) -> Config {
 }
 
 /// A SOCKS5 outbound to `server`, with username and password when `creds`
-/// are given; with `udp`, UDP flows routed to it go through its UDP
-/// ASSOCIATE (else direct).
-pub fn socks5(server: SocketAddr, creds: Option<(&str, &str)>, udp: bool) -> OutboundConfig {
+/// are given; `udp` says what happens to the UDP flows routed to it
+/// (relayed with UDP ASSOCIATE, refused, or sent direct).
+pub fn socks5(server: SocketAddr, creds: Option<(&str, &str)>, udp: OutboundUdp) -> OutboundConfig {
     OutboundConfig::Socks5(Socks5Config {
         server: server.into(),
         username: creds.map(|c| c.0.into()),

@@ -1721,6 +1721,13 @@ public struct DnsOptions: Equatable, Hashable {
      * upstreams, on top of the Mozilla roots: a private resolver's CA.
      */
     public var tlsCaFile: String?
+    /**
+     * Which families A/AAAA queries are answered with; a query for a
+     * family left out gets NOERROR without records (counted in
+     * `DnsStats.strategy_empty`). `null`/`nil` = automatic: both, except
+     * AAAA when the tunnel has no IPv6 address (`tun.ipv6` unset).
+     */
+    public var strategy: DnsStrategy?
 
     // Default memberwise initializers are never public by default, so we
     // declare one manually.
@@ -1779,7 +1786,13 @@ public struct DnsOptions: Equatable, Hashable {
         /**
          * Path of extra trust anchors (PEM) for `tls://` and `https://`
          * upstreams, on top of the Mozilla roots: a private resolver's CA.
-         */tlsCaFile: String? = nil) {
+         */tlsCaFile: String? = nil, 
+        /**
+         * Which families A/AAAA queries are answered with; a query for a
+         * family left out gets NOERROR without records (counted in
+         * `DnsStats.strategy_empty`). `null`/`nil` = automatic: both, except
+         * AAAA when the tunnel has no IPv6 address (`tun.ipv6` unset).
+         */strategy: DnsStrategy? = nil) {
         self.enabled = enabled
         self.hijack = hijack
         self.hijackAll = hijackAll
@@ -1793,6 +1806,7 @@ public struct DnsOptions: Equatable, Hashable {
         self.fakeIpEntries = fakeIpEntries
         self.fakeIpFilter = fakeIpFilter
         self.tlsCaFile = tlsCaFile
+        self.strategy = strategy
     }
 
     
@@ -1823,7 +1837,8 @@ public struct FfiConverterTypeDnsOptions: FfiConverterRustBuffer {
                 fakeIpPool6: FfiConverterOptionString.read(from: &buf), 
                 fakeIpEntries: FfiConverterUInt64.read(from: &buf), 
                 fakeIpFilter: FfiConverterSequenceString.read(from: &buf), 
-                tlsCaFile: FfiConverterOptionString.read(from: &buf)
+                tlsCaFile: FfiConverterOptionString.read(from: &buf), 
+                strategy: FfiConverterOptionTypeDnsStrategy.read(from: &buf)
         )
     }
 
@@ -1841,6 +1856,7 @@ public struct FfiConverterTypeDnsOptions: FfiConverterRustBuffer {
         FfiConverterUInt64.write(value.fakeIpEntries, into: &buf)
         FfiConverterSequenceString.write(value.fakeIpFilter, into: &buf)
         FfiConverterOptionString.write(value.tlsCaFile, into: &buf)
+        FfiConverterOptionTypeDnsStrategy.write(value.strategy, into: &buf)
     }
 }
 
@@ -1921,6 +1937,12 @@ public struct DnsStats: Equatable, Hashable {
      * found no room in the relay pool (routed by address).
      */
     public var sniffUnbudgeted: UInt64
+    /**
+     * A/AAAA queries answered NOERROR without records because
+     * `DnsOptions.strategy` leaves their family out (AAAA when the tunnel
+     * has no IPv6 address, by default).
+     */
+    public var strategyEmpty: UInt64
 
     // Default memberwise initializers are never public by default, so we
     // declare one manually.
@@ -1967,7 +1989,12 @@ public struct DnsStats: Equatable, Hashable {
         /**
          * Of those, sniffs that needed more than a session's own 8 KiB and
          * found no room in the relay pool (routed by address).
-         */sniffUnbudgeted: UInt64) {
+         */sniffUnbudgeted: UInt64, 
+        /**
+         * A/AAAA queries answered NOERROR without records because
+         * `DnsOptions.strategy` leaves their family out (AAAA when the tunnel
+         * has no IPv6 address, by default).
+         */strategyEmpty: UInt64) {
         self.queries = queries
         self.tcpQueries = tcpQueries
         self.cacheHits = cacheHits
@@ -1982,6 +2009,7 @@ public struct DnsStats: Equatable, Hashable {
         self.sniffed = sniffed
         self.sniffMisses = sniffMisses
         self.sniffUnbudgeted = sniffUnbudgeted
+        self.strategyEmpty = strategyEmpty
     }
 
     
@@ -2013,7 +2041,8 @@ public struct FfiConverterTypeDnsStats: FfiConverterRustBuffer {
                 fakeipFallbacks: FfiConverterUInt64.read(from: &buf), 
                 sniffed: FfiConverterUInt64.read(from: &buf), 
                 sniffMisses: FfiConverterUInt64.read(from: &buf), 
-                sniffUnbudgeted: FfiConverterUInt64.read(from: &buf)
+                sniffUnbudgeted: FfiConverterUInt64.read(from: &buf), 
+                strategyEmpty: FfiConverterUInt64.read(from: &buf)
         )
     }
 
@@ -2032,6 +2061,7 @@ public struct FfiConverterTypeDnsStats: FfiConverterRustBuffer {
         FfiConverterUInt64.write(value.sniffed, into: &buf)
         FfiConverterUInt64.write(value.sniffMisses, into: &buf)
         FfiConverterUInt64.write(value.sniffUnbudgeted, into: &buf)
+        FfiConverterUInt64.write(value.strategyEmpty, into: &buf)
     }
 }
 
@@ -3370,6 +3400,92 @@ public func FfiConverterTypeTunOptions_lower(_ value: TunOptions) -> RustBuffer 
 
 
 /**
+ * Which families the DNS service answers A/AAAA queries with
+ * (`dns.strategy`; `null`/`nil` in [`DnsOptions`] is automatic).
+ */
+
+public enum DnsStrategy: Equatable, Hashable {
+    
+    /**
+     * Both families, whatever the tunnel has.
+     */
+    case dualStack
+    /**
+     * A only: AAAA answered empty.
+     */
+    case ipv4Only
+    /**
+     * AAAA only: A answered empty (needs `tun.ipv6`).
+     */
+    case ipv6Only
+
+
+
+
+
+}
+
+#if compiler(>=6)
+extension DnsStrategy: Sendable {}
+#endif
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public struct FfiConverterTypeDnsStrategy: FfiConverterRustBuffer {
+    typealias SwiftType = DnsStrategy
+
+    public static func read(from buf: inout (data: Data, offset: Data.Index)) throws -> DnsStrategy {
+        let variant: Int32 = try readInt(&buf)
+        switch variant {
+        
+        case 1: return .dualStack
+        
+        case 2: return .ipv4Only
+        
+        case 3: return .ipv6Only
+        
+        default: throw UniffiInternalError.unexpectedEnumCase
+        }
+    }
+
+    public static func write(_ value: DnsStrategy, into buf: inout [UInt8]) {
+        switch value {
+        
+        
+        case .dualStack:
+            writeInt(&buf, Int32(1))
+        
+        
+        case .ipv4Only:
+            writeInt(&buf, Int32(2))
+        
+        
+        case .ipv6Only:
+            writeInt(&buf, Int32(3))
+        
+        }
+    }
+}
+
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public func FfiConverterTypeDnsStrategy_lift(_ buf: RustBuffer) throws -> DnsStrategy {
+    return try FfiConverterTypeDnsStrategy.lift(buf)
+}
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public func FfiConverterTypeDnsStrategy_lower(_ value: DnsStrategy) -> RustBuffer {
+    return FfiConverterTypeDnsStrategy.lower(value)
+}
+
+
+
+/**
  * How the TUN device is read and written.
  */
 
@@ -3993,8 +4109,8 @@ public enum Outbound: Equatable, Hashable {
          * `ip:port`, `[v6]:port` or `name:port` (see `DirectOptions.bootstrap`).
          */server: String, username: String?, password: String?, 
         /**
-         * Relay UDP flows with UDP ASSOCIATE (else they go direct).
-         */udp: Bool
+         * What happens to UDP flows routed here (`Relay`: UDP ASSOCIATE).
+         */udp: OutboundUdp
     )
     /**
      * A Shadowsocks server.
@@ -4007,8 +4123,8 @@ public enum Outbound: Equatable, Hashable {
          * The password (SIP004 methods) or base64 key (AEAD-2022); ignored by `Plain`.
          */password: String, 
         /**
-         * Relay UDP flows through the server too (else they go direct).
-         */udp: Bool
+         * What happens to UDP flows routed here (`Relay`: through the server).
+         */udp: OutboundUdp
     )
 
 
@@ -4031,10 +4147,10 @@ public struct FfiConverterTypeOutbound: FfiConverterRustBuffer {
         let variant: Int32 = try readInt(&buf)
         switch variant {
         
-        case 1: return .socks5(server: try FfiConverterString.read(from: &buf), username: try FfiConverterOptionString.read(from: &buf), password: try FfiConverterOptionString.read(from: &buf), udp: try FfiConverterBool.read(from: &buf)
+        case 1: return .socks5(server: try FfiConverterString.read(from: &buf), username: try FfiConverterOptionString.read(from: &buf), password: try FfiConverterOptionString.read(from: &buf), udp: try FfiConverterTypeOutboundUdp.read(from: &buf)
         )
         
-        case 2: return .shadowsocks(server: try FfiConverterString.read(from: &buf), method: try FfiConverterTypeShadowsocksMethod.read(from: &buf), password: try FfiConverterString.read(from: &buf), udp: try FfiConverterBool.read(from: &buf)
+        case 2: return .shadowsocks(server: try FfiConverterString.read(from: &buf), method: try FfiConverterTypeShadowsocksMethod.read(from: &buf), password: try FfiConverterString.read(from: &buf), udp: try FfiConverterTypeOutboundUdp.read(from: &buf)
         )
         
         default: throw UniffiInternalError.unexpectedEnumCase
@@ -4050,7 +4166,7 @@ public struct FfiConverterTypeOutbound: FfiConverterRustBuffer {
             FfiConverterString.write(server, into: &buf)
             FfiConverterOptionString.write(username, into: &buf)
             FfiConverterOptionString.write(password, into: &buf)
-            FfiConverterBool.write(udp, into: &buf)
+            FfiConverterTypeOutboundUdp.write(udp, into: &buf)
             
         
         case let .shadowsocks(server,method,password,udp):
@@ -4058,7 +4174,7 @@ public struct FfiConverterTypeOutbound: FfiConverterRustBuffer {
             FfiConverterString.write(server, into: &buf)
             FfiConverterTypeShadowsocksMethod.write(method, into: &buf)
             FfiConverterString.write(password, into: &buf)
-            FfiConverterBool.write(udp, into: &buf)
+            FfiConverterTypeOutboundUdp.write(udp, into: &buf)
             
         }
     }
@@ -4077,6 +4193,94 @@ public func FfiConverterTypeOutbound_lift(_ buf: RustBuffer) throws -> Outbound 
 #endif
 public func FfiConverterTypeOutbound_lower(_ value: Outbound) -> RustBuffer {
     return FfiConverterTypeOutbound.lower(value)
+}
+
+
+
+/**
+ * What a proxy outbound does with the UDP flows the rules send it
+ * (`udp = true | false | "direct"` in the TOML).
+ */
+
+public enum OutboundUdp: Equatable, Hashable {
+    
+    /**
+     * Relayed through the proxy (SOCKS5 UDP ASSOCIATE, Shadowsocks UDP).
+     */
+    case relay
+    /**
+     * Refused: the app's socket gets an ICMP port unreachable
+     * (`ECONNREFUSED`), counted as the drop `udp_outbound_refused`.
+     * Nothing leaves outside the proxy.
+     */
+    case refuse
+    /**
+     * Sent direct, from the device's own address, outside the proxy.
+     */
+    case direct
+
+
+
+
+
+}
+
+#if compiler(>=6)
+extension OutboundUdp: Sendable {}
+#endif
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public struct FfiConverterTypeOutboundUdp: FfiConverterRustBuffer {
+    typealias SwiftType = OutboundUdp
+
+    public static func read(from buf: inout (data: Data, offset: Data.Index)) throws -> OutboundUdp {
+        let variant: Int32 = try readInt(&buf)
+        switch variant {
+        
+        case 1: return .relay
+        
+        case 2: return .refuse
+        
+        case 3: return .direct
+        
+        default: throw UniffiInternalError.unexpectedEnumCase
+        }
+    }
+
+    public static func write(_ value: OutboundUdp, into buf: inout [UInt8]) {
+        switch value {
+        
+        
+        case .relay:
+            writeInt(&buf, Int32(1))
+        
+        
+        case .refuse:
+            writeInt(&buf, Int32(2))
+        
+        
+        case .direct:
+            writeInt(&buf, Int32(3))
+        
+        }
+    }
+}
+
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public func FfiConverterTypeOutboundUdp_lift(_ buf: RustBuffer) throws -> OutboundUdp {
+    return try FfiConverterTypeOutboundUdp.lift(buf)
+}
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public func FfiConverterTypeOutboundUdp_lower(_ value: OutboundUdp) -> RustBuffer {
+    return FfiConverterTypeOutboundUdp.lower(value)
 }
 
 
@@ -4643,6 +4847,30 @@ fileprivate struct FfiConverterOptionTypeEngineListener: FfiConverterRustBuffer 
 #if swift(>=5.8)
 @_documentation(visibility: private)
 #endif
+fileprivate struct FfiConverterOptionTypeDnsStrategy: FfiConverterRustBuffer {
+    typealias SwiftType = DnsStrategy?
+
+    public static func write(_ value: SwiftType, into buf: inout [UInt8]) {
+        guard let value = value else {
+            writeInt(&buf, Int8(0))
+            return
+        }
+        writeInt(&buf, Int8(1))
+        FfiConverterTypeDnsStrategy.write(value, into: &buf)
+    }
+
+    public static func read(from buf: inout (data: Data, offset: Data.Index)) throws -> SwiftType {
+        switch try readInt(&buf) as Int8 {
+        case 0: return nil
+        case 1: return try FfiConverterTypeDnsStrategy.read(from: &buf)
+        default: throw UniffiInternalError.unexpectedOptionalTag
+        }
+    }
+}
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
 fileprivate struct FfiConverterOptionTypeDriver: FfiConverterRustBuffer {
     typealias SwiftType = Driver?
 
@@ -4994,9 +5222,10 @@ public func defaultConfig() -> EngineConfig  {
 }
 /**
  * An outbound from a share link: `ss://` (SIP002, or the whole-base64
- * form) or `socks5://[user:pass@]host:port`. UDP is on; change it with
- * `copy(udp = false)` (Kotlin). The link's `#tag` is not kept: the app
- * names the outbound when it puts it into `EngineConfig.outbounds`.
+ * form) or `socks5://[user:pass@]host:port`. UDP is relayed; change it
+ * with `copy(udp = OutboundUdp.REFUSE)` (Kotlin). The link's `#tag` is not
+ * kept: the app names the outbound when it puts it into
+ * `EngineConfig.outbounds`.
  */
 public func outboundFromUrl(url: String)throws  -> Outbound  {
     return try  FfiConverterTypeOutbound_lift(try rustCallWithError(FfiConverterTypeKerntunError_lift) {
@@ -5059,7 +5288,7 @@ private let initializationResult: InitializationResult = {
     if (uniffi_kerntun_ffi_checksum_func_default_config() != 56504) {
         return InitializationResult.apiChecksumMismatch
     }
-    if (uniffi_kerntun_ffi_checksum_func_outbound_from_url() != 32589) {
+    if (uniffi_kerntun_ffi_checksum_func_outbound_from_url() != 56894) {
         return InitializationResult.apiChecksumMismatch
     }
     if (uniffi_kerntun_ffi_checksum_func_resolver_addresses() != 8589) {

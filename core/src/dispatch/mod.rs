@@ -87,6 +87,20 @@ pub(crate) enum Refusal {
     UnknownFake,
     /// TCP to port 853 of a hijacked address (`dns.reset_dot`).
     DnsOverTls,
+    /// UDP routed to a proxy that refuses UDP (`udp = false`).
+    NoUdp,
+}
+
+impl Refusal {
+    /// The drop a refused UDP datagram is counted as.
+    pub fn udp_drop(self) -> EngineDrop {
+        match self {
+            Refusal::Rule => EngineDrop::UdpRejected,
+            Refusal::UnknownFake => EngineDrop::FakeIpUnknown,
+            Refusal::DnsOverTls => EngineDrop::DnsTlsReset,
+            Refusal::NoUdp => EngineDrop::UdpOutboundRefused,
+        }
+    }
 }
 
 impl Dispatcher {
@@ -130,15 +144,26 @@ impl Dispatcher {
     /// Count a refused flow, under the names the statistics have always
     /// had (the FFI exports them): a rule's refusal is `tcp_rejected_by_rule`
     /// for TCP and the drop `udp_rejected` for UDP; a fake address no domain
-    /// holds is the drop `fake_ip_unknown` for both.
+    /// holds is the drop `fake_ip_unknown` for both; a UDP flow a proxy
+    /// refuses is `udp_outbound_refused` ([`Refusal::udp_drop`]).
     fn count_refusal(&self, refusal: Refusal, network: Network) {
         match (refusal, network) {
             (Refusal::Rule, Network::Tcp) => {
                 self.stats.tcp_rejected_by_rule.fetch_add(1, Relaxed);
             }
-            (Refusal::Rule, Network::Udp) => Stats::drop(&self.stats, EngineDrop::UdpRejected),
-            (Refusal::UnknownFake, _) => Stats::drop(&self.stats, EngineDrop::FakeIpUnknown),
-            (Refusal::DnsOverTls, _) => Stats::drop(&self.stats, EngineDrop::DnsTlsReset),
+            (r, _) => Stats::drop(&self.stats, r.udp_drop()),
+        }
+    }
+
+    /// The route a rule chose, for a new flow of `network`: refused by a
+    /// `reject` rule, or (UDP) by a proxy with `udp = false`; a proxy with
+    /// `udp = "direct"` sends a UDP flow direct
+    /// ([`Outbounds::udp_route`]).
+    fn routed(&self, route: Route, network: Network) -> Result<Route, Refusal> {
+        match (route, network) {
+            (Route::Reject, _) => Err(Refusal::Rule),
+            (r, Network::Udp) => self.outbounds.udp_route(r).ok_or(Refusal::NoUdp),
+            (r, Network::Tcp) => Ok(r),
         }
     }
 
@@ -156,13 +181,11 @@ impl Dispatcher {
                     return Err(Refusal::UnknownFake);
                 };
                 let target = Target::fake_ip(server, &domain).on(network);
-                return match self.outbounds.route(&target) {
-                    Route::Reject => Err(Refusal::Rule),
-                    route => Ok(Plan::Connect {
-                        route,
-                        dst: Address::Domain(domain.to_string(), server.port()),
-                    }),
-                };
+                let route = self.routed(self.outbounds.route(&target), network)?;
+                return Ok(Plan::Connect {
+                    route,
+                    dst: Address::Domain(domain.to_string(), server.port()),
+                });
             }
         }
         // Sniffing delays routing until the app speaks, so it is only done
@@ -172,13 +195,11 @@ impl Dispatcher {
         if self.sniff.covers(server.port()) && self.outbounds.needs_domain_on(network, server) {
             return Ok(Plan::Sniff);
         }
-        match self.outbounds.route(&Target::ip(server).on(network)) {
-            Route::Reject => Err(Refusal::Rule),
-            route => Ok(Plan::Connect {
-                route,
-                dst: Address::Ip(server),
-            }),
-        }
+        let route = self.outbounds.route(&Target::ip(server).on(network));
+        Ok(Plan::Connect {
+            route: self.routed(route, network)?,
+            dst: Address::Ip(server),
+        })
     }
 
     /// Connect `dst` along `route`. A domain on a direct route is resolved
@@ -231,9 +252,8 @@ impl Dispatcher {
         self.route_sniffed_on(server, domain, Network::Tcp)
     }
 
-    /// [`Dispatcher::route_sniffed`] for a flow of `network` (a UDP flow
-    /// whose QUIC Initial named its server).
-    pub fn route_sniffed_on(
+    /// [`Dispatcher::route_sniffed`] for a flow of `network`.
+    fn route_sniffed_on(
         &self,
         server: SocketAddr,
         domain: Option<&str>,
@@ -244,6 +264,19 @@ impl Dispatcher {
             None => Target::ip(server),
         };
         self.outbounds.route(&target.on(network))
+    }
+
+    /// The route for a UDP flow whose QUIC Initials named its server (or
+    /// named nothing), or why it is refused: a `reject` rule, or a proxy
+    /// with `udp = false`. Not counted here: the sniffer counts each
+    /// datagram it refused ([`Refusal::udp_drop`]).
+    pub fn route_sniffed_udp(
+        &self,
+        server: SocketAddr,
+        domain: Option<&str>,
+    ) -> Result<Route, Refusal> {
+        let route = self.route_sniffed_on(server, domain, Network::Udp);
+        self.routed(route, Network::Udp)
     }
 }
 

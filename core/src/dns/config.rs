@@ -34,6 +34,9 @@ pub struct DnsConfig {
     /// port 53 and its queries reach kerntun's DNS instead of going around
     /// it. Off: such a connection is an ordinary flow.
     pub reset_dot: bool,
+    /// Which address families A/AAAA queries are answered with; the
+    /// others get an empty NOERROR answer (counted `strategy_empty`).
+    pub strategy: DnsStrategy,
     /// Upstreams, tried in order: `udp://IP:PORT`, `tcp://IP:PORT`,
     /// `tls://IP:PORT#server-name` (DNS over TLS, feature `dot`),
     /// `https://IP[:PORT][/PATH]#server-name` (DNS over HTTPS, feature
@@ -68,6 +71,7 @@ impl Default for DnsConfig {
             hijack: Vec::new(),
             hijack_all: false,
             reset_dot: true,
+            strategy: DnsStrategy::default(),
             upstreams: Vec::new(),
             timeout_ms: 2_000,
             cache_entries: 4_096,
@@ -77,6 +81,43 @@ impl Default for DnsConfig {
             fake_ip_entries: 65_536,
             fake_ip_filter: Vec::new(),
             tls_ca_file: None,
+        }
+    }
+}
+
+/// Which address families hijacked A/AAAA queries are answered with
+/// (`dns.strategy`). A query for a family left out gets NOERROR with no
+/// records (RFC 2308's NODATA: the name exists, without records of that
+/// type), whether fake-ip or an upstream would have answered it, so the
+/// app uses the other family at once instead of trying an address that
+/// cannot work.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DnsStrategy {
+    /// Both families, except AAAA when the TUN has no IPv6 address: an
+    /// app's IPv6 connection would then not enter the tunnel, so it either
+    /// fails or leaves outside it (on a host with an IPv6 route of its
+    /// own).
+    #[default]
+    Auto,
+    /// Both families, as the fake-ip pool or the upstream answers them,
+    /// whatever the TUN has.
+    DualStack,
+    /// A only: AAAA is answered empty.
+    Ipv4Only,
+    /// AAAA only: A is answered empty (needs `tun.ipv6`).
+    Ipv6Only,
+}
+
+impl DnsStrategy {
+    /// The family answered empty (`Some(true)`: AAAA, `Some(false)`: A)
+    /// on a TUN with an IPv6 address or not.
+    pub fn empty_family(self, tun_v6: bool) -> Option<bool> {
+        match self {
+            DnsStrategy::Auto => (!tun_v6).then_some(true),
+            DnsStrategy::DualStack => None,
+            DnsStrategy::Ipv4Only => Some(true),
+            DnsStrategy::Ipv6Only => Some(false),
         }
     }
 }
@@ -131,6 +172,22 @@ impl DnsConfig {
         if self.timeout_ms == 0 {
             return Err(bad("timeout_ms", "must be greater than zero".into()));
         }
+        let has = |v6: bool| reserved.iter().any(|a| a.is_ipv6() == v6);
+        match self.strategy {
+            DnsStrategy::Ipv4Only if !has(false) => {
+                return Err(bad(
+                    "strategy",
+                    "ipv4_only needs tun.ipv4 (no IPv4 answer could enter the tunnel)".into(),
+                ));
+            }
+            DnsStrategy::Ipv6Only if !has(true) => {
+                return Err(bad(
+                    "strategy",
+                    "ipv6_only needs tun.ipv6 (no IPv6 answer could enter the tunnel)".into(),
+                ));
+            }
+            _ => {}
+        }
         if self.fake_ip {
             let bench: Ipv4Net = "198.18.0.0/15".parse().expect("static prefix");
             if !bench.contains(&self.fake_ip_pool) {
@@ -179,5 +236,44 @@ pub fn default_resolver(net: ipnet::IpNet) -> Option<IpAddr> {
             let a = std::net::Ipv6Addr::from(u128::from(n.addr()).checked_add(2)?);
             n.contains(&a).then_some(IpAddr::V6(a))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn enabled(strategy: DnsStrategy) -> DnsConfig {
+        DnsConfig {
+            enabled: true,
+            upstreams: vec!["udp://192.0.2.53:53".into()],
+            strategy,
+            ..DnsConfig::default()
+        }
+    }
+
+    /// What each strategy leaves out, and the one-family strategies need
+    /// that family in the TUN.
+    #[test]
+    fn strategies_and_their_checks() {
+        use DnsStrategy::*;
+        assert_eq!(DnsConfig::default().strategy, Auto);
+        assert_eq!(Auto.empty_family(true), None);
+        assert_eq!(Auto.empty_family(false), Some(true));
+        assert_eq!(DualStack.empty_family(false), None);
+        assert_eq!(Ipv4Only.empty_family(true), Some(true));
+        assert_eq!(Ipv6Only.empty_family(true), Some(false));
+        let v4: IpAddr = "198.18.0.1".parse().expect("ip");
+        let v6: IpAddr = "fd00:18::1".parse().expect("ip");
+        for s in [Auto, DualStack, Ipv4Only] {
+            assert_eq!(enabled(s).validate(&[v4]), Ok(()), "{s:?}");
+        }
+        let e = enabled(Ipv6Only).validate(&[v4]).expect_err("no tun.ipv6");
+        assert_eq!(e.field, "strategy");
+        assert!(e.to_string().starts_with("dns.strategy: "), "{e}");
+        assert!(e.reason.contains("tun.ipv6"), "{e}");
+        assert_eq!(enabled(Ipv6Only).validate(&[v4, v6]), Ok(()));
+        let e = enabled(Ipv4Only).validate(&[v6]).expect_err("no tun.ipv4");
+        assert!(e.reason.contains("tun.ipv4"), "{e}");
     }
 }

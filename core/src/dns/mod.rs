@@ -34,7 +34,7 @@ mod upstream;
 use crate::dnswire::frame::{self, Frame};
 use crate::dnswire::msg;
 pub use crate::dnswire::{Upstream, UpstreamProto};
-pub use config::{DnsConfig, DnsConfigError, default_resolver};
+pub use config::{DnsConfig, DnsConfigError, DnsStrategy, default_resolver};
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
@@ -91,6 +91,9 @@ pub struct Dns {
     hijack_all: bool,
     /// `dns.reset_dot`.
     reset_dot: bool,
+    /// The family A/AAAA queries are answered empty for (`Some(true)`:
+    /// AAAA), from `dns.strategy` and the TUN's families.
+    empty_family: Option<bool>,
     cache: Cache,
     /// Bytes the cache may hold (shrinks with memory pressure).
     cache_bytes: Arc<ByteBudget>,
@@ -232,6 +235,7 @@ impl Dns {
         } else {
             None
         };
+        let tun_v6 = tun_nets.iter().any(|n| matches!(n, ipnet::IpNet::V6(_)));
         Ok(Some(Arc::new(Dns {
             outbounds,
             upstreams,
@@ -239,6 +243,7 @@ impl Dns {
             hijack,
             hijack_all: c.hijack_all,
             reset_dot: c.reset_dot,
+            empty_family: c.strategy.empty_family(tun_v6),
             cache: Cache::new(c.cache_entries),
             cache_bytes,
             in_flight,
@@ -305,6 +310,14 @@ impl Dns {
         };
         let limit = msg::udp_limit(&q);
         let qq = msg::question(&q)?;
+        // A family `dns.strategy` leaves out: no records, before fake-ip,
+        // the cache or an upstream is asked.
+        if let Some(v6) = msg::is_address_query(qq)
+            && self.empty_family == Some(v6)
+        {
+            d.strategy_empty.fetch_add(1, Relaxed);
+            return Some((msg::no_records(&q), limit));
+        }
         if let (Some(pool), Some(v6)) = (&self.fake, msg::is_address_query(qq)) {
             let name = msg::key_name(&qq.name);
             let domain = name.trim_end_matches('.');
@@ -757,6 +770,8 @@ mod tests {
         let d = service(|c| {
             c.dns.fake_ip = true;
             c.dns.fake_ip_filter = vec!["Real.Test.".into()];
+            // The fake-ip pool's own empty AAAA (not the strategy's).
+            c.dns.strategy = DnsStrategy::DualStack;
         });
         let stats = Stats::default();
         let rt = rt();
@@ -824,6 +839,100 @@ mod tests {
             }
         });
         (addr, asked)
+    }
+
+    /// The answer to `name`/`t` as a message.
+    async fn ask(d: &Dns, name: &str, t: RecordType, stats: &Stats) -> Message {
+        let q = msg::testutil::query(name, t, 9);
+        Message::from_vec(&d.answer(&q, stats).await.expect("answered")).expect("decode")
+    }
+
+    /// `dns.strategy`: the family it leaves out is answered NOERROR with
+    /// no records, counted, for fake-ip and forwarded answers alike, and
+    /// without asking the upstream; the other family is answered as
+    /// before. `auto` leaves AAAA out exactly when the TUN has no IPv6.
+    #[test]
+    fn strategy_answers_the_family_left_out_empty() {
+        use hickory_proto::rr::RData;
+        let v6_tun = |c: &mut Config| c.tun.ipv6 = Some("fd00:18::1/64".parse().expect("net"));
+        let empty = |r: &Message| {
+            assert_eq!(r.metadata.response_code, ResponseCode::NoError, "{r:?}");
+            assert!(r.answers.is_empty(), "{r:?}");
+            assert_eq!(r.metadata.id, 9);
+        };
+        rt().block_on(async {
+            // Fake-ip with both pools.
+            let fake = |strategy, tun6: bool| {
+                service(move |c| {
+                    c.dns.fake_ip = true;
+                    c.dns.fake_ip_pool6 = Some("fc00:18::/96".parse().expect("pool6"));
+                    c.dns.strategy = strategy;
+                    if tun6 {
+                        v6_tun(c);
+                    }
+                })
+            };
+            let stats = Stats::default();
+            let d = fake(DnsStrategy::Ipv4Only, true);
+            empty(&ask(&d, "v6.example.", RecordType::AAAA, &stats).await);
+            let r = ask(&d, "v6.example.", RecordType::A, &stats).await;
+            assert!(matches!(r.answers[0].data, RData::A(_)), "{r:?}");
+            assert_eq!(stats.dns.strategy_empty.load(Relaxed), 1);
+            assert_eq!(stats.dns.fakeip_answers.load(Relaxed), 1, "only the A");
+            let d = fake(DnsStrategy::Auto, true);
+            let r = ask(&d, "v6.example.", RecordType::AAAA, &stats).await;
+            assert!(matches!(r.answers[0].data, RData::AAAA(_)), "{r:?}");
+            let d = fake(DnsStrategy::Auto, false);
+            empty(&ask(&d, "v6.example.", RecordType::AAAA, &stats).await);
+            let d = fake(DnsStrategy::Ipv6Only, true);
+            empty(&ask(&d, "v6.example.", RecordType::A, &stats).await);
+            let r = ask(&d, "v6.example.", RecordType::AAAA, &stats).await;
+            assert!(matches!(r.answers[0].data, RData::AAAA(_)), "{r:?}");
+            assert_eq!(stats.dns.strategy_empty.load(Relaxed), 3);
+
+            // Forwarded: the upstream answers whatever it is asked.
+            let (up, asked) = slow_upstream(Duration::ZERO).await;
+            let fwd = |strategy, tun6: bool| {
+                service(move |c| {
+                    c.dns.upstreams = vec![format!("udp://{up}")];
+                    c.dns.strategy = strategy;
+                    if tun6 {
+                        v6_tun(c);
+                    }
+                })
+            };
+            let stats = Stats::default();
+            let d = fwd(DnsStrategy::Ipv4Only, true);
+            empty(&ask(&d, "a.test.", RecordType::AAAA, &stats).await);
+            assert_eq!(asked.load(Relaxed), 0, "not asked upstream");
+            assert_eq!(
+                ask(&d, "a.test.", RecordType::A, &stats)
+                    .await
+                    .answers
+                    .len(),
+                1
+            );
+            assert_eq!(asked.load(Relaxed), 1);
+            let d = fwd(DnsStrategy::Auto, false);
+            empty(&ask(&d, "b.test.", RecordType::AAAA, &stats).await);
+            assert_eq!(asked.load(Relaxed), 1, "not asked upstream");
+            // Other types pass whatever the strategy.
+            let r = ask(&d, "b.test.", RecordType::TXT, &stats).await;
+            assert_eq!(r.answers.len(), 1, "{r:?}");
+            assert_eq!(asked.load(Relaxed), 2);
+            assert_eq!(stats.dns.strategy_empty.load(Relaxed), 2);
+            // `auto` with IPv6 in the TUN, and `dual_stack` without: asked.
+            for d in [
+                fwd(DnsStrategy::Auto, true),
+                fwd(DnsStrategy::DualStack, false),
+            ] {
+                let before = asked.load(Relaxed);
+                let r = ask(&d, "c.test.", RecordType::AAAA, &stats).await;
+                assert_eq!(r.answers.len(), 1, "{r:?}");
+                assert_eq!(asked.load(Relaxed), before + 1);
+            }
+            assert_eq!(stats.dns.strategy_empty.load(Relaxed), 2);
+        });
     }
 
     /// Twenty hijacked queries for one name while the upstream is slow: it

@@ -116,9 +116,9 @@ pub struct ShadowsocksConfig {
     /// The password (SIP004 methods), or the base64 key (AEAD-2022); ignored by `none`.
     #[serde(default)]
     pub password: String,
-    /// Relay UDP flows through the server too (else they go direct).
-    #[serde(default = "yes")]
-    pub udp: bool,
+    /// What happens to the UDP flows the rules send here.
+    #[serde(default)]
+    pub udp: OutboundUdp,
 }
 
 /// A SOCKS5 proxy (RFC 1928), optionally with username/password (RFC 1929).
@@ -133,13 +133,69 @@ pub struct Socks5Config {
     pub username: Option<String>,
     #[serde(default)]
     pub password: Option<String>,
-    /// Relay UDP flows with UDP ASSOCIATE (else they go direct).
-    #[serde(default = "yes")]
-    pub udp: bool,
+    /// What happens to the UDP flows the rules send here (relayed with UDP
+    /// ASSOCIATE by default).
+    #[serde(default)]
+    pub udp: OutboundUdp,
 }
 
-fn yes() -> bool {
-    true
+/// What a proxy outbound does with the UDP flows the rules send it: `udp`
+/// in `[outbounds.NAME]`, written `true`, `false` or `"direct"`.
+///
+/// `false` refuses them rather than sending them around the proxy: a user
+/// who routes an app to a proxy expects none of its traffic to leave from
+/// the device's own address. Sending them direct is a choice made by name.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum OutboundUdp {
+    /// `true` (the default): relayed through the proxy (SOCKS5 UDP
+    /// ASSOCIATE, Shadowsocks UDP).
+    #[default]
+    Relay,
+    /// `false`: refused like a `reject` rule's flow, answered with an ICMP
+    /// port unreachable and counted as the drop `udp_outbound_refused`
+    /// (`core/src/udp/reject.rs`).
+    Refuse,
+    /// `"direct"`: sent direct, from the device's own address, outside the
+    /// proxy.
+    Direct,
+}
+
+impl Serialize for OutboundUdp {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            OutboundUdp::Relay => s.serialize_bool(true),
+            OutboundUdp::Refuse => s.serialize_bool(false),
+            OutboundUdp::Direct => s.serialize_str("direct"),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for OutboundUdp {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl serde::de::Visitor<'_> for V {
+            type Value = OutboundUdp;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("`udp` = true, false or \"direct\"")
+            }
+            fn visit_bool<E: serde::de::Error>(self, b: bool) -> Result<OutboundUdp, E> {
+                Ok(if b {
+                    OutboundUdp::Relay
+                } else {
+                    OutboundUdp::Refuse
+                })
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<OutboundUdp, E> {
+                match v {
+                    "direct" => Ok(OutboundUdp::Direct),
+                    _ => Err(E::custom(format!(
+                        "udp: {v:?} is not one of true, false, \"direct\""
+                    ))),
+                }
+            }
+        }
+        d.deserialize_any(V)
+    }
 }
 
 /// `server = "host:port"` in the TOML: read with [`parse_server`], written
@@ -180,7 +236,7 @@ struct OutboundToml {
     method: Option<ShadowsocksMethod>,
     username: Option<String>,
     password: Option<String>,
-    udp: Option<bool>,
+    udp: Option<OutboundUdp>,
 }
 
 #[derive(Deserialize, Clone, Copy, PartialEq, Eq)]
@@ -201,7 +257,7 @@ mod opt_server_text {
 impl TryFrom<OutboundToml> for OutboundConfig {
     type Error = String;
     fn try_from(t: OutboundToml) -> Result<Self, String> {
-        let udp = t.udp.unwrap_or(true);
+        let udp = t.udp.unwrap_or_default();
         if let Some(url) = t.url {
             if t.kind.is_some()
                 || t.server.is_some()
@@ -255,7 +311,7 @@ impl From<Link> for OutboundConfig {
                 server: l.server,
                 method: l.method,
                 password: l.password,
-                udp: true,
+                udp: OutboundUdp::Relay,
             }),
             Link::Socks5(l) => {
                 let (username, password) = l.credentials.unzip();
@@ -263,7 +319,7 @@ impl From<Link> for OutboundConfig {
                     server: l.server,
                     username,
                     password,
-                    udp: true,
+                    udp: OutboundUdp::Relay,
                 })
             }
         }
@@ -279,7 +335,15 @@ impl OutboundConfig {
         }
     }
 
-    fn set_udp(&mut self, udp: bool) {
+    /// What the outbound does with UDP flows.
+    pub fn udp(&self) -> OutboundUdp {
+        match self {
+            OutboundConfig::Socks5(c) => c.udp,
+            OutboundConfig::Shadowsocks(c) => c.udp,
+        }
+    }
+
+    fn set_udp(&mut self, udp: OutboundUdp) {
         match self {
             OutboundConfig::Socks5(c) => c.udp = udp,
             OutboundConfig::Shadowsocks(c) => c.udp = udp,
@@ -363,7 +427,7 @@ mod tests {
             OutboundConfig::Shadowsocks(c) => {
                 assert_eq!(c.method, ShadowsocksMethod::Blake3Aes128Gcm);
                 assert_eq!(c.password, "AAECAwQFBgcICQoLDA0ODw==");
-                assert!(!c.udp, "udp = false next to url");
+                assert_eq!(c.udp, OutboundUdp::Refuse, "udp = false next to url");
                 assert_eq!(
                     c.server,
                     Address::Ip("[2001:db8::1]:443".parse().expect("a"))
@@ -375,7 +439,7 @@ mod tests {
             OutboundConfig::Socks5(c) => {
                 assert_eq!(c.username.as_deref(), Some("me"));
                 assert_eq!(c.password.as_deref(), Some("p@ss"));
-                assert!(c.udp);
+                assert_eq!(c.udp, OutboundUdp::Relay);
             }
             other => panic!("{other:?}"),
         }
@@ -386,6 +450,44 @@ mod tests {
         }
         let text = toml::to_string(&T { outbounds: &o }).expect("serialize");
         assert_eq!(outbounds(&text).expect("reparse"), o);
+    }
+
+    /// `udp` takes `true`, `false` and `"direct"`, next to a table's fields
+    /// and next to `url`, and is written back the same; absent, it relays.
+    #[test]
+    fn udp_is_relay_refuse_or_direct() {
+        let socks = "type = \"socks5\"\nserver = \"192.0.2.1:1080\"";
+        let link = "url = \"socks5://192.0.2.1:1080\"";
+        for (head, udp, want) in [
+            (socks, "", OutboundUdp::Relay),
+            (socks, "udp = true", OutboundUdp::Relay),
+            (socks, "udp = false", OutboundUdp::Refuse),
+            (socks, "udp = \"direct\"", OutboundUdp::Direct),
+            (link, "", OutboundUdp::Relay),
+            (link, "udp = false", OutboundUdp::Refuse),
+            (link, "udp = \"direct\"", OutboundUdp::Direct),
+        ] {
+            let text = format!("[outbounds.x]\n{head}\n{udp}\n");
+            let o = outbounds(&text).expect(&text);
+            assert_eq!(o["x"].udp(), want, "{text}");
+            #[derive(Serialize)]
+            struct T<'a> {
+                outbounds: &'a BTreeMap<String, OutboundConfig>,
+            }
+            let back = toml::to_string(&T { outbounds: &o }).expect("serialize");
+            assert_eq!(outbounds(&back).expect(&back), o, "{back}");
+        }
+        let ss = "type = \"shadowsocks\"\nserver = \"192.0.2.1:8388\"\nmethod = \"none\"";
+        let o = outbounds(&format!("[outbounds.x]\n{ss}\nudp = \"direct\"\n")).expect("ss");
+        assert_eq!(o["x"].udp(), OutboundUdp::Direct);
+        // Anything else is an error that names the field and the choices.
+        for bad in ["\"Direct\"", "\"yes\"", "1", "\"\""] {
+            let text = format!("[outbounds.x]\n{socks}\nudp = {bad}\n");
+            let e = outbounds(&text).expect_err(&text);
+            assert!(e.contains("udp"), "{text}: {e}");
+            assert!(e.contains("\"direct\""), "{text}: {e}");
+            assert!(e.contains("line "), "{text}: {e}");
+        }
     }
 
     #[test]

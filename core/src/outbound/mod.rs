@@ -34,7 +34,7 @@ pub mod shadowsocks;
 pub mod socks5;
 
 pub use addr::Address;
-use config::{BadOutbound, DirectConfig, OutboundConfig};
+use config::{BadOutbound, DirectConfig, OutboundConfig, OutboundUdp};
 use shadowsocks::{Key, ShadowsocksError, UdpSession};
 use socks5::{Credentials, HandshakeError, Socks5Error};
 
@@ -193,12 +193,12 @@ enum Proxy {
     Socks5 {
         server: Server,
         creds: Option<Credentials>,
-        udp: bool,
+        udp: OutboundUdp,
     },
     Shadowsocks {
         server: Server,
         key: Key,
-        udp: bool,
+        udp: OutboundUdp,
     },
 }
 
@@ -537,12 +537,30 @@ impl Outbounds {
 
     /// Whether UDP flows on `route` go through a proxy (the queued path).
     pub fn udp_proxied(&self, route: Route) -> bool {
+        matches!(route, Route::Proxy(_)) && self.proxy_udp(route) == OutboundUdp::Relay
+    }
+
+    /// The route a UDP flow the rules send along `route` takes: the same,
+    /// or direct for a proxy with `udp = "direct"`; `None` when the proxy
+    /// refuses UDP (`udp = false`), which the caller counts and answers
+    /// like a `reject` rule's refusal.
+    pub fn udp_route(&self, route: Route) -> Option<Route> {
+        match self.proxy_udp(route) {
+            OutboundUdp::Relay => Some(route),
+            OutboundUdp::Direct => Some(Route::Direct),
+            OutboundUdp::Refuse => None,
+        }
+    }
+
+    /// A proxy route's `udp` setting; `Relay` for the built-in routes
+    /// (they are what they say).
+    fn proxy_udp(&self, route: Route) -> OutboundUdp {
         match route {
-            Route::Proxy(i) => matches!(
-                self.proxies.get(i),
-                Some(Proxy::Socks5 { udp: true, .. } | Proxy::Shadowsocks { udp: true, .. })
-            ),
-            _ => false,
+            Route::Proxy(i) => match self.proxies.get(i) {
+                Some(Proxy::Socks5 { udp, .. } | Proxy::Shadowsocks { udp, .. }) => *udp,
+                None => OutboundUdp::Refuse,
+            },
+            Route::Direct | Route::Reject => OutboundUdp::Relay,
         }
     }
 
@@ -559,7 +577,7 @@ impl Outbounds {
             Some(Proxy::Socks5 {
                 server,
                 creds,
-                udp: true,
+                udp: OutboundUdp::Relay,
             }) => {
                 let (mut control, server) = self.connect_server(Route::Proxy(i), server).await?;
                 // The client's own UDP address is not known before the socket
@@ -587,7 +605,7 @@ impl Outbounds {
             Some(Proxy::Shadowsocks {
                 server,
                 key,
-                udp: true,
+                udp: OutboundUdp::Relay,
             }) => Ok(ProxyUdp {
                 sock: match server {
                     Server::Ip(a) => self.factory.udp_connected(*a)?,

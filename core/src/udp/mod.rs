@@ -40,8 +40,9 @@
 //! (`Dispatcher::plan`, with `Network::Udp`): DNS to a hijacked address,
 //! a route by address or by the domain behind a fake-ip address, a route
 //! by the server name in its QUIC Initials (`sniff.rs`), or a refusal,
-//! counted there (`udp_rejected`, `fake_ip_unknown`); a rule's refusal is
-//! answered with an ICMP port unreachable (`reject.rs`).
+//! counted there (`udp_rejected`, `udp_outbound_refused`,
+//! `fake_ip_unknown`); a refusal by a rule or by a proxy with `udp = false`
+//! is answered with an ICMP port unreachable (`reject.rs`).
 //!
 //! DNS (when `[dns]` is on): a datagram to a hijacked address's port 53 opens
 //! no flow. Its payload is copied to a task that asks the DNS service and
@@ -396,9 +397,9 @@ impl UdpTable {
                 Some((route, held)) => (route, Address::Ip(key.server), held),
                 None => return,
             },
-            // Refused by a rule, and counted by the plan: the app hears it
-            // at once (`reject.rs`).
-            Err(Refusal::Rule) => {
+            // Refused by a rule or by a proxy that refuses UDP, and
+            // counted by the plan: the app hears it at once (`reject.rs`).
+            Err(Refusal::Rule | Refusal::NoUdp) => {
                 let tun = &self.shared.tun;
                 return self.unreachable.answer(buf, ip, tun, now, local);
             }
@@ -530,7 +531,7 @@ impl UdpTable {
                 .abort_handle();
                 (FlowIo::Queued(queue), task)
             }
-            // Direct, or a proxy configured without UDP.
+            // Direct (a proxy with `udp = "direct"` planned as direct).
             _ => {
                 let sock = match shared.factory.udp_connected(server) {
                     Ok(s) => Arc::new(s),

@@ -1,4 +1,5 @@
-//! The answer to a datagram a `reject` rule refuses: an ICMP "port
+//! The answer to a datagram a `reject` rule refuses, or a proxy outbound
+//! with `udp = false` (counted `udp_outbound_refused`): an ICMP "port
 //! unreachable" written to the TUN, as the host would answer for a port
 //! with no socket (`packet::port_unreachable`). A connected UDP socket in
 //! the app then fails its next receive or send with `ECONNREFUSED`, so a
@@ -12,11 +13,11 @@
 //! (`udp/mod.rs`) takes it for both.
 //!
 //! Bounded: answers are rate limited ([`BURST`], [`INTERVAL`]); beyond, a
-//! refused datagram is still dropped and counted (`udp_rejected`), and the
-//! answer it did not get is counted too (`icmp_rate_limited`). The error is
-//! built in one buffer the flow table owns, written with a non-blocking
-//! send (a full device queue is a counted `tun_write`), nothing allocated
-//! per datagram.
+//! refused datagram is still dropped and counted (`udp_rejected` or
+//! `udp_outbound_refused`), and the answer it did not get is counted too
+//! (`icmp_rate_limited`). The error is built in one buffer the flow table
+//! owns, written with a non-blocking send (a full device queue is a
+//! counted `tun_write`), nothing allocated per datagram.
 
 use std::time::{Duration, Instant};
 

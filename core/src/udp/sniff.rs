@@ -29,7 +29,6 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
 use super::UdpTable;
-use crate::dispatch::Network;
 use crate::nat::FlowKey;
 use crate::outbound::Route;
 use crate::packet::IpInfo;
@@ -50,8 +49,10 @@ pub(super) enum Sniffing {
         bytes: usize,
         started: Instant,
     },
-    /// Refused by a rule on its name; `last` datagram seen then.
-    Refused { last: Instant },
+    /// Refused on its name (a `reject` rule, or a proxy with `udp =
+    /// false`); `last` datagram seen then, `why` the drop each of its
+    /// datagrams counts.
+    Refused { last: Instant, why: EngineDrop },
 }
 
 impl UdpTable {
@@ -90,9 +91,9 @@ impl UdpTable {
                 started: now,
             });
         let (sniffer, held, bytes, started) = match entry {
-            Sniffing::Refused { last } => {
+            Sniffing::Refused { last, why } => {
                 *last = now;
-                local.drop(EngineDrop::UdpRejected);
+                local.drop(*why);
                 let tun = &self.shared.tun;
                 self.unreachable.answer(buf, ip, tun, now, local);
                 return None;
@@ -114,28 +115,29 @@ impl UdpTable {
             }
             Sniffed::Domain { name, .. } => {
                 self.shared.d.stats.dns.sniffed.fetch_add(1, Relaxed);
-                self.shared
-                    .d
-                    .route_sniffed_on(key.server, Some(name), Network::Udp)
+                self.shared.d.route_sniffed_udp(key.server, Some(name))
             }
             _ => {
                 self.shared.d.stats.dns.sniff_misses.fetch_add(1, Relaxed);
-                self.shared
-                    .d
-                    .route_sniffed_on(key.server, None, Network::Udp)
+                self.shared.d.route_sniffed_udp(key.server, None)
             }
         };
         let held = std::mem::take(held);
-        if route == Route::Reject {
-            // This datagram and those held: all refused.
-            for _ in 0..=held.len() {
-                local.drop(EngineDrop::UdpRejected);
+        let route = match route {
+            Ok(r) => r,
+            Err(refusal) => {
+                // This datagram and those held: all refused.
+                let why = refusal.udp_drop();
+                for _ in 0..=held.len() {
+                    local.drop(why);
+                }
+                self.sniffing
+                    .insert(key, Sniffing::Refused { last: now, why });
+                let tun = &self.shared.tun;
+                self.unreachable.answer(buf, ip, tun, now, local);
+                return None;
             }
-            self.sniffing.insert(key, Sniffing::Refused { last: now });
-            let tun = &self.shared.tun;
-            self.unreachable.answer(buf, ip, tun, now, local);
-            return None;
-        }
+        };
         self.sniffing.remove(&key);
         Some((route, held))
     }
@@ -166,7 +168,7 @@ impl UdpTable {
         let unreplied = self.shared.unreplied;
         let mut due = Vec::new();
         self.sniffing.retain(|k, s| match s {
-            Sniffing::Refused { last } => now.saturating_duration_since(*last) < unreplied,
+            Sniffing::Refused { last, .. } => now.saturating_duration_since(*last) < unreplied,
             Sniffing::Reading { started, .. } => {
                 if now.saturating_duration_since(*started) >= timeout {
                     due.push(*k);
@@ -179,16 +181,15 @@ impl UdpTable {
                 continue;
             };
             self.shared.d.stats.dns.sniff_misses.fetch_add(1, Relaxed);
-            let route = self
-                .shared
-                .d
-                .route_sniffed_on(key.server, None, Network::Udp);
-            if route == Route::Reject {
-                for _ in 0..held.len() {
-                    local.drop(EngineDrop::UdpRejected);
+            let route = match self.shared.d.route_sniffed_udp(key.server, None) {
+                Ok(r) => r,
+                Err(refusal) => {
+                    for _ in 0..held.len() {
+                        local.drop(refusal.udp_drop());
+                    }
+                    continue;
                 }
-                continue;
-            }
+            };
             let dst = crate::outbound::Address::Ip(key.server);
             if self.open_planned(key, route, dst, now, local) {
                 for p in held {
@@ -203,7 +204,7 @@ impl Sniffing {
     fn last_seen(&self) -> Instant {
         match self {
             Sniffing::Reading { started, .. } => *started,
-            Sniffing::Refused { last } => *last,
+            Sniffing::Refused { last, .. } => *last,
         }
     }
 

@@ -237,7 +237,7 @@ fun round(n: Int) {
         config("ktbad$n", "198.18.0.1/16", null, null).copy(sniff = SniffOptions(ports = listOf("http"))), hooks)
     expectConfigError("round $n: outbound with a bad server address", "outbounds.proxy.server",
         config("ktbad$n", "198.18.0.1/16", null, null).copy(
-            outbounds = mapOf("proxy" to Outbound.Socks5(server = "not-an-address", username = null, password = null, udp = true)),
+            outbounds = mapOf("proxy" to Outbound.Socks5(server = "not-an-address", username = null, password = null, udp = OutboundUdp.RELAY)),
         ), hooks)
     try {
         Engine.start(config("ktbad$n", "198.18.0.1/16", null, null), 1_000_000, hooks).close()
@@ -292,10 +292,10 @@ guarded {
         check(e.field == "dns.upstreams", "resolverAddresses() names the bad field: ${e.field}")
     }
     val ss = outboundFromUrl("ss://YWVzLTI1Ni1nY206c2VjcmV0@198.19.1.2:8388#tokyo")
-    check(ss == Outbound.Shadowsocks("198.19.1.2:8388", ShadowsocksMethod.AES256_GCM, "secret", true),
+    check(ss == Outbound.Shadowsocks("198.19.1.2:8388", ShadowsocksMethod.AES256_GCM, "secret", OutboundUdp.RELAY),
         "outboundFromUrl() reads an ss:// link: $ss")
     val socks = outboundFromUrl("socks5://me:p%40ss@proxy.example:1080")
-    check(socks == Outbound.Socks5("proxy.example:1080", "me", "p@ss", true),
+    check(socks == Outbound.Socks5("proxy.example:1080", "me", "p@ss", OutboundUdp.RELAY),
         "outboundFromUrl() reads a socks5:// link with a host name: $socks")
     try {
         outboundFromUrl("ss://YWVzLTI1Ni1nY206c2VjcmV0@198.19.1.2:8388/?plugin=obfs-local")

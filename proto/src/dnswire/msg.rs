@@ -183,6 +183,14 @@ pub fn encode(m: &Message) -> Vec<u8> {
     }
 }
 
+/// NOERROR without records for `q` (RFC 2308 section 2.2, NODATA: the
+/// name exists, without records of the type asked for). No SOA goes with
+/// it, so resolvers do not cache it (RFC 2308 section 5) and ask again;
+/// the engine answers that from memory.
+pub fn no_records(q: &Message) -> Vec<u8> {
+    encode(&reply_to(q, ResponseCode::NoError))
+}
+
 /// A fake-ip answer: one A/AAAA record with `ttl`, or an empty NOERROR
 /// (`addr` = `None`, e.g. AAAA without an IPv6 pool).
 pub fn fake_answer(q: &Message, addr: Option<IpAddr>, ttl: u32) -> Vec<u8> {
