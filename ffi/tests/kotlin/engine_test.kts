@@ -561,7 +561,10 @@ fun networkChanges() {
     } catch (e: KerntunException.NotRunning) {
         check(true, "network: stopped -> KerntunException.NotRunning (${e.reason})")
     }
-    engine.close()
+    val handle = org.kerntun.android.EngineHandle(engine)
+    check(!handle.networkChanged(info), "network: through EngineHandle a stopped engine answers false")
+    handle.close()
+    check(!handle.networkChanged(info), "network: ... and so does a closed one")
 }
 
 guarded(" in the fault checks:") {
