@@ -206,9 +206,15 @@ impl NetworkWatch {
     }
 
     /// Resolves once a change strands `sock` ([`Addresses::strands`]);
-    /// never on a network that still carries it.
+    /// never on a network that still carries it. After the first change it
+    /// also checks at once against the last one: a socket connected on the
+    /// old network whose relay starts only after the change (its accept
+    /// came later) is caught too, for one `getsockname` per relay.
     pub async fn stranded<S: AsFd>(&self, sock: &S) {
         let mut rx = self.tx.subscribe();
+        if rx.borrow().is_some() {
+            rx.mark_changed();
+        }
         loop {
             if rx.changed().await.is_err() {
                 // The sender lives as long as the engine's lifecycle.
@@ -310,6 +316,17 @@ mod tests {
             // One without it: stranded.
             w.publish(Arc::new(Addresses(vec![held("10.0.0.2", 2, "wlan0")])));
             assert!(ready(lost.as_mut()), "its address went");
+            // A relay that starts after that change checks against it at once.
+            let late = w.stranded(&sock);
+            tokio::pin!(late);
+            assert!(ready(late.as_mut()), "connected before, relayed after");
+            w.publish(Arc::new(Addresses(vec![held("127.0.0.1", 1, "lo")])));
+            let fine = w.stranded(&sock);
+            tokio::pin!(fine);
+            assert!(
+                !ready(fine.as_mut()),
+                "a relay on the current network waits"
+            );
         });
     }
 
