@@ -313,6 +313,11 @@ uint64_t uniffi_kerntun_ffi_fn_method_engine_events_dropped(uint64_t ptr, RustCa
 int8_t uniffi_kerntun_ffi_fn_method_engine_is_running(uint64_t ptr, RustCallStatus *_Nonnull out_status
 );
 #endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_FN_METHOD_ENGINE_NETWORK_CHANGED
+#define UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_FN_METHOD_ENGINE_NETWORK_CHANGED
+int8_t uniffi_kerntun_ffi_fn_method_engine_network_changed(uint64_t ptr, RustBuffer info, RustCallStatus *_Nonnull out_status
+);
+#endif
 #ifndef UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_FN_METHOD_ENGINE_RECENT_LOGS
 #define UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_FN_METHOD_ENGINE_RECENT_LOGS
 RustBuffer uniffi_kerntun_ffi_fn_method_engine_recent_logs(uint64_t ptr, RustCallStatus *_Nonnull out_status
@@ -737,6 +742,12 @@ uint16_t uniffi_kerntun_ffi_checksum_method_engine_events_dropped(void
 #ifndef UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_CHECKSUM_METHOD_ENGINE_IS_RUNNING
 #define UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_CHECKSUM_METHOD_ENGINE_IS_RUNNING
 uint16_t uniffi_kerntun_ffi_checksum_method_engine_is_running(void
+    
+);
+#endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_CHECKSUM_METHOD_ENGINE_NETWORK_CHANGED
+#define UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_CHECKSUM_METHOD_ENGINE_NETWORK_CHANGED
+uint16_t uniffi_kerntun_ffi_checksum_method_engine_network_changed(void
     
 );
 #endif

@@ -10,6 +10,7 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
+use crate::network::Addresses;
 use crate::packet::frag::{Limits, Reassembler};
 use crate::packet::{self, Disposition, IpInfo, Reject, protocol};
 use crate::stack::Stack;
@@ -169,6 +170,12 @@ impl Demux {
         let stats = &self.stats;
         self.frags
             .expire(now, |d| Stats::drop(stats, EngineDrop::of_frag(d)));
+    }
+
+    /// The host moved to another network: close the direct UDP flows whose
+    /// sockets it stranded (`udp::UdpTable::network_changed`).
+    pub fn network_changed(&mut self, addrs: &Addresses) {
+        self.udp.network_changed(addrs, &mut self.local);
     }
 
     /// A drain ended: the uplink datagrams gathered in it leave now (one GSO

@@ -24,6 +24,7 @@ use crate::dispatch::Dispatcher;
 use crate::driver::{self, DriverKind};
 use crate::lifecycle::{EngineTask, Lifecycle, Phase, supervised};
 use crate::nat::{NatConfig, WindowBudget};
+use crate::network::{Addresses, NetworkError, NetworkInfo};
 use crate::outbound::{Outbounds, Protect, SocketFactory};
 use crate::stack::Stack;
 use crate::stack::smoltcp::{SmoltcpStack, Sockets};
@@ -116,8 +117,12 @@ struct Parts {
     life: Arc<Lifecycle>,
     stats: Arc<Stats>,
     admission: Arc<Admission>,
-    /// Trimmed when the host raises the memory pressure.
+    /// Trimmed when the host raises the memory pressure; its answers are
+    /// forgotten when the network moves.
     dns: Option<Arc<crate::dns::Dns>>,
+    /// Rebound, and its proxies' names forgotten, when the network moves.
+    factory: SocketFactory,
+    outbounds: Arc<Outbounds>,
     stack: Stack,
     tun: Arc<Tun>,
     mtu: u16,
@@ -247,6 +252,66 @@ impl Engine {
                 admission.limit(now)
             );
         }
+    }
+
+    /// The host's network moved (or its addresses changed): direct
+    /// sockets opened from now on bind to `info`'s interface; the TCP
+    /// sessions and direct UDP flows whose outbound socket the change left
+    /// without its address (or its interface without an address of the
+    /// socket's family) are reset and closed, so apps reconnect at once,
+    /// while those the new network still carries go on; cached DNS answers
+    /// and the addresses of proxies given by host name are forgotten
+    /// (fake-ip mappings stay: apps hold those addresses). The event sink
+    /// hears [`crate::EngineEvent::NetworkChanged`].
+    ///
+    /// Returns whether anything changed: the same `info` over the same
+    /// interface addresses as last time is a no-op (nothing counted). The
+    /// resets happen on the engine's threads right after this returns
+    /// (`network_changes`, `sessions_reset_on_network_change`,
+    /// `udp_flows_dropped_on_network_change` count them). Never blocks on
+    /// the network; safe to call from any thread.
+    pub fn network_changed(&self, info: NetworkInfo) -> Result<bool, NetworkError> {
+        let Some(inner) = self
+            .inner
+            .as_ref()
+            .filter(|i| i.parts.life.phase() == Phase::Running)
+        else {
+            return Err(NetworkError::NotRunning);
+        };
+        let parts = &inner.parts;
+        let addrs = Addresses::read().map_err(NetworkError::Interfaces)?;
+        let net = parts.life.network();
+        let Some(addrs) = net.record(&info, addrs) else {
+            return Ok(false);
+        };
+        let interface = info.interface.as_ref().map(|i| i.name.clone());
+        // New sockets first, so nothing opened after the resets below
+        // leaves on the old network.
+        parts.factory.rebind(info.interface.clone());
+        if let Some(dns) = &parts.dns {
+            dns.forget_answers();
+        }
+        parts.outbounds.forget_names();
+        parts.stats.network_changes.fetch_add(1, Relaxed);
+        net.publish(addrs);
+        tracing::info!(
+            "network changed: default interface {} (index {}), IPv4 {}, IPv6 {}, DNS {:?}{}{}",
+            interface.as_deref().unwrap_or("none"),
+            info.interface.as_ref().map_or(0, |i| i.index),
+            info.has_ipv4,
+            info.has_ipv6,
+            info.dns_servers,
+            if info.expensive { ", expensive" } else { "" },
+            if info.constrained {
+                ", constrained"
+            } else {
+                ""
+            },
+        );
+        parts
+            .life
+            .emit(crate::EngineEvent::NetworkChanged { interface });
+        Ok(true)
     }
 
     /// Diagnostics: one line per smoltcp socket (state, queues, windows,
@@ -410,6 +475,7 @@ async fn assemble(
         )
         .map_err(ConfigError::from)?,
     );
+    let outbounds_part = outbounds.clone();
     let stats = Arc::new(Stats::with_outbounds(outbounds.names()));
     let nets: Vec<IpNet> = config.tun.nets();
     // Every memory budget (admission too) reads the one pressure the host
@@ -530,7 +596,7 @@ async fn assemble(
         Arc::new(UdpEnv {
             d,
             tun: tun.clone(),
-            factory,
+            factory: factory.clone(),
             mtu: config.tun.mtu,
             max_flows: budget.udp_flows,
             idle: config.udp_idle(),
@@ -551,6 +617,8 @@ async fn assemble(
             stats,
             admission,
             dns: dns_part,
+            factory,
+            outbounds: outbounds_part,
             stack,
             tun,
             mtu: config.tun.mtu,

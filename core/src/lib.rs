@@ -62,6 +62,7 @@ pub mod bench {
 }
 mod lifecycle;
 pub use kerntun_proto::nat;
+pub mod network;
 pub mod outbound;
 pub use kerntun_proto::packet;
 pub mod relay;

@@ -26,6 +26,8 @@ use std::task::Poll;
 use parking_lot::Mutex;
 use tokio::sync::watch;
 
+use crate::network::NetworkWatch;
+
 /// Where the engine is in its life. Ordered: a phase only ever moves forward.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) enum Phase {
@@ -45,6 +47,10 @@ pub enum EngineEvent {
     Failed { reason: String },
     /// `Engine::stop` finished (after `Failed`, if the engine had failed).
     Stopped,
+    /// The host reported a new network (`Engine::network_changed`): new
+    /// direct sockets bind to `interface` (`None`: no network), and the
+    /// connections the old one stranded are being reset.
+    NetworkChanged { interface: Option<String> },
 }
 
 /// Where an engine tells its host of [`EngineEvent`]s. Called on the
@@ -61,6 +67,9 @@ pub(crate) struct Lifecycle {
     /// The host's sink, if it set one. Taken for each event, which happen a
     /// few times in an engine's life.
     sink: Mutex<Option<Arc<dyn EventSink>>>,
+    /// The network the host reported last (`network.rs`), heard by every
+    /// relay and the UDP flow table.
+    network: NetworkWatch,
     /// The test-only fault hook (`Engine::inject_fault`).
     #[cfg(any(test, feature = "fault-injection"))]
     fault: watch::Sender<Option<(EngineTask, Fault)>>,
@@ -82,6 +91,7 @@ impl Default for Lifecycle {
             phase: watch::Sender::new(Phase::Running),
             fatal: Mutex::new(None),
             sink: Mutex::new(None),
+            network: NetworkWatch::default(),
             #[cfg(any(test, feature = "fault-injection"))]
             fault: watch::Sender::new(None),
         }
@@ -270,6 +280,11 @@ impl Lifecycle {
         if let Some(s) = sink {
             s.event(event);
         }
+    }
+
+    /// The network the host reported last, and where its changes are heard.
+    pub fn network(&self) -> &NetworkWatch {
+        &self.network
     }
 
     /// The fatal error, if one ended the engine.

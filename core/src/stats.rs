@@ -57,6 +57,14 @@ pub struct Stats {
     /// Relay directions that could have spliced but copied (fallback errno,
     /// no pipe, SIGPIPE at its default action).
     pub splice_fallbacks: AtomicU64,
+    /// Network changes the host reported that changed something
+    /// (`Engine::network_changed`; the same network twice counts once).
+    pub network_changes: AtomicU64,
+    /// TCP sessions reset because a network change left their outbound
+    /// socket's address (or interface) behind.
+    pub sessions_reset_on_network_change: AtomicU64,
+    /// Direct UDP flows closed for the same reason.
+    pub udp_flows_dropped_on_network_change: AtomicU64,
     /// Per proxy outbound, in the order of [`crate::outbound::Outbounds::names`].
     pub outbounds: Box<[OutboundCounters]>,
     /// DNS hijack, cache, fake-ip and sniffing.
@@ -367,6 +375,12 @@ pub struct StatsSnapshot {
     pub tcp_bytes_copied: u64,
     /// Relay directions that fell back from splice to a userspace copy.
     pub splice_fallbacks: u64,
+    /// Network changes that changed something (`Engine::network_changed`).
+    pub network_changes: u64,
+    /// TCP sessions reset because a network change stranded their outbound.
+    pub sessions_reset_on_network_change: u64,
+    /// Direct UDP flows closed because a network change stranded their socket.
+    pub udp_flows_dropped_on_network_change: u64,
     /// Per proxy outbound.
     pub outbounds: Vec<OutboundSnapshot>,
     /// DNS service and sniffing.
@@ -438,6 +452,9 @@ impl Stats {
             tcp_bytes_spliced: g(&self.tcp_bytes_spliced),
             tcp_bytes_copied: g(&self.tcp_bytes_copied),
             splice_fallbacks: g(&self.splice_fallbacks),
+            network_changes: g(&self.network_changes),
+            sessions_reset_on_network_change: g(&self.sessions_reset_on_network_change),
+            udp_flows_dropped_on_network_change: g(&self.udp_flows_dropped_on_network_change),
             dns: self.dns.snapshot(),
             outbounds: self
                 .outbounds

@@ -193,6 +193,36 @@ impl Engine {
         }));
     }
 
+    /// Tell the engine that the device's network moved (iOS: an `NWPath`
+    /// update; Android: the default network's callback): direct sockets
+    /// opened from now on bind to `info.interface_name` (Linux/Android) or
+    /// `info.interface_index` (iOS/macOS); TCP connections and direct UDP
+    /// flows whose outbound socket the change left without its address are
+    /// reset at once, so apps reconnect on the new network, while those the
+    /// new network still carries go on; cached DNS answers and the
+    /// addresses of proxies given by host name are forgotten (fake-ip
+    /// addresses stay valid). The listener hears
+    /// `EngineEvent.NetworkChanged`; `stats()` counts `network_changes`,
+    /// `sessions_reset_on_network_change`,
+    /// `udp_flows_dropped_on_network_change`.
+    ///
+    /// Returns whether anything changed: the same info over the same
+    /// interface addresses as last time does nothing. Fast (reads the
+    /// interfaces' addresses; never waits on the network); callable from
+    /// any thread. Errors: `NotRunning` on a stopped or failed engine,
+    /// `Network` for a DNS server that is not an IP address.
+    pub fn network_changed(&self, info: NetworkInfo) -> Result<bool, KerntunError> {
+        guard(|| {
+            let info = info.to_core()?;
+            let Some(e) = self.running() else {
+                return Err(KerntunError::from(
+                    kerntun::network::NetworkError::NotRunning,
+                ));
+            };
+            scoped(&self.log.dispatch, || e.network_changed(info)).map_err(KerntunError::from)
+        })
+    }
+
     /// Whether the engine is running (not stopping or stopped, no fatal
     /// error). Never blocks on `stop`.
     pub fn is_running(&self) -> bool {
@@ -274,6 +304,56 @@ impl Engine {
             self.running().and_then(|e| e.tun_name())
         }))
         .unwrap_or(None)
+    }
+}
+
+/// What the platform knows of the network the device is on now, for
+/// [`Engine::network_changed`].
+#[derive(Debug, Clone, Default, PartialEq, Eq, uniffi::Record)]
+pub struct NetworkInfo {
+    /// The default interface's name (`en0`, `pdp_ip0`, `wlan0`,
+    /// `rmnet_data0`); `None` while the device has no network.
+    pub interface_name: Option<String>,
+    /// Its index (`if_nametoindex`; iOS/macOS bind by it); 0 when unknown.
+    pub interface_index: u32,
+    pub has_ipv4: bool,
+    pub has_ipv6: bool,
+    /// The network's DNS servers, as IP addresses (`8.8.8.8`,
+    /// `2001:4860:4860::8888`; a scope suffix such as `%en0` is ignored).
+    pub dns_servers: Vec<String>,
+    /// A metered network (cellular, a personal hotspot).
+    pub expensive: bool,
+    /// A network in a low-data mode.
+    pub constrained: bool,
+}
+
+impl NetworkInfo {
+    fn to_core(&self) -> Result<kerntun::network::NetworkInfo, KerntunError> {
+        let dns_servers = self
+            .dns_servers
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                let ip = s.split('%').next().unwrap_or_default();
+                ip.parse().map_err(|_| KerntunError::Network {
+                    field: format!("dns_servers[{i}]"),
+                    reason: format!("{s:?} is not an IP address"),
+                })
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(kerntun::network::NetworkInfo {
+            interface: self.interface_name.as_ref().map(|name| {
+                kerntun::network::DefaultInterface {
+                    name: name.clone(),
+                    index: self.interface_index,
+                }
+            }),
+            has_ipv4: self.has_ipv4,
+            has_ipv6: self.has_ipv6,
+            dns_servers,
+            expensive: self.expensive,
+            constrained: self.constrained,
+        })
     }
 }
 

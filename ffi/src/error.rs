@@ -35,6 +35,14 @@ pub enum KerntunError {
     /// The process-wide logger could not be installed (another one is).
     #[error("installing the logger: {reason}")]
     Logging { reason: String },
+    /// The engine is stopped (or failed): the call needs a running one.
+    #[error("the engine is not running: {reason}")]
+    NotRunning { reason: String },
+    /// `networkChanged` could not use what it was given (`field` names
+    /// it: `dns_servers[1]`), or could not read the interfaces' addresses
+    /// (`field` is `interfaces`).
+    #[error("network info: {field}: {reason}")]
+    Network { field: String, reason: String },
     /// A bug: the library panicked. The engine involved is stopped.
     #[error("internal error (please report): {reason}")]
     Internal { reason: String },
@@ -91,6 +99,27 @@ impl From<ConfigError> for KerntunError {
         KerntunError::Config {
             field,
             reason: e.to_string(),
+        }
+    }
+}
+
+impl From<kerntun::network::NetworkError> for KerntunError {
+    fn from(e: kerntun::network::NetworkError) -> Self {
+        use kerntun::network::NetworkError;
+        match e {
+            NetworkError::NotRunning => KerntunError::NotRunning {
+                reason: "networkChanged needs a running engine".into(),
+            },
+            NetworkError::Interfaces(_) => KerntunError::Network {
+                field: "interfaces".into(),
+                reason: e.to_string(),
+            },
+            // NetworkError is non_exhaustive: a later variant still
+            // arrives typed, with its message.
+            other => KerntunError::Network {
+                field: String::new(),
+                reason: other.to_string(),
+            },
         }
     }
 }

@@ -26,6 +26,11 @@ pub enum EngineEvent {
     /// `stop()` finished (also said at once to a listener set on a stopped
     /// engine).
     Stopped,
+    /// `networkChanged` moved the engine to a new network: direct sockets
+    /// now bind to `interface_name` (`null`: no network), and the
+    /// connections the old network stranded are being reset. The engine
+    /// keeps running.
+    NetworkChanged { interface_name: Option<String> },
 }
 
 impl From<kerntun::EngineEvent> for EngineEvent {
@@ -33,6 +38,9 @@ impl From<kerntun::EngineEvent> for EngineEvent {
         match e {
             kerntun::EngineEvent::Running => Self::Running,
             kerntun::EngineEvent::Failed { reason } => Self::Failed { reason },
+            kerntun::EngineEvent::NetworkChanged { interface } => Self::NetworkChanged {
+                interface_name: interface,
+            },
             // `kerntun::EngineEvent` is non-exhaustive; Stopped and anything
             // newer end the engine as far as the app is concerned.
             _ => Self::Stopped,

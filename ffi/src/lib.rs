@@ -59,7 +59,7 @@ pub use config::{
     ShadowsocksMethod, SniffOptions, Stack, TimeoutOptions, TunOptions, default_config,
     outbound_from_url, resolver_addresses,
 };
-pub use engine::Engine;
+pub use engine::{Engine, NetworkInfo};
 #[cfg(feature = "fault-injection")]
 pub use engine::{FaultKind, FaultTask};
 pub use error::{HookError, KerntunError};

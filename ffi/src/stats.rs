@@ -170,6 +170,14 @@ pub struct EngineStats {
     pub tcp_bytes_copied: u64,
     /// Relay directions that fell back from splice to a userspace copy.
     pub splice_fallbacks: u64,
+    /// Network changes that changed something (`Engine.networkChanged`;
+    /// the same network twice counts once).
+    pub network_changes: u64,
+    /// TCP sessions reset because a network change left their outbound
+    /// socket's address or interface behind.
+    pub sessions_reset_on_network_change: u64,
+    /// Direct UDP flows closed for the same reason.
+    pub udp_flows_dropped_on_network_change: u64,
     /// Per proxy outbound.
     pub outbounds: Vec<OutboundStats>,
     /// DNS service and sniffing.
@@ -222,6 +230,9 @@ impl From<StatsSnapshot> for EngineStats {
             tcp_bytes_spliced,
             tcp_bytes_copied,
             splice_fallbacks,
+            network_changes,
+            sessions_reset_on_network_change,
+            udp_flows_dropped_on_network_change,
         } converted {
             stack: stack.to_string(),
             driver: driver.to_string(),

@@ -631,6 +631,28 @@ public protocol EngineProtocol: AnyObject, Sendable {
     func isRunning()  -> Bool
     
     /**
+     * Tell the engine that the device's network moved (iOS: an `NWPath`
+     * update; Android: the default network's callback): direct sockets
+     * opened from now on bind to `info.interface_name` (Linux/Android) or
+     * `info.interface_index` (iOS/macOS); TCP connections and direct UDP
+     * flows whose outbound socket the change left without its address are
+     * reset at once, so apps reconnect on the new network, while those the
+     * new network still carries go on; cached DNS answers and the
+     * addresses of proxies given by host name are forgotten (fake-ip
+     * addresses stay valid). The listener hears
+     * `EngineEvent.NetworkChanged`; `stats()` counts `network_changes`,
+     * `sessions_reset_on_network_change`,
+     * `udp_flows_dropped_on_network_change`.
+     *
+     * Returns whether anything changed: the same info over the same
+     * interface addresses as last time does nothing. Fast (reads the
+     * interfaces' addresses; never waits on the network); callable from
+     * any thread. Errors: `NotRunning` on a stopped or failed engine,
+     * `Network` for a DNS server that is not an IP address.
+     */
+    func networkChanged(info: NetworkInfo) throws  -> Bool
+    
+    /**
      * The engine's last lines ([`crate::logging::RING_LINES`] at most,
      * oldest first), at its level (`EngineConfig.log_level`, else info;
      * [`Engine::set_log_level`]); still answered after `stop`, so an app
@@ -802,6 +824,36 @@ open func isRunning() -> Bool  {
         uniffiCallStatus in
     uniffi_kerntun_ffi_fn_method_engine_is_running(
             self.uniffiCloneHandle(),uniffiCallStatus
+    )
+})
+}
+    
+    /**
+     * Tell the engine that the device's network moved (iOS: an `NWPath`
+     * update; Android: the default network's callback): direct sockets
+     * opened from now on bind to `info.interface_name` (Linux/Android) or
+     * `info.interface_index` (iOS/macOS); TCP connections and direct UDP
+     * flows whose outbound socket the change left without its address are
+     * reset at once, so apps reconnect on the new network, while those the
+     * new network still carries go on; cached DNS answers and the
+     * addresses of proxies given by host name are forgotten (fake-ip
+     * addresses stay valid). The listener hears
+     * `EngineEvent.NetworkChanged`; `stats()` counts `network_changes`,
+     * `sessions_reset_on_network_change`,
+     * `udp_flows_dropped_on_network_change`.
+     *
+     * Returns whether anything changed: the same info over the same
+     * interface addresses as last time does nothing. Fast (reads the
+     * interfaces' addresses; never waits on the network); callable from
+     * any thread. Errors: `NotRunning` on a stopped or failed engine,
+     * `Network` for a DNS server that is not an IP address.
+     */
+open func networkChanged(info: NetworkInfo)throws  -> Bool  {
+    return try  FfiConverterBool.lift(try rustCallWithError(FfiConverterTypeKerntunError_lift) {
+        uniffiCallStatus in
+    uniffi_kerntun_ffi_fn_method_engine_network_changed(
+            self.uniffiCloneHandle(),
+        FfiConverterTypeNetworkInfo_lower(info),uniffiCallStatus
     )
 })
 }
@@ -2385,6 +2437,20 @@ public struct EngineStats: Equatable, Hashable {
      */
     public var spliceFallbacks: UInt64
     /**
+     * Network changes that changed something (`Engine.networkChanged`;
+     * the same network twice counts once).
+     */
+    public var networkChanges: UInt64
+    /**
+     * TCP sessions reset because a network change left their outbound
+     * socket's address or interface behind.
+     */
+    public var sessionsResetOnNetworkChange: UInt64
+    /**
+     * Direct UDP flows closed for the same reason.
+     */
+    public var udpFlowsDroppedOnNetworkChange: UInt64
+    /**
      * Per proxy outbound.
      */
     public var outbounds: [OutboundStats]
@@ -2446,6 +2512,17 @@ public struct EngineStats: Equatable, Hashable {
          * Relay directions that fell back from splice to a userspace copy.
          */spliceFallbacks: UInt64, 
         /**
+         * Network changes that changed something (`Engine.networkChanged`;
+         * the same network twice counts once).
+         */networkChanges: UInt64, 
+        /**
+         * TCP sessions reset because a network change left their outbound
+         * socket's address or interface behind.
+         */sessionsResetOnNetworkChange: UInt64, 
+        /**
+         * Direct UDP flows closed for the same reason.
+         */udpFlowsDroppedOnNetworkChange: UInt64, 
+        /**
          * Per proxy outbound.
          */outbounds: [OutboundStats], 
         /**
@@ -2490,6 +2567,9 @@ public struct EngineStats: Equatable, Hashable {
         self.tcpBytesSpliced = tcpBytesSpliced
         self.tcpBytesCopied = tcpBytesCopied
         self.spliceFallbacks = spliceFallbacks
+        self.networkChanges = networkChanges
+        self.sessionsResetOnNetworkChange = sessionsResetOnNetworkChange
+        self.udpFlowsDroppedOnNetworkChange = udpFlowsDroppedOnNetworkChange
         self.outbounds = outbounds
         self.dns = dns
     }
@@ -2549,6 +2629,9 @@ public struct FfiConverterTypeEngineStats: FfiConverterRustBuffer {
                 tcpBytesSpliced: FfiConverterUInt64.read(from: &buf), 
                 tcpBytesCopied: FfiConverterUInt64.read(from: &buf), 
                 spliceFallbacks: FfiConverterUInt64.read(from: &buf), 
+                networkChanges: FfiConverterUInt64.read(from: &buf), 
+                sessionsResetOnNetworkChange: FfiConverterUInt64.read(from: &buf), 
+                udpFlowsDroppedOnNetworkChange: FfiConverterUInt64.read(from: &buf), 
                 outbounds: FfiConverterSequenceTypeOutboundStats.read(from: &buf), 
                 dns: FfiConverterTypeDnsStats.read(from: &buf)
         )
@@ -2594,6 +2677,9 @@ public struct FfiConverterTypeEngineStats: FfiConverterRustBuffer {
         FfiConverterUInt64.write(value.tcpBytesSpliced, into: &buf)
         FfiConverterUInt64.write(value.tcpBytesCopied, into: &buf)
         FfiConverterUInt64.write(value.spliceFallbacks, into: &buf)
+        FfiConverterUInt64.write(value.networkChanges, into: &buf)
+        FfiConverterUInt64.write(value.sessionsResetOnNetworkChange, into: &buf)
+        FfiConverterUInt64.write(value.udpFlowsDroppedOnNetworkChange, into: &buf)
         FfiConverterSequenceTypeOutboundStats.write(value.outbounds, into: &buf)
         FfiConverterTypeDnsStats.write(value.dns, into: &buf)
     }
@@ -2685,6 +2771,118 @@ public func FfiConverterTypeLogRecord_lift(_ buf: RustBuffer) throws -> LogRecor
 #endif
 public func FfiConverterTypeLogRecord_lower(_ value: LogRecord) -> RustBuffer {
     return FfiConverterTypeLogRecord.lower(value)
+}
+
+
+/**
+ * What the platform knows of the network the device is on now, for
+ * [`Engine::network_changed`].
+ */
+public struct NetworkInfo: Equatable, Hashable {
+    /**
+     * The default interface's name (`en0`, `pdp_ip0`, `wlan0`,
+     * `rmnet_data0`); `None` while the device has no network.
+     */
+    public var interfaceName: String?
+    /**
+     * Its index (`if_nametoindex`; iOS/macOS bind by it); 0 when unknown.
+     */
+    public var interfaceIndex: UInt32
+    public var hasIpv4: Bool
+    public var hasIpv6: Bool
+    /**
+     * The network's DNS servers, as IP addresses (`8.8.8.8`,
+     * `2001:4860:4860::8888`; a scope suffix such as `%en0` is ignored).
+     */
+    public var dnsServers: [String]
+    /**
+     * A metered network (cellular, a personal hotspot).
+     */
+    public var expensive: Bool
+    /**
+     * A network in a low-data mode.
+     */
+    public var constrained: Bool
+
+    // Default memberwise initializers are never public by default, so we
+    // declare one manually.
+    public init(
+        /**
+         * The default interface's name (`en0`, `pdp_ip0`, `wlan0`,
+         * `rmnet_data0`); `None` while the device has no network.
+         */interfaceName: String?, 
+        /**
+         * Its index (`if_nametoindex`; iOS/macOS bind by it); 0 when unknown.
+         */interfaceIndex: UInt32, hasIpv4: Bool, hasIpv6: Bool, 
+        /**
+         * The network's DNS servers, as IP addresses (`8.8.8.8`,
+         * `2001:4860:4860::8888`; a scope suffix such as `%en0` is ignored).
+         */dnsServers: [String], 
+        /**
+         * A metered network (cellular, a personal hotspot).
+         */expensive: Bool, 
+        /**
+         * A network in a low-data mode.
+         */constrained: Bool) {
+        self.interfaceName = interfaceName
+        self.interfaceIndex = interfaceIndex
+        self.hasIpv4 = hasIpv4
+        self.hasIpv6 = hasIpv6
+        self.dnsServers = dnsServers
+        self.expensive = expensive
+        self.constrained = constrained
+    }
+
+    
+
+    
+}
+
+#if compiler(>=6)
+extension NetworkInfo: Sendable {}
+#endif
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public struct FfiConverterTypeNetworkInfo: FfiConverterRustBuffer {
+    public static func read(from buf: inout (data: Data, offset: Data.Index)) throws -> NetworkInfo {
+        return
+            try NetworkInfo(
+                interfaceName: FfiConverterOptionString.read(from: &buf), 
+                interfaceIndex: FfiConverterUInt32.read(from: &buf), 
+                hasIpv4: FfiConverterBool.read(from: &buf), 
+                hasIpv6: FfiConverterBool.read(from: &buf), 
+                dnsServers: FfiConverterSequenceString.read(from: &buf), 
+                expensive: FfiConverterBool.read(from: &buf), 
+                constrained: FfiConverterBool.read(from: &buf)
+        )
+    }
+
+    public static func write(_ value: NetworkInfo, into buf: inout [UInt8]) {
+        FfiConverterOptionString.write(value.interfaceName, into: &buf)
+        FfiConverterUInt32.write(value.interfaceIndex, into: &buf)
+        FfiConverterBool.write(value.hasIpv4, into: &buf)
+        FfiConverterBool.write(value.hasIpv6, into: &buf)
+        FfiConverterSequenceString.write(value.dnsServers, into: &buf)
+        FfiConverterBool.write(value.expensive, into: &buf)
+        FfiConverterBool.write(value.constrained, into: &buf)
+    }
+}
+
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public func FfiConverterTypeNetworkInfo_lift(_ buf: RustBuffer) throws -> NetworkInfo {
+    return try FfiConverterTypeNetworkInfo.lift(buf)
+}
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public func FfiConverterTypeNetworkInfo_lower(_ value: NetworkInfo) -> RustBuffer {
+    return FfiConverterTypeNetworkInfo.lower(value)
 }
 
 
@@ -3584,6 +3782,14 @@ public enum EngineEvent: Equatable, Hashable {
      * engine).
      */
     case stopped
+    /**
+     * `networkChanged` moved the engine to a new network: direct sockets
+     * now bind to `interface_name` (`null`: no network), and the
+     * connections the old network stranded are being reset. The engine
+     * keeps running.
+     */
+    case networkChanged(interfaceName: String?
+    )
 
 
 
@@ -3612,6 +3818,9 @@ public struct FfiConverterTypeEngineEvent: FfiConverterRustBuffer {
         
         case 3: return .stopped
         
+        case 4: return .networkChanged(interfaceName: try FfiConverterOptionString.read(from: &buf)
+        )
+        
         default: throw UniffiInternalError.unexpectedEnumCase
         }
     }
@@ -3632,6 +3841,11 @@ public struct FfiConverterTypeEngineEvent: FfiConverterRustBuffer {
         case .stopped:
             writeInt(&buf, Int32(3))
         
+        
+        case let .networkChanged(interfaceName):
+            writeInt(&buf, Int32(4))
+            FfiConverterOptionString.write(interfaceName, into: &buf)
+            
         }
     }
 }
@@ -3796,6 +4010,18 @@ enum KerntunError: Swift.Error, Equatable, Hashable, Foundation.LocalizedError {
     case Logging(reason: String
     )
     /**
+     * The engine is stopped (or failed): the call needs a running one.
+     */
+    case NotRunning(reason: String
+    )
+    /**
+     * `networkChanged` could not use what it was given (`field` names
+     * it: `dns_servers[1]`), or could not read the interfaces' addresses
+     * (`field` is `interfaces`).
+     */
+    case Network(field: String, reason: String
+    )
+    /**
      * A bug: the library panicked. The engine involved is stopped.
      */
     case Internal(reason: String
@@ -3852,7 +4078,14 @@ public struct FfiConverterTypeKerntunError: FfiConverterRustBuffer {
         case 7: return .Logging(
             reason: try FfiConverterString.read(from: &buf)
             )
-        case 8: return .Internal(
+        case 8: return .NotRunning(
+            reason: try FfiConverterString.read(from: &buf)
+            )
+        case 9: return .Network(
+            field: try FfiConverterString.read(from: &buf), 
+            reason: try FfiConverterString.read(from: &buf)
+            )
+        case 10: return .Internal(
             reason: try FfiConverterString.read(from: &buf)
             )
 
@@ -3904,8 +4137,19 @@ public struct FfiConverterTypeKerntunError: FfiConverterRustBuffer {
             FfiConverterString.write(reason, into: &buf)
             
         
-        case let .Internal(reason):
+        case let .NotRunning(reason):
             writeInt(&buf, Int32(8))
+            FfiConverterString.write(reason, into: &buf)
+            
+        
+        case let .Network(field,reason):
+            writeInt(&buf, Int32(9))
+            FfiConverterString.write(field, into: &buf)
+            FfiConverterString.write(reason, into: &buf)
+            
+        
+        case let .Internal(reason):
+            writeInt(&buf, Int32(10))
             FfiConverterString.write(reason, into: &buf)
             
         }
@@ -5304,6 +5548,9 @@ private let initializationResult: InitializationResult = {
         return InitializationResult.apiChecksumMismatch
     }
     if (uniffi_kerntun_ffi_checksum_method_engine_is_running() != 37654) {
+        return InitializationResult.apiChecksumMismatch
+    }
+    if (uniffi_kerntun_ffi_checksum_method_engine_network_changed() != 37017) {
         return InitializationResult.apiChecksumMismatch
     }
     if (uniffi_kerntun_ffi_checksum_method_engine_recent_logs() != 48469) {

@@ -15,9 +15,11 @@
 //   completion handler that never comes fails the start with a clear error
 //   instead of leaving it hanging;
 // * watches the network the extension's own traffic leaves on
-//   (NWPathMonitor) and, when it changes in a way that matters (status,
-//   interfaces, gateways, IPv4/IPv6/DNS support, expensive/constrained),
-//   re-applies the tunnel settings with `reasserting` set;
+//   (NWPathMonitor): tells the engine of every update (networkChanged:
+//   new sockets bind to the new interface, stranded connections are reset)
+//   and, when it changes in a way that matters (status, interfaces,
+//   gateways, IPv4/IPv6/DNS support, expensive/constrained), re-applies the
+//   tunnel settings with `reasserting` set;
 // * answers any app message (NETunnelProviderSession.sendProviderMessage)
 //   with the engine's statistics as a JSON object;
 // * cancels the tunnel if the engine stops on its own, and stops the engine
@@ -373,11 +375,30 @@ open class KerntunPacketTunnelProvider: NEPacketTunnelProvider {
         }
     }
 
-    /// Where the engine will hear of a network change (an FFI call such as
-    /// `engine.networkChanged(info)`, not there yet): every path update,
-    /// whether or not the settings are re-applied. Today it only logs.
+    /// Tells the engine of every path update (`Engine.networkChanged`):
+    /// new direct sockets bind to the path's first interface (IP_BOUND_IF),
+    /// and connections whose source address the move took away are reset
+    /// at once instead of waiting for TCP keepalive. The engine ignores a
+    /// report that changes nothing. `NWPath` carries no DNS servers, so
+    /// none are passed.
     private func networkChangedForEngine(_ info: KerntunNetworkInfo) {
         hooks.logInfo("network: \(info.summary)")
+        guard let engine else { return }
+        let primary = info.status == .satisfied ? info.interfaces.first : nil
+        let report = NetworkInfo(
+            interfaceName: primary?.name,
+            interfaceIndex: UInt32(clamping: primary?.index ?? 0),
+            hasIpv4: primary != nil && info.supportsIPv4,
+            hasIpv6: primary != nil && info.supportsIPv6,
+            dnsServers: [],
+            expensive: info.isExpensive,
+            constrained: info.isConstrained
+        )
+        do {
+            _ = try engine.networkChanged(info: report)
+        } catch {
+            hooks.logError("networkChanged: \(error)")
+        }
     }
 
     private func watchPath() {

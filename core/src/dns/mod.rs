@@ -499,6 +499,13 @@ impl Dns {
         }
     }
 
+    /// Forget every cached answer (the network moved: answers learned on
+    /// the old one, a captive portal's or a local resolver's, may not hold
+    /// on the new one). The fake-ip pool stays: apps hold its addresses.
+    pub fn forget_answers(&self) {
+        self.cache.trim(0);
+    }
+
     /// The cache, else the upstreams. A question already being asked
     /// upstream is not asked again: this lookup waits for that one's
     /// outcome (and asks itself only if that lookup was cancelled).

@@ -27,6 +27,7 @@ use tokio::sync::watch;
 
 use crate::demux::Demux;
 use crate::lifecycle::{Lifecycle, Phase};
+use crate::network::Addresses;
 use crate::packet::{Disposition, HEADROOM};
 use crate::stats::{EngineDrop, LocalCounters};
 use crate::tun::Tun;
@@ -132,6 +133,9 @@ pub(crate) struct Head {
     tun: Arc<Tun>,
     phase: watch::Receiver<Phase>,
     tick: tokio::time::Interval,
+    /// The host's network changes (`network.rs`): the flow table closes
+    /// the flows a change stranded.
+    network: watch::Receiver<Option<Arc<Addresses>>>,
 }
 
 impl Head {
@@ -142,6 +146,7 @@ impl Head {
             tun,
             phase: life.subscribe(),
             tick,
+            network: life.network().subscribe(),
         }
     }
 
@@ -167,6 +172,13 @@ impl Head {
                     r?;
                     demux.now = Instant::now();
                     return Ok(true);
+                }
+                Ok(()) = self.network.changed() => {
+                    let addrs = self.network.borrow_and_update().clone();
+                    if let Some(a) = addrs {
+                        demux.network_changed(&a);
+                        demux.commit(Instant::now());
+                    }
                 }
                 _ = self.tick.tick(), if armed => {
                     let now = Instant::now();

@@ -52,6 +52,21 @@ pub struct SocketFactory {
     fwmark: Option<u32>,
     protect: Option<Arc<dyn Protect>>,
     connect_timeout: Duration,
+    /// The default interface the host reported last
+    /// (`Engine::network_changed`), shared by every clone: once the host
+    /// reported one, new sockets bind to it instead of `direct.interface`.
+    /// Read once per new socket, never per packet.
+    uplink: Arc<parking_lot::RwLock<Uplink>>,
+}
+
+/// Where new direct sockets are bound ([`SocketFactory::rebind`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+enum Uplink {
+    /// The host never reported a network: `direct.interface`, if set.
+    #[default]
+    Configured,
+    /// The host's default interface (`None`: no network, nothing to bind to).
+    Host(Option<crate::network::DefaultInterface>),
 }
 
 impl SocketFactory {
@@ -61,15 +76,31 @@ impl SocketFactory {
             fwmark: cfg.fwmark,
             protect,
             connect_timeout: Duration::from_millis(cfg.connect_timeout_ms.max(1)),
+            uplink: Arc::default(),
         }
     }
 
-    fn prepare(&self, sock: &Socket) -> io::Result<()> {
+    /// Bind the sockets made from now on (by this factory and its clones)
+    /// to the host's new default interface: by name with SO_BINDTODEVICE
+    /// (Linux/Android), by index with IP_BOUND_IF (Darwin). Sockets made
+    /// before keep their binding.
+    pub fn rebind(&self, to: Option<crate::network::DefaultInterface>) {
+        *self.uplink.write() = Uplink::Host(to);
+    }
+
+    fn prepare(&self, sock: &Socket, v6: bool) -> io::Result<()> {
         sock.set_nonblocking(true)?;
+        let uplink = self.uplink.read().clone();
         #[cfg(linux_like)]
         {
-            if let Some(ifname) = &self.interface {
-                sock.bind_device(Some(ifname.as_bytes()))?;
+            match &uplink {
+                Uplink::Configured => {
+                    if let Some(ifname) = &self.interface {
+                        sock.bind_device(Some(ifname.as_bytes()))?;
+                    }
+                }
+                Uplink::Host(Some(i)) if !i.name.is_empty() => bind_host_name(sock, &i.name)?,
+                Uplink::Host(_) => {}
             }
             if let Some(mark) = self.fwmark {
                 sock.set_mark(mark)?;
@@ -84,6 +115,18 @@ impl SocketFactory {
                 ));
             }
         }
+        #[cfg(apple)]
+        if let Uplink::Host(Some(i)) = &uplink
+            && let Some(idx) = std::num::NonZeroU32::new(i.index)
+        {
+            if v6 {
+                sock.bind_device_by_index_v6(Some(idx))?;
+            } else {
+                sock.bind_device_by_index_v4(Some(idx))?;
+            }
+        }
+        #[cfg(not(apple))]
+        let _ = v6; // only Darwin binds per family
         if let Some(p) = &self.protect {
             p.protect(sock.as_raw_fd())
                 .map_err(|e| io::Error::other(format!("protect(fd) refused: {e}")))?;
@@ -99,7 +142,7 @@ impl SocketFactory {
     /// Connect a direct TCP socket, bounded by the configured timeout.
     pub async fn connect_tcp(&self, dst: SocketAddr) -> io::Result<TcpStream> {
         let sock = Socket::new(Domain::for_address(dst), Type::STREAM, Some(Protocol::TCP))?;
-        self.prepare(&sock)?;
+        self.prepare(&sock, dst.is_ipv6())?;
         // Best effort: a connection without keepalive still works.
         let _ = set_keepalive(SockRef::from(&sock));
         let sock = TcpSocket::from_std_stream(std::net::TcpStream::from(sock));
@@ -119,7 +162,7 @@ impl SocketFactory {
     /// A connected direct UDP socket for one flow.
     pub fn udp_connected(&self, dst: SocketAddr) -> io::Result<UdpSocket> {
         let sock = Socket::new(Domain::for_address(dst), Type::DGRAM, Some(Protocol::UDP))?;
-        self.prepare(&sock)?;
+        self.prepare(&sock, dst.is_ipv6())?;
         sock.connect(&dst.into())?;
         UdpSocket::from_std(std::net::UdpSocket::from(sock))
     }
@@ -134,12 +177,33 @@ impl SocketFactory {
             (Ipv4Addr::UNSPECIFIED, 0).into()
         };
         let sock = Socket::new(Domain::for_address(any), Type::DGRAM, Some(Protocol::UDP))?;
-        self.prepare(&sock)?;
+        self.prepare(&sock, v6)?;
         if v6 {
             sock.set_only_v6(true)?;
         }
         sock.bind(&any.into())?;
         UdpSocket::from_std(std::net::UdpSocket::from(sock))
+    }
+}
+
+/// SO_BINDTODEVICE to the host's default interface. Kernels before 5.7
+/// refuse it without CAP_NET_RAW, which an Android app does not hold: the
+/// socket then stays unbound (warned once per process), and the protect
+/// hook and the routes keep it off the TUN as they did before any network
+/// change, as quinn-udp falls back when an option is refused.
+#[cfg(linux_like)]
+fn bind_host_name(sock: &Socket, name: &str) -> io::Result<()> {
+    static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    match sock.bind_device(Some(name.as_bytes())) {
+        Err(e) if e.raw_os_error() == Some(libc::EPERM) => {
+            if !WARNED.swap(true, Relaxed) {
+                tracing::warn!(
+                    "binding outbound sockets to {name}: {e}; they stay unbound (the routes pick the interface)"
+                );
+            }
+            Ok(())
+        }
+        other => other,
     }
 }
 
@@ -400,6 +464,19 @@ impl Outbounds {
     /// `network` condition count only for their transport).
     pub fn needs_domain_on(&self, network: crate::rules::Network, addr: SocketAddr) -> bool {
         self.rules.needs_domain_on(network, addr, &Route::Direct)
+    }
+
+    /// Forget every proxy address learned by resolving a host name (the
+    /// network moved: they may not hold on the new one); the next
+    /// connection to such a proxy resolves its name again. Proxies given
+    /// by address stay as they are.
+    pub fn forget_names(&self) {
+        for p in &self.proxies {
+            let (Proxy::Socks5 { server, .. } | Proxy::Shadowsocks { server, .. }) = p;
+            if let Server::Name(n) = server {
+                n.forget();
+            }
+        }
     }
 
     /// The configured outbound names, in index order.

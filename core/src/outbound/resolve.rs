@@ -138,6 +138,11 @@ pub struct Named {
     name: String,
     port: u16,
     cache: tokio::sync::Mutex<NameCache>,
+    /// Set by [`Named::forget`]: the next lookup starts from an empty
+    /// cache. A flag, not the cache's lock, so forgetting never waits for
+    /// a lookup in flight (whose answer, from the old network, the flag
+    /// then discards on the lookup after it).
+    forgotten: std::sync::atomic::AtomicBool,
 }
 
 impl Named {
@@ -146,7 +151,14 @@ impl Named {
             name: name.to_owned(),
             port,
             cache: tokio::sync::Mutex::new(NameCache::default()),
+            forgotten: std::sync::atomic::AtomicBool::new(false),
         }
+    }
+
+    /// Forget what the cache learned (the network moved).
+    pub fn forget(&self) {
+        self.forgotten
+            .store(true, std::sync::atomic::Ordering::Relaxed);
     }
 
     pub fn name(&self) -> &str {
@@ -160,6 +172,12 @@ impl Named {
         resolvers: &Resolvers,
     ) -> Result<Vec<SocketAddr>, ResolveError> {
         let mut c = self.cache.lock().await;
+        if self
+            .forgotten
+            .swap(false, std::sync::atomic::Ordering::Relaxed)
+        {
+            *c = NameCache::default();
+        }
         match c.lookup(Instant::now(), self.port) {
             Lookup::Use(a) => Ok(a),
             Lookup::Fail(e) => Err(e),

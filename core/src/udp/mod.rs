@@ -80,6 +80,7 @@ use tokio::task::AbortHandle;
 use crate::budget::ByteBudget;
 use crate::dispatch::{Dispatcher, Network, Plan, Refusal};
 use crate::nat::FlowKey;
+use crate::network::Addresses;
 use crate::outbound::config::UdpNat;
 use crate::outbound::{Address, Route, SocketFactory};
 use crate::packet::{self, IpInfo};
@@ -717,6 +718,46 @@ impl UdpTable {
                 .stats
                 .udp_flows_active
                 .fetch_sub(removed, Relaxed);
+        }
+    }
+}
+
+impl UdpTable {
+    /// The host moved to another network: close the direct flows whose
+    /// socket can no longer send ([`Addresses::strands`]: a connected
+    /// socket whose source address went, a mapping bound to an interface
+    /// left without an address of its family), counted; the app's next
+    /// datagram opens a flow on the new network. Flows whose socket still
+    /// works are kept, and so are proxied flows (their task owns the
+    /// socket). Runs once per change, on the driver: a `getsockname` per
+    /// direct flow.
+    pub fn network_changed(&mut self, addrs: &Addresses, local: &mut LocalCounters) {
+        // What the uplink gathered goes out (or fails) before its flow closes.
+        self.flush(local);
+        let before = self.flows.len();
+        self.flows.retain(|_, f| match &f.io {
+            FlowIo::Direct(sock) => !addrs.strands(&**sock),
+            FlowIo::Mapped(_) | FlowIo::Queued(_) => true,
+        });
+        let flows = before - self.flows.len();
+        self.owned -= flows;
+        let stranded: Vec<SocketAddr> = self
+            .mappings
+            .iter()
+            .filter(|(_, m)| addrs.strands(&*m.sock))
+            .map(|(c, _)| *c)
+            .collect();
+        let dropped = (flows + stranded.len()) as u64;
+        for c in stranded {
+            self.unmap(c);
+        }
+        if dropped > 0 {
+            self.evicted += 1;
+            let stats = &self.shared.d.stats;
+            stats.udp_flows_active.fetch_sub(dropped, Relaxed);
+            stats
+                .udp_flows_dropped_on_network_change
+                .fetch_add(dropped, Relaxed);
         }
     }
 }

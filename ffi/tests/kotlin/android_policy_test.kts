@@ -3,11 +3,13 @@
 // compiled by run.sh into the same jar as the bindings and tested here on a
 // plain JVM: trim levels -> memory pressure (with decay), app routing,
 // packaged ABIs, state reporting, the tick schedule (who watches),
-// Builder failures, CIDR parsing.
+// Builder failures, CIDR parsing, the network report for networkChanged.
 // Needs no root, no network and no native library.
 // Prints "N passed, M failed" and exits non-zero on any failure.
 
+import java.net.InetAddress
 import org.kerntun.MemoryPressure
+import org.kerntun.NetworkInfo
 import org.kerntun.Stack
 import org.kerntun.android.*
 import org.kerntun.testkit.*
@@ -191,5 +193,18 @@ guarded {
     for (bad in listOf("198.18.0.1", "/16", "198.18.0.1/33", "fd00::1/129", "198.18.0.1/x")) {
         check(throwsIllegalArgument { splitCidr(bad) } != null, "splitCidr refuses \"$bad\"")
     }
+
+    // --- the network report for Engine.networkChanged
+    fun ip(s: String) = InetAddress.getByName(s)
+    val cell = networkInfoFor("rmnet_data0", 12, listOf(ip("2001:db8::5"), ip("fe80::1")),
+        listOf(ip("2001:db8::53"), ip("fe80::53%1")), metered = true, dataSaver = false)
+    check(cell == NetworkInfo("rmnet_data0", 12u, false, true, listOf("2001:db8:0:0:0:0:0:53", "fe80:0:0:0:0:0:0:53%1"), true, false),
+        "an IPv6-only metered cellular network: $cell")
+    val wifi = networkInfoFor("wlan0", 0, listOf(ip("192.168.1.5"), ip("fe80::2")), listOf(ip("192.168.1.1")),
+        metered = false, dataSaver = true)
+    check(wifi.hasIpv4 && !wifi.hasIpv6 && wifi.interfaceIndex == 0u && !wifi.expensive && wifi.constrained,
+        "IPv4 Wi-Fi with a link-local IPv6 address only, Data Saver on: $wifi")
+    val lost = networkInfoFor(null, 7, listOf(ip("192.168.1.5")), listOf(ip("192.168.1.1")), metered = true, dataSaver = true)
+    check(lost == NetworkInfo(null, 0u, false, false, emptyList(), false, false), "a lost network reports nothing: $lost")
 }
 finish()

@@ -514,8 +514,64 @@ fun logLevels() {
     engine.close()
 }
 
+/**
+ * The platform reports a network change: a running engine answers it
+ * (true, the listener hears NetworkChanged, traffic still flows on the
+ * same uplink, counted once), the same report again is a no-op (false), a
+ * DNS server that is not an address is a typed KerntunException.Network
+ * naming it, and a stopped engine a typed KerntunException.NotRunning.
+ */
+fun networkChanges() {
+    println("--- network changes")
+    val hooks = Hooks()
+    val engine = Engine.start(config("ktnet", "198.18.0.1/16", null, Driver.PER_PACKET, Stack.SYSTEM), -1, hooks)
+    check(sh("ip", "route", "replace", "$serverV4/32", "dev", "ktnet") == 0, "network: route v4 via TUN")
+    val listener = Listener()
+    engine.setListener(listener)
+    val info = NetworkInfo(
+        interfaceName = veth,
+        interfaceIndex = 0u,
+        hasIpv4 = true,
+        hasIpv6 = true,
+        dnsServers = listOf("198.19.0.53", "fe80::1%$veth"),
+        expensive = false,
+        constrained = false,
+    )
+    check(engine.networkChanged(info), "network: a first report changes something")
+    check(
+        waitFor { listener.events.contains(EngineEvent.NetworkChanged(veth)) },
+        "network: the listener hears NetworkChanged($veth): ${listener.events}",
+    )
+    check(tcpEcho(serverV4, 64 shl 10, 70), "network: TCP flows on the reported uplink")
+    check(!engine.networkChanged(info), "network: the same report again changes nothing")
+    val s = engine.stats()
+    check(s.networkChanges == 1uL && s.sessionsResetOnNetworkChange == 0uL,
+        "network: counted once, nothing reset (${s.networkChanges}, ${s.sessionsResetOnNetworkChange})")
+    try {
+        engine.networkChanged(info.copy(dnsServers = listOf("not-an-ip")))
+        check(false, "network: a bad DNS server must throw")
+    } catch (e: KerntunException.Network) {
+        check(e.field == "dns_servers[0]", "network: KerntunException.Network names ${e.field}: ${e.reason}")
+    }
+    check(engine.isRunning(), "network: the engine runs on after the bad report")
+    engine.stop()
+    try {
+        engine.networkChanged(info)
+        check(false, "network: a stopped engine must throw")
+    } catch (e: KerntunException.NotRunning) {
+        check(true, "network: stopped -> KerntunException.NotRunning (${e.reason})")
+    }
+    val handle = org.kerntun.android.EngineHandle(engine)
+    check(!handle.networkChanged(info), "network: through EngineHandle a stopped engine answers false")
+    handle.close()
+    check(!handle.networkChanged(info), "network: ... and so does a closed one")
+}
+
 guarded(" in the fault checks:") {
     faults()
+}
+guarded(" in the network change checks:") {
+    networkChanges()
 }
 guarded(" in the log level checks:") {
     logLevels()

@@ -12,8 +12,10 @@
 # them, twice in one JVM; then it makes an engine task panic through the
 # test-only fault hook (the cdylib is built with the cargo feature
 # `fault-injection`) and checks isRunning()/error(), the listener's
-# Running/Failed/Stopped events and the log ring; and it changes an engine's
-# log level while it runs. Namespaces, the server and temp files are removed
+# Running/Failed/Stopped events and the log ring; it reports a network
+# change to a running engine (networkChanged: the NetworkChanged event, a
+# repeat is a no-op, typed errors for a bad DNS server and a stopped
+# engine); and it changes an engine's log level while it runs. Namespaces, the server and temp files are removed
 # on every exit. Before that, android_policy_test.kts tests the Android
 # module's platform-independent Kotlin (KerntunPolicy.kt) on the same JVM;
 # engine_test.kts also hammers the glue's EngineHandle.kt.

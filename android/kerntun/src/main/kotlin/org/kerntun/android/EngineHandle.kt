@@ -8,9 +8,11 @@ import java.util.concurrent.atomic.AtomicBoolean
 import org.kerntun.Engine
 import org.kerntun.EngineListener
 import org.kerntun.EngineStats
+import org.kerntun.KerntunException
 import org.kerntun.LogLevel
 import org.kerntun.LogRecord
 import org.kerntun.MemoryPressure
+import org.kerntun.NetworkInfo
 
 /**
  * A running [Engine] that any thread may call at any time, also while
@@ -46,6 +48,21 @@ class EngineHandle(private val engine: Engine) : AutoCloseable {
     fun stats(): EngineStats? = call(null) { it.stats() }
 
     fun setMemoryPressure(level: MemoryPressure) = call(Unit) { it.setMemoryPressure(level) }
+
+    /**
+     * Tell the engine that the underlying network moved
+     * ([Engine.networkChanged]): true when that changed something; false
+     * when nothing changed, and once stopped, failed or closed (there is
+     * nothing to move then). A bad report (a DNS server that is not an
+     * address) still throws [KerntunException.Network].
+     */
+    fun networkChanged(info: NetworkInfo): Boolean = call(false) {
+        try {
+            it.networkChanged(info)
+        } catch (e: KerntunException.NotRunning) {
+            false
+        }
+    }
 
     /** Hear the engine's state events (null: nobody); a no-op once closed. */
     fun setListener(listener: EngineListener?) = call(Unit) { it.setListener(listener) }

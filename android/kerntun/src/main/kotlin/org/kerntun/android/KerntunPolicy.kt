@@ -14,13 +14,18 @@
 //   its statistics to the activities that show them;
 // * TickSchedule: how often the service looks at the engine, by whether
 //   anybody watches (screen on, statistics listeners);
-// * builderStep / splitCidr: typed failures for VpnService.Builder calls.
+// * builderStep / splitCidr: typed failures for VpnService.Builder calls;
+// * networkInfoFor: the underlying network as Engine.networkChanged takes it.
 
 package org.kerntun.android
 
+import java.net.Inet4Address
+import java.net.Inet6Address
+import java.net.InetAddress
 import java.util.concurrent.CopyOnWriteArrayList
 import org.kerntun.EngineStats
 import org.kerntun.MemoryPressure
+import org.kerntun.NetworkInfo
 import org.kerntun.Stack
 
 /**
@@ -494,3 +499,32 @@ fun splitCidr(cidr: String): Pair<String, Int> {
     require(prefix != null && prefix in 0..max) { "bad prefix length in \"$cidr\" (0..$max)" }
     return address to prefix
 }
+
+/**
+ * The underlying network as [org.kerntun.Engine.networkChanged] takes it,
+ * from what the network callback reports: the interface
+ * (`LinkProperties.interfaceName`, null when the network is lost; the
+ * engine binds new direct sockets to it by name), its addresses
+ * (`LinkProperties.linkAddresses`: IPv4 if any, IPv6 if any beyond
+ * link-local), its DNS servers (`LinkProperties.dnsServers`), whether it is
+ * metered (no `NET_CAPABILITY_NOT_METERED`) and whether Data Saver
+ * restricts it (`ConnectivityManager.restrictBackgroundStatus`). An
+ * interface without addresses reports neither family.
+ */
+fun networkInfoFor(
+    interfaceName: String?,
+    interfaceIndex: Int,
+    addresses: List<InetAddress>,
+    dnsServers: List<InetAddress>,
+    metered: Boolean,
+    dataSaver: Boolean,
+): NetworkInfo = NetworkInfo(
+    interfaceName = interfaceName,
+    interfaceIndex = if (interfaceName != null && interfaceIndex > 0) interfaceIndex.toUInt() else 0u,
+    hasIpv4 = interfaceName != null && addresses.any { it is Inet4Address },
+    hasIpv6 = interfaceName != null && addresses.any { it is Inet6Address && !it.isLinkLocalAddress },
+    // hostAddress: "8.8.8.8", "fe80::1%wlan0" (the engine drops the scope).
+    dnsServers = if (interfaceName == null) emptyList() else dnsServers.mapNotNull { it.hostAddress },
+    expensive = interfaceName != null && metered,
+    constrained = interfaceName != null && dataSaver,
+)

@@ -10,7 +10,10 @@
 //   class closes its own copy once the engine runs;
 // * protect(fd) wired to VpnService.protect, so the engine's outbound
 //   sockets never loop back into the tunnel;
-// * setUnderlyingNetworks fed by a ConnectivityManager network callback;
+// * setUnderlyingNetworks fed by a ConnectivityManager network callback,
+//   which also tells the engine of every change (Engine.networkChanged:
+//   connections stranded on the old network are reset at once, new ones
+//   bind to the new interface);
 // * onTrimMemory and ActivityManager.MemoryInfo turned into memory pressure;
 // * every failure (a Builder call, establish(), the native library, the
 //   engine) reported through TunnelStatus, never thrown at the system;
@@ -335,6 +338,7 @@ abstract class KerntunVpnService : VpnService() {
                 } catch (e: RuntimeException) {
                     Log.w(TAG, "setUnderlyingNetworks failed: $e")
                 }
+                tellEngine(cm, network)
             }
 
             override fun onAvailable(network: Network) {
@@ -368,6 +372,37 @@ abstract class KerntunVpnService : VpnService() {
             // SecurityException / TooManyRequestsException: the tunnel runs
             // on with the system default as its underlying network.
             Log.w(TAG, "network callback not registered: $e")
+        }
+    }
+
+    /**
+     * Tells the engine which network its outbound sockets leave on now
+     * (on the main thread: the call reads the interfaces' addresses and
+     * returns; the resets happen on the engine's threads). The engine
+     * ignores a report that changes nothing, so every callback may call it.
+     */
+    private fun tellEngine(cm: ConnectivityManager, network: Network?) {
+        val handle = engine ?: return
+        val lp = network?.let { cm.getLinkProperties(it) }
+        val caps = network?.let { cm.getNetworkCapabilities(it) }
+        val name = lp?.interfaceName
+        val index = try {
+            name?.let { java.net.NetworkInterface.getByName(it)?.index } ?: 0
+        } catch (e: java.net.SocketException) {
+            0
+        }
+        val info = networkInfoFor(
+            interfaceName = name,
+            interfaceIndex = index,
+            addresses = lp?.linkAddresses?.map { it.address } ?: emptyList(),
+            dnsServers = lp?.dnsServers ?: emptyList(),
+            metered = caps?.hasCapability(NetworkCapabilities.NET_CAPABILITY_NOT_METERED) == false,
+            dataSaver = cm.restrictBackgroundStatus == ConnectivityManager.RESTRICT_BACKGROUND_STATUS_ENABLED,
+        )
+        try {
+            if (handle.networkChanged(info)) Log.i(TAG, "network changed: ${name ?: "none"}")
+        } catch (e: KerntunException) {
+            Log.w(TAG, "networkChanged: $e")
         }
     }
 

@@ -1,0 +1,330 @@
+//! The host's network moves (`Engine::network_changed`, `core/src/network.rs`):
+//! two uplinks from the client namespace to the server namespace, A (the
+//! topology's veth, which the engine's sockets are bound to at start) and
+//! B (a second veth this test adds, with the default route). While
+//! streams run, the host first says B is the default (A keeps its
+//! address: sessions on A go on), then A loses its address and route and
+//! the host says so: within 1 s the session on A is reset and counted, its
+//! UDP flow closed, a session already on B keeps moving byte-exact, new
+//! connections go out on B, and a DNS answer cached before is asked
+//! upstream again.
+//!
+//! Needs root (namespaces, TUN); otherwise each test prints why it skipped.
+
+use std::io::{Read, Write};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpStream, UdpSocket};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use hickory_proto::rr::RecordType;
+use kerntun::config::{DriverMode, StackKind};
+use kerntun::network::{DefaultInterface, NetworkError, NetworkInfo};
+use kerntun_testkit::dns::{self, DnsServer, Zone};
+use kerntun_testkit::rig::{RESOLVER, Rig};
+use kerntun_testkit::servers::{self, Mode};
+use kerntun_testkit::{CLIENT_VETH, Topology, pattern, require_root, within};
+
+/// The second uplink's ends: client side and server side.
+const UPLINK_B: &str = "ktb";
+const UPLINK_B_PEER: &str = "ktsb";
+
+/// The client's and the server's addresses on uplink B.
+fn uplink_b(topo: &Topology) -> (Ipv4Addr, Ipv4Addr) {
+    let id = topo.id as u8;
+    (Ipv4Addr::new(198, 20, id, 1), Ipv4Addr::new(198, 20, id, 2))
+}
+
+/// Add uplink B and make it the default route of the client namespace.
+/// The server answers on it from its A address too (the server's
+/// addresses are all local to its namespace). Removed with the
+/// namespaces.
+fn add_uplink_b(topo: &Topology) {
+    let (c, s) = uplink_b(topo);
+    topo.client
+        .ip(&[
+            "link",
+            "add",
+            UPLINK_B,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            UPLINK_B_PEER,
+            "netns",
+            topo.server.name(),
+        ])
+        .expect("veth B");
+    topo.client
+        .ip(&["addr", "add", &format!("{c}/24"), "dev", UPLINK_B])
+        .expect("client address on B");
+    topo.server
+        .ip(&["addr", "add", &format!("{s}/24"), "dev", UPLINK_B_PEER])
+        .expect("server address on B");
+    topo.client
+        .ip(&["link", "set", UPLINK_B, "up"])
+        .expect("B up");
+    topo.server
+        .ip(&["link", "set", UPLINK_B_PEER, "up"])
+        .expect("B's peer up");
+    // Sockets bound to B reach the server's A address through it (the
+    // host route into the TUN and A's connected route name other devices).
+    topo.client
+        .ip(&[
+            "route",
+            "add",
+            "default",
+            "via",
+            &s.to_string(),
+            "dev",
+            UPLINK_B,
+        ])
+        .expect("default route via B");
+}
+
+fn on_b(topo: &Topology) -> NetworkInfo {
+    NetworkInfo {
+        interface: Some(DefaultInterface {
+            name: UPLINK_B.into(),
+            index: 0,
+        }),
+        has_ipv4: true,
+        has_ipv6: false,
+        dns_servers: vec![IpAddr::V4(uplink_b(topo).1)],
+        expensive: true,
+        constrained: false,
+    }
+}
+
+/// The local addresses of the engine's outbound TCP sockets connected to
+/// `to` (`/proc/thread-self/net/tcp`: this thread is in the namespace),
+/// leaving out the apps' own, whose source is the TUN's address.
+fn tcp_sources(to: SocketAddr) -> Vec<Ipv4Addr> {
+    let text = std::fs::read_to_string("/proc/thread-self/net/tcp").expect("/proc/net/tcp");
+    let addr = |s: &str| -> Option<SocketAddr> {
+        let (ip, port) = s.split_once(':')?;
+        // The network-order word printed as a host integer.
+        let ip = u32::from_str_radix(ip, 16).ok()?.to_ne_bytes();
+        let port = u16::from_str_radix(port, 16).ok()?;
+        Some(SocketAddr::new(IpAddr::V4(Ipv4Addr::from(ip)), port))
+    };
+    text.lines()
+        .skip(1)
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            // State 01: established.
+            if f.get(3) != Some(&"01") || addr(f.get(2)?)? != to {
+                return None;
+            }
+            match addr(f.get(1)?)?.ip() {
+                IpAddr::V4(v4) if v4.octets()[..2] != [198, 18] => Some(v4),
+                _ => None,
+            }
+        })
+        .collect()
+}
+
+fn connect(to: SocketAddr) -> TcpStream {
+    let s = TcpStream::connect_timeout(&to, Duration::from_secs(3)).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(3)))
+        .expect("timeout");
+    s
+}
+
+/// Send `data` and read the echo back, byte-exact.
+fn echo(s: &mut TcpStream, data: &[u8]) {
+    s.write_all(data).expect("write");
+    let mut back = vec![0u8; data.len()];
+    s.read_exact(&mut back).expect("echo");
+    assert!(back == data, "the echo differs");
+}
+
+/// Round trips on a stream in a thread until `stop`: each 16 KiB of a
+/// distinct pattern, checked byte-exact; counts them into `rounds`.
+fn keep_echoing(
+    mut s: TcpStream,
+    stop: Arc<AtomicBool>,
+    rounds: Arc<AtomicU64>,
+) -> std::thread::JoinHandle<Result<(), String>> {
+    std::thread::spawn(move || {
+        let mut n = 0u64;
+        while !stop.load(Ordering::Relaxed) {
+            let data = pattern(n, 16 * 1024);
+            s.write_all(&data)
+                .map_err(|e| format!("round {n}: write: {e}"))?;
+            let mut back = vec![0u8; data.len()];
+            s.read_exact(&mut back)
+                .map_err(|e| format!("round {n}: read: {e}"))?;
+            if back != data {
+                return Err(format!("round {n}: the echo differs"));
+            }
+            n += 1;
+            rounds.store(n, Ordering::Relaxed);
+        }
+        Ok(())
+    })
+}
+
+fn udp_round_trip(sock: &UdpSocket, to: SocketAddr, payload: &[u8]) -> bool {
+    sock.send_to(payload, to).expect("send");
+    let mut buf = [0u8; 64];
+    matches!(sock.recv_from(&mut buf), Ok((n, _)) if &buf[..n] == payload)
+}
+
+fn moves_to_uplink_b(stack: StackKind) {
+    let topo = Topology::new().expect("topology");
+    let srv = servers::tcp(&topo.server, topo.server_addr(false, 0), Mode::Echo).expect("server");
+    let udp = servers::udp_echo(&topo.server, topo.server_addr(false, 0)).expect("udp echo");
+    let web: IpAddr = "198.19.7.7".parse().expect("ip");
+    let resolver = DnsServer::start(
+        &topo.server,
+        topo.server_addr(false, 53),
+        Zone::new(300).with("www.test", web),
+    )
+    .expect("dns server");
+    let mut rig = Rig::builder()
+        .stack(stack)
+        .driver(DriverMode::PerPacket)
+        .ipv4_only()
+        .dns(vec![format!("udp://{}", resolver.addr)])
+        .config(|_, c| c.dns.timeout_ms = 500)
+        .start_in(topo);
+    let topo = &rig.topo;
+    let (a_client, b_client) = (topo.client_v4(), uplink_b(topo).0);
+
+    // On uplink A (the rig binds the engine's sockets to it): a stream, a
+    // UDP flow, a cached DNS answer.
+    let mut on_a = connect(srv.addr);
+    echo(&mut on_a, &pattern(1, 4096));
+    assert_eq!(
+        tcp_sources(srv.addr),
+        vec![a_client],
+        "the session leaves on A"
+    );
+    let app_udp = UdpSocket::bind("0.0.0.0:0").expect("udp");
+    app_udp
+        .set_read_timeout(Some(Duration::from_secs(2)))
+        .expect("timeout");
+    assert!(udp_round_trip(&app_udp, udp.addr, b"before"), "UDP on A");
+    let ask = |id| {
+        dns::ask_udp(
+            RESOLVER,
+            &dns::query("www.test", RecordType::A, id),
+            Duration::from_secs(3),
+        )
+        .expect("ask")
+        .expect("an answer")
+    };
+    assert_eq!(dns::first_addr(&ask(1)), Some(web));
+    assert_eq!(dns::first_addr(&ask(2)), Some(web));
+    assert_eq!(
+        resolver.queries(),
+        1,
+        "the second answer came from the cache"
+    );
+
+    // B comes up and becomes the default; A keeps its address. The host
+    // says so: new sockets bind to B, the session on A is still valid.
+    add_uplink_b(topo);
+    assert!(rig.engine.network_changed(on_b(topo)).expect("running"));
+    let mut on_b_stream = connect(srv.addr);
+    echo(&mut on_b_stream, &pattern(2, 4096));
+    let sources = tcp_sources(srv.addr);
+    assert!(
+        sources.contains(&a_client) && sources.contains(&b_client),
+        "one session on each uplink: {sources:?}"
+    );
+    std::thread::sleep(Duration::from_millis(200));
+    echo(&mut on_a, &pattern(3, 4096));
+    let s = rig.stats();
+    assert_eq!(s.network_changes, 1);
+    assert_eq!(s.sessions_reset_on_network_change, 0, "A still carries it");
+    assert_eq!(s.udp_flows_dropped_on_network_change, 0);
+    assert_eq!(resolver.queries(), 1);
+    assert_eq!(dns::first_addr(&ask(3)), Some(web));
+    assert_eq!(resolver.queries(), 2, "the change forgot the cached answer");
+
+    // The session on B keeps moving through the next change.
+    let (stop, rounds) = (
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicU64::new(0)),
+    );
+    let mover = keep_echoing(on_b_stream, stop.clone(), rounds.clone());
+
+    // A loses its address and routes; the host reports the same default
+    // interface, over other addresses: a change.
+    topo.client
+        .ip(&["addr", "flush", "dev", CLIENT_VETH])
+        .expect("flush A's addresses");
+    let changed = Instant::now();
+    assert!(rig.engine.network_changed(on_b(topo)).expect("running"));
+    // The app's session on A is reset at once: its read fails or ends.
+    on_a.set_read_timeout(Some(Duration::from_secs(1)))
+        .expect("timeout");
+    let mut buf = [0u8; 16];
+    let r = kerntun_testkit::uninterrupted(|| on_a.read(&mut buf));
+    let took = changed.elapsed();
+    assert!(
+        matches!(r, Ok(0))
+            || r.as_ref()
+                .is_err_and(|e| e.kind() == std::io::ErrorKind::ConnectionReset),
+        "the session on A ends: {r:?} after {took:?}"
+    );
+    assert!(took < Duration::from_secs(1), "within 1 s: {took:?}");
+    rig.wait_until(
+        "the reset and the UDP flow counted",
+        Duration::from_secs(1),
+        |s| s.sessions_reset_on_network_change == 1 && s.udp_flows_dropped_on_network_change == 1,
+    );
+
+    // New connections and flows go out on B.
+    let mut fresh = connect(srv.addr);
+    echo(&mut fresh, &pattern(4, 64 * 1024));
+    assert!(
+        udp_round_trip(&app_udp, udp.addr, b"after"),
+        "the app's next datagram opens a flow on B"
+    );
+    let sources = tcp_sources(srv.addr);
+    assert!(
+        !sources.is_empty() && sources.iter().all(|s| *s == b_client),
+        "every session leaves on B: {sources:?}"
+    );
+
+    // The session that was on B went on moving, byte-exact.
+    let at_change = rounds.load(Ordering::Relaxed);
+    let moved = within(Duration::from_secs(3), || {
+        rounds.load(Ordering::Relaxed) >= at_change + 20
+    });
+    stop.store(true, Ordering::Relaxed);
+    let result = mover.join().expect("mover thread");
+    assert_eq!(result, Ok(()), "the session on B");
+    assert!(
+        moved.is_some(),
+        "the session on B kept moving after the change"
+    );
+
+    // The same report again changes nothing and counts nothing.
+    assert!(!rig.engine.network_changed(on_b(topo)).expect("running"));
+    let s = rig.stats();
+    assert_eq!(s.network_changes, 2, "{s:?}");
+    assert_eq!(s.sessions_reset_on_network_change, 1);
+
+    // Stopped: a typed error, no panic.
+    rig.engine.stop();
+    assert!(matches!(
+        rig.engine.network_changed(on_b(&rig.topo)),
+        Err(NetworkError::NotRunning)
+    ));
+}
+
+#[test]
+fn system_stack_moves_to_the_new_uplink() {
+    require_root!();
+    moves_to_uplink_b(StackKind::System);
+}
+
+#[test]
+fn smoltcp_moves_to_the_new_uplink() {
+    require_root!();
+    moves_to_uplink_b(StackKind::Smoltcp);
+}
