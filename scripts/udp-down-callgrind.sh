@@ -63,27 +63,8 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-for n in $app $eng $srv; do
-    ip netns add "$n"
-    ip -n "$n" link set lo up
-done
-ip -n "$eng" link add kte type veth peer name kta netns "$app"
-ip -n "$eng" link add ktc type veth peer name kts netns "$srv"
-ip -n "$app" addr add 10.233.8.2/24 dev kta
-ip -n "$app" link set kta up mtu 1500
-ip -n "$app" route add default via 10.233.8.1
-ip -n "$eng" addr add 10.233.8.1/24 dev kte
-ip -n "$eng" link set kte up mtu 1500
-ip -n "$eng" addr add 198.19.8.1/24 dev ktc
-ip -n "$eng" link set ktc up mtu 1500
-ip -n "$srv" addr add 198.19.8.2/24 dev kts
-ip -n "$srv" link set kts up mtu 1500
-ip -n "$srv" route add 10.233.8.0/24 via 198.19.8.1
-for k in net.ipv4.ip_forward=1 net.ipv4.conf.all.rp_filter=0 \
-    net.ipv4.conf.default.rp_filter=0 net.ipv4.conf.kte.rp_filter=0; do
-    ip netns exec "$eng" sysctl -qw "$k"
-done
-ip -n "$eng" rule add iif kte lookup 233 pref 1000
+source scripts/router-topology.sh
+router_topology "$app" "$eng" "$srv" 8
 
 cat >"$work/engine.toml" <<EOF
 stack = "system"
