@@ -28,20 +28,8 @@ download) rev="-R" ;;
     exit 2
     ;;
 esac
-if [[ $EUID -ne 0 ]]; then
-    echo "phone-perf.sh: needs root (namespaces, a TUN device, perf)" >&2
-    exit 2
-fi
-for c in ip iperf3 perf python3; do
-    command -v "$c" >/dev/null || {
-        echo "phone-perf.sh: $c not found" >&2
-        exit 2
-    }
-done
-[[ -x $engine ]] || {
-    echo "phone-perf.sh: no engine at $engine (cargo build --release -p kerntun-cli)" >&2
-    exit 2
-}
+source scripts/router-topology.sh
+router_requires phone-perf.sh "$engine" iperf3 perf python3
 
 id=$$
 app=ktpa$id eng=ktpe$id srv=ktps$id
@@ -51,15 +39,12 @@ cleanup() {
     set +e
     [[ -n $epid ]] && kill -INT "$epid" 2>/dev/null && wait "$epid" 2>/dev/null
     [[ -n $ipid ]] && kill "$ipid" 2>/dev/null && wait "$ipid" 2>/dev/null
-    ip netns del "$app" 2>/dev/null
-    ip netns del "$eng" 2>/dev/null
-    ip netns del "$srv" 2>/dev/null
+    router_teardown "$app" "$eng" "$srv"
     rm -rf "$work"
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-source scripts/router-topology.sh
 router_topology "$app" "$eng" "$srv" 7
 
 cat >"$work/engine.toml" <<EOF

@@ -1,5 +1,31 @@
-# Sourced by scripts/phone-perf.sh and scripts/udp-down-callgrind.sh: the
-# phone profiles' router topology in three namespaces. The app namespace
+# Sourced by scripts/phone-perf.sh and scripts/udp-down-callgrind.sh: what
+# they need before they start, and the phone profiles' router topology in
+# three namespaces.
+#
+#     router_requires NAME ENGINE COMMAND...
+#
+# exits 2 with a message naming NAME unless this is root, every COMMAND
+# (and ip) is found, and ENGINE is an executable engine binary.
+router_requires() {
+    local name=$1 engine=$2 c
+    shift 2
+    if [[ $EUID -ne 0 ]]; then
+        echo "$name: needs root (namespaces, a TUN device)" >&2
+        exit 2
+    fi
+    for c in ip "$@"; do
+        command -v "$c" >/dev/null || {
+            echo "$name: $c not found" >&2
+            exit 2
+        }
+    done
+    [[ -x $engine ]] || {
+        echo "$name: no engine at $engine (cargo build --release -p kerntun-cli)" >&2
+        exit 2
+    }
+}
+
+# The topology. The app namespace
 # APP (10.233.N.2 on veth kta, default route via the engine) reaches the
 # server namespace SRV (198.19.N.2 on kts) through the engine namespace ENG
 # (kte toward the app, ktc toward the server), which forwards without
@@ -7,6 +33,15 @@
 # where the caller routes the server into its TUN once the engine runs.
 #
 #     router_topology APP ENG SRV N
+#
+# router_teardown APP ENG SRV removes the namespaces (errors ignored).
+router_teardown() {
+    local ns
+    for ns in "$@"; do
+        ip netns del "$ns" 2>/dev/null
+    done
+}
+
 router_topology() {
     local app=$1 eng=$2 srv=$3 n=$4 ns k
     for ns in "$app" "$eng" "$srv"; do

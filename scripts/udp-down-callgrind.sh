@@ -29,20 +29,8 @@ count=${1:-20000}
 burst=${2:-16}
 gap=${3:-8}
 engine=${KERNTUN:-${CARGO_TARGET_DIR:-target}/release/kerntun}
-if [[ $EUID -ne 0 ]]; then
-    echo "udp-down-callgrind.sh: needs root (namespaces, a TUN device)" >&2
-    exit 2
-fi
-for c in ip python3 valgrind callgrind_control callgrind_annotate; do
-    command -v "$c" >/dev/null || {
-        echo "udp-down-callgrind.sh: $c not found" >&2
-        exit 2
-    }
-done
-[[ -x $engine ]] || {
-    echo "udp-down-callgrind.sh: no engine at $engine (cargo build --release -p kerntun-cli)" >&2
-    exit 2
-}
+source scripts/router-topology.sh
+router_requires udp-down-callgrind.sh "$engine" python3 valgrind callgrind_control callgrind_annotate
 
 id=$$
 app=ktca$id eng=ktce$id srv=ktcs$id
@@ -52,9 +40,7 @@ cleanup() {
     set +e
     [[ -n $epid ]] && kill -INT "$epid" 2>/dev/null && wait "$epid" 2>/dev/null
     [[ -n $spid ]] && kill "$spid" 2>/dev/null && wait "$spid" 2>/dev/null
-    ip netns del "$app" 2>/dev/null
-    ip netns del "$eng" 2>/dev/null
-    ip netns del "$srv" 2>/dev/null
+    router_teardown "$app" "$eng" "$srv"
     if [[ -n ${KEEP:-} ]]; then
         mkdir -p "$KEEP" && cp "$work"/callgrind.out* "$KEEP"/ 2>/dev/null
     fi
@@ -63,7 +49,6 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-source scripts/router-topology.sh
 router_topology "$app" "$eng" "$srv" 8
 
 cat >"$work/engine.toml" <<EOF

@@ -140,6 +140,14 @@ mod real {
         )
     }
 
+    /// A current-thread runtime for a QUIC endpoint.
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime")
+    }
+
     /// A QUIC echo server (one bidirectional stream per connection, echoed)
     /// at `addr` in `ns`, until the returned sender is dropped (at most 60 s).
     fn server(
@@ -155,10 +163,7 @@ mod real {
         let (ready_tx, ready) = std::sync::mpsc::channel();
         let t = ns
             .spawn(move || {
-                let rt = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                    .expect("runtime");
+                let rt = runtime();
                 rt.block_on(async move {
                     let cfg = quinn::ServerConfig::with_single_cert(vec![cert], key.into())
                         .expect("server config");
@@ -288,10 +293,7 @@ mod real {
             })
             .start();
         let (cert, key) = cert();
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("runtime");
+        let rt = runtime();
         for v6 in [false, true] {
             let ip: IpAddr = rig.topo.server(v6);
             let mut servers = Vec::new();
@@ -401,10 +403,7 @@ mod real {
             })
             .start();
         let (cert, key) = cert();
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("runtime");
+        let rt = runtime();
         let to = SocketAddr::new(rig.topo.server(false), QUIC_PORT);
         let (stop, t) = server(&rig.topo.server, to, cert.clone(), key);
         let ep = || {
