@@ -256,7 +256,8 @@ impl Engine {
 
     /// The host's network moved (or its addresses changed): direct
     /// sockets opened from now on bind to `info`'s interface; the TCP
-    /// sessions and direct UDP flows whose outbound socket the change left
+    /// sessions and UDP flows (direct, or through a proxy with its SOCKS5
+    /// control connection) whose outbound socket the change left
     /// without its address (or its interface without an address of the
     /// socket's family) are reset and closed, so apps reconnect at once,
     /// while those the new network still carries go on; cached DNS answers

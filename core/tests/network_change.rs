@@ -7,7 +7,8 @@
 //! the host says so: within 1 s the session on A is reset and counted, its
 //! UDP flow closed, a session already on B keeps moving byte-exact, new
 //! connections go out on B, and a DNS answer cached before is asked
-//! upstream again.
+//! upstream again. Through a SOCKS5 outbound, a UDP flow whose
+//! association left on A is closed and counted, one on B kept.
 //!
 //! Needs root (namespaces, TUN); otherwise each test prints why it skipped.
 
@@ -18,10 +19,11 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use hickory_proto::rr::RecordType;
-use kerntun::config::{DriverMode, StackKind};
+use kerntun::config::{DriverMode, OutboundUdp, StackKind};
 use kerntun::network::{DefaultInterface, NetworkError, NetworkInfo};
-use kerntun_testkit::dns::{self, DnsServer, Zone};
-use kerntun_testkit::rig::{RESOLVER, Rig};
+use kerntun::rules::{Action, Rule};
+use kerntun_testkit::dns::{self, DnsServer, Socks5Recorder, Zone};
+use kerntun_testkit::rig::{RESOLVER, Rig, socks5};
 use kerntun_testkit::servers::{self, Mode};
 use kerntun_testkit::{CLIENT_VETH, Topology, pattern, require_root, within};
 
@@ -327,4 +329,72 @@ fn system_stack_moves_to_the_new_uplink() {
 fn smoltcp_moves_to_the_new_uplink() {
     require_root!();
     moves_to_uplink_b(StackKind::Smoltcp);
+}
+
+/// UDP flows through a SOCKS5 outbound: one associated while the engine's
+/// sockets leave on A, one after the host said B is the default. A loses
+/// its address: the flow on A (its association's UDP socket and control
+/// connection were on A) is closed and counted, and the app's next
+/// datagram opens a new association on B; the flow on B keeps its
+/// association.
+#[test]
+fn proxied_udp_flow_on_a_lost_uplink_is_dropped() {
+    require_root!();
+    let topo = Topology::new().expect("topology");
+    let proxy = Socks5Recorder::start(&topo.server, topo.server_addr(false, 1080)).expect("socks5");
+    let rig = Rig::builder()
+        .stack(StackKind::System)
+        .driver(DriverMode::PerPacket)
+        .ipv4_only()
+        .outbound("proxy", socks5(proxy.addr, None, OutboundUdp::Relay))
+        .rule(Rule {
+            action: Action::from("proxy"),
+            ..Rule::default()
+        })
+        .start_in(topo);
+    let topo = &rig.topo;
+    // The recorder echoes every datagram whatever its target.
+    let (to_a, to_b) = (topo.server_addr(false, 7001), topo.server_addr(false, 7002));
+    let app = |to| {
+        let s = UdpSocket::bind("0.0.0.0:0").expect("udp");
+        s.set_read_timeout(Some(Duration::from_secs(2)))
+            .expect("timeout");
+        assert!(
+            udp_round_trip(&s, to, b"hello"),
+            "UDP through SOCKS5 to {to}"
+        );
+        s
+    };
+    let flow_a = app(to_a);
+    add_uplink_b(topo);
+    assert!(rig.engine.network_changed(on_b(topo)).expect("running"));
+    let flow_b = app(to_b);
+    let s = rig.stats();
+    assert_eq!(s.outbounds[0].udp_flows, 2, "{s:?}");
+    assert_eq!(
+        s.udp_flows_dropped_on_network_change, 0,
+        "A still carries it"
+    );
+    assert!(udp_round_trip(&flow_a, to_a, b"still on A"));
+
+    topo.client
+        .ip(&["addr", "flush", "dev", CLIENT_VETH])
+        .expect("flush A's addresses");
+    assert!(rig.engine.network_changed(on_b(topo)).expect("running"));
+    rig.wait_until(
+        "the proxied flow on A counted",
+        Duration::from_secs(1),
+        |s| s.udp_flows_dropped_on_network_change == 1,
+    );
+    // The flow on B keeps its association; the one on A gets a new one,
+    // on B.
+    assert!(udp_round_trip(&flow_b, to_b, b"kept"), "the flow on B");
+    assert_eq!(rig.stats().outbounds[0].udp_flows, 2);
+    assert!(
+        udp_round_trip(&flow_a, to_a, b"after"),
+        "the app's next datagram opens an association on B"
+    );
+    let s = rig.stats();
+    assert_eq!(s.outbounds[0].udp_flows, 3, "{s:?}");
+    assert_eq!(s.udp_flows_dropped_on_network_change, 1, "{s:?}");
 }
