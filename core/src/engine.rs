@@ -262,7 +262,9 @@ impl Engine {
     /// socket's family) are reset and closed, so apps reconnect at once,
     /// while those the new network still carries go on; cached DNS answers
     /// and the addresses of proxies given by host name are forgotten
-    /// (fake-ip mappings stay: apps hold those addresses). The event sink
+    /// (fake-ip mappings stay: apps hold those addresses), and `info`'s DNS
+    /// servers resolve proxy host names from now on unless `[direct]
+    /// bootstrap` is set (docs/configuration.md, "Host names"). The event sink
     /// hears [`crate::EngineEvent::NetworkChanged`].
     ///
     /// Returns whether anything changed: the same `info` over the same
@@ -292,6 +294,7 @@ impl Engine {
         if let Some(dns) = &parts.dns {
             dns.forget_answers();
         }
+        parts.outbounds.set_platform_dns(&info.dns_servers);
         parts.outbounds.forget_names();
         parts.stats.network_changes.fetch_add(1, Relaxed);
         net.publish(addrs);
