@@ -256,12 +256,15 @@ impl Engine {
 
     /// The host's network moved (or its addresses changed): direct
     /// sockets opened from now on bind to `info`'s interface; the TCP
-    /// sessions and direct UDP flows whose outbound socket the change left
+    /// sessions and UDP flows (direct, or through a proxy with its SOCKS5
+    /// control connection) whose outbound socket the change left
     /// without its address (or its interface without an address of the
     /// socket's family) are reset and closed, so apps reconnect at once,
     /// while those the new network still carries go on; cached DNS answers
     /// and the addresses of proxies given by host name are forgotten
-    /// (fake-ip mappings stay: apps hold those addresses). The event sink
+    /// (fake-ip mappings stay: apps hold those addresses), and `info`'s DNS
+    /// servers resolve proxy host names from now on unless `[direct]
+    /// bootstrap` is set (docs/configuration.md, "Host names"). The event sink
     /// hears [`crate::EngineEvent::NetworkChanged`].
     ///
     /// Returns whether anything changed: the same `info` over the same
@@ -291,6 +294,7 @@ impl Engine {
         if let Some(dns) = &parts.dns {
             dns.forget_answers();
         }
+        parts.outbounds.set_platform_dns(&info.dns_servers);
         parts.outbounds.forget_names();
         parts.stats.network_changes.fetch_add(1, Relaxed);
         net.publish(addrs);

@@ -41,8 +41,8 @@ pub struct NetworkInfo {
     pub interface: Option<DefaultInterface>,
     pub has_ipv4: bool,
     pub has_ipv6: bool,
-    /// The network's own DNS servers (recorded and logged; the engine's
-    /// resolvers are the configured ones).
+    /// The network's own DNS servers: they resolve proxy host names
+    /// unless `[direct] bootstrap` is set (`outbound::resolve::choose`).
     pub dns_servers: Vec<IpAddr>,
     /// A metered network (cellular, a hotspot).
     pub expensive: bool,

@@ -7,7 +7,9 @@
 //! the host says so: within 1 s the session on A is reset and counted, its
 //! UDP flow closed, a session already on B keeps moving byte-exact, new
 //! connections go out on B, and a DNS answer cached before is asked
-//! upstream again.
+//! upstream again. Through a SOCKS5 outbound, a UDP flow whose
+//! association left on A is closed and counted, one on B kept. A proxy
+//! given by name is resolved through the DNS servers the host reports.
 //!
 //! Needs root (namespaces, TUN); otherwise each test prints why it skipped.
 
@@ -18,10 +20,12 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use hickory_proto::rr::RecordType;
-use kerntun::config::{DriverMode, StackKind};
+use kerntun::config::{DriverMode, OutboundConfig, OutboundUdp, Socks5Config, StackKind};
 use kerntun::network::{DefaultInterface, NetworkError, NetworkInfo};
-use kerntun_testkit::dns::{self, DnsServer, Zone};
-use kerntun_testkit::rig::{RESOLVER, Rig};
+use kerntun::outbound::Address;
+use kerntun::rules::{Action, Rule};
+use kerntun_testkit::dns::{self, DnsServer, Socks5Recorder, Zone};
+use kerntun_testkit::rig::{RESOLVER, Rig, socks5};
 use kerntun_testkit::servers::{self, Mode};
 use kerntun_testkit::{CLIENT_VETH, Topology, pattern, require_root, within};
 
@@ -327,4 +331,144 @@ fn system_stack_moves_to_the_new_uplink() {
 fn smoltcp_moves_to_the_new_uplink() {
     require_root!();
     moves_to_uplink_b(StackKind::Smoltcp);
+}
+
+/// UDP flows through a SOCKS5 outbound: one associated while the engine's
+/// sockets leave on A, one after the host said B is the default. A loses
+/// its address: the flow on A (its association's UDP socket and control
+/// connection were on A) is closed and counted, and the app's next
+/// datagram opens a new association on B; the flow on B keeps its
+/// association.
+#[test]
+fn proxied_udp_flow_on_a_lost_uplink_is_dropped() {
+    require_root!();
+    let topo = Topology::new().expect("topology");
+    let proxy = Socks5Recorder::start(&topo.server, topo.server_addr(false, 1080)).expect("socks5");
+    let rig = Rig::builder()
+        .stack(StackKind::System)
+        .driver(DriverMode::PerPacket)
+        .ipv4_only()
+        .outbound("proxy", socks5(proxy.addr, None, OutboundUdp::Relay))
+        .rule(Rule {
+            action: Action::from("proxy"),
+            ..Rule::default()
+        })
+        .start_in(topo);
+    let topo = &rig.topo;
+    // The recorder echoes every datagram whatever its target.
+    let (to_a, to_b) = (topo.server_addr(false, 7001), topo.server_addr(false, 7002));
+    let app = |to| {
+        let s = UdpSocket::bind("0.0.0.0:0").expect("udp");
+        s.set_read_timeout(Some(Duration::from_secs(2)))
+            .expect("timeout");
+        assert!(
+            udp_round_trip(&s, to, b"hello"),
+            "UDP through SOCKS5 to {to}"
+        );
+        s
+    };
+    let flow_a = app(to_a);
+    add_uplink_b(topo);
+    assert!(rig.engine.network_changed(on_b(topo)).expect("running"));
+    let flow_b = app(to_b);
+    let s = rig.stats();
+    assert_eq!(s.outbounds[0].udp_flows, 2, "{s:?}");
+    assert_eq!(
+        s.udp_flows_dropped_on_network_change, 0,
+        "A still carries it"
+    );
+    assert!(udp_round_trip(&flow_a, to_a, b"still on A"));
+
+    topo.client
+        .ip(&["addr", "flush", "dev", CLIENT_VETH])
+        .expect("flush A's addresses");
+    assert!(rig.engine.network_changed(on_b(topo)).expect("running"));
+    rig.wait_until(
+        "the proxied flow on A counted",
+        Duration::from_secs(1),
+        |s| s.udp_flows_dropped_on_network_change == 1,
+    );
+    // The flow on B keeps its association; the one on A gets a new one,
+    // on B.
+    assert!(udp_round_trip(&flow_b, to_b, b"kept"), "the flow on B");
+    assert_eq!(rig.stats().outbounds[0].udp_flows, 2);
+    assert!(
+        udp_round_trip(&flow_a, to_a, b"after"),
+        "the app's next datagram opens an association on B"
+    );
+    let s = rig.stats();
+    assert_eq!(s.outbounds[0].udp_flows, 3, "{s:?}");
+    assert_eq!(s.udp_flows_dropped_on_network_change, 1, "{s:?}");
+}
+
+/// A SOCKS5 proxy given by name, no `bootstrap`, and a configured
+/// upstream that does not know the name: the proxy cannot be reached
+/// (counted in `resolve_failures`) until the host reports a network whose
+/// DNS server (UDP port 53, in the server namespace) answers the name;
+/// then the next connection resolves it there and goes through the proxy.
+#[test]
+fn a_proxy_name_resolves_through_the_networks_dns() {
+    require_root!();
+    let topo = Topology::new().expect("topology");
+    let proxy = Socks5Recorder::start(&topo.server, topo.server_addr(false, 1080)).expect("socks5");
+    let platform = DnsServer::start(
+        &topo.server,
+        topo.server_addr(false, 53),
+        Zone::new(300).with("proxy.test", proxy.addr.ip()),
+    )
+    .expect("the network's dns server");
+    let configured = DnsServer::start(&topo.server, topo.server_addr(false, 5353), Zone::new(300))
+        .expect("a configured upstream");
+    let upstream = format!("udp://{}", configured.addr);
+    let rig = Rig::builder()
+        .stack(StackKind::System)
+        .driver(DriverMode::PerPacket)
+        .ipv4_only()
+        .outbound(
+            "proxy",
+            OutboundConfig::Socks5(Socks5Config {
+                server: Address::Domain("proxy.test".into(), proxy.addr.port()),
+                username: None,
+                password: None,
+                udp: OutboundUdp::Relay,
+            }),
+        )
+        .rule(Rule {
+            action: Action::from("proxy"),
+            ..Rule::default()
+        })
+        .config(move |_, c| {
+            c.direct.bootstrap = Vec::new();
+            c.dns.upstreams = vec![upstream];
+            c.dns.timeout_ms = 500;
+        })
+        .start_in(topo);
+    let topo = &rig.topo;
+    let target = topo.server_addr(false, 7001);
+
+    // Before any network change: the configured upstream, which says
+    // NXDOMAIN; the app hears a refusal.
+    let e = TcpStream::connect_timeout(&target, Duration::from_secs(3)).expect_err("unresolved");
+    assert_eq!(e.kind(), std::io::ErrorKind::ConnectionRefused, "{e}");
+    let s = rig.stats();
+    assert_eq!(s.outbounds[0].resolve_failures, 1, "{s:?}");
+    assert!(configured.queries() >= 1);
+    assert_eq!(platform.queries(), 0);
+
+    let info = NetworkInfo {
+        interface: Some(DefaultInterface {
+            name: CLIENT_VETH.into(),
+            index: 0,
+        }),
+        has_ipv4: true,
+        dns_servers: vec![platform.addr.ip()],
+        ..NetworkInfo::default()
+    };
+    assert!(rig.engine.network_changed(info).expect("running"));
+    let mut through = connect(target);
+    echo(&mut through, &pattern(5, 4096));
+    assert!(platform.queries() >= 1, "asked the network's server");
+    assert_eq!(proxy.asked(), vec![target.to_string()], "through the proxy");
+    let s = rig.stats();
+    assert_eq!(s.outbounds[0].tcp_connects, 1, "{s:?}");
 }

@@ -466,6 +466,13 @@ impl Outbounds {
         self.rules.needs_domain_on(network, addr, &Route::Direct)
     }
 
+    /// The host reported a network whose DNS servers are `servers`: they
+    /// resolve proxy host names from now on, unless `[direct] bootstrap`
+    /// is set ([`resolve::Resolvers::set_platform`]).
+    pub fn set_platform_dns(&self, servers: &[std::net::IpAddr]) {
+        self.resolvers.set_platform(servers);
+    }
+
     /// Forget every proxy address learned by resolving a host name (the
     /// network moved: they may not hold on the new one); the next
     /// connection to such a proxy resolves its name again. Proxies given

@@ -19,9 +19,11 @@
 
 use std::io;
 use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hickory_proto::op::{Message, ResponseCode};
+use parking_lot::Mutex;
 use tokio::net::{TcpStream, UdpSocket};
 use tokio::task::JoinSet;
 
@@ -47,7 +49,15 @@ const MAX_MESSAGE: usize = 65_535;
 /// The resolvers asked for proxy host names, and the time one try may take.
 #[derive(Debug, Clone, Default)]
 pub struct Resolvers {
+    /// From the configuration ([`Resolvers::pick`]).
     list: Vec<Upstream>,
+    /// `list` is `[direct] bootstrap`: the network's servers never replace
+    /// it.
+    pinned: bool,
+    /// The DNS servers of the network the host reported last
+    /// ([`Resolvers::set_platform`]), shared by every clone; empty until
+    /// it reports some.
+    platform: Arc<Mutex<Arc<[Upstream]>>>,
     timeout: Duration,
 }
 
@@ -55,8 +65,11 @@ impl Resolvers {
     /// The first non-empty of: `bootstrap` (`[direct] bootstrap`), the UDP
     /// and TCP entries of `upstreams` (`[dns] upstreams`; DNS over TLS is
     /// not spoken here), the system's resolvers ([`system_resolvers`]).
+    /// Without a `bootstrap`, the network's own servers replace them once
+    /// the host reports some ([`Resolvers::set_platform`]).
     pub fn pick(bootstrap: &[Upstream], upstreams: &[Upstream], timeout: Duration) -> Resolvers {
-        let list = if !bootstrap.is_empty() {
+        let pinned = !bootstrap.is_empty();
+        let list = if pinned {
             bootstrap.to_vec()
         } else {
             let plain: Vec<Upstream> = upstreams
@@ -70,21 +83,84 @@ impl Resolvers {
                 plain
             }
         };
-        Resolvers { list, timeout }
+        Resolvers {
+            list,
+            pinned,
+            timeout,
+            ..Resolvers::default()
+        }
     }
 
-    /// Exactly these resolvers.
+    /// Exactly these resolvers (the network's never replace them).
     pub fn new(list: Vec<Upstream>, timeout: Duration) -> Resolvers {
-        Resolvers { list, timeout }
+        Resolvers {
+            list,
+            pinned: true,
+            timeout,
+            ..Resolvers::default()
+        }
     }
 
+    /// Whether the configuration names no resolver (the network's servers
+    /// are not known before the engine starts).
     pub fn is_empty(&self) -> bool {
         self.list.is_empty()
     }
 
+    /// The configured resolvers.
     pub fn list(&self) -> &[Upstream] {
         &self.list
     }
+
+    /// The host reported a network whose DNS servers are `servers`
+    /// (`Engine::network_changed`): each over UDP port 53, on sockets made
+    /// like every other direct socket (bound to the new default interface).
+    /// Loopback, unspecified and IPv6 link-local addresses are left out (a
+    /// link-local address needs a zone a socket address here cannot
+    /// carry). An empty list gives the configured resolvers back.
+    pub fn set_platform(&self, servers: &[IpAddr]) {
+        let list: Arc<[Upstream]> = servers
+            .iter()
+            .filter(|ip| usable_platform_server(**ip))
+            .map(|ip| Upstream {
+                proto: UpstreamProto::Udp,
+                addr: SocketAddr::new(*ip, 53),
+                server_name: None,
+                path: None,
+            })
+            .collect();
+        *self.platform.lock() = list;
+    }
+
+    /// The resolvers a lookup asks now ([`choose`]).
+    pub fn current(&self) -> Vec<Upstream> {
+        let platform = self.platform.lock().clone();
+        choose(&self.list, self.pinned, &platform).to_vec()
+    }
+}
+
+/// Who resolves a proxy's name: `configured` when it is `[direct]
+/// bootstrap` (`pinned`) or while the network reported no DNS servers,
+/// else the network's own (`platform`): on a phone they are the ones that
+/// work on the network it is on (an IPv6-only network's resolver included),
+/// where the configured upstreams are the system's file or what the DNS
+/// service asks.
+pub fn choose<'a>(
+    configured: &'a [Upstream],
+    pinned: bool,
+    platform: &'a [Upstream],
+) -> &'a [Upstream] {
+    if pinned || platform.is_empty() {
+        configured
+    } else {
+        platform
+    }
+}
+
+/// Whether a DNS server the host reported can be asked from here.
+fn usable_platform_server(ip: IpAddr) -> bool {
+    let link_local_v6 = matches!(ip, IpAddr::V6(v6) if v6.segments()[0] & 0xffc0 == 0xfe80);
+    !ip.is_loopback() && !ip.is_unspecified() && !link_local_v6
 }
 
 /// The system's resolvers over UDP port 53: on Linux and macOS the
@@ -182,7 +258,8 @@ impl Named {
             Lookup::Use(a) => Ok(a),
             Lookup::Fail(e) => Err(e),
             Lookup::Resolve => {
-                let r = resolve(factory, &resolvers.list, &self.name, resolvers.timeout).await;
+                let list = resolvers.current();
+                let r = resolve(factory, &list, &self.name, resolvers.timeout).await;
                 if let Ok(a) = &r {
                     tracing::debug!("{} -> {:?} (ttl {:?})", self.name, a.addrs, a.ttl);
                 }
@@ -672,6 +749,44 @@ mod tests {
             &dns[1..],
             "not DNS over TLS"
         );
+    }
+
+    /// The network's DNS servers replace the configured upstreams (or the
+    /// system's) once the host reports some, never `bootstrap`; an empty
+    /// report gives the configured ones back.
+    #[test]
+    fn the_networks_servers_serve_unless_bootstrap_is_set() {
+        let up = |s: &str| s.parse::<Upstream>().expect("upstream");
+        let t = Duration::from_secs(1);
+        let boot = [up("udp://192.0.2.1:53")];
+        let dns = [up("tcp://192.0.2.3:53")];
+        let phone = [up("udp://100.64.0.1:53"), up("udp://[2001:db8::1]:53")];
+        // The pure choice.
+        assert_eq!(choose(&dns, false, &[]), &dns, "nothing reported yet");
+        assert_eq!(choose(&dns, false, &phone), &phone);
+        assert_eq!(choose(&boot, true, &phone), &boot, "bootstrap pins");
+        assert_eq!(choose(&[], false, &phone), &phone, "no configured one");
+        // Through `Resolvers`, clones share what the host reported.
+        let picked = Resolvers::pick(&[], &dns, t);
+        let clone = picked.clone();
+        assert_eq!(picked.current(), dns, "before any network change");
+        clone.set_platform(&[
+            ip("100.64.0.1"),
+            ip("127.0.0.1"),
+            ip("fe80::1"),
+            ip("::"),
+            ip("2001:db8::1"),
+        ]);
+        assert_eq!(
+            picked.current(),
+            phone,
+            "port 53 over UDP, without loopback, link-local or unspecified"
+        );
+        picked.set_platform(&[ip("fe80::1")]);
+        assert_eq!(picked.current(), dns, "nothing usable reported");
+        let pinned = Resolvers::pick(&boot, &dns, t);
+        pinned.set_platform(&[ip("100.64.0.1")]);
+        assert_eq!(pinned.current(), boot);
     }
 
     fn factory() -> SocketFactory {

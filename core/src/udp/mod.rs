@@ -70,7 +70,7 @@ use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU16, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
 use tokio::net::UdpSocket;
@@ -152,6 +152,10 @@ pub(super) struct ReplyState {
     /// the longest fragment the app's datagrams came in
     /// ([`ReplyState::lower_mtu`]).
     mtu: AtomicU16,
+    /// A network change stranded the socket of the flow's task, which
+    /// ended ([`ReplyState::strand`]): the driver closes the flow at its
+    /// next datagram and opens another on the new network.
+    stranded: AtomicBool,
 }
 
 impl ReplyState {
@@ -160,7 +164,18 @@ impl ReplyState {
             epoch,
             last_down: AtomicU64::new(0),
             mtu: AtomicU16::new(mtu),
+            stranded: AtomicBool::new(false),
         }
+    }
+
+    /// The flow's task ends because a network change stranded its socket
+    /// (`proxied.rs`).
+    pub(super) fn strand(&self) {
+        self.stranded.store(true, Relaxed);
+    }
+
+    fn stranded(&self) -> bool {
+        self.stranded.load(Relaxed)
     }
 
     /// Record a reply at the present moment: milliseconds since the epoch,
@@ -432,6 +447,15 @@ impl UdpTable {
         let Some(flow) = self.flows.get_mut(&key) else {
             return false;
         };
+        // A queued flow whose task a network change ended (already
+        // counted by it): closed, so this datagram opens one on the new
+        // network.
+        if flow.state.stranded() {
+            self.flows.remove(&key);
+            self.owned -= 1;
+            self.shared.d.stats.udp_flows_active.fetch_sub(1, Relaxed);
+            return false;
+        }
         let refused = send_on(
             flow,
             key,
@@ -728,9 +752,11 @@ impl UdpTable {
     /// socket whose source address went, a mapping bound to an interface
     /// left without an address of its family), counted; the app's next
     /// datagram opens a flow on the new network. Flows whose socket still
-    /// works are kept, and so are proxied flows (their task owns the
-    /// socket). Runs once per change, on the driver: a `getsockname` per
-    /// direct flow.
+    /// works are kept. A queued flow's task owns its socket (and a SOCKS5
+    /// association's control connection) and checks them itself
+    /// (`proxied.rs`); the table closes such a flow at its next datagram
+    /// ([`UdpTable::forward`]). Runs once per change, on the driver: a
+    /// `getsockname` per direct flow.
     pub fn network_changed(&mut self, addrs: &Addresses, local: &mut LocalCounters) {
         // What the uplink gathered goes out (or fails) before its flow closes.
         self.flush(local);

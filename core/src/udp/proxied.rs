@@ -193,7 +193,7 @@ pub(super) async fn resolved_flow(
         shared.clone(),
         key.client,
         Some(key.server),
-        state,
+        state.clone(),
     );
     let up = async {
         while let Some(buf) = rx.recv().await {
@@ -210,12 +210,27 @@ pub(super) async fn resolved_flow(
     tokio::select! {
         () = down => {}
         () = up => {}
+        () = shared.d.life.network().stranded(&*sock) => stranded(&shared, &state),
     }
+}
+
+/// A network change stranded the socket of a flow's task
+/// ([`crate::network::NetworkWatch::stranded`]): counted, and the flow
+/// marked so the driver closes it at its next datagram, which then opens
+/// a flow on the new network.
+fn stranded(shared: &UdpEnv, state: &ReplyState) {
+    state.strand();
+    shared
+        .d
+        .stats
+        .udp_flows_dropped_on_network_change
+        .fetch_add(1, Relaxed);
 }
 
 /// A proxied flow: open the association, then send what the driver queues
 /// and turn the proxy's replies into IP packets, until the flow is dropped
-/// (the driver aborts the task), the queue closes, or the association ends.
+/// (the driver aborts the task), the queue closes, the association ends,
+/// or a network change strands its socket or its control connection.
 #[allow(clippy::too_many_arguments)]
 pub(super) async fn proxy_flow(
     shared: Arc<UdpEnv>,
@@ -294,6 +309,19 @@ pub(super) async fn proxy_flow(
         }
     };
     tokio::pin!(control_closed);
+    // The host moved to a network without the association's socket or its
+    // control connection: the proxy will never hear from it again.
+    let network = shared.d.life.network();
+    let lost = async {
+        match &control {
+            Some(c) => tokio::select! {
+                () = network.stranded(&sock) => {}
+                () = network.stranded(c) => {}
+            },
+            None => network.stranded(&sock).await,
+        }
+    };
+    tokio::pin!(lost);
     loop {
         tokio::select! {
             d = rx.recv() => {
@@ -348,6 +376,7 @@ pub(super) async fn proxy_flow(
                 }
             }
             _ = &mut control_closed => return,
+            () = &mut lost => return stranded(&shared, &state),
         }
     }
 }
