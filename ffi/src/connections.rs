@@ -14,8 +14,9 @@ pub enum ConnectionNetwork {
 /// Where a connection's domain came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, uniffi::Enum)]
 pub enum DomainSource {
-    /// No domain: the app connected to an address.
-    None,
+    /// No domain: the app connected to an address. (Not `None`: Swift
+    /// would confuse `.none` with an absent optional.)
+    NoDomain,
     /// A fake-ip address handed out by kerntun's DNS.
     FakeIp,
     /// Read from the first bytes (TLS SNI, HTTP Host).
@@ -72,7 +73,7 @@ impl From<kerntun::conns::Connection> for ConnectionRecord {
             destination: c.destination.to_string(),
             domain: c.domain,
             domain_source: match c.domain_source {
-                Source::None => DomainSource::None,
+                Source::None => DomainSource::NoDomain,
                 Source::FakeIp => DomainSource::FakeIp,
                 Source::Sniffed => DomainSource::Sniffed,
             },

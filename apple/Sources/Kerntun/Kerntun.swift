@@ -4046,9 +4046,10 @@ public func FfiConverterTypeDnsStrategy_lower(_ value: DnsStrategy) -> RustBuffe
 public enum DomainSource: Equatable, Hashable {
     
     /**
-     * No domain: the app connected to an address.
+     * No domain: the app connected to an address. (Not `None`: Swift
+     * would confuse `.none` with an absent optional.)
      */
-    case none
+    case noDomain
     /**
      * A fake-ip address handed out by kerntun's DNS.
      */
@@ -4078,7 +4079,7 @@ public struct FfiConverterTypeDomainSource: FfiConverterRustBuffer {
         let variant: Int32 = try readInt(&buf)
         switch variant {
         
-        case 1: return .none
+        case 1: return .noDomain
         
         case 2: return .fakeIp
         
@@ -4092,7 +4093,7 @@ public struct FfiConverterTypeDomainSource: FfiConverterRustBuffer {
         switch value {
         
         
-        case .none:
+        case .noDomain:
             writeInt(&buf, Int32(1))
         
         

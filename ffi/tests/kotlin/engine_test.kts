@@ -194,7 +194,7 @@ fun round(n: Int) {
             if (rec == null) Thread.sleep(10)
         }
         check(rec != null && rec.network == ConnectionNetwork.TCP && rec.destination == "$serverV4:$port" &&
-            rec.outbound == "direct" && rec.state == ConnectionState.RELAYING,
+            rec.outbound == "direct" && rec.domainSource == DomainSource.NO_DOMAIN && rec.state == ConnectionState.RELAYING,
             "round $n: connections() lists the held echo as $local (${engine.connections()})")
         check(!engine.closeConnection(ULong.MAX_VALUE), "round $n: closeConnection of an unknown id is false")
         if (rec != null) {
