@@ -298,6 +298,16 @@ void uniffi_kerntun_ffi_fn_free_engine(uint64_t handle, RustCallStatus *_Nonnull
 uint64_t uniffi_kerntun_ffi_fn_constructor_engine_start(RustBuffer config, int32_t tun_fd, uint64_t platform, RustCallStatus *_Nonnull out_status
 );
 #endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_FN_METHOD_ENGINE_CLOSE_CONNECTION
+#define UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_FN_METHOD_ENGINE_CLOSE_CONNECTION
+int8_t uniffi_kerntun_ffi_fn_method_engine_close_connection(uint64_t ptr, uint64_t id, RustCallStatus *_Nonnull out_status
+);
+#endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_FN_METHOD_ENGINE_CONNECTIONS
+#define UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_FN_METHOD_ENGINE_CONNECTIONS
+RustBuffer uniffi_kerntun_ffi_fn_method_engine_connections(uint64_t ptr, RustCallStatus *_Nonnull out_status
+);
+#endif
 #ifndef UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_FN_METHOD_ENGINE_ERROR
 #define UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_FN_METHOD_ENGINE_ERROR
 RustBuffer uniffi_kerntun_ffi_fn_method_engine_error(uint64_t ptr, RustCallStatus *_Nonnull out_status
@@ -724,6 +734,18 @@ uint16_t uniffi_kerntun_ffi_checksum_func_resolver_addresses(void
 #ifndef UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_CHECKSUM_FUNC_INIT_LOGGING
 #define UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_CHECKSUM_FUNC_INIT_LOGGING
 uint16_t uniffi_kerntun_ffi_checksum_func_init_logging(void
+    
+);
+#endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_CHECKSUM_METHOD_ENGINE_CLOSE_CONNECTION
+#define UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_CHECKSUM_METHOD_ENGINE_CLOSE_CONNECTION
+uint16_t uniffi_kerntun_ffi_checksum_method_engine_close_connection(void
+    
+);
+#endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_CHECKSUM_METHOD_ENGINE_CONNECTIONS
+#define UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_CHECKSUM_METHOD_ENGINE_CONNECTIONS
+uint16_t uniffi_kerntun_ffi_checksum_method_engine_connections(void
     
 );
 #endif

@@ -6,6 +6,7 @@
 //! (ready); `stop` is bounded in time, idempotent, and releases every
 //! descriptor, task and thread; dropping the engine stops it.
 
+use crate::conns::{Connections, LIST_CAP, Listing};
 use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -126,6 +127,8 @@ struct Parts {
     stack: Stack,
     tun: Arc<Tun>,
     mtu: u16,
+    /// The live connection list (`conns.rs`).
+    conns: Arc<Connections>,
 }
 
 impl Engine {
@@ -232,6 +235,29 @@ impl Engine {
             Some(inner) => snapshot(inner),
             None => self.last.lock().clone().unwrap_or_default(),
         }
+    }
+
+    /// The live connections: one record per relayed or sniffed TCP
+    /// connection (both stacks), at most [`crate::conns::LIST_CAP`]
+    /// (`truncated` says when there were more). Empty once stopped.
+    pub fn connections(&self) -> Listing {
+        match &self.inner {
+            Some(inner) => {
+                let parts = &inner.parts;
+                parts.conns.list(&parts.outbounds, LIST_CAP)
+            }
+            None => Listing::default(),
+        }
+    }
+
+    /// Close the connection `id`: the app hears a reset and the outbound
+    /// is closed. False when no such connection is live (ended already,
+    /// never was, or the engine stopped). Counted
+    /// (`connections_closed_by_host`).
+    pub fn close_connection(&self, id: u64) -> bool {
+        self.inner
+            .as_ref()
+            .is_some_and(|i| i.parts.conns.close(id, &i.parts.stats))
     }
 
     /// Forward the host's memory-pressure level: admission of new TCP
@@ -518,6 +544,7 @@ async fn assemble(
     let sessions = fit_sessions_to_descriptors(&budget, tcp_stack);
     let admission = Arc::new(Admission::with_pressure(sessions, pressure.clone()));
     let dns_part = dns.clone();
+    let conns = Arc::new(Connections::default());
     let d = Arc::new(Dispatcher {
         outbounds,
         dns,
@@ -527,6 +554,7 @@ async fn assemble(
         stats: stats.clone(),
         warn: WarnLimiter::new(Duration::from_secs(5)),
         life: life.clone(),
+        conns: conns.clone(),
     });
     let tcp_idle = Duration::from_secs(config.timeouts.tcp_idle_s.max(1));
     let linger = Duration::from_secs(config.timeouts.tcp_linger_s);
@@ -626,6 +654,7 @@ async fn assemble(
             stack,
             tun,
             mtu: config.tun.mtu,
+            conns,
         },
         demux,
         listeners,

@@ -38,6 +38,7 @@
 
 pub mod budget;
 pub mod config;
+pub mod conns;
 mod demux;
 mod dispatch;
 pub mod dns;

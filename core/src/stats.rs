@@ -65,6 +65,8 @@ pub struct Stats {
     pub sessions_reset_on_network_change: AtomicU64,
     /// Direct UDP flows closed for the same reason.
     pub udp_flows_dropped_on_network_change: AtomicU64,
+    /// Connections the host closed (`Engine::close_connection`).
+    pub connections_closed_by_host: AtomicU64,
     /// Per proxy outbound, in the order of [`crate::outbound::Outbounds::names`].
     pub outbounds: Box<[OutboundCounters]>,
     /// DNS hijack, cache, fake-ip and sniffing.
@@ -381,6 +383,8 @@ pub struct StatsSnapshot {
     pub sessions_reset_on_network_change: u64,
     /// Direct UDP flows closed because a network change stranded their socket.
     pub udp_flows_dropped_on_network_change: u64,
+    /// Connections the host closed (`Engine::close_connection`).
+    pub connections_closed_by_host: u64,
     /// Per proxy outbound.
     pub outbounds: Vec<OutboundSnapshot>,
     /// DNS service and sniffing.
@@ -455,6 +459,7 @@ impl Stats {
             network_changes: g(&self.network_changes),
             sessions_reset_on_network_change: g(&self.sessions_reset_on_network_change),
             udp_flows_dropped_on_network_change: g(&self.udp_flows_dropped_on_network_change),
+            connections_closed_by_host: g(&self.connections_closed_by_host),
             dns: self.dns.snapshot(),
             outbounds: self
                 .outbounds

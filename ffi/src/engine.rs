@@ -16,6 +16,7 @@ use kerntun::{StartOptions, StatsSnapshot, TunSource};
 use parking_lot::Mutex;
 
 use crate::config::{EngineConfig, LogLevel, MemoryPressure};
+use crate::connections::ConnectionRecord;
 use crate::error::{KerntunError, guard, panic_message};
 use crate::events::{Delivery, EngineEvent, EngineListener};
 use crate::hooks::{HookProtect, PlatformHooks};
@@ -295,6 +296,35 @@ impl Engine {
     pub fn recent_logs(&self) -> Vec<LogRecord> {
         std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.log.ring.lines()))
             .unwrap_or_default()
+    }
+
+    /// The live TCP connections, one record each (relayed or sniffed, both
+    /// stacks), at most [`crate::MAX_CONNECTIONS`] (10,000): a list that long may have left
+    /// some out. Empty once stopped.
+    pub fn connections(&self) -> Vec<ConnectionRecord> {
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            self.running()
+                .map(|e| {
+                    let l = e.connections();
+                    l.connections
+                        .into_iter()
+                        .map(ConnectionRecord::from)
+                        .collect()
+                })
+                .unwrap_or_default()
+        }))
+        .unwrap_or_default()
+    }
+
+    /// Close the connection `id` (a [`ConnectionRecord`]'s): the app hears
+    /// a reset, the outbound is closed. False when it is no longer live (or
+    /// never was, or the engine stopped). Counted
+    /// (`EngineStats.connections_closed_by_host`).
+    pub fn close_connection(&self, id: u64) -> bool {
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            self.running().is_some_and(|e| e.close_connection(id))
+        }))
+        .unwrap_or(false)
     }
 
     /// The TUN interface name, when known (`utun4`, `kerntun0`); `None`

@@ -43,6 +43,7 @@ macro_rules! moved {
 }
 
 mod config;
+mod connections;
 mod engine;
 mod error;
 mod events;
@@ -58,6 +59,9 @@ pub use config::{
     MemoryPressure, Outbound, OutboundUdp, Platform, RelayOptions, RuleAction, RuleOptions,
     ShadowsocksMethod, SniffOptions, Stack, TimeoutOptions, TunOptions, default_config,
     outbound_from_url, resolver_addresses,
+};
+pub use connections::{
+    ConnectionNetwork, ConnectionRecord, ConnectionState, DomainSource, MAX_CONNECTIONS,
 };
 pub use engine::{Engine, NetworkInfo};
 #[cfg(feature = "fault-injection")]

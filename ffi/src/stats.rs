@@ -178,6 +178,8 @@ pub struct EngineStats {
     pub sessions_reset_on_network_change: u64,
     /// Direct UDP flows closed for the same reason.
     pub udp_flows_dropped_on_network_change: u64,
+    /// Connections the app closed (`Engine.closeConnection`).
+    pub connections_closed_by_host: u64,
     /// Per proxy outbound.
     pub outbounds: Vec<OutboundStats>,
     /// DNS service and sniffing.
@@ -233,6 +235,7 @@ impl From<StatsSnapshot> for EngineStats {
             network_changes,
             sessions_reset_on_network_change,
             udp_flows_dropped_on_network_change,
+            connections_closed_by_host,
         } converted {
             stack: stack.to_string(),
             driver: driver.to_string(),

@@ -613,6 +613,21 @@ fileprivate struct FfiConverterString: FfiConverter {
 public protocol EngineProtocol: AnyObject, Sendable {
     
     /**
+     * Close the connection `id` (a [`ConnectionRecord`]'s): the app hears
+     * a reset, the outbound is closed. False when it is no longer live (or
+     * never was, or the engine stopped). Counted
+     * (`EngineStats.connections_closed_by_host`).
+     */
+    func closeConnection(id: UInt64)  -> Bool
+    
+    /**
+     * The live TCP connections, one record each (relayed or sniffed, both
+     * stacks), at most [`crate::MAX_CONNECTIONS`] (10,000): a list that long may have left
+     * some out. Empty once stopped.
+     */
+    func connections()  -> [ConnectionRecord]
+    
+    /**
      * The fatal error that stopped the engine on its own (device gone,
      * listener failed), if any; still answered after `stop`.
      */
@@ -788,6 +803,36 @@ public static func start(config: EngineConfig, tunFd: Int32, platform: PlatformH
 }
     
 
+    
+    /**
+     * Close the connection `id` (a [`ConnectionRecord`]'s): the app hears
+     * a reset, the outbound is closed. False when it is no longer live (or
+     * never was, or the engine stopped). Counted
+     * (`EngineStats.connections_closed_by_host`).
+     */
+open func closeConnection(id: UInt64) -> Bool  {
+    return try!  FfiConverterBool.lift(try! rustCall() {
+        uniffiCallStatus in
+    uniffi_kerntun_ffi_fn_method_engine_close_connection(
+            self.uniffiCloneHandle(),
+        FfiConverterUInt64.lower(id),uniffiCallStatus
+    )
+})
+}
+    
+    /**
+     * The live TCP connections, one record each (relayed or sniffed, both
+     * stacks), at most [`crate::MAX_CONNECTIONS`] (10,000): a list that long may have left
+     * some out. Empty once stopped.
+     */
+open func connections() -> [ConnectionRecord]  {
+    return try!  FfiConverterSequenceTypeConnectionRecord.lift(try! rustCall() {
+        uniffiCallStatus in
+    uniffi_kerntun_ffi_fn_method_engine_connections(
+            self.uniffiCloneHandle(),uniffiCallStatus
+    )
+})
+}
     
     /**
      * The fatal error that stopped the engine on its own (device gone,
@@ -1600,6 +1645,153 @@ public func FfiConverterTypeBudgetOptions_lift(_ buf: RustBuffer) throws -> Budg
 #endif
 public func FfiConverterTypeBudgetOptions_lower(_ value: BudgetOptions) -> RustBuffer {
     return FfiConverterTypeBudgetOptions.lower(value)
+}
+
+
+/**
+ * One live connection.
+ */
+public struct ConnectionRecord: Equatable, Hashable {
+    /**
+     * Unique for the engine's life; what `Engine.closeConnection` takes.
+     */
+    public var id: UInt64
+    public var network: ConnectionNetwork
+    /**
+     * The app's address and port (`198.18.0.1:50000`, `[fd00::1]:50000`).
+     */
+    public var source: String
+    /**
+     * The address the app connected to.
+     */
+    public var destination: String
+    /**
+     * The domain the connection was routed by, if any.
+     */
+    public var domain: String?
+    public var domainSource: DomainSource
+    /**
+     * The rule that matched; not recorded yet (always `None`).
+     */
+    public var rule: String?
+    /**
+     * The outbound's name (`direct`, or a proxy's); `None` while a
+     * sniffing connection is not routed yet.
+     */
+    public var outbound: String?
+    /**
+     * Payload bytes from the app, and to it.
+     */
+    public var bytesUp: UInt64
+    public var bytesDown: UInt64
+    /**
+     * When it started, in milliseconds since the Unix epoch.
+     */
+    public var startedUnixMs: UInt64
+    public var state: ConnectionState
+
+    // Default memberwise initializers are never public by default, so we
+    // declare one manually.
+    public init(
+        /**
+         * Unique for the engine's life; what `Engine.closeConnection` takes.
+         */id: UInt64, network: ConnectionNetwork, 
+        /**
+         * The app's address and port (`198.18.0.1:50000`, `[fd00::1]:50000`).
+         */source: String, 
+        /**
+         * The address the app connected to.
+         */destination: String, 
+        /**
+         * The domain the connection was routed by, if any.
+         */domain: String?, domainSource: DomainSource, 
+        /**
+         * The rule that matched; not recorded yet (always `None`).
+         */rule: String?, 
+        /**
+         * The outbound's name (`direct`, or a proxy's); `None` while a
+         * sniffing connection is not routed yet.
+         */outbound: String?, 
+        /**
+         * Payload bytes from the app, and to it.
+         */bytesUp: UInt64, bytesDown: UInt64, 
+        /**
+         * When it started, in milliseconds since the Unix epoch.
+         */startedUnixMs: UInt64, state: ConnectionState) {
+        self.id = id
+        self.network = network
+        self.source = source
+        self.destination = destination
+        self.domain = domain
+        self.domainSource = domainSource
+        self.rule = rule
+        self.outbound = outbound
+        self.bytesUp = bytesUp
+        self.bytesDown = bytesDown
+        self.startedUnixMs = startedUnixMs
+        self.state = state
+    }
+
+    
+
+    
+}
+
+#if compiler(>=6)
+extension ConnectionRecord: Sendable {}
+#endif
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public struct FfiConverterTypeConnectionRecord: FfiConverterRustBuffer {
+    public static func read(from buf: inout (data: Data, offset: Data.Index)) throws -> ConnectionRecord {
+        return
+            try ConnectionRecord(
+                id: FfiConverterUInt64.read(from: &buf), 
+                network: FfiConverterTypeConnectionNetwork.read(from: &buf), 
+                source: FfiConverterString.read(from: &buf), 
+                destination: FfiConverterString.read(from: &buf), 
+                domain: FfiConverterOptionString.read(from: &buf), 
+                domainSource: FfiConverterTypeDomainSource.read(from: &buf), 
+                rule: FfiConverterOptionString.read(from: &buf), 
+                outbound: FfiConverterOptionString.read(from: &buf), 
+                bytesUp: FfiConverterUInt64.read(from: &buf), 
+                bytesDown: FfiConverterUInt64.read(from: &buf), 
+                startedUnixMs: FfiConverterUInt64.read(from: &buf), 
+                state: FfiConverterTypeConnectionState.read(from: &buf)
+        )
+    }
+
+    public static func write(_ value: ConnectionRecord, into buf: inout [UInt8]) {
+        FfiConverterUInt64.write(value.id, into: &buf)
+        FfiConverterTypeConnectionNetwork.write(value.network, into: &buf)
+        FfiConverterString.write(value.source, into: &buf)
+        FfiConverterString.write(value.destination, into: &buf)
+        FfiConverterOptionString.write(value.domain, into: &buf)
+        FfiConverterTypeDomainSource.write(value.domainSource, into: &buf)
+        FfiConverterOptionString.write(value.rule, into: &buf)
+        FfiConverterOptionString.write(value.outbound, into: &buf)
+        FfiConverterUInt64.write(value.bytesUp, into: &buf)
+        FfiConverterUInt64.write(value.bytesDown, into: &buf)
+        FfiConverterUInt64.write(value.startedUnixMs, into: &buf)
+        FfiConverterTypeConnectionState.write(value.state, into: &buf)
+    }
+}
+
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public func FfiConverterTypeConnectionRecord_lift(_ buf: RustBuffer) throws -> ConnectionRecord {
+    return try FfiConverterTypeConnectionRecord.lift(buf)
+}
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public func FfiConverterTypeConnectionRecord_lower(_ value: ConnectionRecord) -> RustBuffer {
+    return FfiConverterTypeConnectionRecord.lower(value)
 }
 
 
@@ -2451,6 +2643,10 @@ public struct EngineStats: Equatable, Hashable {
      */
     public var udpFlowsDroppedOnNetworkChange: UInt64
     /**
+     * Connections the app closed (`Engine.closeConnection`).
+     */
+    public var connectionsClosedByHost: UInt64
+    /**
      * Per proxy outbound.
      */
     public var outbounds: [OutboundStats]
@@ -2523,6 +2719,9 @@ public struct EngineStats: Equatable, Hashable {
          * Direct UDP flows closed for the same reason.
          */udpFlowsDroppedOnNetworkChange: UInt64, 
         /**
+         * Connections the app closed (`Engine.closeConnection`).
+         */connectionsClosedByHost: UInt64, 
+        /**
          * Per proxy outbound.
          */outbounds: [OutboundStats], 
         /**
@@ -2570,6 +2769,7 @@ public struct EngineStats: Equatable, Hashable {
         self.networkChanges = networkChanges
         self.sessionsResetOnNetworkChange = sessionsResetOnNetworkChange
         self.udpFlowsDroppedOnNetworkChange = udpFlowsDroppedOnNetworkChange
+        self.connectionsClosedByHost = connectionsClosedByHost
         self.outbounds = outbounds
         self.dns = dns
     }
@@ -2632,6 +2832,7 @@ public struct FfiConverterTypeEngineStats: FfiConverterRustBuffer {
                 networkChanges: FfiConverterUInt64.read(from: &buf), 
                 sessionsResetOnNetworkChange: FfiConverterUInt64.read(from: &buf), 
                 udpFlowsDroppedOnNetworkChange: FfiConverterUInt64.read(from: &buf), 
+                connectionsClosedByHost: FfiConverterUInt64.read(from: &buf), 
                 outbounds: FfiConverterSequenceTypeOutboundStats.read(from: &buf), 
                 dns: FfiConverterTypeDnsStats.read(from: &buf)
         )
@@ -2680,6 +2881,7 @@ public struct FfiConverterTypeEngineStats: FfiConverterRustBuffer {
         FfiConverterUInt64.write(value.networkChanges, into: &buf)
         FfiConverterUInt64.write(value.sessionsResetOnNetworkChange, into: &buf)
         FfiConverterUInt64.write(value.udpFlowsDroppedOnNetworkChange, into: &buf)
+        FfiConverterUInt64.write(value.connectionsClosedByHost, into: &buf)
         FfiConverterSequenceTypeOutboundStats.write(value.outbounds, into: &buf)
         FfiConverterTypeDnsStats.write(value.dns, into: &buf)
     }
@@ -3598,6 +3800,160 @@ public func FfiConverterTypeTunOptions_lower(_ value: TunOptions) -> RustBuffer 
 
 
 /**
+ * A connection's transport.
+ */
+
+public enum ConnectionNetwork: Equatable, Hashable {
+    
+    case tcp
+    case udp
+
+
+
+
+
+}
+
+#if compiler(>=6)
+extension ConnectionNetwork: Sendable {}
+#endif
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public struct FfiConverterTypeConnectionNetwork: FfiConverterRustBuffer {
+    typealias SwiftType = ConnectionNetwork
+
+    public static func read(from buf: inout (data: Data, offset: Data.Index)) throws -> ConnectionNetwork {
+        let variant: Int32 = try readInt(&buf)
+        switch variant {
+        
+        case 1: return .tcp
+        
+        case 2: return .udp
+        
+        default: throw UniffiInternalError.unexpectedEnumCase
+        }
+    }
+
+    public static func write(_ value: ConnectionNetwork, into buf: inout [UInt8]) {
+        switch value {
+        
+        
+        case .tcp:
+            writeInt(&buf, Int32(1))
+        
+        
+        case .udp:
+            writeInt(&buf, Int32(2))
+        
+        }
+    }
+}
+
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public func FfiConverterTypeConnectionNetwork_lift(_ buf: RustBuffer) throws -> ConnectionNetwork {
+    return try FfiConverterTypeConnectionNetwork.lift(buf)
+}
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public func FfiConverterTypeConnectionNetwork_lower(_ value: ConnectionNetwork) -> RustBuffer {
+    return FfiConverterTypeConnectionNetwork.lower(value)
+}
+
+
+
+/**
+ * Where a connection is in its life.
+ */
+
+public enum ConnectionState: Equatable, Hashable {
+    
+    /**
+     * Reading its first bytes for a domain, then connecting.
+     */
+    case sniffing
+    /**
+     * Relaying.
+     */
+    case relaying
+    /**
+     * Closed by `Engine.closeConnection`; ending.
+     */
+    case closing
+
+
+
+
+
+}
+
+#if compiler(>=6)
+extension ConnectionState: Sendable {}
+#endif
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public struct FfiConverterTypeConnectionState: FfiConverterRustBuffer {
+    typealias SwiftType = ConnectionState
+
+    public static func read(from buf: inout (data: Data, offset: Data.Index)) throws -> ConnectionState {
+        let variant: Int32 = try readInt(&buf)
+        switch variant {
+        
+        case 1: return .sniffing
+        
+        case 2: return .relaying
+        
+        case 3: return .closing
+        
+        default: throw UniffiInternalError.unexpectedEnumCase
+        }
+    }
+
+    public static func write(_ value: ConnectionState, into buf: inout [UInt8]) {
+        switch value {
+        
+        
+        case .sniffing:
+            writeInt(&buf, Int32(1))
+        
+        
+        case .relaying:
+            writeInt(&buf, Int32(2))
+        
+        
+        case .closing:
+            writeInt(&buf, Int32(3))
+        
+        }
+    }
+}
+
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public func FfiConverterTypeConnectionState_lift(_ buf: RustBuffer) throws -> ConnectionState {
+    return try FfiConverterTypeConnectionState.lift(buf)
+}
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public func FfiConverterTypeConnectionState_lower(_ value: ConnectionState) -> RustBuffer {
+    return FfiConverterTypeConnectionState.lower(value)
+}
+
+
+
+/**
  * Which families the DNS service answers A/AAAA queries with
  * (`dns.strategy`; `null`/`nil` in [`DnsOptions`] is automatic).
  */
@@ -3679,6 +4035,92 @@ public func FfiConverterTypeDnsStrategy_lift(_ buf: RustBuffer) throws -> DnsStr
 #endif
 public func FfiConverterTypeDnsStrategy_lower(_ value: DnsStrategy) -> RustBuffer {
     return FfiConverterTypeDnsStrategy.lower(value)
+}
+
+
+
+/**
+ * Where a connection's domain came from.
+ */
+
+public enum DomainSource: Equatable, Hashable {
+    
+    /**
+     * No domain: the app connected to an address. (Not `None`: Swift
+     * would confuse `.none` with an absent optional.)
+     */
+    case noDomain
+    /**
+     * A fake-ip address handed out by kerntun's DNS.
+     */
+    case fakeIp
+    /**
+     * Read from the first bytes (TLS SNI, HTTP Host).
+     */
+    case sniffed
+
+
+
+
+
+}
+
+#if compiler(>=6)
+extension DomainSource: Sendable {}
+#endif
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public struct FfiConverterTypeDomainSource: FfiConverterRustBuffer {
+    typealias SwiftType = DomainSource
+
+    public static func read(from buf: inout (data: Data, offset: Data.Index)) throws -> DomainSource {
+        let variant: Int32 = try readInt(&buf)
+        switch variant {
+        
+        case 1: return .noDomain
+        
+        case 2: return .fakeIp
+        
+        case 3: return .sniffed
+        
+        default: throw UniffiInternalError.unexpectedEnumCase
+        }
+    }
+
+    public static func write(_ value: DomainSource, into buf: inout [UInt8]) {
+        switch value {
+        
+        
+        case .noDomain:
+            writeInt(&buf, Int32(1))
+        
+        
+        case .fakeIp:
+            writeInt(&buf, Int32(2))
+        
+        
+        case .sniffed:
+            writeInt(&buf, Int32(3))
+        
+        }
+    }
+}
+
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public func FfiConverterTypeDomainSource_lift(_ buf: RustBuffer) throws -> DomainSource {
+    return try FfiConverterTypeDomainSource.lift(buf)
+}
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public func FfiConverterTypeDomainSource_lower(_ value: DomainSource) -> RustBuffer {
+    return FfiConverterTypeDomainSource.lower(value)
 }
 
 
@@ -5308,6 +5750,31 @@ fileprivate struct FfiConverterSequenceString: FfiConverterRustBuffer {
 #if swift(>=5.8)
 @_documentation(visibility: private)
 #endif
+fileprivate struct FfiConverterSequenceTypeConnectionRecord: FfiConverterRustBuffer {
+    typealias SwiftType = [ConnectionRecord]
+
+    public static func write(_ value: [ConnectionRecord], into buf: inout [UInt8]) {
+        let len = Int32(value.count)
+        writeInt(&buf, len)
+        for item in value {
+            FfiConverterTypeConnectionRecord.write(item, into: &buf)
+        }
+    }
+
+    public static func read(from buf: inout (data: Data, offset: Data.Index)) throws -> [ConnectionRecord] {
+        let len: Int32 = try readInt(&buf)
+        var seq = [ConnectionRecord]()
+        seq.reserveCapacity(Int(len))
+        for _ in 0 ..< len {
+            seq.append(try FfiConverterTypeConnectionRecord.read(from: &buf))
+        }
+        return seq
+    }
+}
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
 fileprivate struct FfiConverterSequenceTypeDropCount: FfiConverterRustBuffer {
     typealias SwiftType = [DropCount]
 
@@ -5539,6 +6006,12 @@ private let initializationResult: InitializationResult = {
         return InitializationResult.apiChecksumMismatch
     }
     if (uniffi_kerntun_ffi_checksum_func_init_logging() != 23383) {
+        return InitializationResult.apiChecksumMismatch
+    }
+    if (uniffi_kerntun_ffi_checksum_method_engine_close_connection() != 9952) {
+        return InitializationResult.apiChecksumMismatch
+    }
+    if (uniffi_kerntun_ffi_checksum_method_engine_connections() != 44172) {
         return InitializationResult.apiChecksumMismatch
     }
     if (uniffi_kerntun_ffi_checksum_method_engine_error() != 42560) {

@@ -18,6 +18,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::time::Instant;
 
 use crate::budget::{Admission, ByteBudget, OwnedPermit};
+use crate::conns::Connections;
 use crate::dns::Dns;
 use crate::lifecycle::Lifecycle;
 use crate::outbound::{Address, OutboundError, OutboundStream, Outbounds, Route};
@@ -43,6 +44,8 @@ pub(crate) struct Dispatcher {
     /// Rate-limited warnings (one per interval) for refusals under load.
     pub warn: WarnLimiter,
     pub life: Arc<Lifecycle>,
+    /// The live connection list the sessions register in.
+    pub conns: Arc<Connections>,
 }
 
 /// The transport of a new flow: the rules' `network` condition sees it,
@@ -355,6 +358,7 @@ mod tests {
             relay_pool: bytes(),
             warn: WarnLimiter::new(Duration::from_secs(5)),
             life: Arc::new(Lifecycle::default()),
+            conns: Arc::default(),
         }
     }
 

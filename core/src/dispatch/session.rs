@@ -20,8 +20,9 @@ use std::time::{Duration, Instant};
 
 use tokio::net::TcpStream;
 
-use super::{Dispatcher, Next};
+use super::{Dispatcher, Network, Next};
 use crate::budget::{ByteBudget, Charge, RELAY_FALLBACK_BUFFER};
+use crate::conns::{DomainSource, Registered};
 use crate::lifecycle::Phase;
 use crate::outbound::{Address, OutboundStream, Route, reset_on_close};
 use crate::relay::{self, Meter, Side};
@@ -195,22 +196,38 @@ pub(crate) async fn sniff_read<S: Side>(
     }
 }
 
-/// Serve an accepted connection to `server` as its plan said. Spawn this
-/// future itself (not inside another async block): every idle connection
-/// holds one, so its size is the engine's memory per connection.
+/// Serve an accepted connection from `client` to `server` as its plan
+/// said. Spawn this future itself (not inside another async block): every
+/// idle connection holds one, so its size is the engine's memory per
+/// connection. A relayed or sniffed connection is in the live connection
+/// list (`conns.rs`) while it lives; DNS over TCP, answered here, is not.
 pub(crate) async fn run<A: App, H: Hold>(
     d: Arc<Dispatcher>,
     app: A,
     next: Next,
+    client: SocketAddr,
     server: SocketAddr,
     hold: H,
 ) {
     match next {
-        Next::Relay(out) => relay(&d, app, out, hold).await,
+        Next::Relay(out) => {
+            let flow = d.conns.register(Network::Tcp, client, server);
+            // Routed at SYN time: by a fake address's domain, or by address.
+            if let Some(dns) = &d.dns
+                && dns.is_fake(server.ip())
+                && let Some(domain) = dns.fake_domain(server.ip())
+            {
+                flow.record.set_domain(&domain, DomainSource::FakeIp);
+            }
+            relay(&d, app, out, hold, flow).await
+        }
         // Boxed: rare, and their state would otherwise size every session's
         // future (docs/benchmarks.md, idle connections).
         Next::Dns => Box::pin(dns(&d, app, hold)).await,
-        Next::Sniff => Box::pin(sniff(&d, app, server, hold)).await,
+        Next::Sniff => {
+            let flow = d.conns.register(Network::Tcp, client, server);
+            Box::pin(sniff(&d, app, server, hold, flow)).await
+        }
     }
 }
 
@@ -231,10 +248,17 @@ impl Drop for Active<'_> {
     }
 }
 
-/// Relay `app` to the outbound connected for it. A failure resets both
-/// sides; a frame of the outbound's framing that does not verify counts as
-/// the proxy's protocol error.
-pub(crate) async fn relay<A: App, H: Hold>(d: &Dispatcher, app: A, out: OutboundStream, hold: H) {
+/// Relay `app` to the outbound connected for it, counting its bytes into
+/// its record in the connection list (`flow`). A failure, or the host
+/// closing it, resets both sides; a frame of the outbound's framing that
+/// does not verify counts as the proxy's protocol error.
+pub(crate) async fn relay<A: App, H: Hold>(
+    d: &Dispatcher,
+    app: A,
+    out: OutboundStream,
+    hold: H,
+    flow: Registered,
+) {
     let active = Active::new(&d.stats);
     let OutboundStream {
         stream: out,
@@ -242,8 +266,12 @@ pub(crate) async fn relay<A: App, H: Hold>(d: &Dispatcher, app: A, out: Outbound
         route,
     } = out;
     let stats = &d.stats;
-    let meter = Meter::tcp(stats, Some(&*d.relay_pool));
+    let record = &flow.record;
+    record.relaying(route);
+    let meter = Meter::tcp(stats, Some(&*d.relay_pool)).with_flow(&record.up, &record.down);
     let r = tokio::select! {
+        // The host closed it (`Engine::close_connection`, counted there).
+        () = record.closed() => Err(io::Error::new(io::ErrorKind::ConnectionAborted, "closed by the host")),
         r = relay::run(&app, &out, framing.as_deref_mut(), &d.outbounds.relay, &meter) => r,
         () = d.life.reached(Phase::Draining) => Err(io::Error::other("engine stopping")),
         () = hold.idle() => Err(io::Error::new(io::ErrorKind::TimedOut, "idle timeout")),
@@ -287,6 +315,7 @@ pub(crate) async fn relay<A: App, H: Hold>(d: &Dispatcher, app: A, out: Outbound
     drop(active);
     drop(app);
     drop(hold);
+    drop(flow);
 }
 
 /// DNS over TCP to a hijacked address: answered here, never relayed.
@@ -306,9 +335,15 @@ pub(crate) async fn dns<A: App, H>(d: &Dispatcher, app: A, hold: H) {
 }
 
 /// A connection accepted before routing: read its domain from the first
-/// bytes, route, connect, send what sniffing consumed, relay. A refusal or a
-/// failed connect resets the app.
-pub(crate) async fn sniff<A: App, H: Hold>(d: &Dispatcher, app: A, server: SocketAddr, hold: H) {
+/// bytes, route, connect, send what sniffing consumed, relay. A refusal, a
+/// failed connect or the host closing it (`flow`) resets the app.
+pub(crate) async fn sniff<A: App, H: Hold>(
+    d: &Dispatcher,
+    app: A,
+    server: SocketAddr,
+    hold: H,
+    flow: Registered,
+) {
     let timeout = Duration::from_millis(d.sniff.timeout_ms);
     let connected = async {
         let pool = SniffBytes {
@@ -321,6 +356,9 @@ pub(crate) async fn sniff<A: App, H: Hold>(d: &Dispatcher, app: A, server: Socke
             charge,
         } = app.sniff(timeout, &pool).await;
         count_sniff(&d.stats, domain.is_some());
+        if let Some(domain) = &domain {
+            flow.record.set_domain(domain, DomainSource::Sniffed);
+        }
         let route = d.route_sniffed(server, domain.as_deref());
         if route == Route::Reject {
             d.stats.tcp_rejected_by_rule.fetch_add(1, Relaxed);
@@ -353,13 +391,15 @@ pub(crate) async fn sniff<A: App, H: Hold>(d: &Dispatcher, app: A, server: Socke
     let out = tokio::select! {
         out = connected => out,
         () = d.life.reached(Phase::Draining) => None,
+        () = flow.record.closed() => None,
     };
     match out {
-        Some(out) => Box::pin(relay(d, app, out, hold)).await,
+        Some(out) => Box::pin(relay(d, app, out, hold, flow)).await,
         None => {
             app.reset();
             drop(app);
             drop(hold);
+            drop(flow);
         }
     }
 }
@@ -429,15 +469,16 @@ mod tests {
     }
 
     /// The size of the future `f` returns (an async fn item's state machine).
-    fn future_size<A, B, C, D, E, F: Future>(_: impl Fn(A, B, C, D, E) -> F) -> usize {
+    fn future_size<A, B, C, D, E, G, F: Future>(_: impl Fn(A, B, C, D, E, G) -> F) -> usize {
         size_of::<F>()
     }
 
     /// Every idle connection holds one session future, so its size is
     /// memory per connection, part of `budget::SESSION_STATE` (which
     /// `core/tests/memory.rs` checks end to end). Measured on x86_64 with
-    /// the wait for a network change in the relay: 2768 bytes (system
-    /// stack) and 2680 (smoltcp); 3 KiB leaves the rest of
+    /// the waits for a network change and for the host's close, and the
+    /// connection list's record, in the relay: 3040 bytes (system stack)
+    /// and 2952 (smoltcp); 3 KiB leaves the rest of
     /// the 5 KiB for the sockets' registrations, the NAT entry and the task.
     #[test]
     fn session_futures_fit_their_share_of_the_session_budget() {

@@ -48,6 +48,9 @@ pub struct Meter<'a> {
     /// The relay pool full-size copy buffers are charged to (`None`: no
     /// bound, every buffer is full size).
     pub pool: Option<&'a ByteBudget>,
+    /// The connection's own counters (up, down) in the live connection
+    /// list (`conns.rs`), added to per chunk like the engine's.
+    pub flow: Option<(&'a AtomicU64, &'a AtomicU64)>,
 }
 
 impl<'a> Meter<'a> {
@@ -60,6 +63,15 @@ impl<'a> Meter<'a> {
             spliced: &stats.tcp_bytes_spliced,
             copied: &stats.tcp_bytes_copied,
             pool,
+            flow: None,
+        }
+    }
+
+    /// This meter, also counting into one connection's `(up, down)`.
+    pub fn with_flow(self, up: &'a AtomicU64, down: &'a AtomicU64) -> Self {
+        Meter {
+            flow: Some((up, down)),
+            ..self
         }
     }
 }
@@ -75,6 +87,8 @@ pub(crate) struct LegMeter<'a> {
     pub spliced: &'a AtomicU64,
     pub copied: &'a AtomicU64,
     pub pool: Option<&'a ByteBudget>,
+    /// The connection's own counter for this direction.
+    pub flow: Option<&'a AtomicU64>,
 }
 
 impl<'a> Meter<'a> {
@@ -84,6 +98,7 @@ impl<'a> Meter<'a> {
             spliced: self.spliced,
             copied: self.copied,
             pool: self.pool,
+            flow: self.flow.map(|f| f.0),
         }
     }
     pub(crate) fn down_leg(&self) -> LegMeter<'a> {
@@ -92,6 +107,7 @@ impl<'a> Meter<'a> {
             spliced: self.spliced,
             copied: self.copied,
             pool: self.pool,
+            flow: self.flow.map(|f| f.1),
         }
     }
 }
@@ -100,12 +116,18 @@ impl LegMeter<'_> {
     pub(crate) fn add_copied(&self, leg: &mut Leg, n: usize) {
         leg.copied += n as u64;
         self.bytes.fetch_add(n as u64, Relaxed);
+        if let Some(f) = self.flow {
+            f.fetch_add(n as u64, Relaxed);
+        }
         self.copied.fetch_add(n as u64, Relaxed);
     }
     #[cfg_attr(not(linux_like), allow(dead_code))]
     pub(crate) fn add_spliced(&self, leg: &mut Leg, n: usize) {
         leg.spliced += n as u64;
         self.bytes.fetch_add(n as u64, Relaxed);
+        if let Some(f) = self.flow {
+            f.fetch_add(n as u64, Relaxed);
+        }
         self.spliced.fetch_add(n as u64, Relaxed);
     }
 }

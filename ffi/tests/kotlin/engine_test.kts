@@ -178,6 +178,37 @@ fun round(n: Int) {
     check(tcpFails(serverV4, rejectedPort), "round $n: a reject rule refuses port $rejectedPort")
     check((System.nanoTime() - r0) / 1_000_000 < 2000, "round $n: ... at once (RST at SYN time, not a timeout)")
     check(tcpEcho(serverV4, 64 shl 10, n + 30), "round $n: traffic flows again after the hook recovers")
+    // The live connection list: an echo held open is listed with its bytes;
+    // closing it resets the app's socket and is counted.
+    Socket().use { s ->
+        s.connect(InetSocketAddress(serverV4, port), 5000)
+        s.soTimeout = 5000
+        val data = pattern(10_000, n + 50)
+        s.getOutputStream().write(data)
+        check(s.getInputStream().readNBytes(data.size).contentEquals(data), "round $n: the held connection echoes")
+        val local = "${s.localAddress.hostAddress}:${s.localPort}"
+        var rec: ConnectionRecord? = null
+        val deadline = System.nanoTime() + 2_000_000_000L
+        while (rec == null && System.nanoTime() < deadline) {
+            rec = engine.connections().find { it.source == local && it.bytesUp == 10_000uL && it.bytesDown == 10_000uL }
+            if (rec == null) Thread.sleep(10)
+        }
+        check(rec != null && rec.network == ConnectionNetwork.TCP && rec.destination == "$serverV4:$port" &&
+            rec.outbound == "direct" && rec.domainSource == DomainSource.NO_DOMAIN && rec.state == ConnectionState.RELAYING,
+            "round $n: connections() lists the held echo as $local (${engine.connections()})")
+        check(!engine.closeConnection(ULong.MAX_VALUE), "round $n: closeConnection of an unknown id is false")
+        if (rec != null) {
+            check(engine.closeConnection(rec.id), "round $n: closeConnection(${rec.id}) is true")
+            val reset = try {
+                s.getInputStream().read()
+                false
+            } catch (e: java.net.SocketException) {
+                true
+            }
+            check(reset, "round $n: the closed connection's socket is reset")
+        }
+    }
+    check(engine.stats().connectionsClosedByHost == 1uL, "round $n: the close is counted")
 
     val s = engine.stats()
     println("stats: up ${s.tcpBytesUp} B, down ${s.tcpBytesDown} B, sessions ${s.tcpSessionsTotal}, " +

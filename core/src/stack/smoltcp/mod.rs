@@ -214,6 +214,6 @@ impl Connect {
         let app = SmolStream::new(sockets, h, key, Some(permit));
         // A task of its own, sized for the session alone (this one, sized
         // for the connect, ends here).
-        tokio::spawn(session::run(d, app, next, server, ()));
+        tokio::spawn(session::run(d, app, next, key.client, server, ()));
     }
 }

@@ -309,8 +309,8 @@ pub(crate) async fn accept_loop(st: Arc<SystemStack>, listener: TcpListener, fam
         let hold = FlowHold::new(permit, st.nat.clone(), accepted.port, accepted.generation);
         let _ = app.set_nodelay(true);
         let _ = set_keepalive(SockRef::from(&app));
-        let server = accepted.key.server;
-        tokio::spawn(session::run(d.clone(), app, next, server, hold));
+        let (client, server) = (accepted.key.client, accepted.key.server);
+        tokio::spawn(session::run(d.clone(), app, next, client, server, hold));
     }
 }
 

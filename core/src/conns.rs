@@ -1,0 +1,387 @@
+//! The live connection list: one record per TCP session (both stacks),
+//! registered by the session when it starts and removed when it ends
+//! ([`Registered`]), and the host's way to close one
+//! ([`Connections::close`]).
+//!
+//! A record is fixed-size and kept with its flow (an `Arc` the session
+//! holds); the registry only maps ids to those `Arc`s, in
+//! [`SHARDS`] maps each behind its own lock, taken once when a flow starts,
+//! once when it ends, and by a listing or a close. The relay adds to the
+//! record's byte counters per relayed chunk, with no lock
+//! (`relay::Meter::flow`). A listing copies at most [`LIST_CAP`] records
+//! and says when it left some out.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, OnceLock};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use parking_lot::Mutex;
+use serde::Serialize;
+use tokio::sync::Notify;
+
+use crate::outbound::{Outbounds, Route};
+use crate::rules::Network;
+use crate::stats::Stats;
+
+/// Records one listing copies at most.
+pub const LIST_CAP: usize = 10_000;
+
+/// Maps the registry is split into, so that sessions starting and ending
+/// on different threads rarely wait for each other.
+const SHARDS: usize = 16;
+
+/// Where a connection's domain came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DomainSource {
+    /// No domain is known: the app connected to an address.
+    None,
+    /// The app connected to a fake-ip address kerntun's DNS handed out.
+    FakeIp,
+    /// Read from the first bytes (TLS SNI, HTTP Host).
+    Sniffed,
+}
+
+/// Where a connection is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ConnState {
+    /// Accepted; reading its first bytes for a domain, then connecting.
+    Sniffing,
+    /// Relaying between the app and its outbound.
+    Relaying,
+    /// Asked to close ([`Connections::close`]); ending.
+    Closing,
+}
+
+impl ConnState {
+    fn from_u8(v: u8) -> Self {
+        match v {
+            0 => ConnState::Sniffing,
+            1 => ConnState::Relaying,
+            _ => ConnState::Closing,
+        }
+    }
+}
+
+/// One connection, as a listing copies it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Connection {
+    /// Unique for the engine's life.
+    pub id: u64,
+    pub network: Network,
+    /// The app's address and port.
+    pub source: SocketAddr,
+    /// The address the app connected to.
+    pub destination: SocketAddr,
+    /// The domain the flow was routed by, if any.
+    pub domain: Option<String>,
+    pub domain_source: DomainSource,
+    /// The rule that matched. `None`: the dispatcher learns the route from
+    /// the rules, not which rule gave it, so no record names one yet.
+    pub rule: Option<String>,
+    /// The outbound's name (`direct`, or a proxy's); `None` until a
+    /// sniffing connection is routed.
+    pub outbound: Option<String>,
+    /// Payload bytes from the app to the outbound.
+    pub bytes_up: u64,
+    /// Payload bytes from the outbound to the app.
+    pub bytes_down: u64,
+    /// When the session started, in milliseconds since the Unix epoch.
+    pub started_unix_ms: u64,
+    pub state: ConnState,
+}
+
+/// A listing: at most [`LIST_CAP`] connections (`truncated` when there
+/// were more), in no particular order.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Listing {
+    pub connections: Vec<Connection>,
+    pub truncated: bool,
+}
+
+/// A connection's record, kept with its session.
+#[derive(Debug)]
+pub(crate) struct Record {
+    id: u64,
+    network: Network,
+    source: SocketAddr,
+    destination: SocketAddr,
+    started_unix_ms: u64,
+    /// Set once, when the domain is known (at start for fake-ip, after
+    /// sniffing otherwise).
+    domain: OnceLock<(Box<str>, DomainSource)>,
+    /// Set once, when the route is known.
+    route: OnceLock<Route>,
+    state: AtomicU8,
+    /// Updated per relayed chunk (`relay::Meter::flow`).
+    pub up: AtomicU64,
+    pub down: AtomicU64,
+    /// Notified once by [`Connections::close`]; the permit waits for a
+    /// session not yet listening.
+    close: Notify,
+}
+
+impl Record {
+    /// Record the domain the flow was routed by (the first one holds).
+    pub fn set_domain(&self, domain: &str, source: DomainSource) {
+        let _ = self.domain.set((domain.into(), source));
+    }
+
+    /// Record the route (the first one holds) and that the relay started.
+    pub fn relaying(&self, route: Route) {
+        let _ = self.route.set(route);
+        let _ = self.state.compare_exchange(
+            ConnState::Sniffing as u8,
+            ConnState::Relaying as u8,
+            Relaxed,
+            Relaxed,
+        );
+    }
+
+    /// Resolves once the host asked to close this connection.
+    pub async fn closed(&self) {
+        self.close.notified().await;
+    }
+
+    fn copy(&self, outbounds: &Outbounds) -> Connection {
+        let (domain, domain_source) = match self.domain.get() {
+            Some((d, s)) => (Some(d.to_string()), *s),
+            None => (None, DomainSource::None),
+        };
+        Connection {
+            id: self.id,
+            network: self.network,
+            source: self.source,
+            destination: self.destination,
+            domain,
+            domain_source,
+            rule: None,
+            outbound: self.route.get().map(|r| outbounds.name(*r).to_owned()),
+            bytes_up: self.up.load(Relaxed),
+            bytes_down: self.down.load(Relaxed),
+            started_unix_ms: self.started_unix_ms,
+            state: ConnState::from_u8(self.state.load(Relaxed)),
+        }
+    }
+}
+
+/// The registry of live connections.
+#[derive(Debug)]
+pub(crate) struct Connections {
+    shards: [Mutex<HashMap<u64, Arc<Record>>>; SHARDS],
+    next: AtomicU64,
+}
+
+impl Default for Connections {
+    fn default() -> Self {
+        Connections {
+            shards: std::array::from_fn(|_| Mutex::new(HashMap::new())),
+            next: AtomicU64::new(1),
+        }
+    }
+}
+
+impl Connections {
+    fn shard(&self, id: u64) -> &Mutex<HashMap<u64, Arc<Record>>> {
+        &self.shards[id as usize % SHARDS]
+    }
+
+    /// Register a new flow; it is listed until the returned guard drops.
+    pub fn register(
+        self: &Arc<Self>,
+        network: Network,
+        source: SocketAddr,
+        destination: SocketAddr,
+    ) -> Registered {
+        let id = self.next.fetch_add(1, Relaxed);
+        let started_unix_ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        let record = Arc::new(Record {
+            id,
+            network,
+            source,
+            destination,
+            started_unix_ms,
+            domain: OnceLock::new(),
+            route: OnceLock::new(),
+            state: AtomicU8::new(ConnState::Sniffing as u8),
+            up: AtomicU64::new(0),
+            down: AtomicU64::new(0),
+            close: Notify::new(),
+        });
+        self.shard(id).lock().insert(id, record.clone());
+        Registered {
+            conns: self.clone(),
+            record,
+        }
+    }
+
+    /// Flows listed now.
+    #[cfg(test)]
+    pub fn len(&self) -> usize {
+        self.shards.iter().map(|s| s.lock().len()).sum()
+    }
+
+    /// Copy at most `cap` records (one shard's lock held at a time).
+    pub fn list(&self, outbounds: &Outbounds, cap: usize) -> Listing {
+        let mut listing = Listing::default();
+        for shard in &self.shards {
+            let shard = shard.lock();
+            for record in shard.values() {
+                if listing.connections.len() == cap {
+                    listing.truncated = true;
+                    return listing;
+                }
+                listing.connections.push(record.copy(outbounds));
+            }
+        }
+        listing
+    }
+
+    /// Ask the connection `id` to close: a TCP session resets the app and
+    /// closes its outbound. False when no such connection is listed (ended
+    /// already, or never was). Counted (`connections_closed_by_host`).
+    pub fn close(&self, id: u64, stats: &Stats) -> bool {
+        let Some(record) = self.shard(id).lock().get(&id).cloned() else {
+            return false;
+        };
+        let was = record.state.swap(ConnState::Closing as u8, Relaxed);
+        if was != ConnState::Closing as u8 {
+            record.close.notify_one();
+            stats.connections_closed_by_host.fetch_add(1, Relaxed);
+        }
+        true
+    }
+}
+
+/// A registered flow: its record, removed from the registry on drop.
+#[derive(Debug)]
+pub(crate) struct Registered {
+    conns: Arc<Connections>,
+    pub record: Arc<Record>,
+}
+
+impl Drop for Registered {
+    fn drop(&mut self) {
+        self.conns
+            .shard(self.record.id)
+            .lock()
+            .remove(&self.record.id);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+    use crate::outbound::SocketFactory;
+    use crate::outbound::config::DirectConfig;
+    use crate::relay::RelayConfig;
+
+    fn outbounds() -> Outbounds {
+        let factory = SocketFactory::new(&DirectConfig::default(), None);
+        Outbounds::new(
+            &BTreeMap::new(),
+            &[],
+            &RelayConfig::default(),
+            factory,
+            64 * 1024,
+            Default::default(),
+        )
+        .expect("outbounds")
+    }
+
+    fn addr(s: &str) -> SocketAddr {
+        s.parse().expect("a test address")
+    }
+
+    /// A flow is listed from its registration until its guard drops, with
+    /// what it recorded; ids are not reused.
+    #[test]
+    fn a_flow_is_listed_while_registered() {
+        let conns = Arc::new(Connections::default());
+        let out = outbounds();
+        let a = conns.register(Network::Tcp, addr("10.0.0.2:4000"), addr("1.1.1.1:443"));
+        let b = conns.register(Network::Udp, addr("10.0.0.2:5000"), addr("8.8.8.8:53"));
+        a.record.set_domain("example.test", DomainSource::Sniffed);
+        a.record.set_domain("other.test", DomainSource::FakeIp);
+        a.record.relaying(Route::Direct);
+        a.record.up.fetch_add(100, Relaxed);
+        a.record.down.fetch_add(7, Relaxed);
+        assert_ne!(a.record.id, b.record.id);
+        let mut l = conns.list(&out, LIST_CAP);
+        assert!(!l.truncated);
+        l.connections.sort_by_key(|c| c.id);
+        assert_eq!(l.connections.len(), 2);
+        let c = &l.connections[0];
+        assert_eq!(c.id, a.record.id);
+        assert_eq!(c.network, Network::Tcp);
+        assert_eq!(c.destination, addr("1.1.1.1:443"));
+        assert_eq!(c.domain.as_deref(), Some("example.test"), "the first holds");
+        assert_eq!(c.domain_source, DomainSource::Sniffed);
+        assert_eq!(c.outbound.as_deref(), Some("direct"));
+        assert_eq!((c.bytes_up, c.bytes_down), (100, 7));
+        assert_eq!(c.state, ConnState::Relaying);
+        let u = &l.connections[1];
+        assert_eq!((u.network, u.outbound.clone()), (Network::Udp, None));
+        assert_eq!(u.state, ConnState::Sniffing);
+        let first = a.record.id;
+        drop(a);
+        assert_eq!(conns.len(), 1);
+        let c = conns.register(Network::Tcp, addr("10.0.0.2:4001"), addr("1.1.1.1:443"));
+        assert!(c.record.id > first, "ids are never reused");
+        drop((b, c));
+        assert_eq!(conns.len(), 0);
+        assert!(conns.list(&out, LIST_CAP).connections.is_empty());
+    }
+
+    /// A listing copies at most its cap and says it left some out.
+    #[test]
+    fn a_listing_stops_at_its_cap() {
+        let conns = Arc::new(Connections::default());
+        let out = outbounds();
+        let held: Vec<_> = (0..40u16)
+            .map(|p| {
+                conns.register(
+                    Network::Tcp,
+                    SocketAddr::from(([10, 0, 0, 2], p)),
+                    addr("1.1.1.1:80"),
+                )
+            })
+            .collect();
+        let l = conns.list(&out, 25);
+        assert_eq!(l.connections.len(), 25);
+        assert!(l.truncated);
+        let l = conns.list(&out, 40);
+        assert_eq!(l.connections.len(), 40);
+        assert!(!l.truncated, "exactly the cap is everything");
+        drop(held);
+    }
+
+    /// Closing wakes the session once (also one that listens only later),
+    /// is counted once, and an unknown id is refused.
+    #[tokio::test]
+    async fn close_wakes_the_session_once_and_unknown_ids_are_false() {
+        let conns = Arc::new(Connections::default());
+        let stats = Stats::default();
+        let a = conns.register(Network::Tcp, addr("10.0.0.2:4000"), addr("1.1.1.1:443"));
+        let id = a.record.id;
+        assert!(!conns.close(id + 1000, &stats));
+        assert!(conns.close(id, &stats));
+        assert!(conns.close(id, &stats), "still listed while it ends");
+        assert_eq!(stats.connections_closed_by_host.load(Relaxed), 1);
+        tokio::time::timeout(std::time::Duration::from_secs(1), a.record.closed())
+            .await
+            .expect("woken by the close that came before it listened");
+        a.record.relaying(Route::Direct);
+        let l = conns.list(&outbounds(), LIST_CAP);
+        assert_eq!(l.connections[0].state, ConnState::Closing, "stays closing");
+        drop(a);
+        assert!(!conns.close(id, &stats), "ended");
+    }
+}

@@ -1,0 +1,92 @@
+//! The live connection list as the app sees it (`Engine.connections`):
+//! the core's records (`core/src/conns.rs`), addresses as text.
+
+/// Records one `Engine.connections()` call returns at most.
+pub const MAX_CONNECTIONS: u64 = kerntun::conns::LIST_CAP as u64;
+
+/// A connection's transport.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, uniffi::Enum)]
+pub enum ConnectionNetwork {
+    Tcp,
+    Udp,
+}
+
+/// Where a connection's domain came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, uniffi::Enum)]
+pub enum DomainSource {
+    /// No domain: the app connected to an address. (Not `None`: Swift
+    /// would confuse `.none` with an absent optional.)
+    NoDomain,
+    /// A fake-ip address handed out by kerntun's DNS.
+    FakeIp,
+    /// Read from the first bytes (TLS SNI, HTTP Host).
+    Sniffed,
+}
+
+/// Where a connection is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, uniffi::Enum)]
+pub enum ConnectionState {
+    /// Reading its first bytes for a domain, then connecting.
+    Sniffing,
+    /// Relaying.
+    Relaying,
+    /// Closed by `Engine.closeConnection`; ending.
+    Closing,
+}
+
+/// One live connection.
+#[derive(Debug, Clone, PartialEq, Eq, uniffi::Record)]
+pub struct ConnectionRecord {
+    /// Unique for the engine's life; what `Engine.closeConnection` takes.
+    pub id: u64,
+    pub network: ConnectionNetwork,
+    /// The app's address and port (`198.18.0.1:50000`, `[fd00::1]:50000`).
+    pub source: String,
+    /// The address the app connected to.
+    pub destination: String,
+    /// The domain the connection was routed by, if any.
+    pub domain: Option<String>,
+    pub domain_source: DomainSource,
+    /// The rule that matched; not recorded yet (always `None`).
+    pub rule: Option<String>,
+    /// The outbound's name (`direct`, or a proxy's); `None` while a
+    /// sniffing connection is not routed yet.
+    pub outbound: Option<String>,
+    /// Payload bytes from the app, and to it.
+    pub bytes_up: u64,
+    pub bytes_down: u64,
+    /// When it started, in milliseconds since the Unix epoch.
+    pub started_unix_ms: u64,
+    pub state: ConnectionState,
+}
+
+impl From<kerntun::conns::Connection> for ConnectionRecord {
+    fn from(c: kerntun::conns::Connection) -> Self {
+        use kerntun::conns::{ConnState, DomainSource as Source};
+        ConnectionRecord {
+            id: c.id,
+            network: match c.network {
+                kerntun::rules::Network::Tcp => ConnectionNetwork::Tcp,
+                kerntun::rules::Network::Udp => ConnectionNetwork::Udp,
+            },
+            source: c.source.to_string(),
+            destination: c.destination.to_string(),
+            domain: c.domain,
+            domain_source: match c.domain_source {
+                Source::None => DomainSource::NoDomain,
+                Source::FakeIp => DomainSource::FakeIp,
+                Source::Sniffed => DomainSource::Sniffed,
+            },
+            rule: c.rule,
+            outbound: c.outbound,
+            bytes_up: c.bytes_up,
+            bytes_down: c.bytes_down,
+            started_unix_ms: c.started_unix_ms,
+            state: match c.state {
+                ConnState::Sniffing => ConnectionState::Sniffing,
+                ConnState::Relaying => ConnectionState::Relaying,
+                ConnState::Closing => ConnectionState::Closing,
+            },
+        }
+    }
+}
