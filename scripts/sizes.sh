@@ -5,7 +5,8 @@
 #   bash scripts/sizes.sh                          release and release-mobile
 #   bash scripts/sizes.sh --profiles release-mobile
 #   bash scripts/sizes.sh --only ios,android       rows: ios, android, linux, cli,
-#                                                  linux-dot, cli-dot
+#                                                  linux-dot, cli-dot,
+#                                                  linux-doh, cli-doh
 #   OPT_LEVEL=z bash scripts/sizes.sh --profiles release-mobile
 #                                                  the same with another opt-level
 #                                                  (CARGO_PROFILE_<P>_OPT_LEVEL)
@@ -34,8 +35,8 @@
 # for an archive, --strip-all for a linked file: what a store or an app
 # bundle carries); and the machine code alone (.text / __text).
 #
-# The dot feature (DNS over TLS, ring) needs a C compiler for the target:
-# measured for the Linux rows only.
+# The dot and doh features (DNS over TLS and over HTTPS, ring) need a C
+# compiler for the target: measured for the Linux rows only.
 #
 # Needs: rustup targets aarch64-apple-ios and aarch64-linux-android, llvm-size
 # and llvm-strip (Debian: llvm). Builds go to the workspace's target
@@ -45,7 +46,7 @@ cd "$(dirname "$0")/.."
 . scripts/cross-link.sh
 
 profiles=(release release-mobile)
-only=ios,android,linux,cli,linux-dot,cli-dot
+only=ios,android,linux,cli,linux-dot,cli-dot,linux-doh,cli-doh
 while (($#)); do
     case "$1" in
     --profiles) read -ra profiles <<<"$2"; shift 2 ;;
@@ -131,8 +132,9 @@ for profile in "${profiles[@]}"; do
         row "android .so" aarch64-linux-android "" "$profile" "$(out_dir aarch64-linux-android "$profile")/libkerntun_ffi.so" \
             "cargo rustc -p kerntun-ffi --lib --crate-type cdylib --profile $profile --target aarch64-linux-android"
     fi
-    for features in "" kerntun/dot; do
-        suffix=${features:+-dot}
+    for features in "" kerntun/dot kerntun/doh; do
+        suffix=${features#kerntun/}
+        suffix=${suffix:+-$suffix}
         if [[ ,$only, == *,linux$suffix,* ]]; then
             build host "$profile" "$features" "${lib[@]}" cdylib
             row "linux .so" x86_64-unknown-linux-gnu "$features" "$profile" "$(out_dir host "$profile")/libkerntun_ffi.so" \
