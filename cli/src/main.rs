@@ -138,7 +138,12 @@ struct RunArgs {
     proxy: Option<String>,
 }
 
+/// glibc arenas the CLI's process keeps (`kerntun::limit_malloc_arenas`):
+/// memory comes back after load (docs/reliability.md).
+const MALLOC_ARENAS: u16 = 1;
+
 fn main() -> ExitCode {
+    kerntun::limit_malloc_arenas(MALLOC_ARENAS);
     let cli = Cli::parse();
     tracing_subscriber::fmt()
         .with_env_filter(

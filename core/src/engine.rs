@@ -208,7 +208,7 @@ impl Engine {
         rt.spawn(supervised(
             life.clone(),
             EngineTask::Housekeeping,
-            crate::housekeeping::run(parts.stats.clone(), life.clone()),
+            crate::housekeeping::run(parts.stats.clone(), life.clone(), parts.stack.clone()),
         ));
         tracing::info!(
             "kerntun started on {} ({} stack: {why}; {} driver, mtu {})",

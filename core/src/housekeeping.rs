@@ -5,10 +5,12 @@
 //! it). A low-frequency tick ([`TICK`]) looks at the engine's event
 //! counters (sessions and flows opened, packets and flows dropped or
 //! refused); after [`LOAD_EVENTS`] of them, the first tick that saw fewer
-//! than [`QUIET_EVENTS`] trims the heap once ([`crate::sys::trim_heap`],
-//! off the runtime's workers), then it waits for the next load. Never on
-//! the packet path, never while load goes on, and not again while the
-//! engine stays quiet. A trickle is quiet: after a SYN flood the kernel
+//! than [`QUIET_EVENTS`] shrinks the flow table (`Stack::shrink`) and
+//! trims the heap ([`crate::sys::trim_heap`], off the runtime's workers).
+//! Flows the load left end later and free what they held after that
+//! trim, so for [`ENDING_TICKS`] more ticks a quiet one that finds fewer
+//! flows live trims again; then it waits for the next load. Never on the
+//! packet path, never while load goes on. A trickle is quiet: after a SYN flood the kernel
 //! retransmits its SYN-ACKs to the spoofed sources for a minute, each a
 //! counted drop (measured in `core/tests/stress.rs`: 7 in 5 s). The
 //! trim itself took 0.8-5 ms there (after a SYN flood: 27.6 to 16.9 MB
@@ -22,6 +24,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
 use crate::lifecycle::{Lifecycle, Phase};
+use crate::stack::Stack;
 use crate::stats::Stats;
 
 /// How often the engine looks for quiet: a trim follows the end of load
@@ -51,53 +54,92 @@ fn events(stats: &Stats) -> u64 {
         .wrapping_add(sum(&stats.rejects))
 }
 
-/// When to trim: the first quiet tick after load.
+/// Ticks after a load's trim during which flows that load left still end
+/// (half-open connects timing out, sockets closing): each quiet one that
+/// finds fewer live flows than the trim before it trims again, since what
+/// those flows held was freed after that trim.
+pub(crate) const ENDING_TICKS: u8 = 8;
+
+/// When to trim: the first quiet tick after load, then each quiet tick of
+/// the next [`ENDING_TICKS`] that finds fewer flows live than the last
+/// trim did.
 #[derive(Debug, Default)]
 struct Quiet {
     last: u64,
     /// Events since the last trim.
     load: u64,
+    /// After a load's trim: the flows live at the last trim and the ticks
+    /// left in which their ending trims again.
+    ending: Option<(u64, u8)>,
 }
 
 impl Quiet {
-    /// The counters at a tick: whether to trim now.
-    fn tick(&mut self, events: u64) -> bool {
+    /// The counters and the live flows at a tick: whether to trim now.
+    fn tick(&mut self, events: u64, live: u64) -> bool {
         let new = events.wrapping_sub(self.last);
         self.last = events;
         self.load = self.load.saturating_add(new);
-        if new >= QUIET_EVENTS || self.load < LOAD_EVENTS {
+        let ending = self.ending.take();
+        if new >= QUIET_EVENTS {
+            self.ending = ending.and_then(|(at, left)| (left > 1).then_some((at, left - 1)));
             return false;
         }
-        self.load = 0;
-        true
+        if self.load >= LOAD_EVENTS {
+            self.load = 0;
+            self.ending = Some((live, ENDING_TICKS));
+            return true;
+        }
+        let Some((at, left)) = ending else {
+            return false;
+        };
+        let trim = live < at;
+        self.ending = (left > 1).then_some((if trim { live } else { at }, left - 1));
+        trim
     }
 }
 
-/// The trim loop, until the engine drains.
-pub(crate) async fn run(stats: Arc<Stats>, life: Arc<Lifecycle>) {
+/// Flows live now: sessions, UDP flows and the stack's own (half-open,
+/// lingering), what a flow that ends gives back.
+fn live(stats: &Stats, stack: &Stack) -> u64 {
+    let c = stack.counts();
+    stats.tcp_sessions_active.load(Relaxed)
+        + stats.udp_flows_active.load(Relaxed)
+        + c.half_open
+        + c.active
+        + c.closing
+}
+
+/// The trim loop, until the engine drains. Before each trim it gives back
+/// what load grew the flow table to (`Stack::shrink`), so that the trim
+/// finds whole free pages.
+pub(crate) async fn run(stats: Arc<Stats>, life: Arc<Lifecycle>, stack: Stack) {
     let mut tick = tokio::time::interval(TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut quiet = Quiet {
         last: events(&stats),
-        load: 0,
+        ..Quiet::default()
     };
     loop {
         tokio::select! {
             _ = tick.tick() => {}
             () = life.reached(Phase::Draining) => return,
         }
-        if !quiet.tick(events(&stats)) {
+        if !quiet.tick(events(&stats), live(&stats, &stack)) {
             continue;
         }
         // Off the workers: the walk takes each arena's lock in turn.
-        let took = tokio::task::spawn_blocking(|| {
+        let stack = stack.clone();
+        let took = tokio::task::spawn_blocking(move || {
             let t = Instant::now();
+            let shrunk = stack.shrink();
             let released = crate::sys::trim_heap();
-            (released, t.elapsed())
+            (shrunk, released, t.elapsed())
         })
         .await;
-        if let Ok((released, took)) = took {
-            tracing::debug!("heap trimmed after load in {took:?} (released: {released})");
+        if let Ok((shrunk, released, took)) = took {
+            tracing::debug!(
+                "flow table shrunk by {shrunk} B and heap trimmed after load in {took:?} (released: {released})"
+            );
         }
     }
 }
@@ -115,7 +157,7 @@ mod tests {
         // Idle, a trickle, load over two ticks, a trickle after it (a
         // SYN flood's retransmitted SYN-ACKs), idle, load again.
         let ticks = [0, 0, 5, 3000, 6000, 6007, 6014, 6014, 6200, 6400, 6400];
-        let trims: Vec<bool> = ticks.iter().map(|&e| q.tick(e)).collect();
+        let trims: Vec<bool> = ticks.iter().map(|&e| q.tick(e, 0)).collect();
         assert_eq!(
             trims,
             [
@@ -124,8 +166,38 @@ mod tests {
         );
         // A browsing app: 20 connections a tick trim once per 13 ticks.
         let mut q = Quiet::default();
-        let trims = (1..=26).filter(|i| q.tick(i * 20)).count();
+        let trims = (1..=26).filter(|i| q.tick(i * 20, 5)).count();
         assert_eq!(trims, 2);
+    }
+
+    /// After a load's trim, flows that load left still end: a quiet tick
+    /// that finds fewer live trims again, one that finds as many or more
+    /// does not, and none after [`ENDING_TICKS`].
+    #[test]
+    fn trims_again_while_the_loads_flows_end() {
+        let mut q = Quiet::default();
+        // (events, live): load with 500 flows live, a quiet tick (trim),
+        // flows ending over quiet ticks, a busy tick, more ending.
+        let ticks = [
+            (1000, 500),
+            (1000, 500),
+            (1000, 200),
+            (1000, 200),
+            (1010, 10),
+            (1200, 5),
+            (1200, 2),
+            (1200, 2),
+        ];
+        let trims: Vec<bool> = ticks.iter().map(|&(e, l)| q.tick(e, l)).collect();
+        assert_eq!(trims, [false, true, true, false, true, false, true, false]);
+        // The window closes: flows ending later do not trim.
+        let mut q = Quiet::default();
+        assert!(!q.tick(1000, 100));
+        assert!(q.tick(1000, 100));
+        for _ in 0..ENDING_TICKS {
+            assert!(!q.tick(1000, 100));
+        }
+        assert!(!q.tick(1000, 1), "past the window");
     }
 
     /// What a trim costs and gives back, measured here (the engine runs it

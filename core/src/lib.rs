@@ -88,6 +88,7 @@ pub use lifecycle::{EngineEvent, EventSink};
 pub use lifecycle::{EngineTask, Fault};
 pub use outbound::Protect;
 pub use stats::StatsSnapshot;
+pub use sys::limit_malloc_arenas;
 pub use tun::TunSource;
 
 /// The crate version, as reported by the CLI and the FFI.

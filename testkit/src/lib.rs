@@ -426,6 +426,73 @@ pub fn rss_kib() -> u64 {
     vm_kib(None, "VmRSS").unwrap_or(0)
 }
 
+/// One mapping of this process's address space and what of it is
+/// resident (`/proc/self/smaps`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Mapping {
+    pub start: u64,
+    pub size_kib: u64,
+    pub rss_kib: u64,
+    /// The file or `[heap]`/`[stack]`; empty for anonymous memory (glibc's
+    /// arenas, thread stacks, mmap'd allocations).
+    pub name: String,
+}
+
+/// This process's mappings now (empty when `/proc` is unreadable).
+pub fn mappings() -> Vec<Mapping> {
+    let Ok(text) = std::fs::read_to_string("/proc/self/smaps") else {
+        return Vec::new();
+    };
+    let mut out: Vec<Mapping> = Vec::new();
+    for line in text.lines() {
+        let mut words = line.split_whitespace();
+        let Some(first) = words.next() else { continue };
+        if let Some((a, b)) = first.split_once('-')
+            && let (Ok(start), Ok(end)) = (u64::from_str_radix(a, 16), u64::from_str_radix(b, 16))
+        {
+            let name = words.nth(4).unwrap_or("").to_string();
+            out.push(Mapping {
+                start,
+                size_kib: (end - start) / 1024,
+                rss_kib: 0,
+                name,
+            });
+        } else if first == "Rss:"
+            && let (Some(m), Some(kib)) = (out.last_mut(), words.next())
+        {
+            m.rss_kib = kib.parse().unwrap_or(0);
+        }
+    }
+    out
+}
+
+/// Where resident memory grew between two [`mappings`] readings: the
+/// mappings whose resident size grew most (new ones included), largest
+/// first, at most `top` of them, one per line.
+pub fn resident_growth(before: &[Mapping], after: &[Mapping], top: usize) -> String {
+    let mut grown: Vec<(i64, &Mapping)> = after
+        .iter()
+        .map(|m| {
+            let was = before
+                .iter()
+                .find(|b| b.start == m.start)
+                .map_or(0, |b| b.rss_kib);
+            (m.rss_kib as i64 - was as i64, m)
+        })
+        .filter(|(d, _)| *d != 0)
+        .collect();
+    grown.sort_by_key(|(d, _)| -d);
+    let total: i64 = grown.iter().map(|(d, _)| d).sum();
+    let mut s = format!("resident growth {total} KiB over {} mappings:", grown.len());
+    for (d, m) in grown.iter().take(top) {
+        s.push_str(&format!(
+            "\n  {d:+} KiB: {:x} size {} KiB rss {} KiB {}",
+            m.start, m.size_kib, m.rss_kib, m.name
+        ));
+    }
+    s
+}
+
 /// Peak resident memory of this process, in KiB (0 when unreadable).
 pub fn peak_rss_kib() -> u64 {
     vm_kib(None, "VmHWM").unwrap_or(0)
@@ -465,8 +532,15 @@ static SERIAL: Mutex<()> = Mutex::new(());
 /// Held by the tests of one test binary that must not overlap (they measure
 /// this process's descriptors, threads or memory, or load the machine): one
 /// runs at a time, whatever `--test-threads` says. A test that failed while
-/// holding it does not stop the others.
+/// holding it does not stop the others. The first call caps this process's
+/// malloc arenas as the CLI's process does (`kerntun::limit_malloc_arenas`,
+/// `MALLOC_ARENAS` in cli/src/main.rs), so that what these tests measure of
+/// the process's memory is what the CLI would hold.
 pub fn serial() -> MutexGuard<'static, ()> {
+    static ARENAS: std::sync::Once = std::sync::Once::new();
+    ARENAS.call_once(|| {
+        kerntun::limit_malloc_arenas(1);
+    });
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
 }
 

@@ -77,6 +77,18 @@ impl Stack {
         }
     }
 
+    /// Gives back the capacity a burst of flows left in the flow table
+    /// (`NatTable::shrink`); the bytes given back. For the quiet time
+    /// after load (`housekeeping.rs`). smoltcp's sockets are freed with
+    /// their sessions: nothing to shrink.
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    pub fn shrink(&self) -> usize {
+        match self {
+            Stack::System(s) => s.shrink(),
+            Stack::Smoltcp(_) => 0,
+        }
+    }
+
     /// Flow counts for the statistics. smoltcp has no NAT table: its sockets
     /// (open or closing) and the connects in flight fill the same slots.
     pub fn counts(&self) -> TcpFlowsSnapshot {

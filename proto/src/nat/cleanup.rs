@@ -45,6 +45,43 @@ impl<P> NatTable<P> {
         self.remove_if_expired(&expired, now)
     }
 
+    /// Gives back what a burst of flows left in the maps' capacity: each
+    /// map (and the queue of unanswered SYNs) whose capacity is more than
+    /// four times what it holds shrinks to twice that. One shard at a
+    /// time under its write lock, so the hot path waits at most for one
+    /// shard's reallocation. For the quiet time after load (a SYN flood
+    /// grows the maps to the half-open bound, and nothing else shrinks
+    /// them), not for every cleanup. Returns the bytes of capacity given
+    /// back (approximate: the maps' slots, not their control bytes).
+    pub fn shrink(&self) -> usize {
+        fn shrink_map<K: std::hash::Hash + Eq, V, S: std::hash::BuildHasher>(
+            m: &mut std::collections::HashMap<K, V, S>,
+        ) -> usize {
+            let (len, cap) = (m.len(), m.capacity());
+            if cap <= 4 * len.max(8) {
+                return 0;
+            }
+            m.shrink_to(2 * len);
+            (cap - m.capacity()) * std::mem::size_of::<(K, V)>()
+        }
+        let mut freed = 0;
+        for shard in self.forward.iter() {
+            freed += shrink_map(&mut shard.write());
+        }
+        for shard in self.reverse.iter() {
+            let mut rev = shard.write();
+            freed += shrink_map(&mut rev.map);
+            freed += shrink_map(&mut rev.held);
+        }
+        let mut q = self.unanswered.lock();
+        let (len, cap) = (q.len(), q.capacity());
+        if cap > 4 * len.max(64) {
+            q.shrink_to(2 * len);
+            freed += (cap - q.capacity()) * std::mem::size_of::<(u16, u64)>();
+        }
+        freed
+    }
+
     /// First half of cleanup: scans each reverse shard under its read lock
     /// (one at a time) and returns the expired entries, and the Ready flows
     /// past their handshake time. Takes no write lock, so the hot path is

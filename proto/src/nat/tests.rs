@@ -1691,3 +1691,38 @@ fn concurrent_stress_hands_back_every_attachment() {
         Err(mpsc::RecvTimeoutError::Timeout) => panic!("stress test stuck for 60 s: deadlock"),
     }
 }
+
+/// After a burst of half-open flows has expired, `shrink` gives the maps'
+/// capacity back (the table keeps what a flood grew it to otherwise), once:
+/// a second call finds nothing to give, and the table still works.
+#[test]
+fn shrink_gives_back_what_an_expired_burst_grew() {
+    let (clock, t) = table(NatConfig::default());
+    let now = clock.now();
+    let burst = 3000u16;
+    for i in 0..burst {
+        let _ = t.uplink(&flow(10_000 + i), Some(u32::from(i)), now);
+    }
+    let capacity = |t: &NatTable| -> usize {
+        t.forward.iter().map(|s| s.read().capacity()).sum::<usize>()
+            + t.reverse
+                .iter()
+                .map(|s| s.read().map.capacity())
+                .sum::<usize>()
+    };
+    let grown = capacity(&t);
+    assert!(grown >= 2 * usize::from(burst), "capacity {grown}");
+    t.cleanup(now + 60 * SEC);
+    assert_eq!(t.counts().half_open, 0);
+    let freed = t.shrink();
+    assert!(freed > 0, "nothing given back");
+    let after = capacity(&t);
+    assert!(after * 4 <= grown, "capacity {grown} -> {after}");
+    assert_eq!(t.shrink(), 0, "a second shrink finds nothing");
+    t.check_invariants().expect("invariants");
+    let k = flow(40_000);
+    let syn = t
+        .uplink(&k, Some(5), clock.now() + 61 * SEC)
+        .expect("a new SYN");
+    assert_eq!(t.lookup(&k), Some(syn.port));
+}

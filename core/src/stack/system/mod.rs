@@ -282,6 +282,12 @@ impl SystemStack {
         !self.nat.is_empty()
     }
 
+    /// The flow table's capacity given back after load (`NatTable::shrink`).
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    pub fn shrink(&self) -> usize {
+        self.nat.shrink()
+    }
+
     /// Expire flows, and close the outbounds whose SYN the app never
     /// completed within the handshake timeout (their entries linger
     /// Closing) or whose entries expired while they connected.
