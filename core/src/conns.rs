@@ -274,6 +274,84 @@ impl Drop for Registered {
     }
 }
 
+/// Entry points of the connection list's criterion bench
+/// (`benches/benches/relay.rs`), built with the `bench-internals` feature
+/// only.
+#[cfg(feature = "bench-internals")]
+pub mod bench {
+    use std::collections::BTreeMap;
+    use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+    use std::sync::Arc;
+
+    use super::{Connections, DomainSource, LIST_CAP, Listing, Registered};
+    use crate::outbound::config::DirectConfig;
+    use crate::outbound::{Outbounds, Route, SocketFactory};
+    use crate::relay::RelayConfig;
+    use crate::rules::Network;
+
+    /// A registry of `n` relaying connections, each with a domain of the
+    /// longest kind a name can have (253 bytes): the listing's worst case.
+    #[derive(Debug)]
+    pub struct Registry {
+        conns: Arc<Connections>,
+        outbounds: Outbounds,
+        _held: Vec<Registered>,
+    }
+
+    impl Registry {
+        pub fn new(n: usize) -> Self {
+            let factory = SocketFactory::new(&DirectConfig::default(), None);
+            let outbounds = Outbounds::new(
+                &BTreeMap::new(),
+                &[],
+                &RelayConfig::default(),
+                factory,
+                64 * 1024,
+                Default::default(),
+            )
+            .expect("outbounds with no proxy");
+            let conns = Arc::new(Connections::default());
+            let domain = format!("{}.test", "a".repeat(248));
+            let held = (0..n)
+                .map(|i| {
+                    let source = SocketAddr::new(
+                        IpAddr::V4(Ipv4Addr::new(10, 0, (i >> 16) as u8, (i >> 8) as u8)),
+                        i as u16,
+                    );
+                    let destination = SocketAddr::new(IpAddr::V4(Ipv4Addr::new(1, 1, 1, 1)), 443);
+                    let r = conns.register(Network::Tcp, source, destination);
+                    r.record.set_domain(&domain, DomainSource::Sniffed);
+                    r.record.relaying(Route::Direct);
+                    r
+                })
+                .collect();
+            Registry {
+                conns,
+                outbounds,
+                _held: held,
+            }
+        }
+
+        /// One listing, as `Engine::connections` makes it.
+        pub fn list(&self) -> Listing {
+            self.conns.list(&self.outbounds, LIST_CAP)
+        }
+    }
+
+    /// The heap a listing holds: its vector and each record's strings.
+    pub fn listing_bytes(l: &Listing) -> usize {
+        l.connections.capacity() * std::mem::size_of::<super::Connection>()
+            + l.connections
+                .iter()
+                .map(|c| {
+                    c.domain.as_ref().map_or(0, String::capacity)
+                        + c.rule.as_ref().map_or(0, String::capacity)
+                        + c.outbound.as_ref().map_or(0, String::capacity)
+                })
+                .sum::<usize>()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeMap;

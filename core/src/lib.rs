@@ -54,11 +54,14 @@ pub use kerntun_proto::framing;
 pub mod fuzzing {
     pub use crate::stack::smoltcp::fuzzing as smol;
 }
-/// Entry points of the criterion benches (`benches/benches/smoltcp.rs`),
+/// Entry points of the criterion benches (`benches/benches/smoltcp.rs`,
+/// `benches/benches/relay.rs`),
 /// not part of the API: built with the `bench-internals` feature only.
 #[cfg(feature = "bench-internals")]
 #[doc(hidden)]
 pub mod bench {
+    pub use crate::conns::bench as conns;
+    pub use crate::relay::bench as relay;
     pub use crate::stack::smoltcp::bench as smol;
 }
 mod lifecycle;

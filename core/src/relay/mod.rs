@@ -23,6 +23,9 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use serde::{Deserialize, Serialize};
 use tokio::net::TcpStream;
 
+/// Entry points of the criterion bench, not part of the API.
+#[cfg(feature = "bench-internals")]
+pub mod bench;
 mod copy;
 #[cfg(linux_like)]
 pub mod splice;
