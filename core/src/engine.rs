@@ -292,10 +292,15 @@ impl Engine {
     /// (fake-ip mappings stay: apps hold those addresses), and `info`'s DNS
     /// servers resolve proxy host names from now on unless `[direct]
     /// bootstrap` is set (docs/configuration.md, "Host names"). The event sink
-    /// hears [`crate::EngineEvent::NetworkChanged`].
+    /// hears [`crate::EngineEvent::NetworkChanged`]. On a network with IPv6
+    /// and no IPv4, its NAT64 prefix is looked up from `info`'s DNS servers
+    /// on the engine's runtime, and outbound connects to IPv4 go through it
+    /// once found (`outbound/nat64.rs`; `nat64_prefix` in the statistics);
+    /// a network with IPv4 drops it at once.
     ///
     /// Returns whether anything changed: the same `info` over the same
-    /// interface addresses as last time is a no-op (nothing counted). The
+    /// interface addresses as last time is a no-op (nothing counted; only
+    /// a NAT64 prefix not found yet is looked up again). The
     /// resets happen on the engine's threads right after this returns
     /// (`network_changes`, `sessions_reset_on_network_change`,
     /// `udp_flows_dropped_on_network_change` count them). Never blocks on
