@@ -744,8 +744,11 @@ fn discover_nat64(inner: &Inner, info: &NetworkInfo, changed: bool) {
                 "NAT64 prefix {p} (ipv4only.arpa): IPv4 destinations and proxies are reached through it"
             ),
             None => tracing::info!(
-                "no NAT64 prefix on this IPv6-only network (ipv4only.arpa from {} DNS servers): IPv4 stays unreachable",
-                servers.len().min(crate::outbound::nat64::MAX_SERVERS)
+                "no NAT64 prefix on this IPv6-only network (ipv4only.arpa from {}): IPv4 stays unreachable",
+                match servers.len().min(crate::outbound::nat64::MAX_SERVERS) {
+                    0 => "the system resolver".to_owned(),
+                    n => format!("{n} DNS servers"),
+                }
             ),
         }
     });

@@ -205,11 +205,34 @@ fn decode(hi: u64, lo: u64) -> Option<Prefix> {
 /// from the first answer ([`Prefix::discover`]). A server that answers
 /// without a synthesized address (no DNS64 there) ends the search: the
 /// network has no NAT64. `None` also when no server answered.
+///
+/// Without servers (iOS: `NWPath` carries none) the system's resolver is
+/// asked instead (getaddrinfo(3) on tokio's blocking pool, bounded by
+/// `timeout`), which sends the question to the network's own DNS.
 pub async fn discover(
     factory: &SocketFactory,
     servers: &[Upstream],
     timeout: Duration,
 ) -> Option<Prefix> {
+    if servers.is_empty() {
+        let lookup = tokio::net::lookup_host((IPV4ONLY_ARPA, 0));
+        return match tokio::time::timeout(timeout, lookup).await {
+            Ok(Ok(addrs)) => {
+                let answers: Vec<_> = addrs
+                    .filter_map(|a| match a {
+                        SocketAddr::V6(v6) => Some(*v6.ip()),
+                        SocketAddr::V4(_) => None,
+                    })
+                    .collect();
+                Prefix::discover(&answers)
+            }
+            Ok(Err(e)) => {
+                tracing::debug!("{IPV4ONLY_ARPA} from the system resolver: {e}");
+                None
+            }
+            Err(_) => None,
+        };
+    }
     for up in servers.iter().take(MAX_SERVERS) {
         match super::resolve::query(factory, up, IPV4ONLY_ARPA, true, timeout).await {
             Ok(m) => {
