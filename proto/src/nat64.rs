@@ -293,7 +293,7 @@ mod tests {
 
     #[test]
     fn a_dns64_suffix_is_read_where_the_match_is_unique() {
-        // A /64 prefix with a suffix of the DNS64's own (BIND's `suffix`).
+        // A /64 prefix, and a DNS64 configured to write a suffix of its own.
         let p = Prefix::new(v6("2001:db8:1:2::"), 64).expect("a /64");
         let mut o = p.embed(WELL_KNOWN_V4[0]).octets();
         o[15] = 0x42;
