@@ -4,7 +4,8 @@
 //! userspace translator (`testkit/src/nat64.rs`) behind it reaches an
 //! IPv4-only namespace through 64:ff9b::/96, and a DNS64 answers
 //! `ipv4only.arpa` there. A Shadowsocks proxy given as an IPv4 literal
-//! (TCP and UDP), a direct IPv4 TCP server and a direct IPv4 UDP server are
+//! (TCP and UDP) and by a name with only an A record (TCP), a direct IPv4
+//! TCP server and a direct IPv4 UDP server are
 //! reached byte-exact once the host reports the IPv6-only network and the
 //! prefix is found; before that, while the DNS64 does not answer, and
 //! again once the host says the network has IPv4, the same connections
@@ -20,6 +21,7 @@ use kerntun::config::{
     OutboundConfig, OutboundUdp, ShadowsocksConfig, ShadowsocksMethod, StackKind,
 };
 use kerntun::network::{DefaultInterface, NetworkInfo};
+use kerntun::outbound::Address;
 use kerntun::rules::{Action, PortRange, Rule};
 use kerntun_testkit::dns::{DnsServer, Zone};
 use kerntun_testkit::nat64::Nat64Net;
@@ -37,6 +39,8 @@ const DIRECT_UDP: u16 = 7002;
 /// Routed to the proxy by the rule below.
 const PROXIED_TCP: u16 = 7003;
 const PROXIED_UDP: u16 = 7004;
+/// Routed to the same proxy given by a name with only an A record.
+const BY_NAME_TCP: u16 = 7005;
 const PASSWORD: &str = "kerntun-nat64";
 
 fn info(topo: &Topology, has_ipv4: bool) -> NetworkInfo {
@@ -63,6 +67,7 @@ fn ipv4_through_nat64(stack: StackKind) {
     let net = Nat64Net::new(&topo).expect("the IPv6-only uplink and the v4 namespace");
     let direct = servers::tcp(&net.v4, net.server_addr(DIRECT_TCP), Mode::Echo).expect("tcp");
     let proxied = servers::tcp(&net.v4, net.server_addr(PROXIED_TCP), Mode::Echo).expect("tcp");
+    let by_name = servers::tcp(&net.v4, net.server_addr(BY_NAME_TCP), Mode::Echo).expect("tcp");
     let direct_udp = servers::udp_echo(&net.v4, net.server_addr(DIRECT_UDP)).expect("udp");
     let proxied_udp = servers::udp_echo(&net.v4, net.server_addr(PROXIED_UDP)).expect("udp");
     let ss_addr = net.server_addr(SS_PORT);
@@ -71,7 +76,9 @@ fn ipv4_through_nat64(stack: StackKind) {
     let dns64 = DnsServer::start(
         &topo.server,
         SocketAddr::new(IpAddr::V6(topo.server_v6()), 53),
-        Zone::new(300).with_dns64(),
+        Zone::new(300)
+            .with_dns64()
+            .with("ss.test", IpAddr::V4(net.server_v4())),
     )
     .expect("DNS64");
     let rig = Rig::builder()
@@ -85,12 +92,29 @@ fn ipv4_through_nat64(stack: StackKind) {
                 udp: OutboundUdp::Relay,
             }),
         )
+        .outbound(
+            "ss-name",
+            OutboundConfig::Shadowsocks(ShadowsocksConfig {
+                server: Address::Domain("ss.test".into(), SS_PORT),
+                method: ShadowsocksMethod::Aes256Gcm,
+                password: PASSWORD.into(),
+                udp: OutboundUdp::Relay,
+            }),
+        )
         .rule(Rule {
             ports: Some(PortRange {
                 start: PROXIED_TCP,
                 end: PROXIED_UDP,
             }),
             action: Action::from("ss"),
+            ..Rule::default()
+        })
+        .rule(Rule {
+            ports: Some(PortRange {
+                start: BY_NAME_TCP,
+                end: BY_NAME_TCP,
+            }),
+            action: Action::from("ss-name"),
             ..Rule::default()
         })
         // One discovery try gives up after this.
@@ -135,14 +159,19 @@ fn ipv4_through_nat64(stack: StackKind) {
     // Direct and through the proxy given as an IPv4 literal, TCP and UDP.
     client::echo_transfer(to_direct, 1, 2 * MIB, false).expect("direct TCP through NAT64");
     client::echo_transfer(to_proxied, 2, 2 * MIB, false).expect("Shadowsocks TCP through NAT64");
+    // The name resolves (through the network's DNS server the host
+    // reported) to an A record only: its address is synthesized too.
+    client::echo_transfer(by_name.addr, 3, MIB, false).expect("Shadowsocks by name through NAT64");
     let ok = client::udp_round_trips(direct_udp.addr, 20, 1000).expect("direct UDP");
     assert_eq!(ok, 20, "direct UDP through NAT64");
     let ok = client::udp_round_trips(proxied_udp.addr, 20, 1000).expect("proxied UDP");
     assert_eq!(ok, 20, "Shadowsocks UDP through NAT64");
     let s = rig.stats();
     // One outbound socket each: the direct TCP connection, the proxy's
-    // TCP connection, the direct UDP flow, the proxy's UDP association.
-    assert_eq!(s.nat64_synthesized, 4, "{s:?}");
+    // two TCP connections (by address, by name), the direct UDP flow, the
+    // proxy's UDP association.
+    assert_eq!(s.nat64_synthesized, 5, "{s:?}");
+    assert_eq!(s.outbounds[1].tcp_connects, 1, "{s:?}");
     assert_eq!(
         (s.outbounds[0].tcp_connects, s.outbounds[0].udp_flows),
         (1, 1),
@@ -151,11 +180,11 @@ fn ipv4_through_nat64(stack: StackKind) {
     assert_eq!(direct_udp.accepted.load(Relaxed), 20);
     assert_eq!(proxied_udp.accepted.load(Relaxed), 20);
     assert!(
-        ss.relayed.load(Relaxed) >= 4 * MIB as u64,
-        "the proxy moved the stream"
+        ss.relayed.load(Relaxed) >= 6 * MIB as u64,
+        "the proxy moved the streams"
     );
     assert!(
-        translator.relayed.load(Relaxed) >= 4,
+        translator.relayed.load(Relaxed) >= 5,
         "{}",
         translator.relayed.load(Relaxed)
     );
@@ -170,7 +199,8 @@ fn ipv4_through_nat64(stack: StackKind) {
     assert_eq!(rig.stats().nat64_prefix, None);
     assert!(!tcp_reaches(to_direct), "the prefix was dropped");
     assert!(!tcp_reaches(to_proxied), "the prefix was dropped");
-    assert_eq!(rig.stats().nat64_synthesized, 4);
+    assert!(!tcp_reaches(by_name.addr), "the prefix was dropped");
+    assert_eq!(rig.stats().nat64_synthesized, 5);
 }
 
 root_tests!(ipv4_through_nat64;
