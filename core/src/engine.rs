@@ -26,6 +26,7 @@ use crate::driver::{self, DriverKind};
 use crate::lifecycle::{EngineTask, Lifecycle, Phase, supervised};
 use crate::nat::{NatConfig, WindowBudget};
 use crate::network::{Addresses, NetworkError, NetworkInfo};
+use crate::outbound::nat64::Begin;
 use crate::outbound::{Outbounds, Protect, SocketFactory};
 use crate::stack::Stack;
 use crate::stack::smoltcp::{SmoltcpStack, Sockets};
@@ -291,10 +292,15 @@ impl Engine {
     /// (fake-ip mappings stay: apps hold those addresses), and `info`'s DNS
     /// servers resolve proxy host names from now on unless `[direct]
     /// bootstrap` is set (docs/configuration.md, "Host names"). The event sink
-    /// hears [`crate::EngineEvent::NetworkChanged`].
+    /// hears [`crate::EngineEvent::NetworkChanged`]. On a network with IPv6
+    /// and no IPv4, its NAT64 prefix is looked up from `info`'s DNS servers
+    /// on the engine's runtime, and outbound connects to IPv4 go through it
+    /// once found (`outbound/nat64.rs`; `nat64_prefix` in the statistics);
+    /// a network with IPv4 drops it at once.
     ///
     /// Returns whether anything changed: the same `info` over the same
-    /// interface addresses as last time is a no-op (nothing counted). The
+    /// interface addresses as last time is a no-op (nothing counted; only
+    /// a NAT64 prefix not found yet is looked up again). The
     /// resets happen on the engine's threads right after this returns
     /// (`network_changes`, `sessions_reset_on_network_change`,
     /// `udp_flows_dropped_on_network_change` count them). Never blocks on
@@ -311,6 +317,9 @@ impl Engine {
         let addrs = Addresses::read().map_err(NetworkError::Interfaces)?;
         let net = parts.life.network();
         let Some(addrs) = net.record(&info, addrs) else {
+            // Nothing changed, but a NAT64 prefix not found yet is asked
+            // for again.
+            discover_nat64(inner, &info, false);
             return Ok(false);
         };
         let interface = info.interface.as_ref().map(|i| i.name.clone());
@@ -322,6 +331,7 @@ impl Engine {
         }
         parts.outbounds.set_platform_dns(&info.dns_servers);
         parts.outbounds.forget_names();
+        discover_nat64(inner, &info, true);
         parts.stats.network_changes.fetch_add(1, Relaxed);
         net.publish(addrs);
         tracing::info!(
@@ -711,6 +721,39 @@ fn choose_stack(kind: StackKind, include_all_networks: bool) -> (StackKind, &'st
     }
 }
 
+/// Find the NAT64 prefix of a network without IPv4 (or drop the last
+/// one: `outbound/nat64.rs`), asking `info`'s DNS servers on the engine's
+/// runtime; `network_changed` does not wait for it. Logged once per
+/// discovery.
+fn discover_nat64(inner: &Inner, info: &NetworkInfo, changed: bool) {
+    let factory = &inner.parts.factory;
+    let nat64 = factory.nat64().clone();
+    let Begin::Discover(generation) = nat64.begin(info.has_ipv4, info.has_ipv6, changed) else {
+        return;
+    };
+    let servers = crate::outbound::resolve::Resolvers::platform_list(&info.dns_servers);
+    let timeout = inner.parts.outbounds.resolver_timeout();
+    let factory = factory.clone();
+    inner.rt.spawn(async move {
+        let found = crate::outbound::nat64::discover(&factory, &servers, timeout).await;
+        if !nat64.settle(generation, found) {
+            return;
+        }
+        match found {
+            Some(p) => tracing::info!(
+                "NAT64 prefix {p} (ipv4only.arpa): IPv4 destinations and proxies are reached through it"
+            ),
+            None => tracing::info!(
+                "no NAT64 prefix on this IPv6-only network (ipv4only.arpa from {}): IPv4 stays unreachable",
+                match servers.len().min(crate::outbound::nat64::MAX_SERVERS) {
+                    0 => "the system resolver".to_owned(),
+                    n => format!("{n} DNS servers"),
+                }
+            ),
+        }
+    });
+}
+
 fn snapshot(inner: &Inner) -> StatsSnapshot {
     let parts = &inner.parts;
     let mut s = parts.stats.snapshot();
@@ -725,6 +768,10 @@ fn snapshot(inner: &Inner) -> StatsSnapshot {
     };
     s.admission_limit = parts.admission.limit(now) as u64;
     s.uptime_ms = inner.started.elapsed().as_millis() as u64;
+    let nat64 = parts.factory.nat64();
+    s.nat64_prefix = nat64.prefix().map(|p| p.to_string());
+    s.nat64_synthesized = nat64.synthesized();
+    s.nat64_discovery_failed = nat64.failed();
     s
 }
 

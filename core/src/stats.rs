@@ -385,6 +385,14 @@ pub struct StatsSnapshot {
     pub udp_flows_dropped_on_network_change: u64,
     /// Connections the host closed (`Engine::close_connection`).
     pub connections_closed_by_host: u64,
+    /// The NAT64 prefix of the IPv6-only network the host is on, as
+    /// `64:ff9b::/96`; `None` on a network with IPv4 or without NAT64
+    /// (`outbound/nat64.rs`).
+    pub nat64_prefix: Option<String>,
+    /// Outbound connects to IPv4 sent inside the NAT64 prefix.
+    pub nat64_synthesized: u64,
+    /// Prefix discoveries on an IPv6-only network that found none.
+    pub nat64_discovery_failed: u64,
     /// Per proxy outbound.
     pub outbounds: Vec<OutboundSnapshot>,
     /// DNS service and sniffing.
@@ -460,6 +468,10 @@ impl Stats {
             sessions_reset_on_network_change: g(&self.sessions_reset_on_network_change),
             udp_flows_dropped_on_network_change: g(&self.udp_flows_dropped_on_network_change),
             connections_closed_by_host: g(&self.connections_closed_by_host),
+            // Filled by the engine from the socket factory's NAT64 state.
+            nat64_prefix: None,
+            nat64_synthesized: 0,
+            nat64_discovery_failed: 0,
             dns: self.dns.snapshot(),
             outbounds: self
                 .outbounds

@@ -205,10 +205,15 @@ impl Engine {
     /// addresses stay valid). The listener hears
     /// `EngineEvent.NetworkChanged`; `stats()` counts `network_changes`,
     /// `sessions_reset_on_network_change`,
-    /// `udp_flows_dropped_on_network_change`.
+    /// `udp_flows_dropped_on_network_change`. On a network with IPv6 and
+    /// no IPv4 (`has_ipv6` without `has_ipv4`), the NAT64 prefix is looked
+    /// up in the background from `info.dns_servers` (`ipv4only.arpa`), and
+    /// IPv4 proxies and destinations are reached through it
+    /// (`stats().nat64_prefix`, `nat64_synthesized`).
     ///
     /// Returns whether anything changed: the same info over the same
-    /// interface addresses as last time does nothing. Fast (reads the
+    /// interface addresses as last time does nothing (but looks for a
+    /// NAT64 prefix again if none was found). Fast (reads the
     /// interfaces' addresses; never waits on the network); callable from
     /// any thread. Errors: `NotRunning` on a stopped or failed engine,
     /// `Network` for a DNS server that is not an IP address.

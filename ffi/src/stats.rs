@@ -180,6 +180,17 @@ pub struct EngineStats {
     pub udp_flows_dropped_on_network_change: u64,
     /// Connections the app closed (`Engine.closeConnection`).
     pub connections_closed_by_host: u64,
+    /// The NAT64 prefix of the IPv6-only network the device is on (as
+    /// `64:ff9b::/96`), found from the network's DNS64 after
+    /// `Engine.networkChanged`; `null` on a network with IPv4 or without
+    /// NAT64. While it is set, IPv4 proxies and destinations are reached
+    /// through it.
+    pub nat64_prefix: Option<String>,
+    /// Outbound connections to IPv4 sent through the NAT64 prefix.
+    pub nat64_synthesized: u64,
+    /// Prefix discoveries on an IPv6-only network that found none (IPv4
+    /// then stays unreachable).
+    pub nat64_discovery_failed: u64,
     /// Per proxy outbound.
     pub outbounds: Vec<OutboundStats>,
     /// DNS service and sniffing.
@@ -236,6 +247,9 @@ impl From<StatsSnapshot> for EngineStats {
             sessions_reset_on_network_change,
             udp_flows_dropped_on_network_change,
             connections_closed_by_host,
+            nat64_prefix,
+            nat64_synthesized,
+            nat64_discovery_failed,
         } converted {
             stack: stack.to_string(),
             driver: driver.to_string(),

@@ -14,6 +14,8 @@
 //! * [`framing`]: stream framings an outbound speaks over TCP (Shadowsocks
 //!   AEAD), as the relay's per-chunk seal and open.
 //! * [`drops`]: the names of what the engine counts when it drops.
+//! * [`nat64`]: IPv4 addresses embedded in a NAT64 prefix (RFC 6052) and
+//!   the prefix read from a DNS64's answers (RFC 7050).
 //!
 //! The engine crate (`core/`) is the I/O shell: it reads the TUN, owns the
 //! sockets and timers, and passes `now` in. The compiler keeps this crate
@@ -27,5 +29,6 @@ pub mod dnswire;
 pub mod drops;
 pub mod framing;
 pub mod nat;
+pub mod nat64;
 pub mod packet;
 pub mod sniff;

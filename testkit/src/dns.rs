@@ -48,6 +48,15 @@ impl Zone {
         self
     }
 
+    /// Answer as a DNS64 with the prefix 64:ff9b::/96 would for
+    /// `ipv4only.arpa` (RFC 7050): its two well-known IPv4 addresses
+    /// synthesized inside the prefix ([`crate::nat64::IPV4ONLY_ANSWERS`]).
+    pub fn with_dns64(self) -> Zone {
+        crate::nat64::IPV4ONLY_ANSWERS
+            .into_iter()
+            .fold(self, |z, a| z.with("ipv4only.arpa", IpAddr::V6(a)))
+    }
+
     /// The reply to `query`, or `None` if it is not a query.
     pub fn answer(&self, query: &[u8]) -> Option<Vec<u8>> {
         let q = Message::from_vec(query).ok()?;

@@ -35,6 +35,7 @@ use std::time::{Duration, Instant};
 
 pub mod child;
 pub mod dns;
+pub mod nat64;
 pub mod rig;
 pub mod router;
 pub mod router_v6;

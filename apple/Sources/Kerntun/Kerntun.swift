@@ -657,10 +657,15 @@ public protocol EngineProtocol: AnyObject, Sendable {
      * addresses stay valid). The listener hears
      * `EngineEvent.NetworkChanged`; `stats()` counts `network_changes`,
      * `sessions_reset_on_network_change`,
-     * `udp_flows_dropped_on_network_change`.
+     * `udp_flows_dropped_on_network_change`. On a network with IPv6 and
+     * no IPv4 (`has_ipv6` without `has_ipv4`), the NAT64 prefix is looked
+     * up in the background from `info.dns_servers` (`ipv4only.arpa`), and
+     * IPv4 proxies and destinations are reached through it
+     * (`stats().nat64_prefix`, `nat64_synthesized`).
      *
      * Returns whether anything changed: the same info over the same
-     * interface addresses as last time does nothing. Fast (reads the
+     * interface addresses as last time does nothing (but looks for a
+     * NAT64 prefix again if none was found). Fast (reads the
      * interfaces' addresses; never waits on the network); callable from
      * any thread. Errors: `NotRunning` on a stopped or failed engine,
      * `Network` for a DNS server that is not an IP address.
@@ -885,10 +890,15 @@ open func isRunning() -> Bool  {
      * addresses stay valid). The listener hears
      * `EngineEvent.NetworkChanged`; `stats()` counts `network_changes`,
      * `sessions_reset_on_network_change`,
-     * `udp_flows_dropped_on_network_change`.
+     * `udp_flows_dropped_on_network_change`. On a network with IPv6 and
+     * no IPv4 (`has_ipv6` without `has_ipv4`), the NAT64 prefix is looked
+     * up in the background from `info.dns_servers` (`ipv4only.arpa`), and
+     * IPv4 proxies and destinations are reached through it
+     * (`stats().nat64_prefix`, `nat64_synthesized`).
      *
      * Returns whether anything changed: the same info over the same
-     * interface addresses as last time does nothing. Fast (reads the
+     * interface addresses as last time does nothing (but looks for a
+     * NAT64 prefix again if none was found). Fast (reads the
      * interfaces' addresses; never waits on the network); callable from
      * any thread. Errors: `NotRunning` on a stopped or failed engine,
      * `Network` for a DNS server that is not an IP address.
@@ -2649,6 +2659,23 @@ public struct EngineStats: Equatable, Hashable {
      */
     public var connectionsClosedByHost: UInt64
     /**
+     * The NAT64 prefix of the IPv6-only network the device is on (as
+     * `64:ff9b::/96`), found from the network's DNS64 after
+     * `Engine.networkChanged`; `null` on a network with IPv4 or without
+     * NAT64. While it is set, IPv4 proxies and destinations are reached
+     * through it.
+     */
+    public var nat64Prefix: String?
+    /**
+     * Outbound connections to IPv4 sent through the NAT64 prefix.
+     */
+    public var nat64Synthesized: UInt64
+    /**
+     * Prefix discoveries on an IPv6-only network that found none (IPv4
+     * then stays unreachable).
+     */
+    public var nat64DiscoveryFailed: UInt64
+    /**
      * Per proxy outbound.
      */
     public var outbounds: [OutboundStats]
@@ -2724,6 +2751,20 @@ public struct EngineStats: Equatable, Hashable {
          * Connections the app closed (`Engine.closeConnection`).
          */connectionsClosedByHost: UInt64, 
         /**
+         * The NAT64 prefix of the IPv6-only network the device is on (as
+         * `64:ff9b::/96`), found from the network's DNS64 after
+         * `Engine.networkChanged`; `null` on a network with IPv4 or without
+         * NAT64. While it is set, IPv4 proxies and destinations are reached
+         * through it.
+         */nat64Prefix: String?, 
+        /**
+         * Outbound connections to IPv4 sent through the NAT64 prefix.
+         */nat64Synthesized: UInt64, 
+        /**
+         * Prefix discoveries on an IPv6-only network that found none (IPv4
+         * then stays unreachable).
+         */nat64DiscoveryFailed: UInt64, 
+        /**
          * Per proxy outbound.
          */outbounds: [OutboundStats], 
         /**
@@ -2772,6 +2813,9 @@ public struct EngineStats: Equatable, Hashable {
         self.sessionsResetOnNetworkChange = sessionsResetOnNetworkChange
         self.udpFlowsDroppedOnNetworkChange = udpFlowsDroppedOnNetworkChange
         self.connectionsClosedByHost = connectionsClosedByHost
+        self.nat64Prefix = nat64Prefix
+        self.nat64Synthesized = nat64Synthesized
+        self.nat64DiscoveryFailed = nat64DiscoveryFailed
         self.outbounds = outbounds
         self.dns = dns
     }
@@ -2835,6 +2879,9 @@ public struct FfiConverterTypeEngineStats: FfiConverterRustBuffer {
                 sessionsResetOnNetworkChange: FfiConverterUInt64.read(from: &buf), 
                 udpFlowsDroppedOnNetworkChange: FfiConverterUInt64.read(from: &buf), 
                 connectionsClosedByHost: FfiConverterUInt64.read(from: &buf), 
+                nat64Prefix: FfiConverterOptionString.read(from: &buf), 
+                nat64Synthesized: FfiConverterUInt64.read(from: &buf), 
+                nat64DiscoveryFailed: FfiConverterUInt64.read(from: &buf), 
                 outbounds: FfiConverterSequenceTypeOutboundStats.read(from: &buf), 
                 dns: FfiConverterTypeDnsStats.read(from: &buf)
         )
@@ -2884,6 +2931,9 @@ public struct FfiConverterTypeEngineStats: FfiConverterRustBuffer {
         FfiConverterUInt64.write(value.sessionsResetOnNetworkChange, into: &buf)
         FfiConverterUInt64.write(value.udpFlowsDroppedOnNetworkChange, into: &buf)
         FfiConverterUInt64.write(value.connectionsClosedByHost, into: &buf)
+        FfiConverterOptionString.write(value.nat64Prefix, into: &buf)
+        FfiConverterUInt64.write(value.nat64Synthesized, into: &buf)
+        FfiConverterUInt64.write(value.nat64DiscoveryFailed, into: &buf)
         FfiConverterSequenceTypeOutboundStats.write(value.outbounds, into: &buf)
         FfiConverterTypeDnsStats.write(value.dns, into: &buf)
     }
@@ -6025,7 +6075,7 @@ private let initializationResult: InitializationResult = {
     if (uniffi_kerntun_ffi_checksum_method_engine_is_running() != 37654) {
         return InitializationResult.apiChecksumMismatch
     }
-    if (uniffi_kerntun_ffi_checksum_method_engine_network_changed() != 37017) {
+    if (uniffi_kerntun_ffi_checksum_method_engine_network_changed() != 61735) {
         return InitializationResult.apiChecksumMismatch
     }
     if (uniffi_kerntun_ffi_checksum_method_engine_recent_logs() != 48469) {

@@ -29,6 +29,7 @@ use crate::stats::Stats;
 pub mod addr;
 pub mod config;
 pub mod link;
+pub mod nat64;
 pub mod resolve;
 pub mod shadowsocks;
 pub mod socks5;
@@ -57,6 +58,9 @@ pub struct SocketFactory {
     /// reported one, new sockets bind to it instead of `direct.interface`.
     /// Read once per new socket, never per packet.
     uplink: Arc<parking_lot::RwLock<Uplink>>,
+    /// The network's NAT64 prefix, shared by every clone: connects to IPv4
+    /// go inside it while the network has no IPv4 (`nat64.rs`).
+    nat64: Arc<nat64::Nat64>,
 }
 
 /// Where new direct sockets are bound ([`SocketFactory::rebind`]).
@@ -77,7 +81,13 @@ impl SocketFactory {
             protect,
             connect_timeout: Duration::from_millis(cfg.connect_timeout_ms.max(1)),
             uplink: Arc::default(),
+            nat64: Arc::default(),
         }
+    }
+
+    /// The NAT64 prefix its connects use (`nat64.rs`).
+    pub fn nat64(&self) -> &Arc<nat64::Nat64> {
+        &self.nat64
     }
 
     /// Bind the sockets made from now on (by this factory and its clones)
@@ -139,8 +149,10 @@ impl SocketFactory {
         self.connect_timeout
     }
 
-    /// Connect a direct TCP socket, bounded by the configured timeout.
+    /// Connect a direct TCP socket, bounded by the configured timeout (to
+    /// IPv4 through the network's NAT64 prefix while it has one).
     pub async fn connect_tcp(&self, dst: SocketAddr) -> io::Result<TcpStream> {
+        let dst = self.nat64.synthesize(dst);
         let sock = Socket::new(Domain::for_address(dst), Type::STREAM, Some(Protocol::TCP))?;
         self.prepare(&sock, dst.is_ipv6())?;
         // Best effort: a connection without keepalive still works.
@@ -159,8 +171,10 @@ impl SocketFactory {
         }
     }
 
-    /// A connected direct UDP socket for one flow.
+    /// A connected direct UDP socket for one flow (to IPv4 through the
+    /// network's NAT64 prefix while it has one).
     pub fn udp_connected(&self, dst: SocketAddr) -> io::Result<UdpSocket> {
+        let dst = self.nat64.synthesize(dst);
         let sock = Socket::new(Domain::for_address(dst), Type::DGRAM, Some(Protocol::UDP))?;
         self.prepare(&sock, dst.is_ipv6())?;
         sock.connect(&dst.into())?;
@@ -471,6 +485,11 @@ impl Outbounds {
     /// is set ([`resolve::Resolvers::set_platform`]).
     pub fn set_platform_dns(&self, servers: &[std::net::IpAddr]) {
         self.resolvers.set_platform(servers);
+    }
+
+    /// The time one DNS question to a resolver may take (`dns.timeout_ms`).
+    pub fn resolver_timeout(&self) -> Duration {
+        self.resolvers.timeout()
     }
 
     /// Forget every proxy address learned by resolving a host name (the

@@ -119,7 +119,12 @@ impl Resolvers {
     /// link-local address needs a zone a socket address here cannot
     /// carry). An empty list gives the configured resolvers back.
     pub fn set_platform(&self, servers: &[IpAddr]) {
-        let list: Arc<[Upstream]> = servers
+        *self.platform.lock() = Self::platform_list(servers).into();
+    }
+
+    /// The network's DNS servers as [`Resolvers::set_platform`] asks them.
+    pub fn platform_list(servers: &[IpAddr]) -> Vec<Upstream> {
+        servers
             .iter()
             .filter(|ip| usable_platform_server(**ip))
             .map(|ip| Upstream {
@@ -128,8 +133,12 @@ impl Resolvers {
                 server_name: None,
                 path: None,
             })
-            .collect();
-        *self.platform.lock() = list;
+            .collect()
+    }
+
+    /// The time one question to a resolver may take.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
     }
 
     /// The resolvers a lookup asks now ([`choose`]).
@@ -464,7 +473,7 @@ pub async fn resolve(
 }
 
 /// One question to one resolver, bounded by `timeout`.
-async fn query(
+pub(crate) async fn query(
     factory: &SocketFactory,
     up: &Upstream,
     name: &str,

@@ -490,9 +490,14 @@ impl UdpTable {
         now: Instant,
         local: &mut LocalCounters,
     ) -> bool {
+        // An IPv4 destination reached through the network's NAT64 prefix
+        // takes a connected socket of its own: its replies then come from
+        // the flow's IPv4 server as the app expects, where a mapping's
+        // IPv4 socket could not send at all (`outbound/nat64.rs`).
         let mapped = self.shared.nat == UdpNat::EndpointIndependent
             && matches!(dst, Address::Ip(_))
-            && !self.shared.d.outbounds.udp_proxied(route);
+            && !self.shared.d.outbounds.udp_proxied(route)
+            && !self.shared.factory.nat64().applies_to(key.server.ip());
         if mapped {
             self.map(key, now, local)
         } else {
