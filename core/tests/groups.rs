@@ -31,11 +31,16 @@ use kerntun_testkit::tokio_servers::{InProcess, in_process, listen};
 use kerntun_testkit::{Netns, Topology, client, require_root};
 use parking_lot::Mutex;
 
+/// The port of the probe target ([`http_server`]): CONNECTs to it are
+/// probes, which [`socks5_server`] does not count.
+const PROBE_PORT: u16 = 8080;
+
 /// fast-socks5's server on `addr`, CONNECT only; [`InProcess::relayed`]
-/// counts the CONNECTs it served.
+/// counts the CONNECTs it served, probes left out.
 fn socks5_server(ns: &Netns, addr: SocketAddr) -> InProcess {
     use fast_socks5::Socks5Command;
     use fast_socks5::server::{Socks5ServerProtocol, run_tcp_proxy};
+    use fast_socks5::util::target_addr::TargetAddr;
     in_process(ns, move |ready, served| async move {
         let Some(l) = listen(addr, &ready).await else {
             return;
@@ -53,9 +58,42 @@ fn socks5_server(ns: &Netns, addr: SocketAddr) -> InProcess {
                     return;
                 };
                 if cmd == Socks5Command::TCPConnect {
-                    served.fetch_add(1, Relaxed);
+                    if !matches!(&target, TargetAddr::Ip(a) if a.port() == PROBE_PORT) {
+                        served.fetch_add(1, Relaxed);
+                    }
                     let _ = run_tcp_proxy(proto, &target, Duration::from_secs(5), true).await;
                 }
+            });
+        }
+    })
+}
+
+/// A minimal HTTP server on `addr`: reads a request head, answers `204 No
+/// Content` and closes. [`InProcess::relayed`] counts the requests.
+fn http_server(ns: &Netns, addr: SocketAddr) -> InProcess {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    in_process(ns, move |ready, served| async move {
+        let Some(l) = listen(addr, &ready).await else {
+            return;
+        };
+        loop {
+            let Ok((mut s, _)) = l.accept().await else {
+                continue;
+            };
+            let served = served.clone();
+            tokio::spawn(async move {
+                let mut head = Vec::new();
+                let mut b = [0u8; 512];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match s.read(&mut b).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => head.extend_from_slice(&b[..n]),
+                    }
+                }
+                served.fetch_add(1, Relaxed);
+                let _ = s
+                    .write_all(b"HTTP/1.1 204 No Content\r\nConnection: close\r\n\r\n")
+                    .await;
             });
         }
     })
@@ -189,4 +227,85 @@ fn select_switches_new_flows() {
         "a select group never probes"
     );
     drop(held);
+}
+
+/// A probing group of `kind` over `a` and `b`, probing `url` every
+/// `interval_ms` with `timeout_ms`.
+fn probing(kind: GroupKind, url: String, interval_ms: u64, timeout_ms: u64) -> GroupConfig {
+    let mut g = GroupConfig::new(kind, &["a", "b"]);
+    g.url = Some(url);
+    g.interval_ms = Some(interval_ms);
+    g.timeout_ms = Some(timeout_ms);
+    g
+}
+
+fn selected(rig: &Rig) -> String {
+    rig.engine.groups()[0].selected.clone()
+}
+
+fn health(rig: &Rig) -> Vec<Health> {
+    rig.engine.groups()[0]
+        .members
+        .iter()
+        .map(|m| m.health)
+        .collect()
+}
+
+#[test]
+fn fallback_follows_the_order() {
+    require_root!();
+    let topo = Topology::new().expect("topology");
+    let (a_addr, b_addr) = (topo.server_addr(false, 1080), topo.server_addr(false, 1081));
+    let probe = topo.server_addr(false, PROBE_PORT);
+    let http = http_server(&topo.server, probe);
+    // a's proxy is down at start.
+    let b = socks5_server(&topo.server, b_addr);
+    let g = probing(
+        GroupKind::Fallback,
+        format!("http://{probe}/generate_204"),
+        300,
+        1_000,
+    );
+    let rig = rig(a_addr, b_addr, g).start_in(topo);
+    let heard = Arc::new(Heard::default());
+    rig.engine.set_event_sink(Some(heard.clone()));
+    let echo = rig.tcp_server(false, Mode::Echo);
+
+    kerntun_testkit::wait_until("fallback moves to b", Duration::from_secs(5), || {
+        selected(&rig) == "b"
+    });
+    assert_eq!(health(&rig), [Health::Down, Health::Up]);
+    exchange(echo.addr);
+    assert_eq!(served(&b), 1, "the second member carries new flows");
+
+    // a comes back: the first healthy member again.
+    let a = socks5_server(&rig.topo.server, a_addr);
+    let back = kerntun_testkit::wait_until("fallback back to a", Duration::from_secs(5), || {
+        selected(&rig) == "a"
+    });
+    eprintln!("fallback: back to a {back:?} after a's proxy started");
+    assert!(back <= Duration::from_millis(300 + 1_000 + 500), "{back:?}");
+    assert_eq!(health(&rig), [Health::Up, Health::Up]);
+    let ms = rig.engine.groups()[0].members[0].latency_ms;
+    assert!(ms.is_some_and(|ms| ms < 1_000), "{ms:?}");
+    exchange(echo.addr);
+    assert_eq!((served(&a), served(&b)), (1, 1));
+    assert!(heard.has(&EngineEvent::GroupSelected {
+        group: "proxy".into(),
+        member: "a".into()
+    }));
+    assert!(
+        heard.0.lock().iter().any(|e| matches!(e,
+            EngineEvent::OutboundHealth { member, healthy: true, .. } if member == "a")),
+        "{:?}",
+        heard.0.lock()
+    );
+    assert!(served(&http) >= 3, "probes reached the target");
+
+    // Probes end with the engine.
+    let mut rig = rig;
+    rig.engine.stop();
+    let after_stop = served(&http);
+    std::thread::sleep(Duration::from_millis(1_000));
+    assert_eq!(served(&http), after_stop, "no probe after stop");
 }
