@@ -19,12 +19,12 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use kerntun::config::{DriverMode, GroupConfig, GroupKind, OutboundUdp, StackKind};
 use kerntun::outbound::group::{Health, SelectError};
 use kerntun::rules::{Action, Rule};
-use kerntun::{EngineEvent, EventSink, SelectionError};
+use kerntun::{EngineEvent, EventSink, LatencyError, SelectionError};
 use kerntun_testkit::rig::{Rig, RigBuilder, socks5};
 use kerntun_testkit::servers::Mode;
 use kerntun_testkit::tokio_servers::{InProcess, in_process, listen};
@@ -308,4 +308,220 @@ fn fallback_follows_the_order() {
     let after_stop = served(&http);
     std::thread::sleep(Duration::from_millis(1_000));
     assert_eq!(served(&http), after_stop, "no probe after stop");
+}
+#[test]
+fn url_test_moves_off_a_cut_member() {
+    require_root!();
+    let topo = Topology::new().expect("topology");
+    // a listens on an address of its own, 198.19.N.3, which the test
+    // removes to cut it: its packets are then dropped in silence (the
+    // server namespace does not forward), so a's probe times out.
+    let cut = format!("198.19.{}.3", topo.id);
+    topo.server
+        .ip(&["addr", "add", &format!("{cut}/24"), "dev", "kts"])
+        .expect("a's address");
+    topo.client
+        .pin_neighbour(
+            "-4",
+            &cut,
+            &format!("02:6b:74:00:{:02x}:02", topo.id),
+            kerntun_testkit::CLIENT_VETH,
+        )
+        .expect("a's neighbour");
+    let a_addr: SocketAddr = format!("{cut}:1080").parse().expect("a");
+    let b_addr = topo.server_addr(false, 1081);
+    let probe = topo.server_addr(false, PROBE_PORT);
+    let _http = http_server(&topo.server, probe);
+    let a = socks5_server(&topo.server, a_addr);
+    let b = socks5_server(&topo.server, b_addr);
+    let (interval, timeout) = (500, 400);
+    let mut g = probing(
+        GroupKind::UrlTest,
+        format!("http://{probe}/"),
+        interval,
+        timeout,
+    );
+    // Both are about as fast here: a (the first, taken before any probe)
+    // stays until it fails.
+    g.tolerance_ms = Some(1_000);
+    let rig = rig(a_addr, b_addr, g).start_in(topo);
+    let heard = Arc::new(Heard::default());
+    rig.engine.set_event_sink(Some(heard.clone()));
+    let echo = rig.tcp_server(false, Mode::Echo);
+    kerntun_testkit::wait_until("both members probed", Duration::from_secs(5), || {
+        health(&rig) == [Health::Up, Health::Up]
+    });
+    assert_eq!(selected(&rig), "a");
+    exchange(echo.addr);
+    assert_eq!((served(&a), served(&b)), (1, 0));
+
+    rig.topo
+        .server
+        .ip(&["addr", "del", &format!("{cut}/24"), "dev", "kts"])
+        .expect("cut a");
+    let cut_at = Instant::now();
+    let moved = kerntun_testkit::wait_until("url-test moves to b", Duration::from_secs(5), || {
+        selected(&rig) == "b"
+    });
+    // The probe round after the cut starts within one interval and its
+    // probe of a fails after one timeout; 300 ms for the round's own work
+    // and the test's polling on a shared machine.
+    let bound = Duration::from_millis(interval + timeout + 300);
+    eprintln!("url-test: moved to b {moved:?} after the cut (bound {bound:?})");
+    assert!(
+        moved <= bound,
+        "moved after {moved:?} ({:?} since the cut), bound {bound:?}",
+        cut_at.elapsed()
+    );
+    assert_eq!(health(&rig), [Health::Down, Health::Up]);
+    assert!(heard.has(&EngineEvent::GroupSelected {
+        group: "proxy".into(),
+        member: "b".into()
+    }));
+    assert!(heard.0.lock().iter().any(|e| matches!(e,
+        EngineEvent::OutboundHealth { member, healthy: false, latency_ms: None, .. } if member == "a")));
+    exchange(echo.addr);
+    assert_eq!((served(&a), served(&b)), (1, 1), "new flows take b");
+}
+
+/// A TCP forwarder on `addr` to `upstream` that holds every chunk coming
+/// back from `upstream` for `delay` before passing it on, so each answer
+/// arrives `delay` late: the stand-in for netem on a kernel built without
+/// it (`CONFIG_NET_SCH_NETEM`). The TCP handshake with the forwarder itself
+/// is not delayed.
+fn delay_line(ns: &Netns, addr: SocketAddr, upstream: SocketAddr, delay: Duration) -> InProcess {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    in_process(ns, move |ready, _| async move {
+        let Some(l) = listen(addr, &ready).await else {
+            return;
+        };
+        loop {
+            let Ok((client, _)) = l.accept().await else {
+                continue;
+            };
+            tokio::spawn(async move {
+                let Ok(up) = tokio::net::TcpStream::connect(upstream).await else {
+                    return;
+                };
+                let (mut cr, mut cw) = client.into_split();
+                let (mut ur, mut uw) = up.into_split();
+                tokio::spawn(async move {
+                    let _ = tokio::io::copy(&mut cr, &mut uw).await;
+                    let _ = uw.shutdown().await;
+                });
+                let mut b = [0u8; 4096];
+                loop {
+                    let n = match ur.read(&mut b).await {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => n,
+                    };
+                    tokio::time::sleep(delay).await;
+                    if cw.write_all(&b[..n]).await.is_err() {
+                        return;
+                    }
+                }
+                tokio::time::sleep(delay).await;
+                let _ = cw.shutdown().await;
+            });
+        }
+    })
+}
+
+/// The fastest of three probes through `outbound`.
+fn fastest(rig: &Rig, outbound: &str, url: &str) -> Duration {
+    (0..3)
+        .map(|_| {
+            rig.engine
+                .test_latency(outbound, url, Duration::from_secs(3))
+                .unwrap_or_else(|e| panic!("{outbound}: {e}"))
+        })
+        .min()
+        .expect("three probes")
+}
+
+#[test]
+fn test_latency_measures_an_added_delay() {
+    require_root!();
+    let topo = Topology::new().expect("topology");
+    let (a_addr, b_addr) = (topo.server_addr(false, 1080), topo.server_addr(false, 1081));
+    let probe = topo.server_addr(false, PROBE_PORT);
+    let _http = http_server(&topo.server, probe);
+    let _a = socks5_server(&topo.server, a_addr);
+    // b's proxy never runs.
+    let g = GroupConfig::new(GroupKind::Select, &["a", "b"]);
+    let rig = rig(a_addr, b_addr, g).start_in(topo);
+    let url = format!("http://{probe}/generate_204");
+
+    let t = Duration::from_secs(1);
+    let e = &rig.engine;
+    assert!(
+        matches!(e.test_latency("nope", &url, t), Err(LatencyError::UnknownOutbound(n)) if n == "nope")
+    );
+    assert!(matches!(
+        e.test_latency("a", "https://x/", t),
+        Err(LatencyError::BadUrl(_))
+    ));
+    assert!(matches!(
+        e.test_latency("reject", &url, t),
+        Err(LatencyError::Rejected(_))
+    ));
+    assert!(
+        matches!(e.test_latency("b", &url, t), Err(LatencyError::Failed(_))),
+        "b is down"
+    );
+    // A target that accepts and never answers: the timeout, bounded.
+    let hold = rig.tcp_server(false, Mode::Hold);
+    let mute = format!("http://{}/", hold.addr);
+    let start = Instant::now();
+    assert!(matches!(
+        e.test_latency("a", &mute, Duration::from_millis(300)),
+        Err(LatencyError::Timeout(_))
+    ));
+    assert!(
+        start.elapsed() < Duration::from_millis(800),
+        "{:?}",
+        start.elapsed()
+    );
+
+    let base: Vec<Duration> = ["direct", "a", "proxy"]
+        .iter()
+        .map(|o| fastest(&rig, o, &url))
+        .collect();
+    eprintln!("test_latency without delay: direct, a, proxy (-> a): {base:?}");
+
+    const DELAY: Duration = Duration::from_millis(100);
+    // netem on the server's end of the veth delays every packet toward the
+    // client: each round trip between the client and the server
+    // namespace, the proxy's included, gains 100 ms. Direct: the TCP
+    // handshake and the GET (2). Through SOCKS5 (no auth): the handshake,
+    // the method choice, the CONNECT reply and the GET (4).
+    let netem = rig.topo.server.exec(
+        "tc",
+        &[
+            "qdisc", "add", "dev", "kts", "root", "netem", "delay", "100ms",
+        ],
+    );
+    let mut _line = None;
+    let (url, round_trips) = match netem {
+        Ok(_) => (url, [2u32, 4, 4]),
+        Err(err) => {
+            // Only the answer to the GET passes the forwarder: one delayed
+            // round trip whatever the outbound.
+            eprintln!("netem unavailable ({err}): delaying answers in process instead");
+            let line = rig.topo.server_addr(false, PROBE_PORT + 1);
+            _line = Some(delay_line(&rig.topo.server, line, probe, DELAY));
+            (format!("http://{line}/generate_204"), [1, 1, 1])
+        }
+    };
+    for ((outbound, base), rtts) in ["direct", "a", "proxy"].iter().zip(&base).zip(round_trips) {
+        let added = DELAY * rtts;
+        let want = *base + added;
+        let got = fastest(&rig, outbound, &url);
+        eprintln!("test_latency {outbound}: {got:?}, expected {want:?}");
+        let off = got.abs_diff(want);
+        assert!(
+            off <= added / 5,
+            "{outbound}: measured {got:?}, expected {want:?} (+/- 20 % of {added:?})"
+        );
+    }
 }
