@@ -936,6 +936,46 @@ mod tests {
         assert_eq!(choose(u), Some(1), "the current one is down");
     }
 
+    /// The whole configuration: rules may name groups, and a bad group's
+    /// error names the line of its table.
+    #[test]
+    fn in_the_engine_config() {
+        let head = r#"
+            [tun]
+            ipv4 = "198.18.0.1/16"
+            [[rules]]
+            action = "proxy"
+            [outbounds.tokyo]
+            url = "socks5://192.0.2.1:1080"
+            [outbounds.paris]
+            url = "socks5://192.0.2.2:1080"
+            [groups.proxy]
+            type = "select"
+            members = ["auto", "tokyo", "direct"]
+            default = "auto"
+            [groups.auto]
+            type = "url-test"
+            members = ["tokyo", "paris"]
+            url = "http://www.gstatic.com/generate_204"
+            interval_ms = 300000
+            timeout_ms = 5000
+            tolerance_ms = 50
+            "#;
+        let c = crate::Config::from_toml(head).expect("valid");
+        assert_eq!(c.groups["auto"].kind, GroupKind::UrlTest);
+        assert_eq!(c.groups["proxy"].default.as_deref(), Some("auto"));
+        let bad = format!(
+            "{head}
+[groups.loop]
+type = \"select\"\nmembers = [\"loop\"]\n"
+        );
+        let e = crate::Config::from_toml(&bad).expect_err("cycle");
+        assert!(e.starts_with("line 22: groups.loop: members[0]"), "{e}");
+        let e = crate::Config::from_toml(&head.replace("action = \"proxy\"", "action = \"nope\""))
+            .expect_err("unknown action");
+        assert!(e.contains("[outbounds] or [groups]"), "{e}");
+    }
+
     #[test]
     fn bad_groups_name_the_field() {
         for (text, want) in [
