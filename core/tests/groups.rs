@@ -525,3 +525,73 @@ fn test_latency_measures_an_added_delay() {
         );
     }
 }
+
+/// Probes speak each outbound's framing: through shadowsocks-rust's server
+/// with an AEAD and an AEAD-2022 method the GET is sealed and the answer
+/// opened; with the wrong key the server never reaches the target and the
+/// probe fails. A url-test group of Shadowsocks members finds them up.
+#[test]
+fn probes_through_shadowsocks() {
+    require_root!();
+    use kerntun::config::{OutboundConfig, ShadowsocksConfig, ShadowsocksMethod};
+    use kerntun_testkit::tokio_servers::shadowsocks;
+    const PSK32: &str = "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=";
+    let topo = Topology::new().expect("topology");
+    let probe = topo.server_addr(false, PROBE_PORT);
+    let http = http_server(&topo.server, probe);
+    let (aead, sip022) = (topo.server_addr(false, 8388), topo.server_addr(false, 8389));
+    let _s1 = shadowsocks(&topo.server, aead, "aes-256-gcm", "kerntun-test");
+    let _s2 = shadowsocks(&topo.server, sip022, "2022-blake3-aes-256-gcm", PSK32);
+    let ss = |server: SocketAddr, method, password: &str| {
+        OutboundConfig::Shadowsocks(ShadowsocksConfig {
+            server: server.into(),
+            method,
+            password: password.into(),
+            udp: OutboundUdp::Relay,
+        })
+    };
+    let url = format!("http://{probe}/generate_204");
+    let mut g = GroupConfig::new(GroupKind::UrlTest, &["aead", "sip022"]);
+    g.url = Some(url.clone());
+    g.interval_ms = Some(200);
+    let rig = Rig::builder()
+        .stack(StackKind::System)
+        .driver(DriverMode::PerPacket)
+        .ipv4_only()
+        .outbound(
+            "aead",
+            ss(aead, ShadowsocksMethod::Aes256Gcm, "kerntun-test"),
+        )
+        .outbound(
+            "sip022",
+            ss(sip022, ShadowsocksMethod::Blake3Aes256Gcm, PSK32),
+        )
+        .outbound("wrong", ss(aead, ShadowsocksMethod::Aes256Gcm, "wrong"))
+        .config(move |_, c| {
+            c.groups.insert("auto".into(), g);
+        })
+        .start_in(topo);
+    for outbound in ["aead", "sip022", "auto"] {
+        let before = served(&http);
+        let d = rig
+            .engine
+            .test_latency(outbound, &url, Duration::from_secs(2))
+            .unwrap_or_else(|e| panic!("{outbound}: {e}"));
+        assert!(d < Duration::from_secs(1), "{outbound}: {d:?}");
+        assert!(
+            served(&http) > before,
+            "{outbound}: the probe reached the target"
+        );
+    }
+    let e = rig
+        .engine
+        .test_latency("wrong", &url, Duration::from_secs(2))
+        .expect_err("a wrong key reaches nothing");
+    assert!(
+        matches!(e, LatencyError::Failed(_) | LatencyError::Timeout(_)),
+        "{e:?}"
+    );
+    kerntun_testkit::wait_until("both members probed", Duration::from_secs(5), || {
+        health(&rig) == [Health::Up, Health::Up]
+    });
+}

@@ -276,15 +276,19 @@ pub fn check(
             }
         }
     }
-    // Cycles: a depth-first walk from every group along group members.
+    // Cycles: a depth-first walk from every group along group members;
+    // a group whose walk ended without a cycle is not walked again, so
+    // each group is walked once however the groups nest.
+    let mut done = std::collections::BTreeSet::new();
     for (name, g) in groups {
         let mut path = vec![name.as_str()];
-        if let Some((i, back)) = cycle(groups, g, &mut path) {
+        if let Some(i) = cycle(groups, g, &mut path, &mut done) {
             return Err(BadGroup {
                 name: name.clone(),
                 reason: format!(
-                    "members[{i}]: {:?} leads back to {back:?} ({}): groups may not contain themselves",
+                    "members[{i}]: {:?} leads back to {:?} ({}): groups may not contain themselves",
                     g.members[i],
+                    path.last().copied().unwrap_or_default(),
                     path.join(" -> ")
                 ),
             });
@@ -293,24 +297,29 @@ pub fn check(
     Ok(())
 }
 
-/// The first member of `g` whose groups lead back into `path`: its index
-/// and the group reached again (`path` then holds the cycle).
+/// The first member of `g` (the last group of `path`) whose groups lead
+/// back into `path`: its index, with `path` then ending in the cycle.
+/// Groups in `done` are known to lead to no cycle.
 fn cycle<'a>(
     groups: &'a BTreeMap<String, GroupConfig>,
     g: &'a GroupConfig,
     path: &mut Vec<&'a str>,
-) -> Option<(usize, &'a str)> {
+    done: &mut std::collections::BTreeSet<&'a str>,
+) -> Option<usize> {
     for (i, m) in g.members.iter().enumerate() {
         let Some(sub) = groups.get(m) else { continue };
-        if path.contains(&m.as_str()) {
-            path.push(m);
-            return Some((i, m));
+        if done.contains(m.as_str()) {
+            continue;
         }
         path.push(m);
-        if cycle(groups, sub, path).is_some() {
-            return Some((i, path.last().copied().unwrap_or(m)));
+        if path[..path.len() - 1].contains(&m.as_str()) || cycle(groups, sub, path, done).is_some()
+        {
+            return Some(i);
         }
         path.pop();
+    }
+    if let Some(last) = path.last() {
+        done.insert(last);
     }
     None
 }
@@ -974,6 +983,33 @@ type = \"select\"\nmembers = [\"loop\"]\n"
         let e = crate::Config::from_toml(&head.replace("action = \"proxy\"", "action = \"nope\""))
             .expect_err("unknown action");
         assert!(e.contains("[outbounds] or [groups]"), "{e}");
+    }
+
+    /// Each group is walked once in the cycle check: 40 groups, each
+    /// containing every one before it (2^40 paths), load at once.
+    #[test]
+    fn deep_nesting_is_checked_in_linear_walks() {
+        let mut g = BTreeMap::new();
+        for i in 0..40 {
+            let mut members: Vec<String> = (0..i).map(|j| format!("g{j:02}")).collect();
+            members.push("us".into());
+            let members: Vec<&str> = members.iter().map(String::as_str).collect();
+            g.insert(
+                format!("g{i:02}"),
+                GroupConfig::new(GroupKind::Select, &members),
+            );
+        }
+        let start = Instant::now();
+        let gs = Groups::new(&g, proxies).expect("no cycle");
+        assert!(
+            start.elapsed() < Duration::from_secs(1),
+            "{:?}",
+            start.elapsed()
+        );
+        assert_eq!(gs.resolve(gs.index("g39").expect("g39")), Route::Proxy(1));
+        g.get_mut("g00").expect("g00").members.push("g39".into());
+        let e = Groups::new(&g, proxies).expect_err("g00 -> g39 -> g00");
+        assert!(e.to_string().contains("leads back to"), "{e}");
     }
 
     #[test]
