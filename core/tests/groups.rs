@@ -483,6 +483,14 @@ fn test_latency_measures_an_added_delay() {
         start.elapsed()
     );
 
+    // Called from a thread that runs a runtime of its own: it waits, it
+    // does not panic.
+    let own = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .expect("runtime");
+    let inside = own.block_on(async { e.test_latency("direct", &url, Duration::from_secs(2)) });
+    assert!(inside.is_ok(), "{inside:?}");
+
     let base: Vec<Duration> = ["direct", "a", "proxy"]
         .iter()
         .map(|o| fastest(&rig, o, &url))

@@ -118,7 +118,7 @@ impl Engine {
     /// current member): a TCP connect to `url`'s host, the outbound's
     /// handshake and an HTTP/1.1 GET, timed to the first bytes of the
     /// answer's status line, within `timeout`. Blocks the calling thread
-    /// (never call it on the engine's own runtime).
+    /// up to `timeout` (the probe runs on the engine's runtime).
     pub fn test_latency(
         &self,
         outbound: &str,
@@ -140,15 +140,20 @@ impl Engine {
         }
         let ob = ob.clone();
         // On the engine's runtime (its sockets belong to its reactor); this
-        // thread only waits.
-        let task = inner
-            .rt
-            .spawn(async move { ob.probe(route, &url, timeout).await });
-        match inner.rt.block_on(task) {
+        // thread only waits, on a plain channel, so a caller that is itself
+        // on some runtime is not refused with a panic.
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        inner.rt.spawn(async move {
+            let _ = tx.send(ob.probe(route, &url, timeout).await);
+        });
+        // The probe ends by `timeout`; the margin covers scheduling. A
+        // runtime stopped meanwhile drops the sender: an error, not a wait.
+        match rx.recv_timeout(timeout + Duration::from_secs(1)) {
             Ok(Ok(d)) => Ok(d),
             Ok(Err(ProbeError::Timeout(t))) => Err(LatencyError::Timeout(t)),
             Ok(Err(e)) => Err(LatencyError::Failed(e.to_string())),
-            Err(e) => Err(LatencyError::Failed(e.to_string())),
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => Err(LatencyError::Timeout(timeout)),
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => Err(LatencyError::NotRunning),
         }
     }
 }
