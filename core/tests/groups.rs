@@ -150,7 +150,7 @@ fn select_switches_new_flows() {
     let (a_addr, b_addr) = (topo.server_addr(false, 1080), topo.server_addr(false, 1081));
     let a = socks5_server(&topo.server, a_addr);
     let b = socks5_server(&topo.server, b_addr);
-    let mut g = GroupConfig::new(GroupKind::Select, &["a", "b", "direct"]);
+    let mut g = GroupConfig::new(GroupKind::Select, &["a", "b", "direct", "reject"]);
     g.default = Some("a".into());
     let rig = rig(a_addr, b_addr, g).start_in(topo);
     let heard = Arc::new(Heard::default());
@@ -199,6 +199,24 @@ fn select_switches_new_flows() {
         "per-outbound counters follow the member: {s:?}"
     );
 
+    // UDP flows follow the group too: each new flow (a socket of its own)
+    // takes the member of the moment.
+    let udp = rig.udp_echo(false);
+    let ok = client::udp_round_trips(udp.addr, 5, 100).expect("UDP through proxy -> direct");
+    assert_eq!(ok, 5);
+    rig.engine.select("proxy", "reject").expect("select reject");
+    let refused = client::udp_round_trips(udp.addr, 1, 100);
+    assert!(
+        !matches!(refused, Ok(1)),
+        "a new UDP flow through proxy -> reject gets no answer: {refused:?}"
+    );
+    assert_eq!(udp.accepted.load(Relaxed), 5, "nothing reached the server");
+    assert!(
+        client::echo_transfer(echo.addr, 8, 1_000, false).is_err(),
+        "a new TCP connection through proxy -> reject is refused"
+    );
+    rig.engine.select("proxy", "direct").expect("select direct");
+
     // Refusals are typed and change nothing.
     assert_eq!(
         rig.engine.select("nope", "a"),
@@ -221,7 +239,8 @@ fn select_switches_new_flows() {
         [
             ("a", Health::Unknown),
             ("b", Health::Unknown),
-            ("direct", Health::Unknown)
+            ("direct", Health::Unknown),
+            ("reject", Health::Unknown)
         ]
         .map(|(n, h)| (n.to_owned(), h)),
         "a select group never probes"
