@@ -363,6 +363,21 @@ void uniffi_kerntun_ffi_fn_method_engine_stop(uint64_t ptr, RustCallStatus *_Non
 RustBuffer uniffi_kerntun_ffi_fn_method_engine_tun_name(uint64_t ptr, RustCallStatus *_Nonnull out_status
 );
 #endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_FN_METHOD_ENGINE_GROUPS
+#define UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_FN_METHOD_ENGINE_GROUPS
+RustBuffer uniffi_kerntun_ffi_fn_method_engine_groups(uint64_t ptr, RustCallStatus *_Nonnull out_status
+);
+#endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_FN_METHOD_ENGINE_SELECT
+#define UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_FN_METHOD_ENGINE_SELECT
+void uniffi_kerntun_ffi_fn_method_engine_select(uint64_t ptr, RustBuffer group, RustBuffer member, RustCallStatus *_Nonnull out_status
+);
+#endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_FN_METHOD_ENGINE_TEST_LATENCY
+#define UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_FN_METHOD_ENGINE_TEST_LATENCY
+uint32_t uniffi_kerntun_ffi_fn_method_engine_test_latency(uint64_t ptr, RustBuffer outbound, RustBuffer url, uint32_t timeout_ms, RustCallStatus *_Nonnull out_status
+);
+#endif
 #ifndef UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_FN_CLONE_ENGINELISTENER
 #define UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_FN_CLONE_ENGINELISTENER
 uint64_t uniffi_kerntun_ffi_fn_clone_enginelistener(uint64_t handle, RustCallStatus *_Nonnull out_status
@@ -812,6 +827,24 @@ uint16_t uniffi_kerntun_ffi_checksum_method_engine_stop(void
 #ifndef UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_CHECKSUM_METHOD_ENGINE_TUN_NAME
 #define UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_CHECKSUM_METHOD_ENGINE_TUN_NAME
 uint16_t uniffi_kerntun_ffi_checksum_method_engine_tun_name(void
+    
+);
+#endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_CHECKSUM_METHOD_ENGINE_GROUPS
+#define UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_CHECKSUM_METHOD_ENGINE_GROUPS
+uint16_t uniffi_kerntun_ffi_checksum_method_engine_groups(void
+    
+);
+#endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_CHECKSUM_METHOD_ENGINE_SELECT
+#define UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_CHECKSUM_METHOD_ENGINE_SELECT
+uint16_t uniffi_kerntun_ffi_checksum_method_engine_select(void
+    
+);
+#endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_CHECKSUM_METHOD_ENGINE_TEST_LATENCY
+#define UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_CHECKSUM_METHOD_ENGINE_TEST_LATENCY
+uint16_t uniffi_kerntun_ffi_checksum_method_engine_test_latency(void
     
 );
 #endif

@@ -25,6 +25,7 @@ pub use crate::outbound::config::{
     BadOutbound, DirectConfig, OutboundConfig, OutboundUdp, ShadowsocksConfig, ShadowsocksMethod,
     Socks5Config, UdpNat,
 };
+pub use crate::outbound::group::{BadGroup, GroupConfig, GroupKind};
 pub use crate::relay::RelayConfig;
 use crate::rules::{Action, Rule, RuleError};
 pub use crate::sniff::{SniffConfig, SniffConfigError};
@@ -107,6 +108,8 @@ pub struct Config {
     pub workers: usize,
     /// Named proxies (`[outbounds.NAME]`), the targets of rule actions.
     pub outbounds: BTreeMap<String, OutboundConfig>,
+    /// Outbound groups (`[groups.NAME]`), which rules may name like outbounds.
+    pub groups: BTreeMap<String, GroupConfig>,
     /// TCP relay options (`[relay]`).
     pub relay: RelayConfig,
     /// DNS hijack, forwarding, cache and fake-ip (`[dns]`).
@@ -136,12 +139,15 @@ pub enum ConfigError {
     UnsupportedStack(&'static str),
     /// A rule names an outbound that is not configured.
     #[error(
-        "rules[{rule}].action: no outbound named {name:?} (direct, reject, or a key of [outbounds])"
+        "rules[{rule}].action: no outbound named {name:?} (direct, reject, or a key of [outbounds] or [groups])"
     )]
     UnknownOutbound { rule: usize, name: String },
     /// An outbound's settings are unusable.
     #[error("outbounds.{name}: {reason}")]
     BadOutbound { name: String, reason: String },
+    /// A group's settings are unusable (the reason starts with the field).
+    #[error("groups.{name}: {reason}")]
+    BadGroup { name: String, reason: String },
     /// A rule's condition is unusable (e.g. a domain list that cannot be read).
     #[error("rules[{rule}]: {reason}")]
     BadRule { rule: usize, reason: String },
@@ -173,11 +179,18 @@ impl From<BadOutbound> for ConfigError {
     }
 }
 
+impl From<BadGroup> for ConfigError {
+    fn from(BadGroup { name, reason }: BadGroup) -> Self {
+        ConfigError::BadGroup { name, reason }
+    }
+}
+
 impl From<SetupError> for ConfigError {
     fn from(e: SetupError) -> Self {
         match e {
             SetupError::Outbound(b) => b.into(),
             SetupError::Rule(r) => r.into(),
+            SetupError::Group(g) => g.into(),
         }
     }
 }
@@ -245,9 +258,11 @@ impl Config {
         for (name, o) in &self.outbounds {
             o.check(name)?;
         }
+        crate::outbound::group::check(&self.groups, |n| self.outbounds.contains_key(n))?;
         for (i, r) in self.rules.iter().enumerate() {
             if let Action::Outbound(name) = &r.action
                 && !self.outbounds.contains_key(name.as_ref())
+                && !self.groups.contains_key(name.as_ref())
             {
                 return Err(ConfigError::UnknownOutbound {
                     rule: i,
@@ -281,7 +296,8 @@ impl Config {
                 ConfigError::UnknownOutbound { rule, .. } | ConfigError::BadRule { rule, .. } => {
                     table_line(text, "[[rules]]", *rule)
                 }
-                ConfigError::BadOutbound { name, .. } => outbound_line(text, name),
+                ConfigError::BadOutbound { name, .. } => key_line(text, "outbounds", name),
+                ConfigError::BadGroup { name, .. } => key_line(text, "groups", name),
                 _ => None,
             };
             return Err(match line {
@@ -313,11 +329,11 @@ fn table_line(text: &str, header: &str, n: usize) -> Option<usize> {
         .map(|(i, _)| i + 1)
 }
 
-/// The line of `[outbounds.NAME]` (bare or quoted key).
-fn outbound_line(text: &str, name: &str) -> Option<usize> {
+/// The line of `[SECTION.NAME]` (bare or quoted key).
+fn key_line(text: &str, section: &str, name: &str) -> Option<usize> {
     let forms = [
-        format!("[outbounds.{name}]"),
-        format!("[outbounds.\"{name}\"]"),
+        format!("[{section}.{name}]"),
+        format!("[{section}.\"{name}\"]"),
     ];
     text.lines()
         .position(|l| forms.iter().any(|f| l.trim() == f))

@@ -36,6 +36,9 @@ use crate::translate::{FamilyAddrs, StackAddrs};
 use crate::tun::{Tun, TunSource};
 use crate::udp::{UdpEnv, UdpTable};
 
+mod groups;
+pub use groups::{LatencyError, SelectionError};
+
 /// How long `stop` waits for tasks and worker threads before giving up on them.
 const STOP_TIMEOUT: Duration = Duration::from_secs(3);
 /// How long `stop` lets sessions reset their connections before closing the device.
@@ -204,6 +207,7 @@ impl Engine {
         let tun = parts.tun.clone();
         let read = driver::run(demux, tun, driver, life.clone(), parts.mtu, coalesce);
         rt.spawn(supervised(life.clone(), EngineTask::Driver, read));
+        groups::spawn_probes(&rt, &parts);
         // glibc keeps freed memory: trimmed once load stops.
         #[cfg(all(target_os = "linux", target_env = "gnu"))]
         rt.spawn(supervised(
@@ -505,8 +509,9 @@ async fn assemble(
 ) -> Result<Assembled, StartError> {
     let factory = SocketFactory::new(&config.direct, protect);
     let outbounds = Arc::new(
-        Outbounds::new(
+        Outbounds::with_groups(
             &config.outbounds,
+            &config.groups,
             &config.rules,
             &config.relay,
             factory.clone(),

@@ -51,6 +51,18 @@ pub enum EngineEvent {
     /// direct sockets bind to `interface` (`None`: no network), and the
     /// connections the old one stranded are being reset.
     NetworkChanged { interface: Option<String> },
+    /// New flows sent to `group` now take `member`: the host selected it
+    /// (`Engine::select`), or the group's probes moved it (`url-test`,
+    /// `fallback`).
+    GroupSelected { group: String, member: String },
+    /// A probe of `group` found `member` healthy (with its latency) or not,
+    /// when that changed (`core/src/outbound/group.rs`).
+    OutboundHealth {
+        group: String,
+        member: String,
+        healthy: bool,
+        latency_ms: Option<u32>,
+    },
 }
 
 /// Where an engine tells its host of [`EngineEvent`]s. Called on the

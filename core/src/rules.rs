@@ -28,7 +28,7 @@ pub enum RuleError {
     Bad { rule: usize, reason: String },
     /// The action names an outbound that is not configured.
     #[error(
-        "rules[{rule}].action: no outbound named {name:?} (direct, reject, or a key of [outbounds])"
+        "rules[{rule}].action: no outbound named {name:?} (direct, reject, or a key of [outbounds] or [groups])"
     )]
     UnknownOutbound { rule: usize, name: String },
 }

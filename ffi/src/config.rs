@@ -417,6 +417,10 @@ pub struct EngineConfig {
     /// Proxy outbounds by name, for `RuleAction.Outbound`.
     #[uniffi(default)]
     pub outbounds: HashMap<String, Outbound>,
+    /// Outbound groups by name, which `RuleAction.Outbound` may name too
+    /// (`crate::groups`).
+    #[uniffi(default)]
+    pub groups: HashMap<String, crate::groups::GroupOptions>,
     #[uniffi(default)]
     pub relay: RelayOptions,
     #[uniffi(default)]
@@ -810,6 +814,7 @@ impl EngineConfig {
             rules,
             workers: usize::try_from(self.workers).unwrap_or(usize::MAX),
             outbounds,
+            groups: crate::groups::to_core(&self.groups),
             relay: core::RelayConfig {
                 splice: self.relay.splice,
                 pipe_size: size("relay.pipe_size", self.relay.pipe_size)?

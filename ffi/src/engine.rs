@@ -62,7 +62,7 @@ fn scoped<T>(dispatch: &tracing::Dispatch, f: impl FnOnce() -> T) -> T {
 
 impl Engine {
     /// The core engine, if `stop` has not taken it yet.
-    fn running(&self) -> Option<Arc<kerntun::Engine>> {
+    pub(crate) fn running(&self) -> Option<Arc<kerntun::Engine>> {
         self.core.lock().clone()
     }
 

@@ -43,6 +43,29 @@ pub enum KerntunError {
     /// (`field` is `interfaces`).
     #[error("network info: {field}: {reason}")]
     Network { field: String, reason: String },
+    /// `select`: no group has this name.
+    #[error("no group named {group:?}")]
+    UnknownGroup { group: String },
+    /// `select`: the group picks its member itself (`kind` is `url-test`
+    /// or `fallback`).
+    #[error("group {group:?} is a {kind} group; only select groups take a selection")]
+    NotSelectGroup { group: String, kind: String },
+    /// `select`: the group has no such member.
+    #[error("group {group:?} has no member named {member:?}")]
+    UnknownMember { group: String, member: String },
+    /// `testLatency`: no outbound or group has this name.
+    #[error("no outbound or group named {name:?}")]
+    UnknownOutbound { name: String },
+    /// `testLatency`: the URL is not `http://host[:port]/path`.
+    #[error("url: {reason}")]
+    InvalidUrl { reason: String },
+    /// `testLatency`: no answer within the timeout.
+    #[error("no answer within {timeout_ms} ms")]
+    LatencyTimeout { timeout_ms: u64 },
+    /// `testLatency`: the outbound or the target failed (connect refused,
+    /// proxy handshake, not HTTP, or the outbound is `reject`).
+    #[error("unreachable: {reason}")]
+    Unreachable { reason: String },
     /// A bug: the library panicked. The engine involved is stopped.
     #[error("internal error (please report): {reason}")]
     Internal { reason: String },
@@ -88,6 +111,7 @@ impl From<ConfigError> for KerntunError {
             ConfigError::UnsupportedStack(_) => "stack".to_string(),
             ConfigError::UnknownOutbound { rule, .. } => format!("rules[{rule}].action"),
             ConfigError::BadOutbound { name, .. } => format!("outbounds.{name}"),
+            ConfigError::BadGroup { name, .. } => format!("groups.{name}"),
             ConfigError::BadRule { rule, .. } => format!("rules[{rule}]"),
             ConfigError::Dns { field, .. } => format!("dns.{field}"),
             ConfigError::Sniff { field, .. } => format!("sniff.{field}"),

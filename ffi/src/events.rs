@@ -31,6 +31,17 @@ pub enum EngineEvent {
     /// connections the old network stranded are being reset. The engine
     /// keeps running.
     NetworkChanged { interface_name: Option<String> },
+    /// New flows sent to the group `group` now take `member`: `select`
+    /// chose it, or the group's probes moved it (url-test, fallback).
+    GroupSelected { group: String, member: String },
+    /// A probe of the group `group` found `member` healthy (its latency in
+    /// `latency_ms`) or not, when that changed.
+    OutboundHealth {
+        group: String,
+        member: String,
+        healthy: bool,
+        latency_ms: Option<u32>,
+    },
 }
 
 impl From<kerntun::EngineEvent> for EngineEvent {
@@ -40,6 +51,20 @@ impl From<kerntun::EngineEvent> for EngineEvent {
             kerntun::EngineEvent::Failed { reason } => Self::Failed { reason },
             kerntun::EngineEvent::NetworkChanged { interface } => Self::NetworkChanged {
                 interface_name: interface,
+            },
+            kerntun::EngineEvent::GroupSelected { group, member } => {
+                Self::GroupSelected { group, member }
+            }
+            kerntun::EngineEvent::OutboundHealth {
+                group,
+                member,
+                healthy,
+                latency_ms,
+            } => Self::OutboundHealth {
+                group,
+                member,
+                healthy,
+                latency_ms,
             },
             // `kerntun::EngineEvent` is non-exhaustive; Stopped and anything
             // newer end the engine as far as the app is concerned.

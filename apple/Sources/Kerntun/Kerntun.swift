@@ -727,6 +727,29 @@ public protocol EngineProtocol: AnyObject, Sendable {
      */
     func tunName()  -> String?
     
+    /**
+     * Every group: type, members with their last probe's health and
+     * latency, and the member new flows take. Empty once stopped.
+     */
+    func groups()  -> [GroupState]
+    
+    /**
+     * Send the new flows of the select group `group` to its member
+     * `member` (running flows keep their outbound). Listeners hear
+     * `EngineEvent.GroupSelected` when that changed the selection.
+     */
+    func select(group: String, member: String) throws 
+    
+    /**
+     * One probe through `outbound` (a name in `EngineConfig.outbounds`,
+     * `direct`, or a group, which probes its current member): a TCP
+     * connect, the proxy's handshake and an HTTP/1.1 GET of `url`
+     * (`http://host[:port]/path`), timed to the first bytes of the
+     * answer, any status. Milliseconds; blocks for at most `timeoutMs`,
+     * so call it off the main thread.
+     */
+    func testLatency(outbound: String, url: String, timeoutMs: UInt32) throws  -> UInt32
+    
 }
 /**
  * A running engine. Several may run in one process; each owns its own
@@ -1012,6 +1035,54 @@ open func tunName() -> String?  {
         uniffiCallStatus in
     uniffi_kerntun_ffi_fn_method_engine_tun_name(
             self.uniffiCloneHandle(),uniffiCallStatus
+    )
+})
+}
+    
+    /**
+     * Every group: type, members with their last probe's health and
+     * latency, and the member new flows take. Empty once stopped.
+     */
+open func groups() -> [GroupState]  {
+    return try!  FfiConverterSequenceTypeGroupState.lift(try! rustCall() {
+        uniffiCallStatus in
+    uniffi_kerntun_ffi_fn_method_engine_groups(
+            self.uniffiCloneHandle(),uniffiCallStatus
+    )
+})
+}
+    
+    /**
+     * Send the new flows of the select group `group` to its member
+     * `member` (running flows keep their outbound). Listeners hear
+     * `EngineEvent.GroupSelected` when that changed the selection.
+     */
+open func select(group: String, member: String)throws   {try rustCallWithError(FfiConverterTypeKerntunError_lift) {
+        uniffiCallStatus in
+    uniffi_kerntun_ffi_fn_method_engine_select(
+            self.uniffiCloneHandle(),
+        FfiConverterString.lower(group),
+        FfiConverterString.lower(member),uniffiCallStatus
+    )
+}
+}
+    
+    /**
+     * One probe through `outbound` (a name in `EngineConfig.outbounds`,
+     * `direct`, or a group, which probes its current member): a TCP
+     * connect, the proxy's handshake and an HTTP/1.1 GET of `url`
+     * (`http://host[:port]/path`), timed to the first bytes of the
+     * answer, any status. Milliseconds; blocks for at most `timeoutMs`,
+     * so call it off the main thread.
+     */
+open func testLatency(outbound: String, url: String, timeoutMs: UInt32)throws  -> UInt32  {
+    return try  FfiConverterUInt32.lift(try rustCallWithError(FfiConverterTypeKerntunError_lift) {
+        uniffiCallStatus in
+    uniffi_kerntun_ffi_fn_method_engine_test_latency(
+            self.uniffiCloneHandle(),
+        FfiConverterString.lower(outbound),
+        FfiConverterString.lower(url),
+        FfiConverterUInt32.lower(timeoutMs),uniffiCallStatus
     )
 })
 }
@@ -2430,6 +2501,11 @@ public struct EngineConfig: Equatable, Hashable {
      * Proxy outbounds by name, for `RuleAction.Outbound`.
      */
     public var outbounds: [String: Outbound]
+    /**
+     * Outbound groups by name, which `RuleAction.Outbound` may name too
+     * (`crate::groups`).
+     */
+    public var groups: [String: GroupOptions]
     public var relay: RelayOptions
     public var dns: DnsOptions
     public var sniff: SniffOptions
@@ -2460,7 +2536,11 @@ public struct EngineConfig: Equatable, Hashable {
          */workers: UInt32 = UInt32(0), 
         /**
          * Proxy outbounds by name, for `RuleAction.Outbound`.
-         */outbounds: [String: Outbound] = [:], relay: RelayOptions = RelayOptions(), dns: DnsOptions = DnsOptions(), sniff: SniffOptions = SniffOptions(), 
+         */outbounds: [String: Outbound] = [:], 
+        /**
+         * Outbound groups by name, which `RuleAction.Outbound` may name too
+         * (`crate::groups`).
+         */groups: [String: GroupOptions] = [:], relay: RelayOptions = RelayOptions(), dns: DnsOptions = DnsOptions(), sniff: SniffOptions = SniffOptions(), 
         /**
          * Send this engine's log events at or above this level to
          * [`crate::PlatformHooks::log`] (and not to the process-wide logger).
@@ -2476,6 +2556,7 @@ public struct EngineConfig: Equatable, Hashable {
         self.rules = rules
         self.workers = workers
         self.outbounds = outbounds
+        self.groups = groups
         self.relay = relay
         self.dns = dns
         self.sniff = sniff
@@ -2507,6 +2588,7 @@ public struct FfiConverterTypeEngineConfig: FfiConverterRustBuffer {
                 rules: FfiConverterSequenceTypeRuleOptions.read(from: &buf), 
                 workers: FfiConverterUInt32.read(from: &buf), 
                 outbounds: FfiConverterDictionaryStringTypeOutbound.read(from: &buf), 
+                groups: FfiConverterDictionaryStringTypeGroupOptions.read(from: &buf), 
                 relay: FfiConverterTypeRelayOptions.read(from: &buf), 
                 dns: FfiConverterTypeDnsOptions.read(from: &buf), 
                 sniff: FfiConverterTypeSniffOptions.read(from: &buf), 
@@ -2524,6 +2606,7 @@ public struct FfiConverterTypeEngineConfig: FfiConverterRustBuffer {
         FfiConverterSequenceTypeRuleOptions.write(value.rules, into: &buf)
         FfiConverterUInt32.write(value.workers, into: &buf)
         FfiConverterDictionaryStringTypeOutbound.write(value.outbounds, into: &buf)
+        FfiConverterDictionaryStringTypeGroupOptions.write(value.groups, into: &buf)
         FfiConverterTypeRelayOptions.write(value.relay, into: &buf)
         FfiConverterTypeDnsOptions.write(value.dns, into: &buf)
         FfiConverterTypeSniffOptions.write(value.sniff, into: &buf)
@@ -2952,6 +3035,262 @@ public func FfiConverterTypeEngineStats_lift(_ buf: RustBuffer) throws -> Engine
 #endif
 public func FfiConverterTypeEngineStats_lower(_ value: EngineStats) -> RustBuffer {
     return FfiConverterTypeEngineStats.lower(value)
+}
+
+
+/**
+ * One member of a group.
+ */
+public struct GroupMember: Equatable, Hashable {
+    public var name: String
+    public var health: MemberHealth
+    /**
+     * The last answered probe's time in ms; `null` before one.
+     */
+    public var latencyMs: UInt32?
+
+    // Default memberwise initializers are never public by default, so we
+    // declare one manually.
+    public init(name: String, health: MemberHealth, 
+        /**
+         * The last answered probe's time in ms; `null` before one.
+         */latencyMs: UInt32?) {
+        self.name = name
+        self.health = health
+        self.latencyMs = latencyMs
+    }
+
+    
+
+    
+}
+
+#if compiler(>=6)
+extension GroupMember: Sendable {}
+#endif
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public struct FfiConverterTypeGroupMember: FfiConverterRustBuffer {
+    public static func read(from buf: inout (data: Data, offset: Data.Index)) throws -> GroupMember {
+        return
+            try GroupMember(
+                name: FfiConverterString.read(from: &buf), 
+                health: FfiConverterTypeMemberHealth.read(from: &buf), 
+                latencyMs: FfiConverterOptionUInt32.read(from: &buf)
+        )
+    }
+
+    public static func write(_ value: GroupMember, into buf: inout [UInt8]) {
+        FfiConverterString.write(value.name, into: &buf)
+        FfiConverterTypeMemberHealth.write(value.health, into: &buf)
+        FfiConverterOptionUInt32.write(value.latencyMs, into: &buf)
+    }
+}
+
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public func FfiConverterTypeGroupMember_lift(_ buf: RustBuffer) throws -> GroupMember {
+    return try FfiConverterTypeGroupMember.lift(buf)
+}
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public func FfiConverterTypeGroupMember_lower(_ value: GroupMember) -> RustBuffer {
+    return FfiConverterTypeGroupMember.lower(value)
+}
+
+
+/**
+ * One group: `[groups.NAME]` in the TOML (docs/configuration.md,
+ * "Outbound groups"). Rules name it like an outbound.
+ */
+public struct GroupOptions: Equatable, Hashable {
+    public var kind: GroupType
+    /**
+     * Names in `EngineConfig.outbounds`, `direct`, `reject`, or other
+     * groups (no cycles).
+     */
+    public var members: [String]
+    /**
+     * Select groups: the member until `select` (default: the first).
+     */
+    public var defaultMember: String?
+    /**
+     * url-test, fallback: the probe target, `http://host[:port]/path`.
+     */
+    public var url: String?
+    /**
+     * url-test, fallback: time between probe rounds (default 300000).
+     */
+    public var intervalMs: UInt64?
+    /**
+     * url-test: how much faster another member must be (default 50).
+     */
+    public var toleranceMs: UInt64?
+    /**
+     * url-test, fallback: a probe without an answer by then failed
+     * (default 5000).
+     */
+    public var timeoutMs: UInt64?
+
+    // Default memberwise initializers are never public by default, so we
+    // declare one manually.
+    public init(kind: GroupType, 
+        /**
+         * Names in `EngineConfig.outbounds`, `direct`, `reject`, or other
+         * groups (no cycles).
+         */members: [String], 
+        /**
+         * Select groups: the member until `select` (default: the first).
+         */defaultMember: String? = nil, 
+        /**
+         * url-test, fallback: the probe target, `http://host[:port]/path`.
+         */url: String? = nil, 
+        /**
+         * url-test, fallback: time between probe rounds (default 300000).
+         */intervalMs: UInt64? = nil, 
+        /**
+         * url-test: how much faster another member must be (default 50).
+         */toleranceMs: UInt64? = nil, 
+        /**
+         * url-test, fallback: a probe without an answer by then failed
+         * (default 5000).
+         */timeoutMs: UInt64? = nil) {
+        self.kind = kind
+        self.members = members
+        self.defaultMember = defaultMember
+        self.url = url
+        self.intervalMs = intervalMs
+        self.toleranceMs = toleranceMs
+        self.timeoutMs = timeoutMs
+    }
+
+    
+
+    
+}
+
+#if compiler(>=6)
+extension GroupOptions: Sendable {}
+#endif
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public struct FfiConverterTypeGroupOptions: FfiConverterRustBuffer {
+    public static func read(from buf: inout (data: Data, offset: Data.Index)) throws -> GroupOptions {
+        return
+            try GroupOptions(
+                kind: FfiConverterTypeGroupType.read(from: &buf), 
+                members: FfiConverterSequenceString.read(from: &buf), 
+                defaultMember: FfiConverterOptionString.read(from: &buf), 
+                url: FfiConverterOptionString.read(from: &buf), 
+                intervalMs: FfiConverterOptionUInt64.read(from: &buf), 
+                toleranceMs: FfiConverterOptionUInt64.read(from: &buf), 
+                timeoutMs: FfiConverterOptionUInt64.read(from: &buf)
+        )
+    }
+
+    public static func write(_ value: GroupOptions, into buf: inout [UInt8]) {
+        FfiConverterTypeGroupType.write(value.kind, into: &buf)
+        FfiConverterSequenceString.write(value.members, into: &buf)
+        FfiConverterOptionString.write(value.defaultMember, into: &buf)
+        FfiConverterOptionString.write(value.url, into: &buf)
+        FfiConverterOptionUInt64.write(value.intervalMs, into: &buf)
+        FfiConverterOptionUInt64.write(value.toleranceMs, into: &buf)
+        FfiConverterOptionUInt64.write(value.timeoutMs, into: &buf)
+    }
+}
+
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public func FfiConverterTypeGroupOptions_lift(_ buf: RustBuffer) throws -> GroupOptions {
+    return try FfiConverterTypeGroupOptions.lift(buf)
+}
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public func FfiConverterTypeGroupOptions_lower(_ value: GroupOptions) -> RustBuffer {
+    return FfiConverterTypeGroupOptions.lower(value)
+}
+
+
+/**
+ * One group as it is now.
+ */
+public struct GroupState: Equatable, Hashable {
+    public var name: String
+    public var kind: GroupType
+    public var members: [GroupMember]
+    /**
+     * The member new flows take.
+     */
+    public var selected: String
+
+    // Default memberwise initializers are never public by default, so we
+    // declare one manually.
+    public init(name: String, kind: GroupType, members: [GroupMember], 
+        /**
+         * The member new flows take.
+         */selected: String) {
+        self.name = name
+        self.kind = kind
+        self.members = members
+        self.selected = selected
+    }
+
+    
+
+    
+}
+
+#if compiler(>=6)
+extension GroupState: Sendable {}
+#endif
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public struct FfiConverterTypeGroupState: FfiConverterRustBuffer {
+    public static func read(from buf: inout (data: Data, offset: Data.Index)) throws -> GroupState {
+        return
+            try GroupState(
+                name: FfiConverterString.read(from: &buf), 
+                kind: FfiConverterTypeGroupType.read(from: &buf), 
+                members: FfiConverterSequenceTypeGroupMember.read(from: &buf), 
+                selected: FfiConverterString.read(from: &buf)
+        )
+    }
+
+    public static func write(_ value: GroupState, into buf: inout [UInt8]) {
+        FfiConverterString.write(value.name, into: &buf)
+        FfiConverterTypeGroupType.write(value.kind, into: &buf)
+        FfiConverterSequenceTypeGroupMember.write(value.members, into: &buf)
+        FfiConverterString.write(value.selected, into: &buf)
+    }
+}
+
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public func FfiConverterTypeGroupState_lift(_ buf: RustBuffer) throws -> GroupState {
+    return try FfiConverterTypeGroupState.lift(buf)
+}
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public func FfiConverterTypeGroupState_lower(_ value: GroupState) -> RustBuffer {
+    return FfiConverterTypeGroupState.lower(value)
 }
 
 
@@ -4284,6 +4623,18 @@ public enum EngineEvent: Equatable, Hashable {
      */
     case networkChanged(interfaceName: String?
     )
+    /**
+     * New flows sent to the group `group` now take `member`: `select`
+     * chose it, or the group's probes moved it (url-test, fallback).
+     */
+    case groupSelected(group: String, member: String
+    )
+    /**
+     * A probe of the group `group` found `member` healthy (its latency in
+     * `latency_ms`) or not, when that changed.
+     */
+    case outboundHealth(group: String, member: String, healthy: Bool, latencyMs: UInt32?
+    )
 
 
 
@@ -4315,6 +4666,12 @@ public struct FfiConverterTypeEngineEvent: FfiConverterRustBuffer {
         case 4: return .networkChanged(interfaceName: try FfiConverterOptionString.read(from: &buf)
         )
         
+        case 5: return .groupSelected(group: try FfiConverterString.read(from: &buf), member: try FfiConverterString.read(from: &buf)
+        )
+        
+        case 6: return .outboundHealth(group: try FfiConverterString.read(from: &buf), member: try FfiConverterString.read(from: &buf), healthy: try FfiConverterBool.read(from: &buf), latencyMs: try FfiConverterOptionUInt32.read(from: &buf)
+        )
+        
         default: throw UniffiInternalError.unexpectedEnumCase
         }
     }
@@ -4340,6 +4697,20 @@ public struct FfiConverterTypeEngineEvent: FfiConverterRustBuffer {
             writeInt(&buf, Int32(4))
             FfiConverterOptionString.write(interfaceName, into: &buf)
             
+        
+        case let .groupSelected(group,member):
+            writeInt(&buf, Int32(5))
+            FfiConverterString.write(group, into: &buf)
+            FfiConverterString.write(member, into: &buf)
+            
+        
+        case let .outboundHealth(group,member,healthy,latencyMs):
+            writeInt(&buf, Int32(6))
+            FfiConverterString.write(group, into: &buf)
+            FfiConverterString.write(member, into: &buf)
+            FfiConverterBool.write(healthy, into: &buf)
+            FfiConverterOptionUInt32.write(latencyMs, into: &buf)
+            
         }
     }
 }
@@ -4357,6 +4728,92 @@ public func FfiConverterTypeEngineEvent_lift(_ buf: RustBuffer) throws -> Engine
 #endif
 public func FfiConverterTypeEngineEvent_lower(_ value: EngineEvent) -> RustBuffer {
     return FfiConverterTypeEngineEvent.lower(value)
+}
+
+
+
+/**
+ * How a group picks its member.
+ */
+
+public enum GroupType: Equatable, Hashable {
+    
+    /**
+     * The app's choice (`Engine.select`), `default` until then.
+     */
+    case select
+    /**
+     * The fastest healthy member by probe, kept until another is faster
+     * by more than `toleranceMs`.
+     */
+    case urlTest
+    /**
+     * The first healthy member, in order.
+     */
+    case fallback
+
+
+
+
+
+}
+
+#if compiler(>=6)
+extension GroupType: Sendable {}
+#endif
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public struct FfiConverterTypeGroupType: FfiConverterRustBuffer {
+    typealias SwiftType = GroupType
+
+    public static func read(from buf: inout (data: Data, offset: Data.Index)) throws -> GroupType {
+        let variant: Int32 = try readInt(&buf)
+        switch variant {
+        
+        case 1: return .select
+        
+        case 2: return .urlTest
+        
+        case 3: return .fallback
+        
+        default: throw UniffiInternalError.unexpectedEnumCase
+        }
+    }
+
+    public static func write(_ value: GroupType, into buf: inout [UInt8]) {
+        switch value {
+        
+        
+        case .select:
+            writeInt(&buf, Int32(1))
+        
+        
+        case .urlTest:
+            writeInt(&buf, Int32(2))
+        
+        
+        case .fallback:
+            writeInt(&buf, Int32(3))
+        
+        }
+    }
+}
+
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public func FfiConverterTypeGroupType_lift(_ buf: RustBuffer) throws -> GroupType {
+    return try FfiConverterTypeGroupType.lift(buf)
+}
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public func FfiConverterTypeGroupType_lower(_ value: GroupType) -> RustBuffer {
+    return FfiConverterTypeGroupType.lower(value)
 }
 
 
@@ -4516,6 +4973,43 @@ enum KerntunError: Swift.Error, Equatable, Hashable, Foundation.LocalizedError {
     case Network(field: String, reason: String
     )
     /**
+     * `select`: no group has this name.
+     */
+    case UnknownGroup(group: String
+    )
+    /**
+     * `select`: the group picks its member itself (`kind` is `url-test`
+     * or `fallback`).
+     */
+    case NotSelectGroup(group: String, kind: String
+    )
+    /**
+     * `select`: the group has no such member.
+     */
+    case UnknownMember(group: String, member: String
+    )
+    /**
+     * `testLatency`: no outbound or group has this name.
+     */
+    case UnknownOutbound(name: String
+    )
+    /**
+     * `testLatency`: the URL is not `http://host[:port]/path`.
+     */
+    case InvalidUrl(reason: String
+    )
+    /**
+     * `testLatency`: no answer within the timeout.
+     */
+    case LatencyTimeout(timeoutMs: UInt64
+    )
+    /**
+     * `testLatency`: the outbound or the target failed (connect refused,
+     * proxy handshake, not HTTP, or the outbound is `reject`).
+     */
+    case Unreachable(reason: String
+    )
+    /**
      * A bug: the library panicked. The engine involved is stopped.
      */
     case Internal(reason: String
@@ -4579,7 +5073,30 @@ public struct FfiConverterTypeKerntunError: FfiConverterRustBuffer {
             field: try FfiConverterString.read(from: &buf), 
             reason: try FfiConverterString.read(from: &buf)
             )
-        case 10: return .Internal(
+        case 10: return .UnknownGroup(
+            group: try FfiConverterString.read(from: &buf)
+            )
+        case 11: return .NotSelectGroup(
+            group: try FfiConverterString.read(from: &buf), 
+            kind: try FfiConverterString.read(from: &buf)
+            )
+        case 12: return .UnknownMember(
+            group: try FfiConverterString.read(from: &buf), 
+            member: try FfiConverterString.read(from: &buf)
+            )
+        case 13: return .UnknownOutbound(
+            name: try FfiConverterString.read(from: &buf)
+            )
+        case 14: return .InvalidUrl(
+            reason: try FfiConverterString.read(from: &buf)
+            )
+        case 15: return .LatencyTimeout(
+            timeoutMs: try FfiConverterUInt64.read(from: &buf)
+            )
+        case 16: return .Unreachable(
+            reason: try FfiConverterString.read(from: &buf)
+            )
+        case 17: return .Internal(
             reason: try FfiConverterString.read(from: &buf)
             )
 
@@ -4642,8 +5159,45 @@ public struct FfiConverterTypeKerntunError: FfiConverterRustBuffer {
             FfiConverterString.write(reason, into: &buf)
             
         
-        case let .Internal(reason):
+        case let .UnknownGroup(group):
             writeInt(&buf, Int32(10))
+            FfiConverterString.write(group, into: &buf)
+            
+        
+        case let .NotSelectGroup(group,kind):
+            writeInt(&buf, Int32(11))
+            FfiConverterString.write(group, into: &buf)
+            FfiConverterString.write(kind, into: &buf)
+            
+        
+        case let .UnknownMember(group,member):
+            writeInt(&buf, Int32(12))
+            FfiConverterString.write(group, into: &buf)
+            FfiConverterString.write(member, into: &buf)
+            
+        
+        case let .UnknownOutbound(name):
+            writeInt(&buf, Int32(13))
+            FfiConverterString.write(name, into: &buf)
+            
+        
+        case let .InvalidUrl(reason):
+            writeInt(&buf, Int32(14))
+            FfiConverterString.write(reason, into: &buf)
+            
+        
+        case let .LatencyTimeout(timeoutMs):
+            writeInt(&buf, Int32(15))
+            FfiConverterUInt64.write(timeoutMs, into: &buf)
+            
+        
+        case let .Unreachable(reason):
+            writeInt(&buf, Int32(16))
+            FfiConverterString.write(reason, into: &buf)
+            
+        
+        case let .Internal(reason):
+            writeInt(&buf, Int32(17))
             FfiConverterString.write(reason, into: &buf)
             
         }
@@ -4752,6 +5306,85 @@ public func FfiConverterTypeLogLevel_lift(_ buf: RustBuffer) throws -> LogLevel 
 #endif
 public func FfiConverterTypeLogLevel_lower(_ value: LogLevel) -> RustBuffer {
     return FfiConverterTypeLogLevel.lower(value)
+}
+
+
+
+/**
+ * A member's health as its last probe found it.
+ */
+
+public enum MemberHealth: Equatable, Hashable {
+    
+    /**
+     * Not probed (yet, or never: select groups do not probe).
+     */
+    case unknown
+    case up
+    case down
+
+
+
+
+
+}
+
+#if compiler(>=6)
+extension MemberHealth: Sendable {}
+#endif
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public struct FfiConverterTypeMemberHealth: FfiConverterRustBuffer {
+    typealias SwiftType = MemberHealth
+
+    public static func read(from buf: inout (data: Data, offset: Data.Index)) throws -> MemberHealth {
+        let variant: Int32 = try readInt(&buf)
+        switch variant {
+        
+        case 1: return .unknown
+        
+        case 2: return .up
+        
+        case 3: return .down
+        
+        default: throw UniffiInternalError.unexpectedEnumCase
+        }
+    }
+
+    public static func write(_ value: MemberHealth, into buf: inout [UInt8]) {
+        switch value {
+        
+        
+        case .unknown:
+            writeInt(&buf, Int32(1))
+        
+        
+        case .up:
+            writeInt(&buf, Int32(2))
+        
+        
+        case .down:
+            writeInt(&buf, Int32(3))
+        
+        }
+    }
+}
+
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public func FfiConverterTypeMemberHealth_lift(_ buf: RustBuffer) throws -> MemberHealth {
+    return try FfiConverterTypeMemberHealth.lift(buf)
+}
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public func FfiConverterTypeMemberHealth_lower(_ value: MemberHealth) -> RustBuffer {
+    return FfiConverterTypeMemberHealth.lower(value)
 }
 
 
@@ -5852,6 +6485,56 @@ fileprivate struct FfiConverterSequenceTypeDropCount: FfiConverterRustBuffer {
 #if swift(>=5.8)
 @_documentation(visibility: private)
 #endif
+fileprivate struct FfiConverterSequenceTypeGroupMember: FfiConverterRustBuffer {
+    typealias SwiftType = [GroupMember]
+
+    public static func write(_ value: [GroupMember], into buf: inout [UInt8]) {
+        let len = Int32(value.count)
+        writeInt(&buf, len)
+        for item in value {
+            FfiConverterTypeGroupMember.write(item, into: &buf)
+        }
+    }
+
+    public static func read(from buf: inout (data: Data, offset: Data.Index)) throws -> [GroupMember] {
+        let len: Int32 = try readInt(&buf)
+        var seq = [GroupMember]()
+        seq.reserveCapacity(Int(len))
+        for _ in 0 ..< len {
+            seq.append(try FfiConverterTypeGroupMember.read(from: &buf))
+        }
+        return seq
+    }
+}
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+fileprivate struct FfiConverterSequenceTypeGroupState: FfiConverterRustBuffer {
+    typealias SwiftType = [GroupState]
+
+    public static func write(_ value: [GroupState], into buf: inout [UInt8]) {
+        let len = Int32(value.count)
+        writeInt(&buf, len)
+        for item in value {
+            FfiConverterTypeGroupState.write(item, into: &buf)
+        }
+    }
+
+    public static func read(from buf: inout (data: Data, offset: Data.Index)) throws -> [GroupState] {
+        let len: Int32 = try readInt(&buf)
+        var seq = [GroupState]()
+        seq.reserveCapacity(Int(len))
+        for _ in 0 ..< len {
+            seq.append(try FfiConverterTypeGroupState.read(from: &buf))
+        }
+        return seq
+    }
+}
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
 fileprivate struct FfiConverterSequenceTypeLogRecord: FfiConverterRustBuffer {
     typealias SwiftType = [LogRecord]
 
@@ -5921,6 +6604,32 @@ fileprivate struct FfiConverterSequenceTypeRuleOptions: FfiConverterRustBuffer {
             seq.append(try FfiConverterTypeRuleOptions.read(from: &buf))
         }
         return seq
+    }
+}
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+fileprivate struct FfiConverterDictionaryStringTypeGroupOptions: FfiConverterRustBuffer {
+    public static func write(_ value: [String: GroupOptions], into buf: inout [UInt8]) {
+        let len = Int32(value.count)
+        writeInt(&buf, len)
+        for (key, value) in value {
+            FfiConverterString.write(key, into: &buf)
+            FfiConverterTypeGroupOptions.write(value, into: &buf)
+        }
+    }
+
+    public static func read(from buf: inout (data: Data, offset: Data.Index)) throws -> [String: GroupOptions] {
+        let len: Int32 = try readInt(&buf)
+        var dict = [String: GroupOptions]()
+        dict.reserveCapacity(Int(len))
+        for _ in 0..<len {
+            let key = try FfiConverterString.read(from: &buf)
+            let value = try FfiConverterTypeGroupOptions.read(from: &buf)
+            dict[key] = value
+        }
+        return dict
     }
 }
 
@@ -6097,6 +6806,15 @@ private let initializationResult: InitializationResult = {
         return InitializationResult.apiChecksumMismatch
     }
     if (uniffi_kerntun_ffi_checksum_method_engine_tun_name() != 46394) {
+        return InitializationResult.apiChecksumMismatch
+    }
+    if (uniffi_kerntun_ffi_checksum_method_engine_groups() != 13295) {
+        return InitializationResult.apiChecksumMismatch
+    }
+    if (uniffi_kerntun_ffi_checksum_method_engine_select() != 57383) {
+        return InitializationResult.apiChecksumMismatch
+    }
+    if (uniffi_kerntun_ffi_checksum_method_engine_test_latency() != 13155) {
         return InitializationResult.apiChecksumMismatch
     }
     if (uniffi_kerntun_ffi_checksum_method_enginelistener_on_event() != 20511) {

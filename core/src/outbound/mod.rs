@@ -28,6 +28,7 @@ use crate::stats::Stats;
 
 pub mod addr;
 pub mod config;
+pub mod group;
 pub mod link;
 pub mod nat64;
 pub mod resolve;
@@ -36,6 +37,7 @@ pub mod socks5;
 
 pub use addr::Address;
 use config::{BadOutbound, DirectConfig, OutboundConfig, OutboundUdp};
+use group::{BadGroup, GroupConfig, Groups, Pick};
 use shadowsocks::{Key, ShadowsocksError, UdpSession};
 use socks5::{Credentials, HandshakeError, Socks5Error};
 
@@ -369,6 +371,8 @@ pub enum SetupError {
     Outbound(#[from] BadOutbound),
     #[error(transparent)]
     Rule(#[from] RuleError),
+    #[error(transparent)]
+    Group(#[from] BadGroup),
 }
 
 /// The outbounds and rules of one engine.
@@ -379,8 +383,10 @@ pub struct Outbounds {
     resolvers: resolve::Resolvers,
     names: Vec<String>,
     proxies: Vec<Proxy>,
-    /// The configured rules, compiled, each with its route.
-    rules: RuleSet<Route>,
+    /// The groups (`[groups]`), each with its current member.
+    groups: Groups,
+    /// The configured rules, compiled, each with its route or group.
+    rules: RuleSet<Pick>,
     /// TCP relay options (`[relay]`).
     pub relay: RelayOptions,
 }
@@ -389,6 +395,28 @@ impl Outbounds {
     /// Resolve `rules` against the configured outbounds and derive keys.
     pub fn new(
         outbounds: &BTreeMap<String, OutboundConfig>,
+        rules: &[Rule],
+        relay: &RelayConfig,
+        factory: SocketFactory,
+        relay_buffer: usize,
+        resolvers: resolve::Resolvers,
+    ) -> Result<Self, SetupError> {
+        let none = BTreeMap::new();
+        Self::with_groups(
+            outbounds,
+            &none,
+            rules,
+            relay,
+            factory,
+            relay_buffer,
+            resolvers,
+        )
+    }
+
+    /// [`Outbounds::new`] with groups (`[groups]`) rules may name too.
+    pub fn with_groups(
+        outbounds: &BTreeMap<String, OutboundConfig>,
+        groups: &BTreeMap<String, GroupConfig>,
         rules: &[Rule],
         relay: &RelayConfig,
         factory: SocketFactory,
@@ -430,18 +458,22 @@ impl Outbounds {
             });
             names.push(name.clone());
         }
+        let groups = Groups::new(groups, |n| names.iter().position(|x| x == n))?;
         let rules = RuleSet::compile(rules, |i, r| {
             Ok(match &r.action {
-                Action::Direct => Route::Direct,
-                Action::Reject => Route::Reject,
+                Action::Direct => Pick::Route(Route::Direct),
+                Action::Reject => Pick::Route(Route::Reject),
                 Action::Outbound(n) => match names.iter().position(|x| **x == **n) {
-                    Some(idx) => Route::Proxy(idx),
-                    None => {
-                        return Err(RuleError::UnknownOutbound {
-                            rule: i,
-                            name: n.to_string(),
-                        });
-                    }
+                    Some(idx) => Pick::Route(Route::Proxy(idx)),
+                    None => match groups.index(n) {
+                        Some(g) => Pick::Group(g),
+                        None => {
+                            return Err(RuleError::UnknownOutbound {
+                                rule: i,
+                                name: n.to_string(),
+                            });
+                        }
+                    },
                 },
             })
         })?;
@@ -450,6 +482,7 @@ impl Outbounds {
             resolvers,
             names,
             proxies,
+            groups,
             rules,
             relay: RelayOptions {
                 splice: relay.splice,
@@ -459,10 +492,16 @@ impl Outbounds {
         })
     }
 
-    /// The route of a destination: the first matching rule's, else direct.
-    /// A few hash lookups per domain rule; no allocation.
+    /// The route of a destination: the first matching rule's, else direct;
+    /// a rule naming a group takes the group's current member. A few hash
+    /// lookups per domain rule, an atomic load per group level; no
+    /// allocation.
     pub fn route(&self, dst: &Target<'_>) -> Route {
-        self.rules.decide(dst).copied().unwrap_or(Route::Direct)
+        match self.rules.decide(dst) {
+            Some(Pick::Route(r)) => *r,
+            Some(Pick::Group(g)) => self.groups.resolve(*g),
+            None => Route::Direct,
+        }
     }
 
     /// Whether a domain (sniffed from the connection's first bytes) could
@@ -471,13 +510,14 @@ impl Outbounds {
     /// comes before the first address-only rule matching it and leads
     /// elsewhere. When false, sniffing would only delay the connection.
     pub fn needs_domain(&self, addr: SocketAddr) -> bool {
-        self.rules.needs_domain(addr, &Route::Direct)
+        self.rules.needs_domain(addr, &Pick::Route(Route::Direct))
     }
 
     /// [`Outbounds::needs_domain`] for a flow on `network` (rules with a
     /// `network` condition count only for their transport).
     pub fn needs_domain_on(&self, network: crate::rules::Network, addr: SocketAddr) -> bool {
-        self.rules.needs_domain_on(network, addr, &Route::Direct)
+        self.rules
+            .needs_domain_on(network, addr, &Pick::Route(Route::Direct))
     }
 
     /// The host reported a network whose DNS servers are `servers`: they

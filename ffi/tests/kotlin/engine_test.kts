@@ -598,6 +598,110 @@ fun networkChanges() {
     check(!handle.networkChanged(info), "network: ... and so does a closed one")
 }
 
+/**
+ * Outbound groups: a select group switched with select() (the listener
+ * hears GroupSelected, new connections follow: reject refuses them), typed
+ * errors for an unknown group, an unknown member and a group that is not a
+ * select group; a fallback group probes its member (the HTTP server
+ * echo_server.py runs on the port + 80) and groups() shows it healthy,
+ * then down and up again with the uplink (the listener hears both);
+ * testLatency measures through direct and refuses with typed errors; a
+ * group with an unknown member is a Config error naming it.
+ */
+fun groups() {
+    println("--- groups")
+    val hooks = Hooks()
+    val probeUrl = "http://$serverV4:${port + 80}/generate_204"
+    val base = config("ktgrp", "198.18.0.1/16", null, Driver.PER_PACKET, Stack.SYSTEM)
+    val cfg = base.copy(
+        groups = mapOf(
+            "proxy" to GroupOptions(kind = GroupType.SELECT, members = listOf("direct", "reject", "auto"), defaultMember = "direct"),
+            "auto" to GroupOptions(kind = GroupType.FALLBACK, members = listOf("direct"), url = probeUrl, intervalMs = 200uL, timeoutMs = 1000uL),
+        ),
+        rules = base.rules + RuleOptions(ports = "$port", network = RuleNetwork.TCP, action = RuleAction.Outbound("proxy")),
+    )
+    val engine = Engine.start(cfg, -1, hooks)
+    check(sh("ip", "route", "replace", "$serverV4/32", "dev", "ktgrp") == 0, "groups: route v4 via TUN")
+    val listener = Listener()
+    engine.setListener(listener)
+    fun state(name: String) = engine.groups().first { it.name == name }
+    check(state("proxy").selected == "direct" && state("proxy").kind == GroupType.SELECT, "groups: proxy starts on its default: ${engine.groups()}")
+    check(tcpEcho(serverV4, 16 shl 10, 80), "groups: TCP through proxy -> direct")
+    engine.select("proxy", "reject")
+    check(state("proxy").selected == "reject", "groups: select(proxy, reject) is the selection")
+    check(waitFor { listener.events.contains(EngineEvent.GroupSelected("proxy", "reject")) }, "groups: the listener hears GroupSelected: ${listener.events}")
+    check(tcpFails(serverV4), "groups: new connections are refused through proxy -> reject")
+    engine.select("proxy", "auto")
+    check(tcpEcho(serverV4, 16 shl 10, 81), "groups: TCP through proxy -> auto -> direct")
+    for ((what, call) in listOf<Pair<String, () -> Unit>>(
+        "unknown group" to { engine.select("nope", "direct") },
+        "unknown member" to { engine.select("proxy", "nope") },
+        "not a select group" to { engine.select("auto", "direct") },
+    )) {
+        try {
+            call()
+            check(false, "groups: select with an $what must throw")
+        } catch (e: KerntunException) {
+            val typed = when (what) {
+                "unknown group" -> e is KerntunException.UnknownGroup && e.group == "nope"
+                "unknown member" -> e is KerntunException.UnknownMember && e.group == "proxy" && e.member == "nope"
+                else -> e is KerntunException.NotSelectGroup && e.kind == "fallback"
+            }
+            check(typed, "groups: select with an $what -> typed: $e")
+        }
+    }
+    check(
+        waitFor { state("auto").members.single().let { it.health == MemberHealth.UP && it.latencyMs != null } },
+        "groups: the fallback group's probe finds direct up: ${state("auto")}",
+    )
+    val ms = engine.testLatency("direct", probeUrl, 2000u)
+    check(ms < 1000u, "groups: testLatency(direct) = $ms ms")
+    val viaGroup = engine.testLatency("proxy", probeUrl, 2000u)
+    check(viaGroup < 1000u, "groups: testLatency(proxy -> auto -> direct) = $viaGroup ms")
+    for ((what, call) in listOf<Pair<String, () -> UInt>>(
+        "unknown outbound" to { engine.testLatency("nope", probeUrl, 500u) },
+        "https URL" to { engine.testLatency("direct", "https://$serverV4/", 500u) },
+        "reject" to { engine.testLatency("reject", probeUrl, 500u) },
+        "closed port" to { engine.testLatency("direct", "http://$serverV4:${port + 81}/", 500u) },
+    )) {
+        try {
+            call()
+            check(false, "groups: testLatency with $what must throw")
+        } catch (e: KerntunException) {
+            val typed = when (what) {
+                "unknown outbound" -> e is KerntunException.UnknownOutbound && e.name == "nope"
+                "https URL" -> e is KerntunException.InvalidUrl
+                else -> e is KerntunException.Unreachable
+            }
+            check(typed, "groups: testLatency with $what -> typed: $e")
+        }
+    }
+    // The uplink goes down and comes back: the probes see it, the listener
+    // hears both changes (the first probe ran before it was set).
+    check(sh("ip", "link", "set", veth, "down") == 0, "groups: uplink down")
+    check(
+        waitFor { listener.events.contains(EngineEvent.OutboundHealth("auto", "direct", false, null)) },
+        "groups: the listener hears OutboundHealth(auto, direct, down): ${listener.events}",
+    )
+    check(state("auto").members.single().health == MemberHealth.DOWN, "groups: groups() shows it down")
+    check(sh("ip", "link", "set", veth, "up") == 0, "groups: uplink up")
+    check(
+        waitFor { listener.events.any { it is EngineEvent.OutboundHealth && it.group == "auto" && it.member == "direct" && it.healthy && it.latencyMs != null } },
+        "groups: ... and OutboundHealth(auto, direct, up) with its latency: ${listener.events}",
+    )
+    engine.stop()
+    try {
+        engine.select("proxy", "direct")
+        check(false, "groups: select on a stopped engine must throw")
+    } catch (e: KerntunException.NotRunning) {
+        check(true, "groups: stopped -> NotRunning")
+    }
+    check(engine.groups().isEmpty(), "groups: none once stopped")
+    engine.close()
+    expectConfigError("groups: a member that does not exist", "groups.bad",
+        base.copy(groups = mapOf("bad" to GroupOptions(kind = GroupType.SELECT, members = listOf("nowhere")))), hooks)
+}
+
 guarded(" in the fault checks:") {
     faults()
 }
@@ -606,6 +710,9 @@ guarded(" in the network change checks:") {
 }
 guarded(" in the log level checks:") {
     logLevels()
+}
+guarded(" in the group checks:") {
+    groups()
 }
 // ==== end: a dead engine task ====
 
