@@ -290,8 +290,9 @@ impl Engine {
     /// and the addresses of proxies given by host name are forgotten
     /// (fake-ip mappings stay: apps hold those addresses), and `info`'s DNS
     /// servers resolve proxy host names from now on unless `[direct]
-    /// bootstrap` is set (docs/configuration.md, "Host names"). The event sink
-    /// hears [`crate::EngineEvent::NetworkChanged`].
+    /// bootstrap` is set (docs/configuration.md, "Host names") and answer
+    /// for a `"platform"` entry of `dns.upstreams` (docs/dns.md). The event
+    /// sink hears [`crate::EngineEvent::NetworkChanged`].
     ///
     /// Returns whether anything changed: the same `info` over the same
     /// interface addresses as last time is a no-op (nothing counted). The
@@ -319,6 +320,7 @@ impl Engine {
         parts.factory.rebind(info.interface.clone());
         if let Some(dns) = &parts.dns {
             dns.forget_answers();
+            dns.set_platform(&info.dns_servers);
         }
         parts.outbounds.set_platform_dns(&info.dns_servers);
         parts.outbounds.forget_names();

@@ -339,7 +339,12 @@ pub struct DnsOptions {
     /// that the Linux CI does not have): there `tls://` and `https://` are
     /// refused at start with a `Config` error on `dns.upstreams`. `doh`
     /// adds about 1.5 MiB to the stripped library (measured on Linux
-    /// x86_64, docs/shipping.md). Needed when `enabled`.
+    /// x86_64, docs/shipping.md). The entry `"platform"` stands for the
+    /// network's own DNS servers, as the last `Engine.networkChanged` gave
+    /// them (`dns_servers`): each over UDP port 53, sent direct whatever
+    /// the rules say; before the first report (or with none usable) it
+    /// yields nothing and the next entry is asked (counted in
+    /// `DnsStats.platform_unavailable`). Needed when `enabled`.
     #[uniffi(default = [])]
     pub upstreams: Vec<String>,
     /// Time allowed to one upstream try.

@@ -63,6 +63,10 @@ pub struct DnsStats {
     pub cache_hits: u64,
     /// Upstream exchanges that failed or timed out (each try counts).
     pub upstream_failures: u64,
+    /// Queries that found the `"platform"` upstream without a server (no
+    /// `networkChanged` yet, or none of its `dns_servers` usable): the
+    /// next upstream was asked, or the query failed if there was none.
+    pub platform_unavailable: u64,
     /// Queries answered SERVFAIL because every upstream failed.
     pub servfail: u64,
     /// Hijacked packets that were not a DNS query (dropped).
@@ -95,6 +99,7 @@ moved!(DnsSnapshot => DnsStats {
     tcp_queries,
     cache_hits,
     upstream_failures,
+    platform_unavailable,
     servfail,
     malformed,
     refused,
