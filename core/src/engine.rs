@@ -68,6 +68,15 @@ pub enum StartError {
     TunIndex,
 }
 
+/// Why [`Engine::sleep`] or [`Engine::wake`] did nothing.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SleepError {
+    /// The engine is stopped or failed: it has no timers to pause.
+    #[error("the engine is not running")]
+    NotRunning,
+}
+
 /// Options for embedding the engine that are not configuration (the FFI
 /// uses them; the CLI does not).
 #[derive(Debug, Clone, Default)]
@@ -344,6 +353,47 @@ impl Engine {
             .life
             .emit(crate::EngineEvent::NetworkChanged { interface });
         Ok(true)
+    }
+
+    /// The device is going to sleep (iOS `NEPacketTunnelProvider.sleep`):
+    /// the engine's periodic ticks stop and keep no timer until
+    /// [`Engine::wake`]: the driver's cleanup tick (NAT entries, unaccepted
+    /// outbounds, idle UDP flows; `driver::CLEANUP_TICK`) and the heap trim
+    /// after load (`housekeeping::TICK`, Linux with glibc). Nothing else
+    /// changes: connections and flows stay, packets are still read and
+    /// relayed, and the timers that belong to a connection (its idle
+    /// timeout, smoltcp's retransmissions) run as before.
+    ///
+    /// Returns whether the engine was awake (a second call does nothing).
+    /// `timer_ticks` in the stats counts the ticks. Safe from any thread.
+    pub fn sleep(&self) -> Result<bool, SleepError> {
+        let life = self.running_life().ok_or(SleepError::NotRunning)?;
+        let changed = life.set_asleep(true);
+        if changed {
+            tracing::info!("asleep: periodic ticks paused");
+        }
+        Ok(changed)
+    }
+
+    /// The device woke (iOS `NEPacketTunnelProvider.wake`): the periodic
+    /// ticks [`Engine::sleep`] paused resume, each ticking once at once so
+    /// what expired while asleep is expired now. Returns whether the
+    /// engine was asleep (a second call does nothing).
+    pub fn wake(&self) -> Result<bool, SleepError> {
+        let life = self.running_life().ok_or(SleepError::NotRunning)?;
+        let changed = life.set_asleep(false);
+        if changed {
+            tracing::info!("awake: periodic ticks resumed");
+        }
+        Ok(changed)
+    }
+
+    /// The lifecycle of a running engine (not stopping, stopped or failed).
+    fn running_life(&self) -> Option<&Arc<Lifecycle>> {
+        self.inner
+            .as_ref()
+            .map(|i| &i.parts.life)
+            .filter(|l| l.phase() == Phase::Running)
     }
 
     /// Diagnostics: one line per smoltcp socket (state, queues, windows,
@@ -727,6 +777,7 @@ fn snapshot(inner: &Inner) -> StatsSnapshot {
     };
     s.admission_limit = parts.admission.limit(now) as u64;
     s.uptime_ms = inner.started.elapsed().as_millis() as u64;
+    s.timer_ticks = parts.life.timer_ticks();
     s
 }
 

@@ -391,6 +391,10 @@ pub struct StatsSnapshot {
     pub udp_flows_dropped_on_network_change: u64,
     /// Connections the host closed (`Engine::close_connection`).
     pub connections_closed_by_host: u64,
+    /// Ticks of the engine's periodic timers (the driver's cleanup, the
+    /// heap trim); they stand still while the engine sleeps
+    /// (`Engine::sleep`).
+    pub timer_ticks: u64,
     /// Per proxy outbound.
     pub outbounds: Vec<OutboundSnapshot>,
     /// DNS service and sniffing.

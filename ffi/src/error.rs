@@ -124,6 +124,14 @@ impl From<kerntun::network::NetworkError> for KerntunError {
     }
 }
 
+impl From<kerntun::SleepError> for KerntunError {
+    fn from(e: kerntun::SleepError) -> Self {
+        KerntunError::NotRunning {
+            reason: format!("sleep and wake need a running engine ({e})"),
+        }
+    }
+}
+
 /// What a platform hook reports back to the engine.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, uniffi::Error)]
 pub enum HookError {

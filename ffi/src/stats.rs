@@ -185,6 +185,11 @@ pub struct EngineStats {
     pub udp_flows_dropped_on_network_change: u64,
     /// Connections the app closed (`Engine.closeConnection`).
     pub connections_closed_by_host: u64,
+    /// Ticks of the engine's periodic timers (the cleanup of expired
+    /// flows once a second while there are flows; the heap trim on Linux
+    /// with glibc): they stand still between `Engine.sleep` and
+    /// `Engine.wake`.
+    pub timer_ticks: u64,
     /// Per proxy outbound.
     pub outbounds: Vec<OutboundStats>,
     /// DNS service and sniffing.
@@ -241,6 +246,7 @@ impl From<StatsSnapshot> for EngineStats {
             sessions_reset_on_network_change,
             udp_flows_dropped_on_network_change,
             connections_closed_by_host,
+            timer_ticks,
         } converted {
             stack: stack.to_string(),
             driver: driver.to_string(),
