@@ -126,8 +126,15 @@ impl From<kerntun::network::NetworkError> for KerntunError {
 
 impl From<kerntun::SleepError> for KerntunError {
     fn from(e: kerntun::SleepError) -> Self {
-        KerntunError::NotRunning {
-            reason: format!("sleep and wake need a running engine ({e})"),
+        match e {
+            kerntun::SleepError::NotRunning => KerntunError::NotRunning {
+                reason: "sleep and wake need a running engine".into(),
+            },
+            // SleepError is non_exhaustive: a later variant still arrives
+            // typed, with its message.
+            other => KerntunError::Internal {
+                reason: other.to_string(),
+            },
         }
     }
 }

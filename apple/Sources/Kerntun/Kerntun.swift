@@ -701,6 +701,22 @@ public protocol EngineProtocol: AnyObject, Sendable {
     func setMemoryPressure(level: MemoryPressure) 
     
     /**
+     * The device is going to sleep (iOS: the provider's
+     * `sleep(completionHandler:)`): the engine's periodic ticks stop and
+     * keep no timer until [`Engine::wake`]: the cleanup of expired flows
+     * (once a second while there are flows) and, on Linux with glibc, the
+     * heap trim after load (every 2 s). Nothing else changes: connections
+     * stay, packets are still relayed, a connection's own timers (its
+     * idle timeout) run as before. `stats()` counts the ticks in
+     * `timer_ticks`, which stands still while asleep.
+     *
+     * Returns whether the engine was awake (a second call does nothing).
+     * Fast; callable from any thread. Errors: `NotRunning` on a stopped
+     * or failed engine.
+     */
+    func sleep() throws  -> Bool
+    
+    /**
      * A snapshot of every counter (the final one after `stop`). Never
      * blocks on `stop`.
      */
@@ -721,6 +737,15 @@ public protocol EngineProtocol: AnyObject, Sendable {
      * once stopped.
      */
     func tunName()  -> String?
+    
+    /**
+     * The device woke (iOS: the provider's `wake()`): the ticks
+     * [`Engine::sleep`] stopped resume, each once at once, so flows that
+     * expired while asleep are closed now. Returns whether the engine was
+     * asleep (a second call does nothing). Errors: `NotRunning` on a
+     * stopped or failed engine.
+     */
+    func wake() throws  -> Bool
     
 }
 /**
@@ -965,6 +990,29 @@ open func setMemoryPressure(level: MemoryPressure)  {try! rustCall() {
 }
     
     /**
+     * The device is going to sleep (iOS: the provider's
+     * `sleep(completionHandler:)`): the engine's periodic ticks stop and
+     * keep no timer until [`Engine::wake`]: the cleanup of expired flows
+     * (once a second while there are flows) and, on Linux with glibc, the
+     * heap trim after load (every 2 s). Nothing else changes: connections
+     * stay, packets are still relayed, a connection's own timers (its
+     * idle timeout) run as before. `stats()` counts the ticks in
+     * `timer_ticks`, which stands still while asleep.
+     *
+     * Returns whether the engine was awake (a second call does nothing).
+     * Fast; callable from any thread. Errors: `NotRunning` on a stopped
+     * or failed engine.
+     */
+open func sleep()throws  -> Bool  {
+    return try  FfiConverterBool.lift(try rustCallWithError(FfiConverterTypeKerntunError_lift) {
+        uniffiCallStatus in
+    uniffi_kerntun_ffi_fn_method_engine_sleep(
+            self.uniffiCloneHandle(),uniffiCallStatus
+    )
+})
+}
+    
+    /**
      * A snapshot of every counter (the final one after `stop`). Never
      * blocks on `stop`.
      */
@@ -1001,6 +1049,22 @@ open func tunName() -> String?  {
     return try!  FfiConverterOptionString.lift(try! rustCall() {
         uniffiCallStatus in
     uniffi_kerntun_ffi_fn_method_engine_tun_name(
+            self.uniffiCloneHandle(),uniffiCallStatus
+    )
+})
+}
+    
+    /**
+     * The device woke (iOS: the provider's `wake()`): the ticks
+     * [`Engine::sleep`] stopped resume, each once at once, so flows that
+     * expired while asleep are closed now. Returns whether the engine was
+     * asleep (a second call does nothing). Errors: `NotRunning` on a
+     * stopped or failed engine.
+     */
+open func wake()throws  -> Bool  {
+    return try  FfiConverterBool.lift(try rustCallWithError(FfiConverterTypeKerntunError_lift) {
+        uniffiCallStatus in
+    uniffi_kerntun_ffi_fn_method_engine_wake(
             self.uniffiCloneHandle(),uniffiCallStatus
     )
 })
@@ -1928,7 +1992,12 @@ public struct DnsOptions: Equatable, Hashable {
      * that the Linux CI does not have): there `tls://` and `https://` are
      * refused at start with a `Config` error on `dns.upstreams`. `doh`
      * adds about 1.5 MiB to the stripped library (measured on Linux
-     * x86_64, docs/shipping.md). Needed when `enabled`.
+     * x86_64, docs/shipping.md). The entry `"platform"` stands for the
+     * network's own DNS servers, as the last `Engine.networkChanged` gave
+     * them (`dns_servers`): each over UDP port 53, sent direct whatever
+     * the rules say; before the first report (or with none usable) it
+     * yields nothing and the next entry is asked (counted in
+     * `DnsStats.platform_unavailable`). Needed when `enabled`.
      */
     public var upstreams: [String]
     /**
@@ -2004,7 +2073,12 @@ public struct DnsOptions: Equatable, Hashable {
          * that the Linux CI does not have): there `tls://` and `https://` are
          * refused at start with a `Config` error on `dns.upstreams`. `doh`
          * adds about 1.5 MiB to the stripped library (measured on Linux
-         * x86_64, docs/shipping.md). Needed when `enabled`.
+         * x86_64, docs/shipping.md). The entry `"platform"` stands for the
+         * network's own DNS servers, as the last `Engine.networkChanged` gave
+         * them (`dns_servers`): each over UDP port 53, sent direct whatever
+         * the rules say; before the first report (or with none usable) it
+         * yields nothing and the next entry is asked (counted in
+         * `DnsStats.platform_unavailable`). Needed when `enabled`.
          */upstreams: [String] = [], 
         /**
          * Time allowed to one upstream try.
@@ -2143,6 +2217,12 @@ public struct DnsStats: Equatable, Hashable {
      */
     public var upstreamFailures: UInt64
     /**
+     * Queries that found the `"platform"` upstream without a server (no
+     * `networkChanged` yet, or none of its `dns_servers` usable): the
+     * next upstream was asked, or the query failed if there was none.
+     */
+    public var platformUnavailable: UInt64
+    /**
      * Queries answered SERVFAIL because every upstream failed.
      */
     public var servfail: UInt64
@@ -2206,6 +2286,11 @@ public struct DnsStats: Equatable, Hashable {
          * Upstream exchanges that failed or timed out (each try counts).
          */upstreamFailures: UInt64, 
         /**
+         * Queries that found the `"platform"` upstream without a server (no
+         * `networkChanged` yet, or none of its `dns_servers` usable): the
+         * next upstream was asked, or the query failed if there was none.
+         */platformUnavailable: UInt64, 
+        /**
          * Queries answered SERVFAIL because every upstream failed.
          */servfail: UInt64, 
         /**
@@ -2245,6 +2330,7 @@ public struct DnsStats: Equatable, Hashable {
         self.tcpQueries = tcpQueries
         self.cacheHits = cacheHits
         self.upstreamFailures = upstreamFailures
+        self.platformUnavailable = platformUnavailable
         self.servfail = servfail
         self.malformed = malformed
         self.refused = refused
@@ -2278,6 +2364,7 @@ public struct FfiConverterTypeDnsStats: FfiConverterRustBuffer {
                 tcpQueries: FfiConverterUInt64.read(from: &buf), 
                 cacheHits: FfiConverterUInt64.read(from: &buf), 
                 upstreamFailures: FfiConverterUInt64.read(from: &buf), 
+                platformUnavailable: FfiConverterUInt64.read(from: &buf), 
                 servfail: FfiConverterUInt64.read(from: &buf), 
                 malformed: FfiConverterUInt64.read(from: &buf), 
                 refused: FfiConverterUInt64.read(from: &buf), 
@@ -2297,6 +2384,7 @@ public struct FfiConverterTypeDnsStats: FfiConverterRustBuffer {
         FfiConverterUInt64.write(value.tcpQueries, into: &buf)
         FfiConverterUInt64.write(value.cacheHits, into: &buf)
         FfiConverterUInt64.write(value.upstreamFailures, into: &buf)
+        FfiConverterUInt64.write(value.platformUnavailable, into: &buf)
         FfiConverterUInt64.write(value.servfail, into: &buf)
         FfiConverterUInt64.write(value.malformed, into: &buf)
         FfiConverterUInt64.write(value.refused, into: &buf)
@@ -2649,6 +2737,13 @@ public struct EngineStats: Equatable, Hashable {
      */
     public var connectionsClosedByHost: UInt64
     /**
+     * Ticks of the engine's periodic timers (the cleanup of expired
+     * flows once a second while there are flows; the heap trim on Linux
+     * with glibc): they stand still between `Engine.sleep` and
+     * `Engine.wake`.
+     */
+    public var timerTicks: UInt64
+    /**
      * Per proxy outbound.
      */
     public var outbounds: [OutboundStats]
@@ -2724,6 +2819,12 @@ public struct EngineStats: Equatable, Hashable {
          * Connections the app closed (`Engine.closeConnection`).
          */connectionsClosedByHost: UInt64, 
         /**
+         * Ticks of the engine's periodic timers (the cleanup of expired
+         * flows once a second while there are flows; the heap trim on Linux
+         * with glibc): they stand still between `Engine.sleep` and
+         * `Engine.wake`.
+         */timerTicks: UInt64, 
+        /**
          * Per proxy outbound.
          */outbounds: [OutboundStats], 
         /**
@@ -2772,6 +2873,7 @@ public struct EngineStats: Equatable, Hashable {
         self.sessionsResetOnNetworkChange = sessionsResetOnNetworkChange
         self.udpFlowsDroppedOnNetworkChange = udpFlowsDroppedOnNetworkChange
         self.connectionsClosedByHost = connectionsClosedByHost
+        self.timerTicks = timerTicks
         self.outbounds = outbounds
         self.dns = dns
     }
@@ -2835,6 +2937,7 @@ public struct FfiConverterTypeEngineStats: FfiConverterRustBuffer {
                 sessionsResetOnNetworkChange: FfiConverterUInt64.read(from: &buf), 
                 udpFlowsDroppedOnNetworkChange: FfiConverterUInt64.read(from: &buf), 
                 connectionsClosedByHost: FfiConverterUInt64.read(from: &buf), 
+                timerTicks: FfiConverterUInt64.read(from: &buf), 
                 outbounds: FfiConverterSequenceTypeOutboundStats.read(from: &buf), 
                 dns: FfiConverterTypeDnsStats.read(from: &buf)
         )
@@ -2884,6 +2987,7 @@ public struct FfiConverterTypeEngineStats: FfiConverterRustBuffer {
         FfiConverterUInt64.write(value.sessionsResetOnNetworkChange, into: &buf)
         FfiConverterUInt64.write(value.udpFlowsDroppedOnNetworkChange, into: &buf)
         FfiConverterUInt64.write(value.connectionsClosedByHost, into: &buf)
+        FfiConverterUInt64.write(value.timerTicks, into: &buf)
         FfiConverterSequenceTypeOutboundStats.write(value.outbounds, into: &buf)
         FfiConverterTypeDnsStats.write(value.dns, into: &buf)
     }
@@ -6040,6 +6144,9 @@ private let initializationResult: InitializationResult = {
     if (uniffi_kerntun_ffi_checksum_method_engine_set_memory_pressure() != 38109) {
         return InitializationResult.apiChecksumMismatch
     }
+    if (uniffi_kerntun_ffi_checksum_method_engine_sleep() != 54383) {
+        return InitializationResult.apiChecksumMismatch
+    }
     if (uniffi_kerntun_ffi_checksum_method_engine_stats() != 25584) {
         return InitializationResult.apiChecksumMismatch
     }
@@ -6047,6 +6154,9 @@ private let initializationResult: InitializationResult = {
         return InitializationResult.apiChecksumMismatch
     }
     if (uniffi_kerntun_ffi_checksum_method_engine_tun_name() != 46394) {
+        return InitializationResult.apiChecksumMismatch
+    }
+    if (uniffi_kerntun_ffi_checksum_method_engine_wake() != 33426) {
         return InitializationResult.apiChecksumMismatch
     }
     if (uniffi_kerntun_ffi_checksum_method_enginelistener_on_event() != 20511) {
