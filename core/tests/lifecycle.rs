@@ -114,8 +114,8 @@ fn two_engines_run_side_by_side_in_one_process() {
 /// every 2 s on Linux with glibc) stand still for 2.6 s, more than two
 /// periods of each, while a TCP connection opened before keeps echoing
 /// and a UDP flow keeps answering; on wake a tick comes at once (well
-/// before a period). Sleep and wake twice are no-ops; both are typed
-/// errors once the engine stopped.
+/// before a period). Sleep and wake twice are no-ops; an engine stopped
+/// while asleep stops promptly; both are typed errors once it stopped.
 #[test]
 fn sleep_stops_the_periodic_ticks_and_wake_resumes_them() {
     require_root!();
@@ -171,7 +171,16 @@ fn sleep_stops_the_periodic_ticks_and_wake_resumes_them() {
     );
     assert_eq!(s.sessions_reset_on_network_change, 0);
 
+    // An engine stopped while asleep stops as promptly as an awake one.
+    assert!(engine.sleep().expect("running"));
+    let stopping = Instant::now();
     engine.stop();
+    assert!(
+        stopping.elapsed() < Duration::from_secs(2),
+        "stopped asleep in {:?}",
+        stopping.elapsed()
+    );
+    assert!(!engine.is_running());
     assert!(matches!(engine.sleep(), Err(SleepError::NotRunning)));
     assert!(matches!(engine.wake(), Err(SleepError::NotRunning)));
 }
