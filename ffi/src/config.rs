@@ -1222,6 +1222,31 @@ mod tests {
         }
     }
 
+    /// `"platform"` passes through the FFI and validates, alone or with
+    /// servers; a near miss is a `Config` error on `dns.upstreams` naming
+    /// both forms.
+    #[test]
+    fn the_platform_upstream_is_accepted_and_a_near_miss_named() {
+        let with = |ups: &[&str]| {
+            let mut c = EngineConfig::default();
+            c.dns.enabled = true;
+            c.dns.upstreams = ups.iter().map(|u| u.to_string()).collect();
+            c.to_core()
+                .expect("translate")
+                .validate()
+                .map_err(KerntunError::from)
+        };
+        assert_eq!(with(&["platform"]), Ok(()));
+        assert_eq!(with(&["platform", "udp://198.19.1.2:53"]), Ok(()));
+        match with(&["Platform"]) {
+            Err(KerntunError::Config { field, reason }) => {
+                assert_eq!(field, "dns.upstreams");
+                assert!(reason.contains("\"platform\""), "{reason}");
+            }
+            other => panic!("expected a config error, got {other:?}"),
+        }
+    }
+
     #[test]
     fn dns_and_sniff_errors_name_their_field() {
         let field_of = |c: &EngineConfig| match c.to_core() {
