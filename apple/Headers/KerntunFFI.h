@@ -348,6 +348,11 @@ void uniffi_kerntun_ffi_fn_method_engine_set_log_level(uint64_t ptr, RustBuffer 
 void uniffi_kerntun_ffi_fn_method_engine_set_memory_pressure(uint64_t ptr, RustBuffer level, RustCallStatus *_Nonnull out_status
 );
 #endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_FN_METHOD_ENGINE_SLEEP
+#define UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_FN_METHOD_ENGINE_SLEEP
+int8_t uniffi_kerntun_ffi_fn_method_engine_sleep(uint64_t ptr, RustCallStatus *_Nonnull out_status
+);
+#endif
 #ifndef UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_FN_METHOD_ENGINE_STATS
 #define UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_FN_METHOD_ENGINE_STATS
 RustBuffer uniffi_kerntun_ffi_fn_method_engine_stats(uint64_t ptr, RustCallStatus *_Nonnull out_status
@@ -361,6 +366,11 @@ void uniffi_kerntun_ffi_fn_method_engine_stop(uint64_t ptr, RustCallStatus *_Non
 #ifndef UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_FN_METHOD_ENGINE_TUN_NAME
 #define UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_FN_METHOD_ENGINE_TUN_NAME
 RustBuffer uniffi_kerntun_ffi_fn_method_engine_tun_name(uint64_t ptr, RustCallStatus *_Nonnull out_status
+);
+#endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_FN_METHOD_ENGINE_WAKE
+#define UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_FN_METHOD_ENGINE_WAKE
+int8_t uniffi_kerntun_ffi_fn_method_engine_wake(uint64_t ptr, RustCallStatus *_Nonnull out_status
 );
 #endif
 #ifndef UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_FN_METHOD_ENGINE_GROUPS
@@ -812,6 +822,12 @@ uint16_t uniffi_kerntun_ffi_checksum_method_engine_set_memory_pressure(void
     
 );
 #endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_CHECKSUM_METHOD_ENGINE_SLEEP
+#define UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_CHECKSUM_METHOD_ENGINE_SLEEP
+uint16_t uniffi_kerntun_ffi_checksum_method_engine_sleep(void
+    
+);
+#endif
 #ifndef UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_CHECKSUM_METHOD_ENGINE_STATS
 #define UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_CHECKSUM_METHOD_ENGINE_STATS
 uint16_t uniffi_kerntun_ffi_checksum_method_engine_stats(void
@@ -827,6 +843,12 @@ uint16_t uniffi_kerntun_ffi_checksum_method_engine_stop(void
 #ifndef UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_CHECKSUM_METHOD_ENGINE_TUN_NAME
 #define UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_CHECKSUM_METHOD_ENGINE_TUN_NAME
 uint16_t uniffi_kerntun_ffi_checksum_method_engine_tun_name(void
+    
+);
+#endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_CHECKSUM_METHOD_ENGINE_WAKE
+#define UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_CHECKSUM_METHOD_ENGINE_WAKE
+uint16_t uniffi_kerntun_ffi_checksum_method_engine_wake(void
     
 );
 #endif

@@ -72,6 +72,15 @@ pub enum StartError {
     TunIndex,
 }
 
+/// Why [`Engine::sleep`] or [`Engine::wake`] did nothing.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SleepError {
+    /// The engine is stopped or failed: it has no timers to pause.
+    #[error("the engine is not running")]
+    NotRunning,
+}
+
 /// Options for embedding the engine that are not configuration (the FFI
 /// uses them; the CLI does not).
 #[derive(Debug, Clone, Default)]
@@ -295,12 +304,13 @@ impl Engine {
     /// and the addresses of proxies given by host name are forgotten
     /// (fake-ip mappings stay: apps hold those addresses), and `info`'s DNS
     /// servers resolve proxy host names from now on unless `[direct]
-    /// bootstrap` is set (docs/configuration.md, "Host names"). The event sink
-    /// hears [`crate::EngineEvent::NetworkChanged`]. On a network with IPv6
-    /// and no IPv4, its NAT64 prefix is looked up from `info`'s DNS servers
-    /// on the engine's runtime, and outbound connects to IPv4 go through it
-    /// once found (`outbound/nat64.rs`; `nat64_prefix` in the statistics);
-    /// a network with IPv4 drops it at once.
+    /// bootstrap` is set (docs/configuration.md, "Host names") and answer
+    /// for a `"platform"` entry of `dns.upstreams` (docs/dns.md). The event
+    /// sink hears [`crate::EngineEvent::NetworkChanged`]. On a network with
+    /// IPv6 and no IPv4, its NAT64 prefix is looked up from `info`'s DNS
+    /// servers on the engine's runtime, and outbound connects to IPv4 go
+    /// through it once found (`outbound/nat64.rs`; `nat64_prefix` in the
+    /// statistics); a network with IPv4 drops it at once.
     ///
     /// Returns whether anything changed: the same `info` over the same
     /// interface addresses as last time is a no-op (nothing counted; only
@@ -332,6 +342,7 @@ impl Engine {
         parts.factory.rebind(info.interface.clone());
         if let Some(dns) = &parts.dns {
             dns.forget_answers();
+            dns.set_platform(&info.dns_servers);
         }
         parts.outbounds.set_platform_dns(&info.dns_servers);
         parts.outbounds.forget_names();
@@ -356,6 +367,47 @@ impl Engine {
             .life
             .emit(crate::EngineEvent::NetworkChanged { interface });
         Ok(true)
+    }
+
+    /// The device is going to sleep (iOS `NEPacketTunnelProvider.sleep`):
+    /// the engine's periodic ticks stop and keep no timer until
+    /// [`Engine::wake`]: the driver's cleanup tick (NAT entries, unaccepted
+    /// outbounds, idle UDP flows; `driver::CLEANUP_TICK`) and the heap trim
+    /// after load (`housekeeping::TICK`, Linux with glibc). Nothing else
+    /// changes: connections and flows stay, packets are still read and
+    /// relayed, and the timers that belong to a connection (its idle
+    /// timeout, smoltcp's retransmissions) run as before.
+    ///
+    /// Returns whether the engine was awake (a second call does nothing).
+    /// `timer_ticks` in the stats counts the ticks. Safe from any thread.
+    pub fn sleep(&self) -> Result<bool, SleepError> {
+        let life = self.running_life().ok_or(SleepError::NotRunning)?;
+        let changed = life.set_asleep(true);
+        if changed {
+            tracing::info!("asleep: periodic ticks paused");
+        }
+        Ok(changed)
+    }
+
+    /// The device woke (iOS `NEPacketTunnelProvider.wake`): the periodic
+    /// ticks [`Engine::sleep`] paused resume, each ticking once at once so
+    /// what expired while asleep is expired now. Returns whether the
+    /// engine was asleep (a second call does nothing).
+    pub fn wake(&self) -> Result<bool, SleepError> {
+        let life = self.running_life().ok_or(SleepError::NotRunning)?;
+        let changed = life.set_asleep(false);
+        if changed {
+            tracing::info!("awake: periodic ticks resumed");
+        }
+        Ok(changed)
+    }
+
+    /// The lifecycle of a running engine (not stopping, stopped or failed).
+    fn running_life(&self) -> Option<&Arc<Lifecycle>> {
+        self.inner
+            .as_ref()
+            .map(|i| &i.parts.life)
+            .filter(|l| l.phase() == Phase::Running)
     }
 
     /// Diagnostics: one line per smoltcp socket (state, queues, windows,
@@ -777,6 +829,7 @@ fn snapshot(inner: &Inner) -> StatsSnapshot {
     s.nat64_prefix = nat64.prefix().map(|p| p.to_string());
     s.nat64_synthesized = nat64.synthesized();
     s.nat64_discovery_failed = nat64.failed();
+    s.timer_ticks = parts.life.timer_ticks();
     s
 }
 

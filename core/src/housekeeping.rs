@@ -18,12 +18,14 @@
 //!
 //! Linux with glibc only: the other allocators the engine runs on (bionic's
 //! on Android, libmalloc on Darwin) give free pages back by themselves.
+//! While the engine sleeps (`Engine::sleep`) the tick keeps no timer
+//! ([`Ticker`]).
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
-use crate::lifecycle::{Lifecycle, Phase};
+use crate::lifecycle::{Lifecycle, Phase, Ticker};
 use crate::stack::Stack;
 use crate::stats::Stats;
 
@@ -113,15 +115,14 @@ fn live(stats: &Stats, stack: &Stack) -> u64 {
 /// what load grew the flow table to (`Stack::shrink`), so that the trim
 /// finds whole free pages.
 pub(crate) async fn run(stats: Arc<Stats>, life: Arc<Lifecycle>, stack: Stack) {
-    let mut tick = tokio::time::interval(TICK);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut tick = Ticker::new(TICK, &life);
     let mut quiet = Quiet {
         last: events(&stats),
         ..Quiet::default()
     };
     loop {
         tokio::select! {
-            _ = tick.tick() => {}
+            () = tick.tick(true) => {}
             () = life.reached(Phase::Draining) => return,
         }
         if !quiet.tick(events(&stats), live(&stats, &stack)) {

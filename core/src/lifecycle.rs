@@ -16,15 +16,25 @@
 //! each change of state ([`EngineEvent`]) once, from whichever thread made
 //! it, and must return at once (the FFI queues them for a thread of its
 //! own).
+//!
+//! Apart from the phase, the host can put a running engine to sleep
+//! (`Engine::sleep`, iOS's `sleep(completionHandler:)`) and wake it: every
+//! periodic tick of the engine is a [`Ticker`], which drops its timer while
+//! the engine sleeps and ticks once at once on wake, so expiry catches up.
+//! Connections, and the timers that belong to them (their idle timeouts,
+//! smoltcp's retransmissions), are not touched.
 
 use std::any::Any;
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::task::Poll;
+use std::time::Duration;
 
 use parking_lot::Mutex;
 use tokio::sync::watch;
+use tokio::time::{Interval, MissedTickBehavior};
 
 use crate::network::NetworkWatch;
 
@@ -82,6 +92,11 @@ pub(crate) struct Lifecycle {
     /// The network the host reported last (`network.rs`), heard by every
     /// relay and the UDP flow table.
     network: NetworkWatch,
+    /// Whether the host put the engine to sleep (`Engine::sleep`); every
+    /// [`Ticker`] watches it.
+    asleep: watch::Sender<bool>,
+    /// Ticks of every [`Ticker`] since start (`timer_ticks` in the stats).
+    ticks: AtomicU64,
     /// The test-only fault hook (`Engine::inject_fault`).
     #[cfg(any(test, feature = "fault-injection"))]
     fault: watch::Sender<Option<(EngineTask, Fault)>>,
@@ -104,6 +119,8 @@ impl Default for Lifecycle {
             fatal: Mutex::new(None),
             sink: Mutex::new(None),
             network: NetworkWatch::default(),
+            asleep: watch::Sender::new(false),
+            ticks: AtomicU64::new(0),
             #[cfg(any(test, feature = "fault-injection"))]
             fault: watch::Sender::new(None),
         }
@@ -304,6 +321,18 @@ impl Lifecycle {
         self.fatal.lock().clone()
     }
 
+    /// Put the engine to sleep (`true`) or wake it: every [`Ticker`]
+    /// drops its timer, or ticks at once. True if the state changed.
+    pub fn set_asleep(&self, asleep: bool) -> bool {
+        self.asleep
+            .send_if_modified(|a| std::mem::replace(a, asleep) != asleep)
+    }
+
+    /// Ticks of every [`Ticker`] since start.
+    pub fn timer_ticks(&self) -> u64 {
+        self.ticks.load(Relaxed)
+    }
+
     /// Test-only fault hook: make `task` fail as `fault` says. A task that
     /// runs until stop fails at once; the next DNS query task fails when
     /// it starts (the fault stays armed until another is injected).
@@ -338,6 +367,67 @@ impl Lifecycle {
     }
 }
 
+/// A periodic tick that keeps no timer while the engine sleeps
+/// ([`Lifecycle::set_asleep`]): its timer is dropped at once (not left to
+/// fire), and on wake it ticks at once, then every `period`. Each tick is
+/// counted ([`Lifecycle::timer_ticks`]). Like `tokio::time::interval`, the
+/// first tick is at once; a late tick delays the next ones.
+pub(crate) struct Ticker {
+    period: Duration,
+    /// `None` while asleep, and until the first tick is asked for.
+    interval: Option<Interval>,
+    asleep: watch::Receiver<bool>,
+    life: Arc<Lifecycle>,
+}
+
+impl Ticker {
+    pub fn new(period: Duration, life: &Arc<Lifecycle>) -> Ticker {
+        Ticker {
+            period,
+            interval: None,
+            asleep: life.asleep.subscribe(),
+            life: life.clone(),
+        }
+    }
+
+    /// Resolves at the next tick; while `armed` is false it only follows
+    /// sleep and wake (a caller with nothing to expire keeps its place in
+    /// the period). Cancel-safe: a caller may drop it in a `select!` and
+    /// call again without losing a tick or the wake-up one.
+    pub async fn tick(&mut self, armed: bool) {
+        loop {
+            if *self.asleep.borrow_and_update() {
+                self.interval = None;
+                if self.asleep.wait_for(|a| !*a).await.is_err() {
+                    // The sender lives as long as the lifecycle.
+                    return std::future::pending().await;
+                }
+            }
+            if !armed {
+                if self.asleep.changed().await.is_err() {
+                    return std::future::pending().await;
+                }
+                continue;
+            }
+            let period = self.period;
+            let interval = self.interval.get_or_insert_with(|| {
+                let mut i = tokio::time::interval(period);
+                i.set_missed_tick_behavior(MissedTickBehavior::Delay);
+                i
+            });
+            tokio::select! {
+                _ = interval.tick() => {
+                    self.life.ticks.fetch_add(1, Relaxed);
+                    return;
+                }
+                r = self.asleep.changed() => if r.is_err() {
+                    return std::future::pending().await;
+                },
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -353,6 +443,49 @@ mod tests {
         l.fail("second".into());
         assert_eq!(l.phase(), Phase::Stopped);
         assert_eq!(l.fatal().as_deref(), Some("first"));
+    }
+
+    /// A ticker ticks every period while awake, drops its timer and does
+    /// not tick while asleep, ticks at once on wake; unarmed it never
+    /// ticks but still follows sleep. Sleep and wake twice change nothing.
+    #[test]
+    fn a_ticker_keeps_no_timer_while_asleep_and_ticks_at_once_on_wake() {
+        use std::time::Instant;
+        const PERIOD: Duration = Duration::from_millis(20);
+        let life = Arc::new(Lifecycle::default());
+        rt().block_on(async {
+            let mut t = Ticker::new(PERIOD, &life);
+            // The first tick at once, then one a period.
+            let t0 = Instant::now();
+            for _ in 0..4 {
+                t.tick(true).await;
+            }
+            assert!(t0.elapsed() >= PERIOD * 3, "{:?}", t0.elapsed());
+            assert_eq!(life.timer_ticks(), 4);
+            assert!(life.set_asleep(true));
+            assert!(!life.set_asleep(true), "asleep already");
+            // Asleep: nothing for ten periods, and no timer held.
+            let slept = tokio::time::timeout(PERIOD * 10, t.tick(true)).await;
+            assert!(slept.is_err(), "no tick while asleep");
+            assert!(t.interval.is_none(), "the timer was dropped");
+            assert_eq!(life.timer_ticks(), 4);
+            // Woken: a tick at once, well before a period.
+            assert!(life.set_asleep(false));
+            assert!(!life.set_asleep(false), "awake already");
+            let t1 = Instant::now();
+            t.tick(true).await;
+            assert!(t1.elapsed() < PERIOD / 2, "{:?}", t1.elapsed());
+            assert_eq!(life.timer_ticks(), 5);
+            // Unarmed: no tick, and sleep still drops the timer.
+            let idle = tokio::time::timeout(PERIOD * 3, t.tick(false)).await;
+            assert!(idle.is_err());
+            assert!(t.interval.is_some(), "kept while awake");
+            life.set_asleep(true);
+            let idle = tokio::time::timeout(PERIOD, t.tick(false)).await;
+            assert!(idle.is_err());
+            assert!(t.interval.is_none(), "dropped on sleep, armed or not");
+            assert_eq!(life.timer_ticks(), 5);
+        });
     }
 
     fn rt() -> tokio::runtime::Runtime {

@@ -42,7 +42,9 @@ pub struct NetworkInfo {
     pub has_ipv4: bool,
     pub has_ipv6: bool,
     /// The network's own DNS servers: they resolve proxy host names
-    /// unless `[direct] bootstrap` is set (`outbound::resolve::choose`).
+    /// unless `[direct] bootstrap` is set (`outbound::resolve::choose`),
+    /// and are what a `"platform"` entry of `dns.upstreams` asks
+    /// (`dns::Dns::set_platform`).
     pub dns_servers: Vec<IpAddr>,
     /// A metered network (cellular, a hotspot).
     pub expensive: bool,

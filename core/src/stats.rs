@@ -84,6 +84,10 @@ pub struct DnsCounters {
     pub cache_hits: AtomicU64,
     /// Upstream exchanges that failed or timed out (each try counts).
     pub upstream_failures: AtomicU64,
+    /// Queries that found a `"platform"` upstream without a server (the
+    /// host reported none yet, or none usable): the next upstream was
+    /// asked, or the query failed if there was none.
+    pub platform_unavailable: AtomicU64,
     /// Queries answered SERVFAIL because every upstream failed.
     pub servfail: AtomicU64,
     /// Hijacked packets that were not a DNS query (counted, dropped).
@@ -119,6 +123,7 @@ impl DnsCounters {
             tcp_queries: g(&self.tcp_queries),
             cache_hits: g(&self.cache_hits),
             upstream_failures: g(&self.upstream_failures),
+            platform_unavailable: g(&self.platform_unavailable),
             servfail: g(&self.servfail),
             malformed: g(&self.malformed),
             refused: g(&self.refused),
@@ -141,6 +146,7 @@ pub struct DnsSnapshot {
     pub tcp_queries: u64,
     pub cache_hits: u64,
     pub upstream_failures: u64,
+    pub platform_unavailable: u64,
     pub servfail: u64,
     pub malformed: u64,
     pub refused: u64,
@@ -393,6 +399,10 @@ pub struct StatsSnapshot {
     pub nat64_synthesized: u64,
     /// Prefix discoveries on an IPv6-only network that found none.
     pub nat64_discovery_failed: u64,
+    /// Ticks of the engine's periodic timers (the driver's cleanup, the
+    /// heap trim); they stand still while the engine sleeps
+    /// (`Engine::sleep`).
+    pub timer_ticks: u64,
     /// Per proxy outbound.
     pub outbounds: Vec<OutboundSnapshot>,
     /// DNS service and sniffing.

@@ -5,7 +5,8 @@
 //! outbound that records the domain it is given), pool exhaustion,
 //! malformed queries, DNS over TCP from 2 000 attackers against the iOS
 //! budget, DNS over TLS (feature `dot`) and DNS over HTTPS through a SOCKS5
-//! outbound (feature `doh`).
+//! outbound (feature `doh`), and the `"platform"` upstream following the
+//! DNS servers `Engine::network_changed` reports.
 //!
 //! Needs root (CI runs as root); otherwise each test prints why it skipped.
 
@@ -16,12 +17,13 @@ use hickory_proto::op::{Message, ResponseCode};
 use hickory_proto::rr::RecordType;
 use kerntun::budget::{Budget, Platform};
 use kerntun::config::{Config, DriverMode, OutboundUdp, StackKind};
+use kerntun::network::{DefaultInterface, NetworkInfo};
 use kerntun::rules::{Action, Rule};
 use kerntun::{Engine, TunSource};
 use kerntun_testkit::child::{self, EngineProcess};
 use kerntun_testkit::dns::{self, DnsServer, Socks5Recorder, Zone};
 use kerntun_testkit::rig::{self, RESOLVER, Rig, RigBuilder};
-use kerntun_testkit::{Topology, require_root};
+use kerntun_testkit::{CLIENT_VETH, Topology, require_root};
 
 const WAIT: Duration = Duration::from_secs(3);
 
@@ -608,6 +610,120 @@ fn fake_ip_pool_exhaustion_answers_the_real_address_and_unknown_addresses_drop()
         s.drop_count("fake_ip_unknown") >= 1
     });
     assert!(socks.asked().is_empty());
+}
+
+/// The network the engine's sockets leave on (the topology's veth), with
+/// `dns` as its DNS servers.
+fn network_with_dns(dns: &[IpAddr]) -> NetworkInfo {
+    NetworkInfo {
+        interface: Some(DefaultInterface {
+            name: CLIENT_VETH.into(),
+            index: 0,
+        }),
+        has_ipv4: true,
+        dns_servers: dns.to_vec(),
+        ..NetworkInfo::default()
+    }
+}
+
+/// `upstreams = ["platform", fallback]`, with a rule that rejects the
+/// server namespace's IPv4 /24, where the network's DNS servers are: the
+/// `"platform"` entry asks the servers the last `network_changed` named,
+/// sent direct whatever the rules say, and follows a second report to
+/// another server; before any report, and after one without a usable
+/// server, it yields nothing (counted) and the fallback answers.
+#[test]
+fn the_platform_upstream_asks_the_servers_the_network_reported() {
+    require_root!();
+    let topo = Topology::new().expect("topology");
+    let first_ip = IpAddr::V4(topo.server_v4());
+    let second_ip = IpAddr::V4(std::net::Ipv4Addr::new(198, 19, topo.id as u8, 3));
+    topo.server
+        .ip(&["addr", "add", &format!("{second_ip}/24"), "dev", "kts"])
+        .expect("a second server address");
+    let answer = |last: u8| IpAddr::V4(std::net::Ipv4Addr::new(198, 19, 99, last));
+    let zone = |last: u8| Zone::new(60).with("who.test", answer(last));
+    let first = DnsServer::start(&topo.server, SocketAddr::new(first_ip, 53), zone(1))
+        .expect("the first network's dns");
+    let second = DnsServer::start(&topo.server, SocketAddr::new(second_ip, 53), zone(2))
+        .expect("the second network's dns");
+    let fallback = DnsServer::start(&topo.server, topo.server_addr(true, 5353), zone(3))
+        .expect("the configured upstream");
+    let v4_net = format!("198.19.{}.0/24", topo.id);
+    let rig = rig(vec!["platform".into(), format!("udp://{}", fallback.addr)])
+        .rule(Rule {
+            cidr: Some(v4_net.parse().expect("the server's /24")),
+            action: Action::Reject,
+            ..Rule::default()
+        })
+        .start_in(topo);
+    let who = |id: u16| dns::first_addr(&ask(&dns::query("who.test", RecordType::A, id)));
+
+    // No network reported yet: the entry yields nothing, the fallback answers.
+    assert_eq!(who(1), Some(answer(3)));
+    assert_eq!(
+        (first.queries(), second.queries(), fallback.queries()),
+        (0, 0, 1)
+    );
+    assert_eq!(rig.stats().dns.platform_unavailable, 1);
+
+    // The network names the first server: asked (the report forgot the
+    // cached answer), direct although the rules reject its address.
+    assert!(
+        rig.engine
+            .network_changed(network_with_dns(&[first_ip]))
+            .expect("running")
+    );
+    assert_eq!(who(2), Some(answer(1)));
+    assert_eq!(
+        (first.queries(), second.queries(), fallback.queries()),
+        (1, 0, 1)
+    );
+
+    // Another network, another server: that one is asked, no restart.
+    let loopback: IpAddr = "127.0.0.1".parse().expect("ip");
+    let report = network_with_dns(&[loopback, second_ip]);
+    assert!(rig.engine.network_changed(report).expect("running"));
+    assert_eq!(who(3), Some(answer(2)));
+    assert_eq!(
+        (first.queries(), second.queries(), fallback.queries()),
+        (1, 1, 1)
+    );
+
+    // A network without a usable server (loopback is left out): the
+    // fallback again, counted.
+    let report = network_with_dns(&[loopback]);
+    assert!(rig.engine.network_changed(report).expect("running"));
+    assert_eq!(who(4), Some(answer(3)));
+    assert_eq!(
+        (first.queries(), second.queries(), fallback.queries()),
+        (1, 1, 2)
+    );
+    let s = rig.stats();
+    assert_eq!(s.dns.platform_unavailable, 2, "{s:?}");
+    assert_eq!(s.dns.upstream_failures, 0, "{s:?}");
+    assert_eq!(s.dns.servfail, 0, "{s:?}");
+}
+
+/// `"platform"` alone, before the host reported a network: the query
+/// fails at once as with an unreachable upstream (SERVFAIL), counted.
+#[test]
+fn the_platform_upstream_alone_without_a_network_is_servfail() {
+    require_root!();
+    let topo = Topology::new().expect("topology");
+    let rig = rig(vec!["platform".to_string()]).start_in(topo);
+    let t0 = Instant::now();
+    let r = ask(&dns::query("who.test", RecordType::A, 9));
+    assert_eq!(r.metadata.id, 9);
+    assert_eq!(r.metadata.response_code, ResponseCode::ServFail);
+    assert!(
+        t0.elapsed() < Duration::from_millis(400),
+        "no upstream waited on: {:?}",
+        t0.elapsed()
+    );
+    let s = rig.stats();
+    assert_eq!(s.dns.platform_unavailable, 1, "{s:?}");
+    assert_eq!(s.dns.servfail, 1, "{s:?}");
 }
 
 #[cfg(feature = "dot")]

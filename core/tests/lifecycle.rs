@@ -1,10 +1,12 @@
 //! Start/stop hygiene: its own test binary, so no other test's threads or
-//! descriptors disturb the counts.
+//! descriptors disturb the counts. Also sleep and wake (`Engine::sleep`):
+//! the periodic ticks stand still while asleep, connections do not.
 
-use std::time::Duration;
+use std::io::{Read, Write};
+use std::time::{Duration, Instant};
 
-use kerntun::Engine;
 use kerntun::config::{DriverMode, StackKind};
+use kerntun::{Engine, SleepError};
 use kerntun_testkit::rig::Rig;
 use kerntun_testkit::servers::{self, Mode};
 use kerntun_testkit::{Topology, client, count_fds, count_threads, require_root, serial};
@@ -105,6 +107,82 @@ fn two_engines_run_side_by_side_in_one_process() {
     client::echo_transfer(sa.addr, 2, 1 << 20, false).expect("engine a");
     assert_eq!(ea.stats().tcp_sessions_total, 1);
     assert_eq!(eb.stats().tcp_sessions_total, 1);
+}
+
+/// While the engine sleeps its periodic ticks (`timer_ticks`: the driver's
+/// cleanup, once a second while a flow is open, and the heap-trim tick,
+/// every 2 s on Linux with glibc) stand still for 2.6 s, more than two
+/// periods of each, while a TCP connection opened before keeps echoing
+/// and a UDP flow keeps answering; on wake a tick comes at once (well
+/// before a period). Sleep and wake twice are no-ops; an engine stopped
+/// while asleep stops promptly; both are typed errors once it stopped.
+#[test]
+fn sleep_stops_the_periodic_ticks_and_wake_resumes_them() {
+    require_root!();
+    let _serial = serial();
+    let topo = Topology::new().expect("topology");
+    let srv = servers::tcp(&topo.server, topo.server_addr(false, 0), Mode::Echo).expect("server");
+    let udp = servers::udp_echo(&topo.server, topo.server_addr(false, 0)).expect("udp server");
+    let mut engine = Rig::builder().ipv4_only().engine_in(&topo);
+    let ticks = || engine.stats().timer_ticks;
+    let mut conn = std::net::TcpStream::connect_timeout(&srv.addr, Duration::from_secs(3))
+        .expect("connect through the tunnel");
+    conn.set_read_timeout(Some(Duration::from_secs(3)))
+        .expect("timeout");
+    let mut echo = |round: u8| {
+        let out = [round; 1000];
+        conn.write_all(&out).expect("write");
+        let mut back = [0u8; 1000];
+        conn.read_exact(&mut back).expect("echoed");
+        assert_eq!(back, out, "round {round}");
+    };
+    echo(1);
+    assert_eq!(client::udp_round_trips(udp.addr, 3, 100).expect("udp"), 3);
+    // Awake: ticks come (the first at start, then every period).
+    kerntun_testkit::wait_until("ticks while awake", Duration::from_secs(4), || ticks() >= 3);
+
+    assert!(engine.sleep().expect("running"), "was awake");
+    assert!(!engine.sleep().expect("running"), "asleep already");
+    std::thread::sleep(Duration::from_millis(100));
+    let asleep_at = ticks();
+    echo(2);
+    assert_eq!(client::udp_round_trips(udp.addr, 3, 100).expect("udp"), 3);
+    std::thread::sleep(Duration::from_millis(2_600));
+    echo(3);
+    assert_eq!(ticks(), asleep_at, "no tick in 2.6 s asleep");
+    assert!(engine.is_running());
+
+    assert!(engine.wake().expect("running"), "was asleep");
+    let woke = Instant::now();
+    assert!(!engine.wake().expect("running"), "awake already");
+    kerntun_testkit::wait_until("a tick at once on wake", Duration::from_millis(500), || {
+        ticks() > asleep_at
+    });
+    assert!(
+        woke.elapsed() < Duration::from_millis(900),
+        "{:?}",
+        woke.elapsed()
+    );
+    echo(4);
+    let s = engine.stats();
+    assert_eq!(
+        s.tcp_sessions_total, 1,
+        "the one connection throughout: {s:?}"
+    );
+    assert_eq!(s.sessions_reset_on_network_change, 0);
+
+    // An engine stopped while asleep stops as promptly as an awake one.
+    assert!(engine.sleep().expect("running"));
+    let stopping = Instant::now();
+    engine.stop();
+    assert!(
+        stopping.elapsed() < Duration::from_secs(2),
+        "stopped asleep in {:?}",
+        stopping.elapsed()
+    );
+    assert!(!engine.is_running());
+    assert!(matches!(engine.sleep(), Err(SleepError::NotRunning)));
+    assert!(matches!(engine.wake(), Err(SleepError::NotRunning)));
 }
 
 fn open_fds() -> std::collections::BTreeSet<String> {

@@ -339,7 +339,12 @@ pub struct DnsOptions {
     /// that the Linux CI does not have): there `tls://` and `https://` are
     /// refused at start with a `Config` error on `dns.upstreams`. `doh`
     /// adds about 1.5 MiB to the stripped library (measured on Linux
-    /// x86_64, docs/shipping.md). Needed when `enabled`.
+    /// x86_64, docs/shipping.md). The entry `"platform"` stands for the
+    /// network's own DNS servers, as the last `Engine.networkChanged` gave
+    /// them (`dns_servers`): each over UDP port 53, sent direct whatever
+    /// the rules say; before the first report (or with none usable) it
+    /// yields nothing and the next entry is asked (counted in
+    /// `DnsStats.platform_unavailable`). Needed when `enabled`.
     #[uniffi(default = [])]
     pub upstreams: Vec<String>,
     /// Time allowed to one upstream try.
@@ -1219,6 +1224,31 @@ mod tests {
                 }
                 other => panic!("{up}: expected a config error, got {other:?}"),
             }
+        }
+    }
+
+    /// `"platform"` passes through the FFI and validates, alone or with
+    /// servers; a near miss is a `Config` error on `dns.upstreams` naming
+    /// both forms.
+    #[test]
+    fn the_platform_upstream_is_accepted_and_a_near_miss_named() {
+        let with = |ups: &[&str]| {
+            let mut c = EngineConfig::default();
+            c.dns.enabled = true;
+            c.dns.upstreams = ups.iter().map(|u| u.to_string()).collect();
+            c.to_core()
+                .expect("translate")
+                .validate()
+                .map_err(KerntunError::from)
+        };
+        assert_eq!(with(&["platform"]), Ok(()));
+        assert_eq!(with(&["platform", "udp://198.19.1.2:53"]), Ok(()));
+        match with(&["Platform"]) {
+            Err(KerntunError::Config { field, reason }) => {
+                assert_eq!(field, "dns.upstreams");
+                assert!(reason.contains("\"platform\""), "{reason}");
+            }
+            other => panic!("expected a config error, got {other:?}"),
         }
     }
 

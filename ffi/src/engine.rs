@@ -229,6 +229,41 @@ impl Engine {
         })
     }
 
+    /// The device is going to sleep (iOS: the provider's
+    /// `sleep(completionHandler:)`): the engine's periodic ticks stop and
+    /// keep no timer until [`Engine::wake`]: the cleanup of expired flows
+    /// (once a second while there are flows) and, on Linux with glibc, the
+    /// heap trim after load (every 2 s). Nothing else changes: connections
+    /// stay, packets are still relayed, a connection's own timers (its
+    /// idle timeout) run as before. `stats()` counts the ticks in
+    /// `timer_ticks`, which stands still while asleep.
+    ///
+    /// Returns whether the engine was awake (a second call does nothing).
+    /// Fast; callable from any thread. Errors: `NotRunning` on a stopped
+    /// or failed engine.
+    pub fn sleep(&self) -> Result<bool, KerntunError> {
+        guard(|| {
+            let Some(e) = self.running() else {
+                return Err(KerntunError::from(kerntun::SleepError::NotRunning));
+            };
+            scoped(&self.log.dispatch, || e.sleep()).map_err(KerntunError::from)
+        })
+    }
+
+    /// The device woke (iOS: the provider's `wake()`): the ticks
+    /// [`Engine::sleep`] stopped resume, each once at once, so flows that
+    /// expired while asleep are closed now. Returns whether the engine was
+    /// asleep (a second call does nothing). Errors: `NotRunning` on a
+    /// stopped or failed engine.
+    pub fn wake(&self) -> Result<bool, KerntunError> {
+        guard(|| {
+            let Some(e) = self.running() else {
+                return Err(KerntunError::from(kerntun::SleepError::NotRunning));
+            };
+            scoped(&self.log.dispatch, || e.wake()).map_err(KerntunError::from)
+        })
+    }
+
     /// Whether the engine is running (not stopping or stopped, no fatal
     /// error). Never blocks on `stop`.
     pub fn is_running(&self) -> bool {

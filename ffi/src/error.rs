@@ -148,6 +148,21 @@ impl From<kerntun::network::NetworkError> for KerntunError {
     }
 }
 
+impl From<kerntun::SleepError> for KerntunError {
+    fn from(e: kerntun::SleepError) -> Self {
+        match e {
+            kerntun::SleepError::NotRunning => KerntunError::NotRunning {
+                reason: "sleep and wake need a running engine".into(),
+            },
+            // SleepError is non_exhaustive: a later variant still arrives
+            // typed, with its message.
+            other => KerntunError::Internal {
+                reason: other.to_string(),
+            },
+        }
+    }
+}
+
 /// What a platform hook reports back to the engine.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, uniffi::Error)]
 pub enum HookError {

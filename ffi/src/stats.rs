@@ -63,6 +63,10 @@ pub struct DnsStats {
     pub cache_hits: u64,
     /// Upstream exchanges that failed or timed out (each try counts).
     pub upstream_failures: u64,
+    /// Queries that found the `"platform"` upstream without a server (no
+    /// `networkChanged` yet, or none of its `dns_servers` usable): the
+    /// next upstream was asked, or the query failed if there was none.
+    pub platform_unavailable: u64,
     /// Queries answered SERVFAIL because every upstream failed.
     pub servfail: u64,
     /// Hijacked packets that were not a DNS query (dropped).
@@ -95,6 +99,7 @@ moved!(DnsSnapshot => DnsStats {
     tcp_queries,
     cache_hits,
     upstream_failures,
+    platform_unavailable,
     servfail,
     malformed,
     refused,
@@ -191,6 +196,11 @@ pub struct EngineStats {
     /// Prefix discoveries on an IPv6-only network that found none (IPv4
     /// then stays unreachable).
     pub nat64_discovery_failed: u64,
+    /// Ticks of the engine's periodic timers (the cleanup of expired
+    /// flows once a second while there are flows; the heap trim on Linux
+    /// with glibc): they stand still between `Engine.sleep` and
+    /// `Engine.wake`.
+    pub timer_ticks: u64,
     /// Per proxy outbound.
     pub outbounds: Vec<OutboundStats>,
     /// DNS service and sniffing.
@@ -250,6 +260,7 @@ impl From<StatsSnapshot> for EngineStats {
             nat64_prefix,
             nat64_synthesized,
             nat64_discovery_failed,
+            timer_ticks,
         } converted {
             stack: stack.to_string(),
             driver: driver.to_string(),

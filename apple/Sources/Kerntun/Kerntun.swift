@@ -706,6 +706,22 @@ public protocol EngineProtocol: AnyObject, Sendable {
     func setMemoryPressure(level: MemoryPressure) 
     
     /**
+     * The device is going to sleep (iOS: the provider's
+     * `sleep(completionHandler:)`): the engine's periodic ticks stop and
+     * keep no timer until [`Engine::wake`]: the cleanup of expired flows
+     * (once a second while there are flows) and, on Linux with glibc, the
+     * heap trim after load (every 2 s). Nothing else changes: connections
+     * stay, packets are still relayed, a connection's own timers (its
+     * idle timeout) run as before. `stats()` counts the ticks in
+     * `timer_ticks`, which stands still while asleep.
+     *
+     * Returns whether the engine was awake (a second call does nothing).
+     * Fast; callable from any thread. Errors: `NotRunning` on a stopped
+     * or failed engine.
+     */
+    func sleep() throws  -> Bool
+    
+    /**
      * A snapshot of every counter (the final one after `stop`). Never
      * blocks on `stop`.
      */
@@ -726,6 +742,15 @@ public protocol EngineProtocol: AnyObject, Sendable {
      * once stopped.
      */
     func tunName()  -> String?
+    
+    /**
+     * The device woke (iOS: the provider's `wake()`): the ticks
+     * [`Engine::sleep`] stopped resume, each once at once, so flows that
+     * expired while asleep are closed now. Returns whether the engine was
+     * asleep (a second call does nothing). Errors: `NotRunning` on a
+     * stopped or failed engine.
+     */
+    func wake() throws  -> Bool
     
     /**
      * Every group: type, members with their last probe's health and
@@ -998,6 +1023,29 @@ open func setMemoryPressure(level: MemoryPressure)  {try! rustCall() {
 }
     
     /**
+     * The device is going to sleep (iOS: the provider's
+     * `sleep(completionHandler:)`): the engine's periodic ticks stop and
+     * keep no timer until [`Engine::wake`]: the cleanup of expired flows
+     * (once a second while there are flows) and, on Linux with glibc, the
+     * heap trim after load (every 2 s). Nothing else changes: connections
+     * stay, packets are still relayed, a connection's own timers (its
+     * idle timeout) run as before. `stats()` counts the ticks in
+     * `timer_ticks`, which stands still while asleep.
+     *
+     * Returns whether the engine was awake (a second call does nothing).
+     * Fast; callable from any thread. Errors: `NotRunning` on a stopped
+     * or failed engine.
+     */
+open func sleep()throws  -> Bool  {
+    return try  FfiConverterBool.lift(try rustCallWithError(FfiConverterTypeKerntunError_lift) {
+        uniffiCallStatus in
+    uniffi_kerntun_ffi_fn_method_engine_sleep(
+            self.uniffiCloneHandle(),uniffiCallStatus
+    )
+})
+}
+    
+    /**
      * A snapshot of every counter (the final one after `stop`). Never
      * blocks on `stop`.
      */
@@ -1034,6 +1082,22 @@ open func tunName() -> String?  {
     return try!  FfiConverterOptionString.lift(try! rustCall() {
         uniffiCallStatus in
     uniffi_kerntun_ffi_fn_method_engine_tun_name(
+            self.uniffiCloneHandle(),uniffiCallStatus
+    )
+})
+}
+    
+    /**
+     * The device woke (iOS: the provider's `wake()`): the ticks
+     * [`Engine::sleep`] stopped resume, each once at once, so flows that
+     * expired while asleep are closed now. Returns whether the engine was
+     * asleep (a second call does nothing). Errors: `NotRunning` on a
+     * stopped or failed engine.
+     */
+open func wake()throws  -> Bool  {
+    return try  FfiConverterBool.lift(try rustCallWithError(FfiConverterTypeKerntunError_lift) {
+        uniffiCallStatus in
+    uniffi_kerntun_ffi_fn_method_engine_wake(
             self.uniffiCloneHandle(),uniffiCallStatus
     )
 })
@@ -2009,7 +2073,12 @@ public struct DnsOptions: Equatable, Hashable {
      * that the Linux CI does not have): there `tls://` and `https://` are
      * refused at start with a `Config` error on `dns.upstreams`. `doh`
      * adds about 1.5 MiB to the stripped library (measured on Linux
-     * x86_64, docs/shipping.md). Needed when `enabled`.
+     * x86_64, docs/shipping.md). The entry `"platform"` stands for the
+     * network's own DNS servers, as the last `Engine.networkChanged` gave
+     * them (`dns_servers`): each over UDP port 53, sent direct whatever
+     * the rules say; before the first report (or with none usable) it
+     * yields nothing and the next entry is asked (counted in
+     * `DnsStats.platform_unavailable`). Needed when `enabled`.
      */
     public var upstreams: [String]
     /**
@@ -2085,7 +2154,12 @@ public struct DnsOptions: Equatable, Hashable {
          * that the Linux CI does not have): there `tls://` and `https://` are
          * refused at start with a `Config` error on `dns.upstreams`. `doh`
          * adds about 1.5 MiB to the stripped library (measured on Linux
-         * x86_64, docs/shipping.md). Needed when `enabled`.
+         * x86_64, docs/shipping.md). The entry `"platform"` stands for the
+         * network's own DNS servers, as the last `Engine.networkChanged` gave
+         * them (`dns_servers`): each over UDP port 53, sent direct whatever
+         * the rules say; before the first report (or with none usable) it
+         * yields nothing and the next entry is asked (counted in
+         * `DnsStats.platform_unavailable`). Needed when `enabled`.
          */upstreams: [String] = [], 
         /**
          * Time allowed to one upstream try.
@@ -2224,6 +2298,12 @@ public struct DnsStats: Equatable, Hashable {
      */
     public var upstreamFailures: UInt64
     /**
+     * Queries that found the `"platform"` upstream without a server (no
+     * `networkChanged` yet, or none of its `dns_servers` usable): the
+     * next upstream was asked, or the query failed if there was none.
+     */
+    public var platformUnavailable: UInt64
+    /**
      * Queries answered SERVFAIL because every upstream failed.
      */
     public var servfail: UInt64
@@ -2287,6 +2367,11 @@ public struct DnsStats: Equatable, Hashable {
          * Upstream exchanges that failed or timed out (each try counts).
          */upstreamFailures: UInt64, 
         /**
+         * Queries that found the `"platform"` upstream without a server (no
+         * `networkChanged` yet, or none of its `dns_servers` usable): the
+         * next upstream was asked, or the query failed if there was none.
+         */platformUnavailable: UInt64, 
+        /**
          * Queries answered SERVFAIL because every upstream failed.
          */servfail: UInt64, 
         /**
@@ -2326,6 +2411,7 @@ public struct DnsStats: Equatable, Hashable {
         self.tcpQueries = tcpQueries
         self.cacheHits = cacheHits
         self.upstreamFailures = upstreamFailures
+        self.platformUnavailable = platformUnavailable
         self.servfail = servfail
         self.malformed = malformed
         self.refused = refused
@@ -2359,6 +2445,7 @@ public struct FfiConverterTypeDnsStats: FfiConverterRustBuffer {
                 tcpQueries: FfiConverterUInt64.read(from: &buf), 
                 cacheHits: FfiConverterUInt64.read(from: &buf), 
                 upstreamFailures: FfiConverterUInt64.read(from: &buf), 
+                platformUnavailable: FfiConverterUInt64.read(from: &buf), 
                 servfail: FfiConverterUInt64.read(from: &buf), 
                 malformed: FfiConverterUInt64.read(from: &buf), 
                 refused: FfiConverterUInt64.read(from: &buf), 
@@ -2378,6 +2465,7 @@ public struct FfiConverterTypeDnsStats: FfiConverterRustBuffer {
         FfiConverterUInt64.write(value.tcpQueries, into: &buf)
         FfiConverterUInt64.write(value.cacheHits, into: &buf)
         FfiConverterUInt64.write(value.upstreamFailures, into: &buf)
+        FfiConverterUInt64.write(value.platformUnavailable, into: &buf)
         FfiConverterUInt64.write(value.servfail, into: &buf)
         FfiConverterUInt64.write(value.malformed, into: &buf)
         FfiConverterUInt64.write(value.refused, into: &buf)
@@ -2759,6 +2847,13 @@ public struct EngineStats: Equatable, Hashable {
      */
     public var nat64DiscoveryFailed: UInt64
     /**
+     * Ticks of the engine's periodic timers (the cleanup of expired
+     * flows once a second while there are flows; the heap trim on Linux
+     * with glibc): they stand still between `Engine.sleep` and
+     * `Engine.wake`.
+     */
+    public var timerTicks: UInt64
+    /**
      * Per proxy outbound.
      */
     public var outbounds: [OutboundStats]
@@ -2848,6 +2943,12 @@ public struct EngineStats: Equatable, Hashable {
          * then stays unreachable).
          */nat64DiscoveryFailed: UInt64, 
         /**
+         * Ticks of the engine's periodic timers (the cleanup of expired
+         * flows once a second while there are flows; the heap trim on Linux
+         * with glibc): they stand still between `Engine.sleep` and
+         * `Engine.wake`.
+         */timerTicks: UInt64, 
+        /**
          * Per proxy outbound.
          */outbounds: [OutboundStats], 
         /**
@@ -2899,6 +3000,7 @@ public struct EngineStats: Equatable, Hashable {
         self.nat64Prefix = nat64Prefix
         self.nat64Synthesized = nat64Synthesized
         self.nat64DiscoveryFailed = nat64DiscoveryFailed
+        self.timerTicks = timerTicks
         self.outbounds = outbounds
         self.dns = dns
     }
@@ -2965,6 +3067,7 @@ public struct FfiConverterTypeEngineStats: FfiConverterRustBuffer {
                 nat64Prefix: FfiConverterOptionString.read(from: &buf), 
                 nat64Synthesized: FfiConverterUInt64.read(from: &buf), 
                 nat64DiscoveryFailed: FfiConverterUInt64.read(from: &buf), 
+                timerTicks: FfiConverterUInt64.read(from: &buf), 
                 outbounds: FfiConverterSequenceTypeOutboundStats.read(from: &buf), 
                 dns: FfiConverterTypeDnsStats.read(from: &buf)
         )
@@ -3017,6 +3120,7 @@ public struct FfiConverterTypeEngineStats: FfiConverterRustBuffer {
         FfiConverterOptionString.write(value.nat64Prefix, into: &buf)
         FfiConverterUInt64.write(value.nat64Synthesized, into: &buf)
         FfiConverterUInt64.write(value.nat64DiscoveryFailed, into: &buf)
+        FfiConverterUInt64.write(value.timerTicks, into: &buf)
         FfiConverterSequenceTypeOutboundStats.write(value.outbounds, into: &buf)
         FfiConverterTypeDnsStats.write(value.dns, into: &buf)
     }
@@ -6799,6 +6903,9 @@ private let initializationResult: InitializationResult = {
     if (uniffi_kerntun_ffi_checksum_method_engine_set_memory_pressure() != 38109) {
         return InitializationResult.apiChecksumMismatch
     }
+    if (uniffi_kerntun_ffi_checksum_method_engine_sleep() != 54383) {
+        return InitializationResult.apiChecksumMismatch
+    }
     if (uniffi_kerntun_ffi_checksum_method_engine_stats() != 25584) {
         return InitializationResult.apiChecksumMismatch
     }
@@ -6806,6 +6913,9 @@ private let initializationResult: InitializationResult = {
         return InitializationResult.apiChecksumMismatch
     }
     if (uniffi_kerntun_ffi_checksum_method_engine_tun_name() != 46394) {
+        return InitializationResult.apiChecksumMismatch
+    }
+    if (uniffi_kerntun_ffi_checksum_method_engine_wake() != 33426) {
         return InitializationResult.apiChecksumMismatch
     }
     if (uniffi_kerntun_ffi_checksum_method_engine_groups() != 13295) {

@@ -20,6 +20,8 @@
 //   and, when it changes in a way that matters (status, interfaces,
 //   gateways, IPv4/IPv6/DNS support, expensive/constrained), re-applies the
 //   tunnel settings with `reasserting` set;
+// * passes the device's sleep and wake to the engine (Engine.sleep/wake:
+//   its periodic ticks keep no timer while asleep; connections stay);
 // * answers any app message (NETunnelProviderSession.sendProviderMessage)
 //   with the engine's statistics as a JSON object;
 // * cancels the tunnel if the engine stops on its own, and stops the engine
@@ -273,6 +275,32 @@ open class KerntunPacketTunnelProvider: NEPacketTunnelProvider {
             self.engine?.stop()
             self.engine = nil
             completionHandler()
+        }
+    }
+
+    /// The device is going to sleep: the engine's periodic ticks (expiry of
+    /// idle flows) stop and keep no timer until `wake()` (`Engine.sleep`);
+    /// connections are left as they are. The system waits for the handler.
+    open override func sleep(completionHandler: @escaping () -> Void) {
+        queue.async {
+            do {
+                _ = try self.engine?.sleep()
+            } catch {
+                self.hooks.logError("sleep: \(error)")
+            }
+            completionHandler()
+        }
+    }
+
+    /// The device woke: the engine's ticks resume, the first at once, so
+    /// what expired while asleep is closed now (`Engine.wake`).
+    open override func wake() {
+        queue.async {
+            do {
+                _ = try self.engine?.wake()
+            } catch {
+                self.hooks.logError("wake: \(error)")
+            }
         }
     }
 

@@ -41,7 +41,9 @@ pub struct DnsConfig {
     /// `tls://IP:PORT#server-name` (DNS over TLS, feature `dot`),
     /// `https://IP[:PORT][/PATH]#server-name` (DNS over HTTPS, feature
     /// `doh`). Each is reached through the outbound the rules choose for its
-    /// address.
+    /// address. `"platform"` ([`PLATFORM_UPSTREAM`]) stands for the DNS
+    /// servers of the network the host reported last
+    /// (`Engine::network_changed`): UDP port 53, always sent direct.
     pub upstreams: Vec<String>,
     /// Time allowed to one upstream try.
     pub timeout_ms: u64,
@@ -82,6 +84,37 @@ impl Default for DnsConfig {
             fake_ip_filter: Vec::new(),
             tls_ca_file: None,
         }
+    }
+}
+
+/// The `dns.upstreams` entry that stands for the network's own DNS
+/// servers, as the host reports them (`Engine::network_changed`).
+pub const PLATFORM_UPSTREAM: &str = "platform";
+
+/// One `dns.upstreams` entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum UpstreamEntry {
+    /// A server given by address (`udp://`, `tcp://`, `tls://`, `https://`).
+    Server(Upstream),
+    /// [`PLATFORM_UPSTREAM`]: the DNS servers of the network the host
+    /// reported last, each over UDP port 53, sent direct whatever the
+    /// rules say (they serve the network the device is on, and answer
+    /// only from it); none until the host reports some.
+    Platform,
+}
+
+impl std::str::FromStr for UpstreamEntry {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        if s == PLATFORM_UPSTREAM {
+            return Ok(UpstreamEntry::Platform);
+        }
+        if !s.contains("://") {
+            return Err(format!(
+                "{s:?}: expected \"{PLATFORM_UPSTREAM}\" or udp://, tcp://, tls:// or https://"
+            ));
+        }
+        s.parse().map(UpstreamEntry::Server)
     }
 }
 
@@ -139,8 +172,9 @@ pub(crate) fn dot_missing() -> DnsConfigError {
 }
 
 impl DnsConfig {
-    /// The parsed upstreams (validated by [`DnsConfig::validate`]).
-    pub fn parsed_upstreams(&self) -> Result<Vec<Upstream>, DnsConfigError> {
+    /// Every upstream entry, parsed, in order (validated by
+    /// [`DnsConfig::validate`]).
+    pub fn upstream_entries(&self) -> Result<Vec<UpstreamEntry>, DnsConfigError> {
         self.upstreams
             .iter()
             .map(|u| {
@@ -150,6 +184,19 @@ impl DnsConfig {
                 })
             })
             .collect()
+    }
+
+    /// The upstreams given by address, in order; a `"platform"` entry is
+    /// left out (its servers are known only once the engine runs).
+    pub fn parsed_upstreams(&self) -> Result<Vec<Upstream>, DnsConfigError> {
+        Ok(self
+            .upstream_entries()?
+            .into_iter()
+            .filter_map(|e| match e {
+                UpstreamEntry::Server(up) => Some(up),
+                UpstreamEntry::Platform => None,
+            })
+            .collect())
     }
 
     /// Check the section. `reserved`: the TUN's own addresses (gateway and
@@ -162,6 +209,7 @@ impl DnsConfig {
         if self.upstreams.is_empty() {
             return Err(bad("upstreams", "at least one upstream is needed".into()));
         }
+        self.upstream_entries()?;
         let ups = self.parsed_upstreams()?;
         if !cfg!(feature = "dot") && ups.iter().any(|u| u.proto == UpstreamProto::Tls) {
             return Err(dot_missing());
@@ -275,5 +323,44 @@ mod tests {
         assert_eq!(enabled(Ipv6Only).validate(&[v4, v6]), Ok(()));
         let e = enabled(Ipv4Only).validate(&[v6]).expect_err("no tun.ipv4");
         assert!(e.reason.contains("tun.ipv4"), "{e}");
+    }
+
+    /// `"platform"` is an entry of its own, in its place in the order,
+    /// alone or among servers; left out of the servers given by address.
+    #[test]
+    fn platform_is_an_upstream_entry() {
+        let v4: IpAddr = "198.18.0.1".parse().expect("ip");
+        let with = |ups: &[&str]| DnsConfig {
+            enabled: true,
+            upstreams: ups.iter().map(|u| u.to_string()).collect(),
+            ..DnsConfig::default()
+        };
+        let server: Upstream = "udp://192.0.2.53:53".parse().expect("udp");
+        let c = with(&["udp://192.0.2.53:53", "platform"]);
+        assert_eq!(c.validate(&[v4]), Ok(()));
+        assert_eq!(
+            c.upstream_entries(),
+            Ok(vec![
+                UpstreamEntry::Server(server.clone()),
+                UpstreamEntry::Platform
+            ])
+        );
+        assert_eq!(c.parsed_upstreams(), Ok(vec![server]));
+        let alone = with(&["platform"]);
+        assert_eq!(alone.validate(&[v4]), Ok(()));
+        assert_eq!(alone.upstream_entries(), Ok(vec![UpstreamEntry::Platform]));
+        assert_eq!(alone.parsed_upstreams(), Ok(Vec::new()));
+        // Anything else without a scheme is refused, naming both forms.
+        for bad in ["Platform", "system", "platform:53", "192.0.2.53"] {
+            let e = with(&[bad]).validate(&[v4]).expect_err(bad);
+            assert_eq!(e.field, "upstreams");
+            assert!(e.reason.contains("\"platform\""), "{bad}: {e}");
+            assert!(e.reason.contains("udp://"), "{bad}: {e}");
+        }
+        // A bad server next to "platform" is still refused.
+        let e = with(&["platform", "udp://nowhere:53"])
+            .validate(&[v4])
+            .expect_err("a host name");
+        assert!(e.reason.contains("nowhere"), "{e}");
     }
 }

@@ -34,7 +34,9 @@ mod upstream;
 use crate::dnswire::frame::{self, Frame};
 use crate::dnswire::msg;
 pub use crate::dnswire::{Upstream, UpstreamProto};
-pub use config::{DnsConfig, DnsConfigError, DnsStrategy, default_resolver};
+pub use config::{
+    DnsConfig, DnsConfigError, DnsStrategy, PLATFORM_UPSTREAM, UpstreamEntry, default_resolver,
+};
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
@@ -84,7 +86,11 @@ type Shared = Result<(Arc<Message>, Arc<[u8]>), DnsError>;
 /// The DNS service of one engine.
 pub struct Dns {
     outbounds: Arc<Outbounds>,
-    upstreams: Vec<Upstream>,
+    upstreams: Vec<UpstreamEntry>,
+    /// What a `"platform"` entry stands for: the usable DNS servers of the
+    /// network the host reported last ([`Dns::set_platform`]), empty until
+    /// it reports some. Read once per upstream round, never per packet.
+    platform: Mutex<Arc<[Upstream]>>,
     /// Time allowed to one upstream try.
     timeout: Duration,
     hijack: Vec<IpAddr>,
@@ -208,7 +214,7 @@ impl Dns {
         if !c.enabled {
             return Ok(None);
         }
-        let upstreams = c.parsed_upstreams()?;
+        let upstreams = c.upstream_entries()?;
         let hijack = if c.hijack.is_empty() {
             tun_nets
                 .iter()
@@ -230,7 +236,10 @@ impl Dns {
                     .into_boxed_str()
             })
             .collect();
-        let tls = if upstreams.iter().any(|u| u.proto.over_tls()) {
+        let tls = if upstreams
+            .iter()
+            .any(|u| matches!(u, UpstreamEntry::Server(s) if s.proto.over_tls()))
+        {
             Some(tls_connector(c)?)
         } else {
             None
@@ -239,6 +248,7 @@ impl Dns {
         Ok(Some(Arc::new(Dns {
             outbounds,
             upstreams,
+            platform: Mutex::new(Arc::from([])),
             timeout: Duration::from_millis(c.timeout_ms.max(1)),
             hijack,
             hijack_all: c.hijack_all,
@@ -506,6 +516,26 @@ impl Dns {
         self.cache.trim(0);
     }
 
+    /// The host reported a network whose DNS servers are `servers`
+    /// (`Engine::network_changed`): a `"platform"` upstream asks them from
+    /// now on, each over UDP port 53, in the order given. Those no socket
+    /// here can reach are left out, as for proxy names
+    /// (`outbound::resolve::usable_platform_server`); with none left the
+    /// entry yields nothing until the next report.
+    pub fn set_platform(&self, servers: &[IpAddr]) {
+        let list: Arc<[Upstream]> = servers
+            .iter()
+            .filter(|ip| crate::outbound::resolve::usable_platform_server(**ip))
+            .map(|ip| Upstream {
+                proto: UpstreamProto::Udp,
+                addr: SocketAddr::new(*ip, 53),
+                server_name: None,
+                path: None,
+            })
+            .collect();
+        *self.platform.lock() = list;
+    }
+
     /// The cache, else the upstreams. A question already being asked
     /// upstream is not asked again: this lookup waits for that one's
     /// outcome (and asks itself only if that lookup was cancelled).
@@ -564,7 +594,10 @@ impl Dns {
     }
 
     /// The upstreams in order (each try bounded by the timeout and charged
-    /// against the in-flight budget); a cacheable reply is stored.
+    /// against the in-flight budget); a cacheable reply is stored. A
+    /// `"platform"` entry is each of the network's servers in turn, or,
+    /// before the host reported any, nothing (counted
+    /// `platform_unavailable`): the next entry is asked.
     async fn ask_upstreams(
         &self,
         q: &Message,
@@ -573,39 +606,55 @@ impl Dns {
         stats: &Stats,
     ) -> Result<(Arc<Message>, Vec<u8>), DnsError> {
         let mut up_q = q.clone();
-        for up in &self.upstreams {
-            let id = random_id();
-            up_q.metadata.id = id;
-            let Ok(wire) = up_q.to_vec() else {
-                return Err(DnsError::BadName);
-            };
-            let cost = match up.proto {
-                UpstreamProto::Udp => UDP_EXCHANGE,
-                UpstreamProto::Tcp | UpstreamProto::Tls | UpstreamProto::Https => STREAM_EXCHANGE,
-            };
-            let Some(charge) = self.charge(cost + wire.len(), stats) else {
-                return Err(DnsError::Busy);
-            };
-            let asked = self.ask(up, &wire, id, qq, stats, charge);
-            match tokio::time::timeout(self.timeout, asked).await {
-                Ok(Ok((m, raw))) => {
-                    let m = Arc::new(m);
-                    if let Some(ttl) = msg::cache_ttl(&m) {
-                        let now = Instant::now();
-                        let limit = self.cache_bytes.limit(now);
-                        self.cache.insert(key, &raw, ttl, now, limit);
+        for entry in &self.upstreams {
+            let platform: Arc<[Upstream]>;
+            let (ups, direct): (&[Upstream], bool) = match entry {
+                UpstreamEntry::Server(up) => (std::slice::from_ref(up), false),
+                UpstreamEntry::Platform => {
+                    platform = self.platform.lock().clone();
+                    if platform.is_empty() {
+                        stats.dns.platform_unavailable.fetch_add(1, Relaxed);
+                        tracing::debug!("dns upstream \"platform\": no server reported");
                     }
-                    return Ok((m, raw));
+                    (&platform, true)
                 }
-                Ok(Err(ExchangeError::Busy)) => return Err(DnsError::Busy),
-                Ok(Err(ExchangeError::Rejected)) => {}
-                Ok(Err(e)) => {
-                    stats.dns.upstream_failures.fetch_add(1, Relaxed);
-                    tracing::debug!("dns upstream {}: {e}", up.addr);
-                }
-                Err(_) => {
-                    stats.dns.upstream_failures.fetch_add(1, Relaxed);
-                    tracing::debug!("dns upstream {}: timed out", up.addr);
+            };
+            for up in ups {
+                let id = random_id();
+                up_q.metadata.id = id;
+                let Ok(wire) = up_q.to_vec() else {
+                    return Err(DnsError::BadName);
+                };
+                let cost = match up.proto {
+                    UpstreamProto::Udp => UDP_EXCHANGE,
+                    UpstreamProto::Tcp | UpstreamProto::Tls | UpstreamProto::Https => {
+                        STREAM_EXCHANGE
+                    }
+                };
+                let Some(charge) = self.charge(cost + wire.len(), stats) else {
+                    return Err(DnsError::Busy);
+                };
+                let asked = self.ask(up, direct, &wire, id, qq, stats, charge);
+                match tokio::time::timeout(self.timeout, asked).await {
+                    Ok(Ok((m, raw))) => {
+                        let m = Arc::new(m);
+                        if let Some(ttl) = msg::cache_ttl(&m) {
+                            let now = Instant::now();
+                            let limit = self.cache_bytes.limit(now);
+                            self.cache.insert(key, &raw, ttl, now, limit);
+                        }
+                        return Ok((m, raw));
+                    }
+                    Ok(Err(ExchangeError::Busy)) => return Err(DnsError::Busy),
+                    Ok(Err(ExchangeError::Rejected)) => {}
+                    Ok(Err(e)) => {
+                        stats.dns.upstream_failures.fetch_add(1, Relaxed);
+                        tracing::debug!("dns upstream {}: {e}", up.addr);
+                    }
+                    Err(_) => {
+                        stats.dns.upstream_failures.fetch_add(1, Relaxed);
+                        tracing::debug!("dns upstream {}: timed out", up.addr);
+                    }
                 }
             }
         }
@@ -623,10 +672,13 @@ impl Dns {
 
     /// One try: exchange, check the reply; a truncated UDP reply is asked
     /// again over TCP (same address, same outbound, same time budget, the
-    /// charge raised to a stream exchange's).
+    /// charge raised to a stream exchange's). `direct`: sent direct
+    /// whatever the rules say (a `"platform"` server).
+    #[allow(clippy::too_many_arguments)]
     async fn ask(
         &self,
         up: &Upstream,
+        direct: bool,
         wire: &[u8],
         id: u16,
         qq: &Query,
@@ -634,7 +686,7 @@ impl Dns {
         _charge: Charge,
     ) -> Result<(Message, Vec<u8>), ExchangeError> {
         let tls = self.tls.as_ref();
-        let raw = upstream::exchange(&self.outbounds, up, tls, wire, id, stats).await?;
+        let raw = upstream::exchange(&self.outbounds, up, direct, tls, wire, id, stats).await?;
         match msg::check_reply(&raw, id, qq) {
             Ok(m) => Ok((m, raw)),
             Err(BadReply::Truncated) if up.proto == UpstreamProto::Udp => {
@@ -645,7 +697,8 @@ impl Dns {
                     proto: UpstreamProto::Tcp,
                     ..up.clone()
                 };
-                let raw = upstream::exchange(&self.outbounds, &tcp, tls, wire, id, stats).await?;
+                let raw =
+                    upstream::exchange(&self.outbounds, &tcp, direct, tls, wire, id, stats).await?;
                 msg::check_reply(&raw, id, qq)
                     .map(|m| (m, raw))
                     .map_err(ExchangeError::Reply)

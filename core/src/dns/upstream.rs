@@ -81,9 +81,13 @@ pub(crate) type Tls = ();
 
 /// Send `wire` (a query with ID `id`) to `up` and return the raw reply, which
 /// carries the same ID and the QR bit (other datagrams are ignored).
+/// `direct`: sent direct whatever the rules say about `up`'s address (the
+/// network's own servers, a `"platform"` entry: they answer only from the
+/// network the device is on, and a proxy would carry the query elsewhere).
 pub(crate) async fn exchange(
     ob: &Outbounds,
     up: &Upstream,
+    direct: bool,
     tls: Option<&Tls>,
     wire: &[u8],
     id: u16,
@@ -94,7 +98,11 @@ pub(crate) async fn exchange(
         UpstreamProto::Udp => Target::ip(up.addr).udp(),
         _ => Target::ip(up.addr),
     };
-    let route = ob.route(&target);
+    let route = if direct {
+        Route::Direct
+    } else {
+        ob.route(&target)
+    };
     if route == Route::Reject {
         return Err(ExchangeError::Rejected);
     }

@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
 use crate::demux::Demux;
-use crate::lifecycle::{Lifecycle, Phase};
+use crate::lifecycle::{Lifecycle, Phase, Ticker};
 use crate::network::Addresses;
 use crate::packet::{Disposition, HEADROOM};
 use crate::stats::{EngineDrop, LocalCounters};
@@ -44,7 +44,9 @@ mod per_packet;
 pub const DRAIN_PER_EDGE: usize = 32;
 
 /// How often NAT entries, unaccepted outbounds and idle UDP flows are expired.
-/// Only armed while there is something to expire, so an idle tunnel sleeps.
+/// Only armed while there is something to expire, so an idle tunnel sleeps;
+/// no timer at all while the engine sleeps (`Engine::sleep`, [`Ticker`]),
+/// and one tick at once on wake.
 pub(crate) const CLEANUP_TICK: Duration = Duration::from_secs(1);
 
 /// Which driver runs.
@@ -128,24 +130,22 @@ pub(crate) async fn run(
 
 /// The head of every reader's loop: sleep until the device is readable, the
 /// engine stops, or a cleanup tick is due (armed only while there is state
-/// to expire, so an idle tunnel sleeps).
+/// to expire, so an idle tunnel sleeps; never while the engine sleeps).
 pub(crate) struct Head {
     tun: Arc<Tun>,
     phase: watch::Receiver<Phase>,
-    tick: tokio::time::Interval,
+    tick: Ticker,
     /// The host's network changes (`network.rs`): the flow table closes
     /// the flows a change stranded.
     network: watch::Receiver<Option<Arc<Addresses>>>,
 }
 
 impl Head {
-    pub fn new(tun: Arc<Tun>, life: &Lifecycle) -> Self {
-        let mut tick = tokio::time::interval(CLEANUP_TICK);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    pub fn new(tun: Arc<Tun>, life: &Arc<Lifecycle>) -> Self {
         Head {
             tun,
             phase: life.subscribe(),
-            tick,
+            tick: Ticker::new(CLEANUP_TICK, life),
             network: life.network().subscribe(),
         }
     }
@@ -180,7 +180,7 @@ impl Head {
                         demux.commit(Instant::now());
                     }
                 }
-                _ = self.tick.tick(), if armed => {
+                () = self.tick.tick(armed) => {
                     let now = Instant::now();
                     demux.cleanup(now);
                     demux.commit(now);

@@ -167,7 +167,7 @@ pub fn choose<'a>(
 }
 
 /// Whether a DNS server the host reported can be asked from here.
-fn usable_platform_server(ip: IpAddr) -> bool {
+pub(crate) fn usable_platform_server(ip: IpAddr) -> bool {
     let link_local_v6 = matches!(ip, IpAddr::V6(v6) if v6.segments()[0] & 0xffc0 == 0xfe80);
     !ip.is_loopback() && !ip.is_unspecified() && !link_local_v6
 }

@@ -700,10 +700,48 @@ fun groups() {
     engine.close()
     expectConfigError("groups: a member that does not exist", "groups.bad",
         base.copy(groups = mapOf("bad" to GroupOptions(kind = GroupType.SELECT, members = listOf("nowhere")))), hooks)
+ * The device sleeps and wakes (iOS's provider passes both on): on a running
+ * engine sleep() and wake() answer whether they changed anything (twice is
+ * a no-op), the periodic ticks (timerTicks) stand still while asleep,
+ * traffic flows throughout, a tick comes at once on wake; on a stopped
+ * engine both are a typed KerntunException.NotRunning.
+ */
+fun sleepWake() {
+    println("--- sleep and wake")
+    val hooks = Hooks()
+    val engine = Engine.start(config("ktslp", "198.18.0.1/16", null, Driver.PER_PACKET, Stack.SYSTEM), -1, hooks)
+    check(sh("ip", "route", "replace", "$serverV4/32", "dev", "ktslp") == 0, "sleep: route v4 via TUN")
+    // A connection leaves a NAT entry to expire: the cleanup ticks once a second.
+    check(tcpEcho(serverV4, 16 shl 10, 71), "sleep: TCP flows before")
+    check(waitFor { engine.stats().timerTicks >= 2uL }, "sleep: ticks while awake (${engine.stats().timerTicks})")
+    check(engine.sleep(), "sleep: a running engine goes to sleep")
+    check(!engine.sleep(), "sleep: asleep already, a second sleep changes nothing")
+    Thread.sleep(100)
+    val asleepAt = engine.stats().timerTicks
+    check(tcpEcho(serverV4, 16 shl 10, 72), "sleep: TCP flows while asleep")
+    Thread.sleep(1500)
+    check(engine.stats().timerTicks == asleepAt, "sleep: no tick in 1.5 s asleep ($asleepAt)")
+    check(engine.wake(), "sleep: a sleeping engine wakes")
+    check(!engine.wake(), "sleep: awake already, a second wake changes nothing")
+    check(waitFor(500) { engine.stats().timerTicks > asleepAt }, "sleep: a tick at once on wake (${engine.stats().timerTicks})")
+    check(tcpEcho(serverV4, 16 shl 10, 73), "sleep: TCP flows after wake")
+    engine.stop()
+    for ((name, call) in listOf<Pair<String, () -> Boolean>>("sleep" to { engine.sleep() }, "wake" to { engine.wake() })) {
+        try {
+            call()
+            check(false, "sleep: $name on a stopped engine must throw")
+        } catch (e: KerntunException.NotRunning) {
+            check(true, "sleep: $name when stopped -> KerntunException.NotRunning (${e.reason})")
+        }
+    }
+    engine.close()
 }
 
 guarded(" in the fault checks:") {
     faults()
+}
+guarded(" in the sleep checks:") {
+    sleepWake()
 }
 guarded(" in the network change checks:") {
     networkChanges()

@@ -15,12 +15,15 @@
 # Running/Failed/Stopped events and the log ring; it reports a network
 # change to a running engine (networkChanged: the NetworkChanged event, a
 # repeat is a no-op, typed errors for a bad DNS server and a stopped
-# engine); it lists a held TCP echo with Engine.connections() and closes it
-# (closeConnection: the socket is reset, the close counted); it changes an
-# engine's log level while it runs; and it drives outbound groups (select,
-# groups(), testLatency against the HTTP responder echo_server.py runs on
-# the port + 80, the GroupSelected and OutboundHealth events). Namespaces,
-# the server and temp files are removed on every exit. Before that, android_policy_test.kts tests the Android
+# engine); it puts an engine to sleep and wakes it (sleep/wake: timerTicks
+# stand still while asleep, a tick on wake, traffic throughout, repeats are
+# no-ops, NotRunning once stopped); it lists a held TCP echo with
+# Engine.connections() and closes it (closeConnection: the socket is
+# reset, the close counted); it changes an engine's log level while it
+# runs; and it drives outbound groups (select, groups(), testLatency
+# against the HTTP responder echo_server.py runs on the port + 80, the
+# GroupSelected and OutboundHealth events). Namespaces, the server and
+# temp files are removed on every exit. Before that, android_policy_test.kts tests the Android
 # module's platform-independent Kotlin (KerntunPolicy.kt) on the same JVM;
 # engine_test.kts also hammers the glue's EngineHandle.kt.
 #
