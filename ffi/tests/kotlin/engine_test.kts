@@ -700,6 +700,9 @@ fun groups() {
     engine.close()
     expectConfigError("groups: a member that does not exist", "groups.bad",
         base.copy(groups = mapOf("bad" to GroupOptions(kind = GroupType.SELECT, members = listOf("nowhere")))), hooks)
+}
+
+/**
  * The device sleeps and wakes (iOS's provider passes both on): on a running
  * engine sleep() and wake() answer whether they changed anything (twice is
  * a no-op), the periodic ticks (timerTicks) stand still while asleep,
