@@ -390,6 +390,9 @@ pub struct NetworkInfo {
     pub has_ipv6: bool,
     /// The network's DNS servers, as IP addresses (`8.8.8.8`,
     /// `2001:4860:4860::8888`; a scope suffix such as `%en0` is ignored).
+    /// They resolve proxy host names unless `direct.bootstrap` is set,
+    /// answer for a `"platform"` entry of `dns.upstreams`, and are asked
+    /// for the NAT64 prefix on a network without IPv4.
     pub dns_servers: Vec<String>,
     /// A metered network (cellular, a personal hotspot).
     pub expensive: bool,

@@ -3490,6 +3490,9 @@ public struct NetworkInfo: Equatable, Hashable {
     /**
      * The network's DNS servers, as IP addresses (`8.8.8.8`,
      * `2001:4860:4860::8888`; a scope suffix such as `%en0` is ignored).
+     * They resolve proxy host names unless `direct.bootstrap` is set,
+     * answer for a `"platform"` entry of `dns.upstreams`, and are asked
+     * for the NAT64 prefix on a network without IPv4.
      */
     public var dnsServers: [String]
     /**
@@ -3514,6 +3517,9 @@ public struct NetworkInfo: Equatable, Hashable {
         /**
          * The network's DNS servers, as IP addresses (`8.8.8.8`,
          * `2001:4860:4860::8888`; a scope suffix such as `%en0` is ignored).
+         * They resolve proxy host names unless `direct.bootstrap` is set,
+         * answer for a `"platform"` entry of `dns.upstreams`, and are asked
+         * for the NAT64 prefix on a network without IPv4.
          */dnsServers: [String], 
         /**
          * A metered network (cellular, a personal hotspot).
