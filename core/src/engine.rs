@@ -541,11 +541,18 @@ fn proxy_resolvers(config: &Config) -> Result<crate::outbound::resolve::Resolver
         .parsed_bootstrap()
         .map_err(ConfigError::Direct)?;
     let upstreams = config.dns.parsed_upstreams().map_err(ConfigError::from)?;
-    Ok(crate::outbound::resolve::Resolvers::pick(
-        &bootstrap,
-        &upstreams,
-        std::time::Duration::from_millis(config.dns.timeout_ms.max(1)),
-    ))
+    let timeout = std::time::Duration::from_millis(config.dns.timeout_ms.max(1));
+    // Android's host reports the network's DNS servers (network_changed)
+    // and there is no resolver file. iOS's path carries none, so a proxy
+    // name there still needs a configured resolver, as on the desktop.
+    Ok(match Budget::resolve(&config.budget).platform {
+        Platform::Android => {
+            crate::outbound::resolve::Resolvers::from_network(&bootstrap, &upstreams, timeout)
+        }
+        Platform::Ios | Platform::Desktop => {
+            crate::outbound::resolve::Resolvers::pick(&bootstrap, &upstreams, timeout)
+        }
+    })
 }
 
 /// Build every part of an engine: everything that can fail on the

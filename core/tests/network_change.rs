@@ -472,3 +472,69 @@ fn a_proxy_name_resolves_through_the_networks_dns() {
     let s = rig.stats();
     assert_eq!(s.outbounds[0].tcp_connects, 1, "{s:?}");
 }
+
+/// On Android (its budget here) the host reports the network's DNS
+/// servers, and there is no resolver file: an engine
+/// whose proxy is given by host name, with no `bootstrap` and no
+/// `dns.upstreams`, starts (`outbound::resolve` tests: a desktop one
+/// without a resolver refuses it); a connection before the host reported any server is
+/// refused and counted in `resolve_failures`; after `network_changed`
+/// names one, the proxy name resolves there and the connection goes
+/// through it.
+#[test]
+fn a_phone_starts_with_a_proxy_name_and_resolves_it_once_the_network_is_known() {
+    require_root!();
+    let topo = Topology::new().expect("topology");
+    let proxy = Socks5Recorder::start(&topo.server, topo.server_addr(false, 1080)).expect("socks5");
+    let platform = DnsServer::start(
+        &topo.server,
+        topo.server_addr(false, 53),
+        Zone::new(300).with("proxy.test", proxy.addr.ip()),
+    )
+    .expect("the network's dns server");
+    let outbound = OutboundConfig::Socks5(Socks5Config {
+        server: Address::Domain("proxy.test".into(), proxy.addr.port()),
+        username: None,
+        password: None,
+        udp: OutboundUdp::Relay,
+    });
+    let rig = Rig::builder()
+        .stack(StackKind::System)
+        .driver(DriverMode::PerPacket)
+        .ipv4_only()
+        .outbound("proxy", outbound.clone())
+        .rule(Rule {
+            action: Action::from("proxy"),
+            ..Rule::default()
+        })
+        .config(move |_, c| {
+            c.budget.platform = Some(kerntun::budget::Platform::Android);
+            c.direct.bootstrap = Vec::new();
+            c.dns.upstreams = Vec::new();
+            c.dns.timeout_ms = 500;
+        })
+        .start_in(topo);
+    let topo = &rig.topo;
+    let target = topo.server_addr(false, 7001);
+
+    let e = TcpStream::connect_timeout(&target, Duration::from_secs(3)).expect_err("unresolved");
+    assert_eq!(e.kind(), std::io::ErrorKind::ConnectionRefused, "{e}");
+    let s = rig.stats();
+    assert_eq!(s.outbounds[0].resolve_failures, 1, "{s:?}");
+    assert_eq!(platform.queries(), 0);
+
+    let info = NetworkInfo {
+        interface: Some(DefaultInterface {
+            name: CLIENT_VETH.into(),
+            index: 0,
+        }),
+        has_ipv4: true,
+        dns_servers: vec![platform.addr.ip()],
+        ..NetworkInfo::default()
+    };
+    assert!(rig.engine.network_changed(info).expect("running"));
+    let mut through = connect(target);
+    echo(&mut through, &pattern(6, 4096));
+    assert!(platform.queries() >= 1, "asked the network's server");
+    assert_eq!(proxy.asked(), vec![target.to_string()], "through the proxy");
+}

@@ -54,6 +54,10 @@ pub struct Resolvers {
     /// `list` is `[direct] bootstrap`: the network's servers never replace
     /// it.
     pinned: bool,
+    /// The host reports the network's DNS servers (`Engine::network_changed`,
+    /// Android): with nothing configured, proxy names wait for them
+    /// instead of refusing the start ([`Resolvers::from_network`]).
+    from_network: bool,
     /// The DNS servers of the network the host reported last
     /// ([`Resolvers::set_platform`]), shared by every clone; empty until
     /// it reports some.
@@ -91,6 +95,37 @@ impl Resolvers {
         }
     }
 
+    /// As [`Resolvers::pick`], for a host that reports the network's DNS
+    /// servers itself (Android, through `Engine::network_changed`):
+    /// there is no system resolver file to read, and with no `bootstrap`
+    /// or plain `upstreams` a proxy given by host name is accepted at start
+    /// and resolved through the network's servers once the host reports
+    /// them. Until then a connection through it fails, counted in the
+    /// outbound's `resolve_failures`.
+    pub fn from_network(
+        bootstrap: &[Upstream],
+        upstreams: &[Upstream],
+        timeout: Duration,
+    ) -> Resolvers {
+        let pinned = !bootstrap.is_empty();
+        let list = if pinned {
+            bootstrap.to_vec()
+        } else {
+            upstreams
+                .iter()
+                .filter(|u| !u.proto.over_tls())
+                .cloned()
+                .collect()
+        };
+        Resolvers {
+            list,
+            pinned,
+            from_network: true,
+            timeout,
+            ..Resolvers::default()
+        }
+    }
+
     /// Exactly these resolvers (the network's never replace them).
     pub fn new(list: Vec<Upstream>, timeout: Duration) -> Resolvers {
         Resolvers {
@@ -101,10 +136,10 @@ impl Resolvers {
         }
     }
 
-    /// Whether the configuration names no resolver (the network's servers
-    /// are not known before the engine starts).
+    /// Whether no resolver can ever answer for a proxy name: none
+    /// configured, and the host does not report the network's servers.
     pub fn is_empty(&self) -> bool {
-        self.list.is_empty()
+        self.list.is_empty() && !self.from_network
     }
 
     /// The configured resolvers.
@@ -455,7 +490,9 @@ pub async fn resolve(
     name: &str,
     timeout: Duration,
 ) -> Result<Answer, ResolveError> {
-    let mut last = ResolveError::NoAnswer("no resolver is configured".into());
+    let mut last = ResolveError::NoAnswer(
+        "no resolver is known: none configured (direct.bootstrap, dns.upstreams) and the network's DNS servers not reported yet (network_changed)".into(),
+    );
     for up in resolvers {
         let (a, aaaa) = tokio::join!(
             query(factory, up, name, false, timeout),
@@ -703,6 +740,51 @@ mod tests {
         );
         c.connected(ip("2001:db8::2"));
         assert_eq!(c.order(443), v6_first);
+    }
+
+    /// A phone's engine (the host reports the network's DNS servers)
+    /// reads no resolver file and accepts a proxy given by host name with
+    /// nothing configured; an engine that can never learn a resolver
+    /// refuses it, naming the proxy.
+    #[test]
+    fn a_phone_accepts_a_proxy_name_before_it_knows_a_resolver() {
+        use std::collections::BTreeMap;
+
+        use crate::config::{OutboundConfig, OutboundUdp, Socks5Config};
+        use crate::outbound::config::DirectConfig;
+        use crate::outbound::{Address, Outbounds, SocketFactory};
+        use crate::relay::RelayConfig;
+
+        let mut outs = BTreeMap::new();
+        outs.insert(
+            "proxy".to_string(),
+            OutboundConfig::Socks5(Socks5Config {
+                server: Address::Domain("proxy.test".into(), 1080),
+                username: None,
+                password: None,
+                udp: OutboundUdp::Relay,
+            }),
+        );
+        let build = |r: Resolvers| {
+            let factory = SocketFactory::new(&DirectConfig::default(), None);
+            Outbounds::new(&outs, &[], &RelayConfig::default(), factory, 64 * 1024, r)
+        };
+        let t = Duration::from_secs(1);
+        let phone = Resolvers::from_network(&[], &[], t);
+        assert!(phone.list().is_empty(), "a phone has no resolver file");
+        assert!(!phone.is_empty(), "it waits for the network's servers");
+        assert!(build(phone).is_ok());
+        let Err(e) = build(Resolvers::new(Vec::new(), t)) else {
+            panic!("nothing could ever resolve proxy.test")
+        };
+        let e = e.to_string();
+        assert!(
+            e.contains("proxy") && e.contains("no resolver is known"),
+            "{e}"
+        );
+        // What is configured still comes first on a phone.
+        let dns: Vec<Upstream> = vec!["udp://192.0.2.53:53".parse().expect("upstream")];
+        assert_eq!(Resolvers::from_network(&[], &dns, t).list(), &dns);
     }
 
     #[test]
