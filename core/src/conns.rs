@@ -274,19 +274,35 @@ impl Drop for Registered {
     }
 }
 
+/// Outbounds with no proxy (only `direct` and `reject`), for the bench
+/// and the tests.
+#[cfg(any(test, feature = "bench-internals"))]
+fn direct_only() -> Outbounds {
+    use crate::outbound::SocketFactory;
+    use crate::outbound::config::DirectConfig;
+    use crate::relay::RelayConfig;
+    let factory = SocketFactory::new(&DirectConfig::default(), None);
+    Outbounds::new(
+        &std::collections::BTreeMap::new(),
+        &[],
+        &RelayConfig::default(),
+        factory,
+        64 * 1024,
+        Default::default(),
+    )
+    .expect("outbounds with no proxy")
+}
+
 /// Entry points of the connection list's criterion bench
 /// (`benches/benches/relay.rs`), built with the `bench-internals` feature
 /// only.
 #[cfg(feature = "bench-internals")]
 pub mod bench {
-    use std::collections::BTreeMap;
     use std::net::{IpAddr, Ipv4Addr, SocketAddr};
     use std::sync::Arc;
 
     use super::{Connections, DomainSource, LIST_CAP, Listing, Registered};
-    use crate::outbound::config::DirectConfig;
-    use crate::outbound::{Outbounds, Route, SocketFactory};
-    use crate::relay::RelayConfig;
+    use crate::outbound::{Outbounds, Route};
     use crate::rules::Network;
 
     /// A registry of `n` relaying connections, each with a domain of the
@@ -300,16 +316,7 @@ pub mod bench {
 
     impl Registry {
         pub fn new(n: usize) -> Self {
-            let factory = SocketFactory::new(&DirectConfig::default(), None);
-            let outbounds = Outbounds::new(
-                &BTreeMap::new(),
-                &[],
-                &RelayConfig::default(),
-                factory,
-                64 * 1024,
-                Default::default(),
-            )
-            .expect("outbounds with no proxy");
+            let outbounds = super::direct_only();
             let conns = Arc::new(Connections::default());
             let domain = format!("{}.test", "a".repeat(248));
             let held = (0..n)
@@ -354,24 +361,10 @@ pub mod bench {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::BTreeMap;
-
     use super::*;
-    use crate::outbound::SocketFactory;
-    use crate::outbound::config::DirectConfig;
-    use crate::relay::RelayConfig;
 
     fn outbounds() -> Outbounds {
-        let factory = SocketFactory::new(&DirectConfig::default(), None);
-        Outbounds::new(
-            &BTreeMap::new(),
-            &[],
-            &RelayConfig::default(),
-            factory,
-            64 * 1024,
-            Default::default(),
-        )
-        .expect("outbounds")
+        direct_only()
     }
 
     fn addr(s: &str) -> SocketAddr {

@@ -401,14 +401,22 @@ fn proxied_udp_flow_on_a_lost_uplink_is_dropped() {
     assert_eq!(s.udp_flows_dropped_on_network_change, 1, "{s:?}");
 }
 
-/// A SOCKS5 proxy given by name, no `bootstrap`, and a configured
-/// upstream that does not know the name: the proxy cannot be reached
-/// (counted in `resolve_failures`) until the host reports a network whose
-/// DNS server (UDP port 53, in the server namespace) answers the name;
-/// then the next connection resolves it there and goes through the proxy.
-#[test]
-fn a_proxy_name_resolves_through_the_networks_dns() {
-    require_root!();
+/// A SOCKS5 proxy given as `proxy.test`, a name only the network's DNS
+/// server (UDP port 53 in the server namespace) knows, and a system-stack
+/// engine that sends everything to it, with no `bootstrap`, its
+/// configuration tweaked by `tweak`; `before` runs in the topology first
+/// (a server the tweak names).
+struct NamedProxy<T> {
+    rig: Rig,
+    proxy: Socks5Recorder,
+    platform: DnsServer,
+    before: T,
+}
+
+fn named_proxy<T>(
+    before: impl FnOnce(&Topology) -> T,
+    tweak: impl FnOnce(&T, &mut kerntun::Config),
+) -> NamedProxy<T> {
     let topo = Topology::new().expect("topology");
     let proxy = Socks5Recorder::start(&topo.server, topo.server_addr(false, 1080)).expect("socks5");
     let platform = DnsServer::start(
@@ -417,9 +425,8 @@ fn a_proxy_name_resolves_through_the_networks_dns() {
         Zone::new(300).with("proxy.test", proxy.addr.ip()),
     )
     .expect("the network's dns server");
-    let configured = DnsServer::start(&topo.server, topo.server_addr(false, 5353), Zone::new(300))
-        .expect("a configured upstream");
-    let upstream = format!("udp://{}", configured.addr);
+    let before = before(&topo);
+    let seen = &before;
     let rig = Rig::builder()
         .stack(StackKind::System)
         .driver(DriverMode::PerPacket)
@@ -439,102 +446,98 @@ fn a_proxy_name_resolves_through_the_networks_dns() {
         })
         .config(move |_, c| {
             c.direct.bootstrap = Vec::new();
-            c.dns.upstreams = vec![upstream];
             c.dns.timeout_ms = 500;
+            tweak(seen, c);
         })
         .start_in(topo);
-    let topo = &rig.topo;
-    let target = topo.server_addr(false, 7001);
+    NamedProxy {
+        rig,
+        proxy,
+        platform,
+        before,
+    }
+}
 
+impl<T> NamedProxy<T> {
+    /// A connection before the host reported a network: refused at once,
+    /// counted in `resolve_failures`, the network's server not asked.
+    fn refused_before_the_report(&self, target: SocketAddr) {
+        let e =
+            TcpStream::connect_timeout(&target, Duration::from_secs(3)).expect_err("unresolved");
+        assert_eq!(e.kind(), std::io::ErrorKind::ConnectionRefused, "{e}");
+        let s = self.rig.stats();
+        assert_eq!(s.outbounds[0].resolve_failures, 1, "{s:?}");
+        assert_eq!(self.platform.queries(), 0);
+    }
+
+    /// The host reports a network whose DNS server is the platform one:
+    /// the next connection resolves the name there and goes through the
+    /// proxy, byte-exact.
+    fn through_after_the_report(&self, target: SocketAddr, seed: u64) {
+        let info = NetworkInfo {
+            interface: Some(DefaultInterface {
+                name: CLIENT_VETH.into(),
+                index: 0,
+            }),
+            has_ipv4: true,
+            dns_servers: vec![self.platform.addr.ip()],
+            ..NetworkInfo::default()
+        };
+        assert!(self.rig.engine.network_changed(info).expect("running"));
+        let mut through = connect(target);
+        echo(&mut through, &pattern(seed, 4096));
+        assert!(self.platform.queries() >= 1, "asked the network's server");
+        assert_eq!(
+            self.proxy.asked(),
+            vec![target.to_string()],
+            "through the proxy"
+        );
+        let s = self.rig.stats();
+        assert_eq!(s.outbounds[0].tcp_connects, 1, "{s:?}");
+    }
+}
+
+/// A SOCKS5 proxy given by name, no `bootstrap`, and a configured
+/// upstream that does not know the name: the proxy cannot be reached
+/// (counted in `resolve_failures`) until the host reports a network whose
+/// DNS server (UDP port 53, in the server namespace) answers the name;
+/// then the next connection resolves it there and goes through the proxy.
+#[test]
+fn a_proxy_name_resolves_through_the_networks_dns() {
+    require_root!();
+    let np = named_proxy(
+        |topo| {
+            DnsServer::start(&topo.server, topo.server_addr(false, 5353), Zone::new(300))
+                .expect("a configured upstream")
+        },
+        |configured, c| c.dns.upstreams = vec![format!("udp://{}", configured.addr)],
+    );
+    let target = np.rig.topo.server_addr(false, 7001);
     // Before any network change: the configured upstream, which says
     // NXDOMAIN; the app hears a refusal.
-    let e = TcpStream::connect_timeout(&target, Duration::from_secs(3)).expect_err("unresolved");
-    assert_eq!(e.kind(), std::io::ErrorKind::ConnectionRefused, "{e}");
-    let s = rig.stats();
-    assert_eq!(s.outbounds[0].resolve_failures, 1, "{s:?}");
-    assert!(configured.queries() >= 1);
-    assert_eq!(platform.queries(), 0);
-
-    let info = NetworkInfo {
-        interface: Some(DefaultInterface {
-            name: CLIENT_VETH.into(),
-            index: 0,
-        }),
-        has_ipv4: true,
-        dns_servers: vec![platform.addr.ip()],
-        ..NetworkInfo::default()
-    };
-    assert!(rig.engine.network_changed(info).expect("running"));
-    let mut through = connect(target);
-    echo(&mut through, &pattern(5, 4096));
-    assert!(platform.queries() >= 1, "asked the network's server");
-    assert_eq!(proxy.asked(), vec![target.to_string()], "through the proxy");
-    let s = rig.stats();
-    assert_eq!(s.outbounds[0].tcp_connects, 1, "{s:?}");
+    np.refused_before_the_report(target);
+    assert!(np.before.queries() >= 1);
+    np.through_after_the_report(target, 5);
 }
 
 /// On Android (its budget here) the host reports the network's DNS
-/// servers, and there is no resolver file: an engine
-/// whose proxy is given by host name, with no `bootstrap` and no
-/// `dns.upstreams`, starts (`outbound::resolve` tests: a desktop one
-/// without a resolver refuses it); a connection before the host reported any server is
-/// refused and counted in `resolve_failures`; after `network_changed`
-/// names one, the proxy name resolves there and the connection goes
-/// through it.
+/// servers, and there is no resolver file: an engine whose proxy is given
+/// by host name, with no `bootstrap` and no `dns.upstreams`, starts
+/// (`outbound::resolve` tests: one that can never learn a resolver refuses
+/// it); a connection before the host reported any server is refused and
+/// counted in `resolve_failures`; after `network_changed` names one, the
+/// proxy name resolves there and the connection goes through it.
 #[test]
 fn a_phone_starts_with_a_proxy_name_and_resolves_it_once_the_network_is_known() {
     require_root!();
-    let topo = Topology::new().expect("topology");
-    let proxy = Socks5Recorder::start(&topo.server, topo.server_addr(false, 1080)).expect("socks5");
-    let platform = DnsServer::start(
-        &topo.server,
-        topo.server_addr(false, 53),
-        Zone::new(300).with("proxy.test", proxy.addr.ip()),
-    )
-    .expect("the network's dns server");
-    let outbound = OutboundConfig::Socks5(Socks5Config {
-        server: Address::Domain("proxy.test".into(), proxy.addr.port()),
-        username: None,
-        password: None,
-        udp: OutboundUdp::Relay,
-    });
-    let rig = Rig::builder()
-        .stack(StackKind::System)
-        .driver(DriverMode::PerPacket)
-        .ipv4_only()
-        .outbound("proxy", outbound.clone())
-        .rule(Rule {
-            action: Action::from("proxy"),
-            ..Rule::default()
-        })
-        .config(move |_, c| {
+    let np = named_proxy(
+        |_| (),
+        |(), c| {
             c.budget.platform = Some(kerntun::budget::Platform::Android);
-            c.direct.bootstrap = Vec::new();
             c.dns.upstreams = Vec::new();
-            c.dns.timeout_ms = 500;
-        })
-        .start_in(topo);
-    let topo = &rig.topo;
-    let target = topo.server_addr(false, 7001);
-
-    let e = TcpStream::connect_timeout(&target, Duration::from_secs(3)).expect_err("unresolved");
-    assert_eq!(e.kind(), std::io::ErrorKind::ConnectionRefused, "{e}");
-    let s = rig.stats();
-    assert_eq!(s.outbounds[0].resolve_failures, 1, "{s:?}");
-    assert_eq!(platform.queries(), 0);
-
-    let info = NetworkInfo {
-        interface: Some(DefaultInterface {
-            name: CLIENT_VETH.into(),
-            index: 0,
-        }),
-        has_ipv4: true,
-        dns_servers: vec![platform.addr.ip()],
-        ..NetworkInfo::default()
-    };
-    assert!(rig.engine.network_changed(info).expect("running"));
-    let mut through = connect(target);
-    echo(&mut through, &pattern(6, 4096));
-    assert!(platform.queries() >= 1, "asked the network's server");
-    assert_eq!(proxy.asked(), vec![target.to_string()], "through the proxy");
+        },
+    );
+    let target = np.rig.topo.server_addr(false, 7001);
+    np.refused_before_the_report(target);
+    np.through_after_the_report(target, 6);
 }

@@ -18,13 +18,8 @@ use crate::stats::Stats;
 /// engine's counter saw.
 pub fn count_chunks(chunks: u64, len: usize, flow: bool) -> u64 {
     let stats = Stats::default();
-    let (up, down) = (AtomicU64::new(0), AtomicU64::new(0));
-    let meter = Meter::tcp(&stats, None);
-    let meter = if flow {
-        meter.with_flow(&up, &down)
-    } else {
-        meter
-    };
+    let conn = (AtomicU64::new(0), AtomicU64::new(0));
+    let meter = meter(&stats, flow.then_some(&conn));
     let leg_meter = meter.up_leg();
     let mut leg = Leg::default();
     for _ in 0..chunks {
@@ -33,6 +28,16 @@ pub fn count_chunks(chunks: u64, len: usize, flow: bool) -> u64 {
     stats
         .tcp_bytes_up
         .load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// The engine's TCP meter, counting into a connection's own `(up, down)`
+/// too when given.
+fn meter<'a>(stats: &'a Stats, conn: Option<&'a (AtomicU64, AtomicU64)>) -> Meter<'a> {
+    let meter = Meter::tcp(stats, None);
+    match conn {
+        Some((up, down)) => meter.with_flow(up, down),
+        None => meter,
+    }
 }
 
 /// Two loopback TCP connections with the engine's userspace copy relay
@@ -59,13 +64,8 @@ impl CopyRelay {
             let (mut client, app) = pair().await?;
             let (out, mut server) = pair().await?;
             let stats = Stats::default();
-            let (up, down) = (AtomicU64::new(0), AtomicU64::new(0));
-            let meter = Meter::tcp(&stats, None);
-            let meter = if flow {
-                meter.with_flow(&up, &down)
-            } else {
-                meter
-            };
+            let conn = (AtomicU64::new(0), AtomicU64::new(0));
+            let meter = meter(&stats, flow.then_some(&conn));
             let opts = RelayOptions {
                 splice: false,
                 ..RelayOptions::default()
