@@ -149,12 +149,16 @@ guarded {
     TunnelStatus.removeStatsListener(a)
     check(counts.size == 4 && TunnelStatus.statsListenerCount == 0, "without the service's callback, adding and removing still work")
 
-    // --- the tick schedule: once a second while watched, once a minute (or never) otherwise
-    val ts = TickSchedule()
+    // --- the tick schedule: once a second while watched, none otherwise (or what the app asks)
+    val stops = TickSchedule()
+    stops.onScreen(false)
+    check(stops.delayNow() == null && stops.delayAfterTick() == null,
+        "by default the tick stops while nobody watches (screen off, no listener)")
+    val ts = TickSchedule(unwatchedMillis = 60_000L)
     check(ts.watched && ts.delayAfterTick() == 1_000L, "starts watched (screen on until told otherwise): every second")
     check(ts.onScreen(false), "screen off, no listener: the schedule changes")
     check(!ts.watched && ts.delayNow() == 60_000L && ts.delayAfterTick() == 60_000L,
-        "nobody watching: the next tick in a minute, then every minute")
+        "unwatchedMillis = 60 s, nobody watching: the next tick in a minute, then every minute")
     check(!ts.onScreen(false), "a repeated screen-off changes nothing")
     check(ts.onStatsListeners(1) && ts.watched && ts.delayNow() == 0L,
         "a statistics listener with the screen off: watched, tick now")

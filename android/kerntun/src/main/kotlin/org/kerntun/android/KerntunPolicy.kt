@@ -463,12 +463,13 @@ class TickSchedule(
         const val WATCHED_MILLIS: Long = 1_000
 
         /**
-         * Once a minute: an engine that died is noticed within a minute of
-         * the device being awake, at a sixtieth of the watched rate. (A
-         * Handler's delay counts uptime, which stops while the device
-         * sleeps: the tick never wakes the device.)
+         * None: while nobody watches the tick stops. The engine reports its
+         * own failure (`EngineEvent.Failed`, heard by the service's
+         * listener) and `onTrimMemory` keeps arriving, so nothing needs
+         * polling. An app that wants the memory info polled anyway sets
+         * `unwatchedTickMillis` (once a minute was the old default).
          */
-        const val UNWATCHED_MILLIS: Long = 60_000
+        val UNWATCHED_MILLIS: Long? = null
     }
 }
 

@@ -119,9 +119,10 @@ abstract class KerntunVpnService : VpnService() {
     open val dnsServers: List<String> = listOf("1.1.1.1", "2606:4700:4700::1111")
 
     /**
-     * How often the engine's health and the memory info are checked while
-     * nobody watches (screen off, no [TunnelStatus] statistics listener);
-     * null: not until somebody watches again. See [TickSchedule].
+     * How often the memory info is polled while nobody watches (screen off,
+     * no [TunnelStatus] statistics listener); null (the default): not until
+     * somebody watches again. The engine's failure comes as an event
+     * either way. See [TickSchedule].
      */
     open val unwatchedTickMillis: Long? = TickSchedule.UNWATCHED_MILLIS
 
