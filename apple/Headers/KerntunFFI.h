@@ -303,6 +303,11 @@ uint64_t uniffi_kerntun_ffi_fn_constructor_engine_start(RustBuffer config, int32
 int8_t uniffi_kerntun_ffi_fn_method_engine_close_connection(uint64_t ptr, uint64_t id, RustCallStatus *_Nonnull out_status
 );
 #endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_FN_METHOD_ENGINE_CLOSE_CONNECTIONS
+#define UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_FN_METHOD_ENGINE_CLOSE_CONNECTIONS
+uint64_t uniffi_kerntun_ffi_fn_method_engine_close_connections(uint64_t ptr, RustBuffer filter, RustCallStatus *_Nonnull out_status
+);
+#endif
 #ifndef UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_FN_METHOD_ENGINE_CONNECTIONS
 #define UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_FN_METHOD_ENGINE_CONNECTIONS
 RustBuffer uniffi_kerntun_ffi_fn_method_engine_connections(uint64_t ptr, RustCallStatus *_Nonnull out_status
@@ -765,6 +770,12 @@ uint16_t uniffi_kerntun_ffi_checksum_func_init_logging(void
 #ifndef UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_CHECKSUM_METHOD_ENGINE_CLOSE_CONNECTION
 #define UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_CHECKSUM_METHOD_ENGINE_CLOSE_CONNECTION
 uint16_t uniffi_kerntun_ffi_checksum_method_engine_close_connection(void
+    
+);
+#endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_CHECKSUM_METHOD_ENGINE_CLOSE_CONNECTIONS
+#define UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_CHECKSUM_METHOD_ENGINE_CLOSE_CONNECTIONS
+uint16_t uniffi_kerntun_ffi_checksum_method_engine_close_connections(void
     
 );
 #endif

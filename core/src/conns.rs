@@ -21,7 +21,7 @@ use parking_lot::Mutex;
 use serde::Serialize;
 use tokio::sync::Notify;
 
-use crate::outbound::{Outbounds, Route};
+use crate::outbound::{Outbounds, Route, Why};
 use crate::rules::Network;
 use crate::stats::Stats;
 
@@ -79,9 +79,14 @@ pub struct Connection {
     /// The domain the flow was routed by, if any.
     pub domain: Option<String>,
     pub domain_source: DomainSource,
-    /// The rule that matched. `None`: the dispatcher learns the route from
-    /// the rules, not which rule gave it, so no record names one yet.
+    /// The rule that matched ([`crate::rules::Rule::label`]): its `name`,
+    /// or its place and conditions. `None` while a sniffing connection is
+    /// not routed yet, and when no rule matched (the default route,
+    /// direct).
     pub rule: Option<String>,
+    /// The groups the flow went through to its outbound, outermost first
+    /// (empty when a rule named the outbound itself).
+    pub chain: Vec<String>,
     /// The outbound's name (`direct`, or a proxy's); `None` until a
     /// sniffing connection is routed.
     pub outbound: Option<String>,
@@ -113,8 +118,9 @@ pub(crate) struct Record {
     /// Set once, when the domain is known (at start for fake-ip, after
     /// sniffing otherwise).
     domain: OnceLock<(Box<str>, DomainSource)>,
-    /// Set once, when the route is known.
-    route: OnceLock<Route>,
+    /// Set once, when the route is known, with the rule and groups that
+    /// chose it.
+    route: OnceLock<(Route, Why)>,
     state: AtomicU8,
     /// Updated per relayed chunk (`relay::Meter::flow`).
     pub up: AtomicU64,
@@ -130,15 +136,32 @@ impl Record {
         let _ = self.domain.set((domain.into(), source));
     }
 
-    /// Record the route (the first one holds) and that the relay started.
-    pub fn relaying(&self, route: Route) {
-        let _ = self.route.set(route);
+    /// Record the route and why it was taken (the first one holds), and
+    /// that the relay started.
+    pub fn relaying(&self, route: Route, why: Why) {
+        let _ = self.route.set((route, why));
         let _ = self.state.compare_exchange(
             ConnState::Sniffing as u8,
             ConnState::Relaying as u8,
             Relaxed,
             Relaxed,
         );
+    }
+
+    /// Mark the flow as closing and wake its session: true the first time.
+    fn ask_close(&self, stats: &Stats) -> bool {
+        let was = self.state.swap(ConnState::Closing as u8, Relaxed);
+        if was == ConnState::Closing as u8 {
+            return false;
+        }
+        self.close.notify_one();
+        stats.connections_closed_by_host.fetch_add(1, Relaxed);
+        true
+    }
+
+    /// Where the flow is in its life.
+    pub fn state(&self) -> ConnState {
+        ConnState::from_u8(self.state.load(Relaxed))
     }
 
     /// Resolves once the host asked to close this connection.
@@ -151,6 +174,10 @@ impl Record {
             Some((d, s)) => (Some(d.to_string()), *s),
             None => (None, DomainSource::None),
         };
+        let (rule, chain) = match self.route.get() {
+            Some((_, why)) => outbounds.explain(why),
+            None => (None, Vec::new()),
+        };
         Connection {
             id: self.id,
             network: self.network,
@@ -158,8 +185,9 @@ impl Record {
             destination: self.destination,
             domain,
             domain_source,
-            rule: None,
-            outbound: self.route.get().map(|r| outbounds.name(*r).to_owned()),
+            rule,
+            chain,
+            outbound: self.route.get().map(|(r, _)| outbounds.name(*r).to_owned()),
             bytes_up: self.up.load(Relaxed),
             bytes_down: self.down.load(Relaxed),
             started_unix_ms: self.started_unix_ms,
@@ -243,18 +271,81 @@ impl Connections {
     }
 
     /// Ask the connection `id` to close: a TCP session resets the app and
-    /// closes its outbound. False when no such connection is listed (ended
+    /// closes its outbound; a UDP flow leaves the table within a second
+    /// (`udp/listed.rs`), its socket closed, and the app's next datagram
+    /// opens a new one. False when no such connection is listed (ended
     /// already, or never was). Counted (`connections_closed_by_host`).
     pub fn close(&self, id: u64, stats: &Stats) -> bool {
         let Some(record) = self.shard(id).lock().get(&id).cloned() else {
             return false;
         };
-        let was = record.state.swap(ConnState::Closing as u8, Relaxed);
-        if was != ConnState::Closing as u8 {
-            record.close.notify_one();
-            stats.connections_closed_by_host.fetch_add(1, Relaxed);
-        }
+        record.ask_close(stats);
         true
+    }
+
+    /// Close every listed connection `filter` matches, as
+    /// [`Connections::close`] does; how many were asked to. Each shard's
+    /// lock is held only while its records are copied out.
+    pub fn close_matching(
+        &self,
+        filter: &ConnectionFilter,
+        outbounds: &Outbounds,
+        stats: &Stats,
+    ) -> u64 {
+        let mut closed = 0;
+        let mut batch = Vec::new();
+        for shard in &self.shards {
+            batch.clear();
+            batch.extend(shard.lock().values().cloned());
+            for record in &batch {
+                if filter.matches(record, outbounds) && record.ask_close(stats) {
+                    closed += 1;
+                }
+            }
+        }
+        closed
+    }
+}
+
+/// Which connections [`Connections::close_matching`] closes: every
+/// condition given must hold; the empty filter matches every connection.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ConnectionFilter {
+    pub network: Option<Network>,
+    /// The outbound's name (`direct`, a proxy's).
+    pub outbound: Option<String>,
+    /// A group the connection went through (its `chain`).
+    pub group: Option<String>,
+    /// The connection's domain is this one or under it (`b.test` matches
+    /// `a.b.test`), ASCII case-insensitive.
+    pub domain_suffix: Option<String>,
+    /// The address the app connected to.
+    pub destination_ip: Option<std::net::IpAddr>,
+}
+
+impl ConnectionFilter {
+    fn matches(&self, r: &Record, outbounds: &Outbounds) -> bool {
+        let route = r.route.get();
+        self.network.is_none_or(|n| n == r.network)
+            && self
+                .destination_ip
+                .is_none_or(|ip| ip == r.destination.ip())
+            && self
+                .outbound
+                .as_deref()
+                .is_none_or(|want| route.is_some_and(|(route, _)| outbounds.name(*route) == want))
+            && self.group.as_deref().is_none_or(|want| {
+                route.is_some_and(|(_, why)| outbounds.explain(why).1.iter().any(|g| g == want))
+            })
+            && self.domain_suffix.as_deref().is_none_or(|want| {
+                let want = want.trim_end_matches('.').as_bytes();
+                r.domain.get().is_some_and(|(d, _)| {
+                    let d = d.trim_end_matches('.').as_bytes();
+                    d.len() >= want.len()
+                        && d[d.len() - want.len()..].eq_ignore_ascii_case(want)
+                        && (d.len() == want.len() || d[d.len() - want.len() - 1] == b'.')
+                })
+            })
     }
 }
 
@@ -302,7 +393,7 @@ pub mod bench {
     use std::sync::Arc;
 
     use super::{Connections, DomainSource, LIST_CAP, Listing, Registered};
-    use crate::outbound::{Outbounds, Route};
+    use crate::outbound::{Outbounds, Route, Why};
     use crate::rules::Network;
 
     /// A registry of `n` relaying connections, each with a domain of the
@@ -328,7 +419,7 @@ pub mod bench {
                     let destination = SocketAddr::new(IpAddr::V4(Ipv4Addr::new(1, 1, 1, 1)), 443);
                     let r = conns.register(Network::Tcp, source, destination);
                     r.record.set_domain(&domain, DomainSource::Sniffed);
-                    r.record.relaying(Route::Direct);
+                    r.record.relaying(Route::Direct, Why::default());
                     r
                 })
                 .collect();
@@ -371,6 +462,81 @@ mod tests {
         s.parse().expect("a test address")
     }
 
+    /// A filter's conditions all hold for what it closes; a domain suffix
+    /// matches on label boundaries, case-insensitive, and a flow is asked
+    /// to close once.
+    #[test]
+    fn filters_close_what_they_match() {
+        let conns = Arc::new(Connections::default());
+        let out = outbounds();
+        let stats = Stats::default();
+        let flows: Vec<Registered> = [
+            (Network::Tcp, "a.Example.test"),
+            (Network::Udp, "example.test."),
+            (Network::Tcp, "badexample.test"),
+            (Network::Tcp, ""),
+        ]
+        .into_iter()
+        .map(|(net, domain)| {
+            let f = conns.register(net, addr("10.0.0.2:4000"), addr("1.1.1.1:443"));
+            if !domain.is_empty() {
+                f.record.set_domain(domain, DomainSource::Sniffed);
+            }
+            f.record.relaying(Route::Direct, Why::default());
+            f
+        })
+        .collect();
+        let suffix = |net| ConnectionFilter {
+            network: net,
+            domain_suffix: Some("EXAMPLE.test".into()),
+            ..ConnectionFilter::default()
+        };
+        assert_eq!(
+            conns.close_matching(&suffix(Some(Network::Udp)), &out, &stats),
+            1
+        );
+        assert_eq!(flows[1].record.state(), ConnState::Closing);
+        assert_eq!(
+            conns.close_matching(&suffix(None), &out, &stats),
+            1,
+            "a. only"
+        );
+        assert_eq!(flows[0].record.state(), ConnState::Closing);
+        assert_eq!(flows[2].record.state(), ConnState::Relaying);
+        let proxy = ConnectionFilter {
+            outbound: Some("some-proxy".into()),
+            ..ConnectionFilter::default()
+        };
+        assert_eq!(conns.close_matching(&proxy, &out, &stats), 0);
+        let all = ConnectionFilter::default();
+        assert_eq!(conns.close_matching(&all, &out, &stats), 2, "the rest");
+        assert_eq!(stats.connections_closed_by_host.load(Relaxed), 4);
+    }
+
+    /// A rule is listed by its name, or by its place and conditions.
+    #[test]
+    fn rules_are_labelled() {
+        use crate::rules::{PortRange, Rule};
+        let named = Rule {
+            name: Some("ads".into()),
+            ..Rule::default()
+        };
+        assert_eq!(named.label(3), "ads");
+        let r = Rule {
+            domain_suffix: vec!["b.test".into(), "c.test".into(), "d.test".into()],
+            ports: Some(PortRange {
+                start: 443,
+                end: 443,
+            }),
+            network: Some(Network::Udp),
+            ..Rule::default()
+        };
+        assert_eq!(
+            r.label(2),
+            "rules[2] domain_suffix=b.test+2 ports=443 network=udp"
+        );
+    }
+
     /// A flow is listed from its registration until its guard drops, with
     /// what it recorded; ids are not reused.
     #[test]
@@ -381,7 +547,7 @@ mod tests {
         let b = conns.register(Network::Udp, addr("10.0.0.2:5000"), addr("8.8.8.8:53"));
         a.record.set_domain("example.test", DomainSource::Sniffed);
         a.record.set_domain("other.test", DomainSource::FakeIp);
-        a.record.relaying(Route::Direct);
+        a.record.relaying(Route::Direct, Why::default());
         a.record.up.fetch_add(100, Relaxed);
         a.record.down.fetch_add(7, Relaxed);
         assert_ne!(a.record.id, b.record.id);
@@ -449,7 +615,7 @@ mod tests {
         tokio::time::timeout(std::time::Duration::from_secs(1), a.record.closed())
             .await
             .expect("woken by the close that came before it listened");
-        a.record.relaying(Route::Direct);
+        a.record.relaying(Route::Direct, Why::default());
         let l = conns.list(&outbounds(), LIST_CAP);
         assert_eq!(l.connections[0].state, ConnState::Closing, "stays closing");
         drop(a);

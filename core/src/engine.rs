@@ -252,7 +252,7 @@ impl Engine {
     }
 
     /// The live connections: one record per relayed or sniffed TCP
-    /// connection (both stacks), at most [`crate::conns::LIST_CAP`]
+    /// connection (both stacks) and per UDP flow, at most [`crate::conns::LIST_CAP`]
     /// (`truncated` says when there were more). Empty once stopped.
     pub fn connections(&self) -> Listing {
         match &self.inner {
@@ -272,6 +272,16 @@ impl Engine {
         self.inner
             .as_ref()
             .is_some_and(|i| i.parts.conns.close(id, &i.parts.stats))
+    }
+
+    /// Close every live connection `filter` matches, as
+    /// [`Engine::close_connection`] closes one; how many were asked to
+    /// close (0 once stopped).
+    pub fn close_connections(&self, filter: &crate::conns::ConnectionFilter) -> u64 {
+        self.inner.as_ref().map_or(0, |i| {
+            let parts = &i.parts;
+            (parts.conns).close_matching(filter, &parts.outbounds, &parts.stats)
+        })
     }
 
     /// Forward the host's memory-pressure level: admission of new TCP

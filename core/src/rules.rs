@@ -159,6 +159,11 @@ pub enum Network {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Rule {
+    /// What the connection list calls this rule; absent, its place and
+    /// conditions (`rules[2] domain_suffix=b.test ports=443`,
+    /// [`Rule::label`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
     /// Destination network. Never matches a fake-ip address: that address
     /// is a placeholder from the pool, not where the connection goes.
     #[serde(default)]
@@ -247,6 +252,48 @@ impl<'a> Target<'a> {
 }
 
 impl Rule {
+    /// The rule's name in the connection list: `name` if given, otherwise
+    /// `rules[i]` and its conditions, the first entry of each domain
+    /// condition with how many more it holds (`domain_suffix=b.test+2`).
+    pub fn label(&self, i: usize) -> String {
+        use std::fmt::Write;
+        if let Some(n) = &self.name {
+            return n.clone();
+        }
+        let mut s = format!("rules[{i}]");
+        let mut list = |key: &str, v: &[String]| {
+            if let Some(first) = v.first() {
+                let _ = write!(s, " {key}={first}");
+                if v.len() > 1 {
+                    let _ = write!(s, "+{}", v.len() - 1);
+                }
+            }
+        };
+        list("domain", &self.domain);
+        list("domain_suffix", &self.domain_suffix);
+        list("domain_keyword", &self.domain_keyword);
+        if let Some(p) = &self.domain_list {
+            let _ = write!(s, " domain_list={}", p.display());
+        }
+        if let Some(c) = self.cidr {
+            let _ = write!(s, " cidr={c}");
+        }
+        if let Some(p) = self.ports {
+            let _ = write!(s, " ports={p}");
+        }
+        if let Some(n) = self.network {
+            let _ = write!(
+                s,
+                " network={}",
+                match n {
+                    Network::Tcp => "tcp",
+                    Network::Udp => "udp",
+                }
+            );
+        }
+        s
+    }
+
     /// Whether the rule has domain conditions (then it only matches
     /// destinations with a domain).
     pub fn has_domain(&self) -> bool {
@@ -503,6 +550,11 @@ impl<T> RuleSet<T> {
 
     /// The first matching rule's route, `None` if no rule matches.
     pub fn decide(&self, t: &Target<'_>) -> Option<&T> {
+        self.decide_at(t).map(|(_, route)| route)
+    }
+
+    /// [`RuleSet::decide`], with the matching rule's index.
+    pub fn decide_at(&self, t: &Target<'_>) -> Option<(usize, &T)> {
         let mut buf = [0u8; MAX_NAME];
         // Lower-cased once per decision, on the stack.
         let name = match t.domain {
@@ -511,14 +563,15 @@ impl<T> RuleSet<T> {
         };
         self.rules
             .iter()
-            .find(|r| {
+            .enumerate()
+            .find(|(_, r)| {
                 r.matches_addr(t)
                     && match &r.domains {
                         None => true,
                         Some(set) => name.is_some_and(|n| set.matches(n)),
                     }
             })
-            .map(|r| &r.route)
+            .map(|(i, r)| (i, &r.route))
     }
 
     /// Whether some domain could route a TCP connection to the real

@@ -3,7 +3,8 @@
 //! echo connections are listed flow for flow (addresses, network, outbound,
 //! bytes after a known transfer); closing one resets the app's socket
 //! within 1 s and counts it, while the other keeps echoing byte-exact; an
-//! unknown id is refused.
+//! unknown id is refused. UDP flows are listed beside them with the rule
+//! and the group that routed them, and closed by a filter.
 //!
 //! Needs root (namespaces, TUN); otherwise each test prints why it skipped.
 
@@ -11,9 +12,9 @@ use std::io::{ErrorKind, Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
-use kerntun::config::StackKind;
-use kerntun::conns::{ConnState, Connection, DomainSource};
-use kerntun::rules::Network;
+use kerntun::config::{GroupConfig, GroupKind, StackKind};
+use kerntun::conns::{ConnState, Connection, ConnectionFilter, DomainSource};
+use kerntun::rules::{Action, Network, PortRange, Rule};
 use kerntun_testkit::rig::Rig;
 use kerntun_testkit::servers::Mode;
 use kerntun_testkit::{pattern, within};
@@ -21,6 +22,11 @@ use kerntun_testkit::{pattern, within};
 kerntun_testkit::root_tests!(list_and_close;
     system(StackKind::System),
     smoltcp(StackKind::Smoltcp),
+);
+
+kerntun_testkit::root_tests!(udp_flows_listed_with_rule_and_chain;
+    udp_rule_chain_system(StackKind::System),
+    udp_rule_chain_smoltcp(StackKind::Smoltcp),
 );
 
 /// Send `data` on `s` and read back as many bytes, which must be equal.
@@ -119,4 +125,139 @@ fn list_and_close(stack: StackKind) {
         rig.engine.connections()
     );
     assert!(!rig.engine.close_connection(ca.id), "a ended");
+}
+
+/// Two UDP flows to an echo server, routed by a named rule through a
+/// select group to `direct`, and a TCP connection routed by no rule: each
+/// listed with its rule, chain and bytes; closing the UDP flows by a
+/// filter closes both and leaves the TCP connection; the app's next
+/// datagram opens a new flow that is listed again.
+fn udp_flows_listed_with_rule_and_chain(stack: StackKind) {
+    use std::net::UdpSocket;
+    let echo_port = std::sync::OnceLock::new();
+    let rig = Rig::builder()
+        .stack(stack)
+        .ipv4_only()
+        .config(|topo, c| {
+            let srv = kerntun_testkit::servers::udp_echo(&topo.server, topo.server_addr(false, 0))
+                .expect("udp echo");
+            let port = srv.addr.port();
+            let _ = echo_port.set(srv);
+            c.groups.insert(
+                "outer".into(),
+                GroupConfig::new(GroupKind::Select, &["inner"]),
+            );
+            c.groups.insert(
+                "inner".into(),
+                GroupConfig::new(GroupKind::Select, &["direct", "reject"]),
+            );
+            c.rules.push(Rule {
+                name: Some("udp-echo".into()),
+                network: Some(Network::Udp),
+                ports: Some(PortRange {
+                    start: port,
+                    end: port,
+                }),
+                action: Action::Outbound("outer".into()),
+                ..Rule::default()
+            });
+        })
+        .start();
+    let srv = echo_port.get().expect("udp echo started");
+    let tcp = rig.tcp_server(false, Mode::Echo);
+    let mut t = TcpStream::connect_timeout(&tcp.addr, Duration::from_secs(3)).expect("tcp");
+    echo(&mut t, &pattern(4, 1_000));
+
+    let sockets: Vec<UdpSocket> = (0..2)
+        .map(|_| {
+            let s = UdpSocket::bind("0.0.0.0:0").expect("udp bind");
+            s.connect(srv.addr).expect("udp connect");
+            s.set_read_timeout(Some(Duration::from_secs(2)))
+                .expect("timeout");
+            s
+        })
+        .collect();
+    const SIZES: [usize; 3] = [100, 700, 1200];
+    for s in &sockets {
+        for (i, n) in SIZES.iter().enumerate() {
+            let out = pattern(10 + i as u64, *n);
+            s.send(&out).expect("udp send");
+            let mut back = vec![0u8; 2048];
+            let got = s.recv(&mut back).expect("udp echo back");
+            assert_eq!(&back[..got], &out[..], "echoed datagram {i}");
+        }
+    }
+    let total: u64 = SIZES.iter().sum::<usize>() as u64;
+    let udp_of = |l: &[Connection]| -> Vec<Connection> {
+        l.iter()
+            .filter(|c| c.network == Network::Udp)
+            .cloned()
+            .collect()
+    };
+    let mut last = None;
+    let listed = within(Duration::from_secs(2), || {
+        let l = rig.engine.connections().connections;
+        let ok = udp_of(&l).len() == 2
+            && udp_of(&l)
+                .iter()
+                .all(|c| c.bytes_up == total && c.bytes_down == total);
+        last = Some(l);
+        ok
+    });
+    let l = last.expect("listed once");
+    assert!(listed.is_some(), "two UDP flows with their bytes: {l:#?}");
+    for c in udp_of(&l) {
+        assert_eq!(c.destination, srv.addr);
+        assert_eq!(c.rule.as_deref(), Some("udp-echo"));
+        assert_eq!(c.chain, ["outer", "inner"]);
+        assert_eq!(c.outbound.as_deref(), Some("direct"));
+        assert_eq!(c.state, ConnState::Relaying);
+    }
+    let mut ports: Vec<u16> = udp_of(&l).iter().map(|c| c.source.port()).collect();
+    ports.sort_unstable();
+    let mut want: Vec<u16> = sockets
+        .iter()
+        .map(|s| s.local_addr().expect("addr").port())
+        .collect();
+    want.sort_unstable();
+    assert_eq!(ports, want, "one record per app socket");
+    let tcp_rec = l
+        .iter()
+        .find(|c| c.network == Network::Tcp)
+        .expect("tcp listed");
+    assert_eq!(tcp_rec.rule, None, "no rule matched the TCP connection");
+    assert!(tcp_rec.chain.is_empty());
+
+    // A filter on the group closes the UDP flows, not the TCP connection.
+    let by_group = ConnectionFilter {
+        group: Some("inner".into()),
+        ..ConnectionFilter::default()
+    };
+    assert_eq!(rig.engine.close_connections(&by_group), 2);
+    assert_eq!(
+        rig.engine.close_connections(&by_group),
+        0,
+        "closing already"
+    );
+    let gone = within(Duration::from_secs(3), || {
+        udp_of(&rig.engine.connections().connections).is_empty()
+    });
+    assert!(
+        gone.is_some(),
+        "UDP flows left: {:#?}",
+        rig.engine.connections()
+    );
+    assert_eq!(rig.stats().connections_closed_by_host, 2);
+    echo(&mut t, &pattern(5, 1_000));
+
+    // The next datagram opens a new flow, listed from 0 bytes.
+    let s = &sockets[0];
+    s.send(b"again").expect("udp send");
+    let mut back = [0u8; 16];
+    assert_eq!(s.recv(&mut back).expect("echo after close"), 5);
+    let again = within(Duration::from_secs(2), || {
+        let u = udp_of(&rig.engine.connections().connections);
+        u.len() == 1 && u[0].bytes_up == 5 && u[0].bytes_down == 5
+    });
+    assert!(again.is_some(), "{:#?}", rig.engine.connections());
 }

@@ -291,6 +291,10 @@ pub struct RuleOptions {
     #[uniffi(default = None)]
     pub domain_list: Option<String>,
     pub action: RuleAction,
+    /// What the connection list calls this rule (`ConnectionRecord.rule`);
+    /// `null`/`nil`: its place and conditions (`rules[2] ports=443`).
+    #[uniffi(default = None)]
+    pub name: Option<String>,
 }
 
 /// Domain sniffing: reading the TLS SNI or HTTP Host of connections to real
@@ -493,6 +497,7 @@ impl Default for RuleOptions {
             domain_keyword: Vec::new(),
             domain_list: None,
             action: RuleAction::Direct,
+            name: None,
         }
     }
 }
@@ -727,6 +732,7 @@ impl EngineConfig {
                 .map(|s| parse::<PortRange>(&format!("rules[{i}].ports"), s))
                 .transpose()?;
             rules.push(CoreRule {
+                name: r.name.clone(),
                 cidr,
                 ports,
                 network: r.network.map(|n| match n {

@@ -47,8 +47,14 @@ pub struct ConnectionRecord {
     /// The domain the connection was routed by, if any.
     pub domain: Option<String>,
     pub domain_source: DomainSource,
-    /// The rule that matched; not recorded yet (always `None`).
+    /// The rule that matched: its `name`, or its place and conditions
+    /// (`rules[2] domain_suffix=b.test ports=443`). `None` while a sniffing
+    /// connection is not routed yet, and when no rule matched (the default
+    /// route, direct).
     pub rule: Option<String>,
+    /// The groups it went through to its outbound, outermost first (empty
+    /// when a rule named the outbound itself).
+    pub chain: Vec<String>,
     /// The outbound's name (`direct`, or a proxy's); `None` while a
     /// sniffing connection is not routed yet.
     pub outbound: Option<String>,
@@ -78,6 +84,7 @@ impl From<kerntun::conns::Connection> for ConnectionRecord {
                 Source::Sniffed => DomainSource::Sniffed,
             },
             rule: c.rule,
+            chain: c.chain,
             outbound: c.outbound,
             bytes_up: c.bytes_up,
             bytes_down: c.bytes_down,
@@ -88,5 +95,46 @@ impl From<kerntun::conns::Connection> for ConnectionRecord {
                 ConnState::Closing => ConnectionState::Closing,
             },
         }
+    }
+}
+
+/// Which connections `Engine.closeConnections` closes: every condition
+/// given must hold; with none given, every connection.
+#[derive(Debug, Clone, Default, PartialEq, Eq, uniffi::Record)]
+pub struct ConnectionFilter {
+    #[uniffi(default = None)]
+    pub network: Option<ConnectionNetwork>,
+    /// The outbound's name (`direct`, a proxy's).
+    #[uniffi(default = None)]
+    pub outbound: Option<String>,
+    /// A group in the connection's chain.
+    #[uniffi(default = None)]
+    pub group: Option<String>,
+    /// The connection's domain is this one or under it (`b.test` matches
+    /// `a.b.test`), case-insensitive.
+    #[uniffi(default = None)]
+    pub domain_suffix: Option<String>,
+    /// The address the app connected to (`93.184.216.34`, `2001:db8::1`).
+    #[uniffi(default = None)]
+    pub destination_ip: Option<String>,
+}
+
+impl ConnectionFilter {
+    /// The engine's filter; `None` when `destination_ip` is not an address.
+    pub(crate) fn to_core(&self) -> Option<kerntun::conns::ConnectionFilter> {
+        let destination_ip = match &self.destination_ip {
+            Some(ip) => Some(ip.parse().ok()?),
+            None => None,
+        };
+        Some(kerntun::conns::ConnectionFilter {
+            network: self.network.map(|n| match n {
+                ConnectionNetwork::Tcp => kerntun::rules::Network::Tcp,
+                ConnectionNetwork::Udp => kerntun::rules::Network::Udp,
+            }),
+            outbound: self.outbound.clone(),
+            group: self.group.clone(),
+            domain_suffix: self.domain_suffix.clone(),
+            destination_ip,
+        })
     }
 }

@@ -16,7 +16,7 @@ use kerntun::{StartOptions, StatsSnapshot, TunSource};
 use parking_lot::Mutex;
 
 use crate::config::{EngineConfig, LogLevel, MemoryPressure};
-use crate::connections::ConnectionRecord;
+use crate::connections::{ConnectionFilter, ConnectionRecord};
 use crate::error::{KerntunError, guard, panic_message};
 use crate::events::{Delivery, EngineEvent, EngineListener};
 use crate::hooks::{HookProtect, PlatformHooks};
@@ -338,8 +338,8 @@ impl Engine {
             .unwrap_or_default()
     }
 
-    /// The live TCP connections, one record each (relayed or sniffed, both
-    /// stacks), at most [`crate::MAX_CONNECTIONS`] (10,000): a list that long may have left
+    /// The live connections, one record per TCP connection (relayed or
+    /// sniffed, both stacks) and per UDP flow, at most [`crate::MAX_CONNECTIONS`] (10,000): a list that long may have left
     /// some out. Empty once stopped.
     pub fn connections(&self) -> Vec<ConnectionRecord> {
         std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
@@ -365,6 +365,23 @@ impl Engine {
             self.running().is_some_and(|e| e.close_connection(id))
         }))
         .unwrap_or(false)
+    }
+
+    /// Close every live connection `filter` matches, as `closeConnection`
+    /// closes one; how many were asked to close (0 once stopped). A
+    /// `destination_ip` that is not an address is a `Config` error naming
+    /// it.
+    pub fn close_connections(&self, filter: ConnectionFilter) -> Result<u64, KerntunError> {
+        crate::error::guard(|| {
+            let core = filter.to_core().ok_or_else(|| KerntunError::Config {
+                field: "destination_ip".into(),
+                reason: format!(
+                    "{:?} is not an IP address",
+                    filter.destination_ip.as_deref().unwrap_or_default()
+                ),
+            })?;
+            Ok(self.running().map_or(0, |e| e.close_connections(&core)))
+        })
     }
 
     /// The TUN interface name, when known (`utun4`, `kerntun0`); `None`

@@ -621,8 +621,16 @@ public protocol EngineProtocol: AnyObject, Sendable {
     func closeConnection(id: UInt64)  -> Bool
     
     /**
-     * The live TCP connections, one record each (relayed or sniffed, both
-     * stacks), at most [`crate::MAX_CONNECTIONS`] (10,000): a list that long may have left
+     * Close every live connection `filter` matches, as `closeConnection`
+     * closes one; how many were asked to close (0 once stopped). A
+     * `destination_ip` that is not an address is a `Config` error naming
+     * it.
+     */
+    func closeConnections(filter: ConnectionFilter) throws  -> UInt64
+    
+    /**
+     * The live connections, one record per TCP connection (relayed or
+     * sniffed, both stacks) and per UDP flow, at most [`crate::MAX_CONNECTIONS`] (10,000): a list that long may have left
      * some out. Empty once stopped.
      */
     func connections()  -> [ConnectionRecord]
@@ -874,8 +882,24 @@ open func closeConnection(id: UInt64) -> Bool  {
 }
     
     /**
-     * The live TCP connections, one record each (relayed or sniffed, both
-     * stacks), at most [`crate::MAX_CONNECTIONS`] (10,000): a list that long may have left
+     * Close every live connection `filter` matches, as `closeConnection`
+     * closes one; how many were asked to close (0 once stopped). A
+     * `destination_ip` that is not an address is a `Config` error naming
+     * it.
+     */
+open func closeConnections(filter: ConnectionFilter)throws  -> UInt64  {
+    return try  FfiConverterUInt64.lift(try rustCallWithError(FfiConverterTypeKerntunError_lift) {
+        uniffiCallStatus in
+    uniffi_kerntun_ffi_fn_method_engine_close_connections(
+            self.uniffiCloneHandle(),
+        FfiConverterTypeConnectionFilter_lower(filter),uniffiCallStatus
+    )
+})
+}
+    
+    /**
+     * The live connections, one record per TCP connection (relayed or
+     * sniffed, both stacks) and per UDP flow, at most [`crate::MAX_CONNECTIONS`] (10,000): a list that long may have left
      * some out. Empty once stopped.
      */
 open func connections() -> [ConnectionRecord]  {
@@ -1794,6 +1818,102 @@ public func FfiConverterTypeBudgetOptions_lower(_ value: BudgetOptions) -> RustB
 
 
 /**
+ * Which connections `Engine.closeConnections` closes: every condition
+ * given must hold; with none given, every connection.
+ */
+public struct ConnectionFilter: Equatable, Hashable {
+    public var network: ConnectionNetwork?
+    /**
+     * The outbound's name (`direct`, a proxy's).
+     */
+    public var outbound: String?
+    /**
+     * A group in the connection's chain.
+     */
+    public var group: String?
+    /**
+     * The connection's domain is this one or under it (`b.test` matches
+     * `a.b.test`), case-insensitive.
+     */
+    public var domainSuffix: String?
+    /**
+     * The address the app connected to (`93.184.216.34`, `2001:db8::1`).
+     */
+    public var destinationIp: String?
+
+    // Default memberwise initializers are never public by default, so we
+    // declare one manually.
+    public init(network: ConnectionNetwork? = nil, 
+        /**
+         * The outbound's name (`direct`, a proxy's).
+         */outbound: String? = nil, 
+        /**
+         * A group in the connection's chain.
+         */group: String? = nil, 
+        /**
+         * The connection's domain is this one or under it (`b.test` matches
+         * `a.b.test`), case-insensitive.
+         */domainSuffix: String? = nil, 
+        /**
+         * The address the app connected to (`93.184.216.34`, `2001:db8::1`).
+         */destinationIp: String? = nil) {
+        self.network = network
+        self.outbound = outbound
+        self.group = group
+        self.domainSuffix = domainSuffix
+        self.destinationIp = destinationIp
+    }
+
+    
+
+    
+}
+
+#if compiler(>=6)
+extension ConnectionFilter: Sendable {}
+#endif
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public struct FfiConverterTypeConnectionFilter: FfiConverterRustBuffer {
+    public static func read(from buf: inout (data: Data, offset: Data.Index)) throws -> ConnectionFilter {
+        return
+            try ConnectionFilter(
+                network: FfiConverterOptionTypeConnectionNetwork.read(from: &buf), 
+                outbound: FfiConverterOptionString.read(from: &buf), 
+                group: FfiConverterOptionString.read(from: &buf), 
+                domainSuffix: FfiConverterOptionString.read(from: &buf), 
+                destinationIp: FfiConverterOptionString.read(from: &buf)
+        )
+    }
+
+    public static func write(_ value: ConnectionFilter, into buf: inout [UInt8]) {
+        FfiConverterOptionTypeConnectionNetwork.write(value.network, into: &buf)
+        FfiConverterOptionString.write(value.outbound, into: &buf)
+        FfiConverterOptionString.write(value.group, into: &buf)
+        FfiConverterOptionString.write(value.domainSuffix, into: &buf)
+        FfiConverterOptionString.write(value.destinationIp, into: &buf)
+    }
+}
+
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public func FfiConverterTypeConnectionFilter_lift(_ buf: RustBuffer) throws -> ConnectionFilter {
+    return try FfiConverterTypeConnectionFilter.lift(buf)
+}
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public func FfiConverterTypeConnectionFilter_lower(_ value: ConnectionFilter) -> RustBuffer {
+    return FfiConverterTypeConnectionFilter.lower(value)
+}
+
+
+/**
  * One live connection.
  */
 public struct ConnectionRecord: Equatable, Hashable {
@@ -1816,9 +1936,17 @@ public struct ConnectionRecord: Equatable, Hashable {
     public var domain: String?
     public var domainSource: DomainSource
     /**
-     * The rule that matched; not recorded yet (always `None`).
+     * The rule that matched: its `name`, or its place and conditions
+     * (`rules[2] domain_suffix=b.test ports=443`). `None` while a sniffing
+     * connection is not routed yet, and when no rule matched (the default
+     * route, direct).
      */
     public var rule: String?
+    /**
+     * The groups it went through to its outbound, outermost first (empty
+     * when a rule named the outbound itself).
+     */
+    public var chain: [String]
     /**
      * The outbound's name (`direct`, or a proxy's); `None` while a
      * sniffing connection is not routed yet.
@@ -1851,8 +1979,15 @@ public struct ConnectionRecord: Equatable, Hashable {
          * The domain the connection was routed by, if any.
          */domain: String?, domainSource: DomainSource, 
         /**
-         * The rule that matched; not recorded yet (always `None`).
+         * The rule that matched: its `name`, or its place and conditions
+         * (`rules[2] domain_suffix=b.test ports=443`). `None` while a sniffing
+         * connection is not routed yet, and when no rule matched (the default
+         * route, direct).
          */rule: String?, 
+        /**
+         * The groups it went through to its outbound, outermost first (empty
+         * when a rule named the outbound itself).
+         */chain: [String], 
         /**
          * The outbound's name (`direct`, or a proxy's); `None` while a
          * sniffing connection is not routed yet.
@@ -1870,6 +2005,7 @@ public struct ConnectionRecord: Equatable, Hashable {
         self.domain = domain
         self.domainSource = domainSource
         self.rule = rule
+        self.chain = chain
         self.outbound = outbound
         self.bytesUp = bytesUp
         self.bytesDown = bytesDown
@@ -1900,6 +2036,7 @@ public struct FfiConverterTypeConnectionRecord: FfiConverterRustBuffer {
                 domain: FfiConverterOptionString.read(from: &buf), 
                 domainSource: FfiConverterTypeDomainSource.read(from: &buf), 
                 rule: FfiConverterOptionString.read(from: &buf), 
+                chain: FfiConverterSequenceString.read(from: &buf), 
                 outbound: FfiConverterOptionString.read(from: &buf), 
                 bytesUp: FfiConverterUInt64.read(from: &buf), 
                 bytesDown: FfiConverterUInt64.read(from: &buf), 
@@ -1916,6 +2053,7 @@ public struct FfiConverterTypeConnectionRecord: FfiConverterRustBuffer {
         FfiConverterOptionString.write(value.domain, into: &buf)
         FfiConverterTypeDomainSource.write(value.domainSource, into: &buf)
         FfiConverterOptionString.write(value.rule, into: &buf)
+        FfiConverterSequenceString.write(value.chain, into: &buf)
         FfiConverterOptionString.write(value.outbound, into: &buf)
         FfiConverterUInt64.write(value.bytesUp, into: &buf)
         FfiConverterUInt64.write(value.bytesDown, into: &buf)
@@ -3829,6 +3967,11 @@ public struct RuleOptions: Equatable, Hashable {
      */
     public var domainList: String?
     public var action: RuleAction
+    /**
+     * What the connection list calls this rule (`ConnectionRecord.rule`);
+     * `null`/`nil`: its place and conditions (`rules[2] ports=443`).
+     */
+    public var name: String?
 
     // Default memberwise initializers are never public by default, so we
     // declare one manually.
@@ -3859,7 +4002,11 @@ public struct RuleOptions: Equatable, Hashable {
          * Absolute path of a list file read at start: one entry a line,
          * `full:NAME`, `domain:NAME` (suffix), `keyword:TEXT` or a bare
          * `NAME` (suffix); `#` comments.
-         */domainList: String? = nil, action: RuleAction) {
+         */domainList: String? = nil, action: RuleAction, 
+        /**
+         * What the connection list calls this rule (`ConnectionRecord.rule`);
+         * `null`/`nil`: its place and conditions (`rules[2] ports=443`).
+         */name: String? = nil) {
         self.cidr = cidr
         self.ports = ports
         self.network = network
@@ -3868,6 +4015,7 @@ public struct RuleOptions: Equatable, Hashable {
         self.domainKeyword = domainKeyword
         self.domainList = domainList
         self.action = action
+        self.name = name
     }
 
     
@@ -3893,7 +4041,8 @@ public struct FfiConverterTypeRuleOptions: FfiConverterRustBuffer {
                 domainSuffix: FfiConverterSequenceString.read(from: &buf), 
                 domainKeyword: FfiConverterSequenceString.read(from: &buf), 
                 domainList: FfiConverterOptionString.read(from: &buf), 
-                action: FfiConverterTypeRuleAction.read(from: &buf)
+                action: FfiConverterTypeRuleAction.read(from: &buf), 
+                name: FfiConverterOptionString.read(from: &buf)
         )
     }
 
@@ -3906,6 +4055,7 @@ public struct FfiConverterTypeRuleOptions: FfiConverterRustBuffer {
         FfiConverterSequenceString.write(value.domainKeyword, into: &buf)
         FfiConverterOptionString.write(value.domainList, into: &buf)
         FfiConverterTypeRuleAction.write(value.action, into: &buf)
+        FfiConverterOptionString.write(value.name, into: &buf)
     }
 }
 
@@ -6328,6 +6478,30 @@ fileprivate struct FfiConverterOptionTypeEngineListener: FfiConverterRustBuffer 
 #if swift(>=5.8)
 @_documentation(visibility: private)
 #endif
+fileprivate struct FfiConverterOptionTypeConnectionNetwork: FfiConverterRustBuffer {
+    typealias SwiftType = ConnectionNetwork?
+
+    public static func write(_ value: SwiftType, into buf: inout [UInt8]) {
+        guard let value = value else {
+            writeInt(&buf, Int8(0))
+            return
+        }
+        writeInt(&buf, Int8(1))
+        FfiConverterTypeConnectionNetwork.write(value, into: &buf)
+    }
+
+    public static func read(from buf: inout (data: Data, offset: Data.Index)) throws -> SwiftType {
+        switch try readInt(&buf) as Int8 {
+        case 0: return nil
+        case 1: return try FfiConverterTypeConnectionNetwork.read(from: &buf)
+        default: throw UniffiInternalError.unexpectedOptionalTag
+        }
+    }
+}
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
 fileprivate struct FfiConverterOptionTypeDnsStrategy: FfiConverterRustBuffer {
     typealias SwiftType = DnsStrategy?
 
@@ -6882,7 +7056,10 @@ private let initializationResult: InitializationResult = {
     if (uniffi_kerntun_ffi_checksum_method_engine_close_connection() != 9952) {
         return InitializationResult.apiChecksumMismatch
     }
-    if (uniffi_kerntun_ffi_checksum_method_engine_connections() != 44172) {
+    if (uniffi_kerntun_ffi_checksum_method_engine_close_connections() != 65329) {
+        return InitializationResult.apiChecksumMismatch
+    }
+    if (uniffi_kerntun_ffi_checksum_method_engine_connections() != 49522) {
         return InitializationResult.apiChecksumMismatch
     }
     if (uniffi_kerntun_ffi_checksum_method_engine_error() != 42560) {

@@ -21,7 +21,7 @@ use crate::budget::{Admission, ByteBudget, OwnedPermit};
 use crate::conns::Connections;
 use crate::dns::Dns;
 use crate::lifecycle::Lifecycle;
-use crate::outbound::{Address, OutboundError, OutboundStream, Outbounds, Route};
+use crate::outbound::{Address, OutboundError, OutboundStream, Outbounds, Route, Why};
 use crate::rules::Target;
 use crate::sniff::SniffConfig;
 use crate::stats::{EngineDrop, Stats, WarnLimiter};
@@ -63,7 +63,11 @@ pub(crate) enum Plan {
     /// Route chosen now: connect the outbound before the app's SYN is
     /// answered (TCP), or open the flow's socket or association (UDP).
     /// `dst` is a fake address's domain, or the address the app used.
-    Connect { route: Route, dst: Address },
+    Connect {
+        route: Route,
+        dst: Address,
+        why: Why,
+    },
     /// TCP only: accept the app's connection first, read its TLS SNI / HTTP
     /// Host (bounded wait), then route by domain and connect.
     Sniff,
@@ -184,10 +188,11 @@ impl Dispatcher {
                     return Err(Refusal::UnknownFake);
                 };
                 let target = Target::fake_ip(server, &domain).on(network);
-                let route = self.routed(self.outbounds.route(&target), network)?;
+                let (route, why) = self.outbounds.route_why(&target);
                 return Ok(Plan::Connect {
-                    route,
+                    route: self.routed(route, network)?,
                     dst: Address::Domain(domain.to_string(), server.port()),
+                    why,
                 });
             }
         }
@@ -198,10 +203,11 @@ impl Dispatcher {
         if self.sniff.covers(server.port()) && self.outbounds.needs_domain_on(network, server) {
             return Ok(Plan::Sniff);
         }
-        let route = self.outbounds.route(&Target::ip(server).on(network));
+        let (route, why) = self.outbounds.route_why(&Target::ip(server).on(network));
         Ok(Plan::Connect {
             route: self.routed(route, network)?,
             dst: Address::Ip(server),
+            why,
         })
     }
 
@@ -239,11 +245,11 @@ impl Dispatcher {
     /// that failed; counted), or nothing to connect yet (DNS, sniffing).
     pub async fn prepare(&self, plan: Plan, server: SocketAddr) -> Option<Next> {
         match plan {
-            Plan::Connect { route, dst } => self
+            Plan::Connect { route, dst, why } => self
                 .connect(route, &dst, server.is_ipv6())
                 .await
                 .ok()
-                .map(Next::Relay),
+                .map(|out| Next::Relay(OutboundStream { why, ..out })),
             Plan::Dns => Some(Next::Dns),
             Plan::Sniff => Some(Next::Sniff),
         }
@@ -251,7 +257,7 @@ impl Dispatcher {
 
     /// The route for a sniffed connection (the sniffed name only picks the
     /// rule; the outbound is given the address the app used).
-    pub fn route_sniffed(&self, server: SocketAddr, domain: Option<&str>) -> Route {
+    pub fn route_sniffed(&self, server: SocketAddr, domain: Option<&str>) -> (Route, Why) {
         self.route_sniffed_on(server, domain, Network::Tcp)
     }
 
@@ -261,12 +267,12 @@ impl Dispatcher {
         server: SocketAddr,
         domain: Option<&str>,
         network: Network,
-    ) -> Route {
+    ) -> (Route, Why) {
         let target = match domain {
             Some(d) => Target::sniffed(server, d),
             None => Target::ip(server),
         };
-        self.outbounds.route(&target.on(network))
+        self.outbounds.route_why(&target.on(network))
     }
 
     /// The route for a UDP flow whose QUIC Initials named its server (or
@@ -277,9 +283,9 @@ impl Dispatcher {
         &self,
         server: SocketAddr,
         domain: Option<&str>,
-    ) -> Result<Route, Refusal> {
-        let route = self.route_sniffed_on(server, domain, Network::Udp);
-        self.routed(route, Network::Udp)
+    ) -> Result<(Route, Why), Refusal> {
+        let (route, why) = self.route_sniffed_on(server, domain, Network::Udp);
+        Ok((self.routed(route, Network::Udp)?, why))
     }
 }
 

@@ -264,10 +264,11 @@ pub(crate) async fn relay<A: App, H: Hold>(
         stream: out,
         mut framing,
         route,
+        why,
     } = out;
     let stats = &d.stats;
     let record = &flow.record;
-    record.relaying(route);
+    record.relaying(route, why);
     let meter = Meter::tcp(stats, Some(&*d.relay_pool)).with_flow(&record.up, &record.down);
     let r = tokio::select! {
         // The host closed it (`Engine::close_connection`, counted there).
@@ -359,13 +360,14 @@ pub(crate) async fn sniff<A: App, H: Hold>(
         if let Some(domain) = &domain {
             flow.record.set_domain(domain, DomainSource::Sniffed);
         }
-        let route = d.route_sniffed(server, domain.as_deref());
+        let (route, why) = d.route_sniffed(server, domain.as_deref());
         if route == Route::Reject {
             d.stats.tcp_rejected_by_rule.fetch_add(1, Relaxed);
             return None;
         }
         let dst = Address::Ip(server);
         let mut out = d.connect(route, &dst, server.is_ipv6()).await.ok()?;
+        out.why = why;
         if !first.is_empty() {
             // The bytes read while sniffing go out first, framed like the rest.
             let sent = match out.framing.as_mut() {
@@ -477,8 +479,9 @@ mod tests {
     /// memory per connection, part of `budget::SESSION_STATE` (which
     /// `core/tests/memory.rs` checks end to end). Measured on x86_64 with
     /// the waits for a network change and for the host's close, and the
-    /// connection list's record, in the relay: 3040 bytes (system stack)
-    /// and 2952 (smoltcp); 3 KiB leaves the rest of
+    /// connection list's record with the rule and groups that routed the
+    /// flow, in the relay: 3072 bytes (system stack) and 2984 (smoltcp);
+    /// 3 KiB leaves the rest of
     /// the 5 KiB for the sockets' registrations, the NAT entry and the task.
     #[test]
     fn session_futures_fit_their_share_of_the_session_budget() {

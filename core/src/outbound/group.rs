@@ -508,11 +508,18 @@ impl Groups {
     /// The route a new flow sent to group `g` takes now: its current
     /// member, followed down nested groups. One atomic load per level; no
     /// lock, no allocation.
-    pub fn resolve(&self, mut g: usize) -> Route {
+    pub fn resolve(&self, g: usize) -> Route {
+        self.resolve_path(g, &mut super::Why::default())
+    }
+
+    /// [`Groups::resolve`], noting in `why` each group the walk went
+    /// through (the first [`super::MAX_CHAIN`] of them).
+    pub fn resolve_path(&self, mut g: usize, why: &mut super::Why) -> Route {
         // Cycles are refused at load, so a walk visits each group at most
         // once; the bound only keeps a bug from looping.
         for _ in 0..=self.list.len() {
             let Some(group) = self.list.get(g) else { break };
+            why.push_group(g);
             match group.members.get(group.current.load(Relaxed)) {
                 Some(Pick::Route(r)) => return *r,
                 Some(Pick::Group(h)) => g = *h,
@@ -520,6 +527,11 @@ impl Groups {
             }
         }
         Route::Reject
+    }
+
+    /// The name of group `g` (`?` for an index no group has).
+    pub fn name(&self, g: usize) -> &str {
+        self.list.get(g).map_or("?", |g| g.name.as_str())
     }
 
     /// Make `member` the member of the select group `group` for new flows.
@@ -659,6 +671,7 @@ impl Outbounds {
                     stream,
                     framing: None,
                     route,
+                    why: super::Why::default(),
                 }
             }
             (route, target) => self.connect_inner(route, target).await?,

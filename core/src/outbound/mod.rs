@@ -361,6 +361,57 @@ pub struct OutboundStream {
     pub framing: Option<Box<dyn Framing>>,
     /// Which outbound this is (for statistics).
     pub route: Route,
+    /// The rule and groups that chose it (for the connection list).
+    pub why: Why,
+}
+
+/// Groups a connection record names on its way to an outbound, at most.
+pub const MAX_CHAIN: usize = 4;
+
+/// Why a flow took its route: the rule that matched (`None`: no rule did,
+/// the default route) and the groups it went through, outermost first.
+/// Eight bytes and `Copy`: it rides in every session's future, whose size
+/// is memory per connection (`dispatch/session.rs`), and deciding a flow
+/// stays free of allocation; [`Outbounds::explain`] names them. A rule
+/// past the 65,535th, or a group past the 255th, is not named.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Why {
+    rule: u16,
+    groups: [u8; MAX_CHAIN],
+    depth: u8,
+}
+
+impl Default for Why {
+    fn default() -> Self {
+        Why {
+            rule: u16::MAX,
+            groups: [0; MAX_CHAIN],
+            depth: 0,
+        }
+    }
+}
+
+impl Why {
+    /// The index of the rule that matched, if one did.
+    pub fn rule(&self) -> Option<usize> {
+        (self.rule != u16::MAX).then_some(usize::from(self.rule))
+    }
+
+    fn push_group(&mut self, g: usize) {
+        if let (Some(slot), Ok(g)) = (
+            self.groups.get_mut(usize::from(self.depth)),
+            u8::try_from(g),
+        ) {
+            *slot = g;
+            self.depth += 1;
+        }
+    }
+
+    fn groups(&self) -> impl Iterator<Item = usize> + '_ {
+        self.groups[..usize::from(self.depth)]
+            .iter()
+            .map(|&g| usize::from(g))
+    }
 }
 
 /// Why the outbounds and rules of a configuration cannot be set up.
@@ -387,6 +438,8 @@ pub struct Outbounds {
     groups: Groups,
     /// The configured rules, compiled, each with its route or group.
     rules: RuleSet<Pick>,
+    /// What the connection list calls each rule ([`Rule::label`]).
+    rule_labels: Vec<Box<str>>,
     /// TCP relay options (`[relay]`).
     pub relay: RelayOptions,
 }
@@ -459,6 +512,11 @@ impl Outbounds {
             names.push(name.clone());
         }
         let groups = Groups::new(groups, |n| names.iter().position(|x| x == n))?;
+        let rule_labels = rules
+            .iter()
+            .enumerate()
+            .map(|(i, r)| r.label(i).into_boxed_str())
+            .collect();
         let rules = RuleSet::compile(rules, |i, r| {
             Ok(match &r.action {
                 Action::Direct => Pick::Route(Route::Direct),
@@ -484,6 +542,7 @@ impl Outbounds {
             proxies,
             groups,
             rules,
+            rule_labels,
             relay: RelayOptions {
                 splice: relay.splice,
                 buffer: relay_buffer,
@@ -497,11 +556,36 @@ impl Outbounds {
     /// lookups per domain rule, an atomic load per group level; no
     /// allocation.
     pub fn route(&self, dst: &Target<'_>) -> Route {
-        match self.rules.decide(dst) {
-            Some(Pick::Route(r)) => *r,
-            Some(Pick::Group(g)) => self.groups.resolve(*g),
+        self.route_why(dst).0
+    }
+
+    /// [`Outbounds::route`], with the rule and groups that chose it.
+    pub fn route_why(&self, dst: &Target<'_>) -> (Route, Why) {
+        let mut why = Why::default();
+        let route = match self.rules.decide_at(dst) {
+            Some((i, pick)) => {
+                why.rule = u16::try_from(i).unwrap_or(u16::MAX);
+                match pick {
+                    Pick::Route(r) => *r,
+                    Pick::Group(g) => self.groups.resolve_path(*g, &mut why),
+                }
+            }
             None => Route::Direct,
-        }
+        };
+        (route, why)
+    }
+
+    /// Name what `why` holds: the rule's label ([`Rule::label`]; `None`
+    /// for the default route) and the groups, outermost first.
+    pub fn explain(&self, why: &Why) -> (Option<String>, Vec<String>) {
+        let rule = why
+            .rule()
+            .map(|i| self.rule_labels.get(i).map_or("?", |l| &**l).to_owned());
+        let chain = why
+            .groups()
+            .map(|g| self.groups.name(g).to_owned())
+            .collect();
+        (rule, chain)
     }
 
     /// Whether a domain (sniffed from the connection's first bytes) could
@@ -599,6 +683,7 @@ impl Outbounds {
                     stream: self.factory.connect_tcp(*dst).await?,
                     framing: None,
                     route,
+                    why: Why::default(),
                 });
             }
             Route::Proxy(i) => self.proxies.get(i).ok_or(OutboundError::Rejected)?,
@@ -618,6 +703,7 @@ impl Outbounds {
                     stream: s,
                     framing: None,
                     route,
+                    why: Why::default(),
                 })
             }
             Proxy::Shadowsocks { server, key, .. } => {
@@ -631,6 +717,7 @@ impl Outbounds {
                     stream: s,
                     framing: session.framing.map(|f| Box::new(f) as Box<dyn Framing>),
                     route,
+                    why: Why::default(),
                 })
             }
         }

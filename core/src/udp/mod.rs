@@ -78,11 +78,12 @@ use tokio::sync::mpsc;
 use tokio::task::AbortHandle;
 
 use crate::budget::ByteBudget;
+use crate::conns::Registered;
 use crate::dispatch::{Dispatcher, Network, Plan, Refusal};
 use crate::nat::FlowKey;
 use crate::network::Addresses;
 use crate::outbound::config::UdpNat;
-use crate::outbound::{Address, Route, SocketFactory};
+use crate::outbound::{Address, Route, SocketFactory, Why};
 use crate::packet::{self, IpInfo};
 use crate::stats::{EngineDrop, LocalCounters};
 use crate::tun::Tun;
@@ -93,6 +94,7 @@ use crate::tun::Tun;
 #[cfg_attr(apple, path = "gather/darwin.rs")]
 mod gather;
 mod hijack;
+mod listed;
 mod proxied;
 mod reject;
 mod reply;
@@ -126,6 +128,8 @@ struct Flow {
     state: Arc<ReplyState>,
     /// The flow's own task; `None` for a mapped flow, whose mapping has it.
     task: Option<AbortHandle>,
+    /// Its record in the live connection list (`listed.rs`).
+    listed: Registered,
 }
 
 impl Flow {
@@ -156,6 +160,8 @@ pub(super) struct ReplyState {
     /// ended ([`ReplyState::strand`]): the driver closes the flow at its
     /// next datagram and opens another on the new network.
     stranded: AtomicBool,
+    /// The records the replies count into (`listed.rs`).
+    tally: listed::Tally,
 }
 
 impl ReplyState {
@@ -165,6 +171,7 @@ impl ReplyState {
             last_down: AtomicU64::new(0),
             mtu: AtomicU16::new(mtu),
             stranded: AtomicBool::new(false),
+            tally: listed::Tally::default(),
         }
     }
 
@@ -406,11 +413,11 @@ impl UdpTable {
             true => Ok(Plan::Sniff),
             false => self.shared.d.plan_or_refusal(key.server, Network::Udp),
         };
-        let (route, dst, held) = match planned {
-            Ok(Plan::Connect { route, dst }) => (route, dst, Vec::new()),
+        let (route, dst, why, sniffed, held) = match planned {
+            Ok(Plan::Connect { route, dst, why }) => (route, dst, why, None, Vec::new()),
             Ok(Plan::Dns) => return self.hijack(key, payload, now, local),
             Ok(Plan::Sniff) => match self.sniff(key, buf, ip, payload, now, local) {
-                Some((route, held)) => (route, Address::Ip(key.server), held),
+                Some((route, why, name, held)) => (route, Address::Ip(key.server), why, name, held),
                 None => return,
             },
             // Refused by a rule or by a proxy that refuses UDP, and
@@ -423,7 +430,7 @@ impl UdpTable {
             // only).
             Err(Refusal::UnknownFake | Refusal::DnsOverTls) => return,
         };
-        if !self.open_planned(key, route, dst, now, local) {
+        if !self.open_planned(key, route, dst, why, sniffed.as_deref(), now, local) {
             return;
         }
         // What the sniffer held goes first, in order.
@@ -456,6 +463,11 @@ impl UdpTable {
             self.shared.d.stats.udp_flows_active.fetch_sub(1, Relaxed);
             return false;
         }
+        // Closed by the host: this datagram opens a new flow.
+        if listed::closing(&flow.listed) {
+            self.close_listed(&[key]);
+            return false;
+        }
         let refused = send_on(
             flow,
             key,
@@ -482,14 +494,20 @@ impl UdpTable {
     /// Open the flow `key` along its planned route: under its app source's
     /// mapping (direct to an address, endpoint-independent), or a flow of
     /// its own. False if it could not be opened (counted).
+    #[allow(clippy::too_many_arguments)]
     fn open_planned(
         &mut self,
         key: FlowKey,
         route: Route,
         dst: Address,
+        why: Why,
+        sniffed: Option<&str>,
         now: Instant,
         local: &mut LocalCounters,
     ) -> bool {
+        let listed = |env: &UdpEnv, state: &ReplyState| {
+            listed::register(env, key, route, why, &dst, sniffed, &state.tally)
+        };
         // An IPv4 destination reached through the network's NAT64 prefix
         // takes a connected socket of its own: its replies then come from
         // the flow's IPv4 server as the app expects, where a mapping's
@@ -499,9 +517,9 @@ impl UdpTable {
             && !self.shared.d.outbounds.udp_proxied(route)
             && !self.shared.factory.nat64().applies_to(key.server.ip());
         if mapped {
-            self.map(key, now, local)
+            self.map(key, now, listed, local)
         } else {
-            self.open(key, route, dst, now, local)
+            self.open(key, route, dst.clone(), now, listed, local)
         }
     }
 
@@ -514,6 +532,7 @@ impl UdpTable {
         route: Route,
         dst: Address,
         now: Instant,
+        listed: impl FnOnce(&UdpEnv, &ReplyState) -> Registered,
         local: &mut LocalCounters,
     ) -> bool {
         // What is gathered goes out before the table changes (an eviction
@@ -585,6 +604,7 @@ impl UdpTable {
                 (FlowIo::Direct(sock), task)
             }
         };
+        let listed = listed(&shared, &state);
         self.flows.insert(
             key,
             Flow {
@@ -593,6 +613,7 @@ impl UdpTable {
                 last_up: now,
                 state,
                 task: Some(task),
+                listed,
             },
         );
         self.owned += 1;
@@ -604,7 +625,13 @@ impl UdpTable {
     /// Enter the direct flow `key` under its app source's [`Mapping`],
     /// opening that (its socket and reply task) first if there is none.
     /// False if the socket could not be opened (counted).
-    fn map(&mut self, key: FlowKey, now: Instant, local: &mut LocalCounters) -> bool {
+    fn map(
+        &mut self,
+        key: FlowKey,
+        now: Instant,
+        listed: impl FnOnce(&UdpEnv, &ReplyState) -> Registered,
+        local: &mut LocalCounters,
+    ) -> bool {
         // What is gathered goes out before the table changes.
         self.flush(local);
         if !self.mappings.contains_key(&key.client) {
@@ -652,15 +679,35 @@ impl UdpTable {
             last_up: now,
             state: m.state.clone(),
             task: None,
+            listed: listed(&self.shared, &m.state),
         };
         m.peers.push_back(key.server);
         if m.peers.len() > MAPPING_PEERS
             && let Some(old) = m.peers.pop_front()
         {
             self.flows.remove(&FlowKey::new(key.client, old));
+            m.state.tally.remove(old);
         }
         self.flows.insert(key, flow);
         true
+    }
+
+    /// Drop the flows the host closed (`listed.rs`): a flow of its own
+    /// with its socket and task, a mapping's entry (the mapping stays for
+    /// its other destinations, and idles out as before).
+    fn close_listed(&mut self, keys: &[FlowKey]) {
+        for key in keys {
+            let Some(f) = self.flows.remove(key) else {
+                continue;
+            };
+            if f.task.is_some() {
+                self.owned -= 1;
+                self.shared.d.stats.udp_flows_active.fetch_sub(1, Relaxed);
+            } else if let Some(m) = self.mappings.get_mut(&key.client) {
+                m.peers.retain(|p| p != &key.server);
+                m.state.tally.remove(key.server);
+            }
+        }
     }
 
     /// When a mapping was last active: its last reply, or the last datagram
@@ -718,6 +765,11 @@ impl UdpTable {
     /// (`sniff.rs`).
     pub fn sweep(&mut self, now: Instant, local: &mut LocalCounters) {
         self.sweep_sniffing(now, local);
+        let closing: Vec<FlowKey> = (self.flows.iter())
+            .filter(|(_, f)| listed::closing(&f.listed))
+            .map(|(k, _)| *k)
+            .collect();
+        self.close_listed(&closing);
         let (idle, unreplied) = (self.shared.idle, self.shared.unreplied);
         let before = self.flows.len();
         self.flows.retain(|_, f| {
@@ -816,6 +868,8 @@ fn send_on(
     local: &mut LocalCounters,
 ) -> Option<FlowKey> {
     flow.last_up = now;
+    let up = &flow.listed.record.up;
+    up.fetch_add(payload.len() as u64, Relaxed);
     if let Some(longest) = longest {
         flow.state.lower_mtu(longest, key.server.is_ipv6());
     }

@@ -322,6 +322,7 @@ pub(super) async fn proxy_flow(
         }
     };
     tokio::pin!(lost);
+    let mut tally = super::listed::TallyCache::default();
     loop {
         tokio::select! {
             d = rx.recv() => {
@@ -368,7 +369,9 @@ pub(super) async fn proxy_flow(
                             continue;
                         }
                         b.copy_within(start + range.start..start + range.end, start);
-                        send_reply(&shared, b, reply_key, len, state.mtu()).await;
+                        if send_reply(&shared, b, reply_key, len, state.mtu()).await {
+                            tally.count(&state.tally, reply_key.server, len);
+                        }
                     }
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => rbuf = None,
                     Err(e) if recv_error_is_transient(&e) => {}

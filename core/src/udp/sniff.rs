@@ -30,13 +30,17 @@ use std::time::{Duration, Instant};
 
 use super::UdpTable;
 use crate::nat::FlowKey;
-use crate::outbound::Route;
+use crate::outbound::{Route, Why};
 use crate::packet::IpInfo;
 use crate::sniff::Sniffed;
 use crate::sniff::quic::QuicSniffer;
 use crate::stats::{EngineDrop, LocalCounters};
 
 pub(crate) use crate::budget::{QUIC_SNIFF_HELD as HELD_BYTES, QUIC_SNIFF_READING as READING_MAX};
+
+/// A sniffed flow's route, why it was taken, the domain its QUIC Initial
+/// named (if any), and the datagrams held while it was read.
+pub(super) type Decided = (Route, Why, Option<Box<str>>, Vec<Vec<u8>>);
 
 /// A new flow whose route waits for its QUIC Initials, or a flow the rules
 /// refused by name.
@@ -68,7 +72,7 @@ impl UdpTable {
         payload: &[u8],
         now: Instant,
         local: &mut LocalCounters,
-    ) -> Option<(Route, Vec<Vec<u8>>)> {
+    ) -> Option<Decided> {
         if !self.sniffing.contains_key(&key) {
             let reading = self
                 .sniffing
@@ -115,16 +119,18 @@ impl UdpTable {
             }
             Sniffed::Domain { name, .. } => {
                 self.shared.d.stats.dns.sniffed.fetch_add(1, Relaxed);
-                self.shared.d.route_sniffed_udp(key.server, Some(name))
+                let route = self.shared.d.route_sniffed_udp(key.server, Some(name));
+                route.map(|(r, why)| (r, why, Some(Box::from(name))))
             }
             _ => {
                 self.shared.d.stats.dns.sniff_misses.fetch_add(1, Relaxed);
-                self.shared.d.route_sniffed_udp(key.server, None)
+                let route = self.shared.d.route_sniffed_udp(key.server, None);
+                route.map(|(r, why)| (r, why, None))
             }
         };
         let held = std::mem::take(held);
-        let route = match route {
-            Ok(r) => r,
+        let (route, why, name) = match route {
+            Ok(routed) => routed,
             Err(refusal) => {
                 // This datagram and those held: all refused.
                 let why = refusal.udp_drop();
@@ -139,7 +145,7 @@ impl UdpTable {
             }
         };
         self.sniffing.remove(&key);
-        Some((route, held))
+        Some((route, why, name, held))
     }
 
     /// Forget the flow (of those being read, with `reading`) seen longest
@@ -181,8 +187,8 @@ impl UdpTable {
                 continue;
             };
             self.shared.d.stats.dns.sniff_misses.fetch_add(1, Relaxed);
-            let route = match self.shared.d.route_sniffed_udp(key.server, None) {
-                Ok(r) => r,
+            let (route, why) = match self.shared.d.route_sniffed_udp(key.server, None) {
+                Ok(routed) => routed,
                 Err(refusal) => {
                     for _ in 0..held.len() {
                         local.drop(refusal.udp_drop());
@@ -191,7 +197,7 @@ impl UdpTable {
                 }
             };
             let dst = crate::outbound::Address::Ip(key.server);
-            if self.open_planned(key, route, dst, now, local) {
+            if self.open_planned(key, route, dst, why, None, now, local) {
                 for p in held {
                     self.forward(key, &p, None, now, local);
                 }

@@ -618,7 +618,7 @@ fun groups() {
             "proxy" to GroupOptions(kind = GroupType.SELECT, members = listOf("direct", "reject", "auto"), defaultMember = "direct"),
             "auto" to GroupOptions(kind = GroupType.FALLBACK, members = listOf("direct"), url = probeUrl, intervalMs = 200uL, timeoutMs = 1000uL),
         ),
-        rules = base.rules + RuleOptions(ports = "$port", network = RuleNetwork.TCP, action = RuleAction.Outbound("proxy")),
+        rules = base.rules + RuleOptions(ports = "$port", network = RuleNetwork.TCP, action = RuleAction.Outbound("proxy"), name = "to-proxy"),
     )
     val engine = Engine.start(cfg, -1, hooks)
     check(sh("ip", "route", "replace", "$serverV4/32", "dev", "ktgrp") == 0, "groups: route v4 via TUN")
@@ -633,6 +633,35 @@ fun groups() {
     check(tcpFails(serverV4), "groups: new connections are refused through proxy -> reject")
     engine.select("proxy", "auto")
     check(tcpEcho(serverV4, 16 shl 10, 81), "groups: TCP through proxy -> auto -> direct")
+    // A connection held open is listed with its rule and its chain of
+    // groups; closeConnections by group resets it.
+    Socket().use { held ->
+        held.connect(InetSocketAddress(serverV4, port), 5000)
+        held.soTimeout = 5000
+        val data = pattern(1_000, 82)
+        held.getOutputStream().write(data)
+        check(held.getInputStream().readNBytes(data.size).contentEquals(data), "groups: the held connection echoes")
+        val local = "${held.localAddress.hostAddress}:${held.localPort}"
+        val rec = engine.connections().find { it.source == local }
+        check(rec != null && rec.rule == "to-proxy" && rec.chain == listOf("proxy", "auto") && rec.outbound == "direct",
+            "groups: the record names the rule and the chain: $rec")
+        check(engine.closeConnections(ConnectionFilter(group = "nope")) == 0uL, "groups: a filter on no group closes nothing")
+        check(engine.closeConnections(ConnectionFilter(network = ConnectionNetwork.TCP, group = "auto")) == 1uL,
+            "groups: closeConnections(group = auto) closes the held connection")
+        val reset = try {
+            held.getInputStream().read()
+            false
+        } catch (e: java.net.SocketException) {
+            true
+        }
+        check(reset, "groups: the closed connection's socket is reset")
+        try {
+            engine.closeConnections(ConnectionFilter(destinationIp = "not-an-ip"))
+            check(false, "groups: closeConnections with a bad address must throw")
+        } catch (e: KerntunException.Config) {
+            check(e.field == "destination_ip", "groups: a bad destinationIp is a Config error naming it: $e")
+        }
+    }
     for ((what, call) in listOf<Pair<String, () -> Unit>>(
         "unknown group" to { engine.select("nope", "direct") },
         "unknown member" to { engine.select("proxy", "nope") },

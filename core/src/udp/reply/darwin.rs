@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use tokio::net::UdpSocket;
 
+use super::super::listed::TallyCache;
 use super::{DARWIN_REPLY_MAX, recv_error_is_transient, send_reply, udp_room};
 use crate::nat::FlowKey;
 use crate::packet::HEADROOM;
@@ -27,6 +28,7 @@ pub(crate) async fn reply_loop(
     let (hdr, max_payload) = udp_room(shared.mtu, client);
     let room = max_payload.max(DARWIN_REPLY_MAX);
     let mut buf: Option<Box<[u8]>> = None;
+    let mut tally = TallyCache::default();
     loop {
         if sock.readable().await.is_err() {
             return;
@@ -50,7 +52,9 @@ pub(crate) async fn reply_loop(
                     continue;
                 };
                 let key = FlowKey::new(client, peer);
-                send_reply(&shared, b, key, n, state.mtu()).await;
+                if send_reply(&shared, b, key, n, state.mtu()).await {
+                    tally.count(&state.tally, peer, n);
+                }
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => buf = None,
             // ICMP errors (port unreachable) surface as errors on a connected

@@ -9,6 +9,7 @@ use std::time::Instant;
 
 use tokio::net::UdpSocket;
 
+use super::super::listed::TallyCache;
 use super::{FRAGMENTED_REPLY_MAX, recv_error_is_transient, udp_room, write_reply};
 use crate::nat::FlowKey;
 use crate::packet::HEADROOM;
@@ -60,6 +61,7 @@ pub(crate) async fn reply_loop(
     let mut buf: Option<Box<[u8]>> = None;
     let mut got = [(0usize, false); RECV_BATCH];
     let mut from = [server; RECV_BATCH];
+    let mut tally = TallyCache::default();
     loop {
         if sock.readable().await.is_err() {
             return;
@@ -147,6 +149,7 @@ pub(crate) async fn reply_loop(
                     if delivered {
                         packets += 1;
                         bytes += len as u64;
+                        tally.count(&state.tally, key.server, len);
                     }
                 }
                 shared.queues.give_back(charged);

@@ -81,12 +81,21 @@ pub(super) fn recv_error_is_transient(e: &io::Error) -> bool {
 /// Write the reply of `len` bytes at `b[HEADROOM + header..]` to the app as a
 /// datagram from the flow's server to its client, headers written in place;
 /// a packet longer than `mtu` goes as fragments.
-pub(super) async fn send_reply(env: &UdpEnv, b: &mut [u8], key: FlowKey, len: usize, mtu: usize) {
-    if write_reply(env, b, key, len, mtu).await {
+/// True if it was delivered.
+pub(super) async fn send_reply(
+    env: &UdpEnv,
+    b: &mut [u8],
+    key: FlowKey,
+    len: usize,
+    mtu: usize,
+) -> bool {
+    let delivered = write_reply(env, b, key, len, mtu).await;
+    if delivered {
         let stats: &Stats = &env.d.stats;
         stats.udp_packets_down.fetch_add(1, Relaxed);
         stats.udp_bytes_down.fetch_add(len as u64, Relaxed);
     }
+    delivered
 }
 
 /// [`send_reply`] without counting what was delivered: true if it was
