@@ -21,7 +21,6 @@ use parking_lot::Mutex;
 use serde::Serialize;
 use tokio::sync::Notify;
 
-use crate::outbound::{Outbounds, Route};
 use crate::rules::Network;
 use crate::stats::Stats;
 
@@ -113,8 +112,10 @@ pub(crate) struct Record {
     /// Set once, when the domain is known (at start for fake-ip, after
     /// sniffing otherwise).
     domain: OnceLock<(Box<str>, DomainSource)>,
-    /// Set once, when the route is known.
-    route: OnceLock<Route>,
+    /// Set once, when the route is known: the outbound's name (a route
+    /// alone indexes one configuration's outbounds, which a reload
+    /// replaces).
+    outbound: OnceLock<Box<str>>,
     state: AtomicU8,
     /// Updated per relayed chunk (`relay::Meter::flow`).
     pub up: AtomicU64,
@@ -130,9 +131,10 @@ impl Record {
         let _ = self.domain.set((domain.into(), source));
     }
 
-    /// Record the route (the first one holds) and that the relay started.
-    pub fn relaying(&self, route: Route) {
-        let _ = self.route.set(route);
+    /// Record the outbound by name (the first one holds) and that the
+    /// relay started.
+    pub fn relaying(&self, outbound: &str) {
+        let _ = self.outbound.set(outbound.into());
         let _ = self.state.compare_exchange(
             ConnState::Sniffing as u8,
             ConnState::Relaying as u8,
@@ -141,12 +143,21 @@ impl Record {
         );
     }
 
+    /// Mark it closing and wake its session; false if it was already.
+    fn close(&self) -> bool {
+        let was = self.state.swap(ConnState::Closing as u8, Relaxed);
+        if was != ConnState::Closing as u8 {
+            self.close.notify_one();
+        }
+        was != ConnState::Closing as u8
+    }
+
     /// Resolves once the host asked to close this connection.
     pub async fn closed(&self) {
         self.close.notified().await;
     }
 
-    fn copy(&self, outbounds: &Outbounds) -> Connection {
+    fn copy(&self) -> Connection {
         let (domain, domain_source) = match self.domain.get() {
             Some((d, s)) => (Some(d.to_string()), *s),
             None => (None, DomainSource::None),
@@ -159,7 +170,7 @@ impl Record {
             domain,
             domain_source,
             rule: None,
-            outbound: self.route.get().map(|r| outbounds.name(*r).to_owned()),
+            outbound: self.outbound.get().map(|o| o.to_string()),
             bytes_up: self.up.load(Relaxed),
             bytes_down: self.down.load(Relaxed),
             started_unix_ms: self.started_unix_ms,
@@ -207,7 +218,7 @@ impl Connections {
             destination,
             started_unix_ms,
             domain: OnceLock::new(),
-            route: OnceLock::new(),
+            outbound: OnceLock::new(),
             state: AtomicU8::new(ConnState::Sniffing as u8),
             up: AtomicU64::new(0),
             down: AtomicU64::new(0),
@@ -227,7 +238,7 @@ impl Connections {
     }
 
     /// Copy at most `cap` records (one shard's lock held at a time).
-    pub fn list(&self, outbounds: &Outbounds, cap: usize) -> Listing {
+    pub fn list(&self, cap: usize) -> Listing {
         let mut listing = Listing::default();
         for shard in &self.shards {
             let shard = shard.lock();
@@ -236,7 +247,7 @@ impl Connections {
                     listing.truncated = true;
                     return listing;
                 }
-                listing.connections.push(record.copy(outbounds));
+                listing.connections.push(record.copy());
             }
         }
         listing
@@ -249,12 +260,32 @@ impl Connections {
         let Some(record) = self.shard(id).lock().get(&id).cloned() else {
             return false;
         };
-        let was = record.state.swap(ConnState::Closing as u8, Relaxed);
-        if was != ConnState::Closing as u8 {
-            record.close.notify_one();
+        if record.close() {
             stats.connections_closed_by_host.fetch_add(1, Relaxed);
         }
         true
+    }
+
+    /// Close, as [`Connections::close`] does, every connection relaying
+    /// through an outbound `keep` says is gone (a reload); the number
+    /// closed. One shard's lock at a time; connections still sniffing
+    /// have no outbound yet and route by the new configuration.
+    pub fn close_unless(&self, keep: impl Fn(&str) -> bool) -> u64 {
+        let mut closed = 0;
+        for shard in &self.shards {
+            let doomed: Vec<Arc<Record>> = shard
+                .lock()
+                .values()
+                .filter(|r| r.outbound.get().is_some_and(|o| !keep(o)))
+                .cloned()
+                .collect();
+            for r in doomed {
+                if r.close() {
+                    closed += 1;
+                }
+            }
+        }
+        closed
     }
 }
 
@@ -274,25 +305,6 @@ impl Drop for Registered {
     }
 }
 
-/// Outbounds with no proxy (only `direct` and `reject`), for the bench
-/// and the tests.
-#[cfg(any(test, feature = "bench-internals"))]
-fn direct_only() -> Outbounds {
-    use crate::outbound::SocketFactory;
-    use crate::outbound::config::DirectConfig;
-    use crate::relay::RelayConfig;
-    let factory = SocketFactory::new(&DirectConfig::default(), None);
-    Outbounds::new(
-        &std::collections::BTreeMap::new(),
-        &[],
-        &RelayConfig::default(),
-        factory,
-        64 * 1024,
-        Default::default(),
-    )
-    .expect("outbounds with no proxy")
-}
-
 /// Entry points of the connection list's criterion bench
 /// (`benches/benches/relay.rs`), built with the `bench-internals` feature
 /// only.
@@ -302,7 +314,6 @@ pub mod bench {
     use std::sync::Arc;
 
     use super::{Connections, DomainSource, LIST_CAP, Listing, Registered};
-    use crate::outbound::{Outbounds, Route};
     use crate::rules::Network;
 
     /// A registry of `n` relaying connections, each with a domain of the
@@ -310,13 +321,11 @@ pub mod bench {
     #[derive(Debug)]
     pub struct Registry {
         conns: Arc<Connections>,
-        outbounds: Outbounds,
         _held: Vec<Registered>,
     }
 
     impl Registry {
         pub fn new(n: usize) -> Self {
-            let outbounds = super::direct_only();
             let conns = Arc::new(Connections::default());
             let domain = format!("{}.test", "a".repeat(248));
             let held = (0..n)
@@ -328,20 +337,16 @@ pub mod bench {
                     let destination = SocketAddr::new(IpAddr::V4(Ipv4Addr::new(1, 1, 1, 1)), 443);
                     let r = conns.register(Network::Tcp, source, destination);
                     r.record.set_domain(&domain, DomainSource::Sniffed);
-                    r.record.relaying(Route::Direct);
+                    r.record.relaying("direct");
                     r
                 })
                 .collect();
-            Registry {
-                conns,
-                outbounds,
-                _held: held,
-            }
+            Registry { conns, _held: held }
         }
 
         /// One listing, as `Engine::connections` makes it.
         pub fn list(&self) -> Listing {
-            self.conns.list(&self.outbounds, LIST_CAP)
+            self.conns.list(LIST_CAP)
         }
     }
 
@@ -363,10 +368,6 @@ pub mod bench {
 mod tests {
     use super::*;
 
-    fn outbounds() -> Outbounds {
-        direct_only()
-    }
-
     fn addr(s: &str) -> SocketAddr {
         s.parse().expect("a test address")
     }
@@ -376,16 +377,15 @@ mod tests {
     #[test]
     fn a_flow_is_listed_while_registered() {
         let conns = Arc::new(Connections::default());
-        let out = outbounds();
         let a = conns.register(Network::Tcp, addr("10.0.0.2:4000"), addr("1.1.1.1:443"));
         let b = conns.register(Network::Udp, addr("10.0.0.2:5000"), addr("8.8.8.8:53"));
         a.record.set_domain("example.test", DomainSource::Sniffed);
         a.record.set_domain("other.test", DomainSource::FakeIp);
-        a.record.relaying(Route::Direct);
+        a.record.relaying("direct");
         a.record.up.fetch_add(100, Relaxed);
         a.record.down.fetch_add(7, Relaxed);
         assert_ne!(a.record.id, b.record.id);
-        let mut l = conns.list(&out, LIST_CAP);
+        let mut l = conns.list(LIST_CAP);
         assert!(!l.truncated);
         l.connections.sort_by_key(|c| c.id);
         assert_eq!(l.connections.len(), 2);
@@ -408,14 +408,13 @@ mod tests {
         assert!(c.record.id > first, "ids are never reused");
         drop((b, c));
         assert_eq!(conns.len(), 0);
-        assert!(conns.list(&out, LIST_CAP).connections.is_empty());
+        assert!(conns.list(LIST_CAP).connections.is_empty());
     }
 
     /// A listing copies at most its cap and says it left some out.
     #[test]
     fn a_listing_stops_at_its_cap() {
         let conns = Arc::new(Connections::default());
-        let out = outbounds();
         let held: Vec<_> = (0..40u16)
             .map(|p| {
                 conns.register(
@@ -425,13 +424,48 @@ mod tests {
                 )
             })
             .collect();
-        let l = conns.list(&out, 25);
+        let l = conns.list(25);
         assert_eq!(l.connections.len(), 25);
         assert!(l.truncated);
-        let l = conns.list(&out, 40);
+        let l = conns.list(40);
         assert_eq!(l.connections.len(), 40);
         assert!(!l.truncated, "exactly the cap is everything");
         drop(held);
+    }
+
+    /// A reload closes the connections relaying through an outbound that
+    /// is gone, once each, and leaves the rest (and those still sniffing,
+    /// which have no outbound yet) alone; the listing keeps naming each by
+    /// the outbound it was connected through.
+    #[tokio::test]
+    async fn close_unless_closes_connections_on_gone_outbounds() {
+        let conns = Arc::new(Connections::default());
+        let on = |name: &str| {
+            let r = conns.register(Network::Tcp, addr("10.0.0.2:4000"), addr("1.1.1.1:443"));
+            r.record.relaying(name);
+            r
+        };
+        let (a, b, direct) = (on("a"), on("b"), on("direct"));
+        let sniffing = conns.register(Network::Tcp, addr("10.0.0.2:4001"), addr("1.1.1.1:443"));
+        let keep = |n: &str| n == "a" || n == "direct";
+        assert_eq!(conns.close_unless(keep), 1);
+        assert_eq!(conns.close_unless(keep), 0, "closing already");
+        tokio::time::timeout(std::time::Duration::from_secs(1), b.record.closed())
+            .await
+            .expect("the session on b is woken");
+        let mut l = conns.list(LIST_CAP).connections;
+        l.sort_by_key(|c| c.id);
+        let states: Vec<_> = l.iter().map(|c| (c.outbound.as_deref(), c.state)).collect();
+        assert_eq!(
+            states,
+            [
+                (Some("a"), ConnState::Relaying),
+                (Some("b"), ConnState::Closing),
+                (Some("direct"), ConnState::Relaying),
+                (None, ConnState::Sniffing),
+            ]
+        );
+        drop((a, b, direct, sniffing));
     }
 
     /// Closing wakes the session once (also one that listens only later),
@@ -449,8 +483,8 @@ mod tests {
         tokio::time::timeout(std::time::Duration::from_secs(1), a.record.closed())
             .await
             .expect("woken by the close that came before it listened");
-        a.record.relaying(Route::Direct);
-        let l = conns.list(&outbounds(), LIST_CAP);
+        a.record.relaying("direct");
+        let l = conns.list(LIST_CAP);
         assert_eq!(l.connections[0].state, ConnState::Closing, "stays closing");
         drop(a);
         assert!(!conns.close(id, &stats), "ended");

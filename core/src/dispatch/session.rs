@@ -213,7 +213,7 @@ pub(crate) async fn run<A: App, H: Hold>(
         Next::Relay(out) => {
             let flow = d.conns.register(Network::Tcp, client, server);
             // Routed at SYN time: by a fake address's domain, or by address.
-            if let Some(dns) = &d.dns
+            if let Some(dns) = &d.routing().dns
                 && dns.is_fake(server.ip())
                 && let Some(domain) = dns.fake_domain(server.ip())
             {
@@ -260,19 +260,24 @@ pub(crate) async fn relay<A: App, H: Hold>(
     flow: Registered,
 ) {
     let active = Active::new(&d.stats);
+    // Named by the stream's own outbound, not by `route` (an index into
+    // the generation that connected it, which a reload may have replaced).
+    flow.record.relaying(out.outbound_name());
     let OutboundStream {
         stream: out,
         mut framing,
         route,
+        counters,
     } = out;
     let stats = &d.stats;
     let record = &flow.record;
-    record.relaying(route);
+    // The relay options of the configuration now (`[relay]`).
+    let options = d.routing().outbounds.relay;
     let meter = Meter::tcp(stats, Some(&*d.relay_pool)).with_flow(&record.up, &record.down);
     let r = tokio::select! {
         // The host closed it (`Engine::close_connection`, counted there).
         () = record.closed() => Err(io::Error::new(io::ErrorKind::ConnectionAborted, "closed by the host")),
-        r = relay::run(&app, &out, framing.as_deref_mut(), &d.outbounds.relay, &meter) => r,
+        r = relay::run(&app, &out, framing.as_deref_mut(), &options, &meter) => r,
         () = d.life.reached(Phase::Draining) => Err(io::Error::other("engine stopping")),
         () = hold.idle() => Err(io::Error::new(io::ErrorKind::TimedOut, "idle timeout")),
         // The host moved to a network without this outbound's address: the
@@ -297,8 +302,7 @@ pub(crate) async fn relay<A: App, H: Hold>(
         }
         Err(e) => {
             if e.kind() == io::ErrorKind::InvalidData
-                && let Route::Proxy(i) = route
-                && let Some(c) = stats.outbounds.get(i)
+                && let Some(c) = &counters
             {
                 c.protocol_errors.fetch_add(1, Relaxed);
             }
@@ -307,7 +311,8 @@ pub(crate) async fn relay<A: App, H: Hold>(
                 Stats::drop(stats, EngineDrop::RelayFrameRefused);
             }
             // A failure reaches both sides as a reset, not a clean FIN.
-            tracing::debug!("relay via {} ended with {e}", d.outbounds.name(route));
+            let via = counters.as_ref().map_or("direct", |c| c.name.as_str());
+            tracing::debug!("relay via {via} ({route:?}) ended with {e}");
             app.reset();
             reset_on_close(&out);
         }
@@ -320,7 +325,7 @@ pub(crate) async fn relay<A: App, H: Hold>(
 
 /// DNS over TCP to a hijacked address: answered here, never relayed.
 pub(crate) async fn dns<A: App, H>(d: &Dispatcher, app: A, hold: H) {
-    if let Some(dns) = &d.dns {
+    if let Some(dns) = &d.routing().dns {
         let r = tokio::select! {
             r = dns.serve_tcp(&app, &d.stats) => r,
             () = d.life.reached(Phase::Draining) => Err(io::Error::other("engine stopping")),
@@ -344,7 +349,7 @@ pub(crate) async fn sniff<A: App, H: Hold>(
     hold: H,
     flow: Registered,
 ) {
-    let timeout = Duration::from_millis(d.sniff.timeout_ms);
+    let timeout = Duration::from_millis(d.routing().sniff.timeout_ms);
     let connected = async {
         let pool = SniffBytes {
             pool: &d.relay_pool,
@@ -359,13 +364,16 @@ pub(crate) async fn sniff<A: App, H: Hold>(
         if let Some(domain) = &domain {
             flow.record.set_domain(domain, DomainSource::Sniffed);
         }
-        let route = d.route_sniffed(server, domain.as_deref());
+        // Routed by the configuration of now (a reload while it sniffed
+        // counts), and connected in the same generation.
+        let on = d.routing();
+        let route = Dispatcher::route_sniffed(&on, server, domain.as_deref());
         if route == Route::Reject {
             d.stats.tcp_rejected_by_rule.fetch_add(1, Relaxed);
             return None;
         }
         let dst = Address::Ip(server);
-        let mut out = d.connect(route, &dst, server.is_ipv6()).await.ok()?;
+        let mut out = d.connect(&on, route, &dst, server.is_ipv6()).await.ok()?;
         if !first.is_empty() {
             // The bytes read while sniffing go out first, framed like the rest.
             let sent = match out.framing.as_mut() {

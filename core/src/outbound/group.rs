@@ -659,6 +659,7 @@ impl Outbounds {
                     stream,
                     framing: None,
                     route,
+                    counters: None,
                 }
             }
             (route, target) => self.connect_inner(route, target).await?,

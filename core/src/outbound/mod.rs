@@ -24,7 +24,7 @@ use tokio::net::{TcpSocket, TcpStream, UdpSocket};
 use crate::framing::Framing;
 use crate::relay::{RelayConfig, RelayOptions};
 use crate::rules::{Action, Rule, RuleError, RuleSet, Target};
-use crate::stats::Stats;
+use crate::stats::{OutboundCounters, Stats};
 
 pub mod addr;
 pub mod config;
@@ -359,8 +359,20 @@ pub struct OutboundStream {
     /// SOCKS5, `none`) and can be spliced. Boxed: cipher state is large and
     /// most streams have none.
     pub framing: Option<Box<dyn Framing>>,
-    /// Which outbound this is (for statistics).
+    /// Which outbound this is, in the generation of the configuration
+    /// that connected it.
     pub route: Route,
+    /// That outbound's counters (`None`: direct), which also name it: the
+    /// stream keeps them across a reload, where `route` alone could name
+    /// another outbound of the new configuration.
+    pub counters: Option<Arc<OutboundCounters>>,
+}
+
+impl OutboundStream {
+    /// The outbound's name: `direct`, or the proxy's.
+    pub fn outbound_name(&self) -> &str {
+        self.counters.as_ref().map_or("direct", |c| c.name.as_str())
+    }
 }
 
 /// Why the outbounds and rules of a configuration cannot be set up.
@@ -382,6 +394,9 @@ pub struct Outbounds {
     /// Who resolves proxy host names.
     resolvers: resolve::Resolvers,
     names: Vec<String>,
+    /// Per proxy, in the order of `names`; a reload carries them over by
+    /// name ([`Outbounds::carry_counters`]).
+    counters: Box<[Arc<OutboundCounters>]>,
     proxies: Vec<Proxy>,
     /// The groups (`[groups]`), each with its current member.
     groups: Groups,
@@ -477,10 +492,20 @@ impl Outbounds {
                 },
             })
         })?;
+        let counters = names
+            .iter()
+            .map(|n| {
+                Arc::new(OutboundCounters {
+                    name: n.clone(),
+                    ..OutboundCounters::default()
+                })
+            })
+            .collect();
         Ok(Outbounds {
             factory,
             resolvers,
             names,
+            counters,
             proxies,
             groups,
             rules,
@@ -550,6 +575,32 @@ impl Outbounds {
         &self.names
     }
 
+    /// Every proxy's counters, in index order.
+    pub fn counters(&self) -> &[Arc<OutboundCounters>] {
+        &self.counters
+    }
+
+    /// The counters of proxy `i`.
+    pub fn counters_of(&self, i: usize) -> Option<&Arc<OutboundCounters>> {
+        self.counters.get(i)
+    }
+
+    /// Take over `old`'s counters for every outbound of the same name (a
+    /// reload), so the statistics of an outbound that stays go on.
+    pub fn carry_counters(&mut self, old: &Outbounds) {
+        for (name, c) in self.names.iter().zip(self.counters.iter_mut()) {
+            if let Some(i) = old.names.iter().position(|n| n == name) {
+                *c = old.counters[i].clone();
+            }
+        }
+    }
+
+    /// Whether a connection on the outbound named `name` (`direct` or a
+    /// proxy) still has that outbound here.
+    pub fn has_outbound(&self, name: &str) -> bool {
+        name == "direct" || self.names.iter().any(|n| n == name)
+    }
+
     /// A route's name, for logs.
     pub fn name(&self, route: Route) -> &str {
         match route {
@@ -567,9 +618,10 @@ impl Outbounds {
         dst: &Address,
         stats: &Stats,
     ) -> Result<OutboundStream, OutboundError> {
+        let _ = stats;
         let r = self.connect_inner(route, dst).await;
         if let Route::Proxy(i) = route
-            && let Some(c) = stats.outbounds.get(i)
+            && let Some(c) = self.counters.get(i)
         {
             match &r {
                 Ok(_) => c.tcp_connects.fetch_add(1, Relaxed),
@@ -599,6 +651,7 @@ impl Outbounds {
                     stream: self.factory.connect_tcp(*dst).await?,
                     framing: None,
                     route,
+                    counters: None,
                 });
             }
             Route::Proxy(i) => self.proxies.get(i).ok_or(OutboundError::Rejected)?,
@@ -618,6 +671,7 @@ impl Outbounds {
                     stream: s,
                     framing: None,
                     route,
+                    counters: self.counters_of_route(route),
                 })
             }
             Proxy::Shadowsocks { server, key, .. } => {
@@ -631,6 +685,7 @@ impl Outbounds {
                     stream: s,
                     framing: session.framing.map(|f| Box::new(f) as Box<dyn Framing>),
                     route,
+                    counters: self.counters_of_route(route),
                 })
             }
         }
@@ -676,6 +731,13 @@ impl Outbounds {
                 name: n.name().to_owned(),
                 reason,
             })
+    }
+
+    fn counters_of_route(&self, route: Route) -> Option<Arc<OutboundCounters>> {
+        match route {
+            Route::Proxy(i) => self.counters.get(i).cloned(),
+            Route::Direct | Route::Reject => None,
+        }
     }
 
     /// Whether UDP flows on `route` go through a proxy (the queued path).

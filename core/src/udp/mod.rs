@@ -78,7 +78,7 @@ use tokio::sync::mpsc;
 use tokio::task::AbortHandle;
 
 use crate::budget::ByteBudget;
-use crate::dispatch::{Dispatcher, Network, Plan, Refusal};
+use crate::dispatch::{Dispatcher, Network, Plan, Refusal, Routing};
 use crate::nat::FlowKey;
 use crate::network::Addresses;
 use crate::outbound::config::UdpNat;
@@ -406,11 +406,11 @@ impl UdpTable {
             true => Ok(Plan::Sniff),
             false => self.shared.d.plan_or_refusal(key.server, Network::Udp),
         };
-        let (route, dst, held) = match planned {
-            Ok(Plan::Connect { route, dst }) => (route, dst, Vec::new()),
+        let (route, dst, on, held) = match planned {
+            Ok(Plan::Connect { route, dst, on }) => (route, dst, on, Vec::new()),
             Ok(Plan::Dns) => return self.hijack(key, payload, now, local),
             Ok(Plan::Sniff) => match self.sniff(key, buf, ip, payload, now, local) {
-                Some((route, held)) => (route, Address::Ip(key.server), held),
+                Some((route, on, held)) => (route, Address::Ip(key.server), on, held),
                 None => return,
             },
             // Refused by a rule or by a proxy that refuses UDP, and
@@ -423,7 +423,7 @@ impl UdpTable {
             // only).
             Err(Refusal::UnknownFake | Refusal::DnsOverTls) => return,
         };
-        if !self.open_planned(key, route, dst, now, local) {
+        if !self.open_planned(key, route, dst, &on, now, local) {
             return;
         }
         // What the sniffer held goes first, in order.
@@ -487,6 +487,7 @@ impl UdpTable {
         key: FlowKey,
         route: Route,
         dst: Address,
+        on: &Arc<Routing>,
         now: Instant,
         local: &mut LocalCounters,
     ) -> bool {
@@ -496,12 +497,12 @@ impl UdpTable {
         // IPv4 socket could not send at all (`outbound/nat64.rs`).
         let mapped = self.shared.nat == UdpNat::EndpointIndependent
             && matches!(dst, Address::Ip(_))
-            && !self.shared.d.outbounds.udp_proxied(route)
+            && !on.outbounds.udp_proxied(route)
             && !self.shared.factory.nat64().applies_to(key.server.ip());
         if mapped {
             self.map(key, now, local)
         } else {
-            self.open(key, route, dst, now, local)
+            self.open(key, route, dst, on, now, local)
         }
     }
 
@@ -513,6 +514,7 @@ impl UdpTable {
         key: FlowKey,
         route: Route,
         dst: Address,
+        on: &Arc<Routing>,
         now: Instant,
         local: &mut LocalCounters,
     ) -> bool {
@@ -526,10 +528,11 @@ impl UdpTable {
         }
         let state = Arc::new(ReplyState::new(self.epoch, shared.mtu));
         let (io, task) = match (route, dst) {
-            (Route::Proxy(i), target) if shared.d.outbounds.udp_proxied(route) => {
+            (Route::Proxy(i), target) if on.outbounds.udp_proxied(route) => {
                 let (queue, rx, spare_tx) = Queue::new(shared.queues.clone(), shared.mtu);
                 let task = tokio::spawn(proxied::proxy_flow(
                     self.shared.clone(),
+                    on.outbounds.clone(),
                     i,
                     key,
                     target,
@@ -544,7 +547,7 @@ impl UdpTable {
             // takes the queued path while that happens.
             (_, Address::Domain(domain, _)) => {
                 // The plan names a domain only with the DNS service on.
-                let Some(dns) = shared.d.dns.clone() else {
+                let Some(dns) = on.dns.clone() else {
                     local.drop(EngineDrop::UdpOpenFailed);
                     return false;
                 };

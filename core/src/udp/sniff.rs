@@ -25,10 +25,12 @@
 //! datagrams are in flight. The copies are made only for these first
 //! datagrams of a flow, never once it is open.
 
+use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
 use super::UdpTable;
+use crate::dispatch::Routing;
 use crate::nat::FlowKey;
 use crate::outbound::Route;
 use crate::packet::IpInfo;
@@ -68,7 +70,7 @@ impl UdpTable {
         payload: &[u8],
         now: Instant,
         local: &mut LocalCounters,
-    ) -> Option<(Route, Vec<Vec<u8>>)> {
+    ) -> Option<(Route, Arc<Routing>, Vec<Vec<u8>>)> {
         if !self.sniffing.contains_key(&key) {
             let reading = self
                 .sniffing
@@ -105,7 +107,7 @@ impl UdpTable {
                 started,
             } => (sniffer, held, bytes, *started),
         };
-        let timeout = Duration::from_millis(self.shared.d.sniff.timeout_ms);
+        let timeout = Duration::from_millis(self.shared.d.routing().sniff.timeout_ms);
         let room = *bytes + payload.len() <= HELD_BYTES;
         let route = match sniffer.push(payload) {
             Sniffed::NeedMore if room && now.saturating_duration_since(started) < timeout => {
@@ -123,7 +125,7 @@ impl UdpTable {
             }
         };
         let held = std::mem::take(held);
-        let route = match route {
+        let (route, on) = match route {
             Ok(r) => r,
             Err(refusal) => {
                 // This datagram and those held: all refused.
@@ -139,7 +141,7 @@ impl UdpTable {
             }
         };
         self.sniffing.remove(&key);
-        Some((route, held))
+        Some((route, on, held))
     }
 
     /// Forget the flow (of those being read, with `reading`) seen longest
@@ -164,7 +166,7 @@ impl UdpTable {
     /// datagrams sent; refused flows idle for `timeouts.udp_unreplied_s`
     /// are forgotten.
     pub(super) fn sweep_sniffing(&mut self, now: Instant, local: &mut LocalCounters) {
-        let timeout = Duration::from_millis(self.shared.d.sniff.timeout_ms);
+        let timeout = Duration::from_millis(self.shared.d.routing().sniff.timeout_ms);
         let unreplied = self.shared.unreplied;
         let mut due = Vec::new();
         self.sniffing.retain(|k, s| match s {
@@ -181,7 +183,7 @@ impl UdpTable {
                 continue;
             };
             self.shared.d.stats.dns.sniff_misses.fetch_add(1, Relaxed);
-            let route = match self.shared.d.route_sniffed_udp(key.server, None) {
+            let (route, on) = match self.shared.d.route_sniffed_udp(key.server, None) {
                 Ok(r) => r,
                 Err(refusal) => {
                     for _ in 0..held.len() {
@@ -191,7 +193,7 @@ impl UdpTable {
                 }
             };
             let dst = crate::outbound::Address::Ip(key.server);
-            if self.open_planned(key, route, dst, now, local) {
+            if self.open_planned(key, route, dst, &on, now, local) {
                 for p in held {
                     self.forward(key, &p, None, now, local);
                 }
