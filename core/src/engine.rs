@@ -631,6 +631,7 @@ async fn assemble(
     let sessions = fit_sessions_to_descriptors(&budget, tcp_stack);
     let admission = Arc::new(Admission::with_pressure(sessions, pressure.clone()));
     let conns = Arc::new(Connections::default());
+    let relay = outbounds.relay;
     let routing = Arc::new(Current::from_pointee(Routing {
         outbounds,
         dns,
@@ -638,6 +639,7 @@ async fn assemble(
     }));
     let d = Arc::new(Dispatcher {
         routing: routing.clone(),
+        relay,
         admission: admission.clone(),
         relay_pool: bytes(mem.relay),
         stats: stats.clone(),

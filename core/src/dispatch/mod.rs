@@ -53,6 +53,8 @@ pub(crate) type Current = arc_swap::ArcSwap<Routing>;
 pub(crate) struct Dispatcher {
     /// Rules, outbounds, DNS and sniffing: read once per new flow.
     pub routing: Arc<Current>,
+    /// TCP relay options (`[relay]`; fixed for the engine's life).
+    pub relay: crate::relay::RelayOptions,
     pub admission: Arc<Admission>,
     /// Bytes the sessions' full-size relay buffers may hold at once.
     pub relay_pool: Arc<ByteBudget>,
@@ -386,6 +388,7 @@ mod tests {
         .expect("dns config");
         Dispatcher {
             stats: Arc::new(Stats::with_outbounds(outbounds.counters())),
+            relay: outbounds.relay,
             routing: Arc::new(Current::from_pointee(Routing {
                 outbounds,
                 dns,

@@ -266,18 +266,16 @@ pub(crate) async fn relay<A: App, H: Hold>(
     let OutboundStream {
         stream: out,
         mut framing,
-        route,
         counters,
+        ..
     } = out;
     let stats = &d.stats;
     let record = &flow.record;
-    // The relay options of the configuration now (`[relay]`).
-    let options = d.routing().outbounds.relay;
     let meter = Meter::tcp(stats, Some(&*d.relay_pool)).with_flow(&record.up, &record.down);
     let r = tokio::select! {
         // The host closed it (`Engine::close_connection`, counted there).
         () = record.closed() => Err(io::Error::new(io::ErrorKind::ConnectionAborted, "closed by the host")),
-        r = relay::run(&app, &out, framing.as_deref_mut(), &options, &meter) => r,
+        r = relay::run(&app, &out, framing.as_deref_mut(), &d.relay, &meter) => r,
         () = d.life.reached(Phase::Draining) => Err(io::Error::other("engine stopping")),
         () = hold.idle() => Err(io::Error::new(io::ErrorKind::TimedOut, "idle timeout")),
         // The host moved to a network without this outbound's address: the
@@ -312,7 +310,7 @@ pub(crate) async fn relay<A: App, H: Hold>(
             }
             // A failure reaches both sides as a reset, not a clean FIN.
             let via = counters.as_ref().map_or("direct", |c| c.name.as_str());
-            tracing::debug!("relay via {via} ({route:?}) ended with {e}");
+            tracing::debug!("relay via {via} ended with {e}");
             app.reset();
             reset_on_close(&out);
         }
@@ -484,9 +482,10 @@ mod tests {
     /// Every idle connection holds one session future, so its size is
     /// memory per connection, part of `budget::SESSION_STATE` (which
     /// `core/tests/memory.rs` checks end to end). Measured on x86_64 with
-    /// the waits for a network change and for the host's close, and the
-    /// connection list's record, in the relay: 3040 bytes (system stack)
-    /// and 2952 (smoltcp); 3 KiB leaves the rest of
+    /// the waits for a network change and for the host's close, the
+    /// connection list's record and the outbound's counters (which name it
+    /// across a reload), in the relay: 3064 bytes (system stack) and 2976
+    /// (smoltcp); 3 KiB leaves the rest of
     /// the 5 KiB for the sockets' registrations, the NAT entry and the task.
     #[test]
     fn session_futures_fit_their_share_of_the_session_budget() {

@@ -105,7 +105,7 @@ impl State {
 
 /// The first field `new` changes that only a restart can change: the TUN
 /// device, the stack and driver, the runtime's workers, the budget, the
-/// flow tables' timeouts and the direct sockets' options (all built into
+/// flow tables' timeouts, the relay's options and the direct sockets' options (all built into
 /// what start opened). `direct.bootstrap` only resolves proxy names, which
 /// a reload redoes.
 pub(super) fn needs_restart(old: &Config, new: &Config) -> Option<&'static str> {
@@ -138,6 +138,7 @@ pub(super) fn needs_restart(old: &Config, new: &Config) -> Option<&'static str> 
         (old.workers != new.workers, "workers"),
         (old.budget != new.budget, "budget"),
         (old.timeouts != new.timeouts, "timeouts"),
+        (old.relay != new.relay, "relay"),
         (a.interface != b.interface, "direct.interface"),
         (a.fwmark != b.fwmark, "direct.fwmark"),
         (
@@ -167,7 +168,7 @@ impl Engine {
     /// Nothing changes when `config` does not validate
     /// ([`ReloadError::Config`], naming the field) or changes what only a
     /// restart can (`[tun]`, `stack`, `driver`, `workers`, `[budget]`,
-    /// `[timeouts]`, and `[direct]` but its `bootstrap`:
+    /// `[timeouts]`, `[relay]`, and `[direct]` but its `bootstrap`:
     /// [`ReloadError::NeedsRestart`]). The event sink hears
     /// [`crate::EngineEvent::Reloaded`]. Blocks only while the new
     /// configuration is compiled (domain list files are read); safe from
@@ -284,6 +285,7 @@ mod tests {
         );
         assert_eq!(named(&|c| c.workers = 7), Some("workers"));
         assert_eq!(named(&|c| c.timeouts.udp_idle_s = 5), Some("timeouts"));
+        assert_eq!(named(&|c| c.relay.splice = false), Some("relay"));
         assert_eq!(named(&|c| c.direct.fwmark = Some(9)), Some("direct.fwmark"));
         // What a reload changes.
         assert_eq!(named(&|c| c.rules.push(Default::default())), None);
