@@ -782,7 +782,7 @@ fun reloads() {
     check(tcpFails(serverV4), "reload: refused reloads left the rule in place")
     engine.reload(cfg)
     check(tcpEcho(serverV4, 16 shl 10, 81), "reload: back to the first rules, TCP flows again")
-    check(listener.events.count { it is EngineEvent.Reloaded } == 2, "reload: two reloads heard: ${listener.events}")
+    check(listener.events.toList().count { it is EngineEvent.Reloaded } == 2, "reload: two reloads heard: ${listener.events}")
     check(engine.stats().reloadClosed == 0uL, "reload: reloadClosed in the stats")
     engine.stop()
     try {
