@@ -338,6 +338,11 @@ int8_t uniffi_kerntun_ffi_fn_method_engine_network_changed(uint64_t ptr, RustBuf
 RustBuffer uniffi_kerntun_ffi_fn_method_engine_recent_logs(uint64_t ptr, RustCallStatus *_Nonnull out_status
 );
 #endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_FN_METHOD_ENGINE_RELOAD
+#define UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_FN_METHOD_ENGINE_RELOAD
+RustBuffer uniffi_kerntun_ffi_fn_method_engine_reload(uint64_t ptr, RustBuffer config, RustCallStatus *_Nonnull out_status
+);
+#endif
 #ifndef UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_FN_METHOD_ENGINE_SET_LISTENER
 #define UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_FN_METHOD_ENGINE_SET_LISTENER
 void uniffi_kerntun_ffi_fn_method_engine_set_listener(uint64_t ptr, RustBuffer listener, RustCallStatus *_Nonnull out_status
@@ -812,6 +817,12 @@ uint16_t uniffi_kerntun_ffi_checksum_method_engine_network_changed(void
 #ifndef UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_CHECKSUM_METHOD_ENGINE_RECENT_LOGS
 #define UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_CHECKSUM_METHOD_ENGINE_RECENT_LOGS
 uint16_t uniffi_kerntun_ffi_checksum_method_engine_recent_logs(void
+    
+);
+#endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_CHECKSUM_METHOD_ENGINE_RELOAD
+#define UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_CHECKSUM_METHOD_ENGINE_RELOAD
+uint16_t uniffi_kerntun_ffi_checksum_method_engine_reload(void
     
 );
 #endif

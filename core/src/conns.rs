@@ -21,7 +21,7 @@ use parking_lot::Mutex;
 use serde::Serialize;
 use tokio::sync::Notify;
 
-use crate::outbound::{Outbounds, Route, Why};
+use crate::outbound::Explained;
 use crate::rules::Network;
 use crate::stats::Stats;
 
@@ -118,9 +118,12 @@ pub(crate) struct Record {
     /// Set once, when the domain is known (at start for fake-ip, after
     /// sniffing otherwise).
     domain: OnceLock<(Box<str>, DomainSource)>,
-    /// Set once, when the route is known, with the rule and groups that
-    /// chose it.
-    route: OnceLock<(Route, Why)>,
+    /// Set once, when the route is known: the outbound's name (a route
+    /// alone indexes one configuration's outbounds, which a reload
+    /// replaces).
+    outbound: OnceLock<Box<str>>,
+    /// Set with it when a rule or a group chose the route: their names.
+    why: OnceLock<Box<Explained>>,
     state: AtomicU8,
     /// Updated per relayed chunk (`relay::Meter::flow`).
     pub up: AtomicU64,
@@ -136,10 +139,14 @@ impl Record {
         let _ = self.domain.set((domain.into(), source));
     }
 
-    /// Record the route and why it was taken (the first one holds), and
-    /// that the relay started.
-    pub fn relaying(&self, route: Route, why: Why) {
-        let _ = self.route.set((route, why));
+    /// Record the outbound by name and why it was taken (the first one
+    /// holds), and that the relay started.
+    pub fn relaying(&self, outbound: &str, why: Option<Box<Explained>>) {
+        if self.outbound.set(outbound.into()).is_ok()
+            && let Some(why) = why
+        {
+            let _ = self.why.set(why);
+        }
         let _ = self.state.compare_exchange(
             ConnState::Sniffing as u8,
             ConnState::Relaying as u8,
@@ -149,14 +156,22 @@ impl Record {
     }
 
     /// Mark the flow as closing and wake its session: true the first time.
-    fn ask_close(&self, stats: &Stats) -> bool {
+    fn mark_closing(&self) -> bool {
         let was = self.state.swap(ConnState::Closing as u8, Relaxed);
         if was == ConnState::Closing as u8 {
             return false;
         }
         self.close.notify_one();
-        stats.connections_closed_by_host.fetch_add(1, Relaxed);
         true
+    }
+
+    /// [`Record::mark_closing`] for the host, counted.
+    fn ask_close(&self, stats: &Stats) -> bool {
+        let first = self.mark_closing();
+        if first {
+            stats.connections_closed_by_host.fetch_add(1, Relaxed);
+        }
+        first
     }
 
     /// Where the flow is in its life.
@@ -169,13 +184,16 @@ impl Record {
         self.close.notified().await;
     }
 
-    fn copy(&self, outbounds: &Outbounds) -> Connection {
+    fn copy(&self) -> Connection {
         let (domain, domain_source) = match self.domain.get() {
             Some((d, s)) => (Some(d.to_string()), *s),
             None => (None, DomainSource::None),
         };
-        let (rule, chain) = match self.route.get() {
-            Some((_, why)) => outbounds.explain(why),
+        let (rule, chain) = match self.why.get() {
+            Some(why) => (
+                why.rule.as_deref().map(str::to_owned),
+                why.chain.iter().map(|g| g.to_string()).collect(),
+            ),
             None => (None, Vec::new()),
         };
         Connection {
@@ -187,7 +205,7 @@ impl Record {
             domain_source,
             rule,
             chain,
-            outbound: self.route.get().map(|(r, _)| outbounds.name(*r).to_owned()),
+            outbound: self.outbound.get().map(|o| o.to_string()),
             bytes_up: self.up.load(Relaxed),
             bytes_down: self.down.load(Relaxed),
             started_unix_ms: self.started_unix_ms,
@@ -235,7 +253,8 @@ impl Connections {
             destination,
             started_unix_ms,
             domain: OnceLock::new(),
-            route: OnceLock::new(),
+            outbound: OnceLock::new(),
+            why: OnceLock::new(),
             state: AtomicU8::new(ConnState::Sniffing as u8),
             up: AtomicU64::new(0),
             down: AtomicU64::new(0),
@@ -255,7 +274,7 @@ impl Connections {
     }
 
     /// Copy at most `cap` records (one shard's lock held at a time).
-    pub fn list(&self, outbounds: &Outbounds, cap: usize) -> Listing {
+    pub fn list(&self, cap: usize) -> Listing {
         let mut listing = Listing::default();
         for shard in &self.shards {
             let shard = shard.lock();
@@ -264,7 +283,7 @@ impl Connections {
                     listing.truncated = true;
                     return listing;
                 }
-                listing.connections.push(record.copy(outbounds));
+                listing.connections.push(record.copy());
             }
         }
         listing
@@ -286,19 +305,37 @@ impl Connections {
     /// Close every listed connection `filter` matches, as
     /// [`Connections::close`] does; how many were asked to. Each shard's
     /// lock is held only while its records are copied out.
-    pub fn close_matching(
-        &self,
-        filter: &ConnectionFilter,
-        outbounds: &Outbounds,
-        stats: &Stats,
-    ) -> u64 {
+    pub fn close_matching(&self, filter: &ConnectionFilter, stats: &Stats) -> u64 {
         let mut closed = 0;
         let mut batch = Vec::new();
         for shard in &self.shards {
             batch.clear();
             batch.extend(shard.lock().values().cloned());
             for record in &batch {
-                if filter.matches(record, outbounds) && record.ask_close(stats) {
+                if filter.matches(record) && record.ask_close(stats) {
+                    closed += 1;
+                }
+            }
+        }
+        closed
+    }
+
+    /// Close, as [`Connections::close`] does (not counted as the host's),
+    /// every connection relaying through an outbound `keep` says is gone
+    /// (a reload); the number closed. One shard's lock at a time;
+    /// connections still sniffing have no outbound yet and route by the
+    /// new configuration.
+    pub fn close_unless(&self, keep: impl Fn(&str) -> bool) -> u64 {
+        let mut closed = 0;
+        for shard in &self.shards {
+            let doomed: Vec<Arc<Record>> = shard
+                .lock()
+                .values()
+                .filter(|r| r.outbound.get().is_some_and(|o| !keep(o)))
+                .cloned()
+                .collect();
+            for r in doomed {
+                if r.mark_closing() {
                     closed += 1;
                 }
             }
@@ -324,8 +361,7 @@ pub struct ConnectionFilter {
 }
 
 impl ConnectionFilter {
-    fn matches(&self, r: &Record, outbounds: &Outbounds) -> bool {
-        let route = r.route.get();
+    fn matches(&self, r: &Record) -> bool {
         self.network.is_none_or(|n| n == r.network)
             && self
                 .destination_ip
@@ -333,9 +369,9 @@ impl ConnectionFilter {
             && self
                 .outbound
                 .as_deref()
-                .is_none_or(|want| route.is_some_and(|(route, _)| outbounds.name(*route) == want))
+                .is_none_or(|want| r.outbound.get().is_some_and(|o| **o == *want))
             && self.group.as_deref().is_none_or(|want| {
-                route.is_some_and(|(_, why)| outbounds.explain(why).1.iter().any(|g| g == want))
+                (r.why.get()).is_some_and(|why| why.chain.iter().any(|g| **g == *want))
             })
             && self.domain_suffix.as_deref().is_none_or(|want| {
                 let want = want.trim_end_matches('.').as_bytes();
@@ -365,25 +401,6 @@ impl Drop for Registered {
     }
 }
 
-/// Outbounds with no proxy (only `direct` and `reject`), for the bench
-/// and the tests.
-#[cfg(any(test, feature = "bench-internals"))]
-fn direct_only() -> Outbounds {
-    use crate::outbound::SocketFactory;
-    use crate::outbound::config::DirectConfig;
-    use crate::relay::RelayConfig;
-    let factory = SocketFactory::new(&DirectConfig::default(), None);
-    Outbounds::new(
-        &std::collections::BTreeMap::new(),
-        &[],
-        &RelayConfig::default(),
-        factory,
-        64 * 1024,
-        Default::default(),
-    )
-    .expect("outbounds with no proxy")
-}
-
 /// Entry points of the connection list's criterion bench
 /// (`benches/benches/relay.rs`), built with the `bench-internals` feature
 /// only.
@@ -393,7 +410,6 @@ pub mod bench {
     use std::sync::Arc;
 
     use super::{Connections, DomainSource, LIST_CAP, Listing, Registered};
-    use crate::outbound::{Outbounds, Route, Why};
     use crate::rules::Network;
 
     /// A registry of `n` relaying connections, each with a domain of the
@@ -401,13 +417,11 @@ pub mod bench {
     #[derive(Debug)]
     pub struct Registry {
         conns: Arc<Connections>,
-        outbounds: Outbounds,
         _held: Vec<Registered>,
     }
 
     impl Registry {
         pub fn new(n: usize) -> Self {
-            let outbounds = super::direct_only();
             let conns = Arc::new(Connections::default());
             let domain = format!("{}.test", "a".repeat(248));
             let held = (0..n)
@@ -419,20 +433,16 @@ pub mod bench {
                     let destination = SocketAddr::new(IpAddr::V4(Ipv4Addr::new(1, 1, 1, 1)), 443);
                     let r = conns.register(Network::Tcp, source, destination);
                     r.record.set_domain(&domain, DomainSource::Sniffed);
-                    r.record.relaying(Route::Direct, Why::default());
+                    r.record.relaying("direct", None);
                     r
                 })
                 .collect();
-            Registry {
-                conns,
-                outbounds,
-                _held: held,
-            }
+            Registry { conns, _held: held }
         }
 
         /// One listing, as `Engine::connections` makes it.
         pub fn list(&self) -> Listing {
-            self.conns.list(&self.outbounds, LIST_CAP)
+            self.conns.list(LIST_CAP)
         }
     }
 
@@ -454,10 +464,6 @@ pub mod bench {
 mod tests {
     use super::*;
 
-    fn outbounds() -> Outbounds {
-        direct_only()
-    }
-
     fn addr(s: &str) -> SocketAddr {
         s.parse().expect("a test address")
     }
@@ -468,7 +474,6 @@ mod tests {
     #[test]
     fn filters_close_what_they_match() {
         let conns = Arc::new(Connections::default());
-        let out = outbounds();
         let stats = Stats::default();
         let flows: Vec<Registered> = [
             (Network::Tcp, "a.Example.test"),
@@ -482,7 +487,7 @@ mod tests {
             if !domain.is_empty() {
                 f.record.set_domain(domain, DomainSource::Sniffed);
             }
-            f.record.relaying(Route::Direct, Why::default());
+            f.record.relaying("direct", None);
             f
         })
         .collect();
@@ -491,26 +496,54 @@ mod tests {
             domain_suffix: Some("EXAMPLE.test".into()),
             ..ConnectionFilter::default()
         };
-        assert_eq!(
-            conns.close_matching(&suffix(Some(Network::Udp)), &out, &stats),
-            1
-        );
+        assert_eq!(conns.close_matching(&suffix(Some(Network::Udp)), &stats), 1);
         assert_eq!(flows[1].record.state(), ConnState::Closing);
-        assert_eq!(
-            conns.close_matching(&suffix(None), &out, &stats),
-            1,
-            "a. only"
-        );
+        assert_eq!(conns.close_matching(&suffix(None), &stats), 1, "a. only");
         assert_eq!(flows[0].record.state(), ConnState::Closing);
         assert_eq!(flows[2].record.state(), ConnState::Relaying);
         let proxy = ConnectionFilter {
             outbound: Some("some-proxy".into()),
             ..ConnectionFilter::default()
         };
-        assert_eq!(conns.close_matching(&proxy, &out, &stats), 0);
+        assert_eq!(conns.close_matching(&proxy, &stats), 0);
         let all = ConnectionFilter::default();
-        assert_eq!(conns.close_matching(&all, &out, &stats), 2, "the rest");
+        assert_eq!(conns.close_matching(&all, &stats), 2, "the rest");
         assert_eq!(stats.connections_closed_by_host.load(Relaxed), 4);
+    }
+
+    /// A reload closes the connections relaying through an outbound that
+    /// is gone, once each, and leaves the rest (and those still sniffing,
+    /// which have no outbound yet) alone; the listing keeps naming each by
+    /// the outbound it was connected through.
+    #[tokio::test]
+    async fn close_unless_closes_connections_on_gone_outbounds() {
+        let conns = Arc::new(Connections::default());
+        let on = |name: &str| {
+            let r = conns.register(Network::Tcp, addr("10.0.0.2:4000"), addr("1.1.1.1:443"));
+            r.record.relaying(name, None);
+            r
+        };
+        let (a, b, direct) = (on("a"), on("b"), on("direct"));
+        let sniffing = conns.register(Network::Tcp, addr("10.0.0.2:4001"), addr("1.1.1.1:443"));
+        let keep = |n: &str| n == "a" || n == "direct";
+        assert_eq!(conns.close_unless(keep), 1);
+        assert_eq!(conns.close_unless(keep), 0, "closing already");
+        tokio::time::timeout(std::time::Duration::from_secs(1), b.record.closed())
+            .await
+            .expect("the session on b is woken");
+        let mut l = conns.list(LIST_CAP).connections;
+        l.sort_by_key(|c| c.id);
+        let states: Vec<_> = l.iter().map(|c| (c.outbound.as_deref(), c.state)).collect();
+        assert_eq!(
+            states,
+            [
+                (Some("a"), ConnState::Relaying),
+                (Some("b"), ConnState::Closing),
+                (Some("direct"), ConnState::Relaying),
+                (None, ConnState::Sniffing),
+            ]
+        );
+        drop((a, b, direct, sniffing));
     }
 
     /// A rule is listed by its name, or by its place and conditions.
@@ -542,16 +575,15 @@ mod tests {
     #[test]
     fn a_flow_is_listed_while_registered() {
         let conns = Arc::new(Connections::default());
-        let out = outbounds();
         let a = conns.register(Network::Tcp, addr("10.0.0.2:4000"), addr("1.1.1.1:443"));
         let b = conns.register(Network::Udp, addr("10.0.0.2:5000"), addr("8.8.8.8:53"));
         a.record.set_domain("example.test", DomainSource::Sniffed);
         a.record.set_domain("other.test", DomainSource::FakeIp);
-        a.record.relaying(Route::Direct, Why::default());
+        a.record.relaying("direct", None);
         a.record.up.fetch_add(100, Relaxed);
         a.record.down.fetch_add(7, Relaxed);
         assert_ne!(a.record.id, b.record.id);
-        let mut l = conns.list(&out, LIST_CAP);
+        let mut l = conns.list(LIST_CAP);
         assert!(!l.truncated);
         l.connections.sort_by_key(|c| c.id);
         assert_eq!(l.connections.len(), 2);
@@ -574,14 +606,13 @@ mod tests {
         assert!(c.record.id > first, "ids are never reused");
         drop((b, c));
         assert_eq!(conns.len(), 0);
-        assert!(conns.list(&out, LIST_CAP).connections.is_empty());
+        assert!(conns.list(LIST_CAP).connections.is_empty());
     }
 
     /// A listing copies at most its cap and says it left some out.
     #[test]
     fn a_listing_stops_at_its_cap() {
         let conns = Arc::new(Connections::default());
-        let out = outbounds();
         let held: Vec<_> = (0..40u16)
             .map(|p| {
                 conns.register(
@@ -591,10 +622,10 @@ mod tests {
                 )
             })
             .collect();
-        let l = conns.list(&out, 25);
+        let l = conns.list(25);
         assert_eq!(l.connections.len(), 25);
         assert!(l.truncated);
-        let l = conns.list(&out, 40);
+        let l = conns.list(40);
         assert_eq!(l.connections.len(), 40);
         assert!(!l.truncated, "exactly the cap is everything");
         drop(held);
@@ -615,8 +646,8 @@ mod tests {
         tokio::time::timeout(std::time::Duration::from_secs(1), a.record.closed())
             .await
             .expect("woken by the close that came before it listened");
-        a.record.relaying(Route::Direct, Why::default());
-        let l = conns.list(&outbounds(), LIST_CAP);
+        a.record.relaying("direct", None);
+        let l = conns.list(LIST_CAP);
         assert_eq!(l.connections[0].state, ConnState::Closing, "stays closing");
         drop(a);
         assert!(!conns.close(id, &stats), "ended");

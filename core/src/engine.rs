@@ -21,7 +21,7 @@ use tokio::runtime::Runtime;
 use crate::budget::{Admission, Budget, ByteBudget, MemoryPressure, Platform, Pressure, TcpStack};
 use crate::config::{Config, ConfigError, DriverMode, StackKind, nat_address};
 use crate::demux::Demux;
-use crate::dispatch::Dispatcher;
+use crate::dispatch::{Current, Dispatcher, Routing};
 use crate::driver::{self, DriverKind};
 use crate::lifecycle::{EngineTask, Lifecycle, Phase, supervised};
 use crate::nat::{NatConfig, WindowBudget};
@@ -37,7 +37,9 @@ use crate::tun::{Tun, TunSource};
 use crate::udp::{UdpEnv, UdpTable};
 
 mod groups;
+mod reload;
 pub use groups::{LatencyError, SelectionError};
+pub use reload::{ReloadError, ReloadReport};
 
 /// How long `stop` waits for tasks and worker threads before giving up on them.
 const STOP_TIMEOUT: Duration = Duration::from_secs(3);
@@ -131,12 +133,16 @@ struct Parts {
     life: Arc<Lifecycle>,
     stats: Arc<Stats>,
     admission: Arc<Admission>,
-    /// Trimmed when the host raises the memory pressure; its answers are
-    /// forgotten when the network moves.
-    dns: Option<Arc<crate::dns::Dns>>,
+    /// Rules, outbounds, DNS and sniffing, as new flows read them
+    /// (`dispatch::Current`); `Engine::reload` replaces them. The DNS
+    /// service is trimmed when the host raises the memory pressure, and
+    /// its answers are forgotten when the network moves.
+    routing: Arc<Current>,
     /// Rebound, and its proxies' names forgotten, when the network moves.
     factory: SocketFactory,
-    outbounds: Arc<Outbounds>,
+    /// What a reload needs to build a new routing generation and to tell
+    /// what it may not change.
+    reload: Arc<reload::State>,
     stack: Stack,
     tun: Arc<Tun>,
     mtu: u16,
@@ -216,7 +222,8 @@ impl Engine {
         let tun = parts.tun.clone();
         let read = driver::run(demux, tun, driver, life.clone(), parts.mtu, coalesce);
         rt.spawn(supervised(life.clone(), EngineTask::Driver, read));
-        groups::spawn_probes(&rt, &parts);
+        let probes = groups::spawn_probes(rt.handle(), &parts, &parts.routing.load().outbounds);
+        parts.reload.set_probes(probes);
         // glibc keeps freed memory: trimmed once load stops.
         #[cfg(all(target_os = "linux", target_env = "gnu"))]
         rt.spawn(supervised(
@@ -256,10 +263,7 @@ impl Engine {
     /// (`truncated` says when there were more). Empty once stopped.
     pub fn connections(&self) -> Listing {
         match &self.inner {
-            Some(inner) => {
-                let parts = &inner.parts;
-                parts.conns.list(&parts.outbounds, LIST_CAP)
-            }
+            Some(inner) => inner.parts.conns.list(LIST_CAP),
             None => Listing::default(),
         }
     }
@@ -280,7 +284,7 @@ impl Engine {
     pub fn close_connections(&self, filter: &crate::conns::ConnectionFilter) -> u64 {
         self.inner.as_ref().map_or(0, |i| {
             let parts = &i.parts;
-            (parts.conns).close_matching(filter, &parts.outbounds, &parts.stats)
+            parts.conns.close_matching(filter, &parts.stats)
         })
     }
 
@@ -294,7 +298,7 @@ impl Engine {
             // Every memory budget shares this pressure; the DNS cache and the
             // fake-ip pool give up what the new tier does not allow at once.
             admission.set_pressure(level, now);
-            if let Some(dns) = &inner.parts.dns {
+            if let Some(dns) = &inner.parts.routing.load().dns {
                 dns.trim(now, &inner.parts.stats);
             }
             tracing::info!(
@@ -350,12 +354,17 @@ impl Engine {
         // New sockets first, so nothing opened after the resets below
         // leaves on the old network.
         parts.factory.rebind(info.interface.clone());
-        if let Some(dns) = &parts.dns {
+        // Under the reload lock: a reload building a generation now either
+        // sees this network or is finished and gets told of it here.
+        let reloading = parts.reload.lock();
+        let on = parts.routing.load();
+        if let Some(dns) = &on.dns {
             dns.forget_answers();
             dns.set_platform(&info.dns_servers);
         }
-        parts.outbounds.set_platform_dns(&info.dns_servers);
-        parts.outbounds.forget_names();
+        on.outbounds.set_platform_dns(&info.dns_servers);
+        on.outbounds.forget_names();
+        drop(reloading);
         discover_nat64(inner, &info, true);
         parts.stats.network_changes.fetch_add(1, Relaxed);
         net.publish(addrs);
@@ -589,21 +598,25 @@ async fn assemble(
         )
         .map_err(ConfigError::from)?,
     );
-    let outbounds_part = outbounds.clone();
-    let stats = Arc::new(Stats::with_outbounds(outbounds.names()));
+    let stats = Arc::new(Stats::with_outbounds(outbounds.counters()));
     let nets: Vec<IpNet> = config.tun.nets();
     // Every memory budget (admission too) reads the one pressure the host
     // reports through `set_memory_pressure`.
     let pressure = Arc::new(Pressure::default());
     let bytes = |normal| Arc::new(ByteBudget::new(normal, pressure.clone()));
     let mem = budget.memory;
+    let dns_budgets = reload::DnsBudgets {
+        cache: bytes(mem.dns_cache),
+        in_flight: bytes(mem.dns_in_flight),
+        fake: bytes(mem.fake_ip),
+    };
     let dns = crate::dns::Dns::new(
         &config.dns,
         &nets,
         outbounds.clone(),
-        bytes(mem.dns_cache),
-        bytes(mem.dns_in_flight),
-        bytes(mem.fake_ip),
+        dns_budgets.cache.clone(),
+        dns_budgets.in_flight.clone(),
+        dns_budgets.fake.clone(),
     )
     .map_err(ConfigError::from)?;
     let offload = config.driver != DriverMode::PerPacket;
@@ -627,12 +640,16 @@ async fn assemble(
     };
     let sessions = fit_sessions_to_descriptors(&budget, tcp_stack);
     let admission = Arc::new(Admission::with_pressure(sessions, pressure.clone()));
-    let dns_part = dns.clone();
     let conns = Arc::new(Connections::default());
-    let d = Arc::new(Dispatcher {
+    let relay = outbounds.relay;
+    let routing = Arc::new(Current::from_pointee(Routing {
         outbounds,
         dns,
         sniff: config.sniff.clone(),
+    }));
+    let d = Arc::new(Dispatcher {
+        routing: routing.clone(),
+        relay,
         admission: admission.clone(),
         relay_pool: bytes(mem.relay),
         stats: stats.clone(),
@@ -732,9 +749,9 @@ async fn assemble(
             life,
             stats,
             admission,
-            dns: dns_part,
+            routing,
+            reload: Arc::new(reload::State::new(config.clone(), budget, dns_budgets)),
             factory,
-            outbounds: outbounds_part,
             stack,
             tun,
             mtu: config.tun.mtu,
@@ -806,7 +823,7 @@ fn discover_nat64(inner: &Inner, info: &NetworkInfo, changed: bool) {
         return;
     };
     let servers = crate::outbound::resolve::Resolvers::platform_list(&info.dns_servers);
-    let timeout = inner.parts.outbounds.resolver_timeout();
+    let timeout = inner.parts.routing.load().outbounds.resolver_timeout();
     let factory = factory.clone();
     inner.rt.spawn(async move {
         let found = crate::outbound::nat64::discover(&factory, &servers, timeout).await;

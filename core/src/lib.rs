@@ -83,7 +83,10 @@ mod udp;
 pub use budget::MemoryPressure;
 pub use config::Config;
 pub use driver::DriverKind;
-pub use engine::{Engine, LatencyError, SelectionError, SleepError, StartError, StartOptions};
+pub use engine::{
+    Engine, LatencyError, ReloadError, ReloadReport, SelectionError, SleepError, StartError,
+    StartOptions,
+};
 pub use lifecycle::{EngineEvent, EventSink};
 /// The test-only fault hook's vocabulary (`Engine::inject_fault`).
 #[cfg(feature = "fault-injection")]

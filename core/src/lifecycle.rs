@@ -61,6 +61,10 @@ pub enum EngineEvent {
     /// direct sockets bind to `interface` (`None`: no network), and the
     /// connections the old one stranded are being reset.
     NetworkChanged { interface: Option<String> },
+    /// `Engine::reload` replaced the rules, outbounds, groups, DNS and
+    /// sniffing settings: new flows follow them; `closed` running
+    /// connections were closed because their outbound is gone.
+    Reloaded { closed: u64 },
     /// New flows sent to `group` now take `member`: the host selected it
     /// (`Engine::select`), or the group's probes moved it (`url-test`,
     /// `fallback`).

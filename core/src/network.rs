@@ -197,6 +197,11 @@ impl NetworkWatch {
         Some(addrs)
     }
 
+    /// What the host said last (`None`: nothing yet).
+    pub fn last_info(&self) -> Option<NetworkInfo> {
+        self.last.lock().0.clone()
+    }
+
     /// Tell every relay and the flow table the addresses of the new network.
     pub fn publish(&self, addrs: Arc<Addresses>) {
         self.tx.send_replace(Some(addrs));

@@ -6,6 +6,7 @@
 //! or before it goes back to sleep, so an idle tunnel never wakes up to
 //! publish zeros.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
@@ -67,8 +68,16 @@ pub struct Stats {
     pub udp_flows_dropped_on_network_change: AtomicU64,
     /// Connections the host closed (`Engine::close_connection`).
     pub connections_closed_by_host: AtomicU64,
-    /// Per proxy outbound, in the order of [`crate::outbound::Outbounds::names`].
-    pub outbounds: Box<[OutboundCounters]>,
+    /// Connections closed by a reload because their outbound is not in
+    /// the new configuration (`Engine::reload`).
+    pub reload_closed: AtomicU64,
+    /// Per proxy outbound of the current configuration, in the order of
+    /// [`crate::outbound::Outbounds::names`]. The counters themselves
+    /// belong to the configuration's `Outbounds` (a flow counts into those
+    /// of the generation that routed it); a reload replaces this list,
+    /// keeping the counters of every outbound whose name stays. Read by a
+    /// snapshot and written by a reload, never per packet.
+    pub outbounds: parking_lot::RwLock<Box<[Arc<OutboundCounters>]>>,
     /// DNS hijack, cache, fake-ip and sniffing.
     pub dns: DnsCounters,
 }
@@ -193,18 +202,17 @@ pub struct OutboundSnapshot {
 }
 
 impl Stats {
-    /// Counters with one [`OutboundCounters`] per proxy outbound.
-    pub fn with_outbounds<'a>(names: impl IntoIterator<Item = &'a String>) -> Self {
-        Stats {
-            outbounds: names
-                .into_iter()
-                .map(|n| OutboundCounters {
-                    name: n.clone(),
-                    ..OutboundCounters::default()
-                })
-                .collect(),
-            ..Stats::default()
-        }
+    /// Counters listing these per-outbound counters
+    /// ([`crate::outbound::Outbounds::counters`]).
+    pub fn with_outbounds(counters: &[Arc<OutboundCounters>]) -> Self {
+        let s = Stats::default();
+        s.set_outbounds(counters);
+        s
+    }
+
+    /// List these per-outbound counters from now on (a reload).
+    pub fn set_outbounds(&self, counters: &[Arc<OutboundCounters>]) {
+        *self.outbounds.write() = counters.into();
     }
 
     pub fn drop(&self, why: EngineDrop) {
@@ -391,6 +399,9 @@ pub struct StatsSnapshot {
     pub udp_flows_dropped_on_network_change: u64,
     /// Connections the host closed (`Engine::close_connection`).
     pub connections_closed_by_host: u64,
+    /// Connections a reload closed: their outbound is gone from the new
+    /// configuration (`Engine::reload`).
+    pub reload_closed: u64,
     /// The NAT64 prefix of the IPv6-only network the host is on, as
     /// `64:ff9b::/96`; `None` on a network with IPv4 or without NAT64
     /// (`outbound/nat64.rs`).
@@ -478,6 +489,7 @@ impl Stats {
             sessions_reset_on_network_change: g(&self.sessions_reset_on_network_change),
             udp_flows_dropped_on_network_change: g(&self.udp_flows_dropped_on_network_change),
             connections_closed_by_host: g(&self.connections_closed_by_host),
+            reload_closed: g(&self.reload_closed),
             // Filled by the engine from the socket factory's NAT64 state.
             nat64_prefix: None,
             nat64_synthesized: 0,
@@ -485,6 +497,7 @@ impl Stats {
             dns: self.dns.snapshot(),
             outbounds: self
                 .outbounds
+                .read()
                 .iter()
                 .map(|o| OutboundSnapshot {
                     name: o.name.clone(),

@@ -85,7 +85,7 @@ impl Rig {
             Resolvers::new(vec![up], Duration::from_secs(1)),
         )
         .expect("outbounds");
-        let stats = Stats::with_outbounds(ob.names());
+        let stats = Stats::with_outbounds(ob.counters());
         (ob, stats)
     }
 

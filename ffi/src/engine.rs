@@ -44,6 +44,18 @@ pub struct Engine {
     events_dropped: Arc<AtomicU64>,
 }
 
+/// What `Engine.reload` did.
+#[derive(Debug, Clone, PartialEq, Eq, uniffi::Record)]
+pub struct ReloadReport {
+    /// Running connections closed because their outbound is gone.
+    pub closed: u64,
+    /// Whether the fake-ip pool was kept (its range and size did not
+    /// change): the fake addresses apps hold still stand for their domains.
+    pub fake_ip_kept: bool,
+    /// Select groups whose selected member was carried over.
+    pub selections_kept: u32,
+}
+
 #[derive(Debug, Default)]
 struct Stopped {
     stats: StatsSnapshot,
@@ -226,6 +238,38 @@ impl Engine {
                 ));
             };
             scoped(&self.log.dispatch, || e.network_changed(info)).map_err(KerntunError::from)
+        })
+    }
+
+    /// Replace the rules, outbounds, groups, DNS settings, domain lists and
+    /// sniffing of the running engine with `config`'s, without closing the
+    /// TUN (given the way `start` takes it). New connections and UDP flows
+    /// follow the new configuration; running ones keep their outbound,
+    /// except those through an outbound `config` no longer has, which are
+    /// reset and counted (`stats().reload_closed`). The fake-ip pool is
+    /// kept when its range is the same, and each select group keeps its
+    /// member when the group still has it. The listener hears
+    /// `EngineEvent.Reloaded`.
+    ///
+    /// Nothing changes on an error: `Config` (naming the field) for a
+    /// configuration that does not validate, `NeedsRestart` (naming the
+    /// field) when it changes what only a restart can (`tun`, `stack`,
+    /// `driver`, `workers`, `budget`, `timeouts`, `relay`, `direct` but
+    /// its `bootstrap`), `NotRunning` on a stopped engine. Blocks while the
+    /// configuration is compiled (domain list files are read): call it off
+    /// the main thread.
+    pub fn reload(&self, config: EngineConfig) -> Result<ReloadReport, KerntunError> {
+        guard(|| {
+            let core = config.to_core()?;
+            let Some(e) = self.running() else {
+                return Err(KerntunError::from(kerntun::ReloadError::NotRunning));
+            };
+            let r = scoped(&self.log.dispatch, || e.reload(core))?;
+            Ok(ReloadReport {
+                closed: r.closed,
+                fake_ip_kept: r.fake_ip_kept,
+                selections_kept: u32::try_from(r.selections_kept).unwrap_or(u32::MAX),
+            })
         })
     }
 

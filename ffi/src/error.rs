@@ -67,6 +67,12 @@ pub enum KerntunError {
     #[error("unreachable: {reason}")]
     Unreachable { reason: String },
     /// A bug: the library panicked. The engine involved is stopped.
+    /// `reload` was given a configuration that changes `field` (the TUN
+    /// section, the stack, the driver, the workers, the budget, the
+    /// timeouts, the relay options, the direct sockets' options), which only a restart can
+    /// change. Nothing changed.
+    #[error("{field} cannot change while the engine runs: restart the engine to change it")]
+    NeedsRestart { field: String },
     #[error("internal error (please report): {reason}")]
     Internal { reason: String },
 }
@@ -123,6 +129,26 @@ impl From<ConfigError> for KerntunError {
         KerntunError::Config {
             field,
             reason: e.to_string(),
+        }
+    }
+}
+
+impl From<kerntun::ReloadError> for KerntunError {
+    fn from(e: kerntun::ReloadError) -> Self {
+        use kerntun::ReloadError;
+        match e {
+            ReloadError::NotRunning => KerntunError::NotRunning {
+                reason: "reload needs a running engine".into(),
+            },
+            ReloadError::Config(c) => KerntunError::from(c),
+            ReloadError::NeedsRestart { field } => KerntunError::NeedsRestart {
+                field: field.into(),
+            },
+            // ReloadError is non_exhaustive: a later variant still arrives
+            // typed, with its message.
+            other => KerntunError::Internal {
+                reason: other.to_string(),
+            },
         }
     }
 }

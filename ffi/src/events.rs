@@ -31,6 +31,10 @@ pub enum EngineEvent {
     /// connections the old network stranded are being reset. The engine
     /// keeps running.
     NetworkChanged { interface_name: Option<String> },
+    /// `reload` replaced the rules, outbounds, groups, DNS and sniffing
+    /// settings: new connections follow them. `closed` running connections
+    /// were closed because their outbound is not in the new configuration.
+    Reloaded { closed: u64 },
     /// New flows sent to the group `group` now take `member`: `select`
     /// chose it, or the group's probes moved it (url-test, fallback).
     GroupSelected { group: String, member: String },
@@ -52,6 +56,7 @@ impl From<kerntun::EngineEvent> for EngineEvent {
             kerntun::EngineEvent::NetworkChanged { interface } => Self::NetworkChanged {
                 interface_name: interface,
             },
+            kerntun::EngineEvent::Reloaded { closed } => Self::Reloaded { closed },
             kerntun::EngineEvent::GroupSelected { group, member } => {
                 Self::GroupSelected { group, member }
             }

@@ -64,7 +64,7 @@ pub use config::{
 pub use connections::{
     ConnectionNetwork, ConnectionRecord, ConnectionState, DomainSource, MAX_CONNECTIONS,
 };
-pub use engine::{Engine, NetworkInfo};
+pub use engine::{Engine, NetworkInfo, ReloadReport};
 #[cfg(feature = "fault-injection")]
 pub use engine::{FaultKind, FaultTask};
 pub use error::{HookError, KerntunError};

@@ -185,6 +185,9 @@ pub struct EngineStats {
     pub udp_flows_dropped_on_network_change: u64,
     /// Connections the app closed (`Engine.closeConnection`).
     pub connections_closed_by_host: u64,
+    /// Connections `Engine.reload` closed because their outbound is not in
+    /// the new configuration.
+    pub reload_closed: u64,
     /// The NAT64 prefix of the IPv6-only network the device is on (as
     /// `64:ff9b::/96`), found from the network's DNS64 after
     /// `Engine.networkChanged`; `null` on a network with IPv4 or without
@@ -257,6 +260,7 @@ impl From<StatsSnapshot> for EngineStats {
             sessions_reset_on_network_change,
             udp_flows_dropped_on_network_change,
             connections_closed_by_host,
+            reload_closed,
             nat64_prefix,
             nat64_synthesized,
             nat64_discovery_failed,

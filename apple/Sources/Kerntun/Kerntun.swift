@@ -689,6 +689,27 @@ public protocol EngineProtocol: AnyObject, Sendable {
     func recentLogs()  -> [LogRecord]
     
     /**
+     * Replace the rules, outbounds, groups, DNS settings, domain lists and
+     * sniffing of the running engine with `config`'s, without closing the
+     * TUN (given the way `start` takes it). New connections and UDP flows
+     * follow the new configuration; running ones keep their outbound,
+     * except those through an outbound `config` no longer has, which are
+     * reset and counted (`stats().reload_closed`). The fake-ip pool is
+     * kept when its range is the same, and each select group keeps its
+     * member when the group still has it. The listener hears
+     * `EngineEvent.Reloaded`.
+     *
+     * Nothing changes on an error: `Config` (naming the field) for a
+     * configuration that does not validate, `NeedsRestart` (naming the
+     * field) when it changes what only a restart can (`tun`, `stack`,
+     * `driver`, `workers`, `budget`, `timeouts`, `relay`, `direct` but
+     * its `bootstrap`), `NotRunning` on a stopped engine. Blocks while the
+     * configuration is compiled (domain list files are read): call it off
+     * the main thread.
+     */
+    func reload(config: EngineConfig) throws  -> ReloadReport
+    
+    /**
      * Hear the engine's state changes ([`EngineEvent`]) on a thread of the
      * listener's own, instead of polling `is_running()`. The listener hears
      * the current state at once (`Running`, `Failed`, or `Stopped` on a
@@ -996,6 +1017,35 @@ open func recentLogs() -> [LogRecord]  {
         uniffiCallStatus in
     uniffi_kerntun_ffi_fn_method_engine_recent_logs(
             self.uniffiCloneHandle(),uniffiCallStatus
+    )
+})
+}
+    
+    /**
+     * Replace the rules, outbounds, groups, DNS settings, domain lists and
+     * sniffing of the running engine with `config`'s, without closing the
+     * TUN (given the way `start` takes it). New connections and UDP flows
+     * follow the new configuration; running ones keep their outbound,
+     * except those through an outbound `config` no longer has, which are
+     * reset and counted (`stats().reload_closed`). The fake-ip pool is
+     * kept when its range is the same, and each select group keeps its
+     * member when the group still has it. The listener hears
+     * `EngineEvent.Reloaded`.
+     *
+     * Nothing changes on an error: `Config` (naming the field) for a
+     * configuration that does not validate, `NeedsRestart` (naming the
+     * field) when it changes what only a restart can (`tun`, `stack`,
+     * `driver`, `workers`, `budget`, `timeouts`, `relay`, `direct` but
+     * its `bootstrap`), `NotRunning` on a stopped engine. Blocks while the
+     * configuration is compiled (domain list files are read): call it off
+     * the main thread.
+     */
+open func reload(config: EngineConfig)throws  -> ReloadReport  {
+    return try  FfiConverterTypeReloadReport_lift(try rustCallWithError(FfiConverterTypeKerntunError_lift) {
+        uniffiCallStatus in
+    uniffi_kerntun_ffi_fn_method_engine_reload(
+            self.uniffiCloneHandle(),
+        FfiConverterTypeEngineConfig_lower(config),uniffiCallStatus
     )
 })
 }
@@ -2968,6 +3018,11 @@ public struct EngineStats: Equatable, Hashable {
      */
     public var connectionsClosedByHost: UInt64
     /**
+     * Connections `Engine.reload` closed because their outbound is not in
+     * the new configuration.
+     */
+    public var reloadClosed: UInt64
+    /**
      * The NAT64 prefix of the IPv6-only network the device is on (as
      * `64:ff9b::/96`), found from the network's DNS64 after
      * `Engine.networkChanged`; `null` on a network with IPv4 or without
@@ -3067,6 +3122,10 @@ public struct EngineStats: Equatable, Hashable {
          * Connections the app closed (`Engine.closeConnection`).
          */connectionsClosedByHost: UInt64, 
         /**
+         * Connections `Engine.reload` closed because their outbound is not in
+         * the new configuration.
+         */reloadClosed: UInt64, 
+        /**
          * The NAT64 prefix of the IPv6-only network the device is on (as
          * `64:ff9b::/96`), found from the network's DNS64 after
          * `Engine.networkChanged`; `null` on a network with IPv4 or without
@@ -3135,6 +3194,7 @@ public struct EngineStats: Equatable, Hashable {
         self.sessionsResetOnNetworkChange = sessionsResetOnNetworkChange
         self.udpFlowsDroppedOnNetworkChange = udpFlowsDroppedOnNetworkChange
         self.connectionsClosedByHost = connectionsClosedByHost
+        self.reloadClosed = reloadClosed
         self.nat64Prefix = nat64Prefix
         self.nat64Synthesized = nat64Synthesized
         self.nat64DiscoveryFailed = nat64DiscoveryFailed
@@ -3202,6 +3262,7 @@ public struct FfiConverterTypeEngineStats: FfiConverterRustBuffer {
                 sessionsResetOnNetworkChange: FfiConverterUInt64.read(from: &buf), 
                 udpFlowsDroppedOnNetworkChange: FfiConverterUInt64.read(from: &buf), 
                 connectionsClosedByHost: FfiConverterUInt64.read(from: &buf), 
+                reloadClosed: FfiConverterUInt64.read(from: &buf), 
                 nat64Prefix: FfiConverterOptionString.read(from: &buf), 
                 nat64Synthesized: FfiConverterUInt64.read(from: &buf), 
                 nat64DiscoveryFailed: FfiConverterUInt64.read(from: &buf), 
@@ -3255,6 +3316,7 @@ public struct FfiConverterTypeEngineStats: FfiConverterRustBuffer {
         FfiConverterUInt64.write(value.sessionsResetOnNetworkChange, into: &buf)
         FfiConverterUInt64.write(value.udpFlowsDroppedOnNetworkChange, into: &buf)
         FfiConverterUInt64.write(value.connectionsClosedByHost, into: &buf)
+        FfiConverterUInt64.write(value.reloadClosed, into: &buf)
         FfiConverterOptionString.write(value.nat64Prefix, into: &buf)
         FfiConverterUInt64.write(value.nat64Synthesized, into: &buf)
         FfiConverterUInt64.write(value.nat64DiscoveryFailed, into: &buf)
@@ -3920,6 +3982,87 @@ public func FfiConverterTypeRelayOptions_lift(_ buf: RustBuffer) throws -> Relay
 #endif
 public func FfiConverterTypeRelayOptions_lower(_ value: RelayOptions) -> RustBuffer {
     return FfiConverterTypeRelayOptions.lower(value)
+}
+
+
+/**
+ * What `Engine.reload` did.
+ */
+public struct ReloadReport: Equatable, Hashable {
+    /**
+     * Running connections closed because their outbound is gone.
+     */
+    public var closed: UInt64
+    /**
+     * Whether the fake-ip pool was kept (its range and size did not
+     * change): the fake addresses apps hold still stand for their domains.
+     */
+    public var fakeIpKept: Bool
+    /**
+     * Select groups whose selected member was carried over.
+     */
+    public var selectionsKept: UInt32
+
+    // Default memberwise initializers are never public by default, so we
+    // declare one manually.
+    public init(
+        /**
+         * Running connections closed because their outbound is gone.
+         */closed: UInt64, 
+        /**
+         * Whether the fake-ip pool was kept (its range and size did not
+         * change): the fake addresses apps hold still stand for their domains.
+         */fakeIpKept: Bool, 
+        /**
+         * Select groups whose selected member was carried over.
+         */selectionsKept: UInt32) {
+        self.closed = closed
+        self.fakeIpKept = fakeIpKept
+        self.selectionsKept = selectionsKept
+    }
+
+    
+
+    
+}
+
+#if compiler(>=6)
+extension ReloadReport: Sendable {}
+#endif
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public struct FfiConverterTypeReloadReport: FfiConverterRustBuffer {
+    public static func read(from buf: inout (data: Data, offset: Data.Index)) throws -> ReloadReport {
+        return
+            try ReloadReport(
+                closed: FfiConverterUInt64.read(from: &buf), 
+                fakeIpKept: FfiConverterBool.read(from: &buf), 
+                selectionsKept: FfiConverterUInt32.read(from: &buf)
+        )
+    }
+
+    public static func write(_ value: ReloadReport, into buf: inout [UInt8]) {
+        FfiConverterUInt64.write(value.closed, into: &buf)
+        FfiConverterBool.write(value.fakeIpKept, into: &buf)
+        FfiConverterUInt32.write(value.selectionsKept, into: &buf)
+    }
+}
+
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public func FfiConverterTypeReloadReport_lift(_ buf: RustBuffer) throws -> ReloadReport {
+    return try FfiConverterTypeReloadReport.lift(buf)
+}
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public func FfiConverterTypeReloadReport_lower(_ value: ReloadReport) -> RustBuffer {
+    return FfiConverterTypeReloadReport.lower(value)
 }
 
 
@@ -4884,6 +5027,13 @@ public enum EngineEvent: Equatable, Hashable {
     case networkChanged(interfaceName: String?
     )
     /**
+     * `reload` replaced the rules, outbounds, groups, DNS and sniffing
+     * settings: new connections follow them. `closed` running connections
+     * were closed because their outbound is not in the new configuration.
+     */
+    case reloaded(closed: UInt64
+    )
+    /**
      * New flows sent to the group `group` now take `member`: `select`
      * chose it, or the group's probes moved it (url-test, fallback).
      */
@@ -4926,10 +5076,13 @@ public struct FfiConverterTypeEngineEvent: FfiConverterRustBuffer {
         case 4: return .networkChanged(interfaceName: try FfiConverterOptionString.read(from: &buf)
         )
         
-        case 5: return .groupSelected(group: try FfiConverterString.read(from: &buf), member: try FfiConverterString.read(from: &buf)
+        case 5: return .reloaded(closed: try FfiConverterUInt64.read(from: &buf)
         )
         
-        case 6: return .outboundHealth(group: try FfiConverterString.read(from: &buf), member: try FfiConverterString.read(from: &buf), healthy: try FfiConverterBool.read(from: &buf), latencyMs: try FfiConverterOptionUInt32.read(from: &buf)
+        case 6: return .groupSelected(group: try FfiConverterString.read(from: &buf), member: try FfiConverterString.read(from: &buf)
+        )
+        
+        case 7: return .outboundHealth(group: try FfiConverterString.read(from: &buf), member: try FfiConverterString.read(from: &buf), healthy: try FfiConverterBool.read(from: &buf), latencyMs: try FfiConverterOptionUInt32.read(from: &buf)
         )
         
         default: throw UniffiInternalError.unexpectedEnumCase
@@ -4958,14 +5111,19 @@ public struct FfiConverterTypeEngineEvent: FfiConverterRustBuffer {
             FfiConverterOptionString.write(interfaceName, into: &buf)
             
         
-        case let .groupSelected(group,member):
+        case let .reloaded(closed):
             writeInt(&buf, Int32(5))
+            FfiConverterUInt64.write(closed, into: &buf)
+            
+        
+        case let .groupSelected(group,member):
+            writeInt(&buf, Int32(6))
             FfiConverterString.write(group, into: &buf)
             FfiConverterString.write(member, into: &buf)
             
         
         case let .outboundHealth(group,member,healthy,latencyMs):
-            writeInt(&buf, Int32(6))
+            writeInt(&buf, Int32(7))
             FfiConverterString.write(group, into: &buf)
             FfiConverterString.write(member, into: &buf)
             FfiConverterBool.write(healthy, into: &buf)
@@ -5271,7 +5429,13 @@ enum KerntunError: Swift.Error, Equatable, Hashable, Foundation.LocalizedError {
     )
     /**
      * A bug: the library panicked. The engine involved is stopped.
+     * `reload` was given a configuration that changes `field` (the TUN
+     * section, the stack, the driver, the workers, the budget, the
+     * timeouts, the relay options, the direct sockets' options), which only a restart can
+     * change. Nothing changed.
      */
+    case NeedsRestart(field: String
+    )
     case Internal(reason: String
     )
 
@@ -5356,7 +5520,10 @@ public struct FfiConverterTypeKerntunError: FfiConverterRustBuffer {
         case 16: return .Unreachable(
             reason: try FfiConverterString.read(from: &buf)
             )
-        case 17: return .Internal(
+        case 17: return .NeedsRestart(
+            field: try FfiConverterString.read(from: &buf)
+            )
+        case 18: return .Internal(
             reason: try FfiConverterString.read(from: &buf)
             )
 
@@ -5456,8 +5623,13 @@ public struct FfiConverterTypeKerntunError: FfiConverterRustBuffer {
             FfiConverterString.write(reason, into: &buf)
             
         
-        case let .Internal(reason):
+        case let .NeedsRestart(field):
             writeInt(&buf, Int32(17))
+            FfiConverterString.write(field, into: &buf)
+            
+        
+        case let .Internal(reason):
+            writeInt(&buf, Int32(18))
             FfiConverterString.write(reason, into: &buf)
             
         }
@@ -7075,6 +7247,9 @@ private let initializationResult: InitializationResult = {
         return InitializationResult.apiChecksumMismatch
     }
     if (uniffi_kerntun_ffi_checksum_method_engine_recent_logs() != 48469) {
+        return InitializationResult.apiChecksumMismatch
+    }
+    if (uniffi_kerntun_ffi_checksum_method_engine_reload() != 3270) {
         return InitializationResult.apiChecksumMismatch
     }
     if (uniffi_kerntun_ffi_checksum_method_engine_set_listener() != 47003) {

@@ -28,15 +28,33 @@ use crate::stats::{EngineDrop, Stats, WarnLimiter};
 
 pub(crate) mod session;
 
-/// What deciding and serving a flow needs, shared by both stacks and UDP.
+/// One generation of what routes new flows: the part of the configuration
+/// `Engine::reload` replaces while the engine runs.
 #[derive(Debug)]
-pub(crate) struct Dispatcher {
+pub(crate) struct Routing {
     /// Proxies, the rules resolved to them, and the relay options.
     pub outbounds: Arc<Outbounds>,
     /// The DNS service, when `[dns]` is on.
     pub dns: Option<Arc<Dns>>,
     /// Domain sniffing (`[sniff]`).
     pub sniff: SniffConfig,
+}
+
+/// The current [`Routing`], shared by the dispatcher and the engine's
+/// handle. An `ArcSwap`, not a lock: every new flow (a SYN, a UDP flow's
+/// first datagram, on the driver's thread) reads it with one atomic load
+/// and never waits for a reload; a reload stores a new generation, and
+/// flows already planned keep the one they read (their `Route` indexes
+/// that generation's outbounds).
+pub(crate) type Current = arc_swap::ArcSwap<Routing>;
+
+/// What deciding and serving a flow needs, shared by both stacks and UDP.
+#[derive(Debug)]
+pub(crate) struct Dispatcher {
+    /// Rules, outbounds, DNS and sniffing: read once per new flow.
+    pub routing: Arc<Current>,
+    /// TCP relay options (`[relay]`; fixed for the engine's life).
+    pub relay: crate::relay::RelayOptions,
     pub admission: Arc<Admission>,
     /// Bytes the sessions' full-size relay buffers may hold at once.
     pub relay_pool: Arc<ByteBudget>,
@@ -62,10 +80,13 @@ pub(crate) enum Plan {
     Dns,
     /// Route chosen now: connect the outbound before the app's SYN is
     /// answered (TCP), or open the flow's socket or association (UDP).
-    /// `dst` is a fake address's domain, or the address the app used.
+    /// `dst` is a fake address's domain, or the address the app used;
+    /// `on` the routing generation `route` belongs to, `why` the rule and
+    /// groups of it that chose `route`.
     Connect {
         route: Route,
         dst: Address,
+        on: Arc<Routing>,
         why: Why,
     },
     /// TCP only: accept the app's connection first, read its TLS SNI / HTTP
@@ -166,17 +187,24 @@ impl Dispatcher {
     /// `reject` rule, or (UDP) by a proxy with `udp = false`; a proxy with
     /// `udp = "direct"` sends a UDP flow direct
     /// ([`Outbounds::udp_route`]).
-    fn routed(&self, route: Route, network: Network) -> Result<Route, Refusal> {
+    fn routed(on: &Routing, route: Route, network: Network) -> Result<Route, Refusal> {
         match (route, network) {
             (Route::Reject, _) => Err(Refusal::Rule),
-            (r, Network::Udp) => self.outbounds.udp_route(r).ok_or(Refusal::NoUdp),
+            (r, Network::Udp) => on.outbounds.udp_route(r).ok_or(Refusal::NoUdp),
             (r, Network::Tcp) => Ok(r),
         }
     }
 
+    /// The routing generation new flows take now.
+    pub fn routing(&self) -> Arc<Routing> {
+        self.routing.load_full()
+    }
+
     /// The plan for a new flow, or why it is refused.
     fn decide(&self, server: SocketAddr, network: Network) -> Result<Plan, Refusal> {
-        if let Some(dns) = &self.dns {
+        // The flow's one read of the routing generation.
+        let on = self.routing.load_full();
+        if let Some(dns) = &on.dns {
             if dns.hijacks(server) {
                 return Ok(Plan::Dns);
             }
@@ -188,10 +216,12 @@ impl Dispatcher {
                     return Err(Refusal::UnknownFake);
                 };
                 let target = Target::fake_ip(server, &domain).on(network);
-                let (route, why) = self.outbounds.route_why(&target);
+                let (route, why) = on.outbounds.route_why(&target);
+                let route = Self::routed(&on, route, network)?;
                 return Ok(Plan::Connect {
-                    route: self.routed(route, network)?,
+                    route,
                     dst: Address::Domain(domain.to_string(), server.port()),
+                    on,
                     why,
                 });
             }
@@ -200,43 +230,46 @@ impl Dispatcher {
         // where a domain could change the route: a TCP connection's first
         // bytes (TLS SNI, HTTP Host), a UDP flow's QUIC Initials
         // (`udp/sniff.rs`).
-        if self.sniff.covers(server.port()) && self.outbounds.needs_domain_on(network, server) {
+        if on.sniff.covers(server.port()) && on.outbounds.needs_domain_on(network, server) {
             return Ok(Plan::Sniff);
         }
-        let (route, why) = self.outbounds.route_why(&Target::ip(server).on(network));
+        let (route, why) = on.outbounds.route_why(&Target::ip(server).on(network));
         Ok(Plan::Connect {
-            route: self.routed(route, network)?,
+            route: Self::routed(&on, route, network)?,
             dst: Address::Ip(server),
+            on,
             why,
         })
     }
 
-    /// Connect `dst` along `route`. A domain on a direct route is resolved
-    /// through kerntun's DNS service (never the host's resolver, which would
-    /// leak the query around the tunnel); the family follows the address the
-    /// app used. A failure is counted.
+    /// Connect `dst` along `route` of the routing generation `on`. A
+    /// domain on a direct route is resolved through kerntun's DNS service
+    /// (never the host's resolver, which would leak the query around the
+    /// tunnel); the family follows the address the app used. A failure is
+    /// counted.
     pub async fn connect(
         &self,
+        on: &Routing,
         route: Route,
         dst: &Address,
         v6: bool,
     ) -> Result<OutboundStream, OutboundError> {
         let r = match (route, dst) {
-            (Route::Direct, Address::Domain(domain, port)) => match &self.dns {
+            (Route::Direct, Address::Domain(domain, port)) => match &on.dns {
                 None => Err(OutboundError::Unresolved(dst.to_string())),
                 Some(dns) => match dns.resolve(domain, v6, &self.stats).await {
                     Ok(ip) => {
                         let resolved = Address::Ip(SocketAddr::new(ip, *port));
-                        self.outbounds.connect(route, &resolved, &self.stats).await
+                        on.outbounds.connect(route, &resolved, &self.stats).await
                     }
                     Err(e) => Err(OutboundError::Unresolved(format!("{dst}: {e}"))),
                 },
             },
-            _ => self.outbounds.connect(route, dst, &self.stats).await,
+            _ => on.outbounds.connect(route, dst, &self.stats).await,
         };
         if let Err(e) = &r {
             self.stats.tcp_connect_failed.fetch_add(1, Relaxed);
-            tracing::debug!("connect {dst} via {}: {e}", self.outbounds.name(route));
+            tracing::debug!("connect {dst} via {}: {e}", on.outbounds.name(route));
         }
         r
     }
@@ -245,25 +278,34 @@ impl Dispatcher {
     /// that failed; counted), or nothing to connect yet (DNS, sniffing).
     pub async fn prepare(&self, plan: Plan, server: SocketAddr) -> Option<Next> {
         match plan {
-            Plan::Connect { route, dst, why } => self
-                .connect(route, &dst, server.is_ipv6())
+            Plan::Connect {
+                route,
+                dst,
+                on,
+                why,
+            } => self
+                .connect(&on, route, &dst, server.is_ipv6())
                 .await
                 .ok()
-                .map(|out| Next::Relay(OutboundStream { why, ..out })),
+                .map(|out| {
+                    let why = on.outbounds.explain(&why);
+                    Next::Relay(OutboundStream { why, ..out })
+                }),
             Plan::Dns => Some(Next::Dns),
             Plan::Sniff => Some(Next::Sniff),
         }
     }
 
     /// The route for a sniffed connection (the sniffed name only picks the
-    /// rule; the outbound is given the address the app used).
-    pub fn route_sniffed(&self, server: SocketAddr, domain: Option<&str>) -> (Route, Why) {
-        self.route_sniffed_on(server, domain, Network::Tcp)
+    /// rule; the outbound is given the address the app used), in the
+    /// routing generation `on`, with the rule and groups that chose it.
+    pub fn route_sniffed(on: &Routing, server: SocketAddr, domain: Option<&str>) -> (Route, Why) {
+        Self::route_sniffed_on(on, server, domain, Network::Tcp)
     }
 
     /// [`Dispatcher::route_sniffed`] for a flow of `network`.
     fn route_sniffed_on(
-        &self,
+        on: &Routing,
         server: SocketAddr,
         domain: Option<&str>,
         network: Network,
@@ -272,20 +314,22 @@ impl Dispatcher {
             Some(d) => Target::sniffed(server, d),
             None => Target::ip(server),
         };
-        self.outbounds.route_why(&target.on(network))
+        on.outbounds.route_why(&target.on(network))
     }
 
     /// The route for a UDP flow whose QUIC Initials named its server (or
-    /// named nothing), or why it is refused: a `reject` rule, or a proxy
-    /// with `udp = false`. Not counted here: the sniffer counts each
-    /// datagram it refused ([`Refusal::udp_drop`]).
+    /// named nothing), with the generation it belongs to, or why it is
+    /// refused: a `reject` rule, or a proxy with `udp = false`. Not counted
+    /// here: the sniffer counts each datagram it refused
+    /// ([`Refusal::udp_drop`]).
     pub fn route_sniffed_udp(
         &self,
         server: SocketAddr,
         domain: Option<&str>,
-    ) -> Result<(Route, Why), Refusal> {
-        let (route, why) = self.route_sniffed_on(server, domain, Network::Udp);
-        Ok((self.routed(route, Network::Udp)?, why))
+    ) -> Result<(Route, Why, Arc<Routing>), Refusal> {
+        let on = self.routing();
+        let (route, why) = Self::route_sniffed_on(&on, server, domain, Network::Udp);
+        Ok((Self::routed(&on, route, Network::Udp)?, why, on))
     }
 }
 
@@ -356,10 +400,13 @@ mod tests {
         )
         .expect("dns config");
         Dispatcher {
-            stats: Arc::new(Stats::with_outbounds(outbounds.names())),
-            outbounds,
-            dns,
-            sniff: SniffConfig::default(),
+            stats: Arc::new(Stats::with_outbounds(outbounds.counters())),
+            relay: outbounds.relay,
+            routing: Arc::new(Current::from_pointee(Routing {
+                outbounds,
+                dns,
+                sniff: SniffConfig::default(),
+            })),
             admission: Arc::new(Admission::with_pressure([16; 3], pressure.clone())),
             relay_pool: bytes(),
             warn: WarnLimiter::new(Duration::from_secs(5)),
@@ -431,7 +478,7 @@ mod tests {
     /// ordinary flow.
     #[test]
     fn dot_to_the_hijacked_address_is_a_flow_when_reset_is_off() {
-        let mut d = dispatcher();
+        let d = dispatcher();
         let mut cfg = DnsConfig {
             enabled: true,
             hijack: vec!["198.18.0.3".parse().expect("static")],
@@ -442,14 +489,23 @@ mod tests {
         let pressure = Arc::new(Pressure::default());
         let bytes = || Arc::new(ByteBudget::new(1 << 20, pressure.clone()));
         let nets = ["198.18.0.1/16".parse().expect("static")];
-        d.dns = Dns::new(&cfg, &nets, d.outbounds.clone(), bytes(), bytes(), bytes()).expect("dns");
+        let set_dns = |cfg: &DnsConfig| {
+            let old = d.routing();
+            let dns = Dns::new(cfg, &nets, old.outbounds.clone(), bytes(), bytes(), bytes());
+            d.routing.store(Arc::new(Routing {
+                outbounds: old.outbounds.clone(),
+                dns: dns.expect("dns"),
+                sniff: old.sniff.clone(),
+            }));
+        };
+        set_dns(&cfg);
         let dot: SocketAddr = "198.18.0.3:853".parse().expect("static");
         assert!(matches!(
             d.plan(dot, Network::Tcp),
             Some(Plan::Connect { .. })
         ));
         cfg.reset_dot = true;
-        d.dns = Dns::new(&cfg, &nets, d.outbounds.clone(), bytes(), bytes(), bytes()).expect("dns");
+        set_dns(&cfg);
         assert!(d.plan(dot, Network::Tcp).is_none());
     }
 

@@ -23,11 +23,12 @@ use tokio::net::TcpStream;
 use super::{Dispatcher, Network, Next};
 use crate::budget::{ByteBudget, Charge, RELAY_FALLBACK_BUFFER};
 use crate::conns::{DomainSource, Registered};
+use crate::framing::Framing;
 use crate::lifecycle::Phase;
 use crate::outbound::{Address, OutboundStream, Route, reset_on_close};
 use crate::relay::{self, Meter, Side};
 use crate::sniff::{self, Sniffed};
-use crate::stats::{EngineDrop, Stats};
+use crate::stats::{EngineDrop, OutboundCounters, Stats};
 
 /// The app's side of a connection, as a session needs it besides relaying
 /// it ([`Side`], which `relay::run` takes).
@@ -213,7 +214,7 @@ pub(crate) async fn run<A: App, H: Hold>(
         Next::Relay(out) => {
             let flow = d.conns.register(Network::Tcp, client, server);
             // Routed at SYN time: by a fake address's domain, or by address.
-            if let Some(dns) = &d.dns
+            if let Some(dns) = &d.routing().dns
                 && dns.is_fake(server.ip())
                 && let Some(domain) = dns.fake_domain(server.ip())
             {
@@ -252,28 +253,49 @@ impl Drop for Active<'_> {
 /// its record in the connection list (`flow`). A failure, or the host
 /// closing it, resets both sides; a frame of the outbound's framing that
 /// does not verify counts as the proxy's protocol error.
-pub(crate) async fn relay<A: App, H: Hold>(
+///
+/// Not `async` itself: the record takes the outbound's name and why it was
+/// chosen here, and the future holds only the parts the relay uses (an
+/// async fn keeps its parameters for its whole life, and this future is
+/// memory per connection).
+pub(crate) fn relay<'a, A: App + 'a, H: Hold + 'a>(
+    d: &'a Dispatcher,
+    app: A,
+    mut out: OutboundStream,
+    hold: H,
+    flow: Registered,
+) -> impl Future<Output = ()> + 'a {
+    // Named by the stream's own outbound, not by `route` (an index into
+    // the generation that connected it, which a reload may have replaced).
+    let why = out.why.take();
+    flow.record.relaying(out.outbound_name(), why);
+    let OutboundStream {
+        stream,
+        framing,
+        counters,
+        ..
+    } = out;
+    relay_stream(d, app, stream, framing, counters, hold, flow)
+}
+
+/// [`relay`]'s future.
+async fn relay_stream<A: App, H: Hold>(
     d: &Dispatcher,
     app: A,
-    out: OutboundStream,
+    out: TcpStream,
+    mut framing: Option<Box<dyn Framing>>,
+    counters: Option<Arc<OutboundCounters>>,
     hold: H,
     flow: Registered,
 ) {
     let active = Active::new(&d.stats);
-    let OutboundStream {
-        stream: out,
-        mut framing,
-        route,
-        why,
-    } = out;
     let stats = &d.stats;
     let record = &flow.record;
-    record.relaying(route, why);
     let meter = Meter::tcp(stats, Some(&*d.relay_pool)).with_flow(&record.up, &record.down);
     let r = tokio::select! {
         // The host closed it (`Engine::close_connection`, counted there).
         () = record.closed() => Err(io::Error::new(io::ErrorKind::ConnectionAborted, "closed by the host")),
-        r = relay::run(&app, &out, framing.as_deref_mut(), &d.outbounds.relay, &meter) => r,
+        r = relay::run(&app, &out, framing.as_deref_mut(), &d.relay, &meter) => r,
         () = d.life.reached(Phase::Draining) => Err(io::Error::other("engine stopping")),
         () = hold.idle() => Err(io::Error::new(io::ErrorKind::TimedOut, "idle timeout")),
         // The host moved to a network without this outbound's address: the
@@ -298,8 +320,7 @@ pub(crate) async fn relay<A: App, H: Hold>(
         }
         Err(e) => {
             if e.kind() == io::ErrorKind::InvalidData
-                && let Route::Proxy(i) = route
-                && let Some(c) = stats.outbounds.get(i)
+                && let Some(c) = &counters
             {
                 c.protocol_errors.fetch_add(1, Relaxed);
             }
@@ -308,7 +329,8 @@ pub(crate) async fn relay<A: App, H: Hold>(
                 Stats::drop(stats, EngineDrop::RelayFrameRefused);
             }
             // A failure reaches both sides as a reset, not a clean FIN.
-            tracing::debug!("relay via {} ended with {e}", d.outbounds.name(route));
+            let via = counters.as_ref().map_or("direct", |c| c.name.as_str());
+            tracing::debug!("relay via {via} ended with {e}");
             app.reset();
             reset_on_close(&out);
         }
@@ -321,7 +343,7 @@ pub(crate) async fn relay<A: App, H: Hold>(
 
 /// DNS over TCP to a hijacked address: answered here, never relayed.
 pub(crate) async fn dns<A: App, H>(d: &Dispatcher, app: A, hold: H) {
-    if let Some(dns) = &d.dns {
+    if let Some(dns) = &d.routing().dns {
         let r = tokio::select! {
             r = dns.serve_tcp(&app, &d.stats) => r,
             () = d.life.reached(Phase::Draining) => Err(io::Error::other("engine stopping")),
@@ -345,7 +367,7 @@ pub(crate) async fn sniff<A: App, H: Hold>(
     hold: H,
     flow: Registered,
 ) {
-    let timeout = Duration::from_millis(d.sniff.timeout_ms);
+    let timeout = Duration::from_millis(d.routing().sniff.timeout_ms);
     let connected = async {
         let pool = SniffBytes {
             pool: &d.relay_pool,
@@ -360,14 +382,17 @@ pub(crate) async fn sniff<A: App, H: Hold>(
         if let Some(domain) = &domain {
             flow.record.set_domain(domain, DomainSource::Sniffed);
         }
-        let (route, why) = d.route_sniffed(server, domain.as_deref());
+        // Routed by the configuration of now (a reload while it sniffed
+        // counts), and connected in the same generation.
+        let on = d.routing();
+        let (route, why) = Dispatcher::route_sniffed(&on, server, domain.as_deref());
         if route == Route::Reject {
             d.stats.tcp_rejected_by_rule.fetch_add(1, Relaxed);
             return None;
         }
         let dst = Address::Ip(server);
-        let mut out = d.connect(route, &dst, server.is_ipv6()).await.ok()?;
-        out.why = why;
+        let mut out = d.connect(&on, route, &dst, server.is_ipv6()).await.ok()?;
+        out.why = on.outbounds.explain(&why);
         if !first.is_empty() {
             // The bytes read while sniffing go out first, framed like the rest.
             let sent = match out.framing.as_mut() {
@@ -478,10 +503,11 @@ mod tests {
     /// Every idle connection holds one session future, so its size is
     /// memory per connection, part of `budget::SESSION_STATE` (which
     /// `core/tests/memory.rs` checks end to end). Measured on x86_64 with
-    /// the waits for a network change and for the host's close, and the
-    /// connection list's record with the rule and groups that routed the
-    /// flow, in the relay: 3072 bytes (system stack) and 2984 (smoltcp);
-    /// 3 KiB leaves the rest of
+    /// the waits for a network change and for the host's close, the
+    /// connection list's record and the outbound's counters (which name it
+    /// across a reload), in the relay (which holds only the parts of the
+    /// outbound stream it uses): 2976 bytes (system stack) and 2888
+    /// (smoltcp); 3 KiB leaves the rest of
     /// the 5 KiB for the sockets' registrations, the NAT entry and the task.
     #[test]
     fn session_futures_fit_their_share_of_the_session_budget() {

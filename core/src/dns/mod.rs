@@ -109,7 +109,11 @@ pub struct Dns {
     fake_bytes: Arc<ByteBudget>,
     /// Questions being asked upstream: later askers wait on the channel.
     pending: Mutex<HashMap<cache::Key, watch::Receiver<Option<Shared>>>>,
-    fake: Option<FakePool>,
+    /// Shared with the service a reload replaces this one with, when the
+    /// ranges stay ([`Dns::carry_over`]).
+    fake: Option<Arc<FakePool>>,
+    /// The pool's ranges and size, as configured.
+    fake_shape: Option<(ipnet::Ipv4Net, Option<ipnet::Ipv6Net>, usize)>,
     /// Lower-case, without trailing dots.
     filter: Vec<Box<str>>,
     tls: Option<upstream::Tls>,
@@ -224,9 +228,10 @@ impl Dns {
         } else {
             c.hijack.clone()
         };
-        let fake = c
+        let fake_shape = c
             .fake_ip
-            .then(|| FakePool::new(c.fake_ip_pool, c.fake_ip_pool6, c.fake_ip_entries));
+            .then_some((c.fake_ip_pool, c.fake_ip_pool6, c.fake_ip_entries));
+        let fake = fake_shape.map(|(v4, v6, n)| Arc::new(FakePool::new(v4, v6, n)));
         let filter = c
             .fake_ip_filter
             .iter()
@@ -260,6 +265,7 @@ impl Dns {
             fake_bytes,
             pending: Mutex::new(HashMap::new()),
             fake,
+            fake_shape,
             filter,
             tls,
         })))
@@ -514,6 +520,23 @@ impl Dns {
     /// on the new one). The fake-ip pool stays: apps hold its addresses.
     pub fn forget_answers(&self) {
         self.cache.trim(0);
+    }
+
+    /// A reload replaces `old` with this service (just built, not yet
+    /// shared): the fake-ip pool is `old`'s when its ranges and size are
+    /// unchanged, so the fake addresses apps cached keep their domains
+    /// (true then); the network's DNS servers the host reported carry over
+    /// too. The answer cache starts empty (the upstreams may differ).
+    pub(crate) fn carry_over(this: &mut Arc<Dns>, old: &Dns) -> bool {
+        let Some(new) = Arc::get_mut(this) else {
+            return false;
+        };
+        *new.platform.lock() = old.platform.lock().clone();
+        let same = new.fake_shape.is_some() && new.fake_shape == old.fake_shape;
+        if same {
+            new.fake = old.fake.clone();
+        }
+        same
     }
 
     /// The host reported a network whose DNS servers are `servers`
@@ -823,6 +846,55 @@ mod tests {
         assert!(!d.hijacks("8.8.8.8:53".parse().expect("sa")));
         let all = service(|c| c.dns.hijack_all = true);
         assert!(all.hijacks("8.8.8.8:53".parse().expect("sa")));
+    }
+
+    /// A reload's new service keeps the old fake-ip pool when its ranges
+    /// and size are the same: an address handed out before still stands
+    /// for its domain, and the same domain gets the same address. Another
+    /// range (or no fake-ip before) starts a new pool.
+    #[test]
+    fn reload_keeps_the_fake_pool_when_its_range_stays() {
+        let stats = Stats::default();
+        let rt = rt();
+        let fake_a = |d: &Dns, name: &str| {
+            let q = msg::testutil::query(name, RecordType::A, 7);
+            let r = Message::from_vec(&rt.block_on(d.answer(&q, &stats)).expect("answer"))
+                .expect("decode");
+            let hickory_proto::rr::RData::A(a) = &r.answers[0].data else {
+                panic!("an A record")
+            };
+            IpAddr::V4(a.0)
+        };
+        let old = service(|c| c.dns.fake_ip = true);
+        let ip = fake_a(&old, "kept.test.");
+        // Other upstreams and hijack settings, the same pool.
+        let mut new = service(|c| {
+            c.dns.fake_ip = true;
+            c.dns.upstreams = vec!["udp://127.0.0.1:10".into()];
+            c.dns.hijack_all = true;
+        });
+        assert_eq!(new.fake_domain(ip), None, "a fresh pool knows nothing");
+        assert!(Dns::carry_over(&mut new, &old), "same range: kept");
+        assert_eq!(new.fake_domain(ip).as_deref(), Some("kept.test"));
+        assert_eq!(fake_a(&new, "kept.test."), ip, "the same address again");
+        let other = fake_a(&new, "new.test.");
+        assert_eq!(
+            old.fake_domain(other).as_deref(),
+            Some("new.test"),
+            "one pool"
+        );
+
+        let mut moved = service(|c| {
+            c.dns.fake_ip = true;
+            c.dns.fake_ip_pool = "198.18.64.0/18".parse().expect("net");
+        });
+        assert!(!Dns::carry_over(&mut moved, &old), "another range: new");
+        assert_eq!(moved.fake_domain(ip), None);
+        let mut off = service(|_| {});
+        assert!(
+            !Dns::carry_over(&mut off, &old),
+            "fake-ip off: nothing kept"
+        );
     }
 
     #[test]

@@ -210,8 +210,9 @@ async fn udp_proxy(
     stats: &Stats,
 ) -> Result<Vec<u8>, ExchangeError> {
     // Counted like an app's UDP flow through the proxy.
+    let _ = stats;
     let assoc = ob.udp(i).await;
-    if let Some(c) = stats.outbounds.get(i) {
+    if let Some(c) = ob.counters_of(i) {
         match &assoc {
             Ok(_) => c
                 .udp_flows

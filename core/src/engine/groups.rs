@@ -4,13 +4,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::runtime::Runtime;
+use tokio::task::AbortHandle;
 
 use super::{Engine, Parts};
 use crate::EngineEvent;
 use crate::lifecycle::Phase;
-use crate::outbound::Route;
 use crate::outbound::group::{GroupEvent, GroupState, ProbeError, ProbeUrl, SelectError};
+use crate::outbound::{Outbounds, Route};
 
 /// Why [`Engine::test_latency`] has no number.
 #[derive(Debug, thiserror::Error)]
@@ -47,22 +47,30 @@ pub enum SelectionError {
     Group(#[from] SelectError),
 }
 
-/// Start one probe task per `url-test` / `fallback` group (none when there
-/// is no such group). They end when the runtime shuts down at stop.
-pub(super) fn spawn_probes(rt: &Runtime, parts: &Parts) {
-    for g in parts.outbounds.groups().probed() {
+/// Start one probe task per `url-test` / `fallback` group of `outbounds`
+/// (none when there is no such group). They end when the runtime shuts
+/// down at stop, or when a reload aborts them (the handles returned).
+pub(super) fn spawn_probes(
+    rt: &tokio::runtime::Handle,
+    parts: &Parts,
+    outbounds: &Arc<Outbounds>,
+) -> Vec<AbortHandle> {
+    let mut handles = Vec::new();
+    for g in outbounds.groups().probed() {
         let life = parts.life.clone();
         let notify: Arc<dyn Fn(GroupEvent) + Send + Sync> = Arc::new(move |e| {
             if life.phase() == Phase::Running {
                 life.emit(event(e));
             }
         });
-        rt.spawn(crate::outbound::group::probe_loop(
-            parts.outbounds.clone(),
+        let task = rt.spawn(crate::outbound::group::probe_loop(
+            outbounds.clone(),
             g,
             notify,
         ));
+        handles.push(task.abort_handle());
     }
+    handles
 }
 
 fn event(e: GroupEvent) -> EngineEvent {
@@ -95,7 +103,13 @@ impl Engine {
     /// [`EngineEvent::GroupSelected`] when the selection changed.
     pub fn select(&self, group: &str, member: &str) -> Result<(), SelectionError> {
         let parts = self.running_parts().ok_or(SelectionError::NotRunning)?;
-        if parts.outbounds.groups().select(group, member)? {
+        if parts
+            .routing
+            .load()
+            .outbounds
+            .groups()
+            .select(group, member)?
+        {
             tracing::info!("group {group}: new flows go to {member}");
             parts.life.emit(EngineEvent::GroupSelected {
                 group: group.to_owned(),
@@ -110,7 +124,7 @@ impl Engine {
     pub fn groups(&self) -> Vec<GroupState> {
         self.inner
             .as_ref()
-            .map(|i| i.parts.outbounds.groups().states())
+            .map(|i| i.parts.routing.load().outbounds.groups().states())
             .unwrap_or_default()
     }
 
@@ -131,7 +145,7 @@ impl Engine {
             .filter(|i| i.parts.life.phase() == Phase::Running)
             .ok_or(LatencyError::NotRunning)?;
         let url: ProbeUrl = url.parse().map_err(LatencyError::BadUrl)?;
-        let ob = &inner.parts.outbounds;
+        let ob = inner.parts.routing.load_full().outbounds.clone();
         let route = ob
             .route_of(outbound)
             .ok_or_else(|| LatencyError::UnknownOutbound(outbound.to_owned()))?;

@@ -671,7 +671,8 @@ impl Outbounds {
                     stream,
                     framing: None,
                     route,
-                    why: super::Why::default(),
+                    why: None,
+                    counters: None,
                 }
             }
             (route, target) => self.connect_inner(route, target).await?,

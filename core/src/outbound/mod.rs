@@ -24,7 +24,7 @@ use tokio::net::{TcpSocket, TcpStream, UdpSocket};
 use crate::framing::Framing;
 use crate::relay::{RelayConfig, RelayOptions};
 use crate::rules::{Action, Rule, RuleError, RuleSet, Target};
-use crate::stats::Stats;
+use crate::stats::{OutboundCounters, Stats};
 
 pub mod addr;
 pub mod config;
@@ -359,10 +359,23 @@ pub struct OutboundStream {
     /// SOCKS5, `none`) and can be spliced. Boxed: cipher state is large and
     /// most streams have none.
     pub framing: Option<Box<dyn Framing>>,
-    /// Which outbound this is (for statistics).
+    /// Which outbound this is, in the generation of the configuration
+    /// that connected it.
     pub route: Route,
-    /// The rule and groups that chose it (for the connection list).
-    pub why: Why,
+    /// That outbound's counters (`None`: direct), which also name it: the
+    /// stream keeps them across a reload, where `route` alone could name
+    /// another outbound of the new configuration.
+    pub counters: Option<Arc<OutboundCounters>>,
+    /// The names of the rule and groups that chose it, when any did (for
+    /// the connection list; set by the dispatcher, which knows them).
+    pub why: Option<Box<Explained>>,
+}
+
+impl OutboundStream {
+    /// The outbound's name: `direct`, or the proxy's.
+    pub fn outbound_name(&self) -> &str {
+        self.counters.as_ref().map_or("direct", |c| c.name.as_str())
+    }
 }
 
 /// Groups a connection record names on its way to an outbound, at most.
@@ -370,10 +383,10 @@ pub const MAX_CHAIN: usize = 4;
 
 /// Why a flow took its route: the rule that matched (`None`: no rule did,
 /// the default route) and the groups it went through, outermost first.
-/// Eight bytes and `Copy`: it rides in every session's future, whose size
-/// is memory per connection (`dispatch/session.rs`), and deciding a flow
-/// stays free of allocation; [`Outbounds::explain`] names them. A rule
-/// past the 65,535th, or a group past the 255th, is not named.
+/// Eight bytes and `Copy`, so deciding a flow stays free of allocation;
+/// [`Outbounds::explain`] names them in the configuration that decided (a
+/// reload replaces the rules and groups these index). A rule past the
+/// 65,535th, or a group past the 255th, is not named.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Why {
     rule: u16,
@@ -414,6 +427,15 @@ impl Why {
     }
 }
 
+/// The names behind a [`Why`]: what a connection record keeps.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Explained {
+    /// The rule's label ([`Rule::label`]); `None`: no rule matched.
+    pub rule: Option<Arc<str>>,
+    /// The groups, outermost first.
+    pub chain: Box<[Box<str>]>,
+}
+
 /// Why the outbounds and rules of a configuration cannot be set up.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
@@ -433,13 +455,16 @@ pub struct Outbounds {
     /// Who resolves proxy host names.
     resolvers: resolve::Resolvers,
     names: Vec<String>,
+    /// Per proxy, in the order of `names`; a reload carries them over by
+    /// name ([`Outbounds::carry_counters`]).
+    counters: Box<[Arc<OutboundCounters>]>,
     proxies: Vec<Proxy>,
     /// The groups (`[groups]`), each with its current member.
     groups: Groups,
     /// The configured rules, compiled, each with its route or group.
     rules: RuleSet<Pick>,
     /// What the connection list calls each rule ([`Rule::label`]).
-    rule_labels: Vec<Box<str>>,
+    rule_labels: Vec<Arc<str>>,
     /// TCP relay options (`[relay]`).
     pub relay: RelayOptions,
 }
@@ -515,7 +540,7 @@ impl Outbounds {
         let rule_labels = rules
             .iter()
             .enumerate()
-            .map(|(i, r)| r.label(i).into_boxed_str())
+            .map(|(i, r)| Arc::from(r.label(i)))
             .collect();
         let rules = RuleSet::compile(rules, |i, r| {
             Ok(match &r.action {
@@ -535,10 +560,20 @@ impl Outbounds {
                 },
             })
         })?;
+        let counters = names
+            .iter()
+            .map(|n| {
+                Arc::new(OutboundCounters {
+                    name: n.clone(),
+                    ..OutboundCounters::default()
+                })
+            })
+            .collect();
         Ok(Outbounds {
             factory,
             resolvers,
             names,
+            counters,
             proxies,
             groups,
             rules,
@@ -575,17 +610,16 @@ impl Outbounds {
         (route, why)
     }
 
-    /// Name what `why` holds: the rule's label ([`Rule::label`]; `None`
-    /// for the default route) and the groups, outermost first.
-    pub fn explain(&self, why: &Why) -> (Option<String>, Vec<String>) {
-        let rule = why
-            .rule()
-            .map(|i| self.rule_labels.get(i).map_or("?", |l| &**l).to_owned());
-        let chain = why
-            .groups()
-            .map(|g| self.groups.name(g).to_owned())
-            .collect();
-        (rule, chain)
+    /// Name what `why` holds: the rule's label ([`Rule::label`]) and the
+    /// groups, outermost first; `None` when neither a rule nor a group
+    /// chose the route (the default route), which allocates nothing.
+    pub fn explain(&self, why: &Why) -> Option<Box<Explained>> {
+        let rule = why.rule().and_then(|i| self.rule_labels.get(i).cloned());
+        if rule.is_none() && why.depth == 0 {
+            return None;
+        }
+        let chain = why.groups().map(|g| self.groups.name(g).into()).collect();
+        Some(Box::new(Explained { rule, chain }))
     }
 
     /// Whether a domain (sniffed from the connection's first bytes) could
@@ -634,6 +668,32 @@ impl Outbounds {
         &self.names
     }
 
+    /// Every proxy's counters, in index order.
+    pub fn counters(&self) -> &[Arc<OutboundCounters>] {
+        &self.counters
+    }
+
+    /// The counters of proxy `i`.
+    pub fn counters_of(&self, i: usize) -> Option<&Arc<OutboundCounters>> {
+        self.counters.get(i)
+    }
+
+    /// Take over `old`'s counters for every outbound of the same name (a
+    /// reload), so the statistics of an outbound that stays go on.
+    pub fn carry_counters(&mut self, old: &Outbounds) {
+        for (name, c) in self.names.iter().zip(self.counters.iter_mut()) {
+            if let Some(i) = old.names.iter().position(|n| n == name) {
+                *c = old.counters[i].clone();
+            }
+        }
+    }
+
+    /// Whether a connection on the outbound named `name` (`direct` or a
+    /// proxy) still has that outbound here.
+    pub fn has_outbound(&self, name: &str) -> bool {
+        name == "direct" || self.names.iter().any(|n| n == name)
+    }
+
     /// A route's name, for logs.
     pub fn name(&self, route: Route) -> &str {
         match route {
@@ -651,9 +711,10 @@ impl Outbounds {
         dst: &Address,
         stats: &Stats,
     ) -> Result<OutboundStream, OutboundError> {
+        let _ = stats;
         let r = self.connect_inner(route, dst).await;
         if let Route::Proxy(i) = route
-            && let Some(c) = stats.outbounds.get(i)
+            && let Some(c) = self.counters.get(i)
         {
             match &r {
                 Ok(_) => c.tcp_connects.fetch_add(1, Relaxed),
@@ -683,7 +744,8 @@ impl Outbounds {
                     stream: self.factory.connect_tcp(*dst).await?,
                     framing: None,
                     route,
-                    why: Why::default(),
+                    why: None,
+                    counters: None,
                 });
             }
             Route::Proxy(i) => self.proxies.get(i).ok_or(OutboundError::Rejected)?,
@@ -703,7 +765,8 @@ impl Outbounds {
                     stream: s,
                     framing: None,
                     route,
-                    why: Why::default(),
+                    why: None,
+                    counters: self.counters_of_route(route),
                 })
             }
             Proxy::Shadowsocks { server, key, .. } => {
@@ -717,7 +780,8 @@ impl Outbounds {
                     stream: s,
                     framing: session.framing.map(|f| Box::new(f) as Box<dyn Framing>),
                     route,
-                    why: Why::default(),
+                    why: None,
+                    counters: self.counters_of_route(route),
                 })
             }
         }
@@ -763,6 +827,13 @@ impl Outbounds {
                 name: n.name().to_owned(),
                 reason,
             })
+    }
+
+    fn counters_of_route(&self, route: Route) -> Option<Arc<OutboundCounters>> {
+        match route {
+            Route::Proxy(i) => self.counters.get(i).cloned(),
+            Route::Direct | Route::Reject => None,
+        }
     }
 
     /// Whether UDP flows on `route` go through a proxy (the queued path).

@@ -27,7 +27,7 @@ impl UdpTable {
         now: Instant,
         local: &mut LocalCounters,
     ) {
-        let Some(dns) = self.shared.d.dns.clone() else {
+        let Some(dns) = self.shared.d.routing().dns.clone() else {
             return;
         };
         let charge = match dns.charge_udp_query(payload.len(), self.shared.mtu, now) {

@@ -17,7 +17,7 @@ use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
 use parking_lot::Mutex;
 
 use crate::conns::{ConnState, DomainSource, Record, Registered};
-use crate::outbound::{Address, Route, Why};
+use crate::outbound::{Address, Explained};
 use crate::rules::Network;
 
 use super::{FlowKey, UdpEnv};
@@ -75,15 +75,15 @@ impl TallyCache {
     }
 }
 
-/// Register the new flow `key` of the table, routed along `route` for the
+/// Register the new flow `key` of the table, routed to `outbound` for the
 /// reasons `why` to `dst` (a fake address's domain, or the address the app
 /// used; `sniffed`: the domain its QUIC Initial named), and enter it in
 /// `tally` for its replies.
 pub(super) fn register(
     env: &UdpEnv,
     key: FlowKey,
-    route: Route,
-    why: Why,
+    outbound: &str,
+    why: Option<Box<Explained>>,
     dst: &Address,
     sniffed: Option<&str>,
     tally: &Tally,
@@ -94,7 +94,7 @@ pub(super) fn register(
         (_, Some(domain)) => flow.record.set_domain(domain, DomainSource::Sniffed),
         _ => {}
     }
-    flow.record.relaying(route, why);
+    flow.record.relaying(outbound, why);
     tally.add(key.server, flow.record.clone());
     flow
 }

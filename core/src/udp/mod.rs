@@ -79,7 +79,7 @@ use tokio::task::AbortHandle;
 
 use crate::budget::ByteBudget;
 use crate::conns::Registered;
-use crate::dispatch::{Dispatcher, Network, Plan, Refusal};
+use crate::dispatch::{Dispatcher, Network, Plan, Refusal, Routing};
 use crate::nat::FlowKey;
 use crate::network::Addresses;
 use crate::outbound::config::UdpNat;
@@ -413,11 +413,18 @@ impl UdpTable {
             true => Ok(Plan::Sniff),
             false => self.shared.d.plan_or_refusal(key.server, Network::Udp),
         };
-        let (route, dst, why, sniffed, held) = match planned {
-            Ok(Plan::Connect { route, dst, why }) => (route, dst, why, None, Vec::new()),
+        let (route, dst, on, why, sniffed, held) = match planned {
+            Ok(Plan::Connect {
+                route,
+                dst,
+                on,
+                why,
+            }) => (route, dst, on, why, None, Vec::new()),
             Ok(Plan::Dns) => return self.hijack(key, payload, now, local),
             Ok(Plan::Sniff) => match self.sniff(key, buf, ip, payload, now, local) {
-                Some((route, why, name, held)) => (route, Address::Ip(key.server), why, name, held),
+                Some((route, why, on, name, held)) => {
+                    (route, Address::Ip(key.server), on, why, name, held)
+                }
                 None => return,
             },
             // Refused by a rule or by a proxy that refuses UDP, and
@@ -430,7 +437,7 @@ impl UdpTable {
             // only).
             Err(Refusal::UnknownFake | Refusal::DnsOverTls) => return,
         };
-        if !self.open_planned(key, route, dst, why, sniffed.as_deref(), now, local) {
+        if !self.open_planned(key, route, dst, &on, why, sniffed.as_deref(), now, local) {
             return;
         }
         // What the sniffer held goes first, in order.
@@ -500,13 +507,16 @@ impl UdpTable {
         key: FlowKey,
         route: Route,
         dst: Address,
+        on: &Arc<Routing>,
         why: Why,
         sniffed: Option<&str>,
         now: Instant,
         local: &mut LocalCounters,
     ) -> bool {
+        let why = on.outbounds.explain(&why);
+        let outbound = on.outbounds.name(route);
         let listed = |env: &UdpEnv, state: &ReplyState| {
-            listed::register(env, key, route, why, &dst, sniffed, &state.tally)
+            listed::register(env, key, outbound, why, &dst, sniffed, &state.tally)
         };
         // An IPv4 destination reached through the network's NAT64 prefix
         // takes a connected socket of its own: its replies then come from
@@ -514,23 +524,25 @@ impl UdpTable {
         // IPv4 socket could not send at all (`outbound/nat64.rs`).
         let mapped = self.shared.nat == UdpNat::EndpointIndependent
             && matches!(dst, Address::Ip(_))
-            && !self.shared.d.outbounds.udp_proxied(route)
+            && !on.outbounds.udp_proxied(route)
             && !self.shared.factory.nat64().applies_to(key.server.ip());
         if mapped {
             self.map(key, now, listed, local)
         } else {
-            self.open(key, route, dst.clone(), now, listed, local)
+            self.open(key, route, dst.clone(), on, now, listed, local)
         }
     }
 
     /// Open the flow `key` along the route its plan chose, to `dst` (a
     /// fake address's domain, or the address the app used). False if its
     /// socket could not be opened (counted).
+    #[allow(clippy::too_many_arguments)]
     fn open(
         &mut self,
         key: FlowKey,
         route: Route,
         dst: Address,
+        on: &Arc<Routing>,
         now: Instant,
         listed: impl FnOnce(&UdpEnv, &ReplyState) -> Registered,
         local: &mut LocalCounters,
@@ -545,10 +557,11 @@ impl UdpTable {
         }
         let state = Arc::new(ReplyState::new(self.epoch, shared.mtu));
         let (io, task) = match (route, dst) {
-            (Route::Proxy(i), target) if shared.d.outbounds.udp_proxied(route) => {
+            (Route::Proxy(i), target) if on.outbounds.udp_proxied(route) => {
                 let (queue, rx, spare_tx) = Queue::new(shared.queues.clone(), shared.mtu);
                 let task = tokio::spawn(proxied::proxy_flow(
                     self.shared.clone(),
+                    on.outbounds.clone(),
                     i,
                     key,
                     target,
@@ -563,7 +576,7 @@ impl UdpTable {
             // takes the queued path while that happens.
             (_, Address::Domain(domain, _)) => {
                 // The plan names a domain only with the DNS service on.
-                let Some(dns) = shared.d.dns.clone() else {
+                let Some(dns) = on.dns.clone() else {
                     local.drop(EngineDrop::UdpOpenFailed);
                     return false;
                 };

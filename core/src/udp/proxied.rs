@@ -20,7 +20,7 @@ use crate::budget::ByteBudget;
 use crate::dns::Dns;
 use crate::nat::FlowKey;
 use crate::outbound::config::UdpNat;
-use crate::outbound::{Address, OutboundError, ProxyUdp, Route, UdpCodec};
+use crate::outbound::{Address, OutboundError, Outbounds, ProxyUdp, Route, UdpCodec};
 use crate::packet::HEADROOM;
 use crate::stats::{EngineDrop, Stats};
 
@@ -234,6 +234,7 @@ fn stranded(shared: &UdpEnv, state: &ReplyState) {
 #[allow(clippy::too_many_arguments)]
 pub(super) async fn proxy_flow(
     shared: Arc<UdpEnv>,
+    outbounds: Arc<Outbounds>,
     idx: usize,
     key: FlowKey,
     target: Address,
@@ -243,8 +244,9 @@ pub(super) async fn proxy_flow(
 ) {
     let server = key.server;
     let stats: &Stats = &shared.d.stats;
-    let counters = stats.outbounds.get(idx);
-    let assoc = match shared.d.outbounds.udp(idx).await {
+    // The flow's own generation of the outbounds: `idx` indexes it.
+    let counters = outbounds.counters_of(idx);
+    let assoc = match outbounds.udp(idx).await {
         Ok(a) => {
             if let Some(c) = counters {
                 c.udp_flows.fetch_add(1, Relaxed);
@@ -263,7 +265,7 @@ pub(super) async fn proxy_flow(
             }
             shared.d.warn.warn(format_args!(
                 "udp flow to {server} via {}: {e}",
-                shared.d.outbounds.name(Route::Proxy(idx))
+                outbounds.name(Route::Proxy(idx))
             ));
             return;
         }

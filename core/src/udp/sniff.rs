@@ -25,10 +25,12 @@
 //! datagrams are in flight. The copies are made only for these first
 //! datagrams of a flow, never once it is open.
 
+use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
 use super::UdpTable;
+use crate::dispatch::Routing;
 use crate::nat::FlowKey;
 use crate::outbound::{Route, Why};
 use crate::packet::IpInfo;
@@ -38,9 +40,9 @@ use crate::stats::{EngineDrop, LocalCounters};
 
 pub(crate) use crate::budget::{QUIC_SNIFF_HELD as HELD_BYTES, QUIC_SNIFF_READING as READING_MAX};
 
-/// A sniffed flow's route, why it was taken, the domain its QUIC Initial
-/// named (if any), and the datagrams held while it was read.
-pub(super) type Decided = (Route, Why, Option<Box<str>>, Vec<Vec<u8>>);
+/// A sniffed flow's route, why it was taken, the routing generation both
+/// belong to, the domain its QUIC Initial named (if any), and the datagrams held while it was read.
+pub(super) type Decided = (Route, Why, Arc<Routing>, Option<Box<str>>, Vec<Vec<u8>>);
 
 /// A new flow whose route waits for its QUIC Initials, or a flow the rules
 /// refused by name.
@@ -109,7 +111,7 @@ impl UdpTable {
                 started,
             } => (sniffer, held, bytes, *started),
         };
-        let timeout = Duration::from_millis(self.shared.d.sniff.timeout_ms);
+        let timeout = Duration::from_millis(self.shared.d.routing().sniff.timeout_ms);
         let room = *bytes + payload.len() <= HELD_BYTES;
         let route = match sniffer.push(payload) {
             Sniffed::NeedMore if room && now.saturating_duration_since(started) < timeout => {
@@ -120,16 +122,16 @@ impl UdpTable {
             Sniffed::Domain { name, .. } => {
                 self.shared.d.stats.dns.sniffed.fetch_add(1, Relaxed);
                 let route = self.shared.d.route_sniffed_udp(key.server, Some(name));
-                route.map(|(r, why)| (r, why, Some(Box::from(name))))
+                route.map(|(r, why, on)| (r, why, on, Some(Box::from(name))))
             }
             _ => {
                 self.shared.d.stats.dns.sniff_misses.fetch_add(1, Relaxed);
                 let route = self.shared.d.route_sniffed_udp(key.server, None);
-                route.map(|(r, why)| (r, why, None))
+                route.map(|(r, why, on)| (r, why, on, None))
             }
         };
         let held = std::mem::take(held);
-        let (route, why, name) = match route {
+        let (route, why, on, name) = match route {
             Ok(routed) => routed,
             Err(refusal) => {
                 // This datagram and those held: all refused.
@@ -145,7 +147,7 @@ impl UdpTable {
             }
         };
         self.sniffing.remove(&key);
-        Some((route, why, name, held))
+        Some((route, why, on, name, held))
     }
 
     /// Forget the flow (of those being read, with `reading`) seen longest
@@ -170,7 +172,7 @@ impl UdpTable {
     /// datagrams sent; refused flows idle for `timeouts.udp_unreplied_s`
     /// are forgotten.
     pub(super) fn sweep_sniffing(&mut self, now: Instant, local: &mut LocalCounters) {
-        let timeout = Duration::from_millis(self.shared.d.sniff.timeout_ms);
+        let timeout = Duration::from_millis(self.shared.d.routing().sniff.timeout_ms);
         let unreplied = self.shared.unreplied;
         let mut due = Vec::new();
         self.sniffing.retain(|k, s| match s {
@@ -187,7 +189,7 @@ impl UdpTable {
                 continue;
             };
             self.shared.d.stats.dns.sniff_misses.fetch_add(1, Relaxed);
-            let (route, why) = match self.shared.d.route_sniffed_udp(key.server, None) {
+            let (route, why, on) = match self.shared.d.route_sniffed_udp(key.server, None) {
                 Ok(routed) => routed,
                 Err(refusal) => {
                     for _ in 0..held.len() {
@@ -197,7 +199,7 @@ impl UdpTable {
                 }
             };
             let dst = crate::outbound::Address::Ip(key.server);
-            if self.open_planned(key, route, dst, why, None, now, local) {
+            if self.open_planned(key, route, dst, &on, why, None, now, local) {
                 for p in held {
                     self.forward(key, &p, None, now, local);
                 }

@@ -769,6 +769,60 @@ fun sleepWake() {
     engine.close()
 }
 
+/**
+ * A running engine takes a new configuration: a rule that rejects the echo
+ * port stops new connections to it and a reload without it lets them
+ * through again, the engine running throughout (the same TUN); the
+ * listener hears Reloaded. A rule naming no outbound is a typed
+ * KerntunException.Config naming the field, a new MTU a
+ * KerntunException.NeedsRestart naming tun.mtu, and neither changes the
+ * routing; a stopped engine is KerntunException.NotRunning.
+ */
+fun reloads() {
+    println("--- reload")
+    val hooks = Hooks()
+    val cfg = config("ktrel", "198.18.0.1/16", null, Driver.PER_PACKET, Stack.SYSTEM)
+    val engine = Engine.start(cfg, -1, hooks)
+    check(sh("ip", "route", "replace", "$serverV4/32", "dev", "ktrel") == 0, "reload: route v4 via TUN")
+    val listener = Listener()
+    engine.setListener(listener)
+    check(tcpEcho(serverV4, 16 shl 10, 80), "reload: TCP flows before")
+    val rejectEcho = RuleOptions(ports = "$port", network = RuleNetwork.TCP, action = RuleAction.Reject)
+    val report = engine.reload(cfg.copy(rules = cfg.rules + rejectEcho))
+    check(report.closed == 0uL, "reload: nothing closed: $report")
+    check(
+        waitFor { listener.events.contains(EngineEvent.Reloaded(0uL)) },
+        "reload: the listener hears Reloaded: ${listener.events}",
+    )
+    check(tcpFails(serverV4), "reload: the new rule rejects the echo port")
+    check(engine.isRunning(), "reload: the engine runs on")
+    try {
+        engine.reload(cfg.copy(rules = cfg.rules + RuleOptions(action = RuleAction.Outbound("nope"))))
+        check(false, "reload: a rule naming no outbound must throw")
+    } catch (e: KerntunException.Config) {
+        check(e.field == "rules[1].action", "reload: KerntunException.Config names ${e.field}: ${e.reason}")
+    }
+    try {
+        engine.reload(cfg.copy(tun = cfg.tun.copy(mtu = 1400u)))
+        check(false, "reload: a new MTU must throw")
+    } catch (e: KerntunException.NeedsRestart) {
+        check(e.field == "tun.mtu", "reload: KerntunException.NeedsRestart names ${e.field}")
+    }
+    check(tcpFails(serverV4), "reload: refused reloads left the rule in place")
+    engine.reload(cfg)
+    check(tcpEcho(serverV4, 16 shl 10, 81), "reload: back to the first rules, TCP flows again")
+    check(listener.events.toList().count { it is EngineEvent.Reloaded } == 2, "reload: two reloads heard: ${listener.events}")
+    check(engine.stats().reloadClosed == 0uL, "reload: reloadClosed in the stats")
+    engine.stop()
+    try {
+        engine.reload(cfg)
+        check(false, "reload: a stopped engine must throw")
+    } catch (e: KerntunException.NotRunning) {
+        check(true, "reload: stopped -> KerntunException.NotRunning (${e.reason})")
+    }
+    engine.close()
+}
+
 guarded(" in the fault checks:") {
     faults()
 }
@@ -783,6 +837,9 @@ guarded(" in the log level checks:") {
 }
 guarded(" in the group checks:") {
     groups()
+}
+guarded(" in the reload checks:") {
+    reloads()
 }
 // ==== end: a dead engine task ====
 

@@ -22,7 +22,9 @@
 # reset, the close counted); it changes an engine's log level while it
 # runs; and it drives outbound groups (select, groups(), testLatency
 # against the HTTP responder echo_server.py runs on the port + 80, the
-# GroupSelected and OutboundHealth events). Namespaces, the server and
+# GroupSelected and OutboundHealth events); it reloads a running engine
+# (reload: a new rule takes effect, the Reloaded event, typed refusals
+# naming the field, NotRunning once stopped). Namespaces, the server and
 # temp files are removed on every exit. Before that, android_policy_test.kts tests the Android
 # module's platform-independent Kotlin (KerntunPolicy.kt) on the same JVM;
 # engine_test.kts also hammers the glue's EngineHandle.kt.
