@@ -16,9 +16,9 @@
 mod autoroute;
 mod controller;
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
@@ -43,7 +43,7 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum Cmd {
     /// Run the engine until interrupted.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Moved out of this binary: says where the demo is now.
     #[command(hide = true)]
     Demo,
@@ -158,7 +158,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let logging = init_tracing();
     let r = match cli.cmd {
-        Cmd::Run(a) => run(a, logging),
+        Cmd::Run(a) => run(*a, logging),
         Cmd::Demo => Err(DEMO_MOVED.into()),
     };
     match r {
@@ -442,7 +442,7 @@ mod proxy_tests {
     fn run_args(args: &[&str]) -> RunArgs {
         let argv = ["kerntun", "run"].into_iter().chain(args.iter().copied());
         match Cli::try_parse_from(argv).expect("arguments").cmd {
-            Cmd::Run(a) => a,
+            Cmd::Run(a) => *a,
             Cmd::Demo => panic!("not run"),
         }
     }

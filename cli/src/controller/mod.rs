@@ -21,8 +21,8 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::body::{Body, Bytes};
-use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
 use axum::extract::ws::rejection::WebSocketUpgradeRejection;
+use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
 use axum::extract::{DefaultBodyLimit, Path, Query, Request, State};
 use axum::http::{HeaderValue, Method, StatusCode, header};
 use axum::middleware::{self, Next};
@@ -423,15 +423,15 @@ struct DelayQuery {
 /// The probe speaks plain HTTP/1.1 (`Engine::test_latency`): an `https://`
 /// URL (some dashboards' default) is probed as `http://` on the same host
 /// and path, port 80.
-fn probe_url(url: Option<String>) -> Result<String, Response> {
-    let url = url.ok_or_else(|| error(StatusCode::BAD_REQUEST, "url: missing"))?;
+fn probe_url(url: Option<String>) -> Result<String, Box<Response>> {
+    let url = url.ok_or_else(|| Box::new(error(StatusCode::BAD_REQUEST, "url: missing")))?;
     Ok(match url.strip_prefix("https://") {
         Some(rest) => format!("http://{rest}"),
         None => url,
     })
 }
 
-fn delay_timeout(t: Option<String>) -> Result<Duration, Response> {
+fn delay_timeout(t: Option<String>) -> Result<Duration, Box<Response>> {
     match t {
         None => Ok(DEFAULT_DELAY_TIMEOUT),
         Some(t) => t
@@ -440,10 +440,10 @@ fn delay_timeout(t: Option<String>) -> Result<Duration, Response> {
             .filter(|&ms| ms > 0)
             .map(|ms| Duration::from_millis(ms).min(MAX_DELAY_TIMEOUT))
             .ok_or_else(|| {
-                error(
+                Box::new(error(
                     StatusCode::BAD_REQUEST,
                     format!("timeout: {t:?} is not a positive number of milliseconds"),
-                )
+                ))
             }),
     }
 }
@@ -468,11 +468,11 @@ async fn measure(
 async fn delay(State(sh): S, Path(name): Path<String>, Query(q): Query<DelayQuery>) -> Response {
     let url = match probe_url(q.url) {
         Ok(u) => u,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     let timeout = match delay_timeout(q.timeout) {
         Ok(t) => t,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     match measure(&sh, name, url, timeout).await {
         Ok(ms) => Json(json!({ "delay": ms })).into_response(),
@@ -497,11 +497,11 @@ async fn group_delay(
 ) -> Response {
     let url = match probe_url(q.url) {
         Ok(u) => u,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     let timeout = match delay_timeout(q.timeout) {
         Ok(t) => t,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     let groups = sh.engine().groups();
     let Some(g) = groups.into_iter().find(|g| g.name == name) else {

@@ -7,8 +7,8 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use kerntun::conns::{Connection, Listing};
 use kerntun::config::{Config, OutboundConfig};
+use kerntun::conns::{Connection, Listing};
 use kerntun::outbound::group::{GroupKind, GroupState, Health};
 use kerntun::rules::{Network, Rule};
 use kerntun::{EngineEvent, EventSink, StatsSnapshot};
@@ -174,9 +174,10 @@ fn network(n: Network) -> &'static str {
     }
 }
 
-/// One connection in Clash's shape. `chains` runs from the outbound that
-/// carries the connection to the rule's target: a group's current member,
-/// then the group.
+/// One connection in Clash's shape. `chains` names the outbound that
+/// carries the connection; the connection record names the outbound a
+/// group resolved to (core/src/conns.rs), so the group shows only when a
+/// record names it (then after its current member).
 fn connection_json(c: &Connection, groups: &[GroupState]) -> Value {
     let host = c.domain.clone().unwrap_or_default();
     let mut chains = Vec::new();
@@ -366,7 +367,6 @@ fn civil_from_days(z: i64) -> (i64, u32, u32) {
     let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
     (if m <= 2 { y + 1 } else { y }, m, d)
 }
-
 
 #[cfg(test)]
 mod tests {
