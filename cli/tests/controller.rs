@@ -630,3 +630,174 @@ fn non_loopback_without_a_secret_refuses_to_start() {
     // With a secret the same address passes this check (and fails later,
     // at the TUN, when not root: not asserted here).
 }
+
+/// The dashboard's files (scripts/dashboard.sh), if fetched.
+fn dashboard_dir() -> Option<PathBuf> {
+    let dir = std::env::var_os("KERNTUN_DASHBOARD_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/dashboard/dist")
+        });
+    dir.join("index.html").is_file().then_some(dir)
+}
+
+fn chromium() -> Option<PathBuf> {
+    ["chromium", "chromium-browser", "google-chrome"]
+        .iter()
+        .flat_map(|name| {
+            std::env::var_os("PATH")
+                .map(|p| {
+                    std::env::split_paths(&p)
+                        .map(|d| d.join(name))
+                        .collect::<Vec<_>>()
+                })
+                .unwrap_or_default()
+        })
+        .find(|p| p.is_file())
+}
+
+/// Serve `dir`'s files on `listener` (GET only; what a browser needs to
+/// load a built single-page app), until the process ends.
+fn serve_files(listener: TcpListener, dir: PathBuf) {
+    for s in listener.incoming().flatten() {
+        let dir = dir.clone();
+        std::thread::spawn(move || {
+            let mut s = s;
+            let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
+            let mut r = BufReader::new(match s.try_clone() {
+                Ok(c) => c,
+                Err(_) => return,
+            });
+            let mut line = String::new();
+            if r.read_line(&mut line).is_err() {
+                return;
+            }
+            // The headers, up to the blank line.
+            let mut h = String::new();
+            while r.read_line(&mut h).is_ok_and(|n| n > 2) {
+                h.clear();
+            }
+            let path = line.split(' ').nth(1).unwrap_or("/");
+            let path = path.split(['?', '#']).next().unwrap_or("/");
+            let rel = path.trim_start_matches('/');
+            let rel = if rel.is_empty() { "index.html" } else { rel };
+            let file = dir.join(rel);
+            let body = if rel.contains("..") {
+                None
+            } else {
+                std::fs::read(&file).ok()
+            };
+            let resp = match body {
+                Some(b) => {
+                    let kind = match file.extension().and_then(|e| e.to_str()) {
+                        Some("html") => "text/html; charset=utf-8",
+                        Some("js") => "text/javascript",
+                        Some("css") => "text/css",
+                        Some("svg") => "image/svg+xml",
+                        Some("json" | "webmanifest") => "application/json",
+                        Some("png") => "image/png",
+                        Some("webp") => "image/webp",
+                        Some("woff2") => "font/woff2",
+                        _ => "application/octet-stream",
+                    };
+                    let mut r = format!(
+                        "HTTP/1.1 200 OK\r\nContent-Type: {kind}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                        b.len()
+                    )
+                    .into_bytes();
+                    r.extend_from_slice(&b);
+                    r
+                }
+                None => b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+                    .to_vec(),
+            };
+            let _ = s.write_all(&resp);
+        });
+    }
+}
+
+/// A real dashboard (zashboard, from scripts/dashboard.sh) loaded by
+/// headless Chromium from another origin against the controller, with the
+/// secret: its proxies page shows the engine's groups and outbounds.
+#[test]
+fn a_dashboard_renders_the_engines_groups() {
+    require_root!();
+    let Some(dir) = dashboard_dir() else {
+        println!("SKIPPED: no dashboard files (run bash scripts/dashboard.sh)");
+        return;
+    };
+    let Some(chrome) = chromium() else {
+        println!("SKIPPED: no chromium on PATH (apt-get install chromium)");
+        return;
+    };
+    let _serial = kerntun_testkit::serial();
+    let mut net = start(Some(SECRET));
+    let (site, _files) = net
+        .topo
+        .client
+        .serve(
+            || {
+                let l = TcpListener::bind("127.0.0.1:8090")?;
+                let a = l.local_addr()?;
+                Ok((l, a))
+            },
+            move |l| serve_files(l, dir),
+        )
+        .expect("file server");
+    let profile = std::env::temp_dir().join(format!("kerntun-chromium-{}", std::process::id()));
+    let url = format!(
+        "http://{site}/?hostname=127.0.0.1&port=9090&secret={}&http=1#/proxies",
+        token()
+    );
+    let chrome = chrome.to_string_lossy().into_owned();
+    let user_dir = format!("--user-data-dir={}", profile.display());
+    let started = Instant::now();
+    let dom = net.topo.client.exec(
+        "timeout",
+        &[
+            "90",
+            &chrome,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-dev-shm-usage",
+            "--no-first-run",
+            &user_dir,
+            "--virtual-time-budget=20000",
+            "--dump-dom",
+            &url,
+        ],
+    );
+    let _ = std::fs::remove_dir_all(&profile);
+    let dom = dom.expect("chromium --dump-dom");
+    println!(
+        "chromium rendered {} bytes of DOM in {:?}",
+        dom.len(),
+        started.elapsed()
+    );
+    // The page's text (tags and icons dropped): each group card shows
+    // its name and type; its members stay folded.
+    let mut text = String::new();
+    let mut in_tag = false;
+    for c in dom.chars() {
+        match c {
+            '<' => in_tag = true,
+            '>' => {
+                in_tag = false;
+                text.push(' ');
+            }
+            c if !in_tag => text.push(c),
+            _ => {}
+        }
+    }
+    let text = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    for shown in ["choice Selector", "auto URLTest", "kerntun 0.1.0"] {
+        assert!(
+            text.contains(shown),
+            "the dashboard shows {shown:?}; its text:\n{}",
+            &text[..text.len().min(5_000)]
+        );
+    }
+    let (_, err) = net.run_output();
+    assert!(!err.contains("panicked"), "{err}");
+}

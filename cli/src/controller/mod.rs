@@ -249,6 +249,11 @@ fn router(shared: Arc<Shared>) -> Router {
         .route("/traffic", get(traffic))
         .route("/logs", get(logs_stream))
         .route("/rules", get(rules))
+        // kerntun has no proxy or rule providers (servers and rules come
+        // from the config); dashboards fetch these lists with /proxies and
+        // /rules and read an empty one as "none".
+        .route("/providers/proxies", get(no_providers))
+        .route("/providers/rules", get(no_providers))
         .route(
             "/configs",
             get(configs).put(put_configs).patch(patch_configs),
@@ -745,6 +750,10 @@ async fn log_ws(
             }
         }
     }
+}
+
+async fn no_providers() -> Json {
+    Json(json!({ "providers": {} }))
 }
 
 async fn rules(State(sh): S) -> Json {
