@@ -448,6 +448,26 @@ mod proxy_tests {
     }
 
     #[test]
+    fn the_controller_section_is_the_commands() {
+        let (cfg, section) = parse_config(
+            "[tun]\nipv4 = \"198.18.0.1/16\"\n[controller]\nlisten = \"127.0.0.1:9090\"\nsecret = \"s\"\n",
+        )
+        .expect("parsed");
+        assert!(cfg.tun.ipv4.is_some());
+        let section = section.expect("a section");
+        assert_eq!(
+            section.listen,
+            Some("127.0.0.1:9090".parse().expect("addr"))
+        );
+        assert_eq!(section.secret.as_deref(), Some("s"));
+        let e = parse_config("[controller]\nport = 1\n").expect_err("unknown field");
+        assert!(e.starts_with("controller: ") && e.contains("port"), "{e}");
+        // Without the section, the engine's errors keep their line.
+        let e = parse_config("[tun]\nmtu = \"x\"\n").expect_err("bad mtu");
+        assert!(e.contains("line 2"), "{e}");
+    }
+
+    #[test]
     fn proxy_routes_everything_else_to_the_link() {
         let cfg = load_config(&run_args(&[
             "--proxy",
