@@ -160,7 +160,8 @@ fn in_client<T: Send + 'static>(net: &Net, f: impl FnOnce() -> T + Send + 'stati
     }
 }
 
-/// A request with the secret; the status and the body (JSON or `null`).
+/// A request with the secret; the status and the body (JSON, `null` when
+/// empty, a string when not JSON).
 fn call(method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
     call_with(method, path, body, Some(SECRET))
 }
@@ -189,7 +190,8 @@ fn call_with(method: &str, path: &str, body: Option<Value>, secret: Option<&str>
     let v = if text.is_empty() {
         Value::Null
     } else {
-        serde_json::from_str(&text).unwrap_or_else(|e| panic!("{method} {path}: {e}: {text}"))
+        // Errors of the HTTP layer itself (413) are plain text.
+        serde_json::from_str(&text).unwrap_or(Value::String(text))
     };
     (status, v)
 }
@@ -471,6 +473,10 @@ fn dashboard_endpoints_select_and_close() {
         );
         let (s, body) = call("PUT", "/configs", Some(json!({"payload": "nonsense = 1"})));
         assert_eq!(s, 400, "{body}");
+        // Bodies are bounded (1 MiB).
+        let big = "#".repeat(2 << 20);
+        let (s, _) = call("PUT", "/configs", Some(json!({ "payload": big })));
+        assert_eq!(s, 413);
     });
     let (out, err) = net.run_output();
     assert!(
@@ -596,6 +602,20 @@ fn streams_over_websocket_and_chunked_http() {
                 "{v}"
             );
         }
+        // Streams are bounded (32 at once, 4 open here): one more is 503.
+        let mut extra = Vec::new();
+        let refused = loop {
+            match ws_open(&format!("/traffic?token={tok}")) {
+                Ok(ws) if extra.len() < 40 => extra.push(ws),
+                Ok(_) => break None,
+                Err(tungstenite::Error::Http(r)) => break Some(r.status().as_u16()),
+                Err(e) => panic!("{e}"),
+            }
+        };
+        assert_eq!(refused, Some(503), "after {} more streams", extra.len());
+        assert_eq!(extra.len(), 28, "32 streams at once");
+        drop(extra);
+        drop(lines);
         // A token in the query is for WebSockets only.
         assert_eq!(
             call_with("GET", &format!("/version?token={tok}"), None, None).0,

@@ -170,10 +170,20 @@ impl Controller {
             .local_addr()
             .map_err(|e| format!("controller: {e}"))?;
         let history = Arc::new(History::default());
-        engine
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .set_event_sink(Some(history.clone()));
+        {
+            let engine = engine.read().unwrap_or_else(|p| p.into_inner());
+            engine.set_event_sink(Some(history.clone()));
+            // Probes that ended before the sink was set (the first round
+            // runs as the engine starts) are known by their latency only:
+            // recorded with this time.
+            for g in engine.groups() {
+                for m in g.members {
+                    if let Some(ms) = m.latency_ms {
+                        history.record(&m.name, ms);
+                    }
+                }
+            }
+        }
         let shared = Arc::new(Shared {
             engine,
             st: RwLock::new(parts.st),
@@ -844,7 +854,10 @@ fn reload(sh: &Shared, text: &str) -> Result<(), (StatusCode, String)> {
     let (cfg, _section) = crate::parse_config(text).map_err(|e| (StatusCode::BAD_REQUEST, e))?;
     cfg.validate()
         .map_err(|e| (StatusCode::BAD_REQUEST, e.to_string()))?;
-    let _ = (sh, Static::from_config(&cfg));
+    // Once `Engine::reload` exists: `sh.engine().reload(cfg)` (its error a
+    // 400 or 500), then `*sh.st.write() = Static::from_config(&cfg)` so
+    // that /proxies and /rules show the new config.
+    let _ = sh;
     Err((
         StatusCode::NOT_IMPLEMENTED,
         "the config is valid, but reloading needs Engine::reload (core/src/engine.rs), \
