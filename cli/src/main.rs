@@ -14,11 +14,13 @@
 
 #[cfg(target_os = "linux")]
 mod autoroute;
+mod controller;
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 use clap::{Parser, Subcommand, ValueEnum};
@@ -41,7 +43,7 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum Cmd {
     /// Run the engine until interrupted.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Moved out of this binary: says where the demo is now.
     #[command(hide = true)]
     Demo,
@@ -83,7 +85,7 @@ impl From<Driver> for DriverMode {
     }
 }
 
-#[derive(clap::Args, Debug)]
+#[derive(clap::Args, Debug, Clone)]
 struct RunArgs {
     /// TOML configuration file (see docs/configuration.md).
     #[arg(short, long)]
@@ -136,6 +138,15 @@ struct RunArgs {
     /// this proxy: an `ss://` or `socks5://` link (outbound name `proxy`).
     #[arg(long, value_name = "URL")]
     proxy: Option<String>,
+    /// Serve the Clash-style HTTP API web dashboards use on this address
+    /// (e.g. 127.0.0.1:9090; overrides the config's [controller] listen).
+    /// See docs/controller.md.
+    #[arg(long, value_name = "ADDR")]
+    controller: Option<SocketAddr>,
+    /// The controller's secret: requests need `Authorization: Bearer
+    /// SECRET`. Required for an address other than loopback.
+    #[arg(long, value_name = "SECRET")]
+    secret: Option<String>,
 }
 
 /// glibc arenas the CLI's process keeps (`kerntun::limit_malloc_arenas`):
@@ -145,17 +156,9 @@ const MALLOC_ARENAS: u16 = 1;
 fn main() -> ExitCode {
     kerntun::limit_malloc_arenas(MALLOC_ARENAS);
     let cli = Cli::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        .with_writer(std::io::stderr)
-        // Colour only on a terminal: piped into a file or a log collector,
-        // escape codes are noise.
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+    let logging = init_tracing();
     let r = match cli.cmd {
-        Cmd::Run(a) => run(a),
+        Cmd::Run(a) => run(*a, logging),
         Cmd::Demo => Err(DEMO_MOVED.into()),
     };
     match r {
@@ -167,15 +170,107 @@ fn main() -> ExitCode {
     }
 }
 
+/// What the logging setup hands to `run`: the log lines `/logs` streams,
+/// the level the filter started at, and a way to change it.
+struct Logging {
+    hub: controller::LogHub,
+    level: String,
+    set_level: controller::LevelHandle,
+}
+
+/// stderr (filtered by `RUST_LOG`, `info` by default) and the controller's
+/// log stream, behind one filter the controller may change at run time.
+fn init_tracing() -> Logging {
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    let env = std::env::var("RUST_LOG").ok();
+    let filter = env
+        .as_deref()
+        .and_then(|e| tracing_subscriber::EnvFilter::try_new(e).ok())
+        .unwrap_or_else(|| "info".into());
+    let level = match filter.max_level_hint().and_then(|l| l.into_level()) {
+        Some(l) if l >= tracing::Level::DEBUG => "debug",
+        Some(tracing::Level::INFO) => "info",
+        Some(tracing::Level::WARN) => "warning",
+        Some(_) => "error",
+        None => "silent",
+    };
+    let (filter, handle) = tracing_subscriber::reload::Layer::new(filter);
+    let hub = controller::LogHub::default();
+    tracing_subscriber::registry()
+        .with(filter)
+        .with(
+            tracing_subscriber::fmt::layer()
+                .with_writer(std::io::stderr)
+                // Colour only on a terminal: piped into a file or a log
+                // collector, escape codes are noise.
+                .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr())),
+        )
+        .with(hub.layer())
+        .init();
+    let set_level: controller::LevelHandle = Arc::new(move |name: &str| {
+        let directive = match name {
+            "warning" => "warn",
+            "silent" => "off",
+            other => other,
+        };
+        let f = tracing_subscriber::EnvFilter::try_new(directive).map_err(|e| e.to_string())?;
+        handle.reload(f).map_err(|e| e.to_string())
+    });
+    Logging {
+        hub,
+        level: level.into(),
+        set_level,
+    }
+}
+
+/// A config file's text: the engine's [`Config`] and the command's own
+/// `[controller]` section, which the engine's config does not know.
+pub(crate) fn parse_config(text: &str) -> Result<(Config, Option<controller::Section>), String> {
+    let mut table: toml::Table = toml::from_str(text).map_err(|e| e.to_string())?;
+    let section = match table.remove("controller") {
+        Some(v) => Some(
+            v.try_into::<controller::Section>()
+                .map_err(|e| format!("controller: {e}"))?,
+        ),
+        None => None,
+    };
+    // Without the section, parsed from the text itself so errors keep
+    // their line and column.
+    let cfg = match section {
+        None => toml::from_str::<Config>(text).map_err(|e| e.to_string())?,
+        Some(_) => toml::Value::Table(table)
+            .try_into::<Config>()
+            .map_err(|e| e.to_string())?,
+    };
+    Ok((cfg, section))
+}
+
+#[cfg(test)]
 fn load_config(args: &RunArgs) -> Result<Config, String> {
-    let mut cfg = match &args.config {
+    load_config_and_controller(args).map(|(cfg, _)| cfg)
+}
+
+/// The engine's config and the controller's settings, flags over the file.
+fn load_config_and_controller(
+    args: &RunArgs,
+) -> Result<(Config, Option<controller::Settings>), String> {
+    let (mut cfg, section) = match &args.config {
         Some(path) => {
             let text = std::fs::read_to_string(path)
                 .map_err(|e| format!("reading {}: {e}", path.display()))?;
-            toml::from_str::<Config>(&text).map_err(|e| format!("{}: {e}", path.display()))?
+            parse_config(&text).map_err(|e| format!("{}: {e}", path.display()))?
         }
-        None => Config::default(),
+        None => (Config::default(), None),
     };
+    let settings = controller::Settings::resolve(args.controller, args.secret.clone(), section)?;
+    apply_flags(&mut cfg, args)?;
+    Ok((cfg, settings))
+}
+
+/// The command's flags over a config read from the file (at start, and for
+/// each reload through the controller's `PUT /configs`), validated.
+fn apply_flags(cfg: &mut Config, args: &RunArgs) -> Result<(), String> {
     if let Some(n) = &args.tun_name {
         cfg.tun.name = n.clone();
     }
@@ -201,10 +296,9 @@ fn load_config(args: &RunArgs) -> Result<Config, String> {
         cfg.direct.fwmark = Some(m);
     }
     if let Some(url) = &args.proxy {
-        add_proxy(&mut cfg, url)?;
+        add_proxy(cfg, url)?;
     }
-    cfg.validate().map_err(|e| e.to_string())?;
-    Ok(cfg)
+    cfg.validate().map_err(|e| e.to_string())
 }
 
 /// `--proxy URL`: an outbound named `proxy` from the link, and a catch-all
@@ -228,9 +322,13 @@ fn add_proxy(cfg: &mut Config, url: &str) -> Result<(), String> {
 /// The outbound `--proxy` adds.
 const PROXY: &str = "proxy";
 
-fn run(args: RunArgs) -> Result<(), String> {
+fn run(args: RunArgs, logging: Logging) -> Result<(), String> {
     #[cfg_attr(not(target_os = "linux"), allow(unused_mut))]
-    let mut cfg = load_config(&args)?;
+    let (mut cfg, control) = load_config_and_controller(&args)?;
+    // Bound before the engine starts: a taken port is an error, not an
+    // engine running without its controller.
+    let listener = control.as_ref().map(controller::bind).transpose()?;
+    let st = controller::Static::from_config(&cfg);
     // Installed first: a signal during the start (or the routing setup) is
     // then a clean stop too, never a half-applied routing left behind.
     let interrupted = Arc::new(AtomicBool::new(false));
@@ -275,15 +373,50 @@ fn run(args: RunArgs) -> Result<(), String> {
         }
         None => None,
     };
+    // Shared with the controller, which only reads; the stop below writes
+    // once the controller has stopped.
+    let engine = Arc::new(RwLock::new(engine));
+    let read = |e: &Arc<RwLock<Engine>>| e.read().unwrap_or_else(|p| p.into_inner()).is_running();
+    let mut ctl = match (control, listener) {
+        (Some(settings), Some(listener)) => {
+            let flags = args.clone();
+            let parts = controller::Parts {
+                prepare: Arc::new(move |mut cfg: kerntun::Config| {
+                    apply_flags(&mut cfg, &flags).map(|()| cfg)
+                }),
+                settings,
+                st,
+                logs: logging.hub,
+                level: logging.level,
+                set_level: logging.set_level,
+            };
+            match controller::Controller::start(listener, engine.clone(), parts) {
+                Ok(c) => Some(c),
+                Err(e) => {
+                    #[cfg(target_os = "linux")]
+                    if let Some(r) = routing {
+                        let _ = autoroute::AutoRoute::remove(r);
+                    }
+                    engine.write().unwrap_or_else(|p| p.into_inner()).stop();
+                    return Err(e);
+                }
+            }
+        }
+        _ => None,
+    };
     let interval = Duration::from_secs(args.stats_interval);
     let mut last = Instant::now();
-    while !interrupted.load(Ordering::Relaxed) && engine.is_running() {
+    while !interrupted.load(Ordering::Relaxed) && read(&engine) {
         std::thread::sleep(Duration::from_millis(100));
         if !interval.is_zero() && last.elapsed() >= interval {
             last = Instant::now();
-            print_json(&engine.stats());
+            print_json(&engine.read().unwrap_or_else(|p| p.into_inner()).stats());
         }
     }
+    if let Some(c) = ctl.as_mut() {
+        c.stop();
+    }
+    let mut engine = engine.write().unwrap_or_else(|p| p.into_inner());
     let failed = engine.error();
     // Routing first: the host's traffic leaves the TUN before the engine
     // that serves it stops.
@@ -319,9 +452,29 @@ mod proxy_tests {
     fn run_args(args: &[&str]) -> RunArgs {
         let argv = ["kerntun", "run"].into_iter().chain(args.iter().copied());
         match Cli::try_parse_from(argv).expect("arguments").cmd {
-            Cmd::Run(a) => a,
+            Cmd::Run(a) => *a,
             Cmd::Demo => panic!("not run"),
         }
+    }
+
+    #[test]
+    fn the_controller_section_is_the_commands() {
+        let (cfg, section) = parse_config(
+            "[tun]\nipv4 = \"198.18.0.1/16\"\n[controller]\nlisten = \"127.0.0.1:9090\"\nsecret = \"s\"\n",
+        )
+        .expect("parsed");
+        assert!(cfg.tun.ipv4.is_some());
+        let section = section.expect("a section");
+        assert_eq!(
+            section.listen,
+            Some("127.0.0.1:9090".parse().expect("addr"))
+        );
+        assert_eq!(section.secret.as_deref(), Some("s"));
+        let e = parse_config("[controller]\nport = 1\n").expect_err("unknown field");
+        assert!(e.starts_with("controller: ") && e.contains("port"), "{e}");
+        // Without the section, the engine's errors keep their line.
+        let e = parse_config("[tun]\nmtu = \"x\"\n").expect_err("bad mtu");
+        assert!(e.contains("line 2"), "{e}");
     }
 
     #[test]
