@@ -27,46 +27,13 @@ use kerntun::rules::{Action, Rule};
 use kerntun::{EngineEvent, EventSink, LatencyError, SelectionError};
 use kerntun_testkit::rig::{Rig, RigBuilder, socks5};
 use kerntun_testkit::servers::Mode;
-use kerntun_testkit::tokio_servers::{InProcess, in_process, listen};
+use kerntun_testkit::tokio_servers::{InProcess, in_process, listen, socks5_server};
 use kerntun_testkit::{Netns, Topology, client, require_root};
 use parking_lot::Mutex;
 
 /// The port of the probe target ([`http_server`]): CONNECTs to it are
 /// probes, which [`socks5_server`] does not count.
 const PROBE_PORT: u16 = 8080;
-
-/// fast-socks5's server on `addr`, CONNECT only; [`InProcess::relayed`]
-/// counts the CONNECTs it served, probes left out.
-fn socks5_server(ns: &Netns, addr: SocketAddr) -> InProcess {
-    use fast_socks5::Socks5Command;
-    use fast_socks5::server::{Socks5ServerProtocol, run_tcp_proxy};
-    use fast_socks5::util::target_addr::TargetAddr;
-    in_process(ns, move |ready, served| async move {
-        let Some(l) = listen(addr, &ready).await else {
-            return;
-        };
-        loop {
-            let Ok((s, _)) = l.accept().await else {
-                continue;
-            };
-            let served = served.clone();
-            tokio::spawn(async move {
-                let Ok(proto) = Socks5ServerProtocol::accept_no_auth(s).await else {
-                    return;
-                };
-                let Ok((proto, cmd, target)) = proto.read_command().await else {
-                    return;
-                };
-                if cmd == Socks5Command::TCPConnect {
-                    if !matches!(&target, TargetAddr::Ip(a) if a.port() == PROBE_PORT) {
-                        served.fetch_add(1, Relaxed);
-                    }
-                    let _ = run_tcp_proxy(proto, &target, Duration::from_secs(5), true).await;
-                }
-            });
-        }
-    })
-}
 
 /// A minimal HTTP server on `addr`: reads a request head, answers `204 No
 /// Content` and closes. [`InProcess::relayed`] counts the requests.
@@ -148,8 +115,8 @@ fn select_switches_new_flows() {
     require_root!();
     let topo = Topology::new().expect("topology");
     let (a_addr, b_addr) = (topo.server_addr(false, 1080), topo.server_addr(false, 1081));
-    let a = socks5_server(&topo.server, a_addr);
-    let b = socks5_server(&topo.server, b_addr);
+    let a = socks5_server(&topo.server, a_addr, Some(PROBE_PORT));
+    let b = socks5_server(&topo.server, b_addr, Some(PROBE_PORT));
     let mut g = GroupConfig::new(GroupKind::Select, &["a", "b", "direct", "reject"]);
     g.default = Some("a".into());
     let rig = rig(a_addr, b_addr, g).start_in(topo);
@@ -278,7 +245,7 @@ fn fallback_follows_the_order() {
     let probe = topo.server_addr(false, PROBE_PORT);
     let http = http_server(&topo.server, probe);
     // a's proxy is down at start.
-    let b = socks5_server(&topo.server, b_addr);
+    let b = socks5_server(&topo.server, b_addr, Some(PROBE_PORT));
     let g = probing(
         GroupKind::Fallback,
         format!("http://{probe}/generate_204"),
@@ -298,7 +265,7 @@ fn fallback_follows_the_order() {
     assert_eq!(served(&b), 1, "the second member carries new flows");
 
     // a comes back: the first healthy member again.
-    let a = socks5_server(&rig.topo.server, a_addr);
+    let a = socks5_server(&rig.topo.server, a_addr, Some(PROBE_PORT));
     let back = kerntun_testkit::wait_until("fallback back to a", Duration::from_secs(5), || {
         selected(&rig) == "a"
     });
@@ -351,8 +318,8 @@ fn url_test_moves_off_a_cut_member() {
     let b_addr = topo.server_addr(false, 1081);
     let probe = topo.server_addr(false, PROBE_PORT);
     let _http = http_server(&topo.server, probe);
-    let a = socks5_server(&topo.server, a_addr);
-    let b = socks5_server(&topo.server, b_addr);
+    let a = socks5_server(&topo.server, a_addr, Some(PROBE_PORT));
+    let b = socks5_server(&topo.server, b_addr, Some(PROBE_PORT));
     let (interval, timeout) = (500, 400);
     let mut g = probing(
         GroupKind::UrlTest,
@@ -465,7 +432,7 @@ fn test_latency_measures_an_added_delay() {
     let (a_addr, b_addr) = (topo.server_addr(false, 1080), topo.server_addr(false, 1081));
     let probe = topo.server_addr(false, PROBE_PORT);
     let _http = http_server(&topo.server, probe);
-    let _a = socks5_server(&topo.server, a_addr);
+    let _a = socks5_server(&topo.server, a_addr, Some(PROBE_PORT));
     // b's proxy never runs.
     let g = GroupConfig::new(GroupKind::Select, &["a", "b"]);
     let rig = rig(a_addr, b_addr, g).start_in(topo);

@@ -27,8 +27,8 @@ use kerntun::rules::{Action, Rule};
 use kerntun::{EngineEvent, EventSink, ReloadError};
 use kerntun_testkit::rig::{Rig, socks5};
 use kerntun_testkit::servers::{self, Mode};
-use kerntun_testkit::tokio_servers::{InProcess, in_process, listen};
-use kerntun_testkit::{Netns, Topology, client, require_root};
+use kerntun_testkit::tokio_servers::{InProcess, socks5_server};
+use kerntun_testkit::{Topology, client, require_root};
 use parking_lot::Mutex;
 
 /// Echo servers: through `a`, through `b` (then rejected), direct (then
@@ -39,36 +39,6 @@ const PORT_C: u16 = 7003;
 /// Bytes of each round trip of the held stream, and the most it makes.
 const CHUNK: usize = 16 * 1024;
 const MAX_CHUNKS: u64 = 20_000;
-
-/// fast-socks5's server on `addr`, CONNECT only; [`InProcess::relayed`]
-/// counts the CONNECTs it served.
-fn socks5_server(ns: &Netns, addr: SocketAddr) -> InProcess {
-    use fast_socks5::Socks5Command;
-    use fast_socks5::server::{Socks5ServerProtocol, run_tcp_proxy};
-    in_process(ns, move |ready, served| async move {
-        let Some(l) = listen(addr, &ready).await else {
-            return;
-        };
-        loop {
-            let Ok((s, _)) = l.accept().await else {
-                continue;
-            };
-            let served = served.clone();
-            tokio::spawn(async move {
-                let Ok(proto) = Socks5ServerProtocol::accept_no_auth(s).await else {
-                    return;
-                };
-                let Ok((proto, cmd, target)) = proto.read_command().await else {
-                    return;
-                };
-                if cmd == Socks5Command::TCPConnect {
-                    served.fetch_add(1, Relaxed);
-                    let _ = run_tcp_proxy(proto, &target, Duration::from_secs(30), true).await;
-                }
-            });
-        }
-    })
-}
 
 /// Collects the engine's events.
 #[derive(Default)]
@@ -141,8 +111,8 @@ fn reload_routes_new_flows_and_keeps_running_ones() {
     require_root!();
     let topo = Topology::new().expect("topology");
     let (a_addr, b_addr) = (topo.server_addr(false, 1080), topo.server_addr(false, 1081));
-    let a = socks5_server(&topo.server, a_addr);
-    let b = socks5_server(&topo.server, b_addr);
+    let a = socks5_server(&topo.server, a_addr, None);
+    let b = socks5_server(&topo.server, b_addr, None);
     let echo = |port| servers::tcp(&topo.server, topo.server_addr(false, port), Mode::Echo);
     let (echo_a, echo_b, echo_c) = (
         echo(PORT_A).expect("echo a"),
@@ -297,7 +267,7 @@ fn listing_keeps_old_connections_named() {
     require_root!();
     let topo = Topology::new().expect("topology");
     let a_addr = topo.server_addr(false, 1080);
-    let a = socks5_server(&topo.server, a_addr);
+    let a = socks5_server(&topo.server, a_addr, None);
     let echo_a =
         servers::tcp(&topo.server, topo.server_addr(false, PORT_A), Mode::Echo).expect("echo");
     let rig = Rig::builder()

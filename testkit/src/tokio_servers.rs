@@ -101,6 +101,41 @@ pub async fn listen(
     }
 }
 
+/// fast-socks5's server on `addr`, CONNECT only, no authentication;
+/// [`InProcess::relayed`] counts the CONNECTs it served, except those to
+/// port `uncounted` (a probe target).
+pub fn socks5_server(ns: &Netns, addr: std::net::SocketAddr, uncounted: Option<u16>) -> InProcess {
+    use fast_socks5::Socks5Command;
+    use fast_socks5::server::{Socks5ServerProtocol, run_tcp_proxy};
+    use fast_socks5::util::target_addr::TargetAddr;
+    in_process(ns, move |ready, served| async move {
+        let Some(l) = listen(addr, &ready).await else {
+            return;
+        };
+        loop {
+            let Ok((s, _)) = l.accept().await else {
+                continue;
+            };
+            let served = served.clone();
+            tokio::spawn(async move {
+                let Ok(proto) = Socks5ServerProtocol::accept_no_auth(s).await else {
+                    return;
+                };
+                let Ok((proto, cmd, target)) = proto.read_command().await else {
+                    return;
+                };
+                if cmd == Socks5Command::TCPConnect {
+                    let probe = matches!(&target, TargetAddr::Ip(a) if Some(a.port()) == uncounted);
+                    if !probe {
+                        served.fetch_add(1, Relaxed);
+                    }
+                    let _ = run_tcp_proxy(proto, &target, Duration::from_secs(10), true).await;
+                }
+            });
+        }
+    })
+}
+
 /// shadowsocks-rust's server, TCP and UDP on `addr`, with `method` (its
 /// name for it) and `password`; [`InProcess::relayed`] counts the bytes it
 /// moved both ways.
