@@ -24,6 +24,13 @@ val serverV6 = args[1]
 val port = args[2].toInt()
 val veth = args[3]
 
+/**
+ * A copy of a list that engine threads append to while the test reads it:
+ * iterating a `Collections.synchronizedList` without holding its lock throws
+ * ConcurrentModificationException when a log line or event arrives meanwhile.
+ */
+fun <T> MutableList<T>.snap(): List<T> = synchronized(this) { toList() }
+
 /** Run a command; its output is shown only when it fails unexpectedly. */
 fun sh(vararg cmd: String, expectFailure: Boolean = false): Int {
     val p = ProcessBuilder(*cmd).redirectErrorStream(true).start()
@@ -171,7 +178,7 @@ fun round(n: Int) {
     hooks.crash = false
     // The failed connects are logged at debug level by the session task, on
     // the engine's runtime threads: the per-engine dispatcher covers them.
-    check(hooks.logs.any { it.startsWith("DEBUG") && it.contains("refused by the test") },
+    check(hooks.logs.snap().any { it.startsWith("DEBUG") && it.contains("refused by the test") },
         "round $n: logs from the engine's runtime threads reach PlatformHooks.log")
     check(engine.isRunning(), "round $n: engine still running after hook failures")
     val r0 = System.nanoTime()
@@ -246,7 +253,7 @@ fun round(n: Int) {
         "round $n: critical pressure lowers admission (${s.admissionLimit} -> ${p.admissionLimit})")
     engine.setMemoryPressure(MemoryPressure.NORMAL)
 
-    check(hooks.logs.any { it.contains("kerntun started") }, "round $n: engine logs reach PlatformHooks.log (${hooks.logs.size} lines)")
+    check(hooks.logs.snap().any { it.contains("kerntun started") }, "round $n: engine logs reach PlatformHooks.log (${hooks.logs.size} lines)")
 
     // Typed errors: nothing is opened for a bad config.
     expectConfigError("round $n: unparsable address", "tun.ipv4", config("ktbad$n", "198.18.0.300/16", null, null), hooks)
@@ -284,7 +291,7 @@ fun round(n: Int) {
         val second = Engine.start(config("ktun${n}b", "198.18.128.1/17", null, Driver.PER_PACKET), -1, other)
         check(second.isRunning() && engine.isRunning(), "round $n: two engines run side by side")
         check(second.stats().tcpSessionsTotal == 0uL, "round $n: the second engine has its own counters")
-        check(other.logs.any { it.contains("ktun${n}b") } && hooks.logs.none { it.contains("ktun${n}b") },
+        check(other.logs.snap().any { it.contains("ktun${n}b") } && hooks.logs.snap().none { it.contains("ktun${n}b") },
             "round $n: each engine logs to its own hooks")
         second.stop()
         second.close()
@@ -502,9 +509,9 @@ fun faults() {
         check(!engine.isRunning(), "faults: $task $fault -> isRunning() false")
         val err = engine.error()
         check(err != null && err.startsWith(want), "faults: $task $fault -> error() says why: $err")
-        check(hooks.logs.any { it.startsWith("ERROR") && it.contains(want) }, "faults: the failure is logged through PlatformHooks.log")
+        check(hooks.logs.snap().any { it.startsWith("ERROR") && it.contains(want) }, "faults: the failure is logged through PlatformHooks.log")
         check(
-            waitFor { listener.events.any { it is EngineEvent.Failed && it.reason.startsWith(want) } },
+            waitFor { listener.events.snap().any { it is EngineEvent.Failed && it.reason.startsWith(want) } },
             "events: $task $fault -> Failed with the reason: ${listener.events}",
         )
         check(
@@ -512,8 +519,8 @@ fun faults() {
             "logs: the ring keeps the failure",
         )
         engine.stop()
-        check(waitFor { listener.events.lastOrNull() == EngineEvent.Stopped }, "events: Stopped once stop() returned: ${listener.events}")
-        check(listener.events.count { it is EngineEvent.Failed } == 1, "events: the failure is said once")
+        check(waitFor { listener.events.snap().lastOrNull() == EngineEvent.Stopped }, "events: Stopped once stop() returned: ${listener.events}")
+        check(listener.events.snap().count { it is EngineEvent.Failed } == 1, "events: the failure is said once")
         val late = Listener()
         engine.setListener(late)
         check(waitFor { late.events.toList() == listOf(EngineEvent.Stopped) }, "events: a listener set after stop hears Stopped")
@@ -530,7 +537,7 @@ fun logLevels() {
     val hooks = Hooks()
     val engine = Engine.start(config("ktlog", "198.18.0.1/16", null, Driver.PER_PACKET, Stack.SYSTEM), -1, hooks)
     fun lines() = engine.recentLogs().count { it.message.contains("memory pressure") } to
-        hooks.logs.count { it.contains("memory pressure") }
+        hooks.logs.snap().count { it.contains("memory pressure") }
     val before = lines()
     engine.setLogLevel(LogLevel.WARN)
     engine.setMemoryPressure(MemoryPressure.ELEVATED)
@@ -715,7 +722,7 @@ fun groups() {
     check(state("auto").members.single().health == MemberHealth.DOWN, "groups: groups() shows it down")
     check(sh("ip", "link", "set", veth, "up") == 0, "groups: uplink up")
     check(
-        waitFor { listener.events.any { it is EngineEvent.OutboundHealth && it.group == "auto" && it.member == "direct" && it.healthy && it.latencyMs != null } },
+        waitFor { listener.events.snap().any { it is EngineEvent.OutboundHealth && it.group == "auto" && it.member == "direct" && it.healthy && it.latencyMs != null } },
         "groups: ... and OutboundHealth(auto, direct, up) with its latency: ${listener.events}",
     )
     engine.stop()
