@@ -92,10 +92,13 @@ fn rejected_udp_is_refused_at_once() {
         });
         let s = rig.stats();
         assert_eq!(s.drop_count("udp_rejected"), 302, "{stack:?}: {s:?}");
-        // At most 300 - 50; at least 150 unless sending took over a second.
+        // At most 300 - 50, plus the two tokens the refusals above took if
+        // the bucket has not refilled them yet (one per 10 ms; the flood
+        // may follow within that: 251 was seen); at least 150 unless
+        // sending took over a second.
         let limited = s.drop_count("icmp_rate_limited");
         assert!(
-            (150..=250).contains(&limited),
+            (150..=252).contains(&limited),
             "{stack:?}: {limited} limited: {s:?}"
         );
     }
