@@ -262,8 +262,15 @@ impl Engine {
     /// connection (both stacks) and per UDP flow, at most [`crate::conns::LIST_CAP`]
     /// (`truncated` says when there were more). Empty once stopped.
     pub fn connections(&self) -> Listing {
+        self.connections_up_to(LIST_CAP)
+    }
+
+    /// The live connections as [`Engine::connections`] lists them, at most
+    /// `cap` (capped at [`crate::conns::LIST_CAP`]): a caller that shows a
+    /// page copies only that page.
+    pub fn connections_up_to(&self, cap: usize) -> Listing {
         match &self.inner {
-            Some(inner) => inner.parts.conns.list(LIST_CAP),
+            Some(inner) => inner.parts.conns.list(cap.min(LIST_CAP)),
             None => Listing::default(),
         }
     }
