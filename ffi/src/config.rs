@@ -20,7 +20,8 @@ use kerntun::rules::{Action, Network, PortRange, Rule as CoreRule};
 use crate::error::KerntunError;
 
 /// Which TCP stack turns TUN packets into streams.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, uniffi::Enum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, uniffi::Enum, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Stack {
     /// Kernel TCP behind an in-place NAT: one ~100-byte NAT entry per
     /// connection, the default. Unavailable with
@@ -32,7 +33,8 @@ pub enum Stack {
 }
 
 /// How the TUN device is read and written.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, uniffi::Enum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, uniffi::Enum, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Driver {
     /// Batched reads: Linux GRO/GSO offload, Darwin `recvmsg_x` (probed at
     /// start, falling back to per-packet reads on any error).
@@ -42,7 +44,8 @@ pub enum Driver {
 }
 
 /// The platform a budget is tuned for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, uniffi::Enum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, uniffi::Enum, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Platform {
     /// iOS Network Extension: 50 MiB process-wide, fatal when exceeded.
     Ios,
@@ -54,7 +57,8 @@ pub enum Platform {
 
 /// Memory pressure as the host reports it (iOS dispatch source, Android
 /// `onTrimMemory`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, uniffi::Enum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, uniffi::Enum, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum MemoryPressure {
     Normal,
     Elevated,
@@ -62,7 +66,19 @@ pub enum MemoryPressure {
 }
 
 /// Log verbosity, most severe first.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, uniffi::Enum)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    uniffi::Enum,
+    serde::Serialize,
+    serde::Deserialize,
+)]
+#[serde(rename_all = "snake_case")]
 pub enum LogLevel {
     Error,
     Warn,
@@ -83,8 +99,29 @@ pub enum RuleAction {
     Outbound { name: String },
 }
 
+/// In a JSON configuration (`reload` through `Engine.handleMessage`,
+/// docs/messages.md) an action is written as in the TOML: `"direct"`,
+/// `"reject"`, or an outbound's or group's name.
+impl<'de> serde::Deserialize<'de> for RuleAction {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let name = String::deserialize(d)?;
+        Ok(match name.as_str() {
+            "direct" => RuleAction::Direct,
+            "reject" => RuleAction::Reject,
+            _ => RuleAction::Outbound { name },
+        })
+    }
+}
+
+/// An outbound's `udp` when a JSON configuration leaves it out (as the
+/// TOML's default).
+fn relay() -> OutboundUdp {
+    OutboundUdp::Relay
+}
+
 /// The transport a rule applies to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, uniffi::Enum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, uniffi::Enum, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum RuleNetwork {
     Tcp,
     /// UDP flows; with `ports = "443"` this names QUIC (HTTP/3).
@@ -92,26 +129,33 @@ pub enum RuleNetwork {
 }
 
 /// A Shadowsocks method (shadowsocks-rust's names in the comments).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, uniffi::Enum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, uniffi::Enum, serde::Deserialize)]
 pub enum ShadowsocksMethod {
     /// `none`: the target address, then the app's bytes unchanged (spliced
     /// on Linux/Android).
+    #[serde(rename = "none", alias = "plain")]
     Plain,
     /// `aes-128-gcm`
+    #[serde(rename = "aes-128-gcm")]
     Aes128Gcm,
     /// `aes-256-gcm`
+    #[serde(rename = "aes-256-gcm")]
     Aes256Gcm,
     /// `chacha20-ietf-poly1305`
+    #[serde(rename = "chacha20-ietf-poly1305")]
     Chacha20IetfPoly1305,
     /// `2022-blake3-aes-128-gcm` (the password is a base64 16-byte key)
+    #[serde(rename = "2022-blake3-aes-128-gcm")]
     Blake3Aes128Gcm,
     /// `2022-blake3-aes-256-gcm` (the password is a base64 32-byte key)
+    #[serde(rename = "2022-blake3-aes-256-gcm")]
     Blake3Aes256Gcm,
 }
 
 /// What a proxy outbound does with the UDP flows the rules send it
 /// (`udp = true | false | "direct"` in the TOML).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, uniffi::Enum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, uniffi::Enum, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum OutboundUdp {
     /// Relayed through the proxy (SOCKS5 UDP ASSOCIATE, Shadowsocks UDP).
     Relay,
@@ -124,15 +168,19 @@ pub enum OutboundUdp {
 }
 
 /// A proxy outbound that rules can send flows to.
-#[derive(Debug, Clone, PartialEq, Eq, uniffi::Enum)]
+#[derive(Debug, Clone, PartialEq, Eq, uniffi::Enum, serde::Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
 pub enum Outbound {
     /// A SOCKS5 proxy (RFC 1928), optionally with username/password (RFC 1929).
     Socks5 {
         /// `ip:port`, `[v6]:port` or `name:port` (see `DirectOptions.bootstrap`).
         server: String,
+        #[serde(default)]
         username: Option<String>,
+        #[serde(default)]
         password: Option<String>,
         /// What happens to UDP flows routed here (`Relay`: UDP ASSOCIATE).
+        #[serde(default = "relay")]
         udp: OutboundUdp,
     },
     /// A Shadowsocks server.
@@ -141,14 +189,17 @@ pub enum Outbound {
         server: String,
         method: ShadowsocksMethod,
         /// The password (SIP004 methods) or base64 key (AEAD-2022); ignored by `Plain`.
+        #[serde(default)]
         password: String,
         /// What happens to UDP flows routed here (`Relay`: through the server).
+        #[serde(default = "relay")]
         udp: OutboundUdp,
     },
 }
 
 /// How TCP bytes move between the app's socket and the outbound's.
-#[derive(Debug, Clone, PartialEq, Eq, uniffi::Record)]
+#[derive(Debug, Clone, PartialEq, Eq, uniffi::Record, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct RelayOptions {
     /// Linux/Android: relay plain kernel sockets with splice(2) so payload
     /// never enters userspace; `false` forces the userspace copy.
@@ -161,7 +212,8 @@ pub struct RelayOptions {
 }
 
 /// The TUN device.
-#[derive(Debug, Clone, PartialEq, Eq, uniffi::Record)]
+#[derive(Debug, Clone, PartialEq, Eq, uniffi::Record, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct TunOptions {
     /// Interface name when the engine creates the device itself (desktop Linux,
     /// `tun_fd = -1`). Ignored for a descriptor handed over by the platform.
@@ -189,7 +241,8 @@ pub struct TunOptions {
 }
 
 /// How direct outbound sockets avoid looping back into the TUN.
-#[derive(Debug, Clone, PartialEq, Eq, uniffi::Record)]
+#[derive(Debug, Clone, PartialEq, Eq, uniffi::Record, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct DirectOptions {
     /// Bind outbound sockets to this interface (Linux/Android `SO_BINDTODEVICE`).
     /// Elsewhere use [`crate::PlatformHooks::protect`].
@@ -211,7 +264,8 @@ pub struct DirectOptions {
 
 /// Limits that come from the platform unless overridden. `null`/`nil` keeps
 /// the platform's value.
-#[derive(Debug, Clone, Default, PartialEq, Eq, uniffi::Record)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, uniffi::Record, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct BudgetOptions {
     /// Platform whose budget is the starting point; defaults to the one the
     /// library was built for.
@@ -237,7 +291,8 @@ pub struct BudgetOptions {
 }
 
 /// Timeouts of the flow tables, in seconds.
-#[derive(Debug, Clone, PartialEq, Eq, uniffi::Record)]
+#[derive(Debug, Clone, PartialEq, Eq, uniffi::Record, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct TimeoutOptions {
     /// Idle UDP flows are closed after this long.
     #[uniffi(default = 60)]
@@ -261,38 +316,47 @@ pub struct TimeoutOptions {
 /// The four domain fields together are one condition: the connection must
 /// have a domain (from fake-ip or sniffing) matching any of them. Matching
 /// is case-insensitive and ignores a trailing dot.
-#[derive(Debug, Clone, PartialEq, Eq, uniffi::Record)]
+#[derive(Debug, Clone, PartialEq, Eq, uniffi::Record, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct RuleOptions {
     /// Destination network, e.g. `10.0.0.0/8` or `fd00::/8`. Never matches
     /// a fake-ip address.
+    #[serde(default)]
     #[uniffi(default = None)]
     pub cidr: Option<String>,
     /// Destination ports: `443` or `8000-8999`.
+    #[serde(default)]
     #[uniffi(default = None)]
     pub ports: Option<String>,
     /// Only TCP connections or only UDP flows; `null`/`nil`, both. A
     /// `Reject` rule with `Udp`, ports `443` and some domains makes those
     /// apps fall back from QUIC to TCP.
+    #[serde(default)]
     #[uniffi(default = None)]
     pub network: Option<RuleNetwork>,
     /// Domains matched exactly.
+    #[serde(default)]
     #[uniffi(default = [])]
     pub domain: Vec<String>,
     /// Domains matched with their subdomains (`b.org`: `b.org`, `a.b.org`,
     /// not `xb.org`).
+    #[serde(default)]
     #[uniffi(default = [])]
     pub domain_suffix: Vec<String>,
     /// Substrings of the domain.
+    #[serde(default)]
     #[uniffi(default = [])]
     pub domain_keyword: Vec<String>,
     /// Absolute path of a list file read at start: one entry a line,
     /// `full:NAME`, `domain:NAME` (suffix), `keyword:TEXT` or a bare
     /// `NAME` (suffix); `#` comments.
+    #[serde(default)]
     #[uniffi(default = None)]
     pub domain_list: Option<String>,
     pub action: RuleAction,
     /// What the connection list calls this rule (`ConnectionRecord.rule`);
     /// `null`/`nil`: its place and conditions (`rules[2] ports=443`).
+    #[serde(default)]
     #[uniffi(default = None)]
     pub name: Option<String>,
 }
@@ -300,7 +364,8 @@ pub struct RuleOptions {
 /// Domain sniffing: reading the TLS SNI or HTTP Host of connections to real
 /// addresses so domain rules apply to them. Only connections whose route a
 /// domain could change wait for it.
-#[derive(Debug, Clone, PartialEq, Eq, uniffi::Record)]
+#[derive(Debug, Clone, PartialEq, Eq, uniffi::Record, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct SniffOptions {
     #[uniffi(default = true)]
     pub enabled: bool,
@@ -315,7 +380,8 @@ pub struct SniffOptions {
 
 /// The DNS service: hijacked queries answered from a cache, the fake-ip
 /// pool, or upstreams reached through the rules' outbound.
-#[derive(Debug, Clone, PartialEq, Eq, uniffi::Record)]
+#[derive(Debug, Clone, PartialEq, Eq, uniffi::Record, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct DnsOptions {
     /// Answer hijacked queries. Off: port-53 traffic is an ordinary flow.
     #[uniffi(default = false)]
@@ -388,7 +454,8 @@ pub struct DnsOptions {
 
 /// Which families the DNS service answers A/AAAA queries with
 /// (`dns.strategy`; `null`/`nil` in [`DnsOptions`] is automatic).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, uniffi::Enum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, uniffi::Enum, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum DnsStrategy {
     /// Both families, whatever the tunnel has.
     DualStack,
@@ -399,7 +466,8 @@ pub enum DnsStrategy {
 }
 
 /// Everything [`crate::Engine::start`] needs besides the device.
-#[derive(Debug, Clone, Default, PartialEq, Eq, uniffi::Record)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, uniffi::Record, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct EngineConfig {
     /// `null`/`nil` = the default: the system stack, or smoltcp under
     /// `tun.include_all_networks`.

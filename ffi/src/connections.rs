@@ -5,14 +5,16 @@
 pub const MAX_CONNECTIONS: u64 = kerntun::conns::LIST_CAP as u64;
 
 /// A connection's transport.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, uniffi::Enum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, uniffi::Enum, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum ConnectionNetwork {
     Tcp,
     Udp,
 }
 
 /// Where a connection's domain came from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, uniffi::Enum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, uniffi::Enum, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
 pub enum DomainSource {
     /// No domain: the app connected to an address. (Not `None`: Swift
     /// would confuse `.none` with an absent optional.)
@@ -24,7 +26,8 @@ pub enum DomainSource {
 }
 
 /// Where a connection is in its life.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, uniffi::Enum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, uniffi::Enum, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
 pub enum ConnectionState {
     /// Reading its first bytes for a domain, then connecting.
     Sniffing,
@@ -35,7 +38,7 @@ pub enum ConnectionState {
 }
 
 /// One live connection.
-#[derive(Debug, Clone, PartialEq, Eq, uniffi::Record)]
+#[derive(Debug, Clone, PartialEq, Eq, uniffi::Record, serde::Serialize)]
 pub struct ConnectionRecord {
     /// Unique for the engine's life; what `Engine.closeConnection` takes.
     pub id: u64,
@@ -100,7 +103,8 @@ impl From<kerntun::conns::Connection> for ConnectionRecord {
 
 /// Which connections `Engine.closeConnections` closes: every condition
 /// given must hold; with none given, every connection.
-#[derive(Debug, Clone, Default, PartialEq, Eq, uniffi::Record)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, uniffi::Record, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct ConnectionFilter {
     #[uniffi(default = None)]
     pub network: Option<ConnectionNetwork>,

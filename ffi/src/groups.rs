@@ -14,12 +14,14 @@ use crate::engine::Engine;
 use crate::error::{KerntunError, guard};
 
 /// How a group picks its member.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, uniffi::Enum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, uniffi::Enum, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
 pub enum GroupType {
     /// The app's choice (`Engine.select`), `default` until then.
     Select,
     /// The fastest healthy member by probe, kept until another is faster
     /// by more than `toleranceMs`.
+    #[serde(alias = "url_test")]
     UrlTest,
     /// The first healthy member, in order.
     Fallback,
@@ -27,26 +29,32 @@ pub enum GroupType {
 
 /// One group: `[groups.NAME]` in the TOML (docs/configuration.md,
 /// "Outbound groups"). Rules name it like an outbound.
-#[derive(Debug, Clone, PartialEq, Eq, uniffi::Record)]
+#[derive(Debug, Clone, PartialEq, Eq, uniffi::Record, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct GroupOptions {
     pub kind: GroupType,
     /// Names in `EngineConfig.outbounds`, `direct`, `reject`, or other
     /// groups (no cycles).
     pub members: Vec<String>,
     /// Select groups: the member until `select` (default: the first).
+    #[serde(default)]
     #[uniffi(default = None)]
     pub default_member: Option<String>,
     /// url-test, fallback: the probe target, `http://host[:port]/path`.
+    #[serde(default)]
     #[uniffi(default = None)]
     pub url: Option<String>,
     /// url-test, fallback: time between probe rounds (default 300000).
+    #[serde(default)]
     #[uniffi(default = None)]
     pub interval_ms: Option<u64>,
     /// url-test: how much faster another member must be (default 50).
+    #[serde(default)]
     #[uniffi(default = None)]
     pub tolerance_ms: Option<u64>,
     /// url-test, fallback: a probe without an answer by then failed
     /// (default 5000).
+    #[serde(default)]
     #[uniffi(default = None)]
     pub timeout_ms: Option<u64>,
 }
@@ -79,7 +87,8 @@ pub(crate) fn to_core(groups: &HashMap<String, GroupOptions>) -> BTreeMap<String
 }
 
 /// A member's health as its last probe found it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, uniffi::Enum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, uniffi::Enum, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
 pub enum MemberHealth {
     /// Not probed (yet, or never: select groups do not probe).
     Unknown,
@@ -88,7 +97,7 @@ pub enum MemberHealth {
 }
 
 /// One member of a group.
-#[derive(Debug, Clone, PartialEq, Eq, uniffi::Record)]
+#[derive(Debug, Clone, PartialEq, Eq, uniffi::Record, serde::Serialize)]
 pub struct GroupMember {
     pub name: String,
     pub health: MemberHealth,
@@ -97,7 +106,7 @@ pub struct GroupMember {
 }
 
 /// One group as it is now.
-#[derive(Debug, Clone, PartialEq, Eq, uniffi::Record)]
+#[derive(Debug, Clone, PartialEq, Eq, uniffi::Record, serde::Serialize)]
 pub struct GroupState {
     pub name: String,
     pub kind: GroupType,

@@ -101,7 +101,7 @@ pub const RING_LINES: usize = 256;
 pub const RING_LINE_MAX: usize = 512;
 
 /// One line of an engine's log, as [`crate::Engine::recent_logs`] returns it.
-#[derive(Debug, Clone, PartialEq, Eq, uniffi::Record)]
+#[derive(Debug, Clone, PartialEq, Eq, uniffi::Record, serde::Serialize)]
 pub struct LogRecord {
     /// Wall-clock time, milliseconds since the Unix epoch.
     pub unix_ms: u64,

@@ -10,7 +10,7 @@ use crate::config::MemoryPressure;
 
 /// The TCP flows the running stack tracks, by state (their sum is bounded
 /// by `BudgetOptions.tcp_flows`).
-#[derive(Debug, Clone, Default, PartialEq, Eq, uniffi::Record)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, uniffi::Record, serde::Serialize)]
 pub struct TcpFlowStats {
     /// System stack: NAT port allocated, SYN seen, not yet accepted by the
     /// listener. smoltcp: outbound connects in flight.
@@ -24,7 +24,7 @@ pub struct TcpFlowStats {
 }
 
 /// One drop reason and how often it happened.
-#[derive(Debug, Clone, PartialEq, Eq, uniffi::Record)]
+#[derive(Debug, Clone, PartialEq, Eq, uniffi::Record, serde::Serialize)]
 pub struct DropCount {
     /// Stable snake_case name, e.g. `no_mapping`, `ipv4_fragment`, `tun_write`.
     pub reason: String,
@@ -32,7 +32,7 @@ pub struct DropCount {
 }
 
 /// Counters of one proxy outbound.
-#[derive(Debug, Clone, Default, PartialEq, Eq, uniffi::Record)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, uniffi::Record, serde::Serialize)]
 pub struct OutboundStats {
     /// Its key in `EngineConfig.outbounds`.
     pub name: String,
@@ -53,7 +53,7 @@ pub struct OutboundStats {
 }
 
 /// DNS hijack, cache, fake-ip and domain sniffing.
-#[derive(Debug, Clone, Default, PartialEq, Eq, uniffi::Record)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, uniffi::Record, serde::Serialize)]
 pub struct DnsStats {
     /// Hijacked queries received (UDP and TCP).
     pub queries: u64,
@@ -115,7 +115,7 @@ moved!(DnsSnapshot => DnsStats {
 
 /// A point-in-time copy of everything the engine counts. "Up" is from the
 /// apps (TUN) toward the network, "down" the reverse.
-#[derive(Debug, Clone, Default, PartialEq, Eq, uniffi::Record)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, uniffi::Record, serde::Serialize)]
 pub struct EngineStats {
     /// `system` or `smoltcp`.
     pub stack: String,
