@@ -398,6 +398,11 @@ void uniffi_kerntun_ffi_fn_method_engine_select(uint64_t ptr, RustBuffer group, 
 uint32_t uniffi_kerntun_ffi_fn_method_engine_test_latency(uint64_t ptr, RustBuffer outbound, RustBuffer url, uint32_t timeout_ms, RustCallStatus *_Nonnull out_status
 );
 #endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_FN_METHOD_ENGINE_HANDLE_MESSAGE
+#define UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_FN_METHOD_ENGINE_HANDLE_MESSAGE
+RustBuffer uniffi_kerntun_ffi_fn_method_engine_handle_message(uint64_t ptr, RustBuffer request, RustCallStatus *_Nonnull out_status
+);
+#endif
 #ifndef UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_FN_CLONE_ENGINELISTENER
 #define UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_FN_CLONE_ENGINELISTENER
 uint64_t uniffi_kerntun_ffi_fn_clone_enginelistener(uint64_t handle, RustCallStatus *_Nonnull out_status
@@ -474,6 +479,11 @@ RustBuffer uniffi_kerntun_ffi_fn_func_resolver_addresses(RustBuffer config, Rust
 #ifndef UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_FN_FUNC_INIT_LOGGING
 #define UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_FN_FUNC_INIT_LOGGING
 void uniffi_kerntun_ffi_fn_func_init_logging(RustBuffer level, RustCallStatus *_Nonnull out_status
+);
+#endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_FN_FUNC_HANDLE_MESSAGE_WITHOUT_ENGINE
+#define UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_FN_FUNC_HANDLE_MESSAGE_WITHOUT_ENGINE
+RustBuffer uniffi_kerntun_ffi_fn_func_handle_message_without_engine(RustBuffer request, RustCallStatus *_Nonnull out_status
 );
 #endif
 #ifndef UNIFFI_FFIDEF_FFI_KERNTUN_FFI_RUSTBUFFER_ALLOC
@@ -772,6 +782,12 @@ uint16_t uniffi_kerntun_ffi_checksum_func_init_logging(void
     
 );
 #endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_CHECKSUM_FUNC_HANDLE_MESSAGE_WITHOUT_ENGINE
+#define UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_CHECKSUM_FUNC_HANDLE_MESSAGE_WITHOUT_ENGINE
+uint16_t uniffi_kerntun_ffi_checksum_func_handle_message_without_engine(void
+    
+);
+#endif
 #ifndef UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_CHECKSUM_METHOD_ENGINE_CLOSE_CONNECTION
 #define UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_CHECKSUM_METHOD_ENGINE_CLOSE_CONNECTION
 uint16_t uniffi_kerntun_ffi_checksum_method_engine_close_connection(void
@@ -889,6 +905,12 @@ uint16_t uniffi_kerntun_ffi_checksum_method_engine_select(void
 #ifndef UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_CHECKSUM_METHOD_ENGINE_TEST_LATENCY
 #define UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_CHECKSUM_METHOD_ENGINE_TEST_LATENCY
 uint16_t uniffi_kerntun_ffi_checksum_method_engine_test_latency(void
+    
+);
+#endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_CHECKSUM_METHOD_ENGINE_HANDLE_MESSAGE
+#define UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_CHECKSUM_METHOD_ENGINE_HANDLE_MESSAGE
+uint16_t uniffi_kerntun_ffi_checksum_method_engine_handle_message(void
     
 );
 #endif

@@ -42,10 +42,14 @@ pub struct Engine {
     log: EngineLog,
     /// Events the listeners' queues had no room for.
     events_dropped: Arc<AtomicU64>,
+    /// The configuration it runs: the one it started with, then the last
+    /// one `reload` took. A `reload` message (src/messages.rs) changes
+    /// only the sections it names and keeps these for the rest.
+    config: Mutex<EngineConfig>,
 }
 
 /// What `Engine.reload` did.
-#[derive(Debug, Clone, PartialEq, Eq, uniffi::Record)]
+#[derive(Debug, Clone, PartialEq, Eq, uniffi::Record, serde::Serialize)]
 pub struct ReloadReport {
     /// Running connections closed because their outbound is gone.
     pub closed: u64,
@@ -73,6 +77,28 @@ fn scoped<T>(dispatch: &tracing::Dispatch, f: impl FnOnce() -> T) -> T {
 }
 
 impl Engine {
+    /// `reload` with the configuration `make` draws from the running one.
+    /// The configuration stays locked throughout, so two reloads (a call
+    /// and a message) never build on the same one and lose a change.
+    pub(crate) fn reload_from(
+        &self,
+        make: impl FnOnce(&EngineConfig) -> Result<EngineConfig, KerntunError>,
+    ) -> Result<ReloadReport, KerntunError> {
+        let mut running = self.config.lock();
+        let config = make(&running)?;
+        let core = config.to_core()?;
+        let Some(e) = self.running() else {
+            return Err(KerntunError::from(kerntun::ReloadError::NotRunning));
+        };
+        let r = scoped(&self.log.dispatch, || e.reload(core))?;
+        *running = config;
+        Ok(ReloadReport {
+            closed: r.closed,
+            fake_ip_kept: r.fake_ip_kept,
+            selections_kept: u32::try_from(r.selections_kept).unwrap_or(u32::MAX),
+        })
+    }
+
     /// The core engine, if `stop` has not taken it yet.
     pub(crate) fn running(&self) -> Option<Arc<kerntun::Engine>> {
         self.core.lock().clone()
@@ -162,6 +188,7 @@ impl Engine {
                 stopping: Mutex::new(()),
                 log,
                 events_dropped: Arc::new(AtomicU64::new(0)),
+                config: Mutex::new(config),
             }))
         })
     }
@@ -259,18 +286,7 @@ impl Engine {
     /// configuration is compiled (domain list files are read): call it off
     /// the main thread.
     pub fn reload(&self, config: EngineConfig) -> Result<ReloadReport, KerntunError> {
-        guard(|| {
-            let core = config.to_core()?;
-            let Some(e) = self.running() else {
-                return Err(KerntunError::from(kerntun::ReloadError::NotRunning));
-            };
-            let r = scoped(&self.log.dispatch, || e.reload(core))?;
-            Ok(ReloadReport {
-                closed: r.closed,
-                fake_ip_kept: r.fake_ip_kept,
-                selections_kept: u32::try_from(r.selections_kept).unwrap_or(u32::MAX),
-            })
-        })
+        guard(|| self.reload_from(|_| Ok(config)))
     }
 
     /// The device is going to sleep (iOS: the provider's

@@ -8,6 +8,9 @@
 //! * [`PlatformHooks`]: the app's `protect(fd)` and optional log sink.
 //! * [`KerntunError`]: typed errors (Kotlin exceptions, Swift `throws`).
 //! * [`init_logging`]: the process-wide logger, installed only on request.
+//! * `Engine.handle_message` and [`handle_message_without_engine`]: the same
+//!   run-time control as versioned JSON messages, for an app whose UI runs
+//!   in another process (docs/messages.md).
 //!
 //! No panic crosses the boundary: fallible exports return `Result` and turn
 //! a panic into [`KerntunError::Internal`]; the others catch it and answer
@@ -50,6 +53,7 @@ mod events;
 mod groups;
 mod hooks;
 mod logging;
+mod messages;
 mod stats;
 #[cfg(any(target_os = "ios", target_os = "macos"))]
 #[allow(unsafe_code)]
@@ -72,6 +76,10 @@ pub use events::{EngineEvent, EngineListener};
 pub use groups::{GroupMember, GroupOptions, GroupState, GroupType, MemberHealth};
 pub use hooks::PlatformHooks;
 pub use logging::{LogRecord, init_logging};
+pub use messages::{
+    MAX_LATENCY_TIMEOUT_MS, MAX_MESSAGE_CONNECTIONS, MAX_REQUEST_BYTES, MESSAGE_VERSION,
+    handle_message_without_engine,
+};
 pub use stats::{DropCount, EngineStats, OutboundStats, TcpFlowStats};
 
 /// The library version (`kerntun` crate version).

@@ -602,6 +602,24 @@ fileprivate struct FfiConverterString: FfiConverter {
     }
 }
 
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+fileprivate struct FfiConverterData: FfiConverterRustBuffer {
+    typealias SwiftType = Data
+
+    public static func read(from buf: inout (data: Data, offset: Data.Index)) throws -> Data {
+        let len: Int32 = try readInt(&buf)
+        return Data(try readBytes(&buf, count: Int(len)))
+    }
+
+    public static func write(_ value: Data, into buf: inout [UInt8]) {
+        let len = Int32(value.count)
+        writeInt(&buf, len)
+        writeBytes(&buf, value)
+    }
+}
+
 
 
 
@@ -803,6 +821,17 @@ public protocol EngineProtocol: AnyObject, Sendable {
      * so call it off the main thread.
      */
     func testLatency(outbound: String, url: String, timeoutMs: UInt32) throws  -> UInt32
+    
+    /**
+     * Answer one JSON message from the app's other process (the iOS
+     * containing app through `sendProviderMessage`, an Android activity
+     * through the service): `request` is a v1 request, the result its
+     * reply (docs/messages.md). Every reply is a JSON object, also for
+     * malformed input. Commands block as the calls they make do
+     * (`test_latency` up to its timeout, `reload` while it compiles the
+     * configuration): call it off the main thread.
+     */
+    func handleMessage(request: Data)  -> Data
     
 }
 /**
@@ -1221,6 +1250,25 @@ open func testLatency(outbound: String, url: String, timeoutMs: UInt32)throws  -
         FfiConverterString.lower(outbound),
         FfiConverterString.lower(url),
         FfiConverterUInt32.lower(timeoutMs),uniffiCallStatus
+    )
+})
+}
+    
+    /**
+     * Answer one JSON message from the app's other process (the iOS
+     * containing app through `sendProviderMessage`, an Android activity
+     * through the service): `request` is a v1 request, the result its
+     * reply (docs/messages.md). Every reply is a JSON object, also for
+     * malformed input. Commands block as the calls they make do
+     * (`test_latency` up to its timeout, `reload` while it compiles the
+     * configuration): call it off the main thread.
+     */
+open func handleMessage(request: Data) -> Data  {
+    return try!  FfiConverterData.lift(try! rustCall() {
+        uniffiCallStatus in
+    uniffi_kerntun_ffi_fn_method_engine_handle_message(
+            self.uniffiCloneHandle(),
+        FfiConverterData.lower(request),uniffiCallStatus
     )
 })
 }
@@ -7191,6 +7239,20 @@ public func initLogging(level: LogLevel)throws   {try rustCallWithError(FfiConve
     )
 }
 }
+/**
+ * The reply to `request` in a process with no engine (the tunnel is not
+ * started, or stopped and released): `status` answers `running: false`,
+ * the other commands a `not_running` error; malformed requests get the
+ * same errors as [`Engine::handle_message`] gives.
+ */
+public func handleMessageWithoutEngine(request: Data) -> Data  {
+    return try!  FfiConverterData.lift(try! rustCall() {
+        uniffiCallStatus in
+    uniffi_kerntun_ffi_fn_func_handle_message_without_engine(
+        FfiConverterData.lower(request),uniffiCallStatus
+    )
+})
+}
 
 private enum InitializationResult {
     case ok
@@ -7223,6 +7285,9 @@ private let initializationResult: InitializationResult = {
         return InitializationResult.apiChecksumMismatch
     }
     if (uniffi_kerntun_ffi_checksum_func_init_logging() != 23383) {
+        return InitializationResult.apiChecksumMismatch
+    }
+    if (uniffi_kerntun_ffi_checksum_func_handle_message_without_engine() != 7624) {
         return InitializationResult.apiChecksumMismatch
     }
     if (uniffi_kerntun_ffi_checksum_method_engine_close_connection() != 9952) {
@@ -7283,6 +7348,9 @@ private let initializationResult: InitializationResult = {
         return InitializationResult.apiChecksumMismatch
     }
     if (uniffi_kerntun_ffi_checksum_method_engine_test_latency() != 13155) {
+        return InitializationResult.apiChecksumMismatch
+    }
+    if (uniffi_kerntun_ffi_checksum_method_engine_handle_message() != 53993) {
         return InitializationResult.apiChecksumMismatch
     }
     if (uniffi_kerntun_ffi_checksum_method_enginelistener_on_event() != 20511) {

@@ -1,0 +1,313 @@
+//! `Engine.handleMessage` on a real engine, as root in namespaces
+//! (testkit): each command's reply, the typed errors of a running and of a
+//! stopped engine. The envelope's own errors (version, malformed input,
+//! size) are unit tests in ffi/src/messages.rs; the bindings' side is the
+//! JVM test (ffi/tests/kotlin/engine_test.kts).
+
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use kerntun_ffi::{
+    DirectOptions, Engine, EngineConfig, GroupOptions, GroupType, HookError, LogLevel,
+    PlatformHooks, Stack, TunOptions,
+};
+use kerntun_testkit::servers::{self, Mode};
+use kerntun_testkit::{CLIENT_VETH, Topology, require_root};
+use serde_json::{Value, json};
+
+struct Hooks;
+
+impl PlatformHooks for Hooks {
+    fn protect(&self, _fd: i32) -> Result<(), HookError> {
+        Ok(())
+    }
+
+    fn log(&self, _level: LogLevel, _message: String) -> Result<(), HookError> {
+        Ok(())
+    }
+}
+
+/// Send one request; the reply parsed, its envelope checked.
+fn ask(engine: &Engine, id: u64, cmd: &str, args: Value) -> Value {
+    let request = json!({ "v": 1, "id": id, "cmd": cmd, "args": args });
+    let reply = engine.handle_message(serde_json::to_vec(&request).expect("request"));
+    let v: Value = serde_json::from_slice(&reply).expect("the reply is JSON");
+    assert_eq!(v["v"], json!(1), "{v}");
+    assert_eq!(v["id"], json!(id), "{v}");
+    v
+}
+
+fn ok(v: Value) -> Value {
+    assert!(v.get("error").is_none(), "{v}");
+    v["ok"].clone()
+}
+
+fn error(v: &Value) -> (&str, Option<&str>) {
+    assert!(v.get("ok").is_none(), "{v}");
+    (
+        v["error"]["kind"].as_str().expect("kind"),
+        v["error"]["field"].as_str(),
+    )
+}
+
+#[test]
+fn every_command_answers_through_handle_message() {
+    require_root!();
+    let topo = Topology::new().expect("topology");
+    let srv = servers::tcp(&topo.server, topo.server_addr(false, 0), Mode::Echo).expect("server");
+    topo.client.enter().expect("enter client namespace");
+    let tun = "ktffimsg";
+    let config = EngineConfig {
+        stack: Some(Stack::System),
+        tun: TunOptions {
+            name: tun.into(),
+            ..Default::default()
+        },
+        direct: DirectOptions {
+            interface: Some(CLIENT_VETH.into()),
+            ..Default::default()
+        },
+        groups: HashMap::from([(
+            "g".to_string(),
+            GroupOptions {
+                kind: GroupType::Select,
+                members: vec!["direct".into(), "reject".into()],
+                default_member: None,
+                url: None,
+                interval_ms: None,
+                tolerance_ms: None,
+                timeout_ms: None,
+            },
+        )]),
+        rules: vec![kerntun_ffi::RuleOptions {
+            action: kerntun_ffi::RuleAction::Outbound { name: "g".into() },
+            ..Default::default()
+        }],
+        log_level: Some(LogLevel::Info),
+        ..Default::default()
+    };
+    let engine = Engine::start(config, -1, Arc::new(Hooks)).expect("start");
+    topo.route_via_tun(tun).expect("route");
+
+    let status = ok(ask(&engine, 1, "status", json!({})));
+    assert_eq!(status["running"], json!(true));
+    assert_eq!(status["tun_name"], json!(tun));
+    assert_eq!(status["error"], Value::Null);
+
+    // One held connection, echoing.
+    let mut held = TcpStream::connect_timeout(&srv.addr, Duration::from_secs(5)).expect("connect");
+    held.set_read_timeout(Some(Duration::from_secs(5)))
+        .expect("timeout");
+    held.write_all(b"ping").expect("write");
+    let mut buf = [0u8; 4];
+    held.read_exact(&mut buf).expect("echo");
+
+    let stats = ok(ask(&engine, 2, "stats", json!({})));
+    assert_eq!(stats["stack"], json!("system"));
+    assert!(stats["tcp_sessions_active"].as_u64() >= Some(1), "{stats}");
+    assert!(stats["dns"]["queries"].is_u64(), "{stats}");
+    assert!(stats["drops"].is_array(), "{stats}");
+
+    let listed = ok(ask(&engine, 3, "connections", json!({ "limit": 10 })));
+    let conns = listed["connections"].as_array().expect("list");
+    let ours = conns
+        .iter()
+        .find(|c| c["destination"] == json!(srv.addr.to_string()))
+        .unwrap_or_else(|| panic!("the held connection is listed: {listed}"));
+    assert_eq!(ours["network"], json!("tcp"));
+    assert_eq!(ours["outbound"], json!("direct"));
+    assert_eq!(ours["chain"], json!(["g"]));
+    assert_eq!(ours["state"], json!("relaying"));
+    assert!(ours["bytes_up"].as_u64() >= Some(4), "{ours}");
+    assert_eq!(listed["truncated"], json!(false));
+    let zero = ok(ask(&engine, 4, "connections", json!({ "limit": 0 })));
+    assert_eq!(zero["connections"], json!([]));
+    assert_eq!(
+        zero["truncated"],
+        json!(true),
+        "a limit below the count truncates"
+    );
+
+    let groups = ok(ask(&engine, 5, "groups", json!({})));
+    assert_eq!(groups["groups"][0]["name"], json!("g"));
+    assert_eq!(groups["groups"][0]["kind"], json!("select"));
+    assert_eq!(groups["groups"][0]["selected"], json!("direct"));
+    assert_eq!(groups["groups"][0]["members"][1]["name"], json!("reject"));
+    assert_eq!(
+        groups["groups"][0]["members"][1]["health"],
+        json!("unknown")
+    );
+    let v = ask(
+        &engine,
+        6,
+        "select",
+        json!({ "group": "nope", "member": "direct" }),
+    );
+    assert_eq!(error(&v).0, "unknown_group");
+    let v = ask(
+        &engine,
+        7,
+        "select",
+        json!({ "group": "g", "member": "nope" }),
+    );
+    assert_eq!(error(&v).0, "unknown_member");
+    let v = ask(&engine, 8, "select", json!({ "group": "g" }));
+    assert_eq!(error(&v), ("bad_request", Some("args")));
+    assert_eq!(
+        ok(ask(
+            &engine,
+            9,
+            "select",
+            json!({ "group": "g", "member": "reject" })
+        )),
+        json!({})
+    );
+    let groups = ok(ask(&engine, 10, "groups", json!({})));
+    assert_eq!(groups["groups"][0]["selected"], json!("reject"));
+
+    let v = ask(
+        &engine,
+        11,
+        "test_latency",
+        json!({ "outbound": "nope", "url": "http://a.test/" }),
+    );
+    assert_eq!(error(&v).0, "unknown_outbound");
+    let v = ask(
+        &engine,
+        12,
+        "test_latency",
+        json!({ "outbound": "direct", "url": "ftp://a" }),
+    );
+    assert_eq!(error(&v).0, "invalid_url");
+
+    // A misspelt filter closes nothing; a bad address names the field.
+    let v = ask(
+        &engine,
+        13,
+        "close_connections",
+        json!({ "destination": "1.2.3.4" }),
+    );
+    assert_eq!(error(&v).0, "bad_request");
+    let v = ask(
+        &engine,
+        14,
+        "close_connections",
+        json!({ "destination_ip": "not-an-ip" }),
+    );
+    assert_eq!(error(&v), ("config", Some("destination_ip")));
+    let closed = ok(ask(
+        &engine,
+        15,
+        "close_connections",
+        json!({ "destination_ip": srv.addr.ip().to_string(), "network": "tcp" }),
+    ));
+    assert_eq!(closed["closed"], json!(1));
+    let after = held.read(&mut buf);
+    assert!(
+        matches!(after, Ok(0) | Err(_)),
+        "the closed connection ends: {after:?}"
+    );
+    let v = ok(ask(
+        &engine,
+        16,
+        "close_connection",
+        json!({ "id": ours["id"] }),
+    ));
+    assert_eq!(v["closed"], json!(false), "already closed");
+
+    assert_eq!(
+        ok(ask(
+            &engine,
+            17,
+            "set_log_level",
+            json!({ "level": "debug" })
+        )),
+        json!({})
+    );
+    let v = ask(&engine, 18, "set_log_level", json!({ "level": "loud" }));
+    assert_eq!(error(&v).0, "bad_request");
+    let logs = ok(ask(&engine, 19, "recent_logs", json!({ "limit": 3 })));
+    let lines = logs["lines"].as_array().expect("lines");
+    assert!(!lines.is_empty() && lines.len() <= 3, "{logs}");
+    assert!(
+        lines[0]["message"].is_string() && lines[0]["unix_ms"].is_u64(),
+        "{logs}"
+    );
+
+    // reload: the named sections replace the running ones, the others
+    // (here tun, which only a restart may change) stay as started.
+    let report = ok(ask(
+        &engine,
+        20,
+        "reload",
+        json!({ "config": { "rules": [{ "ports": "9", "action": "reject" }, { "action": "direct" }],
+                            "groups": {} } }),
+    ));
+    assert!(
+        report["closed"].is_u64() && report["fake_ip_kept"].is_boolean(),
+        "{report}"
+    );
+    assert_eq!(
+        ok(ask(&engine, 21, "groups", json!({})))["groups"],
+        json!([])
+    );
+    let v = ask(
+        &engine,
+        22,
+        "reload",
+        json!({ "config": { "tun": { "name": "other0" } } }),
+    );
+    assert_eq!(error(&v), ("needs_restart", Some("tun.name")));
+    let v = ask(
+        &engine,
+        23,
+        "reload",
+        json!({ "config": { "rules": [{ "action": "nowhere" }] } }),
+    );
+    assert_eq!(error(&v).0, "config");
+    let v = ask(&engine, 24, "reload", json!({ "config": { "rulez": [] } }));
+    assert_eq!(error(&v), ("config", Some("rulez")));
+    let v = ask(&engine, 25, "reload", json!({}));
+    assert_eq!(error(&v).0, "bad_request");
+    let mut again = TcpStream::connect_timeout(&srv.addr, Duration::from_secs(5)).expect("connect");
+    again
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .expect("timeout");
+    again.write_all(b"pong").expect("write");
+    again
+        .read_exact(&mut buf)
+        .expect("the reloaded rules still connect");
+    drop(again);
+
+    // Stopped: what the calls still answer, and not_running for the rest.
+    let t = Instant::now();
+    engine.stop();
+    eprintln!("stop took {:?}", t.elapsed());
+    let status = ok(ask(&engine, 30, "status", json!({})));
+    assert_eq!(status["running"], json!(false));
+    assert_eq!(status["tun_name"], Value::Null);
+    let stats = ok(ask(&engine, 31, "stats", json!({})));
+    assert!(stats["tcp_sessions_total"].as_u64() >= Some(2), "{stats}");
+    assert_eq!(
+        ok(ask(&engine, 32, "connections", json!({})))["connections"],
+        json!([])
+    );
+    let v = ask(
+        &engine,
+        33,
+        "select",
+        json!({ "group": "g", "member": "direct" }),
+    );
+    assert_eq!(error(&v).0, "not_running");
+    let v = ask(&engine, 34, "reload", json!({ "config": { "rules": [] } }));
+    assert_eq!(error(&v).0, "not_running");
+    assert!(
+        !ok(ask(&engine, 35, "recent_logs", json!({})))["lines"]
+            .as_array()
+            .expect("lines")
+            .is_empty()
+    );
+}
