@@ -680,6 +680,15 @@ mod tests {
                 json!({"outbounds": {"x": {"type": "http", "server": "a:1"}}}),
                 "outbounds",
             ),
+            (
+                json!({"outbounds": {"x": {"type": "socks5", "server": "a:1", "passwd": "p"}}}),
+                "outbounds",
+            ),
+            (
+                json!({"groups": {"g": {"kind": "select", "members": [], "defualt": "a"}}}),
+                "groups",
+            ),
+            (json!({"tun": {"mtu": 70000}}), "tun"),
         ] {
             let Value::Object(patch) = patch else {
                 unreachable!()
