@@ -18,12 +18,10 @@ final class PacketTunnelProvider: KerntunPacketTunnelProvider {
 }
 
 // In the containing app: read the statistics through the provider's
-// message channel.
+// message channel (docs/messages.md; KerntunMessages.swift).
 //
 //   let session = manager.connection as! NETunnelProviderSession
-//   try session.sendProviderMessage(Data("stats".utf8)) { reply in
-//       guard let reply,
-//             let stats = try? JSONSerialization.jsonObject(with: reply) as? [String: Any]
-//       else { return }
+//   KerntunMessages.send("stats", to: session) { result in
+//       guard case .success(let stats) = result else { return }
 //       print("up", stats["tcp_bytes_up"] ?? 0, "down", stats["tcp_bytes_down"] ?? 0)
 //   }
