@@ -22,8 +22,9 @@
 //   tunnel settings with `reasserting` set;
 // * passes the device's sleep and wake to the engine (Engine.sleep/wake:
 //   its periodic ticks keep no timer while asleep; connections stay);
-// * answers any app message (NETunnelProviderSession.sendProviderMessage)
-//   with the engine's statistics as a JSON object;
+// * answers the app's messages (NETunnelProviderSession.sendProviderMessage,
+//   docs/messages.md) with the engine's reply (Engine.handleMessage), off
+//   the provider's queue; KerntunMessages.swift is the app's side;
 // * cancels the tunnel if the engine stops on its own, and stops the engine
 //   cleanly in stopTunnel.
 //
@@ -164,6 +165,10 @@ open class KerntunPacketTunnelProvider: NEPacketTunnelProvider {
     open var networkSettingsTimeout: TimeInterval { 10 }
 
     private let queue = DispatchQueue(label: "kerntun.provider")
+    /// App messages are answered here, not on `queue`: a `test_latency`
+    /// waits up to its timeout, and path, sleep and stop events must not
+    /// wait behind it.
+    private let messageQueue = DispatchQueue(label: "kerntun.messages", attributes: .concurrent)
     private let hooks = ProviderHooks()
     private var memoryPressure: DispatchSourceMemoryPressure?
     private var pathMonitor: NWPathMonitor?
@@ -304,15 +309,18 @@ open class KerntunPacketTunnelProvider: NEPacketTunnelProvider {
         }
     }
 
-    /// Any message from the app is answered with the statistics as JSON.
+    /// A message from the app (`NETunnelProviderSession.sendProviderMessage`):
+    /// a JSON request of docs/messages.md, answered with the engine's JSON
+    /// reply (`Engine.handleMessage`). Without an engine, `status` answers
+    /// `running: false` and the other commands a `not_running` error.
     open override func handleAppMessage(_ messageData: Data, completionHandler: ((Data?) -> Void)?) {
         queue.async {
-            guard let engine = self.engine else {
-                completionHandler?(nil)
-                return
+            let engine = self.engine
+            self.messageQueue.async {
+                let reply = engine?.handleMessage(request: messageData)
+                    ?? handleMessageWithoutEngine(request: messageData)
+                completionHandler?(reply)
             }
-            let json = try? JSONSerialization.data(withJSONObject: Self.dictionary(engine.stats()))
-            completionHandler?(json)
         }
     }
 
