@@ -18,6 +18,8 @@ import java.util.concurrent.TimeUnit
 import java.util.concurrent.atomic.AtomicInteger
 import kotlin.concurrent.thread
 import org.kerntun.testkit.*
+import org.kerntun.android.Messages
+import org.kerntun.android.Reply
 
 val serverV4 = args[0]
 val serverV6 = args[1]
@@ -830,6 +832,157 @@ fun reloads() {
     engine.close()
 }
 
+// ==== begin: the same control as JSON messages (docs/messages.md) ====
+// What the app's UI process sends: requests written and replies read with
+// the Android module's Messages.kt, through Engine.handleMessage and the
+// glue's EngineHandle.handleMessage.
+fun messages() {
+    println("--- messages")
+    val hooks = Hooks()
+    val probeUrl = "http://$serverV4:${port + 80}/generate_204"
+    val base = config("ktmsg", "198.18.0.1/16", null, Driver.PER_PACKET, Stack.SYSTEM)
+    val cfg = base.copy(
+        groups = mapOf("proxy" to GroupOptions(kind = GroupType.SELECT, members = listOf("direct", "reject"))),
+        rules = base.rules + RuleOptions(ports = "$port", network = RuleNetwork.TCP, action = RuleAction.Outbound("proxy")),
+        logLevel = LogLevel.INFO,
+    )
+    val engine = Engine.start(cfg, -1, hooks)
+    val handle = org.kerntun.android.EngineHandle(engine)
+    check(sh("ip", "route", "replace", "$serverV4/32", "dev", "ktmsg") == 0, "messages: route v4 via TUN")
+    var next = 0L
+    fun ask(cmd: String, args: Map<String, Any?> = emptyMap()): Reply {
+        val id = ++next
+        val r = Messages.reply(handle.handleMessage(Messages.request(cmd, args, id)))
+        check(r.id == id, "messages: $cmd: the reply echoes id $id (${r.id})")
+        return r
+    }
+    fun ok(cmd: String, args: Map<String, Any?> = emptyMap()): Map<String, Any?> =
+        when (val r = ask(cmd, args)) {
+            is Reply.Ok -> r.value
+            is Reply.Error -> {
+                check(false, "messages: $cmd: $r")
+                emptyMap()
+            }
+        }
+    fun err(cmd: String, args: Map<String, Any?> = emptyMap()): Reply.Error? = ask(cmd, args) as? Reply.Error
+
+    val status = ok("status")
+    check(status["running"] == true && status["tun_name"] == "ktmsg", "messages: status: $status")
+    check(status["message_versions"] == listOf(1L), "messages: status lists v1: $status")
+
+    val stats = ok("stats")
+    check(stats["stack"] == "system" && stats["driver"] == "per_packet", "messages: stats names the stack and driver")
+    check((stats["dns"] as? Map<*, *>)?.containsKey("queries") == true, "messages: stats carries the DNS counters")
+
+    // groups and select
+    @Suppress("UNCHECKED_CAST")
+    fun selected() = ((ok("groups")["groups"] as List<Map<String, Any?>>).single { it["name"] == "proxy" })["selected"]
+    check(selected() == "direct", "messages: groups: proxy on direct")
+    check(tcpEcho(serverV4, 16 shl 10, 90), "messages: TCP through proxy -> direct")
+    check(ok("select", mapOf("group" to "proxy", "member" to "reject")).isEmpty(), "messages: select answers {}")
+    check(selected() == "reject", "messages: groups: proxy on reject after select")
+    check(tcpFails(serverV4), "messages: the selection took effect")
+    check(err("select", mapOf("group" to "proxy", "member" to "nope"))?.kind == "unknown_member", "messages: select: unknown_member")
+    check(err("select", mapOf("group" to "nope", "member" to "direct"))?.kind == "unknown_group", "messages: select: unknown_group")
+    ok("select", mapOf("group" to "proxy", "member" to "direct"))
+
+    // test_latency
+    val latency = ok("test_latency", mapOf("outbound" to "direct", "url" to probeUrl, "timeout_ms" to 2000))["latency_ms"]
+    check(latency is Long && latency < 1000, "messages: test_latency(direct) = $latency ms")
+    check(err("test_latency", mapOf("outbound" to "nope", "url" to probeUrl))?.kind == "unknown_outbound", "messages: test_latency: unknown_outbound")
+
+    // connections and close_connections, on a held connection
+    Socket().use { held ->
+        held.connect(InetSocketAddress(serverV4, port), 5000)
+        held.soTimeout = 5000
+        val data = pattern(1_000, 91)
+        held.getOutputStream().write(data)
+        check(held.getInputStream().readNBytes(data.size).contentEquals(data), "messages: the held connection echoes")
+        val local = "${held.localAddress.hostAddress}:${held.localPort}"
+        val page = ok("connections", mapOf("limit" to 50))
+        @Suppress("UNCHECKED_CAST")
+        val rec = (page["connections"] as List<Map<String, Any?>>).find { it["source"] == local }
+        check(rec != null && rec["network"] == "tcp" && rec["chain"] == listOf("proxy") && rec["outbound"] == "direct" &&
+            rec["state"] == "relaying", "messages: connections lists the held one: $rec")
+        check(page["truncated"] == false, "messages: connections: not truncated")
+        check(ok("connections", mapOf("limit" to 0))["truncated"] == true, "messages: connections: limit 0 truncates")
+        val bad = err("close_connections", mapOf("groupp" to "proxy"))
+        check(bad?.kind == "bad_request", "messages: close_connections refuses a misspelt filter: $bad")
+        check(err("close_connections", mapOf("destination_ip" to "x"))?.field == "destination_ip", "messages: close_connections names destination_ip")
+        val closed = ok("close_connections", mapOf("group" to "proxy", "network" to "tcp"))["closed"]
+        check(closed == 1L, "messages: close_connections closed the held one: $closed")
+        val reset = try {
+            held.getInputStream().read() < 0
+        } catch (e: java.net.SocketException) {
+            true
+        }
+        check(reset, "messages: the closed connection ends")
+        check(ok("close_connection", mapOf("id" to rec?.get("id")))["closed"] == false, "messages: close_connection of a closed one: false")
+    }
+
+    // log level and the ring: an info line (a memory pressure change) is
+    // kept at info, not at warn
+    fun pressureLines() = (ok("recent_logs")["lines"] as List<*>).count { (it as Map<*, *>)["message"].toString().contains("memory pressure") }
+    val before = pressureLines()
+    check(ok("set_log_level", mapOf("level" to LogLevel.WARN)).isEmpty(), "messages: set_log_level warn answers {}")
+    engine.setMemoryPressure(MemoryPressure.ELEVATED)
+    check(pressureLines() == before, "messages: at warn the info line is not kept")
+    ok("set_log_level", mapOf("level" to "info"))
+    engine.setMemoryPressure(MemoryPressure.NORMAL)
+    check(pressureLines() == before + 1, "messages: back at info it is kept")
+    check(err("set_log_level", mapOf("level" to "loud"))?.kind == "bad_request", "messages: set_log_level: an unknown level is a bad_request")
+    @Suppress("UNCHECKED_CAST")
+    val lines = ok("recent_logs", mapOf("limit" to 2))["lines"] as List<Map<String, Any?>>
+    check(lines.size == 2 && lines.last()["message"].toString().contains("memory pressure") && lines.last()["level"] == "info",
+        "messages: recent_logs limit 2: the newest two, oldest first: $lines")
+
+    // reload: only the named sections change
+    val report = ok("reload", mapOf("config" to mapOf(
+        "rules" to listOf(mapOf("ports" to "$port", "network" to "tcp", "action" to "reject")),
+        "groups" to emptyMap<String, Any>(),
+    )))
+    check(report["closed"] == 0L && report.containsKey("fake_ip_kept"), "messages: reload report: $report")
+    check(tcpFails(serverV4), "messages: the reloaded rule rejects the echo port")
+    check(ok("groups")["groups"] == emptyList<Any>(), "messages: the reloaded groups are none")
+    val restart = err("reload", mapOf("config" to mapOf("tun" to mapOf("name" to "ktmsg", "mtu" to 1400))))
+    check(restart?.kind == "needs_restart" && restart.field == "tun.mtu", "messages: reload of tun.mtu: $restart")
+    val typo = err("reload", mapOf("config" to mapOf("rulez" to emptyList<Any>())))
+    check(typo?.kind == "config" && typo.field == "rulez", "messages: reload names an unknown field: $typo")
+    val unknownOutbound = err("reload", mapOf("config" to mapOf("rules" to listOf(mapOf("action" to "nope")))))
+    check(unknownOutbound?.kind == "config" && unknownOutbound.field == "rules[0].action", "messages: reload: $unknownOutbound")
+    check(tcpFails(serverV4), "messages: refused reloads left the rule in place")
+    ok("reload", mapOf("config" to mapOf("rules" to emptyList<Any>())))
+    check(tcpEcho(serverV4, 1_000, 93), "messages: reloaded without rules, TCP flows again")
+    check(engine.stats().reloadClosed == 0uL, "messages: nothing closed by the reloads")
+
+    // Messages.kt's own writing and reading
+    check(Messages.write(mapOf("id" to ULong.MAX_VALUE, "n" to 3u, "l" to LogLevel.WARN, "s" to "a\"b\n\u0001")) ==
+        """{"id":18446744073709551615,"n":3,"l":"warn","s":"a\"b\n\u0001"}""", "messages: Messages.write: unsigned, enums, escapes")
+    check(Messages.parse(""" {"a":[1,-2.5e1,true,null,"\u00e9\"x"],"b":{}} """) ==
+        mapOf("a" to listOf(1L, -25.0, true, null, "\u00e9\"x"), "b" to emptyMap<String, Any?>()), "messages: Messages.parse")
+    check(Messages.reply("[]".encodeToByteArray()).let { it is Reply.Error && it.kind == "bad_reply" }, "messages: Messages.reply of a non-reply")
+
+    // envelope errors, as raw bytes
+    fun raw(text: String) = Messages.reply(handle.handleMessage(text.encodeToByteArray())) as? Reply.Error
+    check(raw("{oops")?.kind == "bad_request", "messages: malformed JSON -> bad_request")
+    val v2 = raw("""{"v":2,"id":"x","cmd":"stats"}""")
+    check(v2?.kind == "unsupported_version" && v2.id == "x", "messages: v2 -> unsupported_version with the id: $v2")
+    check(raw("""{"v":1,"cmd":"fly"}""")?.kind == "unknown_command", "messages: unknown_command")
+    check(Messages.reply(handle.handleMessage(ByteArray(2 shl 20) { ' '.code.toByte() }) ).let { it is Reply.Error && it.kind == "too_large" }, "messages: 2 MiB -> too_large")
+
+    // stopped, then closed: answers without an engine
+    engine.stop()
+    check(ok("status")["running"] == false, "messages: status after stop")
+    check(err("select", mapOf("group" to "proxy", "member" to "direct"))?.kind == "not_running", "messages: select after stop: not_running")
+    check((ok("stats")["tcp_sessions_total"] as Long) >= 3, "messages: stats after stop keep the final counts")
+    handle.close()
+    check(ok("status")["running"] == false, "messages: status once closed")
+    check(err("stats")?.kind == "not_running", "messages: stats once closed: not_running")
+    check(Messages.reply(handleMessageWithoutEngine(Messages.request("groups", id = 99))).let { it is Reply.Error && it.kind == "not_running" && it.id == 99L },
+        "messages: handleMessageWithoutEngine: not_running")
+}
+// ==== end: messages ====
+
 guarded(" in the fault checks:") {
     faults()
 }
@@ -847,6 +1000,9 @@ guarded(" in the group checks:") {
 }
 guarded(" in the reload checks:") {
     reloads()
+}
+guarded(" in the message checks:") {
+    messages()
 }
 // ==== end: a dead engine task ====
 

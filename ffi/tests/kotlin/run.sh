@@ -24,7 +24,10 @@
 # against the HTTP responder echo_server.py runs on the port + 80, the
 # GroupSelected and OutboundHealth events); it reloads a running engine
 # (reload: a new rule takes effect, the Reloaded event, typed refusals
-# naming the field, NotRunning once stopped). Namespaces, the server and
+# naming the field, NotRunning once stopped); and it drives the same
+# control as JSON messages (Engine.handleMessage through EngineHandle, the
+# requests and replies written and read by the Android module's
+# Messages.kt: docs/messages.md). Namespaces, the server and
 # temp files are removed on every exit. Before that, android_policy_test.kts tests the Android
 # module's platform-independent Kotlin (KerntunPolicy.kt) on the same JVM;
 # engine_test.kts also hammers the glue's EngineHandle.kt.
@@ -101,8 +104,9 @@ fi
 android_src="$root/android/kerntun/src/main/kotlin/org/kerntun/android"
 policy="$android_src/KerntunPolicy.kt"
 handle="$android_src/EngineHandle.kt"
-step "kotlinc -Werror the generated bindings, $(basename "$policy") and $(basename "$handle") (JNA $(basename "$(readlink -f "$JNA_JAR")"))"
-"$KOTLINC" -Werror -d "$work/kerntun.jar" -classpath "$JNA_JAR" "$work"/gen/org/kerntun/*.kt "$policy" "$handle" "$here/Checks.kt" 2>&1
+messages="$android_src/Messages.kt"
+step "kotlinc -Werror the generated bindings, $(basename "$policy"), $(basename "$handle") and $(basename "$messages") (JNA $(basename "$(readlink -f "$JNA_JAR")"))"
+"$KOTLINC" -Werror -d "$work/kerntun.jar" -classpath "$JNA_JAR" "$work"/gen/org/kerntun/*.kt "$policy" "$handle" "$messages" "$here/Checks.kt" 2>&1
 
 step "android_policy_test.kts (trim levels, app routing, ABIs, state reporting)"
 timeout 300 "$KOTLINC" -J-ea -classpath "$work/kerntun.jar:$JNA_JAR" -script "$here/android_policy_test.kts"

@@ -13,6 +13,7 @@ import org.kerntun.LogLevel
 import org.kerntun.LogRecord
 import org.kerntun.MemoryPressure
 import org.kerntun.NetworkInfo
+import org.kerntun.handleMessageWithoutEngine
 
 /**
  * A running [Engine] that any thread may call at any time, also while
@@ -71,6 +72,21 @@ class EngineHandle(private val engine: Engine) : AutoCloseable {
     fun recentLogs(): List<LogRecord> = call(emptyList()) { it.recentLogs() }
 
     fun setLogLevel(level: LogLevel) = call(Unit) { it.setLogLevel(level) }
+
+    /**
+     * The reply to one message from the app (docs/messages.md, Messages.kt);
+     * once closed, the reply of a process without an engine (`status`:
+     * not running; the rest: `not_running`). Blocks as the command does
+     * (`test_latency` up to its timeout): not on the main thread.
+     */
+    fun handleMessage(request: ByteArray): ByteArray {
+        if (closed.get()) return handleMessageWithoutEngine(request)
+        return try {
+            engine.handleMessage(request)
+        } catch (e: IllegalStateException) {
+            if (closed.get()) handleMessageWithoutEngine(request) else throw e
+        }
+    }
 
     /** Stops the engine (bounded by the engine's drain deadline); idempotent. */
     fun stop() = call(Unit) { it.stop() }

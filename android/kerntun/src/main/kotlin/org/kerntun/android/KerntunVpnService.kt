@@ -21,7 +21,10 @@
 //   statistics are read once a second only while somebody watches (screen
 //   on, or a TunnelStatus statistics listener), else a health check runs
 //   once a minute (TickSchedule in KerntunPolicy.kt);
-// * a clean stop on stop requests, onRevoke and onDestroy.
+// * a clean stop on stop requests, onRevoke and onDestroy;
+// * the app's messages (docs/messages.md): bound with Messages.ACTION_MESSAGES,
+//   it answers each request through a Messenger with the engine's reply
+//   (Engine.handleMessage), off the main thread.
 //
 // The decisions (trim levels, app routing, ABIs, state) live in
 // KerntunPolicy.kt, which has no Android dependency and is compiled and
@@ -48,16 +51,22 @@ import android.net.NetworkCapabilities
 import android.net.NetworkRequest
 import android.net.VpnService
 import android.os.Build
+import android.os.Bundle
 import android.os.Handler
+import android.os.IBinder
 import android.os.Looper
+import android.os.Message
+import android.os.Messenger
 import android.os.ParcelFileDescriptor
 import android.os.PowerManager
+import android.os.RemoteException
 import android.os.SystemClock
 import android.util.Log
 import androidx.core.app.NotificationCompat
 import androidx.core.app.ServiceCompat
 import java.util.concurrent.ExecutorService
 import java.util.concurrent.Executors
+import java.util.concurrent.RejectedExecutionException
 import org.kerntun.Engine
 import org.kerntun.EngineConfig
 import org.kerntun.EngineEvent
@@ -68,6 +77,7 @@ import org.kerntun.LogLevel
 import org.kerntun.MemoryPressure
 import org.kerntun.PlatformHooks
 import org.kerntun.TunOptions
+import org.kerntun.handleMessageWithoutEngine
 import org.kerntun.resolverAddresses
 
 abstract class KerntunVpnService : VpnService() {
@@ -83,6 +93,28 @@ abstract class KerntunVpnService : VpnService() {
     /** Engine start/stop run here: start blocks until the engine is ready. */
     private val worker: ExecutorService = Executors.newSingleThreadExecutor()
     private val main = Handler(Looper.getMainLooper())
+
+    /**
+     * Answers the app's messages off the main thread and apart from
+     * [worker] (a message never waits for a start or stop), on two threads:
+     * a `test_latency` holds one up to its timeout, the other answers on.
+     */
+    private val messages: ExecutorService = Executors.newFixedThreadPool(2)
+    private val messenger by lazy {
+        Messenger(
+            Handler(Looper.getMainLooper()) { msg ->
+                if (msg.what != Messages.MSG_REQUEST) return@Handler false
+                val request = msg.data?.getByteArray(Messages.KEY_REQUEST) ?: ByteArray(0)
+                val replyTo = msg.replyTo ?: return@Handler true
+                try {
+                    messages.execute { answer(request, replyTo) }
+                } catch (e: RejectedExecutionException) {
+                    // Destroyed meanwhile: the binding is going away too.
+                }
+                true
+            },
+        )
+    }
 
     /** Touched on the main thread only. */
     private val pressure = PressureTracker()
@@ -517,6 +549,25 @@ abstract class KerntunVpnService : VpnService() {
         main.post { applyPressure(pressure.onTrim(level, now)) }
     }
 
+    /**
+     * The system binds with [VpnService.SERVICE_INTERFACE]; the app's own
+     * activities bind with [Messages.ACTION_MESSAGES] and send
+     * [Messages.MSG_REQUEST] messages (docs/integration-android.md).
+     */
+    override fun onBind(intent: Intent?): IBinder? =
+        if (intent?.action == Messages.ACTION_MESSAGES) messenger.binder else super.onBind(intent)
+
+    private fun answer(request: ByteArray, replyTo: Messenger) {
+        val reply = engine?.handleMessage(request) ?: handleMessageWithoutEngine(request)
+        val msg = Message.obtain(null, Messages.MSG_REPLY)
+        msg.data = Bundle().apply { putByteArray(Messages.KEY_REPLY, reply) }
+        try {
+            replyTo.send(msg)
+        } catch (e: RemoteException) {
+            // The app went away meanwhile: nobody to answer.
+        }
+    }
+
     override fun onRevoke() {
         // Another VPN took over, or the user revoked the permission.
         worker.execute {
@@ -530,6 +581,7 @@ abstract class KerntunVpnService : VpnService() {
             if (engine != null) stopEngine(TunnelState.Stopped)
         }
         worker.shutdown()
+        messages.shutdown()
         super.onDestroy()
     }
 
