@@ -3,6 +3,8 @@
 // NETunnelProviderSession.sendProviderMessage, its reply read back as the
 // command's `ok` object or a typed error. The provider answers them in
 // KerntunPacketTunnelProvider.handleAppMessage (Engine.handleMessage).
+// It imports only Foundation and NetworkExtension, so a containing app that
+// should not link the engine can copy this file into its own target.
 //
 // This file is not compiled in this repository's CI (there is no Swift
 // compiler there).
