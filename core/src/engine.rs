@@ -218,9 +218,12 @@ impl Engine {
                 rt.spawn(supervised(life.clone(), EngineTask::Poller, s.poller()));
             }
         }
-        let coalesce = config.tun.coalesce;
+        let writes = driver::WriteOptions {
+            coalesce: config.tun.coalesce,
+            thin_acks: config.tun.ack_thinning,
+        };
         let tun = parts.tun.clone();
-        let read = driver::run(demux, tun, driver, life.clone(), parts.mtu, coalesce);
+        let read = driver::run(demux, tun, driver, life.clone(), parts.mtu, writes);
         rt.spawn(supervised(life.clone(), EngineTask::Driver, read));
         let probes = groups::spawn_probes(rt.handle(), &parts, &parts.routing.load().outbounds);
         parts.reload.set_probes(probes);

@@ -49,6 +49,9 @@ pub struct Stats {
     /// System-stack TCP segments whose advertised window the translation
     /// lowered (`tun.window_clamp`).
     pub tcp_window_clamped: AtomicU64,
+    /// Pure ACKs the per-packet driver did not write because a newer one
+    /// of the same flow, in the same drain, said the same (`tun.ack_thinning`).
+    pub tcp_acks_thinned: AtomicU64,
     pub rejects: [AtomicU64; Reject::COUNT],
     pub drops: [AtomicU64; EngineDrop::COUNT],
     /// TCP payload bytes (both directions) moved with splice(2), never in userspace.
@@ -235,6 +238,9 @@ pub struct LocalCounters {
     pub max_batch: u64,
     pub writes: u64,
     pub window_clamped: u64,
+    /// Pure ACKs not written: a newer one of the same flow said the same
+    /// (`driver::writeback`).
+    pub acks_thinned: u64,
     pub rejects: [u64; Reject::COUNT],
     pub drops: [u64; EngineDrop::COUNT],
     pending: u64,
@@ -262,6 +268,7 @@ impl LocalCounters {
             max_batch: 0,
             writes: 0,
             window_clamped: 0,
+            acks_thinned: 0,
             rejects: [0; Reject::COUNT],
             drops: [0; EngineDrop::COUNT],
             pending: 0,
@@ -314,6 +321,7 @@ impl LocalCounters {
         add(&stats.tun_read_packets, &mut self.read_packets);
         add(&stats.tun_writes, &mut self.writes);
         add(&stats.tcp_window_clamped, &mut self.window_clamped);
+        add(&stats.tcp_acks_thinned, &mut self.acks_thinned);
         stats.tun_read_max_batch.fetch_max(self.max_batch, Relaxed);
         for (c, v) in stats.rejects.iter().zip(self.rejects.iter_mut()) {
             add(c, v);
@@ -383,6 +391,8 @@ pub struct StatsSnapshot {
     pub tun_writes: u64,
     /// TCP segments whose advertised window was clamped (`tun.window_clamp`).
     pub tcp_window_clamped: u64,
+    /// Pure ACKs not written: a newer one of the flow said the same (`tun.ack_thinning`).
+    pub tcp_acks_thinned: u64,
     /// Non-zero drop counters, by reason name (parse rejections and engine drops).
     pub drops: Vec<(&'static str, u64)>,
     /// TCP payload bytes moved with splice(2) (both directions).
@@ -481,6 +491,7 @@ impl Stats {
             tun_read_max_batch: g(&self.tun_read_max_batch),
             tun_writes: g(&self.tun_writes),
             tcp_window_clamped: g(&self.tcp_window_clamped),
+            tcp_acks_thinned: g(&self.tcp_acks_thinned),
             drops,
             tcp_bytes_spliced: g(&self.tcp_bytes_spliced),
             tcp_bytes_copied: g(&self.tcp_bytes_copied),

@@ -99,7 +99,11 @@ fn per_packet_uploads_are_coalesced_byte_exact() {
             let rig = Rig::builder()
                 .stack(StackKind::System)
                 .driver(DriverMode::PerPacket)
-                .config(|_, c| c.tun.coalesce = coalesce)
+                .config(|_, c| {
+                    c.tun.coalesce = coalesce;
+                    // Merging alone: held ACKs would also save writes.
+                    c.tun.ack_thinning = false;
+                })
                 .start();
             let srv = rig.tcp_server(v6, Mode::Echo);
             client::echo_transfer(srv.addr, 11, 16 * MIB, false).expect("16 MiB echo");
@@ -122,6 +126,47 @@ fn per_packet_uploads_are_coalesced_byte_exact() {
             "merging writes fewer packets: {writes_per_read:?}"
         );
     }
+}
+
+/// Per-packet driver, system stack: of a flow's pure ACKs in one drain only
+/// the newest is written (`tun.ack_thinning`), and an echo still moves
+/// byte for byte; with thinning off, none is held back.
+#[test]
+fn per_packet_acks_are_thinned_byte_exact() {
+    require_root!();
+    let mut writes_per_read = Vec::new();
+    for thin in [true, false] {
+        let rig = Rig::builder()
+            .stack(StackKind::System)
+            .driver(DriverMode::PerPacket)
+            .ipv4_only()
+            .config(|_, c| c.tun.ack_thinning = thin)
+            .start();
+        let srv = rig.tcp_server(false, Mode::Echo);
+        let clients: Vec<_> = (0..4)
+            .map(|i| {
+                let addr = srv.addr;
+                std::thread::spawn(move || client::echo_transfer(addr, 60 + i, 8 * MIB, false))
+            })
+            .collect();
+        for c in clients {
+            c.join().expect("client thread").expect("8 MiB echo");
+        }
+        let s = rig.stats();
+        assert!(s.tcp_bytes_up >= 32 * MIB as u64, "{s:?}");
+        if thin {
+            assert!(s.tcp_acks_thinned > 0, "ACKs thinned: {s:?}");
+        } else {
+            assert_eq!(s.tcp_acks_thinned, 0, "{s:?}");
+        }
+        writes_per_read.push((
+            s.tun_writes as f64 / s.tun_read_packets as f64,
+            s.tcp_acks_thinned,
+        ));
+    }
+    eprintln!(
+        "TUN writes per packet read and ACKs thinned, thinning on / off: {writes_per_read:?}"
+    );
 }
 
 /// The phone's TUN: a transmit queue of the kernel's 500 packets, which

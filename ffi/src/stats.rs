@@ -164,6 +164,9 @@ pub struct EngineStats {
     /// TCP segments whose advertised window the system stack clamped to
     /// their share of the TUN's transmit queue.
     pub tcp_window_clamped: u64,
+    /// Pure ACKs the engine did not write to the TUN because a newer one of
+    /// the same flow, read in the same drain, said the same.
+    pub tcp_acks_thinned: u64,
     /// Sum of `drops`.
     pub total_drops: u64,
     /// Non-zero drop counters by reason (parse rejections and engine drops).
@@ -253,6 +256,7 @@ impl From<StatsSnapshot> for EngineStats {
             tun_read_max_batch,
             tun_writes,
             tcp_window_clamped,
+            tcp_acks_thinned,
             tcp_bytes_spliced,
             tcp_bytes_copied,
             splice_fallbacks,

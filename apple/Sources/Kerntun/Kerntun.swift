@@ -3027,6 +3027,11 @@ public struct EngineStats: Equatable, Hashable {
      */
     public var tcpWindowClamped: UInt64
     /**
+     * Pure ACKs the engine did not write to the TUN because a newer one of
+     * the same flow, read in the same drain, said the same.
+     */
+    public var tcpAcksThinned: UInt64
+    /**
      * Sum of `drops`.
      */
     public var totalDrops: UInt64
@@ -3140,6 +3145,10 @@ public struct EngineStats: Equatable, Hashable {
          * their share of the TUN's transmit queue.
          */tcpWindowClamped: UInt64, 
         /**
+         * Pure ACKs the engine did not write to the TUN because a newer one of
+         * the same flow, read in the same drain, said the same.
+         */tcpAcksThinned: UInt64, 
+        /**
          * Sum of `drops`.
          */totalDrops: UInt64, 
         /**
@@ -3233,6 +3242,7 @@ public struct EngineStats: Equatable, Hashable {
         self.tunReadMaxBatch = tunReadMaxBatch
         self.tunWrites = tunWrites
         self.tcpWindowClamped = tcpWindowClamped
+        self.tcpAcksThinned = tcpAcksThinned
         self.totalDrops = totalDrops
         self.drops = drops
         self.tcpBytesSpliced = tcpBytesSpliced
@@ -3301,6 +3311,7 @@ public struct FfiConverterTypeEngineStats: FfiConverterRustBuffer {
                 tunReadMaxBatch: FfiConverterUInt64.read(from: &buf), 
                 tunWrites: FfiConverterUInt64.read(from: &buf), 
                 tcpWindowClamped: FfiConverterUInt64.read(from: &buf), 
+                tcpAcksThinned: FfiConverterUInt64.read(from: &buf), 
                 totalDrops: FfiConverterUInt64.read(from: &buf), 
                 drops: FfiConverterSequenceTypeDropCount.read(from: &buf), 
                 tcpBytesSpliced: FfiConverterUInt64.read(from: &buf), 
@@ -3355,6 +3366,7 @@ public struct FfiConverterTypeEngineStats: FfiConverterRustBuffer {
         FfiConverterUInt64.write(value.tunReadMaxBatch, into: &buf)
         FfiConverterUInt64.write(value.tunWrites, into: &buf)
         FfiConverterUInt64.write(value.tcpWindowClamped, into: &buf)
+        FfiConverterUInt64.write(value.tcpAcksThinned, into: &buf)
         FfiConverterUInt64.write(value.totalDrops, into: &buf)
         FfiConverterSequenceTypeDropCount.write(value.drops, into: &buf)
         FfiConverterUInt64.write(value.tcpBytesSpliced, into: &buf)

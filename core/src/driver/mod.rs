@@ -37,6 +37,9 @@ mod darwin;
 #[cfg(target_os = "linux")]
 mod linux_gro;
 mod per_packet;
+mod writeback;
+
+use writeback::Sink;
 
 /// Packets drained per readiness edge in per-packet mode. Bounds the time the
 /// driver monopolises a worker (32 x ~1 us) while amortising the wake-up
@@ -48,6 +51,16 @@ pub const DRAIN_PER_EDGE: usize = 32;
 /// no timer at all while the engine sleeps (`Engine::sleep`, [`Ticker`]),
 /// and one tick at once on wake.
 pub(crate) const CLEANUP_TICK: Duration = Duration::from_secs(1);
+
+/// What the per-packet driver does with the segments it writes back
+/// (`driver::writeback`; the batch drivers write each one as it comes).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct WriteOptions {
+    /// `tun.coalesce`: merge a flow's data segments toward the listener.
+    pub coalesce: bool,
+    /// `tun.ack_thinning`: of a flow's pure ACKs in one drain, write the newest.
+    pub thin_acks: bool,
+}
 
 /// Which driver runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -78,7 +91,12 @@ async fn handle(demux: &mut Demux, tun: &Tun, buf: &mut [u8], len: usize) {
 /// Write the packet at `buf[HEADROOM..][..len]` to the TUN: without
 /// waiting first, awaiting the device only when its queue is full. A
 /// failed write is a counted drop (TCP retransmits it); false then.
-async fn write_back(tun: &Tun, local: &mut LocalCounters, buf: &mut [u8], len: usize) -> bool {
+async fn write_back<S: Sink>(
+    tun: &S,
+    local: &mut LocalCounters,
+    buf: &mut [u8],
+    len: usize,
+) -> bool {
     let sent = send(tun, local, buf, len).await;
     if sent.is_err() {
         local.drop(EngineDrop::TunWrite);
@@ -87,7 +105,12 @@ async fn write_back(tun: &Tun, local: &mut LocalCounters, buf: &mut [u8], len: u
 }
 
 /// [`write_back`] that leaves a failure to the caller, uncounted.
-async fn send(tun: &Tun, local: &mut LocalCounters, buf: &mut [u8], len: usize) -> io::Result<()> {
+async fn send<S: Sink>(
+    tun: &S,
+    local: &mut LocalCounters,
+    buf: &mut [u8],
+    len: usize,
+) -> io::Result<()> {
     local.writes += 1;
     match tun.try_send(buf, len) {
         Ok(()) => Ok(()),
@@ -104,23 +127,24 @@ pub(crate) async fn run(
     kind: DriverKind,
     life: Arc<Lifecycle>,
     mtu: u16,
-    coalesce: bool,
+    writes: WriteOptions,
 ) {
     let mtu = usize::from(mtu);
     // Merged packets exceed the MTU: only where the kernel is known to take
     // them on a TUN without offload (Linux; utun is not checked).
-    let coalesce = coalesce && cfg!(linux_like);
+    let coalesce = writes.coalesce && cfg!(linux_like);
+    let thin_acks = writes.thin_acks;
     let mut head = Head::new(tun.clone(), &life);
     let d = &mut demux;
     let h = &mut head;
     let result = match kind {
-        DriverKind::PerPacket => per_packet::run(d, h, &tun, mtu, coalesce).await,
+        DriverKind::PerPacket => per_packet::run(d, h, &tun, mtu, coalesce, thin_acks).await,
         #[cfg(target_os = "linux")]
         DriverKind::Batch => linux_gro::run(d, h, &tun, mtu).await,
         #[cfg(apple)]
         DriverKind::Batch => darwin::run(d, h, &tun, mtu).await,
         #[cfg(not(any(target_os = "linux", apple)))]
-        DriverKind::Batch => per_packet::run(d, h, &tun, mtu, coalesce).await,
+        DriverKind::Batch => per_packet::run(d, h, &tun, mtu, coalesce, thin_acks).await,
     };
     demux.commit(Instant::now());
     if let Err(e) = result {

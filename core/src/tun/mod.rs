@@ -75,6 +75,12 @@ pub struct TunConfig {
     /// merging goes on after `ENOBUFS`/`ENOMEM` (transient) and is turned
     /// off for the engine's life, logged, after any other refusal.
     pub coalesce: bool,
+    /// Per-packet driver: of the pure ACKs of one flow and direction that
+    /// a drain (the packets read at one wake-up) writes back, write only the
+    /// newest, at the end of the drain or before the flow's next other
+    /// segment (`packet::ackthin`). Duplicate ACKs, SACKs and ECN signals
+    /// are always written. On by default.
+    pub ack_thinning: bool,
     /// System stack: lower the window each TCP segment advertises, in both
     /// directions, to its flow's share of the TUN's transmit queue, so the
     /// two TCPs keep no more in flight than the queue holds (the kernel
@@ -116,6 +122,7 @@ impl Default for TunConfig {
             tx_queue_len: 10_000,
             include_all_networks: false,
             coalesce: true,
+            ack_thinning: true,
             window_clamp: false,
             queue_packets: None,
         }

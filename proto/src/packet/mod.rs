@@ -18,6 +18,7 @@
 
 use std::net::IpAddr;
 
+pub mod ackthin;
 pub mod checksum;
 pub mod coalesce;
 pub mod frag;

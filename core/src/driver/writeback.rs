@@ -1,0 +1,638 @@
+//! What the per-packet reader writes back, and what waits for the end of
+//! its drain.
+//!
+//! Two kinds of segment wait, per flow and direction ([`SegmentKey`]):
+//! * **merges** (`tun.coalesce`): consecutive data segments of a flow toward
+//!   the kernel listener are merged (`packet::coalesce`) into one packet of
+//!   up to [`MERGE_MAX`] bytes, so the kernel's TCP receives one segment
+//!   where it would have received many;
+//! * **pure ACKs** (`tun.ack_thinning`): of the pure ACKs a drain writes for
+//!   a flow, the newest says what the earlier ones did
+//!   (`packet::ackthin`): only it is written, at the end of the drain.
+//!
+//! Up to [`MERGE_FLOWS`] merges and [`ACK_FLOWS`] ACKs wait at once, so
+//! the flows a drain interleaves keep merging: a segment of one flow never
+//! writes out what another flow holds. Any other segment first writes out
+//! what its own flow holds, so a flow's segments keep their order (a flow
+//! holds at most one of the two kinds at a time). A full table writes out
+//! its oldest entry to make room. Everything held is written when the
+//! drain ends ([`WriteBack::flush`]), before the reader sleeps.
+//!
+//! A merged packet the device refuses is cut back into the segments it was
+//! (`coalesce::segment_at`) and those are written instead. A kernel before
+//! 6.6 allocates a TUN write in one piece, so a large write can fail with
+//! `ENOBUFS` (or `ENOMEM`) while memory is fragmented: that is transient
+//! and merging goes on. Any other refusal says the device does not take
+//! packets above its MTU, and merging stops for good.
+
+use std::future::Future;
+use std::io;
+
+use crate::packet::ackthin::{self, ACK_MAX, PureAck, SegmentKey};
+use crate::packet::{HEADROOM, coalesce};
+use crate::stats::{EngineDrop, LocalCounters};
+use crate::tun::Tun;
+
+/// Largest packet a merge produces: what an IP packet may carry. A
+/// kernel that allocates the write in one piece may refuse it (`ENOBUFS`)
+/// when its memory is fragmented; the packet is then written as the
+/// segments it was made of, and merging goes on. A 32 KiB bound instead
+/// cost 11-20 % of one stream's throughput at MTU 4064 and 9000 on the
+/// phone profile (docs/notes.md, "Window clamping on the phone's TUN",
+/// run 6).
+pub(super) const MERGE_MAX: usize = coalesce::MAX_PACKET;
+
+/// Merges in progress at once. Each takes a [`MERGE_MAX`] buffer, made on
+/// the first merge of its slot (so 256 KiB once four flows merged in one
+/// drain).
+pub(super) const MERGE_FLOWS: usize = 4;
+
+/// Pure ACKs held at once (each [`ACK_MAX`] bytes, in place).
+pub(super) const ACK_FLOWS: usize = 16;
+
+/// Where packets are written: the TUN, or a recording device in tests.
+pub(super) trait Sink {
+    /// Write `buf[HEADROOM..][..len]` without waiting.
+    fn try_send(&self, buf: &mut [u8], len: usize) -> io::Result<()>;
+    /// Write it, waiting until the device takes it.
+    fn send(&self, buf: &mut [u8], len: usize) -> impl Future<Output = io::Result<()>>;
+}
+
+impl Sink for Tun {
+    fn try_send(&self, buf: &mut [u8], len: usize) -> io::Result<()> {
+        Tun::try_send(self, buf, len)
+    }
+
+    fn send(&self, buf: &mut [u8], len: usize) -> impl Future<Output = io::Result<()>> {
+        Tun::send(self, buf, len)
+    }
+}
+
+/// What the per-packet reader does with what it writes (module docs).
+pub(super) struct WriteBack {
+    coalesce: bool,
+    thin_acks: bool,
+    merges: [Held; MERGE_FLOWS],
+    acks: [HeldAck; ACK_FLOWS],
+    /// The slot a full table writes out next (oldest first, round robin).
+    next_merge: usize,
+    next_ack: usize,
+    /// One segment cut back from a refused merge (allocated on the first).
+    scratch: Vec<u8>,
+    /// Merged writes refused as transient (`ENOBUFS`, `ENOMEM`) so far.
+    transient: u64,
+}
+
+impl WriteBack {
+    pub fn new(coalesce: bool, thin_acks: bool) -> Self {
+        WriteBack {
+            coalesce,
+            thin_acks,
+            merges: Default::default(),
+            acks: std::array::from_fn(|_| HeldAck::default()),
+            next_merge: 0,
+            next_ack: 0,
+            scratch: Vec::new(),
+            transient: 0,
+        }
+    }
+
+    /// Whether segments toward the listener are still merged (the caller
+    /// asks `Demux::coalescible` only then).
+    pub fn merging(&self) -> bool {
+        self.coalesce
+    }
+
+    /// Write the packet at `buf[HEADROOM..][..len]`, or hold it (module
+    /// docs). `mergeable`: the demux's verdict that it is a data segment
+    /// toward the kernel listener.
+    pub async fn put<S: Sink>(
+        &mut self,
+        sink: &S,
+        local: &mut LocalCounters,
+        buf: &mut [u8],
+        len: usize,
+        mergeable: bool,
+    ) {
+        let pkt = &buf[HEADROOM..HEADROOM + len];
+        let Some((key, ack)) = ackthin::classify(pkt) else {
+            super::write_back(sink, local, buf, len).await;
+            return;
+        };
+        if mergeable && self.coalesce {
+            self.flush_ack(sink, local, &key).await;
+            if !self.merge(sink, local, key, pkt).await {
+                // Merging stopped for good on the write that made room.
+                super::write_back(sink, local, buf, len).await;
+            }
+            return;
+        }
+        if let Some(ack) = ack.filter(|_| self.thin_acks) {
+            self.flush_merge(sink, local, &key).await;
+            self.hold_ack(sink, local, key, ack, pkt).await;
+            return;
+        }
+        self.flush_merge(sink, local, &key).await;
+        self.flush_ack(sink, local, &key).await;
+        super::write_back(sink, local, buf, len).await;
+    }
+
+    /// Write out everything held: the drain ended.
+    pub async fn flush<S: Sink>(&mut self, sink: &S, local: &mut LocalCounters) {
+        for i in 0..MERGE_FLOWS {
+            self.write_merge(sink, local, i).await;
+        }
+        for i in 0..ACK_FLOWS {
+            self.write_ack(sink, local, i).await;
+        }
+    }
+
+    /// Merge `pkt` into its flow's held packet, or hold it in a slot of
+    /// its own; false if merging stopped for good meanwhile (not held).
+    async fn merge<S: Sink>(
+        &mut self,
+        sink: &S,
+        local: &mut LocalCounters,
+        key: SegmentKey,
+        pkt: &[u8],
+    ) -> bool {
+        let slot = match self.merges.iter().position(|h| h.key == Some(key)) {
+            Some(i) if self.merges[i].append(pkt) => return true,
+            Some(i) => i,
+            None => match self.merges.iter().position(|h| h.key.is_none()) {
+                Some(i) => i,
+                None => {
+                    let i = self.next_merge;
+                    self.next_merge = (i + 1) % MERGE_FLOWS;
+                    i
+                }
+            },
+        };
+        self.write_merge(sink, local, slot).await;
+        if self.coalesce {
+            self.merges[slot].start(key, pkt);
+        }
+        self.coalesce
+    }
+
+    async fn hold_ack<S: Sink>(
+        &mut self,
+        sink: &S,
+        local: &mut LocalCounters,
+        key: SegmentKey,
+        ack: PureAck,
+        pkt: &[u8],
+    ) {
+        let slot = match self.acks.iter().position(|h| h.key == Some(key)) {
+            Some(i) if ackthin::supersedes(ack, self.acks[i].ack) => {
+                local.acks_thinned += 1;
+                self.acks[i].set(key, ack, pkt);
+                return;
+            }
+            Some(i) => i,
+            None => match self.acks.iter().position(|h| h.key.is_none()) {
+                Some(i) => i,
+                None => {
+                    let i = self.next_ack;
+                    self.next_ack = (i + 1) % ACK_FLOWS;
+                    i
+                }
+            },
+        };
+        self.write_ack(sink, local, slot).await;
+        self.acks[slot].set(key, ack, pkt);
+    }
+
+    async fn flush_merge<S: Sink>(
+        &mut self,
+        sink: &S,
+        local: &mut LocalCounters,
+        key: &SegmentKey,
+    ) {
+        if let Some(i) = self.merges.iter().position(|h| h.key.as_ref() == Some(key)) {
+            self.write_merge(sink, local, i).await;
+        }
+    }
+
+    async fn flush_ack<S: Sink>(&mut self, sink: &S, local: &mut LocalCounters, key: &SegmentKey) {
+        if let Some(i) = self.acks.iter().position(|h| h.key.as_ref() == Some(key)) {
+            self.write_ack(sink, local, i).await;
+        }
+    }
+
+    async fn write_ack<S: Sink>(&mut self, sink: &S, local: &mut LocalCounters, i: usize) {
+        let held = &mut self.acks[i];
+        if held.key.take().is_some() {
+            super::write_back(sink, local, &mut held.buf, held.len).await;
+        }
+    }
+
+    /// Write out merge slot `i`. A refused merged packet is written as the
+    /// segments it was instead (module docs); merging stops for good if the
+    /// refusal was not transient.
+    async fn write_merge<S: Sink>(&mut self, sink: &S, local: &mut LocalCounters, i: usize) {
+        let held = &mut self.merges[i];
+        if held.key.take().is_none() {
+            return;
+        }
+        let (len, merged) = (held.len, held.merged);
+        let Err(e) = super::send(sink, local, &mut held.buf, len).await else {
+            return;
+        };
+        if !merged {
+            local.drop(EngineDrop::TunWrite);
+            return;
+        }
+        self.write_cut(sink, local, i, len).await;
+        if is_transient(&e) {
+            self.transient += 1;
+            if self.transient == 1 {
+                tracing::info!(
+                    "the TUN refused a merged {len}-byte segment ({e}): written as its segments; merging goes on"
+                );
+            }
+        } else {
+            tracing::warn!(
+                "the TUN refused a merged {len}-byte segment ({e}): writing segments back one by one from now on"
+            );
+            self.coalesce = false;
+        }
+    }
+
+    /// Write merge slot `i`'s packet of `len` bytes as the segments it was
+    /// merged from; each failure is a counted drop (TCP retransmits it).
+    async fn write_cut<S: Sink>(
+        &mut self,
+        sink: &S,
+        local: &mut LocalCounters,
+        i: usize,
+        len: usize,
+    ) {
+        let held = &self.merges[i];
+        let merged = &held.buf[HEADROOM..HEADROOM + len];
+        let need = HEADROOM + len.min(held.first_payload + (len - payload_len(merged)));
+        if self.scratch.len() < need {
+            self.scratch = vec![0u8; need];
+        }
+        for n in 0.. {
+            let held = &self.merges[i];
+            let merged = &held.buf[HEADROOM..HEADROOM + len];
+            let Some(seg) =
+                coalesce::segment_at(merged, held.first_payload, n, &mut self.scratch[HEADROOM..])
+            else {
+                break;
+            };
+            super::write_back(sink, local, &mut self.scratch, seg).await;
+        }
+    }
+}
+
+/// A data segment held aside to merge the next segments of its flow into.
+#[derive(Default)]
+struct Held {
+    /// The flow, while a packet is held.
+    key: Option<SegmentKey>,
+    /// `HEADROOM` plus [`MERGE_MAX`] or the first held packet's length,
+    /// whichever is larger, once first used.
+    buf: Vec<u8>,
+    /// Length of the held packet.
+    len: usize,
+    /// The held packet's own payload length before anything was merged
+    /// into it: where a refused merge is cut back.
+    first_payload: usize,
+    /// Whether segments were merged into it (it may exceed the MTU).
+    merged: bool,
+}
+
+impl Held {
+    /// Hold `pkt` as the start of a possible merge.
+    fn start(&mut self, key: SegmentKey, pkt: &[u8]) {
+        if self.buf.len() < HEADROOM + pkt.len().max(MERGE_MAX) {
+            self.buf = vec![0u8; HEADROOM + pkt.len().max(MERGE_MAX)];
+        }
+        self.buf[HEADROOM..HEADROOM + pkt.len()].copy_from_slice(pkt);
+        self.key = Some(key);
+        self.len = pkt.len();
+        self.first_payload = payload_len(pkt);
+        self.merged = false;
+    }
+
+    /// Merge `pkt` into the held packet, if it continues it and the result
+    /// stays within [`MERGE_MAX`].
+    fn append(&mut self, pkt: &[u8]) -> bool {
+        let room = &mut self.buf[HEADROOM..HEADROOM + MERGE_MAX.max(self.len)];
+        match coalesce::append(room, self.len, pkt) {
+            Some(n) => {
+                self.len = n;
+                self.merged = true;
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+/// A pure ACK held until the drain ends or its flow writes something else.
+struct HeldAck {
+    key: Option<SegmentKey>,
+    ack: PureAck,
+    len: usize,
+    buf: [u8; HEADROOM + ACK_MAX],
+}
+
+impl Default for HeldAck {
+    fn default() -> Self {
+        HeldAck {
+            key: None,
+            ack: PureAck { ack: 0, window: 0 },
+            len: 0,
+            buf: [0; HEADROOM + ACK_MAX],
+        }
+    }
+}
+
+impl HeldAck {
+    fn set(&mut self, key: SegmentKey, ack: PureAck, pkt: &[u8]) {
+        self.buf[HEADROOM..HEADROOM + pkt.len()].copy_from_slice(pkt);
+        self.key = Some(key);
+        self.ack = ack;
+        self.len = pkt.len();
+    }
+}
+
+/// TCP payload length of a packet the merge took (0 for anything else).
+fn payload_len(pkt: &[u8]) -> usize {
+    crate::packet::parse_ip(pkt)
+        .ok()
+        .and_then(|ip| crate::packet::parse_tcp(pkt, &ip).ok())
+        .map_or(0, |t| t.payload_len)
+}
+
+/// A refusal that says the kernel lacked memory for this write, not that
+/// it never takes such a packet.
+pub(super) fn is_transient(e: &io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::ENOBUFS | libc::ENOMEM))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cell::RefCell;
+    use std::time::Instant;
+
+    use super::*;
+    use crate::packet::tcp_flags as flags;
+    use crate::packet::testutil::tcp_v4;
+    use crate::packet::{parse_ip, parse_tcp};
+
+    const S: &str = "198.18.0.1:8000";
+
+    /// Records what is written; refuses packets above `limit` with `errno`.
+    struct Recorder {
+        written: RefCell<Vec<Vec<u8>>>,
+        limit: usize,
+        errno: i32,
+    }
+
+    impl Recorder {
+        fn new() -> Self {
+            Self::refusing(usize::MAX, 0)
+        }
+
+        fn refusing(limit: usize, errno: i32) -> Self {
+            Recorder {
+                written: RefCell::new(Vec::new()),
+                limit,
+                errno,
+            }
+        }
+
+        fn take(&self) -> Vec<Vec<u8>> {
+            std::mem::take(&mut self.written.borrow_mut())
+        }
+    }
+
+    impl Sink for Recorder {
+        fn try_send(&self, buf: &mut [u8], len: usize) -> io::Result<()> {
+            if len > self.limit {
+                return Err(io::Error::from_raw_os_error(self.errno));
+            }
+            self.written
+                .borrow_mut()
+                .push(buf[HEADROOM..HEADROOM + len].to_vec());
+            Ok(())
+        }
+
+        async fn send(&self, buf: &mut [u8], len: usize) -> io::Result<()> {
+            self.try_send(buf, len)
+        }
+    }
+
+    /// (seq, ack, payload) of a written TCP packet.
+    fn seg(pkt: &[u8]) -> (u32, u32, Vec<u8>, u8) {
+        let ip = parse_ip(pkt).expect("ip");
+        let t = parse_tcp(pkt, &ip).expect("tcp");
+        let start = ip.l4_offset + t.header_len;
+        (
+            t.seq,
+            t.ack,
+            pkt[start..start + t.payload_len].to_vec(),
+            t.flags,
+        )
+    }
+
+    fn data(src: &str, seq: u32, payload: &[u8]) -> Vec<u8> {
+        tcp_v4(src, S, seq, 7, flags::ACK, &[], payload)
+    }
+
+    fn ack(src: &str, ack: u32) -> Vec<u8> {
+        tcp_v4(src, S, 1, ack, flags::ACK, &[], b"")
+    }
+
+    struct Drain {
+        out: WriteBack,
+        local: LocalCounters,
+        buf: Vec<u8>,
+    }
+
+    impl Drain {
+        fn new(coalesce: bool, thin_acks: bool) -> Self {
+            Drain {
+                out: WriteBack::new(coalesce, thin_acks),
+                local: LocalCounters::new(Instant::now()),
+                buf: vec![0; HEADROOM + 2048],
+            }
+        }
+
+        /// Put `pkt` as the reader would, after the demux said whether it
+        /// is a data segment toward the listener (here: any data segment).
+        async fn put(&mut self, sink: &Recorder, pkt: &[u8]) {
+            self.buf[HEADROOM..HEADROOM + pkt.len()].copy_from_slice(pkt);
+            let mergeable = self.out.merging() && crate::packet::coalesce::candidate(pkt);
+            self.out
+                .put(sink, &mut self.local, &mut self.buf, pkt.len(), mergeable)
+                .await;
+        }
+
+        async fn flush(&mut self, sink: &Recorder) {
+            self.out.flush(sink, &mut self.local).await;
+        }
+    }
+
+    #[tokio::test]
+    async fn interleaved_flows_each_merge() {
+        let (a, b) = ("198.18.0.7:40000", "198.18.0.7:40001");
+        let sink = Recorder::new();
+        let mut d = Drain::new(true, true);
+        for i in 0..3u32 {
+            d.put(&sink, &data(a, 1000 + i * 100, &[b'a' + i as u8; 100]))
+                .await;
+            d.put(&sink, &data(b, 5000 + i * 100, &[b'x' + i as u8; 100]))
+                .await;
+        }
+        assert!(
+            sink.take().is_empty(),
+            "nothing written before the drain ends"
+        );
+        d.flush(&sink).await;
+        let mut w: Vec<_> = sink.take().iter().map(|p| seg(p)).collect();
+        w.sort_by_key(|s| s.0);
+        assert_eq!(w.len(), 2, "one merged segment per flow");
+        let want_a: Vec<u8> = [[b'a'; 100], [b'b'; 100], [b'c'; 100]].concat();
+        let want_b: Vec<u8> = [[b'x'; 100], [b'y'; 100], [b'z'; 100]].concat();
+        assert_eq!((w[0].0, &w[0].2), (1000, &want_a));
+        assert_eq!((w[1].0, &w[1].2), (5000, &want_b));
+    }
+
+    #[tokio::test]
+    async fn a_flows_other_segment_writes_what_it_holds_first() {
+        let (a, b) = ("198.18.0.7:40000", "198.18.0.7:40001");
+        let sink = Recorder::new();
+        let mut d = Drain::new(true, true);
+        d.put(&sink, &data(a, 1000, &[1; 100])).await;
+        d.put(&sink, &data(b, 5000, &[2; 100])).await;
+        d.put(&sink, &data(a, 1100, &[3; 100])).await;
+        d.put(&sink, &ack(a, 9)).await;
+        // The FIN of flow a: its merge goes first; flow b keeps its own.
+        d.put(
+            &sink,
+            &tcp_v4(a, S, 1200, 9, flags::ACK | flags::FIN, &[], b""),
+        )
+        .await;
+        let w: Vec<_> = sink.take().iter().map(|p| seg(p)).collect();
+        assert_eq!(w.len(), 3, "{w:?}");
+        assert_eq!((w[0].0, w[0].2.len()), (1000, 200), "the merge of a first");
+        assert_eq!((w[1].1, w[1].2.len()), (9, 0), "then a's ACK");
+        assert_ne!(w[2].3 & flags::FIN, 0, "then a's FIN");
+        d.flush(&sink).await;
+        let w: Vec<_> = sink.take().iter().map(|p| seg(p)).collect();
+        assert_eq!(w.len(), 1);
+        assert_eq!(w[0].0, 5000, "b's segment waited for the drain's end");
+    }
+
+    #[tokio::test]
+    async fn a_held_ack_is_released_at_drain_end() {
+        let c = "198.18.0.7:40000";
+        let sink = Recorder::new();
+        let mut d = Drain::new(true, true);
+        for n in [100, 200, 300] {
+            d.put(&sink, &ack(c, n)).await;
+        }
+        assert!(sink.take().is_empty(), "ACKs wait for the drain's end");
+        d.flush(&sink).await;
+        let w: Vec<_> = sink.take().iter().map(|p| seg(p)).collect();
+        assert_eq!(w.len(), 1);
+        assert_eq!(w[0].1, 300, "the newest ACK is written");
+        assert_eq!(d.local.acks_thinned, 2);
+        d.flush(&sink).await;
+        assert!(sink.take().is_empty(), "written once");
+    }
+
+    #[tokio::test]
+    async fn duplicate_acks_are_all_written_in_order() {
+        let c = "198.18.0.7:40000";
+        let sink = Recorder::new();
+        let mut d = Drain::new(true, true);
+        for n in [300, 300, 300, 250] {
+            d.put(&sink, &ack(c, n)).await;
+        }
+        d.flush(&sink).await;
+        let acks: Vec<u32> = sink.take().iter().map(|p| seg(p).1).collect();
+        assert_eq!(acks, [300, 300, 300, 250]);
+        assert_eq!(d.local.acks_thinned, 0);
+    }
+
+    #[tokio::test]
+    async fn without_thinning_every_ack_is_written_at_once() {
+        let c = "198.18.0.7:40000";
+        let sink = Recorder::new();
+        let mut d = Drain::new(true, false);
+        for n in [100, 200] {
+            d.put(&sink, &ack(c, n)).await;
+        }
+        assert_eq!(sink.take().len(), 2);
+    }
+
+    #[tokio::test]
+    async fn a_full_table_writes_its_oldest_merge() {
+        let sink = Recorder::new();
+        let mut d = Drain::new(true, true);
+        for f in 0..=MERGE_FLOWS as u16 {
+            d.put(
+                &sink,
+                &data(&format!("198.18.0.7:{}", 40000 + f), 1, &[9; 10]),
+            )
+            .await;
+        }
+        let w: Vec<_> = sink.take();
+        assert_eq!(w.len(), 1, "one merge made room");
+        let ip = parse_ip(&w[0]).expect("ip");
+        assert_eq!(parse_tcp(&w[0], &ip).expect("tcp").src_port, 40000);
+        d.flush(&sink).await;
+        assert_eq!(sink.take().len(), MERGE_FLOWS);
+    }
+
+    #[tokio::test]
+    async fn an_enobufs_merge_is_written_as_its_segments_and_merging_goes_on() {
+        let c = "198.18.0.7:40000";
+        let sink = Recorder::refusing(1500, libc::ENOBUFS);
+        let mut d = Drain::new(true, true);
+        for i in 0..3u32 {
+            d.put(&sink, &data(c, 1000 + i * 1000, &[i as u8; 1000]))
+                .await;
+        }
+        d.flush(&sink).await;
+        let w: Vec<_> = sink.take().iter().map(|p| seg(p)).collect();
+        let got: Vec<(u32, usize)> = w.iter().map(|s| (s.0, s.2.len())).collect();
+        assert_eq!(got, [(1000, 1000), (2000, 1000), (3000, 1000)]);
+        assert!(
+            w.iter()
+                .enumerate()
+                .all(|(i, s)| s.2.iter().all(|&b| b == i as u8))
+        );
+        assert!(d.out.merging(), "ENOBUFS is transient");
+        assert_eq!(d.local.drops[EngineDrop::TunWrite as usize], 0);
+        // The next drain merges again.
+        d.put(&sink, &data(c, 4000, &[7; 100])).await;
+        d.put(&sink, &data(c, 4100, &[8; 100])).await;
+        d.flush(&sink).await;
+        let w = sink.take();
+        assert_eq!(w.len(), 1);
+        assert_eq!(seg(&w[0]).2.len(), 200);
+    }
+
+    #[tokio::test]
+    async fn a_merge_refused_for_its_size_stops_merging() {
+        let c = "198.18.0.7:40000";
+        let sink = Recorder::refusing(1500, libc::EINVAL);
+        let mut d = Drain::new(true, true);
+        for i in 0..3u32 {
+            d.put(&sink, &data(c, 1000 + i * 1000, &[i as u8; 1000]))
+                .await;
+        }
+        d.flush(&sink).await;
+        assert_eq!(sink.take().len(), 3, "written as its segments");
+        assert!(!d.out.merging());
+        d.put(&sink, &data(c, 4000, &[7; 100])).await;
+        assert_eq!(sink.take().len(), 1, "written at once from now on");
+    }
+}
