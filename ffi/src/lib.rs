@@ -5,7 +5,9 @@
 //!   `set_memory_pressure(level)`.
 //! * [`EngineConfig`] and its records: the core configuration, every field
 //!   defaulted.
-//! * [`PlatformHooks`]: the app's `protect(fd)` and optional log sink.
+//! * [`PlatformHooks`]: the app's `protect(fd)` and optional log sink;
+//!   [`OwnerHooks`]: the app's lookup of a flow's owning app (Android,
+//!   `Engine::start_with_owner`).
 //! * [`KerntunError`]: typed errors (Kotlin exceptions, Swift `throws`).
 //! * [`init_logging`]: the process-wide logger, installed only on request.
 //!
@@ -70,7 +72,7 @@ pub use engine::{FaultKind, FaultTask};
 pub use error::{HookError, KerntunError};
 pub use events::{EngineEvent, EngineListener};
 pub use groups::{GroupMember, GroupOptions, GroupState, GroupType, MemberHealth};
-pub use hooks::PlatformHooks;
+pub use hooks::{FlowOwner, FlowProtocol, OwnerHooks, PlatformHooks};
 pub use logging::{LogRecord, init_logging};
 pub use stats::{DropCount, EngineStats, OutboundStats, TcpFlowStats};
 
