@@ -230,11 +230,17 @@ pub(crate) async fn run<A: App, H: Hold>(
         Next::Dns => Box::pin(dns(&d, app, hold)).await,
         Next::Sniff => {
             let flow = d.conns.register(Network::Tcp, client, server);
-            Box::pin(sniff(&d, app, (client, server), true, hold, flow)).await
+            // Waited for only where an owner rule could match; otherwise
+            // asked for the list alone, without holding up the route.
+            let ask = d.needs_owner(Network::Tcp, server);
+            if !ask {
+                d.record_owner(&flow.record, Network::Tcp, client, server);
+            }
+            Box::pin(sniff(&d, app, (client, server), (true, ask), hold, flow)).await
         }
         Next::Owner => {
             let flow = d.conns.register(Network::Tcp, client, server);
-            Box::pin(sniff(&d, app, (client, server), false, hold, flow)).await
+            Box::pin(sniff(&d, app, (client, server), (false, true), hold, flow)).await
         }
     }
 }
@@ -365,15 +371,14 @@ pub(crate) async fn dns<A: App, H>(d: &Dispatcher, app: A, hold: H) {
 }
 
 /// A connection accepted before routing: read its domain from the first
-/// bytes (`read`) and ask for the app that owns it (with an owner lookup;
-/// both at once), route, connect, send what sniffing consumed, relay. A
-/// refusal, a failed connect or the host closing it (`flow`) resets the
-/// app.
+/// bytes (`read`) and/or ask for the app that owns it (`ask`; both at
+/// once), route, connect, send what sniffing consumed, relay. A refusal, a
+/// failed connect or the host closing it (`flow`) resets the app.
 pub(crate) async fn sniff<A: App, H: Hold>(
     d: &Dispatcher,
     app: A,
     (client, server): (SocketAddr, SocketAddr),
-    read: bool,
+    (read, ask): (bool, bool),
     hold: H,
     flow: Registered,
 ) {
@@ -402,7 +407,15 @@ pub(crate) async fn sniff<A: App, H: Hold>(
                 first,
                 charge,
             },
-        ) = tokio::join!(d.owner(Network::Tcp, client, server), first_bytes);
+        ) = tokio::join!(
+            async {
+                match ask {
+                    true => d.owner(Network::Tcp, client, server).await,
+                    false => None,
+                }
+            },
+            first_bytes
+        );
         if let Some(domain) = &domain {
             flow.record.set_domain(domain, DomainSource::Sniffed);
         }
