@@ -250,6 +250,13 @@ typedef void (*UniffiCallbackInterfaceEngineListenerMethod0)(uint64_t, RustBuffe
     );
 
 #endif
+#ifndef UNIFFI_FFIDEF_CALLBACK_INTERFACE_OWNER_HOOKS_METHOD0
+#define UNIFFI_FFIDEF_CALLBACK_INTERFACE_OWNER_HOOKS_METHOD0
+typedef void (*UniffiCallbackInterfaceOwnerHooksMethod0)(uint64_t, RustBuffer, RustBuffer, RustBuffer, RustBuffer* _Nonnull, 
+        RustCallStatus *_Nonnull uniffiCallStatus
+    );
+
+#endif
 #ifndef UNIFFI_FFIDEF_CALLBACK_INTERFACE_PLATFORM_HOOKS_METHOD0
 #define UNIFFI_FFIDEF_CALLBACK_INTERFACE_PLATFORM_HOOKS_METHOD0
 typedef void (*UniffiCallbackInterfacePlatformHooksMethod0)(uint64_t, int32_t, void* _Nonnull, 
@@ -271,6 +278,15 @@ typedef struct UniffiVTableCallbackInterfaceEngineListener {
     UniffiCallbackInterfaceClone _Nonnull uniffiClone;
     UniffiCallbackInterfaceEngineListenerMethod0 _Nonnull onEvent;
 } UniffiVTableCallbackInterfaceEngineListener;
+
+#endif
+#ifndef UNIFFI_FFIDEF_V_TABLE_CALLBACK_INTERFACE_OWNER_HOOKS
+#define UNIFFI_FFIDEF_V_TABLE_CALLBACK_INTERFACE_OWNER_HOOKS
+typedef struct UniffiVTableCallbackInterfaceOwnerHooks {
+    UniffiCallbackInterfaceFree _Nonnull uniffiFree;
+    UniffiCallbackInterfaceClone _Nonnull uniffiClone;
+    UniffiCallbackInterfaceOwnerHooksMethod0 _Nonnull connectionOwner;
+} UniffiVTableCallbackInterfaceOwnerHooks;
 
 #endif
 #ifndef UNIFFI_FFIDEF_V_TABLE_CALLBACK_INTERFACE_PLATFORM_HOOKS
@@ -296,6 +312,11 @@ void uniffi_kerntun_ffi_fn_free_engine(uint64_t handle, RustCallStatus *_Nonnull
 #ifndef UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_FN_CONSTRUCTOR_ENGINE_START
 #define UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_FN_CONSTRUCTOR_ENGINE_START
 uint64_t uniffi_kerntun_ffi_fn_constructor_engine_start(RustBuffer config, int32_t tun_fd, uint64_t platform, RustCallStatus *_Nonnull out_status
+);
+#endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_FN_CONSTRUCTOR_ENGINE_START_WITH_OWNER
+#define UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_FN_CONSTRUCTOR_ENGINE_START_WITH_OWNER
+uint64_t uniffi_kerntun_ffi_fn_constructor_engine_start_with_owner(RustBuffer config, int32_t tun_fd, uint64_t platform, uint64_t owner, RustCallStatus *_Nonnull out_status
 );
 #endif
 #ifndef UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_FN_METHOD_ENGINE_CLOSE_CONNECTION
@@ -421,6 +442,26 @@ void uniffi_kerntun_ffi_fn_init_callback_vtable_enginelistener(const UniffiVTabl
 #ifndef UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_FN_METHOD_ENGINELISTENER_ON_EVENT
 #define UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_FN_METHOD_ENGINELISTENER_ON_EVENT
 void uniffi_kerntun_ffi_fn_method_enginelistener_on_event(uint64_t ptr, RustBuffer event, RustCallStatus *_Nonnull out_status
+);
+#endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_FN_CLONE_OWNERHOOKS
+#define UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_FN_CLONE_OWNERHOOKS
+uint64_t uniffi_kerntun_ffi_fn_clone_ownerhooks(uint64_t handle, RustCallStatus *_Nonnull out_status
+);
+#endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_FN_FREE_OWNERHOOKS
+#define UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_FN_FREE_OWNERHOOKS
+void uniffi_kerntun_ffi_fn_free_ownerhooks(uint64_t handle, RustCallStatus *_Nonnull out_status
+);
+#endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_FN_INIT_CALLBACK_VTABLE_OWNERHOOKS
+#define UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_FN_INIT_CALLBACK_VTABLE_OWNERHOOKS
+void uniffi_kerntun_ffi_fn_init_callback_vtable_ownerhooks(const UniffiVTableCallbackInterfaceOwnerHooks* _Nonnull vtable
+);
+#endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_FN_METHOD_OWNERHOOKS_CONNECTION_OWNER
+#define UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_FN_METHOD_OWNERHOOKS_CONNECTION_OWNER
+RustBuffer uniffi_kerntun_ffi_fn_method_ownerhooks_connection_owner(uint64_t ptr, RustBuffer protocol, RustBuffer source, RustBuffer destination, RustCallStatus *_Nonnull out_status
 );
 #endif
 #ifndef UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_FN_CLONE_PLATFORMHOOKS
@@ -920,6 +961,12 @@ uint16_t uniffi_kerntun_ffi_checksum_method_enginelistener_on_event(void
     
 );
 #endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_CHECKSUM_METHOD_OWNERHOOKS_CONNECTION_OWNER
+#define UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_CHECKSUM_METHOD_OWNERHOOKS_CONNECTION_OWNER
+uint16_t uniffi_kerntun_ffi_checksum_method_ownerhooks_connection_owner(void
+    
+);
+#endif
 #ifndef UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_CHECKSUM_METHOD_PLATFORMHOOKS_PROTECT
 #define UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_CHECKSUM_METHOD_PLATFORMHOOKS_PROTECT
 uint16_t uniffi_kerntun_ffi_checksum_method_platformhooks_protect(void
@@ -935,6 +982,12 @@ uint16_t uniffi_kerntun_ffi_checksum_method_platformhooks_log(void
 #ifndef UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_CHECKSUM_CONSTRUCTOR_ENGINE_START
 #define UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_CHECKSUM_CONSTRUCTOR_ENGINE_START
 uint16_t uniffi_kerntun_ffi_checksum_constructor_engine_start(void
+    
+);
+#endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_CHECKSUM_CONSTRUCTOR_ENGINE_START_WITH_OWNER
+#define UNIFFI_FFIDEF_UNIFFI_KERNTUN_FFI_CHECKSUM_CONSTRUCTOR_ENGINE_START_WITH_OWNER
+uint16_t uniffi_kerntun_ffi_checksum_constructor_engine_start_with_owner(void
     
 );
 #endif

@@ -22,6 +22,7 @@ use serde::Serialize;
 use tokio::sync::Notify;
 
 use crate::outbound::Explained;
+use crate::owner::Owner;
 use crate::rules::Network;
 use crate::stats::Stats;
 
@@ -97,6 +98,12 @@ pub struct Connection {
     /// When the session started, in milliseconds since the Unix epoch.
     pub started_unix_ms: u64,
     pub state: ConnState,
+    /// The uid of the app that owns the flow, once the host named it
+    /// (`owner.rs`); `None` where there is no lookup, before it answered,
+    /// or when it failed.
+    pub uid: Option<u32>,
+    /// That app's package name, when the host named one.
+    pub package: Option<String>,
 }
 
 /// A listing: at most [`LIST_CAP`] connections (`truncated` when there
@@ -124,6 +131,8 @@ pub(crate) struct Record {
     outbound: OnceLock<Box<str>>,
     /// Set with it when a rule or a group chose the route: their names.
     why: OnceLock<Box<Explained>>,
+    /// Set once, when the host named the app that owns the flow.
+    owner: OnceLock<Arc<Owner>>,
     state: AtomicU8,
     /// Updated per relayed chunk (`relay::Meter::flow`).
     pub up: AtomicU64,
@@ -137,6 +146,11 @@ impl Record {
     /// Record the domain the flow was routed by (the first one holds).
     pub fn set_domain(&self, domain: &str, source: DomainSource) {
         let _ = self.domain.set((domain.into(), source));
+    }
+
+    /// Record the app that owns the flow (the first one holds).
+    pub fn set_owner(&self, owner: Arc<Owner>) {
+        let _ = self.owner.set(owner);
     }
 
     /// Record the outbound by name and why it was taken (the first one
@@ -210,6 +224,8 @@ impl Record {
             bytes_down: self.down.load(Relaxed),
             started_unix_ms: self.started_unix_ms,
             state: ConnState::from_u8(self.state.load(Relaxed)),
+            uid: self.owner.get().map(|o| o.uid),
+            package: self.owner.get().and_then(|o| o.package.clone()),
         }
     }
 }
@@ -255,6 +271,7 @@ impl Connections {
             domain: OnceLock::new(),
             outbound: OnceLock::new(),
             why: OnceLock::new(),
+            owner: OnceLock::new(),
             state: AtomicU8::new(ConnState::Sniffing as u8),
             up: AtomicU64::new(0),
             down: AtomicU64::new(0),
@@ -455,6 +472,7 @@ pub mod bench {
                     c.domain.as_ref().map_or(0, String::capacity)
                         + c.rule.as_ref().map_or(0, String::capacity)
                         + c.outbound.as_ref().map_or(0, String::capacity)
+                        + c.package.as_ref().map_or(0, String::capacity)
                 })
                 .sum::<usize>()
     }
@@ -582,6 +600,14 @@ mod tests {
         a.record.relaying("direct", None);
         a.record.up.fetch_add(100, Relaxed);
         a.record.down.fetch_add(7, Relaxed);
+        let owner = |uid, package: &str| {
+            Arc::new(Owner {
+                uid,
+                package: Some(package.into()),
+            })
+        };
+        a.record.set_owner(owner(10042, "com.example.app"));
+        a.record.set_owner(owner(10043, "com.example.other"));
         assert_ne!(a.record.id, b.record.id);
         let mut l = conns.list(LIST_CAP);
         assert!(!l.truncated);
@@ -596,8 +622,11 @@ mod tests {
         assert_eq!(c.outbound.as_deref(), Some("direct"));
         assert_eq!((c.bytes_up, c.bytes_down), (100, 7));
         assert_eq!(c.state, ConnState::Relaying);
+        assert_eq!(c.uid, Some(10042), "the first owner holds");
+        assert_eq!(c.package.as_deref(), Some("com.example.app"));
         let u = &l.connections[1];
         assert_eq!((u.network, u.outbound.clone()), (Network::Udp, None));
+        assert_eq!((u.uid, u.package.clone()), (None, None));
         assert_eq!(u.state, ConnState::Sniffing);
         let first = a.record.id;
         drop(a);

@@ -28,6 +28,7 @@ use crate::nat::{NatConfig, WindowBudget};
 use crate::network::{Addresses, NetworkError, NetworkInfo};
 use crate::outbound::nat64::Begin;
 use crate::outbound::{Outbounds, Protect, SocketFactory};
+use crate::owner::{OwnerLookup, Owners};
 use crate::stack::Stack;
 use crate::stack::smoltcp::{SmoltcpStack, Sockets};
 use crate::stack::system::{self, SystemStack};
@@ -92,6 +93,10 @@ pub struct StartOptions {
     /// instead of the process-wide default: lets several engines in one
     /// process log to different sinks without installing a global logger.
     pub dispatch: Option<tracing::Dispatch>,
+    /// The host's lookup of the app that owns a flow (Android), for the
+    /// connection list and `package` / `uid` rules (`owner.rs`); `None`:
+    /// no owner is ever known, and those rules never match.
+    pub owner: Option<Arc<dyn OwnerLookup>>,
 }
 
 impl StartOptions {
@@ -99,6 +104,15 @@ impl StartOptions {
     pub fn with_dispatch(dispatch: tracing::Dispatch) -> Self {
         Self {
             dispatch: Some(dispatch),
+            owner: None,
+        }
+    }
+
+    /// The same options with the host's owner lookup.
+    pub fn with_owner(self, owner: Arc<dyn OwnerLookup>) -> Self {
+        Self {
+            owner: Some(owner),
+            ..self
         }
     }
 }
@@ -196,7 +210,8 @@ impl Engine {
             builder.on_thread_stop(|| THREAD_DISPATCH.with(|slot| drop(slot.borrow_mut().take())));
         }
         let rt = builder.build().map_err(StartError::Runtime)?;
-        let assembled = rt.block_on(assemble(&config, source, protect, budget, stack))?;
+        let owner = options.owner.clone();
+        let assembled = rt.block_on(assemble(&config, source, protect, owner, budget, stack))?;
         let Assembled {
             parts,
             demux,
@@ -592,6 +607,7 @@ async fn assemble(
     config: &Config,
     source: TunSource<'_>,
     protect: Option<Arc<dyn Protect>>,
+    owner: Option<Arc<dyn OwnerLookup>>,
     budget: Budget,
     stack: StackKind,
 ) -> Result<Assembled, StartError> {
@@ -651,6 +667,12 @@ async fn assemble(
     let sessions = fit_sessions_to_descriptors(&budget, tcp_stack);
     let admission = Arc::new(Admission::with_pressure(sessions, pressure.clone()));
     let conns = Arc::new(Connections::default());
+    let owners = match owner {
+        Some(lookup) => Some(Arc::new(
+            Owners::start(lookup, stats.clone()).map_err(StartError::Runtime)?,
+        )),
+        None => None,
+    };
     let relay = outbounds.relay;
     let routing = Arc::new(Current::from_pointee(Routing {
         outbounds,
@@ -666,6 +688,7 @@ async fn assemble(
         warn: WarnLimiter::new(Duration::from_secs(5)),
         life: life.clone(),
         conns: conns.clone(),
+        owners,
     });
     let tcp_idle = Duration::from_secs(config.timeouts.tcp_idle_s.max(1));
     let linger = Duration::from_secs(config.timeouts.tcp_linger_s);

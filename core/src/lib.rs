@@ -25,7 +25,9 @@
 //!   connect-first admission and the sessions that serve a connection,
 //!   written once for both stacks.
 //! * [`outbound`], [`rules`], [`dns`], [`sniff`]: where flows go; `dnswire`
-//!   reads DNS over TCP for the DNS service and the proxy-name resolver.
+//!   reads DNS over TCP for the DNS service and the proxy-name resolver;
+//!   [`owner`]: the app that owns a flow, asked of the host off the
+//!   driver's path.
 //! * [`relay`]: moving bytes between the app's side and the outbound
 //!   (splice on Linux/Android, a userspace copy elsewhere).
 //! * [`tun`]: the device, one file per OS; `sys`: the only `unsafe`.
@@ -68,6 +70,7 @@ mod lifecycle;
 pub use kerntun_proto::nat;
 pub mod network;
 pub mod outbound;
+pub mod owner;
 pub use kerntun_proto::packet;
 pub mod relay;
 pub mod rules;
@@ -93,6 +96,7 @@ pub use lifecycle::{EngineEvent, EventSink};
 #[doc(hidden)]
 pub use lifecycle::{EngineTask, Fault};
 pub use outbound::Protect;
+pub use owner::{Owner, OwnerLookup};
 pub use stats::StatsSnapshot;
 pub use sys::limit_malloc_arenas;
 pub use tun::TunSource;

@@ -3,8 +3,10 @@
 //! (or once its domain is sniffed) and once per UDP flow, never per packet.
 //!
 //! Conditions are the destination network (`cidr`), its port (`ports`), the
-//! transport (`network`: TCP or UDP) and the domain (`domain`,
-//! `domain_suffix`, `domain_keyword`, `domain_list`).
+//! transport (`network`: TCP or UDP), the domain (`domain`,
+//! `domain_suffix`, `domain_keyword`, `domain_list`) and the app that owns
+//! the flow (`package`, `uid`; known only where the host can look it up,
+//! `owner.rs`).
 //! [`RuleSet`] compiles them at start so that deciding costs a few hash
 //! lookups per rule, whatever the size of its domain lists.
 
@@ -192,6 +194,15 @@ pub struct Rule {
     /// working directory.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub domain_list: Option<PathBuf>,
+    /// Package names of the app that owns the flow (`com.example.app`),
+    /// matched exactly. With `uid`, one condition: the owner must be known
+    /// and be any of them. A flow whose owner is not known (no lookup on
+    /// this platform, or it failed) never matches.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub package: Vec<String>,
+    /// User ids of the app that owns the flow (Android: one per app).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub uid: Vec<u32>,
     pub action: Action,
 }
 
@@ -206,6 +217,9 @@ pub struct Target<'a> {
     pub fake: bool,
     /// TCP unless made with [`Target::udp`].
     pub network: Network,
+    /// The app that owns the flow, when the host named it
+    /// ([`Target::owned_by`]): its uid and package.
+    pub owner: Option<(u32, Option<&'a str>)>,
 }
 
 impl<'a> Target<'a> {
@@ -216,6 +230,7 @@ impl<'a> Target<'a> {
             domain: None,
             fake: false,
             network: Network::Tcp,
+            owner: None,
         }
     }
 
@@ -249,6 +264,15 @@ impl<'a> Target<'a> {
     pub fn on(self, network: Network) -> Self {
         Target { network, ..self }
     }
+
+    /// The same flow, owned by the app with `uid` (and `package`, when the
+    /// host named one): `package` and `uid` conditions apply.
+    pub fn owned_by(self, uid: u32, package: Option<&'a str>) -> Self {
+        Target {
+            owner: Some((uid, package)),
+            ..self
+        }
+    }
 }
 
 impl Rule {
@@ -272,8 +296,15 @@ impl Rule {
         list("domain", &self.domain);
         list("domain_suffix", &self.domain_suffix);
         list("domain_keyword", &self.domain_keyword);
+        list("package", &self.package);
         if let Some(p) = &self.domain_list {
             let _ = write!(s, " domain_list={}", p.display());
+        }
+        if let Some(u) = self.uid.first() {
+            let _ = write!(s, " uid={u}");
+            if self.uid.len() > 1 {
+                let _ = write!(s, "+{}", self.uid.len() - 1);
+            }
         }
         if let Some(c) = self.cidr {
             let _ = write!(s, " cidr={c}");
@@ -301,6 +332,12 @@ impl Rule {
             || !self.domain_suffix.is_empty()
             || !self.domain_keyword.is_empty()
             || self.domain_list.is_some()
+    }
+
+    /// Whether the rule has owner conditions (`package`, `uid`): it then
+    /// matches only flows whose owner the host named.
+    pub fn has_owner(&self) -> bool {
+        !self.package.is_empty() || !self.uid.is_empty()
     }
 
     /// Whether the address conditions (`cidr`, `ports`, `network`) hold
@@ -464,6 +501,35 @@ impl DomainSet {
     }
 }
 
+/// One rule's owner conditions: the packages and uids, any of which the
+/// flow's owner must be. Few entries each (an app's rule names a handful of
+/// apps): a scan.
+#[derive(Debug, Default)]
+struct OwnerSet {
+    packages: Box<[Box<str>]>,
+    uids: Box<[u32]>,
+}
+
+impl OwnerSet {
+    fn matches(&self, owner: Option<(u32, Option<&str>)>) -> bool {
+        let Some((uid, package)) = owner else {
+            return false;
+        };
+        self.uids.contains(&uid) || package.is_some_and(|p| self.packages.iter().any(|q| **q == *p))
+    }
+}
+
+/// A configured package name: non-empty, no whitespace, at most 255 bytes
+/// (Android caps a package name's length there, `PackageParser`).
+fn check_package(s: &str) -> Result<Box<str>, String> {
+    if s.is_empty() || s.len() > 255 || s.chars().any(char::is_whitespace) {
+        return Err(format!(
+            "{s:?}: a package name has 1..=255 characters and no whitespace"
+        ));
+    }
+    Ok(s.into())
+}
+
 /// A rule, compiled.
 #[derive(Debug)]
 struct Compiled<T> {
@@ -472,12 +538,18 @@ struct Compiled<T> {
     network: Option<Network>,
     /// `Some` for a rule with domain conditions.
     domains: Option<Box<DomainSet>>,
+    /// `Some` for a rule with owner conditions.
+    owners: Option<Box<OwnerSet>>,
     route: T,
 }
 
 impl<T> Compiled<T> {
     fn matches_addr(&self, t: &Target<'_>) -> bool {
         addr_matches(self.cidr, self.ports, self.network, t)
+    }
+
+    fn matches_owner(&self, t: &Target<'_>) -> bool {
+        self.owners.as_ref().is_none_or(|o| o.matches(t.owner))
     }
 }
 
@@ -489,6 +561,8 @@ pub struct RuleSet<T> {
     rules: Vec<Compiled<T>>,
     /// Some rule has domain conditions.
     any_domain: bool,
+    /// Some rule has owner conditions.
+    any_owner: bool,
 }
 
 impl<T> Default for RuleSet<T> {
@@ -496,6 +570,7 @@ impl<T> Default for RuleSet<T> {
         Self {
             rules: Vec::new(),
             any_domain: false,
+            any_owner: false,
         }
     }
 }
@@ -534,16 +609,34 @@ impl<T> RuleSet<T> {
             } else {
                 None
             };
+            let owners = if r.has_owner() {
+                let packages = (r.package.iter().enumerate())
+                    .map(|(j, p)| {
+                        check_package(p).map_err(|e| RuleError::Bad {
+                            rule: i,
+                            reason: format!("package[{j}]: {e}"),
+                        })
+                    })
+                    .collect::<Result<_, _>>()?;
+                Some(Box::new(OwnerSet {
+                    packages,
+                    uids: r.uid.clone().into(),
+                }))
+            } else {
+                None
+            };
             out.push(Compiled {
                 cidr: r.cidr,
                 ports: r.ports,
                 network: r.network,
                 domains,
+                owners,
                 route: route(i, r)?,
             });
         }
         Ok(RuleSet {
             any_domain: out.iter().any(|c| c.domains.is_some()),
+            any_owner: out.iter().any(|c| c.owners.is_some()),
             rules: out,
         })
     }
@@ -566,6 +659,7 @@ impl<T> RuleSet<T> {
             .enumerate()
             .find(|(_, r)| {
                 r.matches_addr(t)
+                    && r.matches_owner(t)
                     && match &r.domains {
                         None => true,
                         Some(set) => name.is_some_and(|n| set.matches(n)),
@@ -609,6 +703,21 @@ impl<T> RuleSet<T> {
                 && r.matches_addr(&t)
                 && r.route != *fallback
         })
+    }
+
+    /// Whether the owner of a flow of `network` to `addr` could matter: some
+    /// rule with owner conditions has address conditions that hold for it.
+    /// Only then does the flow wait for its owner before it is routed
+    /// (`owner.rs`); otherwise the owner is looked up for the connection
+    /// list alone, after routing.
+    pub fn needs_owner_on(&self, network: Network, addr: SocketAddr) -> bool {
+        if !self.any_owner {
+            return false;
+        }
+        let t = Target::ip(addr).on(network);
+        self.rules
+            .iter()
+            .any(|r| r.owners.is_some() && r.matches_addr(&t))
     }
 
     /// Number of rules.
@@ -1185,6 +1294,152 @@ mod tests {
         // The QUIC rule comes before the UDP address rule: here too.
         assert!(set.needs_domain_on(Network::Udp, a("192.0.2.9:443"), &def));
         assert!(!set.needs_domain_on(Network::Udp, a("192.0.2.9:80"), &def));
+    }
+
+    /// `package` and `uid` are one condition: the owner must be known and
+    /// be any of them; the other conditions still apply. A flow without an
+    /// owner never matches, whatever the rule names.
+    #[test]
+    fn owner_conditions() {
+        let set = compile(&[
+            Rule {
+                package: vec!["com.example.blocked".into()],
+                action: Action::Reject,
+                ..Rule::default()
+            },
+            Rule {
+                package: vec!["org.example.browser".into()],
+                uid: vec![10_200],
+                network: Some(Network::Tcp),
+                action: out("proxy"),
+                ..Rule::default()
+            },
+            Rule {
+                uid: vec![1000],
+                domain_suffix: vec!["update.test".into()],
+                action: out("system"),
+                ..Rule::default()
+            },
+            Rule {
+                action: out("default"),
+                ..Rule::default()
+            },
+        ])
+        .expect("compile");
+        let a: SocketAddr = "192.0.2.1:443".parse().expect("addr");
+        let by = |uid, pkg| Target::ip(a).owned_by(uid, pkg);
+        assert_eq!(
+            route(&set, &by(10_100, Some("com.example.blocked"))),
+            Action::Reject
+        );
+        assert_eq!(
+            route(&set, &by(10_100, Some("com.example.blocked")).udp()),
+            Action::Reject,
+            "both networks"
+        );
+        // Package or uid, over TCP only.
+        assert_eq!(
+            route(&set, &by(10_101, Some("org.example.browser"))),
+            out("proxy")
+        );
+        assert_eq!(
+            route(&set, &by(10_200, None)),
+            out("proxy"),
+            "the uid alone"
+        );
+        assert_eq!(
+            route(&set, &by(10_200, None).udp()),
+            out("default"),
+            "the network condition still applies"
+        );
+        // Exact names: no prefix, no case folding.
+        for pkg in [
+            "com.example",
+            "com.example.blocked.extra",
+            "COM.EXAMPLE.BLOCKED",
+        ] {
+            assert_eq!(route(&set, &by(10_300, Some(pkg))), out("default"), "{pkg}");
+        }
+        // Owner and domain together.
+        let sniffed = Target::sniffed(a, "dl.update.test").owned_by(1000, None);
+        assert_eq!(route(&set, &sniffed), out("system"));
+        assert_eq!(route(&set, &by(1000, None)), out("default"), "no domain");
+        // No owner known: no owner rule matches.
+        assert_eq!(route(&set, &Target::ip(a)), out("default"));
+        assert_eq!(
+            route(&set, &Target::sniffed(a, "dl.update.test")),
+            out("default")
+        );
+        // Needed before routing only where an owner rule's address
+        // conditions hold.
+        assert!(set.needs_owner_on(Network::Udp, a));
+        let tcp_only = compile(&[Rule {
+            package: vec!["a.b".into()],
+            network: Some(Network::Tcp),
+            ports: Some("443".parse().expect("port")),
+            action: Action::Reject,
+            ..Rule::default()
+        }])
+        .expect("compile");
+        assert!(tcp_only.needs_owner_on(Network::Tcp, a));
+        assert!(!tcp_only.needs_owner_on(Network::Udp, a));
+        assert!(!tcp_only.needs_owner_on(Network::Tcp, "192.0.2.1:80".parse().expect("a")));
+        let none = compile(&[Rule {
+            domain: vec!["a.test".into()],
+            action: Action::Reject,
+            ..Rule::default()
+        }])
+        .expect("compile");
+        assert!(!none.needs_owner_on(Network::Tcp, a), "no owner rules");
+    }
+
+    #[test]
+    fn owner_rules_parse_label_and_refuse_bad_names() {
+        #[derive(Deserialize, Serialize)]
+        struct Rules {
+            rules: Vec<Rule>,
+        }
+        let text = r#"
+[[rules]]
+package = ["org.example.browser", "com.example.mail"]
+uid = [10123]
+action = "proxy"
+
+[[rules]]
+action = "direct"
+"#;
+        let r: Rules = toml::from_str(text).expect("parse");
+        assert_eq!(
+            r.rules[0].package,
+            ["org.example.browser", "com.example.mail"]
+        );
+        assert_eq!(r.rules[0].uid, [10_123]);
+        assert!(r.rules[0].has_owner() && !r.rules[1].has_owner());
+        assert_eq!(
+            r.rules[0].label(0),
+            "rules[0] package=org.example.browser+1 uid=10123"
+        );
+        let ser = toml::to_string(&r).expect("ser");
+        let back: Rules = toml::from_str(&ser).expect("re-parse");
+        assert_eq!(back.rules, r.rules);
+        assert!(
+            !toml::to_string(&Rules {
+                rules: vec![r.rules[1].clone()]
+            })
+            .expect("ser")
+            .contains("package")
+        );
+        for (bad, field) in [("", "package[0]"), ("com.example app", "package[0]")] {
+            let e = compile(&[Rule {
+                package: vec![bad.into()],
+                ..Rule::default()
+            }])
+            .expect_err(bad)
+            .to_string();
+            assert!(e.starts_with(&format!("rules[0]: {field}: ")), "{e}");
+        }
+        let err = toml::from_str::<Rules>("[[rules]]\nuid = [-1]\naction = \"direct\"\n");
+        assert!(err.is_err(), "a uid is unsigned");
     }
 
     #[test]

@@ -74,6 +74,13 @@ pub struct Stats {
     /// Connections closed by a reload because their outbound is not in
     /// the new configuration (`Engine::reload`).
     pub reload_closed: AtomicU64,
+    /// Owner lookups asked of the host (`owner.rs`).
+    pub owner_lookups: AtomicU64,
+    /// Of those, answered "no owner known".
+    pub owner_unknown: AtomicU64,
+    /// Of those, failed: an error or a panic of the hook, no answer within
+    /// `owner::TIMEOUT`, or the lookup queue full.
+    pub owner_failed: AtomicU64,
     /// Per proxy outbound of the current configuration, in the order of
     /// [`crate::outbound::Outbounds::names`]. The counters themselves
     /// belong to the configuration's `Outbounds` (a flow counts into those
@@ -412,6 +419,12 @@ pub struct StatsSnapshot {
     /// Connections a reload closed: their outbound is gone from the new
     /// configuration (`Engine::reload`).
     pub reload_closed: u64,
+    /// Owner lookups asked of the host (`owner.rs`).
+    pub owner_lookups: u64,
+    /// Of those, answered "no owner known".
+    pub owner_unknown: u64,
+    /// Of those, failed (the hook's error or panic, a timeout, a full queue).
+    pub owner_failed: u64,
     /// The NAT64 prefix of the IPv6-only network the host is on, as
     /// `64:ff9b::/96`; `None` on a network with IPv4 or without NAT64
     /// (`outbound/nat64.rs`).
@@ -501,6 +514,9 @@ impl Stats {
             udp_flows_dropped_on_network_change: g(&self.udp_flows_dropped_on_network_change),
             connections_closed_by_host: g(&self.connections_closed_by_host),
             reload_closed: g(&self.reload_closed),
+            owner_lookups: g(&self.owner_lookups),
+            owner_unknown: g(&self.owner_unknown),
+            owner_failed: g(&self.owner_failed),
             // Filled by the engine from the socket factory's NAT64 state.
             nat64_prefix: None,
             nat64_synthesized: 0,

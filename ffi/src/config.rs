@@ -353,6 +353,19 @@ pub struct RuleOptions {
     #[serde(default)]
     #[uniffi(default = None)]
     pub domain_list: Option<String>,
+    /// Package names of the app that owns the flow (`com.example.app`;
+    /// the TOML's `package`, named apart from Kotlin's `package` keyword).
+    /// With `uids`, one condition: the owner must be known and be any of
+    /// them. Owners are known only with `OwnerHooks`
+    /// (`Engine.startWithOwner`, Android 10+); without, these rules never
+    /// match.
+    #[serde(default)]
+    #[uniffi(default = [])]
+    pub packages: Vec<String>,
+    /// User ids of the app that owns the flow (the TOML's `uid`).
+    #[serde(default)]
+    #[uniffi(default = [])]
+    pub uids: Vec<u32>,
     pub action: RuleAction,
     /// What the connection list calls this rule (`ConnectionRecord.rule`);
     /// `null`/`nil`: its place and conditions (`rules[2] ports=443`).
@@ -564,6 +577,8 @@ impl Default for RuleOptions {
             domain_suffix: Vec::new(),
             domain_keyword: Vec::new(),
             domain_list: None,
+            packages: Vec::new(),
+            uids: Vec::new(),
             action: RuleAction::Direct,
             name: None,
         }
@@ -811,6 +826,8 @@ impl EngineConfig {
                 domain_suffix: r.domain_suffix.clone(),
                 domain_keyword: r.domain_keyword.clone(),
                 domain_list: r.domain_list.as_ref().map(PathBuf::from),
+                package: r.packages.clone(),
+                uid: r.uids.clone(),
                 action: match &r.action {
                     RuleAction::Direct => Action::Direct,
                     RuleAction::Reject => Action::Reject,
@@ -1208,6 +1225,12 @@ mod tests {
             action: RuleAction::Reject,
             ..Default::default()
         });
+        c.rules.push(RuleOptions {
+            packages: vec!["com.example.app".into()],
+            uids: vec![10_123],
+            action: RuleAction::Reject,
+            ..Default::default()
+        });
         c.dns = DnsOptions {
             enabled: true,
             hijack: vec!["198.18.0.1".into(), "fd00:18::1".into()],
@@ -1237,6 +1260,9 @@ mod tests {
             Some(std::path::Path::new("/etc/kerntun/list.txt"))
         );
         assert_eq!(r.ports, Some("443".parse().expect("port")));
+        assert!(r.package.is_empty() && r.uid.is_empty());
+        assert_eq!(k.rules[1].package, ["com.example.app"]);
+        assert_eq!(k.rules[1].uid, [10_123]);
         assert_eq!(k.dns.hijack.len(), 2);
         assert_eq!(k.dns.hijack[1], "fd00:18::1".parse::<IpAddr>().expect("ip"));
         assert_eq!(k.dns.upstreams, ["udp://198.19.1.2:53"]);

@@ -67,6 +67,13 @@ pub struct ConnectionRecord {
     /// When it started, in milliseconds since the Unix epoch.
     pub started_unix_ms: u64,
     pub state: ConnectionState,
+    /// The uid of the app that owns it, as the app's `OwnerHooks` named it
+    /// (Android, `Engine.startWithOwner`); `null`/`nil` without hooks,
+    /// before the lookup answered, or when it failed.
+    pub uid: Option<u32>,
+    /// That app's package name, when the hooks named one (not `package`:
+    /// a Kotlin keyword).
+    pub package_name: Option<String>,
 }
 
 impl From<kerntun::conns::Connection> for ConnectionRecord {
@@ -97,6 +104,8 @@ impl From<kerntun::conns::Connection> for ConnectionRecord {
                 ConnState::Relaying => ConnectionState::Relaying,
                 ConnState::Closing => ConnectionState::Closing,
             },
+            uid: c.uid,
+            package_name: c.package,
         }
     }
 }

@@ -19,7 +19,7 @@ use crate::config::{EngineConfig, LogLevel, MemoryPressure};
 use crate::connections::{ConnectionFilter, ConnectionRecord};
 use crate::error::{KerntunError, guard, panic_message};
 use crate::events::{Delivery, EngineEvent, EngineListener};
-use crate::hooks::{HookProtect, PlatformHooks};
+use crate::hooks::{HookOwner, HookProtect, OwnerHooks, PlatformHooks};
 use crate::logging::{EngineLog, LogRecord};
 use crate::stats::EngineStats;
 
@@ -158,13 +158,43 @@ impl Engine {
         tun_fd: i32,
         platform: Arc<dyn PlatformHooks>,
     ) -> Result<Arc<Self>, KerntunError> {
+        Self::start_inner(config, tun_fd, platform, None)
+    }
+
+    /// [`Engine::start`] with the app's lookup of the app that owns each
+    /// flow (Android 10+: `ConnectivityManager.getConnectionOwnerUid`):
+    /// connection records then carry `uid` and `package`, and `package` /
+    /// `uid` rules match. It is asked off the packet path, from a thread of
+    /// the engine's own, at most 250 ms waited for per flow
+    /// (`docs/integration-android.md`).
+    #[uniffi::constructor]
+    pub fn start_with_owner(
+        config: EngineConfig,
+        tun_fd: i32,
+        platform: Arc<dyn PlatformHooks>,
+        owner: Arc<dyn OwnerHooks>,
+    ) -> Result<Arc<Self>, KerntunError> {
+        Self::start_inner(config, tun_fd, platform, Some(owner))
+    }
+}
+
+impl Engine {
+    fn start_inner(
+        config: EngineConfig,
+        tun_fd: i32,
+        platform: Arc<dyn PlatformHooks>,
+        owner: Option<Arc<dyn OwnerHooks>>,
+    ) -> Result<Arc<Self>, KerntunError> {
         guard(|| {
             let core = config.to_core()?;
             let log = EngineLog::new(
                 config.log_level.map(|_| platform.clone()),
                 config.log_level.unwrap_or(LogLevel::Info),
             );
-            let options = StartOptions::with_dispatch(log.dispatch.clone());
+            let mut options = StartOptions::with_dispatch(log.dispatch.clone());
+            if let Some(owner) = owner {
+                options = options.with_owner(Arc::new(HookOwner(owner)));
+            }
             let protect = Arc::new(HookProtect(platform));
             // The app lends `tun_fd` until this call returns (documented above).
             let engine = kerntun::tun::with_lent_fd(tun_fd, |lent| {
@@ -192,7 +222,10 @@ impl Engine {
             }))
         })
     }
+}
 
+#[uniffi::export]
+impl Engine {
     /// Stop: reset the connections, close the device copy and the listeners,
     /// join the engine's threads (bounded: a few seconds at worst; call it
     /// off the main thread). Idempotent; a second call returns once the

@@ -5,7 +5,9 @@
 //!   `set_memory_pressure(level)`.
 //! * [`EngineConfig`] and its records: the core configuration, every field
 //!   defaulted.
-//! * [`PlatformHooks`]: the app's `protect(fd)` and optional log sink.
+//! * [`PlatformHooks`]: the app's `protect(fd)` and optional log sink;
+//!   [`OwnerHooks`]: the app's lookup of a flow's owning app (Android,
+//!   `Engine::start_with_owner`).
 //! * [`KerntunError`]: typed errors (Kotlin exceptions, Swift `throws`).
 //! * [`init_logging`]: the process-wide logger, installed only on request.
 //! * `Engine.handle_message` and [`handle_message_without_engine`]: the same
@@ -74,7 +76,7 @@ pub use engine::{FaultKind, FaultTask};
 pub use error::{HookError, KerntunError};
 pub use events::{EngineEvent, EngineListener};
 pub use groups::{GroupMember, GroupOptions, GroupState, GroupType, MemberHealth};
-pub use hooks::PlatformHooks;
+pub use hooks::{FlowOwner, FlowProtocol, OwnerHooks, PlatformHooks};
 pub use logging::{LogRecord, init_logging};
 pub use messages::{
     MAX_LATENCY_TIMEOUT_MS, MAX_MESSAGE_CONNECTIONS, MAX_REQUEST_BYTES, MESSAGE_VERSION,

@@ -191,6 +191,13 @@ pub struct EngineStats {
     /// Connections `Engine.reload` closed because their outbound is not in
     /// the new configuration.
     pub reload_closed: u64,
+    /// Owner lookups asked of the app's `OwnerHooks` (`Engine.startWithOwner`).
+    pub owner_lookups: u64,
+    /// Of those, answered with no owner (`null`/`nil`).
+    pub owner_unknown: u64,
+    /// Of those, failed: the hook threw, did not answer within 250 ms, or
+    /// 64 lookups were already waiting for it.
+    pub owner_failed: u64,
     /// The NAT64 prefix of the IPv6-only network the device is on (as
     /// `64:ff9b::/96`), found from the network's DNS64 after
     /// `Engine.networkChanged`; `null` on a network with IPv4 or without
@@ -265,6 +272,9 @@ impl From<StatsSnapshot> for EngineStats {
             udp_flows_dropped_on_network_change,
             connections_closed_by_host,
             reload_closed,
+            owner_lookups,
+            owner_unknown,
+            owner_failed,
             nat64_prefix,
             nat64_synthesized,
             nat64_discovery_failed,

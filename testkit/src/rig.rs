@@ -23,7 +23,7 @@ use kerntun::config::{
     Config, DriverMode, OutboundConfig, OutboundUdp, Socks5Config, StackKind, TimeoutConfig,
 };
 use kerntun::rules::{PortRange, Rule};
-use kerntun::{Engine, Protect, StatsSnapshot, TunSource};
+use kerntun::{Engine, OwnerLookup, Protect, StartOptions, StatsSnapshot, TunSource};
 
 use crate::servers::{self, Mode};
 use crate::{CLIENT_VETH, Topology, within};
@@ -71,6 +71,7 @@ pub struct RigBuilder<'a> {
     driver: DriverMode,
     ipv6: bool,
     protect: Option<Arc<dyn Protect>>,
+    owner: Option<Arc<dyn OwnerLookup>>,
     tweaks: Vec<Tweak<'a>>,
 }
 
@@ -81,6 +82,7 @@ impl fmt::Debug for RigBuilder<'_> {
             .field("driver", &self.driver)
             .field("ipv6", &self.ipv6)
             .field("protect", &self.protect)
+            .field("owner", &self.owner)
             .field("tweaks", &self.tweaks.len())
             .finish()
     }
@@ -161,6 +163,12 @@ impl<'a> RigBuilder<'a> {
         self
     }
 
+    /// The host's lookup of each flow's owning app (`StartOptions::owner`).
+    pub fn owner(mut self, owner: Arc<dyn OwnerLookup>) -> Self {
+        self.owner = Some(owner);
+        self
+    }
+
     /// Any other change; `f` sees the topology the engine will run in.
     pub fn config(mut self, f: impl FnOnce(&Topology, &mut Config) + 'a) -> Self {
         self.tweaks.push(Box::new(f));
@@ -172,7 +180,7 @@ impl<'a> RigBuilder<'a> {
         self.split(topo).0
     }
 
-    fn split(self, topo: &Topology) -> (Config, Checks, Option<Arc<dyn Protect>>) {
+    fn split(self, topo: &Topology) -> (Config, Checks, Option<Arc<dyn Protect>>, StartOptions) {
         let mut c = config(&topo.tun_name());
         c.stack = self.stack;
         c.driver = self.driver;
@@ -194,7 +202,11 @@ impl<'a> RigBuilder<'a> {
                 DriverMode::Auto => None,
             },
         };
-        (c, checks, self.protect)
+        let mut options = StartOptions::default();
+        if let Some(owner) = self.owner {
+            options = options.with_owner(owner);
+        }
+        (c, checks, self.protect, options)
     }
 
     /// Start the engine in `topo`, which the caller keeps (several engines
@@ -205,10 +217,10 @@ impl<'a> RigBuilder<'a> {
     }
 
     fn launch(self, topo: &Topology) -> (Engine, Config) {
-        let (config, checks, protect) = self.split(topo);
+        let (config, checks, protect, options) = self.split(topo);
         topo.client.enter().expect("enter the client namespace");
-        let engine =
-            Engine::start(config.clone(), TunSource::Create, protect).expect("engine start");
+        let engine = Engine::start_with(config.clone(), TunSource::Create, protect, options)
+            .expect("engine start");
         topo.route_via_tun(&engine.tun_name().expect("tun name"))
             .expect("routes into the TUN");
         let s = engine.stats();
@@ -302,6 +314,7 @@ impl Rig {
             driver: DriverMode::Auto,
             ipv6: true,
             protect: None,
+            owner: None,
             tweaks: Vec::new(),
         }
     }

@@ -913,6 +913,26 @@ public static func start(config: EngineConfig, tunFd: Int32, platform: PlatformH
 })
 }
     
+    /**
+     * [`Engine::start`] with the app's lookup of the app that owns each
+     * flow (Android 10+: `ConnectivityManager.getConnectionOwnerUid`):
+     * connection records then carry `uid` and `package`, and `package` /
+     * `uid` rules match. It is asked off the packet path, from a thread of
+     * the engine's own, at most 250 ms waited for per flow
+     * (`docs/integration-android.md`).
+     */
+public static func startWithOwner(config: EngineConfig, tunFd: Int32, platform: PlatformHooks, owner: OwnerHooks)throws  -> Engine  {
+    return try  FfiConverterTypeEngine_lift(try rustCallWithError(FfiConverterTypeKerntunError_lift) {
+        uniffiCallStatus in
+    uniffi_kerntun_ffi_fn_constructor_engine_start_with_owner(
+        FfiConverterTypeEngineConfig_lower(config),
+        FfiConverterInt32.lower(tunFd),
+        FfiConverterTypePlatformHooks_lower(platform),
+        FfiConverterTypeOwnerHooks_lower(owner),uniffiCallStatus
+    )
+})
+}
+    
 
     
     /**
@@ -1530,6 +1550,246 @@ public func FfiConverterTypeEngineListener_lower(_ value: EngineListener) -> UIn
 
 
 /**
+ * The app's lookup of which app owns a flow, passed to
+ * [`crate::Engine::start_with_owner`] (Android 10+; see
+ * `docs/integration-android.md`). A trait of its own, not a method of
+ * [`PlatformHooks`]: a foreign trait must implement every method, so a
+ * new one there would break every app's existing hooks, and platforms
+ * without a lookup (iOS, desktop) pass nothing instead of answering
+ * `null` for every flow.
+ */
+public protocol OwnerHooks: AnyObject, Sendable {
+    
+    /**
+     * The app that owns the flow from `source` (the app's address and
+     * port, `10.0.0.2:40000`, `[fd00::2]:40000`) to `destination` (the
+     * address it sent to); `null`/`nil` when none is known. Called from
+     * one engine thread of its own, one flow at a time, as flows start;
+     * an answer later than 250 ms is not waited for, and an error counts
+     * as no owner (`EngineStats.owner_failed`).
+     */
+    func connectionOwner(`protocol`: FlowProtocol, source: String, destination: String) throws  -> FlowOwner?
+    
+}
+/**
+ * The app's lookup of which app owns a flow, passed to
+ * [`crate::Engine::start_with_owner`] (Android 10+; see
+ * `docs/integration-android.md`). A trait of its own, not a method of
+ * [`PlatformHooks`]: a foreign trait must implement every method, so a
+ * new one there would break every app's existing hooks, and platforms
+ * without a lookup (iOS, desktop) pass nothing instead of answering
+ * `null` for every flow.
+ */
+open class OwnerHooksImpl: OwnerHooks, @unchecked Sendable {
+    fileprivate let handle: UInt64
+
+    /// Used to instantiate a [FFIObject] without an actual handle, for fakes in tests, mostly.
+#if swift(>=5.8)
+    @_documentation(visibility: private)
+#endif
+    public struct NoHandle {
+        public init() {}
+    }
+
+    // TODO: We'd like this to be `private` but for Swifty reasons,
+    // we can't implement `FfiConverter` without making this `required` and we can't
+    // make it `required` without making it `public`.
+#if swift(>=5.8)
+    @_documentation(visibility: private)
+#endif
+    required public init(unsafeFromHandle handle: UInt64) {
+        self.handle = handle
+    }
+
+    // This constructor can be used to instantiate a fake object.
+    // - Parameter noHandle: Placeholder value so we can have a constructor separate from the default empty one that may be implemented for classes extending [FFIObject].
+    //
+    // - Warning:
+    //     Any object instantiated with this constructor cannot be passed to an actual Rust-backed object. Since there isn't a backing handle the FFI lower functions will crash.
+#if swift(>=5.8)
+    @_documentation(visibility: private)
+#endif
+    public init(noHandle: NoHandle) {
+        self.handle = 0
+    }
+
+#if swift(>=5.8)
+    @_documentation(visibility: private)
+#endif
+    public func uniffiCloneHandle() -> UInt64 {
+        return try! rustCall { uniffi_kerntun_ffi_fn_clone_ownerhooks(self.handle, $0) }
+    }
+    // No primary constructor declared for this class.
+
+    deinit {
+        if handle == 0 {
+            // Mock objects have handle=0 don't try to free them
+            return
+        }
+
+        try! rustCall { uniffi_kerntun_ffi_fn_free_ownerhooks(handle, $0) }
+    }
+
+    
+
+    
+    /**
+     * The app that owns the flow from `source` (the app's address and
+     * port, `10.0.0.2:40000`, `[fd00::2]:40000`) to `destination` (the
+     * address it sent to); `null`/`nil` when none is known. Called from
+     * one engine thread of its own, one flow at a time, as flows start;
+     * an answer later than 250 ms is not waited for, and an error counts
+     * as no owner (`EngineStats.owner_failed`).
+     */
+open func connectionOwner(`protocol`: FlowProtocol, source: String, destination: String)throws  -> FlowOwner?  {
+    return try  FfiConverterOptionTypeFlowOwner.lift(try rustCallWithError(FfiConverterTypeHookError_lift) {
+        uniffiCallStatus in
+    uniffi_kerntun_ffi_fn_method_ownerhooks_connection_owner(
+            self.uniffiCloneHandle(),
+        FfiConverterTypeFlowProtocol_lower(`protocol`),
+        FfiConverterString.lower(source),
+        FfiConverterString.lower(destination),uniffiCallStatus
+    )
+})
+}
+    
+
+    
+}
+
+
+
+// Put the implementation in a struct so we don't pollute the top-level namespace
+fileprivate struct UniffiCallbackInterfaceOwnerHooks {
+
+    // Create the VTable using a series of closures.
+    // Swift automatically converts these into C callback functions.
+    //
+    // Store the vtable directly.
+    static let vtable: UniffiVTableCallbackInterfaceOwnerHooks = UniffiVTableCallbackInterfaceOwnerHooks(
+        uniffiFree: { (uniffiHandle: UInt64) -> () in
+            do {
+                try FfiConverterTypeOwnerHooks.handleMap.remove(handle: uniffiHandle)
+            } catch {
+                print("Uniffi callback interface OwnerHooks: handle missing in uniffiFree")
+            }
+        },
+        uniffiClone: { (uniffiHandle: UInt64) -> UInt64 in
+            do {
+                return try FfiConverterTypeOwnerHooks.handleMap.clone(handle: uniffiHandle)
+            } catch {
+                fatalError("Uniffi callback interface OwnerHooks: handle missing in uniffiClone")
+            }
+        },
+        connectionOwner: { (
+            uniffiHandle: UInt64,
+            `protocol`: RustBuffer,
+            source: RustBuffer,
+            destination: RustBuffer,
+            uniffiOutReturn: UnsafeMutablePointer<RustBuffer>,
+            uniffiCallStatus: UnsafeMutablePointer<RustCallStatus>
+        ) in
+            let makeCall = {
+                () throws -> FlowOwner? in
+                guard let uniffiObj = try? FfiConverterTypeOwnerHooks.handleMap.get(handle: uniffiHandle) else {
+                    throw UniffiInternalError.unexpectedStaleHandle
+                }
+                return try uniffiObj.connectionOwner(
+                     protocol: try FfiConverterTypeFlowProtocol_lift(`protocol`),
+                     source: try FfiConverterString.lift(source),
+                     destination: try FfiConverterString.lift(destination)
+                )
+            }
+
+            
+            let writeReturn = { uniffiOutReturn.pointee = FfiConverterOptionTypeFlowOwner.lower($0) }
+            uniffiTraitInterfaceCallWithError(
+                callStatus: uniffiCallStatus,
+                makeCall: makeCall,
+                writeReturn: writeReturn,
+                lowerError: FfiConverterTypeHookError_lower
+            )
+        }
+    )
+
+    // Rust stores this pointer for future callback invocations, so it must live
+    // for the process lifetime (not just for the init function call).
+    //
+    // `nonisolated(unsafe)` is needed under Swift 6 strict concurrency.
+    // This is safe because the pointee is initialized once during static init
+    // and never mutated by either side of the FFI.  Its fields are C function pointers.
+    nonisolated(unsafe) static let vtablePtr: UnsafePointer<UniffiVTableCallbackInterfaceOwnerHooks> = {
+        let ptr = UnsafeMutablePointer<UniffiVTableCallbackInterfaceOwnerHooks>.allocate(capacity: 1)
+        ptr.initialize(to: vtable)
+        return UnsafePointer(ptr)
+    }()
+}
+
+private func uniffiCallbackInitOwnerHooks() {
+    uniffi_kerntun_ffi_fn_init_callback_vtable_ownerhooks(UniffiCallbackInterfaceOwnerHooks.vtablePtr)
+}
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public struct FfiConverterTypeOwnerHooks: FfiConverter {
+    fileprivate static let handleMap = UniffiHandleMap<OwnerHooks>()
+
+    typealias FfiType = UInt64
+    typealias SwiftType = OwnerHooks
+
+    public static func lift(_ handle: UInt64) throws -> OwnerHooks {
+        if ((handle & 1) == 0) {
+            // Rust-generated handle, construct a new class that uses the handle to implement the
+            // interface
+            return OwnerHooksImpl(unsafeFromHandle: handle)
+        } else {
+            // Swift-generated handle, get the object from the handle map
+            return try handleMap.remove(handle: handle)
+        }
+    }
+
+    public static func lower(_ value: OwnerHooks) -> UInt64 {
+         if let rustImpl = value as? OwnerHooksImpl {
+             // Rust-implemented object.  Clone the handle and return it
+            return rustImpl.uniffiCloneHandle()
+         } else {
+            // Swift object, generate a new vtable handle and return that.
+            return handleMap.insert(obj: value)
+         }
+    }
+
+    public static func read(from buf: inout (data: Data, offset: Data.Index)) throws -> OwnerHooks {
+        let handle: UInt64 = try readInt(&buf)
+        return try lift(handle)
+    }
+
+    public static func write(_ value: OwnerHooks, into buf: inout [UInt8]) {
+        writeInt(&buf, lower(value))
+    }
+}
+
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public func FfiConverterTypeOwnerHooks_lift(_ handle: UInt64) throws -> OwnerHooks {
+    return try FfiConverterTypeOwnerHooks.lift(handle)
+}
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public func FfiConverterTypeOwnerHooks_lower(_ value: OwnerHooks) -> UInt64 {
+    return FfiConverterTypeOwnerHooks.lower(value)
+}
+
+
+
+
+
+
+/**
  * Implemented by the app (Kotlin/Swift) and passed to [`crate::Engine::start`].
  *
  * Both methods may be called from the engine's own threads, concurrently,
@@ -2060,6 +2320,17 @@ public struct ConnectionRecord: Equatable, Hashable {
      */
     public var startedUnixMs: UInt64
     public var state: ConnectionState
+    /**
+     * The uid of the app that owns it, as the app's `OwnerHooks` named it
+     * (Android, `Engine.startWithOwner`); `null`/`nil` without hooks,
+     * before the lookup answered, or when it failed.
+     */
+    public var uid: UInt32?
+    /**
+     * That app's package name, when the hooks named one (not `package`:
+     * a Kotlin keyword).
+     */
+    public var packageName: String?
 
     // Default memberwise initializers are never public by default, so we
     // declare one manually.
@@ -2095,7 +2366,16 @@ public struct ConnectionRecord: Equatable, Hashable {
          */bytesUp: UInt64, bytesDown: UInt64, 
         /**
          * When it started, in milliseconds since the Unix epoch.
-         */startedUnixMs: UInt64, state: ConnectionState) {
+         */startedUnixMs: UInt64, state: ConnectionState, 
+        /**
+         * The uid of the app that owns it, as the app's `OwnerHooks` named it
+         * (Android, `Engine.startWithOwner`); `null`/`nil` without hooks,
+         * before the lookup answered, or when it failed.
+         */uid: UInt32?, 
+        /**
+         * That app's package name, when the hooks named one (not `package`:
+         * a Kotlin keyword).
+         */packageName: String?) {
         self.id = id
         self.network = network
         self.source = source
@@ -2109,6 +2389,8 @@ public struct ConnectionRecord: Equatable, Hashable {
         self.bytesDown = bytesDown
         self.startedUnixMs = startedUnixMs
         self.state = state
+        self.uid = uid
+        self.packageName = packageName
     }
 
     
@@ -2139,7 +2421,9 @@ public struct FfiConverterTypeConnectionRecord: FfiConverterRustBuffer {
                 bytesUp: FfiConverterUInt64.read(from: &buf), 
                 bytesDown: FfiConverterUInt64.read(from: &buf), 
                 startedUnixMs: FfiConverterUInt64.read(from: &buf), 
-                state: FfiConverterTypeConnectionState.read(from: &buf)
+                state: FfiConverterTypeConnectionState.read(from: &buf), 
+                uid: FfiConverterOptionUInt32.read(from: &buf), 
+                packageName: FfiConverterOptionString.read(from: &buf)
         )
     }
 
@@ -2157,6 +2441,8 @@ public struct FfiConverterTypeConnectionRecord: FfiConverterRustBuffer {
         FfiConverterUInt64.write(value.bytesDown, into: &buf)
         FfiConverterUInt64.write(value.startedUnixMs, into: &buf)
         FfiConverterTypeConnectionState.write(value.state, into: &buf)
+        FfiConverterOptionUInt32.write(value.uid, into: &buf)
+        FfiConverterOptionString.write(value.packageName, into: &buf)
     }
 }
 
@@ -3076,6 +3362,19 @@ public struct EngineStats: Equatable, Hashable {
      */
     public var reloadClosed: UInt64
     /**
+     * Owner lookups asked of the app's `OwnerHooks` (`Engine.startWithOwner`).
+     */
+    public var ownerLookups: UInt64
+    /**
+     * Of those, answered with no owner (`null`/`nil`).
+     */
+    public var ownerUnknown: UInt64
+    /**
+     * Of those, failed: the hook threw, did not answer within 250 ms, or
+     * 64 lookups were already waiting for it.
+     */
+    public var ownerFailed: UInt64
+    /**
      * The NAT64 prefix of the IPv6-only network the device is on (as
      * `64:ff9b::/96`), found from the network's DNS64 after
      * `Engine.networkChanged`; `null` on a network with IPv4 or without
@@ -3183,6 +3482,16 @@ public struct EngineStats: Equatable, Hashable {
          * the new configuration.
          */reloadClosed: UInt64, 
         /**
+         * Owner lookups asked of the app's `OwnerHooks` (`Engine.startWithOwner`).
+         */ownerLookups: UInt64, 
+        /**
+         * Of those, answered with no owner (`null`/`nil`).
+         */ownerUnknown: UInt64, 
+        /**
+         * Of those, failed: the hook threw, did not answer within 250 ms, or
+         * 64 lookups were already waiting for it.
+         */ownerFailed: UInt64, 
+        /**
          * The NAT64 prefix of the IPv6-only network the device is on (as
          * `64:ff9b::/96`), found from the network's DNS64 after
          * `Engine.networkChanged`; `null` on a network with IPv4 or without
@@ -3253,6 +3562,9 @@ public struct EngineStats: Equatable, Hashable {
         self.udpFlowsDroppedOnNetworkChange = udpFlowsDroppedOnNetworkChange
         self.connectionsClosedByHost = connectionsClosedByHost
         self.reloadClosed = reloadClosed
+        self.ownerLookups = ownerLookups
+        self.ownerUnknown = ownerUnknown
+        self.ownerFailed = ownerFailed
         self.nat64Prefix = nat64Prefix
         self.nat64Synthesized = nat64Synthesized
         self.nat64DiscoveryFailed = nat64DiscoveryFailed
@@ -3322,6 +3634,9 @@ public struct FfiConverterTypeEngineStats: FfiConverterRustBuffer {
                 udpFlowsDroppedOnNetworkChange: FfiConverterUInt64.read(from: &buf), 
                 connectionsClosedByHost: FfiConverterUInt64.read(from: &buf), 
                 reloadClosed: FfiConverterUInt64.read(from: &buf), 
+                ownerLookups: FfiConverterUInt64.read(from: &buf), 
+                ownerUnknown: FfiConverterUInt64.read(from: &buf), 
+                ownerFailed: FfiConverterUInt64.read(from: &buf), 
                 nat64Prefix: FfiConverterOptionString.read(from: &buf), 
                 nat64Synthesized: FfiConverterUInt64.read(from: &buf), 
                 nat64DiscoveryFailed: FfiConverterUInt64.read(from: &buf), 
@@ -3377,6 +3692,9 @@ public struct FfiConverterTypeEngineStats: FfiConverterRustBuffer {
         FfiConverterUInt64.write(value.udpFlowsDroppedOnNetworkChange, into: &buf)
         FfiConverterUInt64.write(value.connectionsClosedByHost, into: &buf)
         FfiConverterUInt64.write(value.reloadClosed, into: &buf)
+        FfiConverterUInt64.write(value.ownerLookups, into: &buf)
+        FfiConverterUInt64.write(value.ownerUnknown, into: &buf)
+        FfiConverterUInt64.write(value.ownerFailed, into: &buf)
         FfiConverterOptionString.write(value.nat64Prefix, into: &buf)
         FfiConverterUInt64.write(value.nat64Synthesized, into: &buf)
         FfiConverterUInt64.write(value.nat64DiscoveryFailed, into: &buf)
@@ -3399,6 +3717,77 @@ public func FfiConverterTypeEngineStats_lift(_ buf: RustBuffer) throws -> Engine
 #endif
 public func FfiConverterTypeEngineStats_lower(_ value: EngineStats) -> RustBuffer {
     return FfiConverterTypeEngineStats.lower(value)
+}
+
+
+/**
+ * The app that owns a flow.
+ */
+public struct FlowOwner: Equatable, Hashable {
+    /**
+     * Its user id (Android: `getConnectionOwnerUid`).
+     */
+    public var uid: UInt32
+    /**
+     * Its package name (Android: the first of `getPackagesForUid`);
+     * `null`/`nil` when the uid has none.
+     */
+    public var package: String?
+
+    // Default memberwise initializers are never public by default, so we
+    // declare one manually.
+    public init(
+        /**
+         * Its user id (Android: `getConnectionOwnerUid`).
+         */uid: UInt32, 
+        /**
+         * Its package name (Android: the first of `getPackagesForUid`);
+         * `null`/`nil` when the uid has none.
+         */package: String?) {
+        self.uid = uid
+        self.package = package
+    }
+
+    
+
+    
+}
+
+#if compiler(>=6)
+extension FlowOwner: Sendable {}
+#endif
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public struct FfiConverterTypeFlowOwner: FfiConverterRustBuffer {
+    public static func read(from buf: inout (data: Data, offset: Data.Index)) throws -> FlowOwner {
+        return
+            try FlowOwner(
+                uid: FfiConverterUInt32.read(from: &buf), 
+                package: FfiConverterOptionString.read(from: &buf)
+        )
+    }
+
+    public static func write(_ value: FlowOwner, into buf: inout [UInt8]) {
+        FfiConverterUInt32.write(value.uid, into: &buf)
+        FfiConverterOptionString.write(value.package, into: &buf)
+    }
+}
+
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public func FfiConverterTypeFlowOwner_lift(_ buf: RustBuffer) throws -> FlowOwner {
+    return try FfiConverterTypeFlowOwner.lift(buf)
+}
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public func FfiConverterTypeFlowOwner_lower(_ value: FlowOwner) -> RustBuffer {
+    return FfiConverterTypeFlowOwner.lower(value)
 }
 
 
@@ -4169,6 +4558,19 @@ public struct RuleOptions: Equatable, Hashable {
      * `NAME` (suffix); `#` comments.
      */
     public var domainList: String?
+    /**
+     * Package names of the app that owns the flow (`com.example.app`;
+     * the TOML's `package`, named apart from Kotlin's `package` keyword).
+     * With `uids`, one condition: the owner must be known and be any of
+     * them. Owners are known only with `OwnerHooks`
+     * (`Engine.startWithOwner`, Android 10+); without, these rules never
+     * match.
+     */
+    public var packages: [String]
+    /**
+     * User ids of the app that owns the flow (the TOML's `uid`).
+     */
+    public var uids: [UInt32]
     public var action: RuleAction
     /**
      * What the connection list calls this rule (`ConnectionRecord.rule`);
@@ -4205,7 +4607,18 @@ public struct RuleOptions: Equatable, Hashable {
          * Absolute path of a list file read at start: one entry a line,
          * `full:NAME`, `domain:NAME` (suffix), `keyword:TEXT` or a bare
          * `NAME` (suffix); `#` comments.
-         */domainList: String? = nil, action: RuleAction, 
+         */domainList: String? = nil, 
+        /**
+         * Package names of the app that owns the flow (`com.example.app`;
+         * the TOML's `package`, named apart from Kotlin's `package` keyword).
+         * With `uids`, one condition: the owner must be known and be any of
+         * them. Owners are known only with `OwnerHooks`
+         * (`Engine.startWithOwner`, Android 10+); without, these rules never
+         * match.
+         */packages: [String] = [], 
+        /**
+         * User ids of the app that owns the flow (the TOML's `uid`).
+         */uids: [UInt32] = [], action: RuleAction, 
         /**
          * What the connection list calls this rule (`ConnectionRecord.rule`);
          * `null`/`nil`: its place and conditions (`rules[2] ports=443`).
@@ -4217,6 +4630,8 @@ public struct RuleOptions: Equatable, Hashable {
         self.domainSuffix = domainSuffix
         self.domainKeyword = domainKeyword
         self.domainList = domainList
+        self.packages = packages
+        self.uids = uids
         self.action = action
         self.name = name
     }
@@ -4244,6 +4659,8 @@ public struct FfiConverterTypeRuleOptions: FfiConverterRustBuffer {
                 domainSuffix: FfiConverterSequenceString.read(from: &buf), 
                 domainKeyword: FfiConverterSequenceString.read(from: &buf), 
                 domainList: FfiConverterOptionString.read(from: &buf), 
+                packages: FfiConverterSequenceString.read(from: &buf), 
+                uids: FfiConverterSequenceUInt32.read(from: &buf), 
                 action: FfiConverterTypeRuleAction.read(from: &buf), 
                 name: FfiConverterOptionString.read(from: &buf)
         )
@@ -4257,6 +4674,8 @@ public struct FfiConverterTypeRuleOptions: FfiConverterRustBuffer {
         FfiConverterSequenceString.write(value.domainSuffix, into: &buf)
         FfiConverterSequenceString.write(value.domainKeyword, into: &buf)
         FfiConverterOptionString.write(value.domainList, into: &buf)
+        FfiConverterSequenceString.write(value.packages, into: &buf)
+        FfiConverterSequenceUInt32.write(value.uids, into: &buf)
         FfiConverterTypeRuleAction.write(value.action, into: &buf)
         FfiConverterOptionString.write(value.name, into: &buf)
     }
@@ -5206,6 +5625,77 @@ public func FfiConverterTypeEngineEvent_lift(_ buf: RustBuffer) throws -> Engine
 #endif
 public func FfiConverterTypeEngineEvent_lower(_ value: EngineEvent) -> RustBuffer {
     return FfiConverterTypeEngineEvent.lower(value)
+}
+
+
+
+/**
+ * A flow's transport, as [`OwnerHooks::connection_owner`] is asked about
+ * it (Android: `OsConstants.IPPROTO_TCP` / `IPPROTO_UDP`). Not named
+ * `Protocol`: Swift's Objective-C runtime has a class of that name.
+ */
+
+public enum FlowProtocol: Equatable, Hashable {
+    
+    case tcp
+    case udp
+
+
+
+
+
+}
+
+#if compiler(>=6)
+extension FlowProtocol: Sendable {}
+#endif
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public struct FfiConverterTypeFlowProtocol: FfiConverterRustBuffer {
+    typealias SwiftType = FlowProtocol
+
+    public static func read(from buf: inout (data: Data, offset: Data.Index)) throws -> FlowProtocol {
+        let variant: Int32 = try readInt(&buf)
+        switch variant {
+        
+        case 1: return .tcp
+        
+        case 2: return .udp
+        
+        default: throw UniffiInternalError.unexpectedEnumCase
+        }
+    }
+
+    public static func write(_ value: FlowProtocol, into buf: inout [UInt8]) {
+        switch value {
+        
+        
+        case .tcp:
+            writeInt(&buf, Int32(1))
+        
+        
+        case .udp:
+            writeInt(&buf, Int32(2))
+        
+        }
+    }
+}
+
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public func FfiConverterTypeFlowProtocol_lift(_ buf: RustBuffer) throws -> FlowProtocol {
+    return try FfiConverterTypeFlowProtocol.lift(buf)
+}
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public func FfiConverterTypeFlowProtocol_lower(_ value: FlowProtocol) -> RustBuffer {
+    return FfiConverterTypeFlowProtocol.lower(value)
 }
 
 
@@ -6710,6 +7200,30 @@ fileprivate struct FfiConverterOptionTypeEngineListener: FfiConverterRustBuffer 
 #if swift(>=5.8)
 @_documentation(visibility: private)
 #endif
+fileprivate struct FfiConverterOptionTypeFlowOwner: FfiConverterRustBuffer {
+    typealias SwiftType = FlowOwner?
+
+    public static func write(_ value: SwiftType, into buf: inout [UInt8]) {
+        guard let value = value else {
+            writeInt(&buf, Int8(0))
+            return
+        }
+        writeInt(&buf, Int8(1))
+        FfiConverterTypeFlowOwner.write(value, into: &buf)
+    }
+
+    public static func read(from buf: inout (data: Data, offset: Data.Index)) throws -> SwiftType {
+        switch try readInt(&buf) as Int8 {
+        case 0: return nil
+        case 1: return try FfiConverterTypeFlowOwner.read(from: &buf)
+        default: throw UniffiInternalError.unexpectedOptionalTag
+        }
+    }
+}
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
 fileprivate struct FfiConverterOptionTypeConnectionNetwork: FfiConverterRustBuffer {
     typealias SwiftType = ConnectionNetwork?
 
@@ -6920,6 +7434,31 @@ fileprivate struct FfiConverterOptionSequenceString: FfiConverterRustBuffer {
         case 1: return try FfiConverterSequenceString.read(from: &buf)
         default: throw UniffiInternalError.unexpectedOptionalTag
         }
+    }
+}
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+fileprivate struct FfiConverterSequenceUInt32: FfiConverterRustBuffer {
+    typealias SwiftType = [UInt32]
+
+    public static func write(_ value: [UInt32], into buf: inout [UInt8]) {
+        let len = Int32(value.count)
+        writeInt(&buf, len)
+        for item in value {
+            FfiConverterUInt32.write(item, into: &buf)
+        }
+    }
+
+    public static func read(from buf: inout (data: Data, offset: Data.Index)) throws -> [UInt32] {
+        let len: Int32 = try readInt(&buf)
+        var seq = [UInt32]()
+        seq.reserveCapacity(Int(len))
+        for _ in 0 ..< len {
+            seq.append(try FfiConverterUInt32.read(from: &buf))
+        }
+        return seq
     }
 }
 
@@ -7368,6 +7907,9 @@ private let initializationResult: InitializationResult = {
     if (uniffi_kerntun_ffi_checksum_method_enginelistener_on_event() != 20511) {
         return InitializationResult.apiChecksumMismatch
     }
+    if (uniffi_kerntun_ffi_checksum_method_ownerhooks_connection_owner() != 361) {
+        return InitializationResult.apiChecksumMismatch
+    }
     if (uniffi_kerntun_ffi_checksum_method_platformhooks_protect() != 55524) {
         return InitializationResult.apiChecksumMismatch
     }
@@ -7377,8 +7919,12 @@ private let initializationResult: InitializationResult = {
     if (uniffi_kerntun_ffi_checksum_constructor_engine_start() != 29998) {
         return InitializationResult.apiChecksumMismatch
     }
+    if (uniffi_kerntun_ffi_checksum_constructor_engine_start_with_owner() != 20386) {
+        return InitializationResult.apiChecksumMismatch
+    }
 
     uniffiCallbackInitEngineListener()
+    uniffiCallbackInitOwnerHooks()
     uniffiCallbackInitPlatformHooks()
     return InitializationResult.ok
 }()

@@ -177,13 +177,15 @@ fn network(n: Network) -> &'static str {
 /// One connection in Clash's shape: `chains` is the outbound that carries
 /// it, then the groups that chose it from the innermost out (the record's
 /// `chain` is outermost first); `rule` the rule's label (its `name`, or its
-/// place and conditions), empty when no rule matched.
+/// place and conditions), empty when no rule matched. The owning app, when
+/// known (`owner.rs`), is `metadata.process` (its package, as mihomo names
+/// an Android app's) and `metadata.uid`; `uid` is left out while unknown.
 fn connection_json(c: &Connection, _groups: &[GroupState]) -> Value {
     let host = c.domain.clone().unwrap_or_default();
     let chains: Vec<&str> = (c.outbound.as_deref().into_iter())
         .chain(c.chain.iter().rev().map(String::as_str))
         .collect();
-    json!({
+    let mut v = json!({
         "id": c.id.to_string(),
         "metadata": {
             "network": network(c.network),
@@ -196,6 +198,7 @@ fn connection_json(c: &Connection, _groups: &[GroupState]) -> Value {
             "sniffHost": if c.domain_source == kerntun::conns::DomainSource::Sniffed { host.as_str() } else { "" },
             "dnsMode": if c.domain_source == kerntun::conns::DomainSource::FakeIp { "fake-ip" } else { "normal" },
             "processPath": "",
+            "process": c.package.as_deref().unwrap_or(""),
         },
         "upload": c.bytes_up,
         "download": c.bytes_down,
@@ -203,7 +206,11 @@ fn connection_json(c: &Connection, _groups: &[GroupState]) -> Value {
         "chains": chains,
         "rule": c.rule.as_deref().unwrap_or(if c.outbound.is_some() { "default" } else { "" }),
         "rulePayload": "",
-    })
+    });
+    if let Some(uid) = c.uid {
+        v["metadata"]["uid"] = json!(uid);
+    }
+    v
 }
 
 /// Bytes moved so far, up and down (TCP and UDP payload).
@@ -263,6 +270,14 @@ pub fn rules_json(rules: &[Rule]) -> Value {
             }
             if let Some(path) = &r.domain_list {
                 parts.push(("DomainList", path.display().to_string()));
+            }
+            // mihomo's PROCESS-NAME matches an Android package name.
+            if !r.package.is_empty() {
+                parts.push(("ProcessName", r.package.join(",")));
+            }
+            if !r.uid.is_empty() {
+                let uids: Vec<String> = r.uid.iter().map(u32::to_string).collect();
+                parts.push(("Uid", uids.join(",")));
             }
             let proxy = serde_json::to_value(&r.action)
                 .ok()
@@ -390,6 +405,9 @@ mod tests {
             ports = "443"
             action = "direct"
             [[r]]
+            package = ["com.example.app"]
+            action = "reject"
+            [[r]]
             action = "direct"
             "#,
         )
@@ -406,6 +424,42 @@ mod tests {
         assert_eq!(r[1]["payload"], "a.org,b.org");
         assert_eq!(r[2]["type"], "AND");
         assert_eq!(r[2]["payload"], "((IPCIDR6,fd00::/8),(DstPort,443))");
-        assert_eq!(r[3]["type"], "Match");
+        assert_eq!(r[3]["type"], "ProcessName");
+        assert_eq!(r[3]["payload"], "com.example.app");
+        assert_eq!(r[4]["type"], "Match");
+    }
+
+    /// The owning app shows as mihomo's `metadata.process` and `uid`;
+    /// unknown, `process` is empty and `uid` absent.
+    #[test]
+    fn connections_carry_their_owner() {
+        let c = Connection {
+            id: 7,
+            network: Network::Udp,
+            source: "10.0.0.2:5000".parse().expect("addr"),
+            destination: "192.0.2.1:443".parse().expect("addr"),
+            domain: None,
+            domain_source: kerntun::conns::DomainSource::None,
+            rule: None,
+            chain: Vec::new(),
+            outbound: Some("direct".into()),
+            bytes_up: 1,
+            bytes_down: 2,
+            started_unix_ms: 0,
+            state: kerntun::conns::ConnState::Relaying,
+            uid: Some(10_123),
+            package: Some("com.example.app".into()),
+        };
+        let v = connection_json(&c, &[]);
+        assert_eq!(v["metadata"]["process"], "com.example.app");
+        assert_eq!(v["metadata"]["uid"], 10_123);
+        let unknown = Connection {
+            uid: None,
+            package: None,
+            ..c
+        };
+        let v = connection_json(&unknown, &[]);
+        assert_eq!(v["metadata"]["process"], "");
+        assert!(v["metadata"].get("uid").is_none());
     }
 }

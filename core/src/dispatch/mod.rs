@@ -1,9 +1,10 @@
 //! Where a new flow goes, decided once per flow ([`Dispatcher::plan`]) for
 //! both TCP stacks and the UDP flow table: answered by kerntun's DNS service
 //! (a hijacked address's port 53), routed now (the common case, and fake-ip
-//! addresses, whose domain is known at the first packet), for TCP also
-//! accepted first so its domain can be sniffed from the first bytes, or
-//! refused (TCP: an RST; UDP: the datagram dropped), counted in one place.
+//! addresses, whose domain is known at the first packet), accepted first
+//! (TCP) or held (UDP) so its domain can be sniffed from the first bytes or
+//! its owning app looked up (`owner.rs`) before it is routed, or refused
+//! (TCP: an RST; UDP: the datagram dropped), counted in one place.
 //! Then, for TCP, the session that serves the connection, generic over the
 //! app's side of it ([`session`]).
 //!
@@ -22,6 +23,7 @@ use crate::conns::Connections;
 use crate::dns::Dns;
 use crate::lifecycle::Lifecycle;
 use crate::outbound::{Address, OutboundError, OutboundStream, Outbounds, Route, Why};
+use crate::owner::{Owner, Owners};
 use crate::rules::Target;
 use crate::sniff::SniffConfig;
 use crate::stats::{EngineDrop, Stats, WarnLimiter};
@@ -64,6 +66,9 @@ pub(crate) struct Dispatcher {
     pub life: Arc<Lifecycle>,
     /// The live connection list the sessions register in.
     pub conns: Arc<Connections>,
+    /// The host's lookup of a flow's owning app (`owner.rs`); `None` on
+    /// platforms without one.
+    pub owners: Option<Arc<Owners>>,
 }
 
 /// The transport of a new flow: the rules' `network` condition sees it,
@@ -90,8 +95,14 @@ pub(crate) enum Plan {
         why: Why,
     },
     /// TCP only: accept the app's connection first, read its TLS SNI / HTTP
-    /// Host (bounded wait), then route by domain and connect.
+    /// Host (bounded wait), then route by domain and connect. (UDP: hold
+    /// the flow's first datagrams while its QUIC Initials are read.) With
+    /// an owner lookup, the owner is asked for meanwhile and routes too.
     Sniff,
+    /// A `package` / `uid` rule could match: accept first (TCP) or hold
+    /// the first datagrams (UDP), look up the owning app (bounded,
+    /// `owner.rs`), then route by it.
+    Owner,
 }
 
 /// What an admitted connection does once the app's side is accepted.
@@ -104,6 +115,8 @@ pub(crate) enum Next {
     Dns,
     /// Sniff the domain from the first bytes, then route and connect.
     Sniff,
+    /// Look up the owning app, then route and connect.
+    Owner,
 }
 
 /// Why a new flow is refused.
@@ -215,6 +228,9 @@ impl Dispatcher {
                 let Some(domain) = dns.fake_domain(server.ip()) else {
                     return Err(Refusal::UnknownFake);
                 };
+                if self.owner_first(&on, network, server) {
+                    return Ok(Plan::Owner);
+                }
                 let target = Target::fake_ip(server, &domain).on(network);
                 let (route, why) = on.outbounds.route_why(&target);
                 let route = Self::routed(&on, route, network)?;
@@ -233,6 +249,9 @@ impl Dispatcher {
         if on.sniff.covers(server.port()) && on.outbounds.needs_domain_on(network, server) {
             return Ok(Plan::Sniff);
         }
+        if self.owner_first(&on, network, server) {
+            return Ok(Plan::Owner);
+        }
         let (route, why) = on.outbounds.route_why(&Target::ip(server).on(network));
         Ok(Plan::Connect {
             route: Self::routed(&on, route, network)?,
@@ -240,6 +259,54 @@ impl Dispatcher {
             on,
             why,
         })
+    }
+
+    /// Whether a new flow waits for its owner before it is routed: the
+    /// host can look owners up and a `package` / `uid` rule could match it.
+    fn owner_first(&self, on: &Routing, network: Network, server: SocketAddr) -> bool {
+        self.owners.is_some() && on.outbounds.needs_owner_on(network, server)
+    }
+
+    /// [`Dispatcher::owner_first`] in the routing generation of now: a UDP
+    /// flow held for its QUIC Initials waits for its owner too when this
+    /// holds (`udp/sniff.rs`).
+    pub fn needs_owner(&self, network: Network, server: SocketAddr) -> bool {
+        self.owner_first(&self.routing.load(), network, server)
+    }
+
+    /// The owner of the flow from `client` to `server`, from the host's
+    /// lookup (bounded and counted, `owner.rs`); `None` without one.
+    pub async fn owner(
+        &self,
+        network: Network,
+        client: SocketAddr,
+        server: SocketAddr,
+    ) -> Option<Arc<Owner>> {
+        match &self.owners {
+            Some(o) => o.lookup(network, client, server).await,
+            None => None,
+        }
+    }
+
+    /// Look up the owner of a flow already routed, for its record in the
+    /// connection list alone: in a task of its own, so the flow never
+    /// waits for it. Nothing without a lookup.
+    pub fn record_owner(
+        self: &Arc<Self>,
+        record: &Arc<crate::conns::Record>,
+        network: Network,
+        client: SocketAddr,
+        server: SocketAddr,
+    ) {
+        if self.owners.is_none() {
+            return;
+        }
+        let (d, record) = (self.clone(), record.clone());
+        tokio::spawn(async move {
+            if let Some(o) = d.owner(network, client, server).await {
+                record.set_owner(o);
+            }
+        });
     }
 
     /// Connect `dst` along `route` of the routing generation `on`. A
@@ -293,43 +360,60 @@ impl Dispatcher {
                 }),
             Plan::Dns => Some(Next::Dns),
             Plan::Sniff => Some(Next::Sniff),
+            Plan::Owner => Some(Next::Owner),
         }
     }
 
-    /// The route for a sniffed connection (the sniffed name only picks the
-    /// rule; the outbound is given the address the app used), in the
-    /// routing generation `on`, with the rule and groups that chose it.
-    pub fn route_sniffed(on: &Routing, server: SocketAddr, domain: Option<&str>) -> (Route, Why) {
-        Self::route_sniffed_on(on, server, domain, Network::Tcp)
-    }
-
-    /// [`Dispatcher::route_sniffed`] for a flow of `network`.
-    fn route_sniffed_on(
+    /// The route for a flow accepted (TCP) or held (UDP) before routing,
+    /// in the routing generation `on`, with the rule and groups that chose
+    /// it and where the outbound sends it: a fake address's domain (it
+    /// also picks the rule), or the address the app used (a sniffed name
+    /// only picks the rule). `owner`: the app that owns the flow, when the
+    /// host named it. `None` for a fake address that stands for no domain
+    /// any more.
+    pub fn route_later(
         on: &Routing,
         server: SocketAddr,
-        domain: Option<&str>,
+        sniffed: Option<&str>,
+        owner: Option<&Owner>,
         network: Network,
-    ) -> (Route, Why) {
-        let target = match domain {
-            Some(d) => Target::sniffed(server, d),
-            None => Target::ip(server),
+    ) -> Option<(Route, Why, Address)> {
+        let fake = match &on.dns {
+            Some(dns) if dns.is_fake(server.ip()) => Some(dns.fake_domain(server.ip())?),
+            _ => None,
         };
-        on.outbounds.route_why(&target.on(network))
+        let mut target = match (&fake, sniffed) {
+            (Some(d), _) => Target::fake_ip(server, d),
+            (None, Some(d)) => Target::sniffed(server, d),
+            (None, None) => Target::ip(server),
+        };
+        if let Some(o) = owner {
+            target = target.owned_by(o.uid, o.package.as_deref());
+        }
+        let (route, why) = on.outbounds.route_why(&target.on(network));
+        let dst = match fake {
+            Some(d) => Address::Domain(d.to_string(), server.port()),
+            None => Address::Ip(server),
+        };
+        Some((route, why, dst))
     }
 
-    /// The route for a UDP flow whose QUIC Initials named its server (or
-    /// named nothing), with the generation it belongs to, or why it is
-    /// refused: a `reject` rule, or a proxy with `udp = false`. Not counted
-    /// here: the sniffer counts each datagram it refused
-    /// ([`Refusal::udp_drop`]).
-    pub fn route_sniffed_udp(
+    /// The route for a UDP flow held before routing (its QUIC Initials
+    /// named its server or named nothing, its owner is known or not), with
+    /// the generation it belongs to and where it goes, or why it is
+    /// refused: a `reject` rule, a proxy with `udp = false`, a fake address
+    /// gone meanwhile. Not counted here: the table counts each datagram it
+    /// refused ([`Refusal::udp_drop`]).
+    pub fn route_held_udp(
         &self,
         server: SocketAddr,
         domain: Option<&str>,
-    ) -> Result<(Route, Why, Arc<Routing>), Refusal> {
+        owner: Option<&Owner>,
+    ) -> Result<(Route, Why, Address, Arc<Routing>), Refusal> {
         let on = self.routing();
-        let (route, why) = Self::route_sniffed_on(&on, server, domain, Network::Udp);
-        Ok((Self::routed(&on, route, Network::Udp)?, why, on))
+        let (route, why, dst) = Self::route_later(&on, server, domain, owner, Network::Udp)
+            .ok_or(Refusal::UnknownFake)?;
+        Ok((Self::routed(&on, route, Network::Udp)?, why, dst, on))
     }
 }
 
@@ -412,6 +496,7 @@ mod tests {
             warn: WarnLimiter::new(Duration::from_secs(5)),
             life: Arc::new(Lifecycle::default()),
             conns: Arc::default(),
+            owners: None,
         }
     }
 

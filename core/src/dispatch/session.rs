@@ -5,7 +5,8 @@
 //! * [`run`]: one of the three below, as the connection's plan says;
 //! * [`relay`]: relay to the outbound connected at SYN time;
 //! * [`dns`]: DNS over TCP, answered by the engine;
-//! * [`sniff`]: read the domain from the first bytes, route, connect, relay.
+//! * [`sniff`]: read the domain from the first bytes and/or look up the
+//!   owning app (`owner.rs`), route, connect, relay.
 //!
 //! Every session ends when the engine starts draining (the app then sees a
 //! reset at once), and holds `hold` (its admission permit, and on the
@@ -213,6 +214,8 @@ pub(crate) async fn run<A: App, H: Hold>(
     match next {
         Next::Relay(out) => {
             let flow = d.conns.register(Network::Tcp, client, server);
+            // Routed already: the owner is for the connection list only.
+            d.record_owner(&flow.record, Network::Tcp, client, server);
             // Routed at SYN time: by a fake address's domain, or by address.
             if let Some(dns) = &d.routing().dns
                 && dns.is_fake(server.ip())
@@ -227,7 +230,17 @@ pub(crate) async fn run<A: App, H: Hold>(
         Next::Dns => Box::pin(dns(&d, app, hold)).await,
         Next::Sniff => {
             let flow = d.conns.register(Network::Tcp, client, server);
-            Box::pin(sniff(&d, app, server, hold, flow)).await
+            // Waited for only where an owner rule could match; otherwise
+            // asked for the list alone, without holding up the route.
+            let ask = d.needs_owner(Network::Tcp, server);
+            if !ask {
+                d.record_owner(&flow.record, Network::Tcp, client, server);
+            }
+            Box::pin(sniff(&d, app, (client, server), (true, ask), hold, flow)).await
+        }
+        Next::Owner => {
+            let flow = d.conns.register(Network::Tcp, client, server);
+            Box::pin(sniff(&d, app, (client, server), (false, true), hold, flow)).await
         }
     }
 }
@@ -358,12 +371,14 @@ pub(crate) async fn dns<A: App, H>(d: &Dispatcher, app: A, hold: H) {
 }
 
 /// A connection accepted before routing: read its domain from the first
-/// bytes, route, connect, send what sniffing consumed, relay. A refusal, a
+/// bytes (`read`) and/or ask for the app that owns it (`ask`; both at
+/// once), route, connect, send what sniffing consumed, relay. A refusal, a
 /// failed connect or the host closing it (`flow`) resets the app.
 pub(crate) async fn sniff<A: App, H: Hold>(
     d: &Dispatcher,
     app: A,
-    server: SocketAddr,
+    (client, server): (SocketAddr, SocketAddr),
+    (read, ask): (bool, bool),
     hold: H,
     flow: Registered,
 ) {
@@ -373,24 +388,62 @@ pub(crate) async fn sniff<A: App, H: Hold>(
             pool: &d.relay_pool,
             stats: &d.stats,
         };
-        let Sniff {
-            domain,
-            first,
-            charge,
-        } = app.sniff(timeout, &pool).await;
-        count_sniff(&d.stats, domain.is_some());
+        let first_bytes = async {
+            if !read {
+                return Sniff {
+                    domain: None,
+                    first: Vec::new(),
+                    charge: None,
+                };
+            }
+            let s = app.sniff(timeout, &pool).await;
+            count_sniff(&d.stats, s.domain.is_some());
+            s
+        };
+        let (
+            owner,
+            Sniff {
+                domain,
+                first,
+                charge,
+            },
+        ) = tokio::join!(
+            async {
+                match ask {
+                    true => d.owner(Network::Tcp, client, server).await,
+                    false => None,
+                }
+            },
+            first_bytes
+        );
         if let Some(domain) = &domain {
             flow.record.set_domain(domain, DomainSource::Sniffed);
+        }
+        if let Some(o) = &owner {
+            flow.record.set_owner(o.clone());
         }
         // Routed by the configuration of now (a reload while it sniffed
         // counts), and connected in the same generation.
         let on = d.routing();
-        let (route, why) = Dispatcher::route_sniffed(&on, server, domain.as_deref());
+        let routed = Dispatcher::route_later(
+            &on,
+            server,
+            domain.as_deref(),
+            owner.as_deref(),
+            Network::Tcp,
+        );
+        let Some((route, why, dst)) = routed else {
+            // A fake address whose domain went while it waited.
+            Stats::drop(&d.stats, EngineDrop::FakeIpUnknown);
+            return None;
+        };
+        if let Address::Domain(name, _) = &dst {
+            flow.record.set_domain(name, DomainSource::FakeIp);
+        }
         if route == Route::Reject {
             d.stats.tcp_rejected_by_rule.fetch_add(1, Relaxed);
             return None;
         }
-        let dst = Address::Ip(server);
         let mut out = d.connect(&on, route, &dst, server.is_ipv6()).await.ok()?;
         out.why = on.outbounds.explain(&why);
         if !first.is_empty() {

@@ -638,6 +638,13 @@ impl Outbounds {
             .needs_domain_on(network, addr, &Pick::Route(Route::Direct))
     }
 
+    /// Whether a flow of `network` to `addr` must know its owner before it
+    /// is routed: a `package` / `uid` rule could match it
+    /// ([`crate::rules::RuleSet::needs_owner_on`]).
+    pub fn needs_owner_on(&self, network: crate::rules::Network, addr: SocketAddr) -> bool {
+        self.rules.needs_owner_on(network, addr)
+    }
+
     /// The host reported a network whose DNS servers are `servers`: they
     /// resolve proxy host names from now on, unless `[direct] bootstrap`
     /// is set ([`resolve::Resolvers::set_platform`]).

@@ -39,7 +39,8 @@
 //! What a new flow is, is decided by the plan TCP connections get
 //! (`Dispatcher::plan`, with `Network::Udp`): DNS to a hijacked address,
 //! a route by address or by the domain behind a fake-ip address, a route
-//! by the server name in its QUIC Initials (`sniff.rs`), or a refusal,
+//! by the server name in its QUIC Initials or by the app that owns the flow
+//! (both wait with the flow's first datagrams held, `sniff.rs`), or a refusal,
 //! counted there (`udp_rejected`, `udp_outbound_refused`,
 //! `fake_ip_unknown`); a refusal by a rule or by a proxy with `udp = false`
 //! is answered with an ICMP port unreachable (`reject.rs`).
@@ -407,26 +408,36 @@ impl UdpTable {
         }
         // The plan TCP connections get too (`Dispatcher::plan`). DNS to a
         // hijacked address and refused datagrams open no flow, so each of
-        // them is planned again; a flow being sniffed is decided by its
-        // sniffer (`sniff.rs`).
+        // them is planned again; a flow being held is decided by what it
+        // waits for (its QUIC Initials, its owner: `sniff.rs`).
         let planned = match self.sniffing.contains_key(&key) {
             true => Ok(Plan::Sniff),
             false => self.shared.d.plan_or_refusal(key.server, Network::Udp),
         };
-        let (route, dst, on, why, sniffed, held) = match planned {
+        let decided = match planned {
             Ok(Plan::Connect {
                 route,
                 dst,
                 on,
                 why,
-            }) => (route, dst, on, why, None, Vec::new()),
-            Ok(Plan::Dns) => return self.hijack(key, payload, now, local),
-            Ok(Plan::Sniff) => match self.sniff(key, buf, ip, payload, now, local) {
-                Some((route, why, on, name, held)) => {
-                    (route, Address::Ip(key.server), on, why, name, held)
-                }
-                None => return,
+            }) => sniff::Decided {
+                route,
+                why,
+                on,
+                dst,
+                sniffed: None,
+                owner: None,
+                asked: false,
+                held: Vec::new(),
             },
+            Ok(Plan::Dns) => return self.hijack(key, payload, now, local),
+            Ok(p @ (Plan::Sniff | Plan::Owner)) => {
+                let quic = matches!(p, Plan::Sniff);
+                match self.sniff(key, buf, ip, payload, quic, now, local) {
+                    Some(decided) => decided,
+                    None => return,
+                }
+            }
             // Refused by a rule or by a proxy that refuses UDP, and
             // counted by the plan: the app hears it at once (`reject.rs`).
             Err(Refusal::Rule | Refusal::NoUdp) => {
@@ -437,14 +448,51 @@ impl UdpTable {
             // only).
             Err(Refusal::UnknownFake | Refusal::DnsOverTls) => return,
         };
-        if !self.open_planned(key, route, dst, &on, why, sniffed.as_deref(), now, local) {
-            return;
+        if self.open_decided(key, decided, now, local) {
+            self.forward(key, payload, longest, now, local);
         }
-        // What the sniffer held goes first, in order.
+    }
+
+    /// Open the flow `key` as decided, send what was held for it first,
+    /// in order, and give its record its owner: the one learned while it
+    /// was held, else asked for now in a task (for the list only; the flow
+    /// is routed already). False if it could not be opened (counted).
+    fn open_decided(
+        &mut self,
+        key: FlowKey,
+        decided: sniff::Decided,
+        now: Instant,
+        local: &mut LocalCounters,
+    ) -> bool {
+        let sniff::Decided {
+            route,
+            why,
+            on,
+            dst,
+            sniffed,
+            owner,
+            asked,
+            held,
+        } = decided;
+        if !self.open_planned(key, route, dst, &on, why, sniffed.as_deref(), now, local) {
+            return false;
+        }
+        if let Some(f) = self.flows.get(&key) {
+            let record = &f.listed.record;
+            match owner {
+                Some(o) => record.set_owner(o),
+                None if !asked => {
+                    self.shared
+                        .d
+                        .record_owner(record, Network::Udp, key.client, key.server);
+                }
+                None => {}
+            }
+        }
         for p in held {
             self.forward(key, &p, None, now, local);
         }
-        self.forward(key, payload, longest, now, local);
+        true
     }
 
     /// Send `payload` on the flow `key` has: every datagram's one lookup,

@@ -3,11 +3,15 @@
 // compiled by run.sh into the same jar as the bindings and tested here on a
 // plain JVM: trim levels -> memory pressure (with decay), app routing,
 // packaged ABIs, state reporting, the tick schedule (who watches),
-// Builder failures, CIDR parsing, the network report for networkChanged.
+// Builder failures, CIDR parsing, the network report for networkChanged,
+// the flow owner lookup (ConnectionOwners, with the platform calls stubbed).
 // Needs no root, no network and no native library.
 // Prints "N passed, M failed" and exits non-zero on any failure.
 
 import java.net.InetAddress
+import java.net.InetSocketAddress
+import org.kerntun.FlowOwner
+import org.kerntun.FlowProtocol
 import org.kerntun.MemoryPressure
 import org.kerntun.NetworkInfo
 import org.kerntun.Stack
@@ -210,5 +214,53 @@ guarded {
         "IPv4 Wi-Fi with a link-local IPv6 address only, Data Saver on: $wifi")
     val lost = networkInfoFor(null, 7, listOf(ip("192.168.1.5")), listOf(ip("192.168.1.1")), metered = true, dataSaver = true)
     check(lost == NetworkInfo(null, 0u, false, false, emptyList(), false, false), "a lost network reports nothing: $lost")
+
+    // --- flow owners (getConnectionOwnerUid / getPackagesForUid stubbed)
+    val asked = mutableListOf<Triple<Int, InetSocketAddress, InetSocketAddress>>()
+    var packageCalls = 0
+    var clock = 0L
+    fun owners(sdk: Int) = ConnectionOwners(
+        sdkInt = sdk,
+        ownerUid = { proto, local, remote ->
+            asked += Triple(proto, local, remote)
+            when (local.port) {
+                40000 -> 10123
+                40001 -> 10124
+                else -> INVALID_UID
+            }
+        },
+        packagesForUid = { uid ->
+            packageCalls++
+            when (uid) {
+                10123 -> arrayOf("com.example.app", "com.example.shared")
+                else -> null
+            }
+        },
+        nowMillis = { clock },
+        cacheMillis = 1_000,
+    )
+    check(owners(28).connectionOwner(FlowProtocol.TCP, "10.0.0.2:40000", "1.1.1.1:443") == null && asked.isEmpty(),
+        "API 28: no owner, getConnectionOwnerUid never called")
+    val o = owners(OWNER_LOOKUP_MIN_SDK)
+    check(o.connectionOwner(FlowProtocol.TCP, "10.0.0.2:40000", "1.1.1.1:443") == FlowOwner(10123u, "com.example.app"),
+        "API 29: the uid and the first of its packages")
+    check(asked.last() == Triple(IpProto.TCP, InetSocketAddress(ip("10.0.0.2"), 40000), InetSocketAddress(ip("1.1.1.1"), 443)),
+        "TCP is asked as IPPROTO_TCP with both addresses: ${asked.last()}")
+    check(o.connectionOwner(FlowProtocol.UDP, "[fd00::2]:40001", "[2001:db8::1]:53") == FlowOwner(10124u, null),
+        "IPv6 over UDP; a uid without a package")
+    check(asked.last().first == IpProto.UDP && asked.last().second.address == ip("fd00::2"), "UDP as IPPROTO_UDP, IPv6 unbracketed")
+    check(o.connectionOwner(FlowProtocol.TCP, "10.0.0.2:40002", "1.1.1.1:443") == null, "INVALID_UID: no owner")
+    val callsBefore = packageCalls
+    o.connectionOwner(FlowProtocol.TCP, "10.0.0.2:40000", "1.1.1.2:443")
+    check(packageCalls == callsBefore, "a uid's package is cached")
+    clock += 1_000
+    o.connectionOwner(FlowProtocol.TCP, "10.0.0.2:40000", "1.1.1.2:443")
+    check(packageCalls == callsBefore + 1, "... for cacheMillis, then asked again")
+    val before = asked.size
+    for (bad in listOf("10.0.0.2", "example.com:80", "999.0.0.1:80", "10.0.0.2:70000", "[zz::1]:80", ":80")) {
+        check(o.connectionOwner(FlowProtocol.TCP, bad, "1.1.1.1:443") == null, "an unreadable address \"$bad\" is no owner")
+    }
+    check(asked.size == before, "... and never reaches getConnectionOwnerUid (no DNS lookup either)")
+    check(socketAddress("[::1]:0") == InetSocketAddress(ip("::1"), 0), "socketAddress reads [::1]:0")
 }
 finish()

@@ -44,8 +44,11 @@ fun sh(vararg cmd: String, expectFailure: Boolean = false): Int {
 }
 
 /** The app's side: what a VpnService/Packet Tunnel would implement. */
-class Hooks : PlatformHooks {
+class Hooks : PlatformHooks, OwnerHooks {
     val protected = AtomicInteger()
+    /** The owners [connectionOwner] names, by the flow's source port. */
+    val owners = java.util.concurrent.ConcurrentHashMap<Int, FlowOwner>()
+    val ownersAsked = AtomicInteger()
     val logs: MutableList<String> = Collections.synchronizedList(mutableListOf())
     @Volatile var refuse = false
     @Volatile var crash = false
@@ -60,6 +63,13 @@ class Hooks : PlatformHooks {
 
     override fun log(level: LogLevel, message: String) {
         logs.add("$level $message")
+    }
+
+    // Android answers from getConnectionOwnerUid (KerntunPolicy.kt,
+    // ConnectionOwners); here the test names the owner by source port.
+    override fun connectionOwner(protocol: FlowProtocol, source: String, destination: String): FlowOwner? {
+        ownersAsked.incrementAndGet()
+        return owners[source.substringAfterLast(':').toIntOrNull() ?: -1]
     }
 }
 
@@ -983,6 +993,82 @@ fun messages() {
 }
 // ==== end: messages ====
 
+/**
+ * Engine.startWithOwner: the hooks' connectionOwner names the app that owns
+ * each flow. A connection's record carries the uid and package the hook
+ * returned; a `packages` rule rejects the flows of one app (a TCP
+ * connection is reset after accept, a UDP flow gets no echo) and not the
+ * other's. The lookups are counted.
+ */
+fun owners() {
+    println("--- owners")
+    val hooks = Hooks()
+    val base = config("ktown", "198.18.0.1/16", null, Driver.PER_PACKET, Stack.SYSTEM)
+    val cfg = base.copy(rules = listOf(RuleOptions(packages = listOf("com.example.blocked"), action = RuleAction.Reject, name = "blocked-app")) + base.rules)
+    val engine = Engine.startWithOwner(cfg, -1, hooks, hooks)
+    check(sh("ip", "route", "replace", "$serverV4/32", "dev", "ktown") == 0, "owners: route v4 via TUN")
+    // A socket bound first: its source port is known before it connects,
+    // so the hook can name its owner.
+    fun bound(owner: FlowOwner): Socket {
+        val s = Socket()
+        s.bind(InetSocketAddress(0))
+        hooks.owners[s.localPort] = owner
+        return s
+    }
+    bound(FlowOwner(10077u, "com.example.owned")).use { s ->
+        s.connect(InetSocketAddress(serverV4, port), 5000)
+        s.soTimeout = 5000
+        val data = pattern(1_000, 90)
+        s.getOutputStream().write(data)
+        check(s.getInputStream().readNBytes(data.size).contentEquals(data), "owners: an owned app's connection echoes")
+        val local = "${s.localAddress.hostAddress}:${s.localPort}"
+        val rec = engine.connections().find { it.source == local }
+        check(rec != null && rec.uid == 10077u && rec.packageName == "com.example.owned" && rec.outbound == "direct",
+            "owners: the record carries the uid and package the hook returned: $rec")
+    }
+    bound(FlowOwner(10078u, "com.example.blocked")).use { s ->
+        val refused = try {
+            s.connect(InetSocketAddress(serverV4, port), 5000)
+            s.soTimeout = 5000
+            s.getOutputStream().write(pattern(1000, 91))
+            s.shutdownOutput()
+            s.getInputStream().readAllBytes().size != 1000
+        } catch (e: java.io.IOException) {
+            true
+        }
+        check(refused, "owners: a packages rule rejects the blocked app's connection")
+    }
+    check(tcpEcho(serverV4, 16 shl 10, 92), "owners: a connection the hook names no owner for is not matched")
+    // UDP: the blocked app's datagrams get no echo, the owned app's do.
+    fun udpFrom(owner: FlowOwner): Boolean = DatagramSocket().use { u ->
+        hooks.owners[u.localPort] = owner
+        u.soTimeout = 1000
+        val to = InetSocketAddress(InetAddress.getByName(serverV4), port)
+        val data = pattern(200, 93)
+        for (attempt in 0 until 3) {
+            u.send(DatagramPacket(data, data.size, to))
+            val buf = ByteArray(2048)
+            val p = DatagramPacket(buf, buf.size)
+            try {
+                u.receive(p)
+            } catch (e: java.net.SocketTimeoutException) {
+                continue
+            } catch (e: java.net.PortUnreachableException) {
+                return@use false
+            }
+            return@use p.length == data.size && buf.copyOf(p.length).contentEquals(data)
+        }
+        false
+    }
+    check(udpFrom(FlowOwner(10079u, "com.example.owned")), "owners: an owned app's UDP flow echoes")
+    check(!udpFrom(FlowOwner(10080u, "com.example.blocked")), "owners: a packages rule refuses the blocked app's UDP flow")
+    val st = engine.stats()
+    check(st.ownerLookups >= 5uL && st.ownerFailed == 0uL, "owners: lookups counted (${st.ownerLookups}, failed ${st.ownerFailed})")
+    check(hooks.ownersAsked.get() >= 5, "owners: the hook was asked (${hooks.ownersAsked.get()})")
+    engine.stop()
+    engine.close()
+}
+
 guarded(" in the fault checks:") {
     faults()
 }
@@ -1003,6 +1089,9 @@ guarded(" in the reload checks:") {
 }
 guarded(" in the message checks:") {
     messages()
+}
+guarded(" in the owner checks:") {
+    owners()
 }
 // ==== end: a dead engine task ====
 

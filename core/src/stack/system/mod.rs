@@ -212,6 +212,7 @@ impl SystemStack {
             // session does the rest.
             Plan::Dns => Next::Dns,
             Plan::Sniff => Next::Sniff,
+            Plan::Owner => Next::Owner,
         };
         let ready = Pending::Ready { next, permit };
         if let Err(p) = self.nat.admit(port, generation, Stage::Ready, ready, now) {

@@ -15,17 +15,24 @@
 // * TickSchedule: how often the service looks at the engine, by whether
 //   anybody watches (screen on, statistics listeners);
 // * builderStep / splitCidr: typed failures for VpnService.Builder calls;
-// * networkInfoFor: the underlying network as Engine.networkChanged takes it.
+// * networkInfoFor: the underlying network as Engine.networkChanged takes it;
+// * ConnectionOwners: the engine's OwnerHooks from getConnectionOwnerUid and
+//   getPackagesForUid (given as functions, so the JVM test stubs them).
 
 package org.kerntun.android
 
 import java.net.Inet4Address
 import java.net.Inet6Address
 import java.net.InetAddress
+import java.net.InetSocketAddress
+import java.util.concurrent.ConcurrentHashMap
 import java.util.concurrent.CopyOnWriteArrayList
 import org.kerntun.EngineStats
+import org.kerntun.FlowOwner
+import org.kerntun.FlowProtocol
 import org.kerntun.MemoryPressure
 import org.kerntun.NetworkInfo
+import org.kerntun.OwnerHooks
 import org.kerntun.Stack
 
 /**
@@ -529,3 +536,105 @@ fun networkInfoFor(
     expensive = interfaceName != null && metered,
     constrained = interfaceName != null && dataSaver,
 )
+
+/**
+ * `OsConstants.IPPROTO_TCP` / `IPPROTO_UDP` (the Linux protocol numbers;
+ * repeated so that this file needs no Android SDK), what
+ * `ConnectivityManager.getConnectionOwnerUid` takes.
+ */
+object IpProto {
+    const val TCP = 6
+    const val UDP = 17
+}
+
+/** `android.os.Process.INVALID_UID`: getConnectionOwnerUid found no such socket. */
+const val INVALID_UID = -1
+
+/** `Build.VERSION_CODES.Q`: the first release with getConnectionOwnerUid. */
+const val OWNER_LOOKUP_MIN_SDK = 29
+
+/**
+ * The engine's [OwnerHooks] (`Engine.startWithOwner`): which app owns a flow.
+ *
+ * * [ownerUid] is `ConnectivityManager.getConnectionOwnerUid(protocol,
+ *   local, remote)` (API 29+; only the active VPN app may call it). Below
+ *   [OWNER_LOOKUP_MIN_SDK] there is no such call: every answer is null and
+ *   [ownerUid] is never called, so `package` rules never match there.
+ *   [INVALID_UID] (no such socket, e.g. it closed already) is null too.
+ * * [packagesForUid] is `PackageManager.getPackagesForUid(uid)`; a uid
+ *   shared by several packages is named by the first. Its answer is cached
+ *   per uid for [cacheMillis] (at most [CACHE_MAX] uids; the map is cleared
+ *   when full), so a busy app costs one binder call per flow, not two. An
+ *   app reinstalled under another uid is seen within [cacheMillis].
+ *
+ * The engine calls [connectionOwner] from one thread of its own and waits
+ * at most 250 ms; an exception from either function is passed on (the
+ * engine counts it as `ownerFailed` and routes the flow without an owner).
+ * The addresses come as the engine writes them: `10.0.0.2:40000`,
+ * `[fd00::2]:40000`; one it cannot read is answered null.
+ */
+class ConnectionOwners(
+    private val sdkInt: Int,
+    private val ownerUid: (protocol: Int, local: InetSocketAddress, remote: InetSocketAddress) -> Int,
+    private val packagesForUid: (uid: Int) -> Array<String>?,
+    private val nowMillis: () -> Long = System::currentTimeMillis,
+    val cacheMillis: Long = DEFAULT_CACHE_MILLIS,
+) : OwnerHooks {
+    private class Cached(val pkg: String?, val until: Long)
+
+    private val packages = ConcurrentHashMap<Int, Cached>()
+
+    override fun connectionOwner(protocol: FlowProtocol, source: String, destination: String): FlowOwner? {
+        if (sdkInt < OWNER_LOOKUP_MIN_SDK) return null
+        val local = socketAddress(source) ?: return null
+        val remote = socketAddress(destination) ?: return null
+        val proto = when (protocol) {
+            FlowProtocol.TCP -> IpProto.TCP
+            FlowProtocol.UDP -> IpProto.UDP
+        }
+        val uid = ownerUid(proto, local, remote)
+        if (uid < 0) return null
+        return FlowOwner(uid.toUInt(), packageOf(uid))
+    }
+
+    private fun packageOf(uid: Int): String? {
+        val now = nowMillis()
+        packages[uid]?.let { if (now < it.until) return it.pkg }
+        val pkg = packagesForUid(uid)?.firstOrNull()
+        if (packages.size >= CACHE_MAX) packages.clear()
+        packages[uid] = Cached(pkg, now + cacheMillis)
+        return pkg
+    }
+
+    companion object {
+        const val DEFAULT_CACHE_MILLIS = 60_000L
+        const val CACHE_MAX = 1024
+    }
+}
+
+/**
+ * `10.0.0.2:40000` or `[fd00::2]:40000` (the engine's address text) as a
+ * socket address, without a DNS lookup (the host part must be a literal);
+ * null for anything else.
+ */
+fun socketAddress(text: String): InetSocketAddress? {
+    val colon = text.lastIndexOf(':')
+    if (colon <= 0) return null
+    val port = text.substring(colon + 1).toIntOrNull()?.takeIf { it in 0..65535 } ?: return null
+    var host = text.substring(0, colon)
+    val bracketed = host.startsWith("[") && host.endsWith("]")
+    if (bracketed) host = host.substring(1, host.length - 1)
+    // A literal only, so getByName never asks DNS: four decimal octets, or
+    // (bracketed) IPv6, which getByName parses or refuses without a lookup.
+    val literal = if (bracketed) {
+        host.contains(':')
+    } else {
+        host.split('.').let { p -> p.size == 4 && p.all { o -> o.length in 1..3 && o.all(Char::isDigit) && o.toInt() <= 255 } }
+    }
+    if (!literal) return null
+    return try {
+        InetSocketAddress(InetAddress.getByName(host), port)
+    } catch (e: java.net.UnknownHostException) {
+        null
+    }
+}

@@ -10,6 +10,9 @@
 //   class closes its own copy once the engine runs;
 // * protect(fd) wired to VpnService.protect, so the engine's outbound
 //   sockets never loop back into the tunnel;
+// * each flow's owning app (uid, package) from getConnectionOwnerUid (API
+//   29+) and getPackagesForUid, for the connection list and `package`
+//   rules ([ownerHooks], ConnectionOwners in KerntunPolicy.kt);
 // * setUnderlyingNetworks fed by a ConnectivityManager network callback,
 //   which also tells the engine of every change (Engine.networkChanged:
 //   connections stranded on the old network are reset at once, new ones
@@ -75,6 +78,7 @@ import org.kerntun.HookException
 import org.kerntun.KerntunException
 import org.kerntun.LogLevel
 import org.kerntun.MemoryPressure
+import org.kerntun.OwnerHooks
 import org.kerntun.PlatformHooks
 import org.kerntun.TunOptions
 import org.kerntun.handleMessageWithoutEngine
@@ -227,6 +231,29 @@ abstract class KerntunVpnService : VpnService() {
         }
     }
 
+    /**
+     * Who owns each flow (Engine.startWithOwner): getConnectionOwnerUid on
+     * API 29+ (the active VPN app may call it), nothing below (every
+     * answer null: `package` rules never match there). Return null to
+     * start the engine without owner lookups.
+     */
+    open fun ownerHooks(): OwnerHooks? {
+        val cm = getSystemService(ConnectivityManager::class.java) ?: return null
+        val pm = packageManager
+        return ConnectionOwners(
+            sdkInt = Build.VERSION.SDK_INT,
+            ownerUid = { protocol, local, remote ->
+                if (Build.VERSION.SDK_INT >= Build.VERSION_CODES.Q) {
+                    cm.getConnectionOwnerUid(protocol, local, remote)
+                } else {
+                    INVALID_UID
+                }
+            },
+            packagesForUid = { uid -> pm.getPackagesForUid(uid) },
+            nowMillis = SystemClock::elapsedRealtime,
+        )
+    }
+
     override fun onStartCommand(intent: Intent?, flags: Int, startId: Int): Int {
         if (intent?.action == ACTION_STOP) {
             worker.execute {
@@ -305,7 +332,8 @@ abstract class KerntunVpnService : VpnService() {
 
         val fd = pfd.detachFd()
         try {
-            val started = Engine.start(config, fd, hooks)
+            val owners = ownerHooks()
+            val started = if (owners != null) Engine.startWithOwner(config, fd, hooks, owners) else Engine.start(config, fd, hooks)
             val handle = EngineHandle(started)
             engine = handle
             // The engine says when it fails on its own (device gone, a task
