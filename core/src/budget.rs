@@ -64,6 +64,17 @@ impl Platform {
             Platform::Desktop => 65535,
         }
     }
+
+    /// Packets the per-packet driver's reader thread holds in its ring
+    /// (`tun.read_ring`; Linux/Android only, Darwin reads on the driver
+    /// task): as many again as the kernel's default TUN queue of 500
+    /// packets, which an Android VpnService keeps.
+    pub const fn read_ring(self) -> usize {
+        match self {
+            Platform::Ios => 0,
+            Platform::Android | Platform::Desktop => 512,
+        }
+    }
 }
 
 /// Limits that come from the platform unless overridden .
@@ -357,6 +368,12 @@ impl Budget {
     /// worst case docs/reliability.md ("Memory budgets") gives per
     /// platform; smoltcp sessions are bounded by the same TCP bytes.
     pub fn worst_case(&self, mtu: u16) -> Vec<(&'static str, usize)> {
+        self.worst_case_with_ring(mtu, self.platform.read_ring())
+    }
+
+    /// [`Budget::worst_case`] with a TUN reader ring of `read_ring`
+    /// packets (`tun.read_ring`).
+    pub fn worst_case_with_ring(&self, mtu: u16, read_ring: usize) -> Vec<(&'static str, usize)> {
         let mtu = usize::from(mtu);
         let sessions = self.tcp_sessions(TcpStack::System)[0];
         vec![
@@ -391,6 +408,9 @@ impl Budget {
                     Platform::Desktop => 2 * UDP_REPLY_SPILL_BYTES,
                 },
             ),
+            // The per-packet driver's reader thread: its slots, allocated
+            // at start (`driver/read_ring.rs`).
+            ("tun read ring", read_ring * read_ring_slot_bytes(mtu)),
         ]
     }
 
@@ -610,6 +630,14 @@ pub const QUIC_SNIFF_READING: usize = 16;
 /// its held datagrams. 768 KiB.
 pub const QUIC_SNIFF_BYTES: usize =
     QUIC_SNIFF_READING * (2 * kerntun_proto::sniff::MAX_SNIFF + QUIC_SNIFF_HELD);
+
+/// One slot of the TUN reader thread's ring with a TUN MTU of `mtu`: the
+/// packet, the headroom in front of it and the same 64 bytes of slack as
+/// the in-task reader's buffer (`driver/read_ring.rs`).
+pub const fn read_ring_slot_bytes(mtu: usize) -> usize {
+    let mtu = if mtu > 1500 { mtu } else { 1500 };
+    kerntun_proto::packet::HEADROOM + mtu + 64
+}
 
 /// The IP reassembler's bound on incomplete datagrams, all sources
 /// together (`packet::frag::Limits::default`, one reassembler per engine).

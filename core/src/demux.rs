@@ -189,6 +189,11 @@ impl Demux {
         }
     }
 
+    /// The engine's shared statistics.
+    pub fn stats(&self) -> &Arc<Stats> {
+        &self.stats
+    }
+
     /// Publish the driver-local counts to the shared statistics.
     pub fn commit(&mut self, now: Instant) {
         self.local.commit(&self.stats, now);

@@ -187,6 +187,7 @@ impl Engine {
     ) -> Result<Engine, StartError> {
         config.validate()?;
         let budget = Budget::resolve(&config.budget);
+        let read_ring = config.tun.read_ring(budget.platform);
         let (stack, why) = choose_stack(config.stack, config.tun.include_all_networks);
         let workers = match config.workers {
             0 if budget.platform == Platform::Desktop => 2,
@@ -238,7 +239,15 @@ impl Engine {
             thin_acks: config.tun.ack_thinning,
         };
         let tun = parts.tun.clone();
-        let read = driver::run(demux, tun, driver, life.clone(), parts.mtu, writes);
+        let read = driver::run(
+            demux,
+            tun,
+            driver,
+            life.clone(),
+            parts.mtu,
+            writes,
+            read_ring,
+        );
         rt.spawn(supervised(life.clone(), EngineTask::Driver, read));
         let probes = groups::spawn_probes(rt.handle(), &parts, &parts.routing.load().outbounds);
         parts.reload.set_probes(probes);

@@ -46,6 +46,9 @@ pub struct Stats {
     pub tun_read_packets: AtomicU64,
     pub tun_read_max_batch: AtomicU64,
     pub tun_writes: AtomicU64,
+    /// Times the TUN reader thread found its ring full (`tun.read_ring`)
+    /// and left packets in the kernel's queue until the driver freed slots.
+    pub tun_ring_full: AtomicU64,
     /// System-stack TCP segments whose advertised window the translation
     /// lowered (`tun.window_clamp`).
     pub tcp_window_clamped: AtomicU64,
@@ -396,6 +399,8 @@ pub struct StatsSnapshot {
     pub tun_read_packets: u64,
     pub tun_read_max_batch: u64,
     pub tun_writes: u64,
+    /// Times the TUN reader thread found its ring full (`tun.read_ring`).
+    pub tun_ring_full: u64,
     /// TCP segments whose advertised window was clamped (`tun.window_clamp`).
     pub tcp_window_clamped: u64,
     /// Pure ACKs not written: a newer one of the flow said the same (`tun.ack_thinning`).
@@ -503,6 +508,7 @@ impl Stats {
             tun_read_packets: g(&self.tun_read_packets),
             tun_read_max_batch: g(&self.tun_read_max_batch),
             tun_writes: g(&self.tun_writes),
+            tun_ring_full: g(&self.tun_ring_full),
             tcp_window_clamped: g(&self.tcp_window_clamped),
             tcp_acks_thinned: g(&self.tcp_acks_thinned),
             drops,

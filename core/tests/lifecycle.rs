@@ -88,6 +88,49 @@ fn twenty_start_stop_cycles_with_traffic_leave_nothing_behind() {
     assert_eq!(threads_after, threads, "threads leaked over 20 cycles");
 }
 
+/// The per-packet driver's reader thread (`tun.read_ring`) runs while the
+/// engine does and is joined by `stop`, also when stopped under traffic;
+/// with `read_ring = 0` there is none.
+#[test]
+fn the_reader_thread_lives_exactly_as_long_as_the_engine() {
+    require_root!();
+    let _serial = serial();
+    let topo = Topology::new().expect("topology");
+    let srv = servers::tcp(&topo.server, topo.server_addr(false, 0), Mode::Echo).expect("server");
+    assert_eq!(reader_threads(), 0, "none before");
+    for ring in [64, 0] {
+        let mut engine = Rig::builder()
+            .stack(StackKind::System)
+            .driver(DriverMode::PerPacket)
+            .ipv4_only()
+            .config(|_, c| c.tun.read_ring = Some(ring))
+            .engine_in(&topo);
+        client::echo_transfer(srv.addr, 1, 1 << 20, false).expect("traffic");
+        assert_eq!(reader_threads(), usize::from(ring > 0), "ring {ring}");
+        let addr = srv.addr;
+        let t = std::thread::spawn(move || client::echo_transfer(addr, 2, 64 << 20, false));
+        let before = engine.stats().tcp_bytes_up;
+        kerntun_testkit::wait_until("the transfer moving", Duration::from_secs(20), || {
+            engine.stats().tcp_bytes_up >= before + (1 << 20)
+        });
+        engine.stop();
+        assert!(t.join().expect("join").is_err(), "transfer cut by stop");
+        assert_eq!(reader_threads(), 0, "joined by stop (ring {ring})");
+    }
+}
+
+/// Threads of this process named as the TUN reader thread.
+fn reader_threads() -> usize {
+    std::fs::read_dir("/proc/self/task")
+        .expect("proc")
+        .flatten()
+        .filter(|t| {
+            std::fs::read_to_string(t.path().join("comm"))
+                .is_ok_and(|c| c.trim() == "kerntun-reader")
+        })
+        .count()
+}
+
 #[test]
 fn two_engines_run_side_by_side_in_one_process() {
     require_root!();

@@ -161,6 +161,9 @@ pub struct EngineStats {
     pub tun_read_packets: u64,
     pub tun_read_max_batch: u64,
     pub tun_writes: u64,
+    /// Times the TUN reader thread found its ring full (`tun.read_ring`)
+    /// and left packets in the kernel's queue until the engine freed slots.
+    pub tun_ring_full: u64,
     /// TCP segments whose advertised window the system stack clamped to
     /// their share of the TUN's transmit queue.
     pub tcp_window_clamped: u64,
@@ -262,6 +265,7 @@ impl From<StatsSnapshot> for EngineStats {
             tun_read_packets,
             tun_read_max_batch,
             tun_writes,
+            tun_ring_full,
             tcp_window_clamped,
             tcp_acks_thinned,
             tcp_bytes_spliced,

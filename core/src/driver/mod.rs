@@ -11,7 +11,10 @@
 //!   drain up to [`DRAIN_PER_EDGE`] packets per readiness edge, each written
 //!   back with a non-blocking send, awaiting the device only when its queue
 //!   is full; on Linux/Android consecutive segments of a flow toward the
-//!   kernel listener are merged first (`packet::coalesce`);
+//!   kernel listener are merged first (`packet::coalesce`); on
+//!   Linux/Android with `tun.read_ring` > 0 a thread of its own reads the
+//!   device into a bounded ring (`read_ring`) and the driver drains the
+//!   ring instead, up to [`RING_DRAIN`] packets at a time;
 //! * `linux_gro` (Linux `virtio_net_hdr` offload): one read returns a TCP
 //!   super-packet of up to 64 KiB that tun-rs splits into segments; the
 //!   rewritten segments are written with `send_multiple`, which coalesces
@@ -37,6 +40,8 @@ mod darwin;
 #[cfg(target_os = "linux")]
 mod linux_gro;
 mod per_packet;
+#[cfg(linux_like)]
+mod read_ring;
 mod writeback;
 
 use writeback::Sink;
@@ -45,6 +50,12 @@ use writeback::Sink;
 /// driver monopolises a worker (32 x ~1 us) while amortising the wake-up
 /// over a burst.
 pub const DRAIN_PER_EDGE: usize = 32;
+
+/// Packets taken from the reader thread's ring per drain
+/// (`tun.read_ring` > 0, `read_ring.rs`): the reader goes on reading while
+/// the driver writes, so a drain finds more waiting than an edge of the
+/// device would give.
+pub const RING_DRAIN: usize = 64;
 
 /// How often NAT entries, unaccepted outbounds and idle UDP flows are expired.
 /// Only armed while there is something to expire, so an idle tunnel sleeps;
@@ -128,6 +139,7 @@ pub(crate) async fn run(
     life: Arc<Lifecycle>,
     mtu: u16,
     writes: WriteOptions,
+    read_ring: usize,
 ) {
     let mtu = usize::from(mtu);
     // Merged packets exceed the MTU: only where the kernel is known to take
@@ -138,13 +150,15 @@ pub(crate) async fn run(
     let d = &mut demux;
     let h = &mut head;
     let result = match kind {
-        DriverKind::PerPacket => per_packet::run(d, h, &tun, mtu, coalesce, thin_acks).await,
+        DriverKind::PerPacket => {
+            per_packet::run(d, h, &tun, mtu, coalesce, thin_acks, read_ring).await
+        }
         #[cfg(target_os = "linux")]
         DriverKind::Batch => linux_gro::run(d, h, &tun, mtu).await,
         #[cfg(apple)]
         DriverKind::Batch => darwin::run(d, h, &tun, mtu).await,
         #[cfg(not(any(target_os = "linux", apple)))]
-        DriverKind::Batch => per_packet::run(d, h, &tun, mtu, coalesce, thin_acks).await,
+        DriverKind::Batch => per_packet::run(d, h, &tun, mtu, coalesce, thin_acks, read_ring).await,
     };
     demux.commit(Instant::now());
     if let Err(e) = result {
@@ -156,7 +170,7 @@ pub(crate) async fn run(
 /// engine stops, or a cleanup tick is due (armed only while there is state
 /// to expire, so an idle tunnel sleeps; never while the engine sleeps).
 pub(crate) struct Head {
-    tun: Arc<Tun>,
+    input: Input,
     phase: watch::Receiver<Phase>,
     tick: Ticker,
     /// The host's network changes (`network.rs`): the flow table closes
@@ -167,11 +181,21 @@ pub(crate) struct Head {
 impl Head {
     pub fn new(tun: Arc<Tun>, life: &Arc<Lifecycle>) -> Self {
         Head {
-            tun,
+            input: Input {
+                tun,
+                #[cfg(linux_like)]
+                ring: None,
+            },
             phase: life.subscribe(),
             tick: Ticker::new(CLEANUP_TICK, life),
             network: life.network().subscribe(),
         }
+    }
+
+    /// Wait on the reader thread's ring instead of the device from now on.
+    #[cfg(linux_like)]
+    fn read_from(&mut self, ring: Arc<read_ring::Ring>) {
+        self.input.ring = Some(ring);
     }
 
     /// Wait until the device is readable (true; `demux.now` is set for the
@@ -192,7 +216,7 @@ impl Head {
             tokio::select! {
                 biased;
                 _ = self.phase.wait_for(|p| *p >= Phase::Stopped) => return Ok(false),
-                r = self.tun.dev.readable() => {
+                r = self.input.ready() => {
                     r?;
                     demux.now = Instant::now();
                     return Ok(true);
@@ -211,6 +235,26 @@ impl Head {
                 }
             }
         }
+    }
+}
+
+/// Where the driver's packets come from: the device, or the reader
+/// thread's ring (`tun.read_ring` > 0 on Linux/Android).
+struct Input {
+    tun: Arc<Tun>,
+    #[cfg(linux_like)]
+    ring: Option<Arc<read_ring::Ring>>,
+}
+
+impl Input {
+    /// The device is readable, or the ring holds packets.
+    async fn ready(&self) -> io::Result<()> {
+        #[cfg(linux_like)]
+        if let Some(ring) = &self.ring {
+            ring.readable().await;
+            return Ok(());
+        }
+        self.tun.dev.readable().await
     }
 }
 

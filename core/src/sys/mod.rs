@@ -264,6 +264,57 @@ fn set_arena_max(_max: u16) -> bool {
 #[cfg(linux_like)]
 pub mod udp;
 
+/// One `read(2)` from `fd` into `buf` (the TUN reader thread,
+/// `driver::read_ring`): a non-blocking descriptor answers `WouldBlock`.
+#[cfg(linux_like)]
+pub fn read_fd(fd: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<usize> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: `fd` is borrowed for the call; `buf` is valid and writable for
+    // `buf.len()` bytes for the call's duration.
+    let n = unsafe { libc::read(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(n as usize)
+}
+
+/// Block in `poll(2)` until `wake` is readable, or `dev` is (when given);
+/// an error or hang-up on a descriptor counts as readable, so the read that
+/// follows reports it. Returns (`dev` ready, `wake` ready); `EINTR` returns
+/// (false, false) and the caller polls again.
+#[cfg(linux_like)]
+pub fn poll_readable(
+    dev: Option<BorrowedFd<'_>>,
+    wake: BorrowedFd<'_>,
+) -> io::Result<(bool, bool)> {
+    use std::os::fd::AsRawFd;
+    let ready = libc::POLLIN | libc::POLLERR | libc::POLLHUP | libc::POLLNVAL;
+    let mut fds = [
+        libc::pollfd {
+            fd: wake.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        },
+        libc::pollfd {
+            // A negative descriptor is ignored by poll(2).
+            fd: dev.map_or(-1, |d| d.as_raw_fd()),
+            events: libc::POLLIN,
+            revents: 0,
+        },
+    ];
+    // SAFETY: `fds` is a valid array of two pollfd structs for the call's
+    // duration; both descriptors are borrowed for it (or -1, ignored).
+    let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, -1) };
+    if n < 0 {
+        let e = io::Error::last_os_error();
+        if e.kind() == io::ErrorKind::Interrupted {
+            return Ok((false, false));
+        }
+        return Err(e);
+    }
+    Ok((fds[1].revents & ready != 0, fds[0].revents & ready != 0))
+}
+
 #[cfg(test)]
 mod tests {
     use std::os::fd::AsRawFd;

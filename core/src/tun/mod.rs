@@ -94,6 +94,15 @@ pub struct TunConfig {
     /// it (Linux: `SIOCGIFTXQLEN`; a device kerntun creates has
     /// `tx_queue_len`), else [`DEFAULT_QUEUE_PACKETS`] (Android, Darwin).
     pub queue_packets: Option<u32>,
+    /// Per-packet driver on Linux/Android: packets the TUN reader thread's
+    /// ring holds (docs/architecture.md "Drivers"). A thread of its own
+    /// reads the device into the ring while the driver task processes and
+    /// writes back, so the kernel's queue (`txqueuelen`, 500 on Android)
+    /// is emptied during writes too. 0: the driver task reads the device
+    /// itself. Unset: the platform's [`Platform::read_ring`]. The ring's
+    /// buffers (one MTU each) are allocated at start and counted in the
+    /// memory budget's worst case (`Budget::worst_case`).
+    pub read_ring: Option<usize>,
 }
 
 /// A TUN's transmit queue in packets when neither the configuration nor
@@ -102,6 +111,11 @@ pub struct TunConfig {
 pub const DEFAULT_QUEUE_PACKETS: u32 = 500;
 
 impl TunConfig {
+    /// Packets the reader thread's ring holds (0: no reader thread).
+    pub fn read_ring(&self, platform: Platform) -> usize {
+        self.read_ring.unwrap_or(platform.read_ring())
+    }
+
     /// The configured gateway prefixes, IPv4 first.
     pub fn nets(&self) -> Vec<IpNet> {
         self.ipv4
@@ -125,6 +139,7 @@ impl Default for TunConfig {
             ack_thinning: true,
             window_clamp: false,
             queue_packets: None,
+            read_ring: None,
         }
     }
 }
