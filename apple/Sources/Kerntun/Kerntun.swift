@@ -3308,6 +3308,11 @@ public struct EngineStats: Equatable, Hashable {
     public var tunReadMaxBatch: UInt64
     public var tunWrites: UInt64
     /**
+     * Times the TUN reader thread found its ring full (`tun.read_ring`)
+     * and left packets in the kernel's queue until the engine freed slots.
+     */
+    public var tunRingFull: UInt64
+    /**
      * TCP segments whose advertised window the system stack clamped to
      * their share of the TUN's transmit queue.
      */
@@ -3440,6 +3445,10 @@ public struct EngineStats: Equatable, Hashable {
          * Device reads (a batched read counts once) and the packets they carried.
          */tunReads: UInt64, tunReadPackets: UInt64, tunReadMaxBatch: UInt64, tunWrites: UInt64, 
         /**
+         * Times the TUN reader thread found its ring full (`tun.read_ring`)
+         * and left packets in the kernel's queue until the engine freed slots.
+         */tunRingFull: UInt64, 
+        /**
          * TCP segments whose advertised window the system stack clamped to
          * their share of the TUN's transmit queue.
          */tcpWindowClamped: UInt64, 
@@ -3550,6 +3559,7 @@ public struct EngineStats: Equatable, Hashable {
         self.tunReadPackets = tunReadPackets
         self.tunReadMaxBatch = tunReadMaxBatch
         self.tunWrites = tunWrites
+        self.tunRingFull = tunRingFull
         self.tcpWindowClamped = tcpWindowClamped
         self.tcpAcksThinned = tcpAcksThinned
         self.totalDrops = totalDrops
@@ -3622,6 +3632,7 @@ public struct FfiConverterTypeEngineStats: FfiConverterRustBuffer {
                 tunReadPackets: FfiConverterUInt64.read(from: &buf), 
                 tunReadMaxBatch: FfiConverterUInt64.read(from: &buf), 
                 tunWrites: FfiConverterUInt64.read(from: &buf), 
+                tunRingFull: FfiConverterUInt64.read(from: &buf), 
                 tcpWindowClamped: FfiConverterUInt64.read(from: &buf), 
                 tcpAcksThinned: FfiConverterUInt64.read(from: &buf), 
                 totalDrops: FfiConverterUInt64.read(from: &buf), 
@@ -3680,6 +3691,7 @@ public struct FfiConverterTypeEngineStats: FfiConverterRustBuffer {
         FfiConverterUInt64.write(value.tunReadPackets, into: &buf)
         FfiConverterUInt64.write(value.tunReadMaxBatch, into: &buf)
         FfiConverterUInt64.write(value.tunWrites, into: &buf)
+        FfiConverterUInt64.write(value.tunRingFull, into: &buf)
         FfiConverterUInt64.write(value.tcpWindowClamped, into: &buf)
         FfiConverterUInt64.write(value.tcpAcksThinned, into: &buf)
         FfiConverterUInt64.write(value.totalDrops, into: &buf)
