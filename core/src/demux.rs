@@ -189,7 +189,8 @@ impl Demux {
         }
     }
 
-    /// The engine's shared statistics.
+    /// The engine's shared statistics (the TUN reader thread counts in them).
+    #[cfg(linux_like)]
     pub fn stats(&self) -> &Arc<Stats> {
         &self.stats
     }

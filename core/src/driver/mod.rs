@@ -14,7 +14,7 @@
 //!   kernel listener are merged first (`packet::coalesce`); on
 //!   Linux/Android with `tun.read_ring` > 0 a thread of its own reads the
 //!   device into a bounded ring (`read_ring`) and the driver drains the
-//!   ring instead, up to [`RING_DRAIN`] packets at a time;
+//!   ring instead, up to `RING_DRAIN` packets at a time;
 //! * `linux_gro` (Linux `virtio_net_hdr` offload): one read returns a TCP
 //!   super-packet of up to 64 KiB that tun-rs splits into segments; the
 //!   rewritten segments are written with `send_multiple`, which coalesces
@@ -55,6 +55,7 @@ pub const DRAIN_PER_EDGE: usize = 32;
 /// (`tun.read_ring` > 0, `read_ring.rs`): the reader goes on reading while
 /// the driver writes, so a drain finds more waiting than an edge of the
 /// device would give.
+#[cfg(linux_like)]
 pub const RING_DRAIN: usize = 64;
 
 /// How often NAT entries, unaccepted outbounds and idle UDP flows are expired.
