@@ -99,7 +99,9 @@ pub struct TunConfig {
     /// reads the device into the ring while the driver task processes and
     /// writes back, so the kernel's queue (`txqueuelen`, 500 on Android)
     /// is emptied during writes too. 0: the driver task reads the device
-    /// itself. Unset: the platform's [`Platform::read_ring`]. The ring's
+    /// itself. Unset: the platform's [`Platform::read_ring`], 0 on every
+    /// platform (it cut drops at MTU 1500 but cost throughput at 9000:
+    /// docs/notes.md, "A reader thread for the per-packet TUN"). The ring's
     /// buffers (one MTU each) are allocated at start and counted in the
     /// memory budget's worst case (`Budget::worst_case`).
     pub read_ring: Option<usize>,
