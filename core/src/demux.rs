@@ -172,6 +172,17 @@ impl Demux {
             .expire(now, |d| Stats::drop(stats, EngineDrop::of_frag(d)));
     }
 
+    /// Told when a held UDP flow's owner lookup answered.
+    pub fn held_answered(&self) -> Arc<tokio::sync::Notify> {
+        self.udp.held_answered()
+    }
+
+    /// Route the held UDP flows whose owner lookup answered: their held
+    /// datagrams leave now.
+    pub fn settle_held(&mut self, now: Instant) {
+        self.udp.settle_held(now, &mut self.local);
+    }
+
     /// The host moved to another network: close the direct UDP flows whose
     /// sockets it stranded (`udp::UdpTable::network_changed`).
     pub fn network_changed(&mut self, addrs: &Addresses) {

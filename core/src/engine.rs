@@ -778,6 +778,7 @@ async fn assemble(
             unreplied: config.udp_unreplied(),
             queues: bytes(mem.udp_queues),
             nat: config.direct.udp_nat,
+            held_answered: Default::default(),
         }),
         Instant::now(),
     );

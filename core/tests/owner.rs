@@ -107,8 +107,18 @@ fn echoes(s: &mut TcpStream, data: &[u8]) -> bool {
 
 /// A UDP socket connected to `to`, its owner registered; whether one
 /// datagram comes back (the first datagram of a held flow goes out once
-/// its owner is known: at its next datagram or the next cleanup tick).
+/// its owner is known: the lookup's answer wakes the driver).
 fn udp_from(to: SocketAddr, owners: &Owners, owner: Option<(u32, &str)>) -> (UdpSocket, bool) {
+    let (s, ok, _) = udp_timed(to, owners, owner);
+    (s, ok)
+}
+
+/// [`udp_from`], and how long the datagram took to come back.
+fn udp_timed(
+    to: SocketAddr,
+    owners: &Owners,
+    owner: Option<(u32, &str)>,
+) -> (UdpSocket, bool, Duration) {
     let s = UdpSocket::bind("0.0.0.0:0").expect("udp bind");
     s.connect(to).expect("udp connect");
     s.set_read_timeout(Some(Duration::from_secs(3)))
@@ -117,10 +127,11 @@ fn udp_from(to: SocketAddr, owners: &Owners, owner: Option<(u32, &str)>) -> (Udp
         owners.name(s.local_addr().expect("addr").port(), uid, package);
     }
     let out = pattern(7, 300);
+    let sent = std::time::Instant::now();
     s.send(&out).expect("udp send");
     let mut back = [0u8; 2048];
     let ok = matches!(s.recv(&mut back), Ok(n) if back[..n] == out[..]);
-    (s, ok)
+    (s, ok, sent.elapsed())
 }
 
 fn listed(rig: &Rig, source: SocketAddr, network: Network) -> Option<Connection> {
@@ -192,7 +203,13 @@ fn package_rule_routes_by_owner(stack: StackKind) {
     assert_eq!((c.uid, c.package), (None, None));
 
     // UDP: the same rule refuses the blocked app's flow, not the owned one's.
-    let (owned_udp, ok) = udp_from(udp.addr, &owners, Some((10_079, OWNED)));
+    let (owned_udp, ok, took) = udp_timed(udp.addr, &owners, Some((10_079, OWNED)));
+    // Held until the lookup answers (within owner::TIMEOUT, 250 ms), not
+    // until the next cleanup tick (1 s).
+    assert!(
+        took < Duration::from_millis(600),
+        "the owned app's datagram left when its owner was known: {took:?}"
+    );
     assert!(
         ok,
         "owned app's UDP flow echoes: {:?} {:?} {:?}",

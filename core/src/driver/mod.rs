@@ -148,6 +148,7 @@ pub(crate) async fn run(
     let coalesce = writes.coalesce && cfg!(linux_like);
     let thin_acks = writes.thin_acks;
     let mut head = Head::new(tun.clone(), &life);
+    head.held_answered = demux.held_answered();
     let d = &mut demux;
     let h = &mut head;
     let result = match kind {
@@ -177,6 +178,9 @@ pub(crate) struct Head {
     /// The host's network changes (`network.rs`): the flow table closes
     /// the flows a change stranded.
     network: watch::Receiver<Option<Arc<Addresses>>>,
+    /// A held UDP flow's owner lookup answered (`udp/sniff.rs`): it is
+    /// routed at once, not at its next datagram or the next tick.
+    held_answered: Arc<tokio::sync::Notify>,
 }
 
 impl Head {
@@ -190,6 +194,7 @@ impl Head {
             phase: life.subscribe(),
             tick: Ticker::new(CLEANUP_TICK, life),
             network: life.network().subscribe(),
+            held_answered: Default::default(),
         }
     }
 
@@ -228,6 +233,11 @@ impl Head {
                         demux.network_changed(&a);
                         demux.commit(Instant::now());
                     }
+                }
+                () = self.held_answered.notified() => {
+                    let now = Instant::now();
+                    demux.settle_held(now);
+                    demux.commit(now);
                 }
                 () = self.tick.tick(armed) => {
                     let now = Instant::now();

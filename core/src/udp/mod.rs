@@ -290,6 +290,10 @@ pub(crate) struct UdpEnv {
     pub queues: Arc<ByteBudget>,
     /// `direct.udp_nat`.
     pub nat: UdpNat,
+    /// Told when the owner lookup of a held flow answered, so the driver
+    /// routes it then instead of at its next datagram or cleanup tick
+    /// (`sniff.rs`, `driver::Head`).
+    pub held_answered: Arc<tokio::sync::Notify>,
 }
 
 /// Flow table, owned by the TUN driver task.

@@ -17,11 +17,10 @@
 //! QUIC Initials are read too) asks the host for its owning app in a task
 //! and is held the same way, bounded the same way, until the answer came
 //! (or `owner::TIMEOUT` passed: routed without an owner, which no owner
-//! rule matches). The answer is looked for at the flow's next datagram and
-//! at the cleanup tick (every `driver::CLEANUP_TICK`, 1 s), so a flow whose
-//! app sends one datagram and waits for the reply (a DNS query to a
-//! resolver of its own, STUN) may wait up to that tick: the driver has no
-//! wake-up for a task's answer.
+//! rule matches). The task tells the driver when it answered
+//! (`UdpEnv::held_answered`, a select arm of `driver::Head`), which routes
+//! the flow then and sends what it held; the flow's next datagram and the
+//! cleanup tick look too.
 //!
 //! A flow the rules refuse by its name is remembered as refused until it
 //! idles out (`timeouts.udp_unreplied_s`): every datagram it sends is
@@ -211,8 +210,10 @@ impl UdpTable {
             wait = wait.max(crate::owner::TIMEOUT);
             let slot = Arc::new(OwnerSlot::new());
             let (d, answer) = (d.clone(), slot.clone());
+            let wake = self.shared.held_answered.clone();
             tokio::spawn(async move {
                 let _ = answer.set(d.owner(Network::Udp, key.client, key.server).await);
+                wake.notify_one();
             });
             slot
         });
@@ -274,6 +275,17 @@ impl UdpTable {
     /// out of time), are routed and their held datagrams sent (now, not
     /// gathered until the next drain); refused flows idle for
     /// `timeouts.udp_unreplied_s` are forgotten.
+    /// What the driver waits on besides the device: an owner lookup of a
+    /// held flow answered ([`UdpTable::settle_held`] routes it).
+    pub fn held_answered(&self) -> Arc<tokio::sync::Notify> {
+        self.shared.held_answered.clone()
+    }
+
+    /// Route the held flows whose owner lookup answered (and those due).
+    pub fn settle_held(&mut self, now: Instant, local: &mut LocalCounters) {
+        self.sweep_sniffing(now, local);
+    }
+
     pub(super) fn sweep_sniffing(&mut self, now: Instant, local: &mut LocalCounters) {
         let unreplied = self.shared.unreplied;
         let mut due = Vec::new();
