@@ -59,7 +59,7 @@ pub enum DriverMode {
     Auto,
     /// Linux `virtio_net_hdr` offload: one read may carry a 64 KiB TCP super-packet.
     Batch,
-    /// One packet per read/write, draining up to 32 packets per readiness edge.
+    /// One packet per read/write, draining up to 64 packets per readiness edge.
     PerPacket,
 }
 

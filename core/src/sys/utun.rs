@@ -32,8 +32,8 @@ pub const DARWIN_AF_INET6: u32 = 30;
 /// `MSG_TRUNC` on Darwin: the packet did not fit its buffer.
 pub const DARWIN_MSG_TRUNC: c_int = 0x10;
 
-/// Packets per `recvmsg_x` call. Matches the per-packet driver's drain bound
-/// (32 packets per wake-up), so a batch never holds a worker longer than a
+/// Packets per `recvmsg_x` call: half the per-packet driver's drain bound
+/// (64 packets per wake-up), so a batch never holds a worker longer than a
 /// per-packet drain would.
 pub const MAX_BATCH: usize = 32;
 
