@@ -742,9 +742,11 @@ async fn assemble(
                 linger,
                 ..NatConfig::default()
             };
-            let window = config.tun.window_clamp.then(|| {
+            let queue = tun.queue_packets(&config.tun);
+            let per_packet = driver == DriverKind::PerPacket;
+            let window = config.tun.clamps_windows(per_packet, queue).then(|| {
                 let budget = WindowBudget {
-                    queue_packets: tun.queue_packets(&config.tun),
+                    queue_packets: queue,
                     // A full IPv4 segment's payload: the MTU less 20 + 20
                     // header bytes (IPv6 segments carry 20 less; the
                     // clamp is a share of packets, not exact bytes).

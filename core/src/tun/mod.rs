@@ -85,10 +85,16 @@ pub struct TunConfig {
     /// directions, to its flow's share of the TUN's transmit queue, so the
     /// two TCPs keep no more in flight than the queue holds (the kernel
     /// drops what overflows it; docs/architecture.md "Window clamping").
-    /// Off by default: on an idle machine it took the drops to 0 but cost
-    /// 13-63 % of the throughput and up to 2.6x the CPU per byte at 16 and
-    /// 64 streams (docs/notes.md, "Window clamping on the phone's TUN").
-    pub window_clamp: bool,
+    /// Unset: on where the per-packet driver reads a queue of at most
+    /// [`AUTO_CLAMP_QUEUE`] packets (an Android VpnService TUN keeps the
+    /// kernel's 500), off with the batch driver (its queue holds merged
+    /// packets) and on a longer queue (a device kerntun creates on Linux
+    /// has `tx_queue_len`, 10000). On the phone profile at MTU 9000 it took
+    /// the queue's drops (1.4-9.6 % of its packets at 16 and 64 streams)
+    /// to 0 for at most 16 % of the throughput; at MTU 1500 it costs 15-23 %
+    /// at 16 streams and 60 % at 64 (docs/notes.md, "Window clamping on the
+    /// phone's TUN", run 7).
+    pub window_clamp: Option<bool>,
     /// Packets the TUN's transmit queue holds, which `window_clamp` shares
     /// out. Unset: the device's own `txqueuelen` where the engine can read
     /// it (Linux: `SIOCGIFTXQLEN`; a device kerntun creates has
@@ -107,6 +113,11 @@ pub struct TunConfig {
     pub read_ring: Option<usize>,
 }
 
+/// The longest transmit queue, in packets, on which the per-packet driver
+/// clamps windows unless `tun.window_clamp` says otherwise: twice an
+/// Android TUN's. A queue of this many packets or more seldom overflows.
+pub const AUTO_CLAMP_QUEUE: u32 = 1000;
+
 /// A TUN's transmit queue in packets when neither the configuration nor
 /// the device says: the kernel's default `txqueuelen` for a TUN, which an
 /// Android VpnService TUN keeps (no app may change it).
@@ -116,6 +127,14 @@ impl TunConfig {
     /// Packets the reader thread's ring holds (0: no reader thread).
     pub fn read_ring(&self, platform: Platform) -> usize {
         self.read_ring.unwrap_or(platform.read_ring())
+    }
+
+    /// Whether windows are clamped (`window_clamp`, else on for the
+    /// per-packet driver on a queue of at most [`AUTO_CLAMP_QUEUE`]
+    /// packets).
+    pub fn clamps_windows(&self, per_packet: bool, queue_packets: u32) -> bool {
+        self.window_clamp
+            .unwrap_or(per_packet && queue_packets <= AUTO_CLAMP_QUEUE)
     }
 
     /// The configured gateway prefixes, IPv4 first.
@@ -139,7 +158,7 @@ impl Default for TunConfig {
             include_all_networks: false,
             coalesce: true,
             ack_thinning: true,
-            window_clamp: false,
+            window_clamp: None,
             queue_packets: None,
             read_ring: None,
         }
@@ -296,4 +315,27 @@ fn packet_end(buf: &[u8], len: usize) -> io::Result<usize> {
         .checked_add(len)
         .filter(|&e| e <= buf.len())
         .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "packet exceeds buffer"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn windows_are_clamped_by_default_on_a_short_per_packet_queue_only() {
+        let auto = TunConfig::default();
+        assert!(auto.clamps_windows(true, DEFAULT_QUEUE_PACKETS));
+        assert!(auto.clamps_windows(true, AUTO_CLAMP_QUEUE));
+        assert!(!auto.clamps_windows(true, AUTO_CLAMP_QUEUE + 1));
+        assert!(!auto.clamps_windows(true, auto.tx_queue_len));
+        assert!(!auto.clamps_windows(false, DEFAULT_QUEUE_PACKETS));
+        for set in [true, false] {
+            let cfg = TunConfig {
+                window_clamp: Some(set),
+                ..TunConfig::default()
+            };
+            assert_eq!(cfg.clamps_windows(true, 500), set);
+            assert_eq!(cfg.clamps_windows(false, 10_000), set);
+        }
+    }
 }
