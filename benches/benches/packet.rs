@@ -135,5 +135,55 @@ fn uplink_check(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, rewrite, uplink_check);
+/// A flow's next segment merged into the one held before it (the
+/// per-packet driver's write-back, `packet::coalesce`): `append` sums the
+/// next payload to check its checksum, `append_verified` (what the driver
+/// calls, its segments being checked on arrival) reads the payload's sum
+/// back out of the checksum. Each iteration also copies the held segment
+/// back in place, the same for both.
+fn merge(c: &mut Criterion) {
+    let mut g = c.benchmark_group("merge");
+    g.throughput(Throughput::Elements(1));
+    type Append = fn(&mut [u8], usize, &[u8]) -> Option<usize>;
+    let ways: [(&str, Append); 2] = [
+        ("append", packet::coalesce::append),
+        ("append_verified", packet::coalesce::append_verified),
+    ];
+    for (family, v6) in [("ipv4", false), ("ipv6", true)] {
+        let [client, server, ..] = addrs(v6);
+        for size in [1500usize, 9000] {
+            let (head, next) = consecutive(client, server, size);
+            let mut buf = vec![0u8; packet::coalesce::MAX_PACKET];
+            for (name, append) in ways {
+                let id = BenchmarkId::new(format!("{name}/{family}"), size);
+                g.bench_with_input(id, &size, |b, _| {
+                    b.iter(|| {
+                        buf[..head.len()].copy_from_slice(&head);
+                        let n = append(black_box(&mut buf), head.len(), black_box(&next));
+                        black_box(n.expect("merges"))
+                    })
+                });
+            }
+        }
+    }
+    g.finish();
+}
+
+/// Two consecutive ACK segments of `total` bytes each, valid checksums.
+fn consecutive(src: SocketAddr, dst: SocketAddr, total: usize) -> (Vec<u8>, Vec<u8>) {
+    let mut head = tcp_packet(src, dst, total);
+    let ip = packet::parse_ip(&head).expect("valid ip");
+    let payload = packet::parse_tcp(&head, &ip)
+        .expect("valid tcp")
+        .payload_len;
+    head[ip.l4_offset + 13] = tcp_flags::ACK;
+    assert!(checksum::fill_transport_checksum(&mut head, &ip));
+    let mut next = head.clone();
+    let seq = 0x1234_5678u32.wrapping_add(payload as u32);
+    next[ip.l4_offset + 4..ip.l4_offset + 8].copy_from_slice(&seq.to_be_bytes());
+    assert!(checksum::fill_transport_checksum(&mut next, &ip));
+    (head, next)
+}
+
+criterion_group!(benches, rewrite, uplink_check, merge);
 criterion_main!(benches);

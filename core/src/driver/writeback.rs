@@ -321,7 +321,9 @@ impl Held {
     /// stays within [`MERGE_MAX`].
     fn append(&mut self, pkt: &[u8]) -> bool {
         let room = &mut self.buf[HEADROOM..HEADROOM + MERGE_MAX.max(self.len)];
-        match coalesce::append(room, self.len, pkt) {
+        // What the write-back merges was checked on arrival (the uplink)
+        // or built by the kernel listener's TCP (`Demux::coalescible`).
+        match coalesce::append_verified(room, self.len, pkt) {
             Some(n) => {
                 self.len = n;
                 self.merged = true;

@@ -18,14 +18,21 @@
 //!   FIN, RST, URG, ECE or CWR;
 //! * equal acknowledgement number, window and TCP options (timestamps
 //!   included), and the next segment starts where the head ends;
-//! * the next segment's checksum verifies (its payload is summed for the
-//!   merge anyway), so a corrupted segment is never folded into a valid one.
+//! * the next segment's checksum verifies, so a corrupted segment is never
+//!   folded into a valid one: [`append`] sums the next payload and checks
+//!   it; [`append_verified`] is for a caller that knows the checksum
+//!   verifies (the engine's uplink checked it on arrival, the kernel
+//!   listener's own segments are computed by the local TCP) and reads the
+//!   payload's sum back out of the stored checksum instead of summing it
+//!   a second time.
 //!
 //! The merged checksums are updated from partial sums (RFC 1624): the TCP
 //! length in the pseudo-header, the appended payload (byte-swapped when it
 //! starts at an odd offset, RFC 1071 2(B)), the PSH bit; the IPv4 header
-//! checksum for the new total length. The cost is one pass over the
-//! appended payload, which the copy makes anyway.
+//! checksum for the new total length. Besides the copy, [`append`] costs
+//! one pass over the appended payload and [`append_verified`] none: its
+//! sum is the complement of the pseudo-header's and the TCP header's
+//! (checksum field included), since the whole segment sums to zero.
 
 use super::checksum::{self, finish, fold, nonzero, replaced, sum_bytes};
 use super::tcp::{HEADER_LEN as TCP_HEADER_LEN, field as tcpf, flags};
@@ -43,6 +50,26 @@ pub const MAX_PACKET: usize = 65_535;
 /// packet may grow up to `buf.len()` and [`MAX_PACKET`]. Returns the new
 /// length of the head, or `None` with `buf` untouched.
 pub fn append(buf: &mut [u8], head_len: usize, next: &[u8]) -> Option<usize> {
+    append_with(buf, head_len, next, Next::Unchecked)
+}
+
+/// [`append`] for a `next` whose TCP checksum is known to verify (module
+/// docs): its payload is not summed, the sum is derived from the stored
+/// checksum. A `next` whose checksum does not verify would be folded in
+/// with a merged checksum that does: only for segments checked on arrival
+/// or built by a TCP.
+pub fn append_verified(buf: &mut [u8], head_len: usize, next: &[u8]) -> Option<usize> {
+    append_with(buf, head_len, next, Next::Verified)
+}
+
+/// Whether [`append_with`] must check the next segment's checksum.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Next {
+    Unchecked,
+    Verified,
+}
+
+fn append_with(buf: &mut [u8], head_len: usize, next: &[u8], checked: Next) -> Option<usize> {
     let head = buf.get(..head_len)?;
     let (hip, htcp) = parse_plain(head)?;
     let (nip, ntcp) = parse_plain(next)?;
@@ -87,10 +114,18 @@ pub fn append(buf: &mut [u8], head_len: usize, next: &[u8]) -> Option<usize> {
         return None;
     }
     let payload = &next[nip.l4_offset + ntcp.header_len..nip.len];
-    let payload_sum = sum_bytes(payload);
-    if !verifies(next, &nip, payload_sum, ntcp.header_len) {
-        return None;
-    }
+    let payload_sum = match checked {
+        Next::Unchecked => {
+            let sum = sum_bytes(payload);
+            if fold(head_sum(next, &nip, ntcp.header_len)? + sum) != 0xffff {
+                return None;
+            }
+            sum
+        }
+        // pseudo + header + payload folds to 0xFFFF (negative zero), so
+        // the payload's sum is the complement of the rest's.
+        Next::Verified => u32::from(!fold(head_sum(next, &nip, ntcp.header_len)?)),
+    };
 
     // Checksum delta: the pseudo-header's TCP length, the appended payload
     // (swapped if it lands at an odd offset of the segment), the PSH bit.
@@ -204,8 +239,10 @@ fn parse_plain(pkt: &[u8]) -> Option<(IpInfo, super::TcpInfo)> {
     (tcp.flags & STOP == 0).then_some((ip, tcp))
 }
 
-/// Whether the TCP checksum of `pkt` verifies, given the sum of its payload.
-fn verifies(pkt: &[u8], ip: &IpInfo, payload_sum: u32, header_len: usize) -> bool {
+/// The partial sum of the pseudo-header and the TCP header of `pkt`, its
+/// checksum field included: with the payload's sum added, it folds to
+/// 0xFFFF exactly when the checksum verifies.
+fn head_sum(pkt: &[u8], ip: &IpInfo, header_len: usize) -> Option<u32> {
     let l4 = &pkt[ip.l4_offset..ip.len];
     let len = l4.len();
     let pseudo = match (ip.src, ip.dst) {
@@ -215,11 +252,11 @@ fn verifies(pkt: &[u8], ip: &IpInfo, payload_sum: u32, header_len: usize) -> boo
         (std::net::IpAddr::V6(s), std::net::IpAddr::V6(d)) => {
             checksum::pseudo_header_v6(&s, &d, protocol::TCP, len as u32)
         }
-        _ => return false,
+        _ => return None,
     };
     // The header is a whole number of 32-bit words, so the payload's sum
     // adds at an even offset.
-    fold(pseudo + sum_bytes(&l4[..header_len]) + payload_sum) == 0xffff
+    Some(pseudo + sum_bytes(&l4[..header_len]))
 }
 
 #[cfg(test)]
@@ -246,6 +283,18 @@ mod tests {
 
     /// Merge `segs` in order into a 64 KiB buffer; the packets that result.
     fn merge_all(segs: &[Vec<u8>]) -> Vec<Vec<u8>> {
+        merge_all_with(segs, append)
+    }
+
+    /// [`merge_all`] with [`append_verified`].
+    fn merge_all_verified(segs: &[Vec<u8>]) -> Vec<Vec<u8>> {
+        merge_all_with(segs, append_verified)
+    }
+
+    fn merge_all_with(
+        segs: &[Vec<u8>],
+        append: fn(&mut [u8], usize, &[u8]) -> Option<usize>,
+    ) -> Vec<Vec<u8>> {
         let mut out = Vec::new();
         let mut buf = vec![0u8; MAX_PACKET];
         let mut len = 0;
@@ -289,6 +338,7 @@ mod tests {
                 }
                 let merged = merge_all(&segs);
                 let want = seg(v6, 1000, ACK | PSH, opts, b"hello world, odd!");
+                assert_eq!(merge_all_verified(&segs), merged);
                 assert_eq!(merged, vec![want], "v6 {v6}, options {}", opts.len());
             }
         }
@@ -385,7 +435,33 @@ mod tests {
             let merged = merge_all(&segs);
             let want = seg(v6, start, if last_psh { ACK | PSH } else { ACK }, &TS, &all);
             assert_eq!(merged, vec![want.clone()], "round {round}");
+            assert_eq!(merge_all_verified(&segs), merged, "round {round}");
             assert!(valid(&want));
+        }
+    }
+
+    /// The payload sum read back from a checksum is a ones' complement
+    /// zero of either sign where the payload sums to zero (all zeros) or to
+    /// 0xFFFF (all ones), at even and odd offsets: the merged segment is
+    /// still byte for byte the one a sender would have built whole.
+    #[test]
+    fn a_verified_merge_handles_payloads_that_sum_to_zero() {
+        for v6 in [false, true] {
+            for first in [&b"a"[..], b"ab"] {
+                for fill in [0x00u8, 0xff] {
+                    for len in [1usize, 2, 3, 6] {
+                        let tail = vec![fill; len];
+                        let segs = vec![
+                            seg(v6, 500, ACK, &TS, first),
+                            seg(v6, 500 + first.len() as u32, ACK, &TS, &tail),
+                        ];
+                        let all = [first, &tail[..]].concat();
+                        let want = seg(v6, 500, ACK, &TS, &all);
+                        assert_eq!(merge_all_verified(&segs), vec![want.clone()]);
+                        assert_eq!(merge_all(&segs), vec![want]);
+                    }
+                }
+            }
         }
     }
 
