@@ -4998,6 +4998,15 @@ public struct TunOptions: Equatable, Hashable {
      * uses the smoltcp stack (an explicit `Stack.System` is refused).
      */
     public var includeAllNetworks: Bool
+    /**
+     * System stack: clamp TCP windows to a share of the TUN's transmit
+     * queue, so the queue never overflows (the kernel drops what does).
+     * None: on where the per-packet driver reads a queue of at most 1000
+     * packets, as on Android (500), else off. At MTU 9000 it costs at most
+     * 16 % of the throughput; at 1500 15-60 % at 16-64 streams
+     * (docs/architecture.md, "Window clamping").
+     */
+    public var windowClamp: Bool?
 
     // Default memberwise initializers are never public by default, so we
     // declare one manually.
@@ -5024,13 +5033,22 @@ public struct TunOptions: Equatable, Hashable {
          * iOS: pass `protocolConfiguration.includeAllNetworks`. With it on the
          * kernel listener cannot receive the tunnel's connections, so the engine
          * uses the smoltcp stack (an explicit `Stack.System` is refused).
-         */includeAllNetworks: Bool = false) {
+         */includeAllNetworks: Bool = false, 
+        /**
+         * System stack: clamp TCP windows to a share of the TUN's transmit
+         * queue, so the queue never overflows (the kernel drops what does).
+         * None: on where the per-packet driver reads a queue of at most 1000
+         * packets, as on Android (500), else off. At MTU 9000 it costs at most
+         * 16 % of the throughput; at 1500 15-60 % at 16-64 streams
+         * (docs/architecture.md, "Window clamping").
+         */windowClamp: Bool? = nil) {
         self.name = name
         self.mtu = mtu
         self.ipv4 = ipv4
         self.ipv6 = ipv6
         self.txQueueLen = txQueueLen
         self.includeAllNetworks = includeAllNetworks
+        self.windowClamp = windowClamp
     }
 
     
@@ -5054,7 +5072,8 @@ public struct FfiConverterTypeTunOptions: FfiConverterRustBuffer {
                 ipv4: FfiConverterOptionString.read(from: &buf), 
                 ipv6: FfiConverterOptionString.read(from: &buf), 
                 txQueueLen: FfiConverterUInt32.read(from: &buf), 
-                includeAllNetworks: FfiConverterBool.read(from: &buf)
+                includeAllNetworks: FfiConverterBool.read(from: &buf), 
+                windowClamp: FfiConverterOptionBool.read(from: &buf)
         )
     }
 
@@ -5065,6 +5084,7 @@ public struct FfiConverterTypeTunOptions: FfiConverterRustBuffer {
         FfiConverterOptionString.write(value.ipv6, into: &buf)
         FfiConverterUInt32.write(value.txQueueLen, into: &buf)
         FfiConverterBool.write(value.includeAllNetworks, into: &buf)
+        FfiConverterOptionBool.write(value.windowClamp, into: &buf)
     }
 }
 
@@ -7156,6 +7176,30 @@ fileprivate struct FfiConverterOptionUInt64: FfiConverterRustBuffer {
         switch try readInt(&buf) as Int8 {
         case 0: return nil
         case 1: return try FfiConverterUInt64.read(from: &buf)
+        default: throw UniffiInternalError.unexpectedOptionalTag
+        }
+    }
+}
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+fileprivate struct FfiConverterOptionBool: FfiConverterRustBuffer {
+    typealias SwiftType = Bool?
+
+    public static func write(_ value: SwiftType, into buf: inout [UInt8]) {
+        guard let value = value else {
+            writeInt(&buf, Int8(0))
+            return
+        }
+        writeInt(&buf, Int8(1))
+        FfiConverterBool.write(value, into: &buf)
+    }
+
+    public static func read(from buf: inout (data: Data, offset: Data.Index)) throws -> SwiftType {
+        switch try readInt(&buf) as Int8 {
+        case 0: return nil
+        case 1: return try FfiConverterBool.read(from: &buf)
         default: throw UniffiInternalError.unexpectedOptionalTag
         }
     }
