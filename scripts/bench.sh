@@ -23,7 +23,7 @@
 #                           replaces the records of what it measured, keeps the rest
 #   --phone-tun-only        only the phone's own TUN: the android topology (the
 #                           client as an app's uid routed into the TUN by a uid
-#                           rule, TUN txqueuelen 500), MTU 1500/4064/9000,
+#                           rule, TUN txqueuelen 500, one engine runtime thread), MTU 1500/4064/9000,
 #                           per-packet driver, batch driver as the reference, and
 #                           the baseline; the same as `--phone --phone-topologies
 #                           android --skip-phone-udp`

@@ -10,7 +10,8 @@
 //!   covers; the TUN at the transmit queue length Android's TUN has
 //!   ([`ANDROID_TXQUEUELEN`], the kernel's default: no app can change it,
 //!   unlike `tun.tx_queue_len` of a device kerntun creates, 10000 by
-//!   default, `core/src/tun/mod.rs`);
+//!   default, `core/src/tun/mod.rs`), and the engine on one runtime thread
+//!   as on a phone ([`ANDROID_WORKERS`]);
 //! * **router**: the client sits in a namespace of its own, routed over a
 //!   veth into the engine's namespace, which forwards it into the TUN
 //!   (`kerntun_testkit::router`), the case of a Linux gateway; **local**:
@@ -42,6 +43,12 @@ pub const DRIVERS: [(&str, &str); 2] = [
 /// kernel gives a TUN device (`tun.tx_queue_len` in `core/src/tun/mod.rs`
 /// says why kerntun raises it on devices it creates itself).
 pub const ANDROID_TXQUEUELEN: u32 = 500;
+
+/// The engine's runtime threads in the android topology: what it runs
+/// with on Android and iOS (`workers = 0` is 1 there, 2 on desktop:
+/// `core/src/engine.rs`), so the engine's own tasks (the driver and every
+/// relay) share one thread as on a phone.
+pub const ANDROID_WORKERS: usize = 1;
 
 /// The uid the android topology's client runs as (an app's uid: Android
 /// gives apps 10000 and up).
@@ -101,6 +108,12 @@ impl PhoneProfile {
     /// the engine's default).
     pub fn tx_queue_len(&self) -> Option<u32> {
         (self.topo == Topo::Android).then_some(ANDROID_TXQUEUELEN)
+    }
+
+    /// The engine's runtime threads, where the profile sets them (else
+    /// the engine's default).
+    pub fn workers(&self) -> Option<usize> {
+        (self.topo == Topo::Android).then_some(ANDROID_WORKERS)
     }
 }
 
@@ -286,6 +299,10 @@ mod tests {
             assert_eq!(
                 p.tx_queue_len(),
                 (p.topo == Topo::Android).then_some(ANDROID_TXQUEUELEN)
+            );
+            assert_eq!(
+                p.workers(),
+                (p.topo == Topo::Android).then_some(ANDROID_WORKERS)
             );
             match p.driver {
                 None => assert!(p.scenario().is_none()),

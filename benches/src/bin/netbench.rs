@@ -142,7 +142,7 @@ struct Args {
     phone_android_mtus: Vec<u16>,
     /// Topologies of the phone profiles: android (the phone's own TUN: the
     /// client as an app's uid next to the engine, routed by a uid rule,
-    /// the TUN at txqueuelen 500), router (the client in a namespace of its
+    /// the TUN at txqueuelen 500, the engine on one runtime thread), router (the client in a namespace of its
     /// own, forwarded into the TUN), local (the client next to the engine).
     #[arg(long, value_delimiter = ',', default_value = "android,router,local")]
     phone_topologies: Vec<Topo>,

@@ -37,6 +37,8 @@ pub(super) struct EngineSpec {
     pub(super) mtu: u16,
     /// `tun.tx_queue_len` where the profile sets it (else the engine's default).
     pub(super) tx_queue_len: Option<u32>,
+    /// `workers` where the profile sets it (else the engine's default).
+    pub(super) workers: Option<usize>,
     /// The binary: the engine under test, or the earlier one of a
     /// before/after comparison.
     pub(super) binary: PathBuf,
@@ -51,15 +53,20 @@ impl EngineSpec {
             scenario,
             mtu: ctx.args.mtu,
             tx_queue_len: None,
+            workers: None,
             binary: ctx.engine.clone(),
             stats_interval: 0,
         }
     }
 
-    /// The engine's TOML config: the scenario's, and the TUN's transmit
-    /// queue where the profile sets it.
+    /// The engine's TOML config: the scenario's, and the runtime threads
+    /// and the TUN's transmit queue where the profile sets them.
     fn config(&self, ss_server: &str) -> Option<String> {
         let mut cfg = self.scenario.config?.replace("{ss_server}", ss_server);
+        if let Some(w) = self.workers {
+            // A top-level key: before the scenario's first table.
+            cfg = format!("workers = {w}\n{cfg}");
+        }
         if let Some(q) = self.tx_queue_len {
             cfg.push_str(&format!("\n[tun]\ntx_queue_len = {q}\n"));
         }
@@ -220,7 +227,7 @@ pub(super) fn probe(ctx: &Ctx, sc: &'static Scenario) -> (bool, Option<String>) 
 mod tests {
     use super::*;
     use kerntun::config::Config;
-    use kerntun_benches::phone::{ANDROID_TXQUEUELEN, DRIVERS};
+    use kerntun_benches::phone::{ANDROID_TXQUEUELEN, ANDROID_WORKERS, DRIVERS};
     use kerntun_benches::scenario::SCENARIOS;
 
     fn spec(id: &str, tx_queue_len: Option<u32>) -> EngineSpec {
@@ -228,6 +235,7 @@ mod tests {
             scenario: SCENARIOS.iter().find(|s| s.id == id).expect("scenario"),
             mtu: 1500,
             tx_queue_len,
+            workers: tx_queue_len.map(|_| ANDROID_WORKERS),
             binary: PathBuf::from("kerntun"),
             stats_interval: 0,
         }
@@ -244,6 +252,7 @@ mod tests {
             .expect("an engine scenario");
         let parsed: Config = toml::from_str(&cfg).expect("the engine's config");
         assert_eq!(parsed.tun.tx_queue_len, 500, "{cfg}");
+        assert_eq!(parsed.workers, ANDROID_WORKERS, "{cfg}");
         let default: Config = toml::from_str(
             &spec(per_packet, None)
                 .config("198.19.1.2:8388")
@@ -251,12 +260,14 @@ mod tests {
         )
         .expect("the engine's config");
         assert_eq!(default.tun.tx_queue_len, Config::default().tun.tx_queue_len);
+        assert_eq!(default.workers, Config::default().workers);
         // After the Shadowsocks scenario's tables, still its outbound and rule.
         let ss = spec("ss-none-splice", Some(500))
             .config("198.19.1.2:8388")
             .expect("an engine scenario");
         let parsed: Config = toml::from_str(&ss).expect("the engine's config");
         assert_eq!(parsed.tun.tx_queue_len, 500);
+        assert_eq!(parsed.workers, ANDROID_WORKERS);
         assert!(parsed.outbounds.contains_key("ss"), "{ss}");
         assert_eq!(parsed.rules.len(), 1, "{ss}");
         assert!(spec("baseline", Some(500)).config("x").is_none());

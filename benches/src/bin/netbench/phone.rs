@@ -159,6 +159,7 @@ impl Profile for PhoneBench<'_> {
                 scenario,
                 mtu: p.mtu,
                 tx_queue_len: p.tx_queue_len(),
+                workers: p.workers(),
                 binary: self.binary.clone(),
                 stats_interval: 0,
             }),
