@@ -20,8 +20,8 @@
 //!
 //! Nothing here allocates, performs I/O or reads a clock.
 
+use super::ipv6;
 use super::tcp::{HEADER_LEN as TCP_HEADER_LEN, field as tcpf, flags};
-use super::{ipv4, ipv6, parse_ip, parse_tcp, protocol};
 
 /// A TCP segment's flow and direction: its source and destination
 /// addresses and ports as bytes (IPv4 12, IPv6 36 of [`SegmentKey::MAX`]).
@@ -53,16 +53,7 @@ pub const ACK_MAX: usize = ipv6::HEADER_LEN + 60;
 /// `None` for anything else (UDP, ICMP, other headers, malformed input):
 /// such a packet has no flow here and is written at once.
 pub fn classify(pkt: &[u8]) -> Option<(SegmentKey, Option<PureAck>)> {
-    let ip = parse_ip(pkt).ok()?;
-    let plain_l4 = if ip.src.is_ipv4() {
-        ipv4::HEADER_LEN
-    } else {
-        ipv6::HEADER_LEN
-    };
-    if ip.protocol != protocol::TCP || ip.l4_offset != plain_l4 {
-        return None;
-    }
-    let tcp = parse_tcp(pkt, &ip).ok()?;
+    let (ip, tcp) = super::tcp::parse_plain_tcp(pkt)?;
     let mut key = SegmentKey {
         bytes: [0; SegmentKey::MAX],
         len: 0,

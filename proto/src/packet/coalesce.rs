@@ -36,7 +36,7 @@
 
 use super::checksum::{self, finish, fold, nonzero, replaced, sum_bytes};
 use super::tcp::{HEADER_LEN as TCP_HEADER_LEN, field as tcpf, flags};
-use super::{IpInfo, ipv4, ipv6, parse_ip, parse_tcp, protocol};
+use super::{IpInfo, ipv4, ipv6, parse_ip, protocol};
 
 /// Flags that forbid a merge (anything but ACK and PSH).
 const STOP: u8 = flags::SYN | flags::FIN | flags::RST | flags::URG | flags::ECE | flags::CWR;
@@ -226,17 +226,7 @@ pub fn candidate(pkt: &[u8]) -> bool {
 /// The headers of a TCP segment with no IPv4 options / IPv6 extension
 /// headers and none of the [`STOP`] flags.
 fn parse_plain(pkt: &[u8]) -> Option<(IpInfo, super::TcpInfo)> {
-    let ip = parse_ip(pkt).ok()?;
-    let plain_l4 = if ip.src.is_ipv4() {
-        ipv4::HEADER_LEN
-    } else {
-        ipv6::HEADER_LEN
-    };
-    if ip.protocol != protocol::TCP || ip.l4_offset != plain_l4 {
-        return None;
-    }
-    let tcp = parse_tcp(pkt, &ip).ok()?;
-    (tcp.flags & STOP == 0).then_some((ip, tcp))
+    super::tcp::parse_plain_tcp(pkt).filter(|(_, tcp)| tcp.flags & STOP == 0)
 }
 
 /// The partial sum of the pseudo-header and the TCP header of `pkt`, its
@@ -263,6 +253,7 @@ fn head_sum(pkt: &[u8], ip: &IpInfo, header_len: usize) -> Option<u32> {
 mod tests {
     use super::*;
     use crate::packet::checksum::verify_transport_checksum;
+    use crate::packet::parse_tcp;
     use crate::packet::tcp_flags::{ACK, FIN, PSH, RST, SYN};
     use crate::packet::testutil::{Rng, tcp_v4, tcp_v6};
 

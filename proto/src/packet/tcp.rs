@@ -281,6 +281,25 @@ pub fn saved_syn(headers: &[u8]) -> SavedSyn {
     SavedSyn::Isn(u32::from_be_bytes([seq[0], seq[1], seq[2], seq[3]]))
 }
 
+/// The IP and TCP headers of a TCP segment carried without IPv4 options
+/// or IPv6 extension headers, the only ones the write-back merges or holds
+/// (`coalesce`, `ackthin`); `None` for anything else, malformed input
+/// included.
+#[inline]
+pub fn parse_plain_tcp(pkt: &[u8]) -> Option<(IpInfo, TcpInfo)> {
+    let ip = super::parse_ip(pkt).ok()?;
+    let plain_l4 = if ip.src.is_ipv4() {
+        ipv4::HEADER_LEN
+    } else {
+        ipv6::HEADER_LEN
+    };
+    if ip.protocol != protocol::TCP || ip.l4_offset != plain_l4 {
+        return None;
+    }
+    let tcp = parse_tcp(pkt, &ip).ok()?;
+    Some((ip, tcp))
+}
+
 /// Validates the TCP header of the packet `ip` describes: at least 20
 /// bytes, data offset >= 5 and within `ip.len`.
 #[inline]
