@@ -18,9 +18,10 @@ pub fn page() -> usize {
     })
 }
 
-/// Hand the whole pages inside `buf` back to the system: they read as zero
-/// afterwards (on Linux; unspecified bytes on Darwin) and cost nothing until written again. Returns the bytes
-/// handed back. Not for a hot path: one system call when `buf` spans a page.
+/// Hand the whole pages inside `buf` back to the system: they cost nothing
+/// until written again, and read as zeros meanwhile (Linux; unspecified
+/// bytes on Darwin). Returns the bytes handed back (0 where the system has
+/// no such advice). One system call when `buf` spans a whole page.
 pub fn discard(buf: &mut [u8]) -> usize {
     let page = page();
     let start = buf.as_mut_ptr() as usize;
@@ -44,7 +45,7 @@ pub fn discard(buf: &mut [u8]) -> usize {
 /// # Safety
 /// The range is whole pages of private anonymous memory the caller may
 /// write to.
-#[cfg(any(target_os = "linux", target_os = "android"))]
+#[cfg(linux_like)]
 unsafe fn release(at: *mut u8, len: usize) -> bool {
     // SAFETY: as the caller promises; MADV_DONTNEED on private anonymous
     // memory frees the pages at once, later reads see zeros.
@@ -60,10 +61,16 @@ unsafe fn release(at: *mut u8, len: usize) -> bool {
 /// # Safety
 /// The range is whole pages of private anonymous memory the caller may
 /// write to.
-#[cfg(not(any(target_os = "linux", target_os = "android")))]
+#[cfg(apple)]
 unsafe fn release(at: *mut u8, len: usize) -> bool {
     // SAFETY: as the caller promises; the advice changes no mapping.
     unsafe { libc::madvise(at.cast(), len, libc::MADV_FREE_REUSABLE) == 0 }
+}
+
+/// Elsewhere the pages stay where they are.
+#[cfg(not(any(linux_like, apple)))]
+unsafe fn release(_: *mut u8, _: usize) -> bool {
+    false
 }
 
 #[cfg(test)]
