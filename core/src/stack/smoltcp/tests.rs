@@ -969,3 +969,59 @@ fn quiet_rings_are_handed_back_and_data_stays_exact() {
     }
     assert_eq!(st.inner.lock().socket(h).state(), State::Established);
 }
+
+/// The app's last bytes and its FIN are both in before the session reads:
+/// one read returns every byte, also when they wrap around the end of the
+/// ring (two borrows of it), and only the next read is EOF. smoltcp answers
+/// a read of an empty ring with `Finished` once the FIN is in, so a read
+/// that asked again after emptying the ring turned what it had just taken
+/// out into an EOF (the sniffer and the relay lost the app's last bytes).
+#[test]
+fn bytes_before_the_fin_are_read_before_eof() {
+    let pattern = |n: usize, salt: usize| -> Vec<u8> {
+        (0..n).map(|i| ((i * 7 + salt) % 251) as u8).collect()
+    };
+    for wrap in [false, true] {
+        let st = stack();
+        let stats = Stats::default();
+        let mut out = Capture::default();
+        let (k, h, srv_seq) = handshake(&st, &mut out, &stats, false);
+        let (c, s) = (k.client.to_string(), k.server.to_string());
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("test input");
+        let app = SmolStream::new(st.clone(), h, k, None);
+        let mut seq = 1001u32;
+        let mut send = |data: &[u8], fl: u8| {
+            for chunk in data.chunks(1400) {
+                let p = tcp_v4(&c, &s, seq, srv_seq, fl, &[], chunk);
+                st.input(&p, Instant::now(), &mut out, &stats);
+                seq = seq.wrapping_add(chunk.len() as u32);
+            }
+        };
+        let mut buf = vec![0u8; 32 * 1024];
+        if wrap {
+            // 12 KiB read first: the read position stands 4 KiB before the
+            // end of the 16 KiB ring, so the next 10 KiB wrap around it.
+            let first = pattern(12 * 1024, 1);
+            send(&first, ACK | PSH);
+            let mut got = Vec::new();
+            while got.len() < first.len() {
+                let n = rt.block_on(app.recv(&mut buf)).expect("test input");
+                assert!(n > 0);
+                got.extend_from_slice(&buf[..n]);
+            }
+            assert!(got == first);
+        }
+        let last = pattern(10 * 1024, 2);
+        send(&last, ACK | PSH);
+        let fin = tcp_v4(&c, &s, seq, srv_seq, ACK | FIN, &[], &[]);
+        st.input(&fin, Instant::now(), &mut out, &stats);
+        assert_eq!(st.inner.lock().socket(h).state(), State::CloseWait);
+        let n = rt.block_on(app.recv(&mut buf)).expect("test input");
+        assert_eq!(n, last.len(), "wrap {wrap}: the bytes before the FIN");
+        assert!(buf[..n] == last[..], "wrap {wrap}: exact");
+        let eof = rt.block_on(app.recv(&mut buf)).expect("test input");
+        assert_eq!(eof, 0, "wrap {wrap}: then EOF");
+    }
+}
