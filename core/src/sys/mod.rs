@@ -124,6 +124,8 @@ pub fn socket_addr(
 }
 
 /// splice(2), pipes and the urgent-mark probe for the splice relay.
+/// Pages handed back to the system (the smoltcp stack's rings).
+pub mod pages;
 #[cfg(linux_like)]
 pub mod splice;
 

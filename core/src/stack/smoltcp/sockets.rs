@@ -43,10 +43,16 @@ use crate::lifecycle::{Lifecycle, Phase};
 use crate::nat::FlowKey;
 use crate::packet::HEADROOM;
 use crate::stats::{EngineDrop, Stats};
+use crate::sys::pages;
 use crate::tun::Tun;
 
 /// Transmit counters are published after this many packets (or by the poller).
 const COMMIT_PACKETS: u64 = 64;
+
+/// A socket whose session queued nothing for the app for this long, and
+/// whose transmit ring is empty (all acknowledged), gives the ring's pages
+/// back (`sys::pages::discard`); they fill again, zeroed, when data comes.
+pub(super) const RING_QUIET: Duration = Duration::from_secs(1);
 
 /// The smoltcp interface of one engine and its sockets.
 pub(crate) struct Sockets {
@@ -112,6 +118,10 @@ pub(super) struct Inner {
     pub(super) dirty: Vec<Id>,
     /// Scratch for the poller (kept to avoid allocating per wake-up).
     scratch: Vec<Id>,
+    /// Sockets whose transmit ring took data since its pages were last
+    /// given back, with when they were filed (oldest first): the poller
+    /// gives back the pages of those quiet for [`RING_QUIET`].
+    pub(super) filled: VecDeque<(Id, Instant)>,
     /// The pure ACKs held during the driver's drain, one entry per flow
     /// (kept to avoid allocating per drain).
     held: Vec<(Id, Held)>,
@@ -138,6 +148,9 @@ pub(super) struct Slot {
     dirty: bool,
     /// Its entry in `Inner::held` during a drain.
     held: Option<u32>,
+    /// When the session last queued data on the transmit ring (`None`: its
+    /// pages were given back since, or it never took any).
+    pub(super) tx_at: Option<Instant>,
 }
 
 impl Inner {
@@ -229,6 +242,7 @@ impl Inner {
             timer: None,
             dirty: false,
             held: None,
+            tx_at: None,
         };
         match self.free.pop() {
             Some(id) => {
@@ -263,6 +277,16 @@ impl Inner {
         {
             slot.dirty = true;
             self.dirty.push(id);
+        }
+    }
+
+    /// The session of socket `id` queued data on its transmit ring at
+    /// `now`: file it for [`Inner::give_back_quiet`] unless it is filed.
+    pub(super) fn filled(&mut self, id: Id, now: Instant) {
+        if let Some(slot) = self.slots.get_mut(id as usize).and_then(Option::as_mut)
+            && slot.tx_at.replace(now).is_none()
+        {
+            self.filled.push_back((id, now));
         }
     }
 
@@ -310,6 +334,41 @@ impl Inner {
             h.flush(sink, count);
         }
         held.clear();
+    }
+
+    /// Give back the transmit rings of the sockets quiet for
+    /// [`RING_QUIET`] whose rings are empty; the earliest time another
+    /// may be due. smoltcp lends an empty ring whole through
+    /// `tcp::Socket::send` (it rewinds an empty ring to its start), so the
+    /// pages are dropped through that borrow.
+    fn give_back_quiet(&mut self, now: Instant) -> Option<Instant> {
+        while let Some(&(id, at)) = self.filled.front() {
+            if now.saturating_duration_since(at) < RING_QUIET {
+                return Some(at + RING_QUIET);
+            }
+            self.filled.pop_front();
+            let Some(slot) = self.slots.get_mut(id as usize).and_then(Option::as_mut) else {
+                continue;
+            };
+            let Some(last) = slot.tx_at else {
+                continue;
+            };
+            if now.saturating_duration_since(last) < RING_QUIET {
+                self.filled.push_back((id, last));
+                continue;
+            }
+            let s = slot.set.get_mut::<tcp::Socket>(slot.h);
+            if s.send_queue() > 0 {
+                // Not acknowledged yet: look again after another while.
+                self.filled.push_back((id, now));
+                continue;
+            }
+            slot.tx_at = None;
+            // A socket that may not send any more is closing: its rings go
+            // with it.
+            let _ = s.send(|buf| (0, pages::discard(buf)));
+        }
+        None
     }
 
     /// The poller's next smoltcp deadline.
@@ -421,6 +480,7 @@ impl Sockets {
                 timers: BTreeSet::new(),
                 dirty: Vec::new(),
                 scratch: Vec::new(),
+                filled: VecDeque::new(),
                 held: Vec::new(),
                 tx,
                 count,
@@ -517,11 +577,16 @@ impl Sockets {
         sink: &mut S,
     ) -> Option<Id> {
         let FlowKey { client, server } = key;
-        // Allocated outside the lock; zeroed pages come from calloc lazily.
-        let mut sock = tcp::Socket::new(
-            tcp::SocketBuffer::new(vec![0u8; self.buffer]),
-            tcp::SocketBuffer::new(vec![0u8; self.buffer]),
-        );
+        // Allocated outside the lock. `calloc` clears a chunk it reuses (in
+        // a runtime thread's arena, every chunk), which would make each ring
+        // resident in full at once: its pages are handed back, to become
+        // resident again only as far as data fills them.
+        let ring = || {
+            let mut v = vec![0u8; self.buffer];
+            pages::discard(&mut v);
+            tcp::SocketBuffer::new(v)
+        };
+        let mut sock = tcp::Socket::new(ring(), ring());
         sock.set_nagle_enabled(false);
         sock.set_timeout(Some(smoltcp::time::Duration::from_millis(
             // Capped at a year: smoltcp counts in u64 microseconds.
@@ -654,8 +719,8 @@ impl Sockets {
             // Lingering sockets with no smoltcp timer still need a sweep.
             at = Some(now + self.linger);
         }
-        // A handshake's deadline wakes the poller too.
-        if let Some(h) = handshake {
+        // A handshake's deadline wakes the poller too, and quiet rings.
+        for h in [handshake, g.give_back_quiet(now)].into_iter().flatten() {
             at = Some(at.map_or(h, |a| a.min(h)));
         }
         g.armed = at;

@@ -898,3 +898,130 @@ fn a_drain_sends_one_cumulative_ack_per_flow() {
     st.drain_done(&mut out, &stats);
     assert_eq!(out.0.len(), segs.len(), "flushed by the poller, not again");
 }
+
+/// The rings hand their pages back without losing a byte: a read hands
+/// back the pages it consumed, and a send ring the app acknowledged in full
+/// is handed back once quiet for `RING_QUIET` (not before, and not while
+/// unacknowledged bytes sit in it); data sent after either arrives exact.
+#[test]
+fn quiet_rings_are_handed_back_and_data_stays_exact() {
+    let st = stack();
+    let stats = Stats::default();
+    let mut out = Capture::default();
+    let (k, h, srv_seq) = handshake(&st, &mut out, &stats, false);
+    let (c, s) = (k.client.to_string(), k.server.to_string());
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .expect("test input");
+    let app = SmolStream::new(st.clone(), h, k, None);
+    let pattern = |n: usize, salt: usize| -> Vec<u8> {
+        (0..n).map(|i| ((i * 7 + salt) % 251) as u8).collect()
+    };
+    let tx_at = || st.inner.lock().slots[h as usize].as_ref().map(|s| s.tx_at);
+    // smoltcp's clock only moves forward: one clock for every call.
+    let mut t = Instant::now();
+    let mut app_seq = 1001u32;
+    let mut acked = srv_seq;
+    for round in 0..3 {
+        // App to session: 10 segments through the receive ring, read back.
+        let up = pattern(10 * 1400, round);
+        for chunk in up.chunks(1400) {
+            let p = tcp_v4(&c, &s, app_seq, acked, ACK | PSH, &[], chunk);
+            st.input(&p, t, &mut out, &stats);
+            app_seq = app_seq.wrapping_add(chunk.len() as u32);
+        }
+        let mut got = Vec::new();
+        let mut buf = vec![0u8; 4096];
+        while got.len() < up.len() {
+            let n = rt.block_on(app.recv(&mut buf)).expect("test input");
+            assert!(n > 0);
+            got.extend_from_slice(&buf[..n]);
+        }
+        assert!(got == up, "round {round}: the app's bytes arrive exact");
+        // Session to app: through the send ring, then acknowledged.
+        let down = pattern(12 * 1024, 100 + round);
+        rt.block_on(app.send_all(&down)).expect("test input");
+        out.0.clear();
+        st.poll_once(&mut out, &stats, t);
+        let data: Vec<u8> = out.0.iter().flat_map(|p| seg(p).5).collect();
+        assert!(
+            data == down,
+            "round {round}: the session's bytes arrive exact"
+        );
+        assert!(tx_at().flatten().is_some(), "filed once data was queued");
+        // Quiet but unacknowledged: kept.
+        t += RING_QUIET + Duration::from_millis(100);
+        st.poll_once(&mut out, &stats, t);
+        assert!(
+            tx_at().flatten().is_some(),
+            "unacknowledged bytes keep the ring"
+        );
+        acked = acked.wrapping_add(down.len() as u32);
+        let ack = tcp_v4(&c, &s, app_seq, acked, ACK, &[], &[]);
+        st.input(&ack, t, &mut out, &stats);
+        assert_eq!(st.inner.lock().socket(h).send_queue(), 0);
+        st.poll_once(&mut out, &stats, t);
+        assert!(tx_at().flatten().is_some(), "not quiet yet");
+        t += 2 * RING_QUIET + Duration::from_millis(100);
+        st.poll_once(&mut out, &stats, t);
+        assert_eq!(tx_at(), Some(None), "a quiet empty ring is handed back");
+        assert!(st.inner.lock().filled.is_empty());
+    }
+    assert_eq!(st.inner.lock().socket(h).state(), State::Established);
+}
+
+/// The app's last bytes and its FIN are both in before the session reads:
+/// one read returns every byte, also when they wrap around the end of the
+/// ring (two borrows of it), and only the next read is EOF. smoltcp answers
+/// a read of an empty ring with `Finished` once the FIN is in, so a read
+/// that asked again after emptying the ring turned what it had just taken
+/// out into an EOF (the sniffer and the relay lost the app's last bytes).
+#[test]
+fn bytes_before_the_fin_are_read_before_eof() {
+    let pattern = |n: usize, salt: usize| -> Vec<u8> {
+        (0..n).map(|i| ((i * 7 + salt) % 251) as u8).collect()
+    };
+    for wrap in [false, true] {
+        let st = stack();
+        let stats = Stats::default();
+        let mut out = Capture::default();
+        let (k, h, srv_seq) = handshake(&st, &mut out, &stats, false);
+        let (c, s) = (k.client.to_string(), k.server.to_string());
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("test input");
+        let app = SmolStream::new(st.clone(), h, k, None);
+        let mut seq = 1001u32;
+        let mut send = |data: &[u8], fl: u8| {
+            for chunk in data.chunks(1400) {
+                let p = tcp_v4(&c, &s, seq, srv_seq, fl, &[], chunk);
+                st.input(&p, Instant::now(), &mut out, &stats);
+                seq = seq.wrapping_add(chunk.len() as u32);
+            }
+        };
+        let mut buf = vec![0u8; 32 * 1024];
+        if wrap {
+            // 12 KiB read first: the read position stands 4 KiB before the
+            // end of the 16 KiB ring, so the next 10 KiB wrap around it.
+            let first = pattern(12 * 1024, 1);
+            send(&first, ACK | PSH);
+            let mut got = Vec::new();
+            while got.len() < first.len() {
+                let n = rt.block_on(app.recv(&mut buf)).expect("test input");
+                assert!(n > 0);
+                got.extend_from_slice(&buf[..n]);
+            }
+            assert!(got == first);
+        }
+        let last = pattern(10 * 1024, 2);
+        send(&last, ACK | PSH);
+        let fin = tcp_v4(&c, &s, seq, srv_seq, ACK | FIN, &[], &[]);
+        st.input(&fin, Instant::now(), &mut out, &stats);
+        assert_eq!(st.inner.lock().socket(h).state(), State::CloseWait);
+        let n = rt.block_on(app.recv(&mut buf)).expect("test input");
+        assert_eq!(n, last.len(), "wrap {wrap}: the bytes before the FIN");
+        assert!(buf[..n] == last[..], "wrap {wrap}: exact");
+        let eof = rt.block_on(app.recv(&mut buf)).expect("test input");
+        assert_eq!(eof, 0, "wrap {wrap}: then EOF");
+    }
+}
