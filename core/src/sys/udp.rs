@@ -369,6 +369,40 @@ mod tests {
         }
     }
 
+    /// The buffers behind [`Slots`] for [`RECV_BATCH`] datagrams: `room`
+    /// bytes from `start` in each dense slot, `spill_stride` bytes of spill
+    /// each.
+    struct Buffers {
+        dense: Vec<u8>,
+        spill: Vec<u8>,
+        start: usize,
+        room: usize,
+        spill_stride: usize,
+    }
+
+    impl Buffers {
+        fn new(start: usize, room: usize, spill_stride: usize) -> Self {
+            Buffers {
+                dense: vec![0u8; RECV_BATCH * (start + room)],
+                spill: vec![0u8; RECV_BATCH * spill_stride],
+                start,
+                room,
+                spill_stride,
+            }
+        }
+
+        fn slots(&mut self) -> Slots<'_> {
+            Slots {
+                dense: &mut self.dense,
+                stride: self.start + self.room,
+                start: self.start,
+                room: self.room,
+                spill: &mut self.spill,
+                spill_stride: self.spill_stride,
+            }
+        }
+    }
+
     /// recvmmsg takes up to 16 datagrams a call, each whole: small ones in
     /// their slot, longer ones continued in their spill area, a zero-length
     /// one as such, and one longer than slot + spill flagged (MSG_TRUNC),
@@ -385,19 +419,11 @@ mod tests {
             rx.set_nonblocking(true).expect("nonblocking");
             let (start, room, spill_stride) = (38, 1472, 16_384 - 1472);
             let stride = start + room;
-            let mut dense = vec![0u8; RECV_BATCH * stride];
-            let mut spill = vec![0u8; RECV_BATCH * spill_stride];
+            let mut bufs = Buffers::new(start, room, spill_stride);
+            let mut slots = bufs.slots();
             let mut got = [(0usize, false); RECV_BATCH];
             let mut seen = 0;
             while seen < sizes.len() {
-                let mut slots = Slots {
-                    dense: &mut dense,
-                    stride,
-                    start,
-                    room,
-                    spill: &mut spill,
-                    spill_stride,
-                };
                 let n = recv_batch(rx.as_fd(), &mut slots, &mut got, None).expect("batch");
                 assert!(n > 0 && n <= RECV_BATCH);
                 for (k, &(len, trunc)) in got.iter().enumerate().take(n) {
@@ -410,20 +436,15 @@ mod tests {
                     assert!(!trunc, "v6 {v6}: datagram {i}");
                     assert_eq!(len, sizes[i], "v6 {v6}: datagram {i}");
                     let head = len.min(room);
-                    assert_eq!(&dense[k * stride + start..][..head], &want[..head]);
-                    assert_eq!(&spill[k * spill_stride..][..len - head], &want[head..]);
+                    assert_eq!(&slots.dense[k * stride + start..][..head], &want[..head]);
+                    assert_eq!(
+                        &slots.spill[k * spill_stride..][..len - head],
+                        &want[head..]
+                    );
                 }
                 seen += n;
             }
             assert_eq!(seen, sizes.len());
-            let mut slots = Slots {
-                dense: &mut dense,
-                stride,
-                start,
-                room,
-                spill: &mut spill,
-                spill_stride,
-            };
             let e = recv_batch(rx.as_fd(), &mut slots, &mut got, None).expect_err("empty");
             assert_eq!(e.kind(), io::ErrorKind::WouldBlock);
         }
@@ -445,22 +466,11 @@ mod tests {
                 s.send_to(&datagram(i, 100 + i), to).expect("send");
             }
             rx.set_nonblocking(true).expect("nonblocking");
-            let (start, room, spill_stride) = (38, 1472, 64);
-            let stride = start + room;
-            let mut dense = vec![0u8; RECV_BATCH * stride];
-            let mut spill = vec![0u8; RECV_BATCH * spill_stride];
+            let mut bufs = Buffers::new(38, 1472, 64);
             let mut got = [(0usize, false); RECV_BATCH];
             let mut from = [None; RECV_BATCH];
-            let mut slots = Slots {
-                dense: &mut dense,
-                stride,
-                start,
-                room,
-                spill: &mut spill,
-                spill_stride,
-            };
-            let n =
-                recv_batch(rx.as_fd(), &mut slots, &mut got, Some(&mut from[..])).expect("batch");
+            let n = recv_batch(rx.as_fd(), &mut bufs.slots(), &mut got, Some(&mut from[..]))
+                .expect("batch");
             assert_eq!(n, senders.len(), "v6 {v6}: one batch");
             for (i, s) in senders.iter().enumerate() {
                 assert_eq!(got[i], (100 + i, false), "v6 {v6}: datagram {i}");
