@@ -710,44 +710,13 @@ fn proxied_udp_replies_from_any_address() {
                     .start_in(topo);
                 let second = second_server_address(&rig, v6);
                 let server = rig.topo.server(v6);
-                let (tx, rx) = std::sync::mpsc::channel();
-                let peer = rig
-                    .topo
-                    .server
-                    .spawn(move || -> io::Result<Vec<SocketAddr>> {
-                        let a = UdpSocket::bind(SocketAddr::new(server, 0))?;
-                        let b = UdpSocket::bind(SocketAddr::new(server, 0))?;
-                        let c = UdpSocket::bind(SocketAddr::new(second, 0))?;
-                        let _ = tx.send(a.local_addr()?);
-                        a.set_read_timeout(Some(Duration::from_secs(3)))?;
-                        let mut buf = [0u8; 64];
-                        let (n, relay) = kerntun_testkit::uninterrupted(|| a.recv_from(&mut buf))?;
-                        a.send_to(&buf[..n], relay)?;
-                        b.send_to(b"from port B", relay)?;
-                        c.send_to(b"from the second address", relay)?;
-                        Ok(vec![a.local_addr()?, b.local_addr()?, c.local_addr()?])
-                    })
-                    .expect("server thread");
-                let to = rx.recv().expect("server address");
-                let any: SocketAddr = if v6 { "[::]:0" } else { "0.0.0.0:0" }
-                    .parse()
-                    .expect("addr");
-                let app = UdpSocket::bind(any).expect("app socket");
-                app.set_read_timeout(Some(Duration::from_millis(700)))
-                    .expect("timeout");
-                app.send_to(b"hello", to).expect("send");
-                let from = peer.join().expect("server thread").expect("server");
-                let mut got = Vec::new();
-                let mut buf = [0u8; 64];
-                while let Ok((n, src)) = kerntun_testkit::uninterrupted(|| app.recv_from(&mut buf))
-                {
-                    got.push((src, buf[..n].to_vec()));
-                }
-                let mut want = vec![(from[0], b"hello".to_vec())];
-                if nat == UdpNat::EndpointIndependent {
-                    want.push((from[1], b"from port B".to_vec()));
-                    want.push((from[2], b"from the second address".to_vec()));
-                }
+                let (got, sent) =
+                    client::replies_from_three_places(&rig.topo.server, server, second);
+                let want = if nat == UdpNat::EndpointIndependent {
+                    &sent[..]
+                } else {
+                    &sent[..1]
+                };
                 assert_eq!(got, want, "{via:?} {nat:?} v6 {v6}: {:?}", rig.stats());
                 assert_eq!(rig.stats().outbounds[0].udp_flows, 1, "{via:?}");
             }
