@@ -26,7 +26,9 @@ use kerntun::config::{
 use kerntun::rules::{Action, Rule};
 use kerntun_testkit::rig::{Rig, RigBuilder, socks5};
 use kerntun_testkit::servers::{self, Mode};
-use kerntun_testkit::tokio_servers::{InProcess, in_process, listen, shadowsocks};
+use kerntun_testkit::tokio_servers::{
+    InProcess, Socks5Options, in_process, listen, shadowsocks, socks5_server_with,
+};
 use kerntun_testkit::{Netns, Topology, client, require_root};
 
 const MIB: usize = 1024 * 1024;
@@ -273,45 +275,13 @@ fn shadowsocks_replayed_server_stream_is_refused() {
 /// fast-socks5's server on `addr`: CONNECT and UDP ASSOCIATE, with
 /// username/password when `creds` is set. Counts the requests it served.
 fn socks5_server(ns: &Netns, addr: SocketAddr, creds: Option<(&str, &str)>) -> InProcess {
-    use fast_socks5::Socks5Command;
-    use fast_socks5::server::{Socks5ServerProtocol, run_tcp_proxy, run_udp_proxy};
-    let creds = creds.map(|(u, p)| (u.to_owned(), p.to_owned()));
-    in_process(ns, move |ready, served| async move {
-        let Some(l) = listen(addr, &ready).await else {
-            return;
-        };
-        loop {
-            let Ok((s, _)) = l.accept().await else {
-                continue;
-            };
-            let creds = creds.clone();
-            let served = served.clone();
-            tokio::spawn(async move {
-                let proto = match &creds {
-                    None => Socks5ServerProtocol::accept_no_auth(s).await,
-                    Some((u, p)) => Socks5ServerProtocol::accept_password_auth(s, |user, pass| {
-                        user == *u && pass == *p
-                    })
-                    .await
-                    .map(|(proto, _)| proto),
-                };
-                let Ok(proto) = proto else { return };
-                let Ok((proto, cmd, target)) = proto.read_command().await else {
-                    return;
-                };
-                served.fetch_add(1, Relaxed);
-                match cmd {
-                    Socks5Command::TCPConnect => {
-                        let _ = run_tcp_proxy(proto, &target, Duration::from_secs(5), true).await;
-                    }
-                    Socks5Command::UDPAssociate => {
-                        let _ = run_udp_proxy(proto, &target, None, addr.ip(), None).await;
-                    }
-                    _ => {}
-                }
-            });
-        }
-    })
+    let opts = Socks5Options {
+        creds: creds.map(|(u, p)| (u.to_owned(), p.to_owned())),
+        udp: true,
+        uncounted: None,
+        connect_timeout: Duration::from_secs(5),
+    };
+    socks5_server_with(ns, addr, opts)
 }
 
 fn socks5_case(creds: Option<(&str, &str)>, v6: bool) {
