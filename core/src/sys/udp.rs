@@ -4,7 +4,7 @@
 //! makes the calls.
 
 use std::io;
-use std::os::fd::{AsRawFd, BorrowedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 
 /// The most segments one GSO send may carry (the kernel's `UDP_MAX_SEGMENTS`).
 pub const GSO_MAX_SEGMENTS: usize = 64;
@@ -23,19 +23,7 @@ pub fn gso_supported() -> bool {
         let Ok(s) = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::DGRAM, None) else {
             return false;
         };
-        let seg: libc::c_int = 1200;
-        // SAFETY: `s` is an open socket for the call; the option value is an
-        // int on the stack, passed with its size.
-        let r = unsafe {
-            libc::setsockopt(
-                s.as_raw_fd(),
-                libc::SOL_UDP,
-                libc::UDP_SEGMENT,
-                (&seg as *const libc::c_int).cast(),
-                std::mem::size_of::<libc::c_int>() as _,
-            )
-        };
-        r == 0
+        super::set_int_option(s.as_fd(), libc::SOL_UDP, libc::UDP_SEGMENT, 1200).is_ok()
     })
 }
 
@@ -211,7 +199,7 @@ pub fn recv_batch(
 /// it, as the kernel reports): `super::socket_addr` for a name buffer the
 /// size of a `sockaddr_in6`.
 fn source(name: &libc::sockaddr_in6, len: libc::socklen_t) -> Option<std::net::SocketAddr> {
-    use std::net::{Ipv4Addr, Ipv6Addr, SocketAddrV4, SocketAddrV6};
+    use super::{from_sockaddr_in, from_sockaddr_in6};
     let len = len as usize;
     match i32::from(name.sin6_family) {
         libc::AF_INET if len >= std::mem::size_of::<libc::sockaddr_in>() => {
@@ -219,23 +207,11 @@ fn source(name: &libc::sockaddr_in6, len: libc::socklen_t) -> Option<std::net::S
             // needs no stricter alignment, and the kernel wrote one here
             // (its family says so, and it wrote at least its size).
             let a = unsafe { &*(name as *const libc::sockaddr_in6).cast::<libc::sockaddr_in>() };
-            Some(
-                SocketAddrV4::new(
-                    Ipv4Addr::from(u32::from_be(a.sin_addr.s_addr)),
-                    u16::from_be(a.sin_port),
-                )
-                .into(),
-            )
+            Some(from_sockaddr_in(a))
         }
-        libc::AF_INET6 if len >= std::mem::size_of::<libc::sockaddr_in6>() => Some(
-            SocketAddrV6::new(
-                Ipv6Addr::from(name.sin6_addr.s6_addr),
-                u16::from_be(name.sin6_port),
-                name.sin6_flowinfo,
-                name.sin6_scope_id,
-            )
-            .into(),
-        ),
+        libc::AF_INET6 if len >= std::mem::size_of::<libc::sockaddr_in6>() => {
+            Some(from_sockaddr_in6(name))
+        }
         _ => None,
     }
 }
@@ -243,35 +219,18 @@ fn source(name: &libc::sockaddr_in6, len: libc::socklen_t) -> Option<std::net::S
 /// Socket options and a GRO receive the tests of the batched paths need.
 #[cfg(test)]
 pub(crate) mod testing {
+    use crate::sys::set_int_option;
     use std::io;
     use std::os::fd::{AsRawFd, BorrowedFd};
 
-    fn set_int(fd: BorrowedFd<'_>, level: i32, name: i32, v: i32) -> io::Result<()> {
-        // SAFETY: `fd` is borrowed for the call; the option value is an int
-        // on the stack, passed with its size.
-        let r = unsafe {
-            libc::setsockopt(
-                fd.as_raw_fd(),
-                level,
-                name,
-                (&v as *const i32).cast(),
-                std::mem::size_of::<i32>() as _,
-            )
-        };
-        if r < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(())
-    }
-
     /// `SO_NO_CHECK`: the kernel refuses GSO sends on such a socket (`EINVAL`).
     pub fn set_no_check(fd: BorrowedFd<'_>) -> io::Result<()> {
-        set_int(fd, libc::SOL_SOCKET, libc::SO_NO_CHECK, 1)
+        set_int_option(fd, libc::SOL_SOCKET, libc::SO_NO_CHECK, 1)
     }
 
     /// `UDP_GRO`: a GSO packet reaches this socket whole.
     pub fn set_gro(fd: BorrowedFd<'_>) -> io::Result<()> {
-        set_int(fd, libc::SOL_UDP, libc::UDP_GRO, 1)
+        set_int_option(fd, libc::SOL_UDP, libc::UDP_GRO, 1)
     }
 
     /// One `recvmsg` on a `UDP_GRO` socket: the bytes and the segment size
