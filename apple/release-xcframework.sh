@@ -123,6 +123,32 @@ PY
     fi
 }
 
+# zip_release XCFRAMEWORK OUT.zip: the zip made afresh (its folder
+# created if need be); prints its checksum.
+zip_release() {
+    local fw=$1 out=$2
+    mkdir -p "$(dirname "$out")"
+    rm -f "$out"
+    zip_framework "$fw" "$out" >/dev/null
+    checksum "$out"
+}
+
+# release_summary OUT.zip CHECKSUM URL [LINE...]: what was made and what
+# to do next; each LINE is one more line of it.
+release_summary() {
+    local out=$1 sum=$2 url=$3
+    shift 3
+    cat <<EOF
+
+zip:      $out
+checksum: $sum
+url:      $url
+
+Next: upload the zip to exactly that URL, commit Package.swift, tag.
+EOF
+    (($# == 0)) || printf '%s\n' "$@"
+}
+
 release() {
     local url=${1:-}
     [[ -n "$url" ]] || die "usage: $0 release URL (where the zip will be published)"
@@ -131,10 +157,7 @@ release() {
     command -v lipo >/dev/null || die "lipo not found: install the Xcode command line tools"
     bash "$here/build-xcframework.sh"
     local out="$here/build/KerntunFFI.xcframework.zip" sum
-    mkdir -p "$here/build"
-    rm -f "$out"
-    zip_framework "$here/KerntunFFI.xcframework" "$out" >/dev/null
-    sum=$(checksum "$out")
+    sum=$(zip_release "$here/KerntunFFI.xcframework" "$out")
     # Cross-check with SwiftPM's own computation where it is available.
     if command -v swift >/dev/null; then
         local swiftpm
@@ -142,16 +165,9 @@ release() {
         [[ "$swiftpm" == "$sum" ]] || die "swift package compute-checksum says $swiftpm, sha256 says $sum"
     fi
     set_release "$url" "$sum"
-    cat <<EOF
-
-zip:      $out
-checksum: $sum
-url:      $url
-
-Next: upload the zip to exactly that URL, commit Package.swift, tag.
-Apps then resolve KerntunFFI by URL; KERNTUN_LOCAL_XCFRAMEWORK=1 (or
-set-release "" "") switches back to apple/KerntunFFI.xcframework.
-EOF
+    release_summary "$out" "$sum" "$url" \
+        "Apps then resolve KerntunFFI by URL; KERNTUN_LOCAL_XCFRAMEWORK=1 (or" \
+        'set-release "" "") switches back to apple/KerntunFFI.xcframework.'
 }
 
 # release_assembled URL [XCFRAMEWORK] [-- BUILD-OPTIONS]
@@ -174,19 +190,9 @@ release_assembled() {
         bash "$here/assemble-xcframework.sh" verify "$fw" >/dev/null || die "$fw: $(bash "$here/assemble-xcframework.sh" verify "$fw")"
     fi
     local out=${RELEASE_ZIP:-$here/build/KerntunFFI.xcframework.zip}
-    mkdir -p "$(dirname "$out")"
-    rm -f "$out"
-    zip_framework "$fw" "$out" >/dev/null
-    sum=$(checksum "$out")
+    sum=$(zip_release "$fw" "$out")
     set_release "$url" "$sum"
-    cat <<EOF
-
-zip:      $out
-checksum: $sum
-url:      $url
-
-Next: upload the zip to exactly that URL, commit Package.swift, tag.
-EOF
+    release_summary "$out" "$sum" "$url"
 }
 
 self_test() {

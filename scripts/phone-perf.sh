@@ -37,8 +37,7 @@ work=$(mktemp -d)
 epid="" ipid=""
 cleanup() {
     set +e
-    [[ -n $epid ]] && kill -INT "$epid" 2>/dev/null && wait "$epid" 2>/dev/null
-    [[ -n $ipid ]] && kill "$ipid" 2>/dev/null && wait "$ipid" 2>/dev/null
+    router_stop "$epid" "$ipid"
     router_teardown "$app" "$eng" "$srv"
     rm -rf "$work"
 }
@@ -47,29 +46,12 @@ trap 'exit 130' INT TERM
 
 router_topology "$app" "$eng" "$srv" 7
 
-cat >"$work/engine.toml" <<EOF
-stack = "system"
-driver = "per_packet"
-[tun]
-name = "ktpt"
-mtu = 1500
-ipv4 = "198.18.0.1/16"
-[direct]
-interface = "ktc"
-EOF
+router_engine_config ktpt >"$work/engine.toml"
 ip netns exec "$srv" iperf3 -s -B 198.19.7.2 >/dev/null 2>&1 &
 ipid=$!
 ip netns exec "$eng" "$engine" run --config "$work/engine.toml" >/dev/null 2>"$work/engine.log" &
 epid=$!
-for _ in $(seq 100); do
-    grep -q "kerntun started on" "$work/engine.log" && break
-    sleep 0.1
-done
-grep -q "kerntun started on" "$work/engine.log" || {
-    cat "$work/engine.log" >&2
-    exit 1
-}
-ip -n "$eng" route add 198.19.7.2/32 dev ktpt table 233
+router_engine_started "$eng" "$work/engine.log" 100 198.19.7.2 ktpt
 sleep 0.5
 
 ticks() { awk '{print $14 + $15}' "/proc/$epid/stat"; }

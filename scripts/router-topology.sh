@@ -1,6 +1,6 @@
 # Sourced by scripts/phone-perf.sh and scripts/udp-down-callgrind.sh: what
-# they need before they start, and the phone profiles' router topology in
-# three namespaces.
+# they need before they start, the phone profiles' router topology in
+# three namespaces, and the engine's configuration, start and stop there.
 #
 #     router_requires NAME ENGINE COMMAND...
 #
@@ -66,4 +66,55 @@ router_topology() {
     done
     # What the app sends arrives on kte and goes into the TUN (table 233).
     ip -n "$eng" rule add iif kte lookup 233 pref 1000
+}
+
+# router_engine_config TUN [LINE...]
+#
+# prints the engine's configuration for the topology: system stack, the
+# per-packet driver (a TUN without offload, as Android's), a TUN named TUN
+# at MTU 1500 on 198.18.0.1/16, the direct outbound out of ktc; each LINE
+# is one more [direct] setting.
+router_engine_config() {
+    local tun=$1
+    shift
+    cat <<EOF
+stack = "system"
+driver = "per_packet"
+[tun]
+name = "$tun"
+mtu = 1500
+ipv4 = "198.18.0.1/16"
+[direct]
+interface = "ktc"
+EOF
+    (($# == 0)) || printf '%s\n' "$@"
+}
+
+# router_engine_started ENG LOG TRIES SERVER TUN
+#
+# waits up to TRIES tenths of a second for the engine to write "kerntun
+# started on" to LOG (when it did not: prints LOG and exits 1), then routes
+# SERVER (an address) into TUN in ENG's table 233.
+router_engine_started() {
+    local eng=$1 log=$2 tries=$3 server=$4 tun=$5
+    for _ in $(seq "$tries"); do
+        grep -q "kerntun started on" "$log" && break
+        sleep 0.1
+    done
+    grep -q "kerntun started on" "$log" || {
+        cat "$log" >&2
+        exit 1
+    }
+    ip -n "$eng" route add "$server/32" dev "$tun" table 233
+}
+
+# router_stop ENGINE_PID SERVER_PID
+#
+# stops the engine (SIGINT, its orderly stop) and the server process, each
+# if its pid is set, and waits for them; errors ignored. Call it with errexit
+# off (a cleanup trap's `set +e`).
+router_stop() {
+    [[ -n $1 ]] && kill -INT "$1" 2>/dev/null && wait "$1" 2>/dev/null
+    [[ -n $2 ]] && kill "$2" 2>/dev/null && wait "$2" 2>/dev/null
+    return 0
 }

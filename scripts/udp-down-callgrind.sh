@@ -38,8 +38,7 @@ work=$(mktemp -d)
 epid="" spid=""
 cleanup() {
     set +e
-    [[ -n $epid ]] && kill -INT "$epid" 2>/dev/null && wait "$epid" 2>/dev/null
-    [[ -n $spid ]] && kill "$spid" 2>/dev/null && wait "$spid" 2>/dev/null
+    router_stop "$epid" "$spid"
     router_teardown "$app" "$eng" "$srv"
     if [[ -n ${KEEP:-} ]]; then
         mkdir -p "$KEEP" && cp "$work"/callgrind.out* "$KEEP"/ 2>/dev/null
@@ -51,17 +50,7 @@ trap 'exit 130' INT TERM
 
 router_topology "$app" "$eng" "$srv" 8
 
-cat >"$work/engine.toml" <<EOF
-stack = "system"
-driver = "per_packet"
-[tun]
-name = "ktct"
-mtu = 1500
-ipv4 = "198.18.0.1/16"
-[direct]
-interface = "ktc"
-udp_nat = "${UDP_NAT:-endpoint-independent}"
-EOF
+router_engine_config ktct "udp_nat = \"${UDP_NAT:-endpoint-independent}\"" >"$work/engine.toml"
 
 # The server: a request "COUNT BURST GAP_MS" is answered with COUNT
 # datagrams of 1,200 bytes to its source.
@@ -113,15 +102,7 @@ spid=$!
 ip netns exec "$eng" valgrind --tool=callgrind --callgrind-out-file="$work/callgrind.out" \
     "$engine" run --config "$work/engine.toml" >/dev/null 2>"$work/engine.log" &
 epid=$!
-for _ in $(seq 600); do
-    grep -q "kerntun started on" "$work/engine.log" && break
-    sleep 0.1
-done
-grep -q "kerntun started on" "$work/engine.log" || {
-    cat "$work/engine.log" >&2
-    exit 1
-}
-ip -n "$eng" route add 198.19.8.2/32 dev ktct table 233
+router_engine_started "$eng" "$work/engine.log" 600 198.19.8.2 ktct
 sleep 1
 # valgrind's pid is the engine's.
 got=$(ip netns exec "$app" python3 "$work/client.py" "$count" "$burst" "$gap" \

@@ -26,7 +26,9 @@ use kerntun::config::{
 use kerntun::rules::{Action, Rule};
 use kerntun_testkit::rig::{Rig, RigBuilder, socks5};
 use kerntun_testkit::servers::{self, Mode};
-use kerntun_testkit::tokio_servers::{InProcess, in_process, listen, shadowsocks};
+use kerntun_testkit::tokio_servers::{
+    InProcess, Socks5Options, in_process, listen, shadowsocks, socks5_server_with,
+};
 use kerntun_testkit::{Netns, Topology, client, require_root};
 
 const MIB: usize = 1024 * 1024;
@@ -273,45 +275,13 @@ fn shadowsocks_replayed_server_stream_is_refused() {
 /// fast-socks5's server on `addr`: CONNECT and UDP ASSOCIATE, with
 /// username/password when `creds` is set. Counts the requests it served.
 fn socks5_server(ns: &Netns, addr: SocketAddr, creds: Option<(&str, &str)>) -> InProcess {
-    use fast_socks5::Socks5Command;
-    use fast_socks5::server::{Socks5ServerProtocol, run_tcp_proxy, run_udp_proxy};
-    let creds = creds.map(|(u, p)| (u.to_owned(), p.to_owned()));
-    in_process(ns, move |ready, served| async move {
-        let Some(l) = listen(addr, &ready).await else {
-            return;
-        };
-        loop {
-            let Ok((s, _)) = l.accept().await else {
-                continue;
-            };
-            let creds = creds.clone();
-            let served = served.clone();
-            tokio::spawn(async move {
-                let proto = match &creds {
-                    None => Socks5ServerProtocol::accept_no_auth(s).await,
-                    Some((u, p)) => Socks5ServerProtocol::accept_password_auth(s, |user, pass| {
-                        user == *u && pass == *p
-                    })
-                    .await
-                    .map(|(proto, _)| proto),
-                };
-                let Ok(proto) = proto else { return };
-                let Ok((proto, cmd, target)) = proto.read_command().await else {
-                    return;
-                };
-                served.fetch_add(1, Relaxed);
-                match cmd {
-                    Socks5Command::TCPConnect => {
-                        let _ = run_tcp_proxy(proto, &target, Duration::from_secs(5), true).await;
-                    }
-                    Socks5Command::UDPAssociate => {
-                        let _ = run_udp_proxy(proto, &target, None, addr.ip(), None).await;
-                    }
-                    _ => {}
-                }
-            });
-        }
-    })
+    let opts = Socks5Options {
+        creds: creds.map(|(u, p)| (u.to_owned(), p.to_owned())),
+        udp: true,
+        uncounted: None,
+        connect_timeout: Duration::from_secs(5),
+    };
+    socks5_server_with(ns, addr, opts)
 }
 
 fn socks5_case(creds: Option<(&str, &str)>, v6: bool) {
@@ -710,44 +680,13 @@ fn proxied_udp_replies_from_any_address() {
                     .start_in(topo);
                 let second = second_server_address(&rig, v6);
                 let server = rig.topo.server(v6);
-                let (tx, rx) = std::sync::mpsc::channel();
-                let peer = rig
-                    .topo
-                    .server
-                    .spawn(move || -> io::Result<Vec<SocketAddr>> {
-                        let a = UdpSocket::bind(SocketAddr::new(server, 0))?;
-                        let b = UdpSocket::bind(SocketAddr::new(server, 0))?;
-                        let c = UdpSocket::bind(SocketAddr::new(second, 0))?;
-                        let _ = tx.send(a.local_addr()?);
-                        a.set_read_timeout(Some(Duration::from_secs(3)))?;
-                        let mut buf = [0u8; 64];
-                        let (n, relay) = kerntun_testkit::uninterrupted(|| a.recv_from(&mut buf))?;
-                        a.send_to(&buf[..n], relay)?;
-                        b.send_to(b"from port B", relay)?;
-                        c.send_to(b"from the second address", relay)?;
-                        Ok(vec![a.local_addr()?, b.local_addr()?, c.local_addr()?])
-                    })
-                    .expect("server thread");
-                let to = rx.recv().expect("server address");
-                let any: SocketAddr = if v6 { "[::]:0" } else { "0.0.0.0:0" }
-                    .parse()
-                    .expect("addr");
-                let app = UdpSocket::bind(any).expect("app socket");
-                app.set_read_timeout(Some(Duration::from_millis(700)))
-                    .expect("timeout");
-                app.send_to(b"hello", to).expect("send");
-                let from = peer.join().expect("server thread").expect("server");
-                let mut got = Vec::new();
-                let mut buf = [0u8; 64];
-                while let Ok((n, src)) = kerntun_testkit::uninterrupted(|| app.recv_from(&mut buf))
-                {
-                    got.push((src, buf[..n].to_vec()));
-                }
-                let mut want = vec![(from[0], b"hello".to_vec())];
-                if nat == UdpNat::EndpointIndependent {
-                    want.push((from[1], b"from port B".to_vec()));
-                    want.push((from[2], b"from the second address".to_vec()));
-                }
+                let (got, sent) =
+                    client::replies_from_three_places(&rig.topo.server, server, second);
+                let want = if nat == UdpNat::EndpointIndependent {
+                    &sent[..]
+                } else {
+                    &sent[..1]
+                };
                 assert_eq!(got, want, "{via:?} {nat:?} v6 {v6}: {:?}", rig.stats());
                 assert_eq!(rig.stats().outbounds[0].udp_flows, 1, "{via:?}");
             }

@@ -23,7 +23,7 @@ use kerntun::conns::Connection;
 use kerntun::rules::{Action, Network, PortRange, Rule};
 use kerntun::{Owner, OwnerLookup};
 use kerntun_testkit::rig::Rig;
-use kerntun_testkit::servers::Mode;
+use kerntun_testkit::servers::{Mode, Server};
 use kerntun_testkit::{pattern, within};
 use parking_lot::Mutex;
 
@@ -156,21 +156,29 @@ fn wait_owner(rig: &Rig, source: SocketAddr, network: Network, uid: u32) -> Conn
     last.expect("listed")
 }
 
-fn package_rule_routes_by_owner(stack: StackKind) {
-    let owners = Arc::new(Owners::default());
+/// An engine (IPv4 only) on `stack` that asks `owners` who owns a flow,
+/// with `rule` as its one rule, and a TCP and a UDP echo server behind it.
+fn owner_rig(stack: StackKind, owners: &Arc<Owners>, rule: Rule) -> (Rig, Server, Server) {
     let rig = Rig::builder()
         .stack(stack)
         .ipv4_only()
         .owner(owners.clone())
-        .rule(Rule {
-            name: Some("blocked-app".into()),
-            package: vec![BLOCKED.into()],
-            action: Action::Reject,
-            ..Rule::default()
-        })
+        .rule(rule)
         .start();
     let tcp = rig.tcp_server(false, Mode::Echo);
     let udp = rig.udp_echo(false);
+    (rig, tcp, udp)
+}
+
+fn package_rule_routes_by_owner(stack: StackKind) {
+    let owners = Arc::new(Owners::default());
+    let rule = Rule {
+        name: Some("blocked-app".into()),
+        package: vec![BLOCKED.into()],
+        action: Action::Reject,
+        ..Rule::default()
+    };
+    let (rig, tcp, udp) = owner_rig(stack, &owners, rule);
 
     // (a) The owned app's connection echoes and is listed with its owner.
     let mut owned = connect_from(tcp.addr, &owners, Some((10_077, OWNED))).expect("connect");
@@ -241,20 +249,14 @@ fn package_rule_routes_by_owner(stack: StackKind) {
 
 fn owner_recorded_after_routing(stack: StackKind) {
     let owners = Arc::new(Owners::default());
-    let rig = Rig::builder()
-        .stack(stack)
-        .ipv4_only()
-        .owner(owners.clone())
-        // An owner rule no flow here can match: lookups are for the list.
-        .rule(Rule {
-            package: vec![BLOCKED.into()],
-            ports: Some(PortRange { start: 9, end: 9 }),
-            action: Action::Reject,
-            ..Rule::default()
-        })
-        .start();
-    let tcp = rig.tcp_server(false, Mode::Echo);
-    let udp = rig.udp_echo(false);
+    // An owner rule no flow here can match: lookups are for the list.
+    let rule = Rule {
+        package: vec![BLOCKED.into()],
+        ports: Some(PortRange { start: 9, end: 9 }),
+        action: Action::Reject,
+        ..Rule::default()
+    };
+    let (rig, tcp, udp) = owner_rig(stack, &owners, rule);
     let mut blocked = connect_from(tcp.addr, &owners, Some((10_081, BLOCKED))).expect("connect");
     assert!(
         echoes(&mut blocked, &pattern(4, 5_000)),

@@ -5,8 +5,7 @@
 //!
 //! Needs root (CI runs as root); otherwise each test prints why it skipped.
 
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, UdpSocket};
-use std::time::Duration;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use kerntun::config::{Config, DriverMode, StackKind, UdpNat};
 use kerntun::{Engine, TunSource};
@@ -150,18 +149,6 @@ impl Local {
     }
 }
 
-/// The app's socket of a family, on any address; reads give up after
-/// 700 ms.
-fn app_socket(v6: bool) -> UdpSocket {
-    let any: SocketAddr = if v6 { "[::]:0" } else { "0.0.0.0:0" }
-        .parse()
-        .expect("addr");
-    let app = UdpSocket::bind(any).expect("app socket");
-    app.set_read_timeout(Some(Duration::from_millis(700)))
-        .expect("timeout");
-    app
-}
-
 /// The app sends to the server's port A; the server answers from A, then
 /// from its port B and from its second address. With endpoint-independent
 /// filtering (the default) all three reach the app, each from the address
@@ -179,38 +166,12 @@ fn replies_from_other_ports_and_addresses_follow_udp_nat() {
         for v6 in [false, true] {
             let server = rig.topo.server(v6);
             let second = Local::second(&rig.topo, v6).1;
-            let (tx, rx) = std::sync::mpsc::channel();
-            let peer = rig
-                .topo
-                .server
-                .spawn(move || -> std::io::Result<Vec<SocketAddr>> {
-                    let a = UdpSocket::bind(SocketAddr::new(server, 0))?;
-                    let b = UdpSocket::bind(SocketAddr::new(server, 0))?;
-                    let c = UdpSocket::bind(SocketAddr::new(second, 0))?;
-                    let _ = tx.send(a.local_addr()?);
-                    a.set_read_timeout(Some(Duration::from_secs(3)))?;
-                    let mut buf = [0u8; 64];
-                    let (n, app) = kerntun_testkit::uninterrupted(|| a.recv_from(&mut buf))?;
-                    a.send_to(&buf[..n], app)?;
-                    b.send_to(b"from port B", app)?;
-                    c.send_to(b"from the second address", app)?;
-                    Ok(vec![a.local_addr()?, b.local_addr()?, c.local_addr()?])
-                })
-                .expect("server thread");
-            let to = rx.recv().expect("server address");
-            let app = app_socket(v6);
-            app.send_to(b"hello", to).expect("send");
-            let from = peer.join().expect("server thread").expect("server");
-            let mut got = Vec::new();
-            let mut buf = [0u8; 64];
-            while let Ok((n, src)) = kerntun_testkit::uninterrupted(|| app.recv_from(&mut buf)) {
-                got.push((src, buf[..n].to_vec()));
-            }
-            let mut want = vec![(from[0], b"hello".to_vec())];
-            if nat == UdpNat::EndpointIndependent {
-                want.push((from[1], b"from port B".to_vec()));
-                want.push((from[2], b"from the second address".to_vec()));
-            }
+            let (got, sent) = client::replies_from_three_places(&rig.topo.server, server, second);
+            let want = if nat == UdpNat::EndpointIndependent {
+                &sent[..]
+            } else {
+                &sent[..1]
+            };
             assert_eq!(
                 got,
                 want,
@@ -241,7 +202,7 @@ fn stun_reports_one_mapping_across_destinations() {
                 .expect("stun server");
             let two = stun::server(&rig.topo.server, SocketAddr::new(second, one.addr.port()))
                 .expect("second stun server");
-            let app = app_socket(v6);
+            let app = client::udp_app_socket(v6);
             let mut mapped = Vec::new();
             for (i, to) in [one.addr, two.addr].into_iter().enumerate() {
                 let id = [b'k', b't', i as u8, 0, 0, 0, 0, 0, 0, 0, 0, v6 as u8];

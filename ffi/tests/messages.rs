@@ -168,29 +168,31 @@ fn every_command_answers_through_handle_message() {
     let groups = ok(ask(&engine, 10, "groups", json!({})));
     assert_eq!(groups["groups"][0]["selected"], json!("reject"));
 
-    let v = ask(
-        &engine,
-        11,
-        "test_latency",
-        json!({ "outbound": "nope", "url": "http://a.test/" }),
-    );
-    assert_eq!(error(&v).0, "unknown_outbound");
-    let v = ask(
-        &engine,
-        12,
-        "test_latency",
-        json!({ "outbound": "direct", "url": "ftp://a" }),
-    );
-    assert_eq!(error(&v).0, "invalid_url");
-
-    // A misspelt filter closes nothing; a bad address names the field.
-    let v = ask(
-        &engine,
-        13,
-        "close_connections",
-        json!({ "destination": "1.2.3.4" }),
-    );
-    assert_eq!(error(&v).0, "bad_request");
+    // An unknown outbound, a URL the probe cannot speak, a misspelt filter
+    // (it closes nothing): each its kind of error.
+    for (id, cmd, args, kind) in [
+        (
+            11,
+            "test_latency",
+            json!({ "outbound": "nope", "url": "http://a.test/" }),
+            "unknown_outbound",
+        ),
+        (
+            12,
+            "test_latency",
+            json!({ "outbound": "direct", "url": "ftp://a" }),
+            "invalid_url",
+        ),
+        (
+            13,
+            "close_connections",
+            json!({ "destination": "1.2.3.4" }),
+            "bad_request",
+        ),
+    ] {
+        assert_eq!(error(&ask(&engine, id, cmd, args)).0, kind, "{id} {cmd}");
+    }
+    // A bad address names the field.
     let v = ask(
         &engine,
         14,

@@ -827,9 +827,9 @@ pub fn udp_gro_echo(ns: &Netns, addr: std::net::SocketAddr) -> io::Result<server
 
 /// Client-side checks used by the tests and the demo.
 pub mod client {
-    use super::{pattern, servers};
+    use super::{Netns, pattern, servers};
     use std::io::{self, Read, Write};
-    use std::net::{Shutdown, SocketAddr, TcpStream};
+    use std::net::{IpAddr, Shutdown, SocketAddr, TcpStream, UdpSocket};
     use std::time::{Duration, Instant};
 
     /// Outcome of an echo transfer.
@@ -917,6 +917,67 @@ pub mod client {
             bytes: len as u64,
             elapsed: start.elapsed(),
         })
+    }
+
+    /// An app's UDP socket of a family, on any address; reads give up after
+    /// 700 ms.
+    pub fn udp_app_socket(v6: bool) -> UdpSocket {
+        let any: SocketAddr = if v6 { "[::]:0" } else { "0.0.0.0:0" }
+            .parse()
+            .expect("addr");
+        let app = UdpSocket::bind(any).expect("app socket");
+        app.set_read_timeout(Some(Duration::from_millis(700)))
+            .expect("timeout");
+        app
+    }
+
+    /// Datagrams as (source, payload).
+    pub type Datagrams = Vec<(SocketAddr, Vec<u8>)>;
+
+    /// Replies to one datagram from three places: the app (a
+    /// [`udp_app_socket`] of `server`'s family, in this thread's namespace)
+    /// sends `hello` to port A on `server` in `ns`; the server answers from
+    /// A, then from its port B on the same address, then from a port on
+    /// `second`. Returns what reached the app, in order, until a read timed
+    /// out, and the three replies as the server sent them (source, payload),
+    /// A's first: a test of endpoint-independent filtering wants all three,
+    /// one of connected filtering A's alone.
+    pub fn replies_from_three_places(
+        ns: &Netns,
+        server: IpAddr,
+        second: IpAddr,
+    ) -> (Datagrams, Datagrams) {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let peer = ns
+            .spawn(move || -> io::Result<Vec<SocketAddr>> {
+                let a = UdpSocket::bind(SocketAddr::new(server, 0))?;
+                let b = UdpSocket::bind(SocketAddr::new(server, 0))?;
+                let c = UdpSocket::bind(SocketAddr::new(second, 0))?;
+                let _ = tx.send(a.local_addr()?);
+                a.set_read_timeout(Some(Duration::from_secs(3)))?;
+                let mut buf = [0u8; 64];
+                let (n, app) = crate::uninterrupted(|| a.recv_from(&mut buf))?;
+                a.send_to(&buf[..n], app)?;
+                b.send_to(b"from port B", app)?;
+                c.send_to(b"from the second address", app)?;
+                Ok(vec![a.local_addr()?, b.local_addr()?, c.local_addr()?])
+            })
+            .expect("server thread");
+        let to = rx.recv().expect("server address");
+        let app = udp_app_socket(server.is_ipv6());
+        app.send_to(b"hello", to).expect("send");
+        let from = peer.join().expect("server thread").expect("server");
+        let mut got = Vec::new();
+        let mut buf = [0u8; 64];
+        while let Ok((n, src)) = crate::uninterrupted(|| app.recv_from(&mut buf)) {
+            got.push((src, buf[..n].to_vec()));
+        }
+        let sent = vec![
+            (from[0], b"hello".to_vec()),
+            (from[1], b"from port B".to_vec()),
+            (from[2], b"from the second address".to_vec()),
+        ];
+        (got, sent)
     }
 
     /// One UDP request/response round trip per datagram, each checked. Each

@@ -105,8 +105,51 @@ pub async fn listen(
 /// [`InProcess::relayed`] counts the CONNECTs it served, except those to
 /// port `uncounted` (a probe target).
 pub fn socks5_server(ns: &Netns, addr: std::net::SocketAddr, uncounted: Option<u16>) -> InProcess {
+    socks5_server_with(
+        ns,
+        addr,
+        Socks5Options {
+            uncounted,
+            ..Socks5Options::default()
+        },
+    )
+}
+
+/// What a [`socks5_server_with`] serves.
+#[derive(Debug, Clone)]
+pub struct Socks5Options {
+    /// The username and password it requires; `None`: no authentication.
+    pub creds: Option<(String, String)>,
+    /// UDP ASSOCIATE too (relaying from the server's address); without,
+    /// CONNECT only.
+    pub udp: bool,
+    /// CONNECTs to this port are served but not counted (a probe target).
+    pub uncounted: Option<u16>,
+    /// How long a CONNECT waits for its target.
+    pub connect_timeout: Duration,
+}
+
+impl Default for Socks5Options {
+    /// CONNECT only, no authentication, every CONNECT counted, 10 s.
+    fn default() -> Self {
+        Socks5Options {
+            creds: None,
+            udp: false,
+            uncounted: None,
+            connect_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// fast-socks5's server on `addr` as `opts` says; [`InProcess::relayed`]
+/// counts the requests it served (but CONNECTs to `opts.uncounted`).
+pub fn socks5_server_with(
+    ns: &Netns,
+    addr: std::net::SocketAddr,
+    opts: Socks5Options,
+) -> InProcess {
     use fast_socks5::Socks5Command;
-    use fast_socks5::server::{Socks5ServerProtocol, run_tcp_proxy};
+    use fast_socks5::server::{Socks5ServerProtocol, run_tcp_proxy, run_udp_proxy};
     use fast_socks5::util::target_addr::TargetAddr;
     in_process(ns, move |ready, served| async move {
         let Some(l) = listen(addr, &ready).await else {
@@ -116,20 +159,33 @@ pub fn socks5_server(ns: &Netns, addr: std::net::SocketAddr, uncounted: Option<u
             let Ok((s, _)) = l.accept().await else {
                 continue;
             };
-            let served = served.clone();
+            let (opts, served) = (opts.clone(), served.clone());
             tokio::spawn(async move {
-                let Ok(proto) = Socks5ServerProtocol::accept_no_auth(s).await else {
-                    return;
+                let proto = match &opts.creds {
+                    None => Socks5ServerProtocol::accept_no_auth(s).await,
+                    Some((u, p)) => Socks5ServerProtocol::accept_password_auth(s, |user, pass| {
+                        user == *u && pass == *p
+                    })
+                    .await
+                    .map(|(proto, _)| proto),
                 };
+                let Ok(proto) = proto else { return };
                 let Ok((proto, cmd, target)) = proto.read_command().await else {
                     return;
                 };
-                if cmd == Socks5Command::TCPConnect {
-                    let probe = matches!(&target, TargetAddr::Ip(a) if Some(a.port()) == uncounted);
-                    if !probe {
-                        served.fetch_add(1, Relaxed);
+                match cmd {
+                    Socks5Command::TCPConnect => {
+                        let probe = matches!(&target, TargetAddr::Ip(a) if Some(a.port()) == opts.uncounted);
+                        if !probe {
+                            served.fetch_add(1, Relaxed);
+                        }
+                        let _ = run_tcp_proxy(proto, &target, opts.connect_timeout, true).await;
                     }
-                    let _ = run_tcp_proxy(proto, &target, Duration::from_secs(10), true).await;
+                    Socks5Command::UDPAssociate if opts.udp => {
+                        served.fetch_add(1, Relaxed);
+                        let _ = run_udp_proxy(proto, &target, None, addr.ip(), None).await;
+                    }
+                    _ => {}
                 }
             });
         }

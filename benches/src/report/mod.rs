@@ -125,6 +125,15 @@ fn range(xs: &[f64]) -> Option<(f64, f64)> {
     Some((lo, hi))
 }
 
+/// Test helper: `page` holds each of `wants` (a failure names the one
+/// missing).
+#[cfg(test)]
+pub(crate) fn assert_contains(page: &str, wants: &[&str]) {
+    for want in wants {
+        assert!(page.contains(want), "missing {want:?} in:\n{page}");
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

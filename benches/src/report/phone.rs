@@ -859,6 +859,7 @@ mod tests {
     use crate::phone::{DATAGRAM, PhoneProfile};
     use crate::procfs::ProcCounts;
     use crate::record::{Meta, PhoneMeta};
+    use crate::report::assert_contains;
     use crate::syscalls::Syscalls;
 
     fn render(records: &[Record]) -> String {
@@ -944,13 +945,13 @@ mod tests {
             Record::Phone(old),
         ];
         let page = section(&records);
-        assert!(page.contains("### Before and after"), "{page}");
-        assert!(page.contains("`24b3908`"), "{page}");
-        assert!(
-            page.contains(
-                "| router | 1500 | per-packet | upload | 12 % → 25 % | 4.25 → 1.50 | 0.50 → 0.50 |"
-            ),
-            "{page}"
+        assert_contains(
+            &page,
+            &[
+                "### Before and after",
+                "`24b3908`",
+                "| router | 1500 | per-packet | upload | 12 % → 25 % | 4.25 → 1.50 | 0.50 → 0.50 |",
+            ],
         );
         // One row per profile and direction in the main table: the earlier
         // engine's run is not among them.
@@ -1010,37 +1011,22 @@ mod tests {
             }),
         ];
         let page = section(&records);
-        assert!(
-            page.contains("Measured by:\n\n```sh\nbash scripts/bench.sh --phone\n```"),
-            "{page}"
-        );
-        assert!(
-            page.contains(
-                "| router | 1500 | none (baseline) | upload | 8.00 / 6.00 | – | – | – | – | – |"
-            ),
-            "{page}"
-        );
-        // 2.0 of 8.0 at 1 stream; the 16-stream run failed.
-        assert!(
-            page.contains("| router | 1500 | per-packet | upload | 2.00 / failed | 25 % / – | 1.50 / failed | 150k / failed | 1.00 / failed | 2.00 / failed |"),
-            "{page}"
-        );
-        // The counted run: /proc saw 350k writes where perf saw 700k on the TUN.
-        assert!(page.contains("within 50.0 % of perf's counts"), "{page}");
-        assert!(page.contains("iperf3: unable to connect"), "{page}");
-        // 1.4M packets in 1.4M reads, 700k packets in 700k writes, per 2 GB.
-        assert!(
-            page.contains("| router | 1500 | per-packet | 16 | upload | 1.00 | 1.00 | 700k | 350k | 20k | 4.5k | 2.50M | 150k | 1.90 |"),
-            "{page}"
-        );
-        assert!(page.contains("1 streams 25 % (≥ 35 %: not met)"), "{page}");
-        assert!(
-            page.contains("at most 1.50 s/GB over 1 runs (≤ 2.0: met)"),
-            "{page}"
-        );
-        assert!(
-            page.contains("| `router-1500-per-packet` | 64 MiB | identical |"),
-            "{page}"
+        assert_contains(
+            &page,
+            &[
+                "Measured by:\n\n```sh\nbash scripts/bench.sh --phone\n```",
+                "| router | 1500 | none (baseline) | upload | 8.00 / 6.00 | – | – | – | – | – |",
+                // 2.0 of 8.0 at 1 stream; the 16-stream run failed.
+                "| router | 1500 | per-packet | upload | 2.00 / failed | 25 % / – | 1.50 / failed | 150k / failed | 1.00 / failed | 2.00 / failed |",
+                // The counted run: /proc saw 350k writes where perf saw 700k on the TUN.
+                "within 50.0 % of perf's counts",
+                "iperf3: unable to connect",
+                // 1.4M packets in 1.4M reads, 700k packets in 700k writes, per 2 GB.
+                "| router | 1500 | per-packet | 16 | upload | 1.00 | 1.00 | 700k | 350k | 20k | 4.5k | 2.50M | 150k | 1.90 |",
+                "1 streams 25 % (≥ 35 %: not met)",
+                "at most 1.50 s/GB over 1 runs (≤ 2.0: met)",
+                "| `router-1500-per-packet` | 64 MiB | identical |",
+            ],
         );
         assert!(!page.contains("The phone's own TUN"), "no android runs");
         let lines = tcp_summary(&Tcp::new(&records));
@@ -1107,30 +1093,18 @@ mod tests {
         let own = page.find("### The phone's own TUN").expect("android part");
         assert!(own < page.find("### Throughput and engine cost").expect("main"));
         // Two runs measured two sets of topologies: each says which.
-        assert!(page.contains("Measured by (android):"), "{page}");
-        assert!(page.contains("Measured by (router):"), "{page}");
-        assert!(
-            page.contains("`ip rule add uidrange 10123-10123 lookup 234`"),
-            "{page}"
-        );
-        assert!(
-            page.contains("transmit queue length as read from the device in these runs: 500."),
-            "{page}"
-        );
-        // 2.5k of 1M packets dropped; 120 retransmitted segments.
-        assert!(
-            page.contains(
-                "| 1500 | per-packet | upload | 2.00 | 25 % | 1.50 | 150k | 2500 | 0.25 % | 120 |"
-            ),
-            "{page}"
-        );
-        assert!(
-            page.contains("| 1500 | per-packet@abc1234 | upload | 1.00 | 12 % | 1.50 | 150k | 10000 | 1.00 % | 120 |"),
-            "{page}"
-        );
-        assert!(
-            page.contains("| 1500 | none (baseline) | upload | 8.00 | – | – | – | – | – | 3 |"),
-            "{page}"
+        assert_contains(
+            &page,
+            &[
+                "Measured by (android):",
+                "Measured by (router):",
+                "`ip rule add uidrange 10123-10123 lookup 234`",
+                "transmit queue length as read from the device in these runs: 500.",
+                // 2.5k of 1M packets dropped; 120 retransmitted segments.
+                "| 1500 | per-packet | upload | 2.00 | 25 % | 1.50 | 150k | 2500 | 0.25 % | 120 |",
+                "| 1500 | per-packet@abc1234 | upload | 1.00 | 12 % | 1.50 | 150k | 10000 | 1.00 % | 120 |",
+                "| 1500 | none (baseline) | upload | 8.00 | – | – | – | – | – | 3 |",
+            ],
         );
         assert!(
             page.contains("| 1500 | batch | download | – | – | – | – | – | – | – |"),
@@ -1251,37 +1225,22 @@ mod tests {
             page.starts_with("## Phone profiles\n\n### UDP, QUIC-shaped\n"),
             "{page}"
         );
-        assert!(
-            page.contains("```sh\nbash scripts/bench.sh --phone-udp-only\n```"),
-            "{page}"
-        );
-        // 2.4 of 4.0; 2.5M of 3.33M lost; 4 GB in 4 s offered; 1M packets
-        // in 1M reads; 800k reply datagrams in 400k writes.
-        assert!(
-            page.contains("| router | 1500 | per-packet | 1 | upload | 2.40 | 60 % | 75 % | 8.00 | 2.00 | 20k | 1.00 | 2.00 |"),
-            "{page}"
-        );
-        // The earlier engine: a row of its own, named by its label.
-        assert!(
-            page.contains("| router | 1500 | per-packet@24b3908 | 1 | upload | 2.00 | 50 % |"),
-            "{page}"
-        );
-        assert!(
-            page.contains("| router | 1500 | none (baseline) | 1 | download | 4.00 | – | 75 % | 8.00 | – | – | – | – |"),
-            "{page}"
-        );
-        assert!(
-            page.contains("| router | 1500 | batch | 1 | download | failed | – |"),
-            "{page}"
-        );
-        assert!(page.contains("iperf3 did not finish"), "{page}");
-        assert!(
-            page.contains(
+        assert_contains(
+            &page,
+            &[
+                "```sh\nbash scripts/bench.sh --phone-udp-only\n```",
+                // 2.4 of 4.0; 2.5M of 3.33M lost; 4 GB in 4 s offered; 1M packets
+                // in 1M reads; 800k reply datagrams in 400k writes.
+                "| router | 1500 | per-packet | 1 | upload | 2.40 | 60 % | 75 % | 8.00 | 2.00 | 20k | 1.00 | 2.00 |",
+                // The earlier engine: a row of its own, named by its label.
+                "| router | 1500 | per-packet@24b3908 | 1 | upload | 2.00 | 50 % |",
+                "| router | 1500 | none (baseline) | 1 | download | 4.00 | – | 75 % | 8.00 | – | – | – | – |",
+                "| router | 1500 | batch | 1 | download | failed | – |",
+                "iperf3 did not finish",
                 "Measured: router topology, MTU 1500, per-packet driver, 1 stream: upload 60 % \
                  (≥ 50 %: met), download 25 % (≥ 50 %: not met), engine at most 5.50 CPU s/GB \
-                 (≤ 2.5: not met)."
-            ),
-            "{page}"
+                 (≤ 2.5: not met).",
+            ],
         );
         let v = Udp::new(&records);
         assert!(

@@ -259,35 +259,19 @@ mod tests {
 
     #[test]
     fn mistakes_are_errors() {
-        let f = Fill::new();
-        let e = render("{{nope}}\n", &f).expect_err("unknown name");
-        assert!(e.contains("{{nope}}"), "{e}");
-        assert!(
-            render("{{#a}}\n", &f)
-                .expect_err("unclosed")
-                .contains("not closed")
-        );
-        assert!(
-            render("{{/a}}\n", &f)
-                .expect_err("stray")
-                .contains("closes nothing")
-        );
-        let mut f = Fill::new();
-        f.flag("a", true).flag("b", true);
-        assert!(
-            render("{{#a}}{{/b}}\n", &f)
-                .expect_err("crossed")
-                .contains("closes")
-        );
-        assert!(
-            render("{{a}}\n", &f)
-                .expect_err("a flag")
-                .contains("not a text")
-        );
-        assert!(
-            render("x {{a\n", &f)
-                .expect_err("unclosed tag")
-                .contains("unclosed")
-        );
+        let empty = Fill::new();
+        let mut flags = Fill::new();
+        flags.flag("a", true).flag("b", true);
+        for (template, f, want) in [
+            ("{{nope}}\n", &empty, "{{nope}}"),
+            ("{{#a}}\n", &empty, "not closed"),
+            ("{{/a}}\n", &empty, "closes nothing"),
+            ("{{#a}}{{/b}}\n", &flags, "closes"),
+            ("{{a}}\n", &flags, "not a text"),
+            ("x {{a\n", &flags, "unclosed"),
+        ] {
+            let e = render(template, f).expect_err(template);
+            assert!(e.contains(want), "{template:?}: {e}");
+        }
     }
 }

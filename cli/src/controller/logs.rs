@@ -141,12 +141,19 @@ mod tests {
     use super::*;
     use tracing_subscriber::layer::SubscriberExt;
 
-    #[test]
-    fn events_reach_readers_and_slow_readers_lose_counted_lines() {
+    /// A hub, and a reader subscribed before `log` ran with the hub's
+    /// layer as the subscriber.
+    fn logged(log: impl FnOnce()) -> (LogHub, broadcast::Receiver<LogLine>) {
         let hub = LogHub::default();
         let subscriber = tracing_subscriber::registry().with(hub.layer());
-        let mut rx = hub.subscribe();
-        tracing::subscriber::with_default(subscriber, || {
+        let rx = hub.subscribe();
+        tracing::subscriber::with_default(subscriber, log);
+        (hub, rx)
+    }
+
+    #[test]
+    fn events_reach_readers_and_slow_readers_lose_counted_lines() {
+        let (hub, mut rx) = logged(|| {
             tracing::warn!(peer = 7, "hello {}", "there");
             for i in 0..CAPACITY + 10 {
                 tracing::info!("line {i}");
@@ -168,12 +175,7 @@ mod tests {
 
     #[test]
     fn fields_are_written_after_the_message() {
-        let hub = LogHub::default();
-        let subscriber = tracing_subscriber::registry().with(hub.layer());
-        let mut rx = hub.subscribe();
-        tracing::subscriber::with_default(subscriber, || {
-            tracing::warn!(peer = 7, "hello {}", "there");
-        });
+        let (_hub, mut rx) = logged(|| tracing::warn!(peer = 7, "hello {}", "there"));
         let line = rx.try_recv().expect("a line");
         assert_eq!(level_name(line.level), "warning");
         assert!(line.text.ends_with("hello there peer=7"), "{}", line.text);

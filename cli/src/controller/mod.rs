@@ -306,22 +306,20 @@ async fn cors(req: Request, next: Next) -> Response {
         next.run(req).await
     };
     let h = resp.headers_mut();
-    h.insert(
-        header::ACCESS_CONTROL_ALLOW_ORIGIN,
-        HeaderValue::from_static("*"),
-    );
-    h.insert(
-        header::ACCESS_CONTROL_ALLOW_HEADERS,
-        HeaderValue::from_static("Authorization, Content-Type"),
-    );
-    h.insert(
-        header::ACCESS_CONTROL_ALLOW_METHODS,
-        HeaderValue::from_static("GET, POST, PUT, PATCH, DELETE, OPTIONS"),
-    );
-    h.insert(
-        header::ACCESS_CONTROL_MAX_AGE,
-        HeaderValue::from_static("600"),
-    );
+    for (name, value) in [
+        (header::ACCESS_CONTROL_ALLOW_ORIGIN, "*"),
+        (
+            header::ACCESS_CONTROL_ALLOW_HEADERS,
+            "Authorization, Content-Type",
+        ),
+        (
+            header::ACCESS_CONTROL_ALLOW_METHODS,
+            "GET, POST, PUT, PATCH, DELETE, OPTIONS",
+        ),
+        (header::ACCESS_CONTROL_MAX_AGE, "600"),
+    ] {
+        h.insert(name, HeaderValue::from_static(value));
+    }
     resp
 }
 
@@ -440,6 +438,13 @@ struct DelayQuery {
     timeout: Option<String>,
 }
 
+impl DelayQuery {
+    /// The URL to probe and the timeout (the URL's error first).
+    fn parse(self) -> Result<(String, Duration), Box<Response>> {
+        Ok((probe_url(self.url)?, delay_timeout(self.timeout)?))
+    }
+}
+
 /// The probe speaks plain HTTP/1.1 (`Engine::test_latency`): an `https://`
 /// URL (some dashboards' default) is probed as `http://` on the same host
 /// and path, port 80.
@@ -486,12 +491,8 @@ async fn measure(
 }
 
 async fn delay(State(sh): S, Path(name): Path<String>, Query(q): Query<DelayQuery>) -> Response {
-    let url = match probe_url(q.url) {
-        Ok(u) => u,
-        Err(r) => return *r,
-    };
-    let timeout = match delay_timeout(q.timeout) {
-        Ok(t) => t,
+    let (url, timeout) = match q.parse() {
+        Ok(p) => p,
         Err(r) => return *r,
     };
     match measure(&sh, name, url, timeout).await {
@@ -515,12 +516,8 @@ async fn group_delay(
     Path(name): Path<String>,
     Query(q): Query<DelayQuery>,
 ) -> Response {
-    let url = match probe_url(q.url) {
-        Ok(u) => u,
-        Err(r) => return *r,
-    };
-    let timeout = match delay_timeout(q.timeout) {
-        Ok(t) => t,
+    let (url, timeout) = match q.parse() {
+        Ok(p) => p,
         Err(r) => return *r,
     };
     let groups = sh.engine().groups();

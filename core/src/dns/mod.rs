@@ -945,6 +945,25 @@ mod tests {
         assert_eq!(stats.dns.malformed.load(Relaxed), 1);
     }
 
+    /// A service (in-flight budget `in_flight`, 2 s timeout) whose one
+    /// upstream is a [`slow_upstream`] answering after `delay`; that
+    /// upstream's query count, and fresh stats.
+    async fn slow_service(
+        delay: Duration,
+        in_flight: usize,
+    ) -> (Arc<Dns>, Arc<std::sync::atomic::AtomicUsize>, Arc<Stats>) {
+        let (up, asked) = slow_upstream(delay).await;
+        let tweak = |c: &mut Config| {
+            c.dns.upstreams = vec![format!("udp://{up}")];
+            c.dns.timeout_ms = 2_000;
+        };
+        (
+            service_with(tweak, in_flight),
+            asked,
+            Arc::new(Stats::default()),
+        )
+    }
+
     /// A UDP upstream on 127.0.0.1 that answers every A query with
     /// 192.0.2.1 after `delay`, and counts the queries it got.
     async fn slow_upstream(delay: Duration) -> (SocketAddr, Arc<std::sync::atomic::AtomicUsize>) {
@@ -986,7 +1005,17 @@ mod tests {
     #[test]
     fn strategy_answers_the_family_left_out_empty() {
         use hickory_proto::rr::RData;
-        let v6_tun = |c: &mut Config| c.tun.ipv6 = Some("fd00:18::1/64".parse().expect("net"));
+        // A service set up by `base`, then leaving out what `strategy`
+        // says, with an IPv6 TUN address when `tun6`.
+        let strategy_service = |base: &dyn Fn(&mut Config), strategy, tun6: bool| {
+            service(|c| {
+                base(c);
+                c.dns.strategy = strategy;
+                if tun6 {
+                    c.tun.ipv6 = Some("fd00:18::1/64".parse().expect("net"));
+                }
+            })
+        };
         let empty = |r: &Message| {
             assert_eq!(r.metadata.response_code, ResponseCode::NoError, "{r:?}");
             assert!(r.answers.is_empty(), "{r:?}");
@@ -994,15 +1023,15 @@ mod tests {
         };
         rt().block_on(async {
             // Fake-ip with both pools.
-            let fake = |strategy, tun6: bool| {
-                service(move |c| {
-                    c.dns.fake_ip = true;
-                    c.dns.fake_ip_pool6 = Some("fc00:18::/96".parse().expect("pool6"));
-                    c.dns.strategy = strategy;
-                    if tun6 {
-                        v6_tun(c);
-                    }
-                })
+            let fake = |strategy, tun6| {
+                strategy_service(
+                    &|c| {
+                        c.dns.fake_ip = true;
+                        c.dns.fake_ip_pool6 = Some("fc00:18::/96".parse().expect("pool6"));
+                    },
+                    strategy,
+                    tun6,
+                )
             };
             let stats = Stats::default();
             let d = fake(DnsStrategy::Ipv4Only, true);
@@ -1024,14 +1053,12 @@ mod tests {
 
             // Forwarded: the upstream answers whatever it is asked.
             let (up, asked) = slow_upstream(Duration::ZERO).await;
-            let fwd = |strategy, tun6: bool| {
-                service(move |c| {
-                    c.dns.upstreams = vec![format!("udp://{up}")];
-                    c.dns.strategy = strategy;
-                    if tun6 {
-                        v6_tun(c);
-                    }
-                })
+            let fwd = |strategy, tun6| {
+                strategy_service(
+                    &|c| c.dns.upstreams = vec![format!("udp://{up}")],
+                    strategy,
+                    tun6,
+                )
             };
             let stats = Stats::default();
             let d = fwd(DnsStrategy::Ipv4Only, true);
@@ -1074,12 +1101,7 @@ mod tests {
     #[test]
     fn identical_questions_in_flight_are_asked_upstream_once() {
         rt().block_on(async {
-            let (up, asked) = slow_upstream(Duration::from_millis(200)).await;
-            let d = service(|c| {
-                c.dns.upstreams = vec![format!("udp://{up}")];
-                c.dns.timeout_ms = 2_000;
-            });
-            let stats = Arc::new(Stats::default());
+            let (d, asked, stats) = slow_service(Duration::from_millis(200), 1 << 20).await;
             let mut set = tokio::task::JoinSet::new();
             for id in 0..20u16 {
                 let (d, stats) = (d.clone(), stats.clone());
@@ -1111,15 +1133,8 @@ mod tests {
     #[test]
     fn exchanges_past_the_in_flight_budget_are_dropped_and_counted() {
         rt().block_on(async {
-            let (up, asked) = slow_upstream(Duration::from_millis(200)).await;
-            let d = service_with(
-                |c| {
-                    c.dns.upstreams = vec![format!("udp://{up}")];
-                    c.dns.timeout_ms = 2_000;
-                },
-                UDP_EXCHANGE + 100,
-            );
-            let stats = Arc::new(Stats::default());
+            let (d, asked, stats) =
+                slow_service(Duration::from_millis(200), UDP_EXCHANGE + 100).await;
             let first = {
                 let (d, stats) = (d.clone(), stats.clone());
                 tokio::spawn(async move {
@@ -1293,12 +1308,7 @@ mod tests {
     #[test]
     fn tcp_askers_waiting_for_an_identical_question_are_charged() {
         rt().block_on(async {
-            let (up, asked) = slow_upstream(Duration::from_millis(300)).await;
-            let d = service(|c| {
-                c.dns.upstreams = vec![format!("udp://{up}")];
-                c.dns.timeout_ms = 2_000;
-            });
-            let stats = Arc::new(Stats::default());
+            let (d, asked, stats) = slow_service(Duration::from_millis(300), 1 << 20).await;
             let q = msg::testutil::query("same.test.", RecordType::A, 5);
             let framed = crate::dnswire::length_prefixed(&q).expect("frame");
             let mut apps = Vec::new();

@@ -96,21 +96,20 @@ pub(crate) struct LegMeter<'a> {
 
 impl<'a> Meter<'a> {
     pub(crate) fn up_leg(&self) -> LegMeter<'a> {
-        LegMeter {
-            bytes: self.up,
-            spliced: self.spliced,
-            copied: self.copied,
-            pool: self.pool,
-            flow: self.flow.map(|f| f.0),
-        }
+        self.leg(self.up, self.flow.map(|f| f.0))
     }
     pub(crate) fn down_leg(&self) -> LegMeter<'a> {
+        self.leg(self.down, self.flow.map(|f| f.1))
+    }
+    /// One direction's meter: its total `bytes` and the connection's
+    /// `flow` counter, with the shared ones.
+    fn leg(&self, bytes: &'a AtomicU64, flow: Option<&'a AtomicU64>) -> LegMeter<'a> {
         LegMeter {
-            bytes: self.down,
+            bytes,
             spliced: self.spliced,
             copied: self.copied,
             pool: self.pool,
-            flow: self.flow.map(|f| f.1),
+            flow,
         }
     }
 }
@@ -118,20 +117,21 @@ impl<'a> Meter<'a> {
 impl LegMeter<'_> {
     pub(crate) fn add_copied(&self, leg: &mut Leg, n: usize) {
         leg.copied += n as u64;
-        self.bytes.fetch_add(n as u64, Relaxed);
-        if let Some(f) = self.flow {
-            f.fetch_add(n as u64, Relaxed);
-        }
-        self.copied.fetch_add(n as u64, Relaxed);
+        self.add(self.copied, n);
     }
     #[cfg_attr(not(linux_like), allow(dead_code))]
     pub(crate) fn add_spliced(&self, leg: &mut Leg, n: usize) {
         leg.spliced += n as u64;
+        self.add(self.spliced, n);
+    }
+    /// `n` bytes moved: into the direction's total, the connection's
+    /// counter and `how`'s (copied or spliced).
+    fn add(&self, how: &AtomicU64, n: usize) {
         self.bytes.fetch_add(n as u64, Relaxed);
         if let Some(f) = self.flow {
             f.fetch_add(n as u64, Relaxed);
         }
-        self.spliced.fetch_add(n as u64, Relaxed);
+        how.fetch_add(n as u64, Relaxed);
     }
 }
 

@@ -88,7 +88,6 @@ pub fn socket_addr(
     name: &libc::sockaddr_storage,
     len: libc::socklen_t,
 ) -> Option<std::net::SocketAddr> {
-    use std::net::{Ipv4Addr, Ipv6Addr, SocketAddrV4, SocketAddrV6};
     let len = len as usize;
     match i32::from(name.ss_family) {
         libc::AF_INET if len >= std::mem::size_of::<libc::sockaddr_in>() => {
@@ -97,30 +96,38 @@ pub fn socket_addr(
             // (its family says so, and it wrote at least its size).
             let a =
                 unsafe { &*(name as *const libc::sockaddr_storage).cast::<libc::sockaddr_in>() };
-            Some(
-                SocketAddrV4::new(
-                    Ipv4Addr::from(u32::from_be(a.sin_addr.s_addr)),
-                    u16::from_be(a.sin_port),
-                )
-                .into(),
-            )
+            Some(from_sockaddr_in(a))
         }
         libc::AF_INET6 if len >= std::mem::size_of::<libc::sockaddr_in6>() => {
             // SAFETY: as above, for a sockaddr_in6.
             let a =
                 unsafe { &*(name as *const libc::sockaddr_storage).cast::<libc::sockaddr_in6>() };
-            Some(
-                SocketAddrV6::new(
-                    Ipv6Addr::from(a.sin6_addr.s6_addr),
-                    u16::from_be(a.sin6_port),
-                    a.sin6_flowinfo,
-                    a.sin6_scope_id,
-                )
-                .into(),
-            )
+            Some(from_sockaddr_in6(a))
         }
         _ => None,
     }
+}
+
+/// The address and port of a `sockaddr_in` (network byte order).
+#[inline]
+pub(crate) fn from_sockaddr_in(a: &libc::sockaddr_in) -> std::net::SocketAddr {
+    std::net::SocketAddrV4::new(
+        std::net::Ipv4Addr::from(u32::from_be(a.sin_addr.s_addr)),
+        u16::from_be(a.sin_port),
+    )
+    .into()
+}
+
+/// The address, port, flow label and scope of a `sockaddr_in6`.
+#[inline]
+pub(crate) fn from_sockaddr_in6(a: &libc::sockaddr_in6) -> std::net::SocketAddr {
+    std::net::SocketAddrV6::new(
+        std::net::Ipv6Addr::from(a.sin6_addr.s6_addr),
+        u16::from_be(a.sin6_port),
+        a.sin6_flowinfo,
+        a.sin6_scope_id,
+    )
+    .into()
 }
 
 /// splice(2), pipes and the urgent-mark probe for the splice relay.
@@ -134,16 +141,26 @@ pub mod splice;
 /// from the accepted socket (Linux 4.2+).
 #[cfg(linux_like)]
 pub fn set_save_syn(fd: std::os::fd::BorrowedFd<'_>) -> io::Result<()> {
+    set_int_option(fd, libc::IPPROTO_TCP, libc::TCP_SAVE_SYN, 1)
+}
+
+/// `setsockopt(2)` of an int-valued option on `fd`.
+#[cfg(linux_like)]
+pub(crate) fn set_int_option(
+    fd: std::os::fd::BorrowedFd<'_>,
+    level: libc::c_int,
+    name: libc::c_int,
+    value: libc::c_int,
+) -> io::Result<()> {
     use std::os::fd::AsRawFd;
-    let on: libc::c_int = 1;
     // SAFETY: `fd` is borrowed for the call; the option value is a c_int
     // that lives on the stack for the call, and its size is passed with it.
     let r = unsafe {
         libc::setsockopt(
             fd.as_raw_fd(),
-            libc::IPPROTO_TCP,
-            libc::TCP_SAVE_SYN,
-            (&on as *const libc::c_int).cast(),
+            level,
+            name,
+            (&value as *const libc::c_int).cast(),
             std::mem::size_of::<libc::c_int>() as libc::socklen_t,
         )
     };
@@ -336,5 +353,31 @@ mod tests {
         );
         assert!(with_lent_fd(-1, |fd| fd.is_none()));
         assert!(with_lent_fd(RawFd::MAX, |fd| fd.is_none()));
+    }
+
+    /// A listener with `TCP_SAVE_SYN` (set through [`set_int_option`])
+    /// keeps each connection's SYN: its IPv4 header and TCP header read
+    /// back once; without it there is nothing to read.
+    #[cfg(linux_like)]
+    #[test]
+    fn a_listener_with_save_syn_keeps_the_syn() {
+        use std::os::fd::AsFd;
+        for save in [true, false] {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").expect("listen");
+            if save {
+                set_save_syn(l.as_fd()).expect("TCP_SAVE_SYN");
+            }
+            let _c = std::net::TcpStream::connect(l.local_addr().expect("addr")).expect("connect");
+            let (conn, _) = l.accept().expect("accept");
+            let mut buf = [0u8; 512];
+            let n = saved_syn(conn.as_fd(), &mut buf).expect("read");
+            if save {
+                assert!(n >= 40, "IPv4 and TCP headers: {n}");
+                assert_eq!(buf[0] >> 4, 4, "an IPv4 header");
+                assert_eq!(saved_syn(conn.as_fd(), &mut buf).expect("again"), 0);
+            } else {
+                assert_eq!(n, 0);
+            }
+        }
     }
 }

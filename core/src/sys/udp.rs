@@ -4,7 +4,7 @@
 //! makes the calls.
 
 use std::io;
-use std::os::fd::{AsRawFd, BorrowedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 
 /// The most segments one GSO send may carry (the kernel's `UDP_MAX_SEGMENTS`).
 pub const GSO_MAX_SEGMENTS: usize = 64;
@@ -23,19 +23,7 @@ pub fn gso_supported() -> bool {
         let Ok(s) = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::DGRAM, None) else {
             return false;
         };
-        let seg: libc::c_int = 1200;
-        // SAFETY: `s` is an open socket for the call; the option value is an
-        // int on the stack, passed with its size.
-        let r = unsafe {
-            libc::setsockopt(
-                s.as_raw_fd(),
-                libc::SOL_UDP,
-                libc::UDP_SEGMENT,
-                (&seg as *const libc::c_int).cast(),
-                std::mem::size_of::<libc::c_int>() as _,
-            )
-        };
-        r == 0
+        super::set_int_option(s.as_fd(), libc::SOL_UDP, libc::UDP_SEGMENT, 1200).is_ok()
     })
 }
 
@@ -211,7 +199,7 @@ pub fn recv_batch(
 /// it, as the kernel reports): `super::socket_addr` for a name buffer the
 /// size of a `sockaddr_in6`.
 fn source(name: &libc::sockaddr_in6, len: libc::socklen_t) -> Option<std::net::SocketAddr> {
-    use std::net::{Ipv4Addr, Ipv6Addr, SocketAddrV4, SocketAddrV6};
+    use super::{from_sockaddr_in, from_sockaddr_in6};
     let len = len as usize;
     match i32::from(name.sin6_family) {
         libc::AF_INET if len >= std::mem::size_of::<libc::sockaddr_in>() => {
@@ -219,23 +207,11 @@ fn source(name: &libc::sockaddr_in6, len: libc::socklen_t) -> Option<std::net::S
             // needs no stricter alignment, and the kernel wrote one here
             // (its family says so, and it wrote at least its size).
             let a = unsafe { &*(name as *const libc::sockaddr_in6).cast::<libc::sockaddr_in>() };
-            Some(
-                SocketAddrV4::new(
-                    Ipv4Addr::from(u32::from_be(a.sin_addr.s_addr)),
-                    u16::from_be(a.sin_port),
-                )
-                .into(),
-            )
+            Some(from_sockaddr_in(a))
         }
-        libc::AF_INET6 if len >= std::mem::size_of::<libc::sockaddr_in6>() => Some(
-            SocketAddrV6::new(
-                Ipv6Addr::from(name.sin6_addr.s6_addr),
-                u16::from_be(name.sin6_port),
-                name.sin6_flowinfo,
-                name.sin6_scope_id,
-            )
-            .into(),
-        ),
+        libc::AF_INET6 if len >= std::mem::size_of::<libc::sockaddr_in6>() => {
+            Some(from_sockaddr_in6(name))
+        }
         _ => None,
     }
 }
@@ -243,35 +219,18 @@ fn source(name: &libc::sockaddr_in6, len: libc::socklen_t) -> Option<std::net::S
 /// Socket options and a GRO receive the tests of the batched paths need.
 #[cfg(test)]
 pub(crate) mod testing {
+    use crate::sys::set_int_option;
     use std::io;
     use std::os::fd::{AsRawFd, BorrowedFd};
 
-    fn set_int(fd: BorrowedFd<'_>, level: i32, name: i32, v: i32) -> io::Result<()> {
-        // SAFETY: `fd` is borrowed for the call; the option value is an int
-        // on the stack, passed with its size.
-        let r = unsafe {
-            libc::setsockopt(
-                fd.as_raw_fd(),
-                level,
-                name,
-                (&v as *const i32).cast(),
-                std::mem::size_of::<i32>() as _,
-            )
-        };
-        if r < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(())
-    }
-
     /// `SO_NO_CHECK`: the kernel refuses GSO sends on such a socket (`EINVAL`).
     pub fn set_no_check(fd: BorrowedFd<'_>) -> io::Result<()> {
-        set_int(fd, libc::SOL_SOCKET, libc::SO_NO_CHECK, 1)
+        set_int_option(fd, libc::SOL_SOCKET, libc::SO_NO_CHECK, 1)
     }
 
     /// `UDP_GRO`: a GSO packet reaches this socket whole.
     pub fn set_gro(fd: BorrowedFd<'_>) -> io::Result<()> {
-        set_int(fd, libc::SOL_UDP, libc::UDP_GRO, 1)
+        set_int_option(fd, libc::SOL_UDP, libc::UDP_GRO, 1)
     }
 
     /// One `recvmsg` on a `UDP_GRO` socket: the bytes and the segment size
@@ -369,6 +328,40 @@ mod tests {
         }
     }
 
+    /// The buffers behind [`Slots`] for [`RECV_BATCH`] datagrams: `room`
+    /// bytes from `start` in each dense slot, `spill_stride` bytes of spill
+    /// each.
+    struct Buffers {
+        dense: Vec<u8>,
+        spill: Vec<u8>,
+        start: usize,
+        room: usize,
+        spill_stride: usize,
+    }
+
+    impl Buffers {
+        fn new(start: usize, room: usize, spill_stride: usize) -> Self {
+            Buffers {
+                dense: vec![0u8; RECV_BATCH * (start + room)],
+                spill: vec![0u8; RECV_BATCH * spill_stride],
+                start,
+                room,
+                spill_stride,
+            }
+        }
+
+        fn slots(&mut self) -> Slots<'_> {
+            Slots {
+                dense: &mut self.dense,
+                stride: self.start + self.room,
+                start: self.start,
+                room: self.room,
+                spill: &mut self.spill,
+                spill_stride: self.spill_stride,
+            }
+        }
+    }
+
     /// recvmmsg takes up to 16 datagrams a call, each whole: small ones in
     /// their slot, longer ones continued in their spill area, a zero-length
     /// one as such, and one longer than slot + spill flagged (MSG_TRUNC),
@@ -385,19 +378,11 @@ mod tests {
             rx.set_nonblocking(true).expect("nonblocking");
             let (start, room, spill_stride) = (38, 1472, 16_384 - 1472);
             let stride = start + room;
-            let mut dense = vec![0u8; RECV_BATCH * stride];
-            let mut spill = vec![0u8; RECV_BATCH * spill_stride];
+            let mut bufs = Buffers::new(start, room, spill_stride);
+            let mut slots = bufs.slots();
             let mut got = [(0usize, false); RECV_BATCH];
             let mut seen = 0;
             while seen < sizes.len() {
-                let mut slots = Slots {
-                    dense: &mut dense,
-                    stride,
-                    start,
-                    room,
-                    spill: &mut spill,
-                    spill_stride,
-                };
                 let n = recv_batch(rx.as_fd(), &mut slots, &mut got, None).expect("batch");
                 assert!(n > 0 && n <= RECV_BATCH);
                 for (k, &(len, trunc)) in got.iter().enumerate().take(n) {
@@ -410,20 +395,15 @@ mod tests {
                     assert!(!trunc, "v6 {v6}: datagram {i}");
                     assert_eq!(len, sizes[i], "v6 {v6}: datagram {i}");
                     let head = len.min(room);
-                    assert_eq!(&dense[k * stride + start..][..head], &want[..head]);
-                    assert_eq!(&spill[k * spill_stride..][..len - head], &want[head..]);
+                    assert_eq!(&slots.dense[k * stride + start..][..head], &want[..head]);
+                    assert_eq!(
+                        &slots.spill[k * spill_stride..][..len - head],
+                        &want[head..]
+                    );
                 }
                 seen += n;
             }
             assert_eq!(seen, sizes.len());
-            let mut slots = Slots {
-                dense: &mut dense,
-                stride,
-                start,
-                room,
-                spill: &mut spill,
-                spill_stride,
-            };
             let e = recv_batch(rx.as_fd(), &mut slots, &mut got, None).expect_err("empty");
             assert_eq!(e.kind(), io::ErrorKind::WouldBlock);
         }
@@ -445,22 +425,11 @@ mod tests {
                 s.send_to(&datagram(i, 100 + i), to).expect("send");
             }
             rx.set_nonblocking(true).expect("nonblocking");
-            let (start, room, spill_stride) = (38, 1472, 64);
-            let stride = start + room;
-            let mut dense = vec![0u8; RECV_BATCH * stride];
-            let mut spill = vec![0u8; RECV_BATCH * spill_stride];
+            let mut bufs = Buffers::new(38, 1472, 64);
             let mut got = [(0usize, false); RECV_BATCH];
             let mut from = [None; RECV_BATCH];
-            let mut slots = Slots {
-                dense: &mut dense,
-                stride,
-                start,
-                room,
-                spill: &mut spill,
-                spill_stride,
-            };
-            let n =
-                recv_batch(rx.as_fd(), &mut slots, &mut got, Some(&mut from[..])).expect("batch");
+            let n = recv_batch(rx.as_fd(), &mut bufs.slots(), &mut got, Some(&mut from[..]))
+                .expect("batch");
             assert_eq!(n, senders.len(), "v6 {v6}: one batch");
             for (i, s) in senders.iter().enumerate() {
                 assert_eq!(got[i], (100 + i, false), "v6 {v6}: datagram {i}");
