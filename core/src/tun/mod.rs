@@ -115,7 +115,10 @@ pub struct TunConfig {
 
 /// The longest transmit queue, in packets, on which the per-packet driver
 /// clamps windows unless `tun.window_clamp` says otherwise: twice an
-/// Android TUN's. A queue of this many packets or more seldom overflows.
+/// Android TUN's 500. A judgement, not a measurement: the phone profiles
+/// run at 500 (the queue overflows there without the clamp) and the other
+/// profiles at 10000, the queue of a device kerntun creates; no length
+/// between was measured.
 pub const AUTO_CLAMP_QUEUE: u32 = 1000;
 
 /// A TUN's transmit queue in packets when neither the configuration nor
