@@ -54,6 +54,15 @@ const COMMIT_PACKETS: u64 = 64;
 /// back (`sys::pages::discard`); they fill again, zeroed, when data comes.
 pub(super) const RING_QUIET: Duration = Duration::from_secs(1);
 
+/// The least time between two reads of one socket that hand back the pages
+/// they consumed. A read that hands back pages costs a system call, and
+/// the data after it a page fault and a zeroed page for each page it fills
+/// again: in a bulk upload every page of the ring once per lap, which cost
+/// the smoltcp stack 40-45 % of its upload throughput in the netns
+/// benchmark (docs/notes.md, "smoltcp: receive pages handed back at most
+/// every 100 ms"). Reads further apart than this hand back what they read.
+pub(super) const RX_GIVE_BACK_GAP: Duration = Duration::from_millis(100);
+
 /// The smoltcp interface of one engine and its sockets.
 pub(crate) struct Sockets {
     pub(super) inner: Mutex<Inner>,
@@ -151,6 +160,9 @@ pub(super) struct Slot {
     /// When the session last queued data on the transmit ring (`None`: its
     /// pages were given back since, or it never took any).
     pub(super) tx_at: Option<Instant>,
+    /// When a read last handed back pages of the receive ring
+    /// ([`RX_GIVE_BACK_GAP`]).
+    pub(super) rx_given: Option<Instant>,
 }
 
 impl Inner {
@@ -243,6 +255,7 @@ impl Inner {
             dirty: false,
             held: None,
             tx_at: None,
+            rx_given: None,
         };
         match self.free.pop() {
             Some(id) => {
@@ -287,6 +300,25 @@ impl Inner {
             && slot.tx_at.replace(now).is_none()
         {
             self.filled.push_back((id, now));
+        }
+    }
+
+    /// Whether a read of socket `id` at `now` hands back the pages it
+    /// consumes: none did within [`RX_GIVE_BACK_GAP`].
+    pub(super) fn rx_give_back_due(&self, id: Id, now: Instant) -> bool {
+        self.slots
+            .get(id as usize)
+            .and_then(Option::as_ref)
+            .is_some_and(|slot| {
+                slot.rx_given
+                    .is_none_or(|at| now.saturating_duration_since(at) >= RX_GIVE_BACK_GAP)
+            })
+    }
+
+    /// A read of socket `id` handed back pages at `now`.
+    pub(super) fn rx_given(&mut self, id: Id, now: Instant) {
+        if let Some(slot) = self.slots.get_mut(id as usize).and_then(Option::as_mut) {
+            slot.rx_given = Some(now);
         }
     }
 

@@ -136,10 +136,15 @@ impl Sockets {
         buf: &mut [u8],
     ) -> Poll<io::Result<usize>> {
         let mut g = self.inner.lock();
+        let now = Instant::now();
+        let give_back = g.rx_give_back_due(id, now);
         let s = g.socket(id);
         if s.can_recv() {
-            return match recv_discarding(s, buf) {
-                Ok(n) => {
+            return match recv_discarding(s, buf, give_back) {
+                Ok((n, given)) => {
+                    if given {
+                        g.rx_given(id, now);
+                    }
                     g.mark(id);
                     drop(g);
                     // The window opened: the poller may owe the app an update.
@@ -241,10 +246,11 @@ impl Sockets {
     }
 }
 
-/// `recv_slice`, but the whole pages of what was read are handed back to
-/// the system (`sys::pages::discard`, through the borrow smoltcp lends of the
-/// bytes being consumed): a receive ring keeps resident no more than the
-/// data it holds plus a page at each end, however much went through it.
+/// `recv_slice`, but with `give_back` the whole pages of what was read are
+/// handed back to the system (`sys::pages::discard`, through the borrow
+/// smoltcp lends of the bytes being consumed): a receive ring read that way
+/// keeps resident no more than the data it holds plus a page at each end.
+/// Returns the bytes read and whether any page was handed back.
 ///
 /// smoltcp lends the data up to the end of the ring, so a read that wraps
 /// takes two borrows; it asks for the second only while the ring still
@@ -252,14 +258,21 @@ impl Sockets {
 /// ring with `Finished`: asking again after the ring emptied turned the
 /// bytes just taken out of it into an EOF, and the app's last bytes were
 /// lost (`tests.rs`, `bytes_before_the_fin_are_read_before_eof`).
-fn recv_discarding(s: &mut tcp::Socket<'_>, buf: &mut [u8]) -> Result<usize, tcp::RecvError> {
+fn recv_discarding(
+    s: &mut tcp::Socket<'_>,
+    buf: &mut [u8],
+    give_back: bool,
+) -> Result<(usize, bool), tcp::RecvError> {
     let mut n = 0;
+    let mut given = false;
     while n < buf.len() && s.can_recv() {
         let rest = &mut buf[n..];
         let got = s.recv(|data| {
             let k = data.len().min(rest.len());
             rest[..k].copy_from_slice(&data[..k]);
-            pages::discard(&mut data[..k]);
+            if give_back {
+                given |= pages::discard(&mut data[..k]) > 0;
+            }
             (k, k)
         });
         match got {
@@ -271,7 +284,7 @@ fn recv_discarding(s: &mut tcp::Socket<'_>, buf: &mut [u8]) -> Result<usize, tcp
             Err(_) => break,
         }
     }
-    Ok(n)
+    Ok((n, given))
 }
 
 /// What a read of a socket with an empty receive buffer finds: the app's

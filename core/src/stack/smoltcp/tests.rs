@@ -970,6 +970,72 @@ fn quiet_rings_are_handed_back_and_data_stays_exact() {
     assert_eq!(st.inner.lock().socket(h).state(), State::Established);
 }
 
+/// A read hands back the receive ring's pages it consumed only when no read
+/// of the socket did within `RX_GIVE_BACK_GAP`: in a bulk upload the pages
+/// stay (no system call, fault and zeroed page for each page of every lap
+/// of the ring), and a read after a pause hands back what it read. The
+/// bytes arrive exact either way.
+#[test]
+fn receive_pages_are_handed_back_at_most_once_per_gap() {
+    let st = stack();
+    let stats = Stats::default();
+    let mut out = Capture::default();
+    let (k, h, srv_seq) = handshake(&st, &mut out, &stats, false);
+    let (c, s) = (k.client.to_string(), k.server.to_string());
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .expect("test input");
+    let app = SmolStream::new(st.clone(), h, k, None);
+    let given = || {
+        st.inner.lock().slots[h as usize]
+            .as_ref()
+            .and_then(|s| s.rx_given)
+    };
+    let mut seq = 1001u32;
+    let mut round = |salt: usize| {
+        // 14,000 bytes: whole pages of the ring under one read.
+        let up: Vec<u8> = (0..14_000).map(|i| ((i * 7 + salt) % 251) as u8).collect();
+        for chunk in up.chunks(1400) {
+            let p = tcp_v4(&c, &s, seq, srv_seq, ACK | PSH, &[], chunk);
+            st.input(&p, Instant::now(), &mut out, &stats);
+            seq = seq.wrapping_add(chunk.len() as u32);
+        }
+        let mut got = Vec::new();
+        let mut buf = vec![0u8; 32 * 1024];
+        while got.len() < up.len() {
+            let n = rt.block_on(app.recv(&mut buf)).expect("test input");
+            assert!(n > 0);
+            got.extend_from_slice(&buf[..n]);
+        }
+        assert!(got == up, "round {salt}: the app's bytes arrive exact");
+    };
+    assert_eq!(given(), None);
+    round(0);
+    let first = given().expect("the first read hands back its pages");
+    assert!(
+        !st.inner
+            .lock()
+            .rx_give_back_due(h, first + RX_GIVE_BACK_GAP / 2)
+    );
+    assert!(
+        st.inner
+            .lock()
+            .rx_give_back_due(h, first + RX_GIVE_BACK_GAP)
+    );
+    round(1);
+    assert_eq!(
+        given(),
+        Some(first),
+        "a read within the gap keeps its pages"
+    );
+    std::thread::sleep(RX_GIVE_BACK_GAP);
+    round(2);
+    assert!(
+        given().is_some_and(|at| at >= first + RX_GIVE_BACK_GAP),
+        "a read after the gap hands back its pages"
+    );
+}
+
 /// The app's last bytes and its FIN are both in before the session reads:
 /// one read returns every byte, also when they wrap around the end of the
 /// ring (two borrows of it), and only the next read is EOF. smoltcp answers
