@@ -185,7 +185,7 @@ impl SocketFactory {
 
     /// An unconnected direct UDP socket of one family, bound to a port of
     /// its own: an endpoint-independent mapping, sent from to any
-    /// destination (`udp/mod.rs`, `Mapping`).
+    /// destination (`udp/flow.rs`, `Mapping`).
     pub fn udp_unconnected(&self, v6: bool) -> io::Result<UdpSocket> {
         let any: SocketAddr = if v6 {
             (std::net::Ipv6Addr::UNSPECIFIED, 0).into()
