@@ -17,7 +17,8 @@ use std::sync::atomic::Ordering::Relaxed;
 use parking_lot::{Mutex, MutexGuard};
 use tokio::task::AbortHandle;
 
-use super::{Engine, groups, proxy_resolvers};
+use super::start::proxy_resolvers;
+use super::{Engine, groups};
 use crate::budget::{Budget, ByteBudget};
 use crate::config::{Config, ConfigError};
 use crate::dispatch::Routing;

@@ -58,7 +58,11 @@
 //! counted drop.
 //!
 //! The files: this one holds the flow table (the driver's side: lookup,
-//! open, eviction, expiry); `gather/` the uplink gathering for one GSO send
+//! plan, open); `flow.rs` a flow's record, the state it shares with its
+//! reply task and an app source's mapping; `send.rs` how one uplink
+//! datagram is sent on a flow; `evict.rs` how flows leave the table
+//! (eviction, expiry, closed by the host, stranded by a network change);
+//! `gather/` the uplink gathering for one GSO send
 //! per run of a flow (Linux/Android; Darwin sends each datagram on its
 //! own); `reply/` the reply loops (batched with `recvmmsg` on
 //! Linux/Android, one `recvmsg` per datagram on Darwin) and the one
@@ -68,21 +72,15 @@
 //! queries answered by the engine.
 
 use std::collections::{HashMap, VecDeque};
-use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
-
-use tokio::net::UdpSocket;
-use tokio::sync::mpsc;
-use tokio::task::AbortHandle;
 
 use crate::budget::ByteBudget;
 use crate::conns::Registered;
 use crate::dispatch::{Dispatcher, Network, Plan, Refusal, Routing};
 use crate::nat::FlowKey;
-use crate::network::Addresses;
 use crate::outbound::config::UdpNat;
 use crate::outbound::{Address, Route, SocketFactory, Why};
 use crate::packet::{self, IpInfo};
@@ -91,6 +89,8 @@ use crate::tun::Tun;
 
 // Where the platforms differ: gathering for GSO sends (`UDP_SEGMENT` on
 // Linux/Android) and how replies are received (`reply/`).
+mod evict;
+mod flow;
 #[cfg_attr(linux_like, path = "gather/linux.rs")]
 #[cfg_attr(apple, path = "gather/darwin.rs")]
 mod gather;
@@ -99,174 +99,13 @@ mod listed;
 mod proxied;
 mod reject;
 mod reply;
+mod send;
 mod sniff;
 
+use flow::{Flow, FlowIo, MAPPING_PEERS, Mapping, ReplyState};
 use gather::Gso;
 use proxied::Queue;
-
-#[derive(Debug)]
-enum FlowIo {
-    /// Direct: a connected socket, sent to synchronously.
-    Direct(Arc<UdpSocket>),
-    /// Direct, endpoint-independent: the app source's [`Mapping`] socket,
-    /// sent to this flow's server synchronously.
-    Mapped(Arc<UdpSocket>),
-    /// Through a proxy: queued to the flow's task.
-    Queued(Queue),
-}
-
-#[derive(Debug)]
-struct Flow {
-    io: FlowIo,
-    /// Whether this flow's uplink datagrams are gathered for one GSO send
-    /// (direct flows where the kernel has `UDP_SEGMENT`, until their path
-    /// refuses one; never on Darwin).
-    gso: bool,
-    /// Last uplink datagram (driver-local, no atomics needed).
-    last_up: Instant,
-    /// What the driver and the flow's reply task share (a mapped flow:
-    /// its mapping's).
-    state: Arc<ReplyState>,
-    /// The flow's own task; `None` for a mapped flow, whose mapping has it.
-    task: Option<AbortHandle>,
-    /// Its record in the live connection list (`listed.rs`).
-    listed: Registered,
-}
-
-impl Flow {
-    fn last_active(&self) -> Instant {
-        self.last_up.max(self.state.last_down())
-    }
-
-    /// Whether a reply ever came back on this flow.
-    fn replied(&self) -> bool {
-        self.state.replied()
-    }
-}
-
-/// What a flow's reply task and the driver share: when the last reply
-/// came, and how long a reply packet toward the app may be.
-#[derive(Debug)]
-pub(super) struct ReplyState {
-    /// The flow table's epoch, which `last_down` counts from.
-    epoch: Instant,
-    /// Last downlink datagram, milliseconds since `epoch`, at least 1; 0
-    /// while the flow never saw a reply ([`ReplyState::mark`]).
-    last_down: AtomicU64,
-    /// The longest reply packet written whole: the TUN's MTU, lowered to
-    /// the longest fragment the app's datagrams came in
-    /// ([`ReplyState::lower_mtu`]).
-    mtu: AtomicU16,
-    /// A network change stranded the socket of the flow's task, which
-    /// ended ([`ReplyState::strand`]): the driver closes the flow at its
-    /// next datagram and opens another on the new network.
-    stranded: AtomicBool,
-    /// The records the replies count into (`listed.rs`).
-    tally: listed::Tally,
-}
-
-impl ReplyState {
-    fn new(epoch: Instant, mtu: u16) -> Self {
-        Self {
-            epoch,
-            last_down: AtomicU64::new(0),
-            mtu: AtomicU16::new(mtu),
-            stranded: AtomicBool::new(false),
-            tally: listed::Tally::default(),
-        }
-    }
-
-    /// The flow's task ends because a network change stranded its socket
-    /// (`proxied.rs`).
-    pub(super) fn strand(&self) {
-        self.stranded.store(true, Relaxed);
-    }
-
-    fn stranded(&self) -> bool {
-        self.stranded.load(Relaxed)
-    }
-
-    /// Record a reply at the present moment: milliseconds since the epoch,
-    /// never 0, which stands for "never replied".
-    pub(super) fn mark(&self) {
-        let ms = u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX);
-        self.last_down.store(ms.max(1), Relaxed);
-    }
-
-    fn replied(&self) -> bool {
-        self.last_down.load(Relaxed) != 0
-    }
-
-    fn last_down(&self) -> Instant {
-        self.epoch + Duration::from_millis(self.last_down.load(Relaxed))
-    }
-
-    /// The longest reply packet to write whole; a longer reply goes as
-    /// fragments of at most this size.
-    pub(super) fn mtu(&self) -> usize {
-        usize::from(self.mtu.load(Relaxed))
-    }
-
-    /// The app's datagram came as fragments of at most `longest` bytes: the
-    /// link between the app and the TUN is that small (a gateway forwarding
-    /// the app into a larger TUN), and a reply packet longer than that
-    /// would be lost there (a router never fragments IPv6, nor IPv4 with
-    /// DF). The flow's replies are fragmented to it from now on, never
-    /// below the least MTU of the family (576 bytes, RFC 791; 1280, RFC
-    /// 8200), whatever the app sends.
-    fn lower_mtu(&self, longest: usize, v6: bool) {
-        let floor = if v6 { 1280 } else { 576 };
-        let m = u16::try_from(longest.max(floor)).unwrap_or(u16::MAX);
-        self.mtu.fetch_min(m, Relaxed);
-    }
-}
-
-impl Drop for Flow {
-    fn drop(&mut self) {
-        if let Some(t) = &self.task {
-            t.abort();
-        }
-    }
-}
-
-/// Endpoint-independent mapping and filtering (`direct.udp_nat`, RFC 4787
-/// REQ-1 and REQ-8): one unconnected socket per app source (address and
-/// port), bound once and used for every destination the rules send direct,
-/// and one reply task that writes each datagram it receives, from any peer,
-/// to the app as from that peer. A mapping is what the flow budget counts
-/// and expires (`budget.udp_flows`, `timeouts.udp_idle_s` /
-/// `udp_unreplied_s`, with the activity of all its destinations and every
-/// reply); its destinations' entries in the table only remember that their
-/// plan was "direct" (the rules decide per destination), at most
-/// [`MAPPING_PEERS`] of them, the oldest forgotten first (its next datagram
-/// is planned again; the mapping and its socket stay).
-#[derive(Debug)]
-struct Mapping {
-    sock: Arc<UdpSocket>,
-    state: Arc<ReplyState>,
-    task: AbortHandle,
-    /// The destinations with an entry in the table, oldest first.
-    peers: VecDeque<SocketAddr>,
-}
-
-impl Drop for Mapping {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
-/// Destinations one mapping keeps a planned entry for: an ICE agent's
-/// STUN/TURN servers and candidates, a game's servers and peers. Each entry
-/// is about 150 bytes of table, so `udp_flows` mappings hold at most
-/// `udp_flows` x 32 of them (600 KiB at iOS's 128 flows); a source talking
-/// to more (a DHT node) has its older destinations planned again.
-const MAPPING_PEERS: usize = 32;
-
-/// The flow the budget would evict first.
-enum Victim {
-    Flow(FlowKey),
-    Mapping(SocketAddr),
-}
+use send::send_on;
 
 /// What the datagram path and its flow tasks need.
 #[derive(Debug)]
@@ -756,158 +595,6 @@ impl UdpTable {
         self.flows.insert(key, flow);
         true
     }
-
-    /// Drop the flows the host closed (`listed.rs`): a flow of its own
-    /// with its socket and task, a mapping's entry (the mapping stays for
-    /// its other destinations, and idles out as before).
-    fn close_listed(&mut self, keys: &[FlowKey]) {
-        for key in keys {
-            let Some(f) = self.flows.remove(key) else {
-                continue;
-            };
-            if f.task.is_some() {
-                self.owned -= 1;
-                self.shared.d.stats.udp_flows_active.fetch_sub(1, Relaxed);
-            } else if let Some(m) = self.mappings.get_mut(&key.client) {
-                m.peers.retain(|p| p != &key.server);
-                m.state.tally.remove(key.server);
-            }
-        }
-    }
-
-    /// When a mapping was last active: its last reply, or the last datagram
-    /// to any destination it has an entry for.
-    fn mapping_active(&self, client: SocketAddr, m: &Mapping) -> Instant {
-        m.peers
-            .iter()
-            .filter_map(|&p| self.flows.get(&FlowKey::new(client, p)))
-            .map(|f| f.last_up)
-            .fold(m.state.last_down(), Instant::max)
-    }
-
-    /// Remove a mapping and its destinations' entries.
-    fn unmap(&mut self, client: SocketAddr) {
-        if let Some(m) = self.mappings.remove(&client) {
-            for p in &m.peers {
-                self.flows.remove(&FlowKey::new(client, *p));
-            }
-        }
-    }
-
-    /// Eviction when the flow budget is reached: the least recently used
-    /// flow that never saw a reply, or, when every flow was answered, the
-    /// least recently used of all. O(n) over a bounded table, and only when
-    /// a new flow arrives at the limit.
-    fn evict_oldest(&mut self) {
-        let flows = self
-            .flows
-            .iter()
-            .filter(|(_, f)| f.task.is_some())
-            .map(|(k, f)| ((f.replied(), f.last_active()), Victim::Flow(*k)));
-        let mappings = self.mappings.iter().map(|(c, m)| {
-            (
-                (m.state.replied(), self.mapping_active(*c, m)),
-                Victim::Mapping(*c),
-            )
-        });
-        if let Some((_, victim)) = flows.chain(mappings).min_by_key(|(age, _)| *age) {
-            match victim {
-                Victim::Flow(key) => {
-                    self.flows.remove(&key);
-                    self.owned -= 1;
-                }
-                Victim::Mapping(client) => self.unmap(client),
-            }
-            self.evicted += 1;
-            self.shared.d.stats.udp_flows_evicted.fetch_add(1, Relaxed);
-            self.shared.d.stats.udp_flows_active.fetch_sub(1, Relaxed);
-        }
-    }
-
-    /// Close flows idle for longer than their timeout: `unreplied` for a
-    /// flow that never saw a reply, `idle` for one that did; route the
-    /// flows whose QUIC sniffer did not answer in time by their address
-    /// (`sniff.rs`).
-    pub fn sweep(&mut self, now: Instant, local: &mut LocalCounters) {
-        self.sweep_sniffing(now, local);
-        let closing: Vec<FlowKey> = (self.flows.iter())
-            .filter(|(_, f)| listed::closing(&f.listed))
-            .map(|(k, _)| *k)
-            .collect();
-        self.close_listed(&closing);
-        let (idle, unreplied) = (self.shared.idle, self.shared.unreplied);
-        let before = self.flows.len();
-        self.flows.retain(|_, f| {
-            let limit = if f.replied() { idle } else { unreplied };
-            // A mapped flow goes with its mapping (below).
-            f.task.is_none() || now.saturating_duration_since(f.last_active()) < limit
-        });
-        let mut removed = before - self.flows.len();
-        self.owned -= removed;
-        let expired: Vec<SocketAddr> = self
-            .mappings
-            .iter()
-            .filter(|(c, m)| {
-                let limit = if m.state.replied() { idle } else { unreplied };
-                now.saturating_duration_since(self.mapping_active(**c, m)) >= limit
-            })
-            .map(|(c, _)| *c)
-            .collect();
-        removed += expired.len();
-        for c in expired {
-            self.unmap(c);
-        }
-        let removed = removed as u64;
-        if removed > 0 {
-            self.shared
-                .d
-                .stats
-                .udp_flows_active
-                .fetch_sub(removed, Relaxed);
-        }
-    }
-}
-
-impl UdpTable {
-    /// The host moved to another network: close the direct flows whose
-    /// socket can no longer send ([`Addresses::strands`]: a connected
-    /// socket whose source address went, a mapping bound to an interface
-    /// left without an address of its family), counted; the app's next
-    /// datagram opens a flow on the new network. Flows whose socket still
-    /// works are kept. A queued flow's task owns its socket (and a SOCKS5
-    /// association's control connection) and checks them itself
-    /// (`proxied.rs`); the table closes such a flow at its next datagram
-    /// ([`UdpTable::forward`]). Runs once per change, on the driver: a
-    /// `getsockname` per direct flow.
-    pub fn network_changed(&mut self, addrs: &Addresses, local: &mut LocalCounters) {
-        // What the uplink gathered goes out (or fails) before its flow closes.
-        self.flush(local);
-        let before = self.flows.len();
-        self.flows.retain(|_, f| match &f.io {
-            FlowIo::Direct(sock) => !addrs.strands(&**sock),
-            FlowIo::Mapped(_) | FlowIo::Queued(_) => true,
-        });
-        let flows = before - self.flows.len();
-        self.owned -= flows;
-        let stranded: Vec<SocketAddr> = self
-            .mappings
-            .iter()
-            .filter(|(_, m)| addrs.strands(&*m.sock))
-            .map(|(c, _)| *c)
-            .collect();
-        let dropped = (flows + stranded.len()) as u64;
-        for c in stranded {
-            self.unmap(c);
-        }
-        if dropped > 0 {
-            self.evicted += 1;
-            let stats = &self.shared.d.stats;
-            stats.udp_flows_active.fetch_sub(dropped, Relaxed);
-            stats
-                .udp_flows_dropped_on_network_change
-                .fetch_add(dropped, Relaxed);
-        }
-    }
 }
 
 impl Drop for UdpTable {
@@ -915,88 +602,4 @@ impl Drop for UdpTable {
         let n = self.len() as u64;
         self.shared.d.stats.udp_flows_active.fetch_sub(n, Relaxed);
     }
-}
-
-/// Send one uplink datagram on `flow` (the flow table's entry for `key`):
-/// gathered for a GSO send, sent at once, or queued to the flow's task.
-/// Returns a flow whose path refused a GSO send (the caller stops
-/// gathering for it).
-#[allow(clippy::too_many_arguments)]
-fn send_on(
-    flow: &mut Flow,
-    key: FlowKey,
-    gso: &mut Gso,
-    mtu: u16,
-    payload: &[u8],
-    longest: Option<usize>,
-    now: Instant,
-    local: &mut LocalCounters,
-) -> Option<FlowKey> {
-    flow.last_up = now;
-    let up = &flow.listed.record.up;
-    up.fetch_add(payload.len() as u64, Relaxed);
-    if let Some(longest) = longest {
-        flow.state.lower_mtu(longest, key.server.is_ipv6());
-    }
-    let to = matches!(flow.io, FlowIo::Mapped(_)).then_some(key.server);
-    match &mut flow.io {
-        FlowIo::Direct(sock) | FlowIo::Mapped(sock) if flow.gso => {
-            let fits = reply::udp_room(mtu, key.server).1;
-            return gso.push(key, sock, to, payload, fits, local);
-        }
-        FlowIo::Direct(sock) | FlowIo::Mapped(sock) => {
-            send_one(sock, to, payload, local);
-        }
-        FlowIo::Queued(q) => {
-            // Charged at the buffer's capacity, a reassembled datagram's
-            // excess over the MTU included.
-            let Some(buf) = q.load(payload, now) else {
-                local.drop(EngineDrop::UdpQueueFull);
-                return None;
-            };
-            match q.tx.try_send(buf) {
-                Ok(()) => {}
-                Err(mpsc::error::TrySendError::Full(b)) => {
-                    q.keep(b);
-                    local.drop(EngineDrop::UdpQueueFull)
-                }
-                // The association failed or ended; the flow idles out.
-                Err(mpsc::error::TrySendError::Closed(b)) => {
-                    q.keep(b);
-                    local.drop(EngineDrop::UdpSendError)
-                }
-            }
-        }
-    }
-    None
-}
-
-/// One non-blocking `send(2)` of a direct flow's datagram (`sendto(2)`
-/// for a mapped flow: `to`), counted. True if the socket's send buffer was
-/// full (the datagram is a counted drop).
-fn send_one(
-    sock: &UdpSocket,
-    to: Option<SocketAddr>,
-    payload: &[u8],
-    local: &mut LocalCounters,
-) -> bool {
-    // A direct non-blocking send(2): tokio's `try_send` consults its cached
-    // readiness first and answers WouldBlock on a socket epoll has not yet
-    // reported writable, which would drop every flow's first datagram.
-    let sent = match to {
-        None => socket2::SockRef::from(sock).send(payload),
-        Some(to) => socket2::SockRef::from(sock).send_to(payload, &to.into()),
-    };
-    match sent {
-        Ok(_) => {
-            local.udp_packets_up += 1;
-            local.udp_bytes_up += payload.len() as u64;
-        }
-        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-            local.drop(EngineDrop::UdpSendFull);
-            return true;
-        }
-        Err(_) => local.drop(EngineDrop::UdpSendError),
-    }
-    false
 }

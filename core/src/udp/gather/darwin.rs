@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use tokio::net::UdpSocket;
 
-use super::send_one;
+use super::send::send_one;
 use crate::nat::FlowKey;
 use crate::stats::LocalCounters;
 

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use tokio::net::UdpSocket;
 
-use super::send_one;
+use super::send::send_one;
 use crate::nat::FlowKey;
 use crate::stats::{EngineDrop, LocalCounters};
 use crate::sys::udp::{GSO_MAX_BYTES, GSO_MAX_SEGMENTS};
