@@ -32,6 +32,7 @@ mod device;
 pub mod fuzzing;
 mod gate;
 mod half_open;
+mod rings;
 mod sockets;
 mod stream;
 

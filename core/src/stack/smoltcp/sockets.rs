@@ -20,7 +20,8 @@
 //! never wakes up.
 //!
 //! `half_open.rs` keeps the connections between a SYN and the end of its
-//! handshake; `stream.rs` has what a session does to its socket.
+//! handshake; `stream.rs` has what a session does to its socket;
+//! `rings.rs` when the rings' pages are handed back.
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::net::{IpAddr, SocketAddr};
@@ -48,20 +49,6 @@ use crate::tun::Tun;
 
 /// Transmit counters are published after this many packets (or by the poller).
 const COMMIT_PACKETS: u64 = 64;
-
-/// A socket whose session queued nothing for the app for this long, and
-/// whose transmit ring is empty (all acknowledged), gives the ring's pages
-/// back (`sys::pages::discard`); they fill again, zeroed, when data comes.
-pub(super) const RING_QUIET: Duration = Duration::from_secs(1);
-
-/// The least time between two reads of one socket that hand back the pages
-/// they consumed. A read that hands back pages costs a system call, and
-/// the data after it a page fault and a zeroed page for each page it fills
-/// again: in a bulk upload every page of the ring once per lap, which cost
-/// the smoltcp stack 40-45 % of its upload throughput in the netns
-/// benchmark (docs/notes.md, "smoltcp: receive pages handed back at most
-/// every 100 ms"). Reads further apart than this hand back what they read.
-pub(super) const RX_GIVE_BACK_GAP: Duration = Duration::from_millis(100);
 
 /// The smoltcp interface of one engine and its sockets.
 pub(crate) struct Sockets {
@@ -129,7 +116,7 @@ pub(super) struct Inner {
     scratch: Vec<Id>,
     /// Sockets whose transmit ring took data since its pages were last
     /// given back, with when they were filed (oldest first): the poller
-    /// gives back the pages of those quiet for [`RING_QUIET`].
+    /// gives back the pages of those quiet for [`RING_QUIET`](super::rings::RING_QUIET).
     pub(super) filled: VecDeque<(Id, Instant)>,
     /// The pure ACKs held during the driver's drain, one entry per flow
     /// (kept to avoid allocating per drain).
@@ -161,7 +148,7 @@ pub(super) struct Slot {
     /// pages were given back since, or it never took any).
     pub(super) tx_at: Option<Instant>,
     /// When a read last handed back pages of the receive ring
-    /// ([`RX_GIVE_BACK_GAP`]).
+    /// ([`RX_GIVE_BACK_GAP`](super::rings::RX_GIVE_BACK_GAP)).
     pub(super) rx_given: Option<Instant>,
 }
 
@@ -293,35 +280,6 @@ impl Inner {
         }
     }
 
-    /// The session of socket `id` queued data on its transmit ring at
-    /// `now`: file it for [`Inner::give_back_quiet`] unless it is filed.
-    pub(super) fn filled(&mut self, id: Id, now: Instant) {
-        if let Some(slot) = self.slots.get_mut(id as usize).and_then(Option::as_mut)
-            && slot.tx_at.replace(now).is_none()
-        {
-            self.filled.push_back((id, now));
-        }
-    }
-
-    /// Whether a read of socket `id` at `now` hands back the pages it
-    /// consumes: none did within [`RX_GIVE_BACK_GAP`].
-    pub(super) fn rx_give_back_due(&self, id: Id, now: Instant) -> bool {
-        self.slots
-            .get(id as usize)
-            .and_then(Option::as_ref)
-            .is_some_and(|slot| {
-                slot.rx_given
-                    .is_none_or(|at| now.saturating_duration_since(at) >= RX_GIVE_BACK_GAP)
-            })
-    }
-
-    /// A read of socket `id` handed back pages at `now`.
-    pub(super) fn rx_given(&mut self, id: Id, now: Instant) {
-        if let Some(slot) = self.slots.get_mut(id as usize).and_then(Option::as_mut) {
-            slot.rx_given = Some(now);
-        }
-    }
-
     /// Sockets in the stack (open or closing).
     #[cfg(any(test, fuzzing))]
     pub(super) fn socket_count(&self) -> usize {
@@ -366,41 +324,6 @@ impl Inner {
             h.flush(sink, count);
         }
         held.clear();
-    }
-
-    /// Give back the transmit rings of the sockets quiet for
-    /// [`RING_QUIET`] whose rings are empty; the earliest time another
-    /// may be due. smoltcp lends an empty ring whole through
-    /// `tcp::Socket::send` (it rewinds an empty ring to its start), so the
-    /// pages are dropped through that borrow.
-    fn give_back_quiet(&mut self, now: Instant) -> Option<Instant> {
-        while let Some(&(id, at)) = self.filled.front() {
-            if now.saturating_duration_since(at) < RING_QUIET {
-                return Some(at + RING_QUIET);
-            }
-            self.filled.pop_front();
-            let Some(slot) = self.slots.get_mut(id as usize).and_then(Option::as_mut) else {
-                continue;
-            };
-            let Some(last) = slot.tx_at else {
-                continue;
-            };
-            if now.saturating_duration_since(last) < RING_QUIET {
-                self.filled.push_back((id, last));
-                continue;
-            }
-            let s = slot.set.get_mut::<tcp::Socket>(slot.h);
-            if s.send_queue() > 0 {
-                // Not acknowledged yet: look again after another while.
-                self.filled.push_back((id, now));
-                continue;
-            }
-            slot.tx_at = None;
-            // A socket that may not send any more is closing: its rings go
-            // with it.
-            let _ = s.send(|buf| (0, pages::discard(buf)));
-        }
-        None
     }
 
     /// The poller's next smoltcp deadline.

@@ -5,6 +5,7 @@ use std::sync::atomic::Ordering::Relaxed;
 
 use super::super::device::{Sink, shade_window};
 use super::super::half_open::Syn;
+use super::super::rings::{RING_QUIET, RX_GIVE_BACK_GAP};
 use super::super::stream::SmolStream;
 use super::*;
 use crate::budget::Admission;
