@@ -624,6 +624,21 @@ pub mod servers {
 
     /// Start a TCP server in `ns` on `addr` (port 0 picks one).
     pub fn tcp(ns: &Netns, addr: SocketAddr, mode: Mode) -> io::Result<Server> {
+        accepting(ns, addr, move |s, stop| {
+            let _ = s.set_nonblocking(false);
+            let stop = stop.clone();
+            std::thread::spawn(move || serve(s, mode, &stop));
+        })
+    }
+
+    /// A TCP server in `ns` on `addr` (port 0 picks one) that counts each
+    /// connection it accepts and hands it to `each` (still nonblocking),
+    /// with the server's stop flag.
+    pub fn accepting(
+        ns: &Netns,
+        addr: SocketAddr,
+        mut each: impl FnMut(TcpStream, &Arc<AtomicBool>) + Send + 'static,
+    ) -> io::Result<Server> {
         Server::start(
             ns,
             move || listen(addr),
@@ -632,9 +647,7 @@ pub mod servers {
                     match l.accept() {
                         Ok((s, _)) => {
                             accepted.fetch_add(1, Ordering::Relaxed);
-                            let _ = s.set_nonblocking(false);
-                            let stop = stop.clone();
-                            std::thread::spawn(move || serve(s, mode, &stop));
+                            each(s, stop);
                         }
                         Err(_) => std::thread::sleep(Duration::from_millis(2)),
                     }
