@@ -1427,8 +1427,7 @@ fn concurrent_stress_keeps_invariants() {
     const THREADS: u16 = 4;
     const ROUNDS: u16 = 300;
     const FLOWS: usize = 8;
-    let (tx, rx) = mpsc::channel();
-    let worker = thread::spawn(move || {
+    let errors = watchdog(move || {
         let (clock, t) = table(NatConfig {
             port_range: 30000..=30039,
             max_entries: 38,
@@ -1490,21 +1489,31 @@ fn concurrent_stress_keeps_invariants() {
         t.cleanup(clock.now() + 120 * SEC);
         assert!(t.is_empty(), "{:?}", t.counts());
         t.check_invariants().unwrap();
-        let _ = tx.send(t.error_counts());
+        t.error_counts()
+    });
+    // The test is only worth something if it hit the limits: a full table
+    // refuses, or evicts an entry nobody accepted.
+    eprintln!("stress: {errors:?}");
+    assert!(errors.table_full + errors.evicted > 0, "{errors:?}");
+}
+
+/// Runs `work` on a thread of its own and returns what it returns; its
+/// panic is the test's. A lock-order inversion deadlocks: after 60 s the
+/// test fails instead of hanging the run.
+fn watchdog<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = mpsc::channel();
+    let worker = thread::spawn(move || {
+        let _ = tx.send(work());
     });
     match rx.recv_timeout(Duration::from_secs(60)) {
-        Ok(errors) => {
+        Ok(done) => {
             worker.join().unwrap();
-            // The test is only worth something if it hit the limits: a
-            // full table refuses, or evicts an entry nobody accepted.
-            eprintln!("stress: {errors:?}");
-            assert!(errors.table_full + errors.evicted > 0, "{errors:?}");
+            done
         }
-        Err(mpsc::RecvTimeoutError::Disconnected) => {
-            if let Err(p) = worker.join() {
-                panic::resume_unwind(p);
-            }
-        }
+        Err(mpsc::RecvTimeoutError::Disconnected) => match worker.join() {
+            Err(p) => panic::resume_unwind(p),
+            Ok(()) => panic!("the stress test's thread ended without a result"),
+        },
         Err(mpsc::RecvTimeoutError::Timeout) => panic!("stress test stuck for 60 s: deadlock"),
     }
 }
@@ -1636,8 +1645,7 @@ fn half_open_round(t: &Arc<Table<u64>>, tid: u64, round: u64, ledger: &Ledger, n
 fn concurrent_stress_hands_back_every_attachment() {
     const THREADS: u64 = 4;
     const ROUNDS: u64 = 200;
-    let (tx, rx) = mpsc::channel();
-    let worker = thread::spawn(move || {
+    let (given, errors) = watchdog(move || {
         let (clock, t) = table_of::<u64>(NatConfig {
             port_range: 30000..=30039,
             max_entries: 38,
@@ -1675,21 +1683,10 @@ fn concurrent_stress_hands_back_every_attachment() {
         back.dedup();
         assert_eq!(back.len(), returned, "an attachment came back twice");
         assert_eq!(returned, given, "attachments lost");
-        let _ = tx.send((given, t.error_counts()));
+        (given, t.error_counts())
     });
-    match rx.recv_timeout(Duration::from_secs(60)) {
-        Ok((given, errors)) => {
-            worker.join().unwrap();
-            eprintln!("half-open stress: {given} attachments, {errors:?}");
-            assert!(errors.evicted > 0, "the table never filled: {errors:?}");
-        }
-        Err(mpsc::RecvTimeoutError::Disconnected) => {
-            if let Err(p) = worker.join() {
-                panic::resume_unwind(p);
-            }
-        }
-        Err(mpsc::RecvTimeoutError::Timeout) => panic!("stress test stuck for 60 s: deadlock"),
-    }
+    eprintln!("half-open stress: {given} attachments, {errors:?}");
+    assert!(errors.evicted > 0, "the table never filled: {errors:?}");
 }
 
 /// After a burst of half-open flows has expired, `shrink` gives the maps'
