@@ -142,6 +142,12 @@ fn ok(t: &NatTable) {
     t.check_invariants().unwrap();
 }
 
+/// The table's entries by phase: (half-open, active, closing).
+fn phases(t: &NatTable) -> (usize, usize, usize) {
+    let c = t.counts();
+    (c.half_open, c.active, c.closing)
+}
+
 /// SYN, accept and guard for `key`.
 fn open(t: &Arc<Table>, key: &FlowKey, now: Instant) -> Guard {
     let u = t.uplink(key, Some(0), now).unwrap();
@@ -264,14 +270,7 @@ fn syn_allocates_and_downlink_restores() {
         t.uplink(&k, None, now).unwrap(),
         existing(u.port, u.generation)
     );
-    assert_eq!(
-        t.counts(),
-        NatCounts {
-            half_open: 1,
-            active: 0,
-            closing: 0
-        }
-    );
+    assert_eq!(phases(&t), (1, 0, 0));
     assert_eq!(t.len(), 1);
     ok(&t);
 }
@@ -326,14 +325,7 @@ fn accept_marks_active_with_strictly_increasing_generations() {
         last = a.generation;
         assert_eq!(t.state(u.port), Some(NatState::Active));
     }
-    assert_eq!(
-        t.counts(),
-        NatCounts {
-            half_open: 0,
-            active: 16,
-            closing: 0
-        }
-    );
+    assert_eq!(phases(&t), (0, 16, 0));
     ok(&t);
 }
 
@@ -399,14 +391,7 @@ fn new_syn_on_closing_takes_another_port_and_old_marks_cannot_touch_it() {
     assert_ne!(u2.port, u1.port);
     assert_eq!(t.lookup(&k), Some(u2.port));
     assert_eq!(t.state(u1.port), None);
-    assert_eq!(
-        t.counts(),
-        NatCounts {
-            half_open: 1,
-            active: 0,
-            closing: 0
-        }
-    );
+    assert_eq!(phases(&t), (1, 0, 0));
     ok(&t);
     let a2 = t.accept(u2.port, clock.now()).unwrap();
 
@@ -503,14 +488,7 @@ fn guard_drop_marks_closing_with_the_table_clock() {
         t.state(port),
         Some(NatState::Closing { since: clock.now() })
     );
-    assert_eq!(
-        t.counts(),
-        NatCounts {
-            half_open: 0,
-            active: 0,
-            closing: 1
-        }
-    );
+    assert_eq!(phases(&t), (0, 0, 1));
     ok(&t);
 }
 
@@ -559,14 +537,7 @@ fn abort_half_open_only_closes_half_open() {
     assert!(t.abort_half_open(g.port(), g.generation(), now).is_none());
     assert!(t.abort_half_open(g.port(), g.opened(), now).is_none());
     assert!(t.abort_half_open(1, 0, now).is_none());
-    assert_eq!(
-        t.counts(),
-        NatCounts {
-            half_open: 0,
-            active: 1,
-            closing: 1
-        }
-    );
+    assert_eq!(phases(&t), (0, 1, 1));
     ok(&t);
 }
 
