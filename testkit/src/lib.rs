@@ -859,6 +859,19 @@ pub mod client {
         }
     }
 
+    /// A connection to the echo server at `to`, held open once `data` came
+    /// back on it byte for byte (its reads time out after 5 s).
+    pub fn held_echo(to: SocketAddr, data: &[u8]) -> TcpStream {
+        let mut s = TcpStream::connect_timeout(&to, Duration::from_secs(3)).expect("connect");
+        s.set_read_timeout(Some(Duration::from_secs(5)))
+            .expect("timeout");
+        s.write_all(data).expect("write");
+        let mut back = vec![0u8; data.len()];
+        s.read_exact(&mut back).expect("echo");
+        assert!(back == data, "the echo differs from what was sent");
+        s
+    }
+
     /// Send `len` bytes of `pattern(seed)` to an `Echo`/`SpeakFirst` server,
     /// half-close, and check byte for byte that the same bytes come back
     /// followed by the trailer sent after EOF.
