@@ -57,10 +57,11 @@ fn pattern(n: usize, salt: usize) -> Vec<u8> {
     (0..n).map(|i| ((i * 7 + salt) % 251) as u8).collect()
 }
 
-/// The session reads from `app` until it has `n` bytes.
-fn read_exactly(rt: &tokio::runtime::Runtime, app: &SmolStream, n: usize) -> Vec<u8> {
+/// The session reads from `app` until it has `n` bytes, at most `chunk`
+/// bytes a read.
+fn read_exactly(rt: &tokio::runtime::Runtime, app: &SmolStream, n: usize, chunk: usize) -> Vec<u8> {
     let mut got = Vec::new();
-    let mut buf = vec![0u8; 4096];
+    let mut buf = vec![0u8; chunk];
     while got.len() < n {
         let r = rt.block_on(app.recv(&mut buf)).expect("test input");
         assert!(r > 0);
@@ -724,7 +725,7 @@ fn interleaved_flows_each_complete_byte_exact() {
         }
     }
     for (i, (_, _, app, _)) in flows.iter().enumerate() {
-        let got = read_exactly(&rt, app, 2100);
+        let got = read_exactly(&rt, app, 2100, 4096);
         let want: Vec<u8> = (0..3).flat_map(|j| payload(i, j)).collect();
         assert_eq!(got, want, "flow {i} reads its own bytes");
         let answer = format!("answer of flow {i}");
@@ -892,7 +893,7 @@ fn quiet_rings_are_handed_back_and_data_stays_exact() {
             st.input(&p, t, &mut out, &stats);
             app_seq = app_seq.wrapping_add(chunk.len() as u32);
         }
-        let got = read_exactly(&rt, &app, up.len());
+        let got = read_exactly(&rt, &app, up.len(), 4096);
         assert!(got == up, "round {round}: the app's bytes arrive exact");
         // Session to app: through the send ring, then acknowledged.
         let down = pattern(12 * 1024, 100 + round);
@@ -933,14 +934,8 @@ fn quiet_rings_are_handed_back_and_data_stays_exact() {
 /// bytes arrive exact either way.
 #[test]
 fn receive_pages_are_handed_back_at_most_once_per_gap() {
-    let st = stack();
-    let stats = Stats::default();
-    let mut out = Capture::default();
-    let (k, h, srv_seq) = handshake(&st, &mut out, &stats, false);
-    let (c, s) = (k.client.to_string(), k.server.to_string());
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .build()
-        .expect("test input");
+    let (st, stats, mut out, k, h, srv_seq) = established(false);
+    let rt = runtime();
     let app = SmolStream::new(st.clone(), h, k, None);
     let given = || {
         st.inner.lock().slots[h as usize]
@@ -950,19 +945,13 @@ fn receive_pages_are_handed_back_at_most_once_per_gap() {
     let mut seq = 1001u32;
     let mut round = |salt: usize| {
         // 14,000 bytes: whole pages of the ring under one read.
-        let up: Vec<u8> = (0..14_000).map(|i| ((i * 7 + salt) % 251) as u8).collect();
+        let up = pattern(14_000, salt);
         for chunk in up.chunks(1400) {
-            let p = tcp_v4(&c, &s, seq, srv_seq, ACK | PSH, &[], chunk);
+            let p = from_app(k, seq, srv_seq, ACK | PSH, chunk);
             st.input(&p, Instant::now(), &mut out, &stats);
             seq = seq.wrapping_add(chunk.len() as u32);
         }
-        let mut got = Vec::new();
-        let mut buf = vec![0u8; 32 * 1024];
-        while got.len() < up.len() {
-            let n = rt.block_on(app.recv(&mut buf)).expect("test input");
-            assert!(n > 0);
-            got.extend_from_slice(&buf[..n]);
-        }
+        let got = read_exactly(&rt, &app, up.len(), 32 * 1024);
         assert!(got == up, "round {salt}: the app's bytes arrive exact");
     };
     assert_eq!(given(), None);
@@ -1018,7 +1007,7 @@ fn bytes_before_the_fin_are_read_before_eof() {
             // end of the 16 KiB ring, so the next 10 KiB wrap around it.
             let first = pattern(12 * 1024, 1);
             send(&first, ACK | PSH);
-            assert!(read_exactly(&rt, &app, first.len()) == first);
+            assert!(read_exactly(&rt, &app, first.len(), 32 * 1024) == first);
         }
         let last = pattern(10 * 1024, 2);
         send(&last, ACK | PSH);
