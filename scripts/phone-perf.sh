@@ -31,24 +31,11 @@ esac
 source scripts/router-topology.sh
 router_requires phone-perf.sh "$engine" iperf3 perf python3
 
-id=$$
-app=ktpa$id eng=ktpe$id srv=ktps$id
-work=$(mktemp -d)
-epid="" ipid=""
-cleanup() {
-    set +e
-    router_stop "$epid" "$ipid"
-    router_teardown "$app" "$eng" "$srv"
-    rm -rf "$work"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
-router_topology "$app" "$eng" "$srv" 7
+router_begin p 7
 
 router_engine_config ktpt >"$work/engine.toml"
 ip netns exec "$srv" iperf3 -s -B 198.19.7.2 >/dev/null 2>&1 &
-ipid=$!
+spid=$!
 ip netns exec "$eng" "$engine" run --config "$work/engine.toml" >/dev/null 2>"$work/engine.log" &
 epid=$!
 router_engine_started "$eng" "$work/engine.log" 100 198.19.7.2 ktpt

@@ -1,6 +1,7 @@
 # Sourced by scripts/phone-perf.sh and scripts/udp-down-callgrind.sh: what
 # they need before they start, the phone profiles' router topology in
-# three namespaces, and the engine's configuration, start and stop there.
+# three namespaces, the engine's configuration, start and stop there, and
+# the set-up and clean-up around them.
 #
 #     router_requires NAME ENGINE COMMAND...
 #
@@ -106,6 +107,34 @@ router_engine_started() {
         exit 1
     }
     ip -n "$eng" route add "$server/32" dev "$tun" table 233
+}
+
+# router_begin TAG N [AFTER]
+#
+# sets app, eng and srv to namespace names made of TAG and this shell's
+# pid, work to a new temporary directory, and epid and spid (the engine's
+# and the server's pids, for the caller to set) to empty; builds the
+# topology (router_topology "$app" "$eng" "$srv" N); and on exit, INT or
+# TERM stops both processes (router_stop), removes the namespaces, runs the
+# function AFTER if given, and removes $work.
+router_begin() {
+    local tag=$1 n=$2
+    app=kt${tag}a$$ eng=kt${tag}e$$ srv=kt${tag}s$$
+    work=$(mktemp -d)
+    epid="" spid=""
+    router_after=${3:-}
+    trap router_end EXIT
+    trap 'exit 130' INT TERM
+    router_topology "$app" "$eng" "$srv" "$n"
+}
+
+# router_end: router_begin's exit trap.
+router_end() {
+    set +e
+    router_stop "$epid" "$spid"
+    router_teardown "$app" "$eng" "$srv"
+    [[ -z $router_after ]] || "$router_after"
+    rm -rf "$work"
 }
 
 # router_stop ENGINE_PID SERVER_PID

@@ -32,23 +32,13 @@ engine=${KERNTUN:-${CARGO_TARGET_DIR:-target}/release/kerntun}
 source scripts/router-topology.sh
 router_requires udp-down-callgrind.sh "$engine" python3 valgrind callgrind_control callgrind_annotate
 
-id=$$
-app=ktca$id eng=ktce$id srv=ktcs$id
-work=$(mktemp -d)
-epid="" spid=""
-cleanup() {
-    set +e
-    router_stop "$epid" "$spid"
-    router_teardown "$app" "$eng" "$srv"
+# After the engine stopped (callgrind writes its last dump then).
+keep() {
     if [[ -n ${KEEP:-} ]]; then
         mkdir -p "$KEEP" && cp "$work"/callgrind.out* "$KEEP"/ 2>/dev/null
     fi
-    rm -rf "$work"
 }
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
-router_topology "$app" "$eng" "$srv" 8
+router_begin c 8 keep
 
 router_engine_config ktct "udp_nat = \"${UDP_NAT:-endpoint-independent}\"" >"$work/engine.toml"
 

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use common::{KERNTUN, Running};
 use kerntun_testkit::servers::{self, Mode};
-use kerntun_testkit::{Topology, require_root, wait_until, within};
+use kerntun_testkit::{Topology, client, require_root, wait_until, within};
 use serde_json::{Value, json};
 
 const SECRET: &str = "s3cret/+ &x";
@@ -361,12 +361,7 @@ fn dashboard_endpoints_select_and_close() {
         assert_eq!(s, 204);
 
         // A live connection in Clash's shape, then closed through DELETE.
-        let mut app = TcpStream::connect_timeout(&echo, Duration::from_secs(3)).expect("connect");
-        app.set_read_timeout(Some(Duration::from_secs(5)))
-            .expect("timeout");
-        app.write_all(b"hello").expect("write");
-        let mut got = [0u8; 5];
-        app.read_exact(&mut got).expect("echo");
+        let mut app = client::held_echo(echo, b"hello");
         let local = app.local_addr().expect("local");
         let mut conn = Value::Null;
         wait_until(
@@ -429,11 +424,7 @@ fn dashboard_endpoints_select_and_close() {
         );
         assert_eq!(call("DELETE", &format!("/connections/{id}"), None).0, 404);
         // DELETE /connections closes them all.
-        let mut a2 = TcpStream::connect_timeout(&echo, Duration::from_secs(3)).expect("connect");
-        a2.set_read_timeout(Some(Duration::from_secs(5)))
-            .expect("timeout");
-        a2.write_all(b"x").expect("write");
-        a2.read_exact(&mut [0u8; 1]).expect("echo");
+        let mut a2 = client::held_echo(echo, b"x");
         assert_eq!(call("DELETE", "/connections", None).0, 204);
         let r = a2.read(&mut b);
         assert!(r.is_err(), "reset by DELETE /connections, got {r:?}");
@@ -583,13 +574,8 @@ fn streams_over_websocket_and_chunked_http() {
             first["up"].as_u64().is_some() && first["down"].as_u64().is_some(),
             "{first}"
         );
-        let mut app = TcpStream::connect_timeout(&echo, Duration::from_secs(3)).expect("connect");
-        app.set_read_timeout(Some(Duration::from_secs(5)))
-            .expect("timeout");
         let payload = vec![7u8; 200_000];
-        app.write_all(&payload).expect("write");
-        let mut back = vec![0u8; payload.len()];
-        app.read_exact(&mut back).expect("echo");
+        let app = client::held_echo(echo, &payload);
         let mut up = 0;
         let mut samples = 0;
         while up < payload.len() as u64 && samples < 6 {

@@ -12,7 +12,8 @@ use std::time::{Duration, Instant};
 
 use kerntun::config::{DriverMode, StackKind};
 use kerntun::rules::{Action, Rule};
-use kerntun::{Engine, TunSource};
+use kerntun::tun::TunConfig;
+use kerntun::{Engine, StatsSnapshot, TunSource};
 use kerntun_testkit::rig::{Flood, Rig};
 use kerntun_testkit::servers::{self, Mode};
 use kerntun_testkit::{Topology, client, require_root, within};
@@ -143,15 +144,7 @@ fn per_packet_acks_are_thinned_byte_exact() {
             .config(|_, c| c.tun.ack_thinning = thin)
             .start();
         let srv = rig.tcp_server(false, Mode::Echo);
-        let clients: Vec<_> = (0..4)
-            .map(|i| {
-                let addr = srv.addr;
-                std::thread::spawn(move || client::echo_transfer(addr, 60 + i, 8 * MIB, false))
-            })
-            .collect();
-        for c in clients {
-            c.join().expect("client thread").expect("8 MiB echo");
-        }
+        echo_8mib_at_once(srv.addr, 4, 60);
         let s = rig.stats();
         assert!(s.tcp_bytes_up >= 32 * MIB as u64, "{s:?}");
         if thin {
@@ -182,32 +175,9 @@ fn window_clamp_keeps_16_echoes_within_a_500_packet_queue() {
     const STREAMS: u64 = 16;
     let mut dropped = Vec::new();
     for clamp in [None, Some(false)] {
-        let rig = Rig::builder()
-            .stack(StackKind::System)
-            .driver(DriverMode::PerPacket)
-            .ipv4_only()
-            .config(|_, c| {
-                c.tun.tx_queue_len = 500;
-                c.tun.window_clamp = clamp;
-            })
-            .start();
-        let srv = rig.tcp_server(false, Mode::Echo);
-        let before = rig.tun_tx_dropped();
-        let started = Instant::now();
-        let clients: Vec<_> = (0..STREAMS)
-            .map(|i| {
-                let addr = srv.addr;
-                std::thread::spawn(move || client::echo_transfer(addr, 40 + i, 8 * MIB, false))
-            })
-            .collect();
-        for c in clients {
-            c.join()
-                .expect("client thread")
-                .expect("8 MiB echo, byte exact");
-        }
-        let elapsed = started.elapsed();
-        let drops = rig.tun_tx_dropped() - before;
-        let s = rig.stats();
+        let (elapsed, drops, s) = echoes_through_a_500_packet_queue(STREAMS, |tun| {
+            tun.window_clamp = clamp;
+        });
         eprintln!(
             "window clamp {clamp:?}: {STREAMS} x 8 MiB each way in {:.2} s, TUN tx_dropped {drops}, {} segments clamped, {} packets read, {} written",
             elapsed.as_secs_f64(),
@@ -241,33 +211,10 @@ fn read_ring_delivers_16_echoes_through_a_500_packet_queue() {
     require_root!();
     const STREAMS: u64 = 16;
     for ring in [512, 4, 0] {
-        let rig = Rig::builder()
-            .stack(StackKind::System)
-            .driver(DriverMode::PerPacket)
-            .ipv4_only()
-            .config(|_, c| {
-                c.tun.tx_queue_len = 500;
-                c.tun.window_clamp = Some(false);
-                c.tun.read_ring = Some(ring);
-            })
-            .start();
-        let srv = rig.tcp_server(false, Mode::Echo);
-        let before = rig.tun_tx_dropped();
-        let started = Instant::now();
-        let clients: Vec<_> = (0..STREAMS)
-            .map(|i| {
-                let addr = srv.addr;
-                std::thread::spawn(move || client::echo_transfer(addr, 40 + i, 8 * MIB, false))
-            })
-            .collect();
-        for c in clients {
-            c.join()
-                .expect("client thread")
-                .expect("8 MiB echo, byte exact");
-        }
-        let elapsed = started.elapsed();
-        let drops = rig.tun_tx_dropped() - before;
-        let s = rig.stats();
+        let (elapsed, drops, s) = echoes_through_a_500_packet_queue(STREAMS, |tun| {
+            tun.window_clamp = Some(false);
+            tun.read_ring = Some(ring);
+        });
         eprintln!(
             "read_ring {ring}: {STREAMS} x 8 MiB each way in {:.2} s, TUN tx_dropped {drops}, ring full {} times, {} packets read in {} drains, {} written",
             elapsed.as_secs_f64(),
@@ -290,6 +237,45 @@ fn read_ring_delivers_16_echoes_through_a_500_packet_queue() {
             "no write-back refused: {s:?}"
         );
     }
+}
+
+/// `streams` connections to `addr` echo 8 MiB each at once, byte for byte
+/// (client seeds `seed`, `seed + 1`, ...).
+fn echo_8mib_at_once(addr: SocketAddr, streams: u64, seed: u64) {
+    let clients: Vec<_> = (0..streams)
+        .map(|i| std::thread::spawn(move || client::echo_transfer(addr, seed + i, 8 * MIB, false)))
+        .collect();
+    for c in clients {
+        c.join()
+            .expect("client thread")
+            .expect("8 MiB echo, byte exact");
+    }
+}
+
+/// The phone's TUN: a system-stack engine with the per-packet driver, IPv4,
+/// on a TUN whose transmit queue holds the kernel's 500 packets, the rest
+/// of its `tun` section set by `tun`; `streams` connections echo 8 MiB
+/// each through it at once (seeds from 40). How long that took, what the
+/// TUN's queue dropped meanwhile, and the engine's stats after.
+fn echoes_through_a_500_packet_queue(
+    streams: u64,
+    tun: impl FnOnce(&mut TunConfig),
+) -> (Duration, u64, StatsSnapshot) {
+    let rig = Rig::builder()
+        .stack(StackKind::System)
+        .driver(DriverMode::PerPacket)
+        .ipv4_only()
+        .config(|_, c| {
+            c.tun.tx_queue_len = 500;
+            tun(&mut c.tun);
+        })
+        .start();
+    let srv = rig.tcp_server(false, Mode::Echo);
+    let before = rig.tun_tx_dropped();
+    let started = Instant::now();
+    echo_8mib_at_once(srv.addr, streams, 40);
+    let elapsed = started.elapsed();
+    (elapsed, rig.tun_tx_dropped() - before, rig.stats())
 }
 
 fn concurrent_200_connections(v6: bool, driver: DriverMode, stack: StackKind) {

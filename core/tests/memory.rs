@@ -76,6 +76,42 @@ fn start_engine_for(test: &str, tun: &str, nofile: Option<(u64, u64)>) -> Engine
     EngineProcess::start(test, (CHILD, tun), &wrapper)
 }
 
+/// [`start_engine_for`] `test` on the topology's TUN without a descriptor
+/// limit, once it is ready, with the client's routes through its TUN.
+fn routed_engine(topo: &Topology, test: &str) -> EngineProcess {
+    let mut engine = start_engine_for(test, &topo.tun_name(), None);
+    let tun = engine
+        .line()
+        .strip_prefix("READY ")
+        .expect("a ready line")
+        .to_owned();
+    topo.route_via_tun(&tun).expect("route");
+    eprintln!("[memory] engine ready on {tun}");
+    engine
+}
+
+/// Connections opened before the baseline, to warm the engine up.
+const WARM: usize = 8;
+
+/// Once the engine runs every held and warm-up session and `quiet` has
+/// passed: its resident memory in KiB and its admission limit. Every
+/// session was admitted, none refused, under a limit of at least [`HELD`].
+fn all_sessions_running(engine: &mut EngineProcess, quiet: Duration) -> (u64, u64) {
+    wait_until("every session running", Duration::from_secs(10), || {
+        session_counts(engine).0 == (HELD + WARM) as u64
+    });
+    std::thread::sleep(quiet);
+    let rss = rss_kib(engine);
+    let (active, limit, refused) = session_counts(engine);
+    assert_eq!(
+        (active, refused),
+        ((HELD + WARM) as u64, 0),
+        "admission limit {limit}"
+    );
+    assert!(limit >= HELD as u64, "admission limit {limit}");
+    (rss, limit)
+}
+
 /// Resident memory of the engine process, in KiB.
 fn rss_kib(engine: &EngineProcess) -> u64 {
     kerntun_testkit::vm_kib(Some(engine.pid()), "VmRSS").expect("VmRSS of the engine process")
@@ -84,23 +120,10 @@ fn rss_kib(engine: &EngineProcess) -> u64 {
 /// A server in the server namespace that accepts and holds every connection
 /// (one thread, no per-connection state beyond the socket).
 fn hold_server(topo: &Topology) -> servers::Server {
-    let at = topo.server_addr(false, 0);
-    servers::Server::start(
-        &topo.server,
-        move || servers::listen(at),
-        |l, stop, accepted| {
-            let mut held = Vec::new();
-            while !stop.load(Ordering::Relaxed) {
-                match l.accept() {
-                    Ok((s, _)) => {
-                        held.push(s);
-                        accepted.fetch_add(1, Ordering::Relaxed);
-                    }
-                    Err(_) => std::thread::sleep(Duration::from_millis(2)),
-                }
-            }
-        },
-    )
+    let mut held = Vec::new();
+    servers::accepting(&topo.server, topo.server_addr(false, 0), move |s, _| {
+        held.push(s)
+    })
     .expect("hold server")
 }
 
@@ -176,17 +199,9 @@ fn thousand_idle_connections_fit_the_ios_budget() {
     let topo = Topology::new().expect("topology");
     let server = hold_server(&topo);
     topo.client.enter().expect("enter client ns");
-    let mut engine = start_engine(&topo.tun_name(), None);
-    let tun = engine
-        .line()
-        .strip_prefix("READY ")
-        .expect("a ready line")
-        .to_owned();
-    topo.route_via_tun(&tun).expect("route");
-    eprintln!("[memory] engine ready on {tun}");
+    let mut engine = routed_engine(&topo, "thousand_idle_connections_fit_the_ios_budget");
     // Warm up (the first sessions build runtime state lazily), then let the
     // engine settle before the baseline. The server holds these too.
-    const WARM: usize = 8;
     let warm: Vec<_> = (0..WARM)
         .map(|_| TcpStream::connect_timeout(&server.addr, Duration::from_secs(3)).expect("warm-up"))
         .collect();
@@ -210,12 +225,7 @@ fn thousand_idle_connections_fit_the_ios_budget() {
         Duration::from_secs(10),
         || server.accepted.load(Ordering::Relaxed) >= (HELD + WARM) as u64,
     );
-    wait_until("every session running", Duration::from_secs(10), || {
-        session_counts(&mut engine).0 == (HELD + WARM) as u64
-    });
-    std::thread::sleep(Duration::from_millis(300));
-    let rss1 = rss_kib(&engine);
-    let (active, limit, refused) = session_counts(&mut engine);
+    let (rss1, limit) = all_sessions_running(&mut engine, Duration::from_millis(300));
     let per_session = (rss1.saturating_sub(rss0) * 1024) / HELD as u64;
     eprintln!(
         "[memory] {HELD} idle system-stack sessions under the iOS budget (admission limit {limit}): \
@@ -225,8 +235,6 @@ fn thousand_idle_connections_fit_the_ios_budget() {
         budget::SESSION_STATE,
         ios.session_cost(TcpStack::System),
     );
-    assert_eq!((active, refused), ((HELD + WARM) as u64, 0));
-    assert!(limit >= HELD as u64, "admission limit {limit}");
     assert!(
         per_session <= budget::SESSION_STATE as u64,
         "an idle session costs {per_session} bytes, more than the {} the budget charges",
@@ -251,29 +259,15 @@ const BULK_EVERY: usize = 32;
 /// A server in the server namespace that echoes every connection (a
 /// thread each, ending at the client's FIN) and counts them.
 fn echo_server(topo: &Topology) -> servers::Server {
-    let at = topo.server_addr(false, 0);
-    servers::Server::start(
-        &topo.server,
-        move || servers::listen(at),
-        |l, stop, accepted| {
-            while !stop.load(Ordering::Relaxed) {
-                match l.accept() {
-                    Ok((mut s, _)) => {
-                        accepted.fetch_add(1, Ordering::Relaxed);
-                        let _ = s.set_nonblocking(false);
-                        let _ =
-                            std::thread::Builder::new()
-                                .stack_size(64 * 1024)
-                                .spawn(move || {
-                                    let mut r = s.try_clone().expect("clone");
-                                    let _ = std::io::copy(&mut r, &mut s);
-                                });
-                    }
-                    Err(_) => std::thread::sleep(Duration::from_millis(2)),
-                }
-            }
-        },
-    )
+    servers::accepting(&topo.server, topo.server_addr(false, 0), |mut s, _| {
+        let _ = s.set_nonblocking(false);
+        let _ = std::thread::Builder::new()
+            .stack_size(64 * 1024)
+            .spawn(move || {
+                let mut r = s.try_clone().expect("clone");
+                let _ = std::io::copy(&mut r, &mut s);
+            });
+    })
     .expect("echo server")
 }
 
@@ -309,21 +303,13 @@ fn thousand_smoltcp_connections_that_moved_data_fit_16_kib() {
     let topo = Topology::new().expect("topology");
     let server = echo_server(&topo);
     topo.client.enter().expect("enter client ns");
-    let mut engine = start_engine_for(
+    let mut engine = routed_engine(
+        &topo,
         "thousand_smoltcp_connections_that_moved_data_fit_16_kib",
-        &topo.tun_name(),
-        None,
     );
-    let tun = engine
-        .line()
-        .strip_prefix("READY ")
-        .expect("a ready line")
-        .to_owned();
-    topo.route_via_tun(&tun).expect("route");
     let connect = || TcpStream::connect_timeout(&server.addr, Duration::from_secs(3));
     // Warm up (runtime state, relay buffers, the heap's arenas: a bulk
     // exchange too), then let the rings go quiet before the baseline.
-    const WARM: usize = 8;
     let warm: Vec<_> = (0..WARM)
         .map(|i| {
             let s = connect().expect("warm-up");
@@ -345,13 +331,8 @@ fn thousand_smoltcp_connections_that_moved_data_fit_16_kib() {
         );
     }
     let took = started.elapsed();
-    wait_until("every session running", Duration::from_secs(10), || {
-        session_counts(&mut engine).0 == (HELD + WARM) as u64
-    });
     // Quiet: past `RING_QUIET` (1 s) the transmit rings are handed back.
-    std::thread::sleep(Duration::from_millis(2500));
-    let rss1 = rss_kib(&engine);
-    let (active, limit, refused) = session_counts(&mut engine);
+    let (rss1, limit) = all_sessions_running(&mut engine, Duration::from_millis(2500));
     let per_conn = (rss1.saturating_sub(rss0) * 1024) / HELD as u64;
     eprintln!(
         "[memory] {HELD} smoltcp sessions under the iOS budget (admission limit {limit}), \
@@ -360,8 +341,6 @@ fn thousand_smoltcp_connections_that_moved_data_fit_16_kib() {
         HELD.div_ceil(BULK_EVERY),
         took.as_secs_f64(),
     );
-    assert_eq!((active, refused), ((HELD + WARM) as u64, 0));
-    assert!(limit >= HELD as u64, "admission limit {limit}");
     assert!(
         per_conn <= 16 * 1024,
         "a quiet smoltcp connection costs {per_conn} bytes, more than 16 KiB"

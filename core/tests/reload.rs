@@ -69,14 +69,7 @@ fn exchange(to: SocketAddr) -> bool {
 
 /// A connection held open, echoed once.
 fn held(to: SocketAddr) -> TcpStream {
-    let mut s = TcpStream::connect_timeout(&to, Duration::from_secs(3)).expect("connect");
-    s.set_read_timeout(Some(Duration::from_secs(5)))
-        .expect("timeout");
-    s.write_all(b"hello!").expect("write");
-    let mut b = [0u8; 6];
-    s.read_exact(&mut b).expect("echo");
-    assert_eq!(&b, b"hello!");
-    s
+    client::held_echo(to, b"hello!")
 }
 
 /// Round trips of `CHUNK` bytes on `s`, each checked byte for byte, until

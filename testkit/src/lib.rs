@@ -624,6 +624,21 @@ pub mod servers {
 
     /// Start a TCP server in `ns` on `addr` (port 0 picks one).
     pub fn tcp(ns: &Netns, addr: SocketAddr, mode: Mode) -> io::Result<Server> {
+        accepting(ns, addr, move |s, stop| {
+            let _ = s.set_nonblocking(false);
+            let stop = stop.clone();
+            std::thread::spawn(move || serve(s, mode, &stop));
+        })
+    }
+
+    /// A TCP server in `ns` on `addr` (port 0 picks one) that counts each
+    /// connection it accepts and hands it to `each` (still nonblocking),
+    /// with the server's stop flag.
+    pub fn accepting(
+        ns: &Netns,
+        addr: SocketAddr,
+        mut each: impl FnMut(TcpStream, &Arc<AtomicBool>) + Send + 'static,
+    ) -> io::Result<Server> {
         Server::start(
             ns,
             move || listen(addr),
@@ -632,9 +647,7 @@ pub mod servers {
                     match l.accept() {
                         Ok((s, _)) => {
                             accepted.fetch_add(1, Ordering::Relaxed);
-                            let _ = s.set_nonblocking(false);
-                            let stop = stop.clone();
-                            std::thread::spawn(move || serve(s, mode, &stop));
+                            each(s, stop);
                         }
                         Err(_) => std::thread::sleep(Duration::from_millis(2)),
                     }
@@ -844,6 +857,19 @@ pub mod client {
         pub fn gbit_per_s(&self) -> f64 {
             self.bytes as f64 * 8.0 / self.elapsed.as_secs_f64() / 1e9
         }
+    }
+
+    /// A connection to the echo server at `to`, held open once `data` came
+    /// back on it byte for byte (its reads time out after 5 s).
+    pub fn held_echo(to: SocketAddr, data: &[u8]) -> TcpStream {
+        let mut s = TcpStream::connect_timeout(&to, Duration::from_secs(3)).expect("connect");
+        s.set_read_timeout(Some(Duration::from_secs(5)))
+            .expect("timeout");
+        s.write_all(data).expect("write");
+        let mut back = vec![0u8; data.len()];
+        s.read_exact(&mut back).expect("echo");
+        assert!(back == data, "the echo differs from what was sent");
+        s
     }
 
     /// Send `len` bytes of `pattern(seed)` to an `Echo`/`SpeakFirst` server,

@@ -33,6 +33,20 @@ fun guarded(where: String = "", block: () -> Unit) {
     }
 }
 
+/**
+ * Runs [block]: the [E] it throws, or null when it returns. Any other
+ * exception propagates (to [guarded]).
+ */
+inline fun <reified E : Throwable> thrown(block: () -> Unit): E? {
+    try {
+        block()
+    } catch (e: Throwable) {
+        if (e is E) return e
+        throw e
+    }
+    return null
+}
+
 /** Prints "N passed, M failed" and exits non-zero on any failure. */
 fun finish(): Nothing {
     println("$passed passed, $failed failed")

@@ -18,12 +18,8 @@ import org.kerntun.Stack
 import org.kerntun.android.*
 import org.kerntun.testkit.*
 
-fun <T> throwsIllegalArgument(block: () -> T): String? = try {
-    block()
-    null
-} catch (e: IllegalArgumentException) {
-    e.message ?: ""
-}
+/** The message of the IllegalArgumentException [block] throws ("" without one), or null when it returns. */
+fun throwsIllegalArgument(block: () -> Unit): String? = thrown<IllegalArgumentException>(block)?.let { it.message ?: "" }
 
 val N = MemoryPressure.NORMAL
 val E = MemoryPressure.ELEVATED
@@ -180,19 +176,15 @@ guarded {
         throwsIllegalArgument { TickSchedule(unwatchedMillis = -5) } != null, "non-positive intervals are refused")
 
     // --- Builder steps
-    try {
+    val bad = thrown<BuilderStepException> {
         builderStep("addAddress(198.18.0.300/16)") { throw IllegalArgumentException("Bad address") }
-        check(false, "builderStep must rethrow")
-    } catch (e: BuilderStepException) {
-        check(e.call == "addAddress(198.18.0.300/16)" && e.cause is IllegalArgumentException &&
-            e.message!!.contains("Bad address"), "a throwing Builder call becomes BuilderStepException naming it: ${e.message}")
     }
-    try {
+    check(bad != null && bad.call == "addAddress(198.18.0.300/16)" && bad.cause is IllegalArgumentException &&
+        bad.message!!.contains("Bad address"), "a throwing Builder call becomes BuilderStepException naming it: ${bad?.message}")
+    val unnamed = thrown<BuilderStepException> {
         builderStep("addDisallowedApplication(com.a.b)") { throw UnsupportedOperationException() }
-        check(false, "builderStep must rethrow")
-    } catch (e: BuilderStepException) {
-        check(e.message!!.contains("UnsupportedOperationException"), "an exception without message is named by its class")
     }
+    check(unnamed?.message?.contains("UnsupportedOperationException") == true, "an exception without message is named by its class")
     check(builderStep("setMtu(9000)") { 42 } == 42, "builderStep returns the call's value")
 
     // --- CIDRs

@@ -91,15 +91,30 @@ fun tcpEcho(host: String, len: Int, seed: Int): Boolean {
     }
 }
 
+/**
+ * Connects [s] through the TUN to the TCP echo and echoes [len] bytes of
+ * pattern [seed] on it, checked as [what]; leaves it open and returns its
+ * local address as the engine lists it (`ip:port`).
+ */
+fun echoHeld(s: Socket, len: Int, seed: Int, what: String): String {
+    s.connect(InetSocketAddress(serverV4, port), 5000)
+    s.soTimeout = 5000
+    val data = pattern(len, seed)
+    s.getOutputStream().write(data)
+    check(s.getInputStream().readNBytes(data.size).contentEquals(data), what)
+    return "${s.localAddress.hostAddress}:${s.localPort}"
+}
+
 /** Whether a connection through the TUN is refused/reset (not echoed). */
-fun tcpFails(host: String, to: Int = port): Boolean = try {
-    Socket().use { s ->
-        s.connect(InetSocketAddress(host, to), 5000)
-        s.soTimeout = 5000
-        s.getOutputStream().write(pattern(1000, 99))
-        s.shutdownOutput()
-        s.getInputStream().readAllBytes().size != 1000
-    }
+fun tcpFails(host: String, to: Int = port): Boolean = Socket().use { tcpFailsOn(it, host, to, 99) }
+
+/** [tcpFails] on the socket [s] (closed by the caller), sending pattern [seed]. */
+fun tcpFailsOn(s: Socket, host: String, to: Int, seed: Int): Boolean = try {
+    s.connect(InetSocketAddress(host, to), 5000)
+    s.soTimeout = 5000
+    s.getOutputStream().write(pattern(1000, seed))
+    s.shutdownOutput()
+    s.getInputStream().readAllBytes().size != 1000
 } catch (e: java.io.IOException) {
     true
 }
@@ -110,26 +125,34 @@ fun udpEcho(host: String, seed: Int): Boolean {
         s.soTimeout = 2000
         val to = InetSocketAddress(InetAddress.getByName(host), port)
         for ((i, size) in listOf(1, 512, 1400).withIndex()) {
-            val data = pattern(size, seed + i)
-            var ok = false
-            // The first datagram opens the flow; allow a retry for it.
-            for (attempt in 0 until 3) {
-                s.send(DatagramPacket(data, data.size, to))
-                val buf = ByteArray(2048)
-                val p = DatagramPacket(buf, buf.size)
-                try {
-                    s.receive(p)
-                } catch (e: java.net.SocketTimeoutException) {
-                    continue
-                }
-                ok = p.length == data.size && buf.copyOf(p.length).contentEquals(data)
-                break
-            }
-            if (!ok) return false
+            if (!udpRoundTrip(s, to, pattern(size, seed + i))) return false
         }
         return true
     }
 }
+
+/**
+ * Sends [data] on [s] to [to]: whether its echo came back intact. The
+ * first datagram opens the flow, so a receive that times out (the socket's
+ * soTimeout) sends again, up to 3 times; false after the third.
+ */
+fun udpRoundTrip(s: DatagramSocket, to: InetSocketAddress, data: ByteArray): Boolean {
+    for (attempt in 0 until 3) {
+        s.send(DatagramPacket(data, data.size, to))
+        val buf = ByteArray(2048)
+        val p = DatagramPacket(buf, buf.size)
+        try {
+            s.receive(p)
+        } catch (e: java.net.SocketTimeoutException) {
+            continue
+        }
+        return p.length == data.size && buf.copyOf(p.length).contentEquals(data)
+    }
+    return false
+}
+
+/** The HTTP responder echo_server.py runs on the port + 80: groups' probes and latency tests. */
+val probeUrl = "http://$serverV4:${port + 80}/generate_204"
 
 /** The rejected port: a rule answers its SYNs with an RST. */
 val rejectedPort = port + 1
@@ -144,12 +167,8 @@ fun config(tun: String, v4: String, v6: String?, driver: Driver?, stack: Stack? 
 )
 
 fun expectConfigError(what: String, field: String, cfg: EngineConfig, hooks: Hooks) {
-    try {
-        Engine.start(cfg, -1, hooks).close()
-        check(false, "$what: start must fail")
-    } catch (e: KerntunException.Config) {
-        check(e.field == field, "$what: KerntunException.Config names field ${e.field} (want $field): ${e.reason}")
-    }
+    val e = thrown<KerntunException.Config> { Engine.start(cfg, -1, hooks).close() }
+    check(e?.field == field, "$what: start fails, KerntunException.Config names field ${e?.field} (want $field): ${e?.reason}")
 }
 
 fun round(n: Int) {
@@ -200,12 +219,7 @@ fun round(n: Int) {
     // The live connection list: an echo held open is listed with its bytes;
     // closing it resets the app's socket and is counted.
     Socket().use { s ->
-        s.connect(InetSocketAddress(serverV4, port), 5000)
-        s.soTimeout = 5000
-        val data = pattern(10_000, n + 50)
-        s.getOutputStream().write(data)
-        check(s.getInputStream().readNBytes(data.size).contentEquals(data), "round $n: the held connection echoes")
-        val local = "${s.localAddress.hostAddress}:${s.localPort}"
+        val local = echoHeld(s, 10_000, n + 50, "round $n: the held connection echoes")
         var rec: ConnectionRecord? = null
         val deadline = System.nanoTime() + 2_000_000_000L
         while (rec == null && System.nanoTime() < deadline) {
@@ -218,13 +232,8 @@ fun round(n: Int) {
         check(!engine.closeConnection(ULong.MAX_VALUE), "round $n: closeConnection of an unknown id is false")
         if (rec != null) {
             check(engine.closeConnection(rec.id), "round $n: closeConnection(${rec.id}) is true")
-            val reset = try {
-                s.getInputStream().read()
-                false
-            } catch (e: java.net.SocketException) {
-                true
-            }
-            check(reset, "round $n: the closed connection's socket is reset")
+            val reset = thrown<java.net.SocketException> { s.getInputStream().read() }
+            check(reset != null, "round $n: the closed connection's socket is reset")
         }
     }
     check(engine.stats().connectionsClosedByHost == 1uL, "round $n: the close is counted")
@@ -289,12 +298,10 @@ fun round(n: Int) {
         config("ktbad$n", "198.18.0.1/16", null, null).copy(
             outbounds = mapOf("proxy" to Outbound.Socks5(server = "not-an-address", username = null, password = null, udp = OutboundUdp.RELAY)),
         ), hooks)
-    try {
+    val badFd = thrown<KerntunException.Tun> {
         Engine.start(config("ktbad$n", "198.18.0.1/16", null, null), 1_000_000, hooks).close()
-        check(false, "round $n: a bad descriptor must fail")
-    } catch (e: KerntunException.Tun) {
-        check(true, "round $n: bad descriptor -> KerntunException.Tun (${e.reason})")
     }
+    check(badFd != null, "round $n: bad descriptor -> KerntunException.Tun (${badFd?.reason})")
     check(sh("ip", "link", "show", "ktbad$n", expectFailure = true) != 0, "round $n: failed starts leave no device behind")
 
     if (n == 2) {
@@ -335,25 +342,21 @@ guarded {
     )
     check(resolverAddresses(withDns) == listOf("198.18.0.3", "fd00:18::3"),
         "resolverAddresses() names gateway + 2 of each prefix: ${resolverAddresses(withDns)}")
-    try {
+    val invalid = thrown<KerntunException.Config> {
         resolverAddresses(withDns.copy(dns = withDns.dns.copy(upstreams = emptyList())))
-        check(false, "resolverAddresses() of an invalid config must throw")
-    } catch (e: KerntunException.Config) {
-        check(e.field == "dns.upstreams", "resolverAddresses() names the bad field: ${e.field}")
     }
+    check(invalid?.field == "dns.upstreams", "resolverAddresses() of an invalid config names the bad field: ${invalid?.field}")
     val ss = outboundFromUrl("ss://YWVzLTI1Ni1nY206c2VjcmV0@198.19.1.2:8388#tokyo")
     check(ss == Outbound.Shadowsocks("198.19.1.2:8388", ShadowsocksMethod.AES256_GCM, "secret", OutboundUdp.RELAY),
         "outboundFromUrl() reads an ss:// link: $ss")
     val socks = outboundFromUrl("socks5://me:p%40ss@proxy.example:1080")
     check(socks == Outbound.Socks5("proxy.example:1080", "me", "p@ss", OutboundUdp.RELAY),
         "outboundFromUrl() reads a socks5:// link with a host name: $socks")
-    try {
+    val plugin = thrown<KerntunException.Link> {
         outboundFromUrl("ss://YWVzLTI1Ni1nY206c2VjcmV0@198.19.1.2:8388/?plugin=obfs-local")
-        check(false, "outboundFromUrl() must refuse a plugin link")
-    } catch (e: KerntunException.Link) {
-        check(e.reason.contains("obfs-local") && !e.reason.contains("secret"),
-            "a plugin link -> KerntunException.Link naming the plugin: ${e.reason}")
     }
+    check(plugin != null && plugin.reason.contains("obfs-local") && !plugin.reason.contains("secret"),
+        "a plugin link -> KerntunException.Link naming the plugin: ${plugin?.reason}")
     round(1)
     round(2)
 }
@@ -597,20 +600,12 @@ fun networkChanges() {
     val s = engine.stats()
     check(s.networkChanges == 1uL && s.sessionsResetOnNetworkChange == 0uL,
         "network: counted once, nothing reset (${s.networkChanges}, ${s.sessionsResetOnNetworkChange})")
-    try {
-        engine.networkChanged(info.copy(dnsServers = listOf("not-an-ip")))
-        check(false, "network: a bad DNS server must throw")
-    } catch (e: KerntunException.Network) {
-        check(e.field == "dns_servers[0]", "network: KerntunException.Network names ${e.field}: ${e.reason}")
-    }
+    val badDns = thrown<KerntunException.Network> { engine.networkChanged(info.copy(dnsServers = listOf("not-an-ip"))) }
+    check(badDns?.field == "dns_servers[0]", "network: a bad DNS server -> KerntunException.Network names ${badDns?.field}: ${badDns?.reason}")
     check(engine.isRunning(), "network: the engine runs on after the bad report")
     engine.stop()
-    try {
-        engine.networkChanged(info)
-        check(false, "network: a stopped engine must throw")
-    } catch (e: KerntunException.NotRunning) {
-        check(true, "network: stopped -> KerntunException.NotRunning (${e.reason})")
-    }
+    val stopped = thrown<KerntunException.NotRunning> { engine.networkChanged(info) }
+    check(stopped != null, "network: stopped -> KerntunException.NotRunning (${stopped?.reason})")
     val handle = org.kerntun.android.EngineHandle(engine)
     check(!handle.networkChanged(info), "network: through EngineHandle a stopped engine answers false")
     handle.close()
@@ -630,7 +625,6 @@ fun networkChanges() {
 fun groups() {
     println("--- groups")
     val hooks = Hooks()
-    val probeUrl = "http://$serverV4:${port + 80}/generate_204"
     val base = config("ktgrp", "198.18.0.1/16", null, Driver.PER_PACKET, Stack.SYSTEM)
     val cfg = base.copy(
         groups = mapOf(
@@ -655,48 +649,30 @@ fun groups() {
     // A connection held open is listed with its rule and its chain of
     // groups; closeConnections by group resets it.
     Socket().use { held ->
-        held.connect(InetSocketAddress(serverV4, port), 5000)
-        held.soTimeout = 5000
-        val data = pattern(1_000, 82)
-        held.getOutputStream().write(data)
-        check(held.getInputStream().readNBytes(data.size).contentEquals(data), "groups: the held connection echoes")
-        val local = "${held.localAddress.hostAddress}:${held.localPort}"
+        val local = echoHeld(held, 1_000, 82, "groups: the held connection echoes")
         val rec = engine.connections().find { it.source == local }
         check(rec != null && rec.rule == "to-proxy" && rec.chain == listOf("proxy", "auto") && rec.outbound == "direct",
             "groups: the record names the rule and the chain: $rec")
         check(engine.closeConnections(ConnectionFilter(group = "nope")) == 0uL, "groups: a filter on no group closes nothing")
         check(engine.closeConnections(ConnectionFilter(network = ConnectionNetwork.TCP, group = "auto")) == 1uL,
             "groups: closeConnections(group = auto) closes the held connection")
-        val reset = try {
-            held.getInputStream().read()
-            false
-        } catch (e: java.net.SocketException) {
-            true
-        }
-        check(reset, "groups: the closed connection's socket is reset")
-        try {
-            engine.closeConnections(ConnectionFilter(destinationIp = "not-an-ip"))
-            check(false, "groups: closeConnections with a bad address must throw")
-        } catch (e: KerntunException.Config) {
-            check(e.field == "destination_ip", "groups: a bad destinationIp is a Config error naming it: $e")
-        }
+        val reset = thrown<java.net.SocketException> { held.getInputStream().read() }
+        check(reset != null, "groups: the closed connection's socket is reset")
+        val badIp = thrown<KerntunException.Config> { engine.closeConnections(ConnectionFilter(destinationIp = "not-an-ip")) }
+        check(badIp?.field == "destination_ip", "groups: a bad destinationIp is a Config error naming it: $badIp")
     }
     for ((what, call) in listOf<Pair<String, () -> Unit>>(
         "unknown group" to { engine.select("nope", "direct") },
         "unknown member" to { engine.select("proxy", "nope") },
         "not a select group" to { engine.select("auto", "direct") },
     )) {
-        try {
-            call()
-            check(false, "groups: select with an $what must throw")
-        } catch (e: KerntunException) {
-            val typed = when (what) {
-                "unknown group" -> e is KerntunException.UnknownGroup && e.group == "nope"
-                "unknown member" -> e is KerntunException.UnknownMember && e.group == "proxy" && e.member == "nope"
-                else -> e is KerntunException.NotSelectGroup && e.kind == "fallback"
-            }
-            check(typed, "groups: select with an $what -> typed: $e")
+        val e = thrown<KerntunException> { call() }
+        val typed = when (what) {
+            "unknown group" -> e is KerntunException.UnknownGroup && e.group == "nope"
+            "unknown member" -> e is KerntunException.UnknownMember && e.group == "proxy" && e.member == "nope"
+            else -> e is KerntunException.NotSelectGroup && e.kind == "fallback"
         }
+        check(typed, "groups: select with an $what -> typed: $e")
     }
     check(
         waitFor { state("auto").members.single().let { it.health == MemberHealth.UP && it.latencyMs != null } },
@@ -712,17 +688,13 @@ fun groups() {
         "reject" to { engine.testLatency("reject", probeUrl, 500u) },
         "closed port" to { engine.testLatency("direct", "http://$serverV4:${port + 81}/", 500u) },
     )) {
-        try {
-            call()
-            check(false, "groups: testLatency with $what must throw")
-        } catch (e: KerntunException) {
-            val typed = when (what) {
-                "unknown outbound" -> e is KerntunException.UnknownOutbound && e.name == "nope"
-                "https URL" -> e is KerntunException.InvalidUrl
-                else -> e is KerntunException.Unreachable
-            }
-            check(typed, "groups: testLatency with $what -> typed: $e")
+        val e = thrown<KerntunException> { call() }
+        val typed = when (what) {
+            "unknown outbound" -> e is KerntunException.UnknownOutbound && e.name == "nope"
+            "https URL" -> e is KerntunException.InvalidUrl
+            else -> e is KerntunException.Unreachable
         }
+        check(typed, "groups: testLatency with $what -> typed: $e")
     }
     // The uplink goes down and comes back: the probes see it, the listener
     // hears both changes (the first probe ran before it was set).
@@ -738,12 +710,7 @@ fun groups() {
         "groups: ... and OutboundHealth(auto, direct, up) with its latency: ${listener.events}",
     )
     engine.stop()
-    try {
-        engine.select("proxy", "direct")
-        check(false, "groups: select on a stopped engine must throw")
-    } catch (e: KerntunException.NotRunning) {
-        check(true, "groups: stopped -> NotRunning")
-    }
+    check(thrown<KerntunException.NotRunning> { engine.select("proxy", "direct") } != null, "groups: select when stopped -> NotRunning")
     check(engine.groups().isEmpty(), "groups: none once stopped")
     engine.close()
     expectConfigError("groups: a member that does not exist", "groups.bad",
@@ -778,12 +745,8 @@ fun sleepWake() {
     check(tcpEcho(serverV4, 16 shl 10, 73), "sleep: TCP flows after wake")
     engine.stop()
     for ((name, call) in listOf<Pair<String, () -> Boolean>>("sleep" to { engine.sleep() }, "wake" to { engine.wake() })) {
-        try {
-            call()
-            check(false, "sleep: $name on a stopped engine must throw")
-        } catch (e: KerntunException.NotRunning) {
-            check(true, "sleep: $name when stopped -> KerntunException.NotRunning (${e.reason})")
-        }
+        val stopped = thrown<KerntunException.NotRunning> { call() }
+        check(stopped != null, "sleep: $name when stopped -> KerntunException.NotRunning (${stopped?.reason})")
     }
     engine.close()
 }
@@ -815,30 +778,21 @@ fun reloads() {
     )
     check(tcpFails(serverV4), "reload: the new rule rejects the echo port")
     check(engine.isRunning(), "reload: the engine runs on")
-    try {
+    val noOutbound = thrown<KerntunException.Config> {
         engine.reload(cfg.copy(rules = cfg.rules + RuleOptions(action = RuleAction.Outbound("nope"))))
-        check(false, "reload: a rule naming no outbound must throw")
-    } catch (e: KerntunException.Config) {
-        check(e.field == "rules[1].action", "reload: KerntunException.Config names ${e.field}: ${e.reason}")
     }
-    try {
-        engine.reload(cfg.copy(tun = cfg.tun.copy(mtu = 1400u)))
-        check(false, "reload: a new MTU must throw")
-    } catch (e: KerntunException.NeedsRestart) {
-        check(e.field == "tun.mtu", "reload: KerntunException.NeedsRestart names ${e.field}")
-    }
+    check(noOutbound?.field == "rules[1].action",
+        "reload: a rule naming no outbound -> KerntunException.Config names ${noOutbound?.field}: ${noOutbound?.reason}")
+    val newMtu = thrown<KerntunException.NeedsRestart> { engine.reload(cfg.copy(tun = cfg.tun.copy(mtu = 1400u))) }
+    check(newMtu?.field == "tun.mtu", "reload: a new MTU -> KerntunException.NeedsRestart names ${newMtu?.field}")
     check(tcpFails(serverV4), "reload: refused reloads left the rule in place")
     engine.reload(cfg)
     check(tcpEcho(serverV4, 16 shl 10, 81), "reload: back to the first rules, TCP flows again")
     check(listener.events.toList().count { it is EngineEvent.Reloaded } == 2, "reload: two reloads heard: ${listener.events}")
     check(engine.stats().reloadClosed == 0uL, "reload: reloadClosed in the stats")
     engine.stop()
-    try {
-        engine.reload(cfg)
-        check(false, "reload: a stopped engine must throw")
-    } catch (e: KerntunException.NotRunning) {
-        check(true, "reload: stopped -> KerntunException.NotRunning (${e.reason})")
-    }
+    val stopped = thrown<KerntunException.NotRunning> { engine.reload(cfg) }
+    check(stopped != null, "reload: stopped -> KerntunException.NotRunning (${stopped?.reason})")
     engine.close()
 }
 
@@ -849,7 +803,6 @@ fun reloads() {
 fun messages() {
     println("--- messages")
     val hooks = Hooks()
-    val probeUrl = "http://$serverV4:${port + 80}/generate_204"
     val base = config("ktmsg", "198.18.0.1/16", null, Driver.PER_PACKET, Stack.SYSTEM)
     val cfg = base.copy(
         groups = mapOf("proxy" to GroupOptions(kind = GroupType.SELECT, members = listOf("direct", "reject"))),
@@ -903,12 +856,7 @@ fun messages() {
 
     // connections and close_connections, on a held connection
     Socket().use { held ->
-        held.connect(InetSocketAddress(serverV4, port), 5000)
-        held.soTimeout = 5000
-        val data = pattern(1_000, 91)
-        held.getOutputStream().write(data)
-        check(held.getInputStream().readNBytes(data.size).contentEquals(data), "messages: the held connection echoes")
-        val local = "${held.localAddress.hostAddress}:${held.localPort}"
+        val local = echoHeld(held, 1_000, 91, "messages: the held connection echoes")
         val page = ok("connections", mapOf("limit" to 50))
         @Suppress("UNCHECKED_CAST")
         val rec = (page["connections"] as List<Map<String, Any?>>).find { it["source"] == local }
@@ -1016,27 +964,13 @@ fun owners() {
         return s
     }
     bound(FlowOwner(10077u, "com.example.owned")).use { s ->
-        s.connect(InetSocketAddress(serverV4, port), 5000)
-        s.soTimeout = 5000
-        val data = pattern(1_000, 90)
-        s.getOutputStream().write(data)
-        check(s.getInputStream().readNBytes(data.size).contentEquals(data), "owners: an owned app's connection echoes")
-        val local = "${s.localAddress.hostAddress}:${s.localPort}"
+        val local = echoHeld(s, 1_000, 90, "owners: an owned app's connection echoes")
         val rec = engine.connections().find { it.source == local }
         check(rec != null && rec.uid == 10077u && rec.packageName == "com.example.owned" && rec.outbound == "direct",
             "owners: the record carries the uid and package the hook returned: $rec")
     }
     bound(FlowOwner(10078u, "com.example.blocked")).use { s ->
-        val refused = try {
-            s.connect(InetSocketAddress(serverV4, port), 5000)
-            s.soTimeout = 5000
-            s.getOutputStream().write(pattern(1000, 91))
-            s.shutdownOutput()
-            s.getInputStream().readAllBytes().size != 1000
-        } catch (e: java.io.IOException) {
-            true
-        }
-        check(refused, "owners: a packages rule rejects the blocked app's connection")
+        check(tcpFailsOn(s, serverV4, port, 91), "owners: a packages rule rejects the blocked app's connection")
     }
     check(tcpEcho(serverV4, 16 shl 10, 92), "owners: a connection the hook names no owner for is not matched")
     // UDP: the blocked app's datagrams get no echo, the owned app's do.
@@ -1044,21 +978,11 @@ fun owners() {
         hooks.owners[u.localPort] = owner
         u.soTimeout = 1000
         val to = InetSocketAddress(InetAddress.getByName(serverV4), port)
-        val data = pattern(200, 93)
-        for (attempt in 0 until 3) {
-            u.send(DatagramPacket(data, data.size, to))
-            val buf = ByteArray(2048)
-            val p = DatagramPacket(buf, buf.size)
-            try {
-                u.receive(p)
-            } catch (e: java.net.SocketTimeoutException) {
-                continue
-            } catch (e: java.net.PortUnreachableException) {
-                return@use false
-            }
-            return@use p.length == data.size && buf.copyOf(p.length).contentEquals(data)
+        try {
+            udpRoundTrip(u, to, pattern(200, 93))
+        } catch (e: java.net.PortUnreachableException) {
+            false
         }
-        false
     }
     check(udpFrom(FlowOwner(10079u, "com.example.owned")), "owners: an owned app's UDP flow echoes")
     check(!udpFrom(FlowOwner(10080u, "com.example.blocked")), "owners: a packages rule refuses the blocked app's UDP flow")

@@ -142,6 +142,12 @@ fn ok(t: &NatTable) {
     t.check_invariants().unwrap();
 }
 
+/// The table's entries by phase: (half-open, active, closing).
+fn phases(t: &NatTable) -> (usize, usize, usize) {
+    let c = t.counts();
+    (c.half_open, c.active, c.closing)
+}
+
 /// SYN, accept and guard for `key`.
 fn open(t: &Arc<Table>, key: &FlowKey, now: Instant) -> Guard {
     let u = t.uplink(key, Some(0), now).unwrap();
@@ -264,14 +270,7 @@ fn syn_allocates_and_downlink_restores() {
         t.uplink(&k, None, now).unwrap(),
         existing(u.port, u.generation)
     );
-    assert_eq!(
-        t.counts(),
-        NatCounts {
-            half_open: 1,
-            active: 0,
-            closing: 0
-        }
-    );
+    assert_eq!(phases(&t), (1, 0, 0));
     assert_eq!(t.len(), 1);
     ok(&t);
 }
@@ -326,14 +325,7 @@ fn accept_marks_active_with_strictly_increasing_generations() {
         last = a.generation;
         assert_eq!(t.state(u.port), Some(NatState::Active));
     }
-    assert_eq!(
-        t.counts(),
-        NatCounts {
-            half_open: 0,
-            active: 16,
-            closing: 0
-        }
-    );
+    assert_eq!(phases(&t), (0, 16, 0));
     ok(&t);
 }
 
@@ -399,14 +391,7 @@ fn new_syn_on_closing_takes_another_port_and_old_marks_cannot_touch_it() {
     assert_ne!(u2.port, u1.port);
     assert_eq!(t.lookup(&k), Some(u2.port));
     assert_eq!(t.state(u1.port), None);
-    assert_eq!(
-        t.counts(),
-        NatCounts {
-            half_open: 1,
-            active: 0,
-            closing: 0
-        }
-    );
+    assert_eq!(phases(&t), (1, 0, 0));
     ok(&t);
     let a2 = t.accept(u2.port, clock.now()).unwrap();
 
@@ -503,14 +488,7 @@ fn guard_drop_marks_closing_with_the_table_clock() {
         t.state(port),
         Some(NatState::Closing { since: clock.now() })
     );
-    assert_eq!(
-        t.counts(),
-        NatCounts {
-            half_open: 0,
-            active: 0,
-            closing: 1
-        }
-    );
+    assert_eq!(phases(&t), (0, 0, 1));
     ok(&t);
 }
 
@@ -559,14 +537,7 @@ fn abort_half_open_only_closes_half_open() {
     assert!(t.abort_half_open(g.port(), g.generation(), now).is_none());
     assert!(t.abort_half_open(g.port(), g.opened(), now).is_none());
     assert!(t.abort_half_open(1, 0, now).is_none());
-    assert_eq!(
-        t.counts(),
-        NatCounts {
-            half_open: 0,
-            active: 1,
-            closing: 1
-        }
-    );
+    assert_eq!(phases(&t), (0, 1, 1));
     ok(&t);
 }
 
@@ -1427,8 +1398,7 @@ fn concurrent_stress_keeps_invariants() {
     const THREADS: u16 = 4;
     const ROUNDS: u16 = 300;
     const FLOWS: usize = 8;
-    let (tx, rx) = mpsc::channel();
-    let worker = thread::spawn(move || {
+    let errors = watchdog(move || {
         let (clock, t) = table(NatConfig {
             port_range: 30000..=30039,
             max_entries: 38,
@@ -1490,21 +1460,31 @@ fn concurrent_stress_keeps_invariants() {
         t.cleanup(clock.now() + 120 * SEC);
         assert!(t.is_empty(), "{:?}", t.counts());
         t.check_invariants().unwrap();
-        let _ = tx.send(t.error_counts());
+        t.error_counts()
+    });
+    // The test is only worth something if it hit the limits: a full table
+    // refuses, or evicts an entry nobody accepted.
+    eprintln!("stress: {errors:?}");
+    assert!(errors.table_full + errors.evicted > 0, "{errors:?}");
+}
+
+/// Runs `work` on a thread of its own and returns what it returns; its
+/// panic is the test's. A lock-order inversion deadlocks: after 60 s the
+/// test fails instead of hanging the run.
+fn watchdog<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = mpsc::channel();
+    let worker = thread::spawn(move || {
+        let _ = tx.send(work());
     });
     match rx.recv_timeout(Duration::from_secs(60)) {
-        Ok(errors) => {
+        Ok(done) => {
             worker.join().unwrap();
-            // The test is only worth something if it hit the limits: a
-            // full table refuses, or evicts an entry nobody accepted.
-            eprintln!("stress: {errors:?}");
-            assert!(errors.table_full + errors.evicted > 0, "{errors:?}");
+            done
         }
-        Err(mpsc::RecvTimeoutError::Disconnected) => {
-            if let Err(p) = worker.join() {
-                panic::resume_unwind(p);
-            }
-        }
+        Err(mpsc::RecvTimeoutError::Disconnected) => match worker.join() {
+            Err(p) => panic::resume_unwind(p),
+            Ok(()) => panic!("the stress test's thread ended without a result"),
+        },
         Err(mpsc::RecvTimeoutError::Timeout) => panic!("stress test stuck for 60 s: deadlock"),
     }
 }
@@ -1636,8 +1616,7 @@ fn half_open_round(t: &Arc<Table<u64>>, tid: u64, round: u64, ledger: &Ledger, n
 fn concurrent_stress_hands_back_every_attachment() {
     const THREADS: u64 = 4;
     const ROUNDS: u64 = 200;
-    let (tx, rx) = mpsc::channel();
-    let worker = thread::spawn(move || {
+    let (given, errors) = watchdog(move || {
         let (clock, t) = table_of::<u64>(NatConfig {
             port_range: 30000..=30039,
             max_entries: 38,
@@ -1675,21 +1654,10 @@ fn concurrent_stress_hands_back_every_attachment() {
         back.dedup();
         assert_eq!(back.len(), returned, "an attachment came back twice");
         assert_eq!(returned, given, "attachments lost");
-        let _ = tx.send((given, t.error_counts()));
+        (given, t.error_counts())
     });
-    match rx.recv_timeout(Duration::from_secs(60)) {
-        Ok((given, errors)) => {
-            worker.join().unwrap();
-            eprintln!("half-open stress: {given} attachments, {errors:?}");
-            assert!(errors.evicted > 0, "the table never filled: {errors:?}");
-        }
-        Err(mpsc::RecvTimeoutError::Disconnected) => {
-            if let Err(p) = worker.join() {
-                panic::resume_unwind(p);
-            }
-        }
-        Err(mpsc::RecvTimeoutError::Timeout) => panic!("stress test stuck for 60 s: deadlock"),
-    }
+    eprintln!("half-open stress: {given} attachments, {errors:?}");
+    assert!(errors.evicted > 0, "the table never filled: {errors:?}");
 }
 
 /// After a burst of half-open flows has expired, `shrink` gives the maps'

@@ -17,8 +17,9 @@ use super::device::Sink;
 use super::half_open::Syn;
 use super::sockets::Sockets;
 use super::stream::SmolStream;
+use super::wire;
 use crate::nat::FlowKey;
-use crate::packet::{self, HEADROOM, checksum, protocol, tcp_flags};
+use crate::packet::{self, HEADROOM, checksum, tcp_flags};
 use crate::stats::Stats;
 
 /// Payload of each measured segment: a full segment at MTU 1500.
@@ -46,34 +47,11 @@ impl Sink for Last {
     }
 }
 
-/// An IPv4 TCP segment `key.client -> key.server` with valid checksums.
+/// An IPv4 TCP segment `key.client -> key.server` with valid checksums,
+/// window 65535, carrying `data_len` bytes 0, 1, 2, ...
 fn segment(key: FlowKey, seq: u32, ack: u32, flags: u8, data_len: usize) -> Vec<u8> {
-    let (IpAddr::V4(s), IpAddr::V4(d)) = (key.client.ip(), key.server.ip()) else {
-        return Vec::new();
-    };
-    let len = 40 + data_len;
-    let mut p = vec![0u8; len];
-    p[0] = 0x45;
-    p[2..4].copy_from_slice(&(len as u16).to_be_bytes());
-    p[8] = 64;
-    p[9] = protocol::TCP;
-    p[12..16].copy_from_slice(&s.octets());
-    p[16..20].copy_from_slice(&d.octets());
-    let c = checksum::finish(checksum::sum_bytes(&p[..20]));
-    p[10..12].copy_from_slice(&c.to_be_bytes());
-    let t = &mut p[20..];
-    t[0..2].copy_from_slice(&key.client.port().to_be_bytes());
-    t[2..4].copy_from_slice(&key.server.port().to_be_bytes());
-    t[4..8].copy_from_slice(&seq.to_be_bytes());
-    t[8..12].copy_from_slice(&ack.to_be_bytes());
-    t[12] = 5 << 4;
-    t[13] = flags;
-    t[14..16].copy_from_slice(&65535u16.to_be_bytes());
-    for (i, b) in t[20..].iter_mut().enumerate() {
-        *b = i as u8;
-    }
-    fill(&mut p);
-    p
+    let data: Vec<u8> = (0..data_len).map(|i| i as u8).collect();
+    wire::segment(key, seq, ack, flags, 65535, &[], &data)
 }
 
 fn fill(p: &mut [u8]) {

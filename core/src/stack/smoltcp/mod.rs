@@ -35,6 +35,8 @@ mod half_open;
 mod rings;
 mod sockets;
 mod stream;
+#[cfg(any(test, fuzzing, feature = "bench-internals"))]
+mod wire;
 
 use device::TunSink;
 use gate::Gate;

@@ -23,19 +23,51 @@ impl Sink for Capture {
     }
 }
 
+/// Both families, 16 KiB rings, a socket budget of 2, linger 10 s.
 fn stack() -> Arc<Sockets> {
-    let nets: Vec<IpNet> = vec![
-        "198.18.0.1/16".parse().expect("test input"),
-        "fd00:18::1/64".parse().expect("test input"),
-    ];
+    stack_of(&["198.18.0.1/16", "fd00:18::1/64"], 16 * 1024, 2)
+}
+
+/// A stack on `nets` with rings of `buffer` bytes and room for
+/// `max_sockets` sockets (MTU 1500, linger 10 s).
+fn stack_of(nets: &[&str], buffer: usize, max_sockets: usize) -> Arc<Sockets> {
+    let nets: Vec<IpNet> = nets
+        .iter()
+        .map(|n| n.parse().expect("test input"))
+        .collect();
     Arc::new(Sockets::new(
         &nets,
         1500,
-        16 * 1024,
+        buffer,
         Duration::from_secs(7440),
         Duration::from_secs(10),
-        2,
+        max_sockets,
     ))
+}
+
+/// The runtime the tests' sessions read and write on.
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .build()
+        .expect("test input")
+}
+
+/// `n` bytes that differ with `salt`.
+fn pattern(n: usize, salt: usize) -> Vec<u8> {
+    (0..n).map(|i| ((i * 7 + salt) % 251) as u8).collect()
+}
+
+/// The session reads from `app` until it has `n` bytes, at most `chunk`
+/// bytes a read.
+fn read_exactly(rt: &tokio::runtime::Runtime, app: &SmolStream, n: usize, chunk: usize) -> Vec<u8> {
+    let mut got = Vec::new();
+    let mut buf = vec![0u8; chunk];
+    while got.len() < n {
+        let r = rt.block_on(app.recv(&mut buf)).expect("test input");
+        assert!(r > 0);
+        got.extend_from_slice(&buf[..r]);
+    }
+    got
 }
 
 fn key(c: &str, s: &str) -> FlowKey {
@@ -67,11 +99,7 @@ fn handshake(st: &Sockets, out: &mut Capture, stats: &Stats, v6: bool) -> (FlowK
         ("10.0.0.9:40000", "1.1.1.1:443")
     };
     let k = key(c, s);
-    let syn = if v6 {
-        tcp_v6(c, s, &[], 1000, 0, SYN, &[], &[])
-    } else {
-        tcp_v4(c, s, 1000, 0, SYN, &[], &[])
-    };
+    let syn = from_app(k, 1000, 0, SYN, &[]);
     assert_eq!(st.syn(k), Syn::New);
     assert_eq!(
         st.syn(k),
@@ -93,40 +121,45 @@ fn handshake(st: &Sockets, out: &mut Capture, stats: &Stats, v6: bool) -> (FlowK
         Syn::Known,
         "a SYN retransmit now goes to the socket"
     );
-    let ack = if v6 {
-        tcp_v6(c, s, &[], 1001, sseq.wrapping_add(1), ACK, &[], &[])
-    } else {
-        tcp_v4(c, s, 1001, sseq.wrapping_add(1), ACK, &[], &[])
-    };
+    let ack = from_app(k, 1001, sseq.wrapping_add(1), ACK, &[]);
     st.input(&ack, Instant::now(), out, stats);
     (k, h, sseq.wrapping_add(1))
+}
+
+/// A segment of flow `k` from its app (the client side), either family.
+fn from_app(k: FlowKey, seq: u32, ack: u32, flags: u8, data: &[u8]) -> Vec<u8> {
+    let (c, s) = (k.client.to_string(), k.server.to_string());
+    if k.client.is_ipv6() {
+        tcp_v6(&c, &s, &[], seq, ack, flags, &[], data)
+    } else {
+        tcp_v4(&c, &s, seq, ack, flags, &[], data)
+    }
+}
+
+/// A [`stack`] with one flow past its [`handshake`]: the stack, its
+/// stats and capture, and the flow's key, socket and server-side next
+/// sequence number.
+fn established(v6: bool) -> (Arc<Sockets>, Stats, Capture, FlowKey, Id, u32) {
+    let st = stack();
+    let stats = Stats::default();
+    let mut out = Capture::default();
+    let (k, h, srv_seq) = handshake(&st, &mut out, &stats, v6);
+    (st, stats, out, k, h, srv_seq)
 }
 
 #[test]
 fn handshake_data_and_close_both_families() {
     for v6 in [false, true] {
-        let st = stack();
-        let stats = Stats::default();
-        let mut out = Capture::default();
-        let (k, h, srv_seq) = handshake(&st, &mut out, &stats, v6);
+        let (st, stats, mut out, k, h, srv_seq) = established(v6);
         assert_eq!(st.inner.lock().socket(h).state(), State::Established);
-        let (c, s) = (k.client.to_string(), k.server.to_string());
-        let mk = |seq, fl, data: &[u8]| {
-            if v6 {
-                tcp_v6(&c, &s, &[], seq, srv_seq, fl, &[], data)
-            } else {
-                tcp_v4(&c, &s, seq, srv_seq, fl, &[], data)
-            }
-        };
+        let mk = |seq, fl, data: &[u8]| from_app(k, seq, srv_seq, fl, data);
         st.input(
             &mk(1001, ACK | PSH, b"hello"),
             Instant::now(),
             &mut out,
             &stats,
         );
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .build()
-            .expect("test input");
+        let rt = runtime();
         let app = SmolStream::new(st.clone(), h, k, None);
         let mut buf = [0u8; 64];
         let n = rt.block_on(app.recv(&mut buf)).expect("test input");
@@ -156,10 +189,7 @@ fn handshake_data_and_close_both_families() {
 
 #[test]
 fn abort_sends_rst_and_socket_is_swept() {
-    let st = stack();
-    let stats = Stats::default();
-    let mut out = Capture::default();
-    let (k, h, _) = handshake(&st, &mut out, &stats, false);
+    let (st, stats, mut out, k, h, _) = established(false);
     let app = SmolStream::new(st.clone(), h, k, None);
     app.abort();
     drop(app);
@@ -455,18 +485,10 @@ fn with_window(mut p: Vec<u8>, w: u16) -> Vec<u8> {
 /// advertised window may have been dropped.
 #[test]
 fn window_edge_never_strands_the_sender() {
-    let nets: Vec<IpNet> = vec!["198.18.0.1/16".parse().expect("test input")];
     for chunk in [997usize, 1201, 1301, 1459, 1460, 513] {
         // 128 KiB: smoltcp scales its window (shift 2), as the engine's
         // 512 KiB desktop buffers do (shift 4).
-        let st = Arc::new(Sockets::new(
-            &nets,
-            1500,
-            128 * 1024,
-            Duration::from_secs(7440),
-            Duration::from_secs(10),
-            4,
-        ));
+        let st = stack_of(&["198.18.0.1/16"], 128 * 1024, 4);
         let stats = Stats::default();
         let mut out = Capture::default();
         let (c, s) = ("10.0.0.9:40000", "1.1.1.1:443");
@@ -521,9 +543,7 @@ fn window_edge_never_strands_the_sender() {
         }
         assert!(closed, "chunk {chunk}: smoltcp's window closes");
         // The app has something to say; the client cannot take it yet.
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .build()
-            .expect("test input");
+        let rt = runtime();
         let app = SmolStream::new(st.clone(), h, k, None);
         rt.block_on(app.send_all(b"echoed bytes")).expect("queued");
         out.0.clear();
@@ -599,9 +619,13 @@ fn shaded_window_is_one_unit_less_with_valid_checksums() {
     }
 }
 
+/// A flow through its handshake: its key, its socket and the server
+/// side's next sequence number.
+type Opened = (FlowKey, Id, u32);
+
 /// SYN, accept, ACK of an IPv4 flow `c -> s`: its socket and the server
 /// side's next sequence number.
-fn open(st: &Sockets, out: &mut Capture, stats: &Stats, c: &str, s: &str) -> (FlowKey, Id, u32) {
+fn open(st: &Sockets, out: &mut Capture, stats: &Stats, c: &str, s: &str) -> Opened {
     let k = key(c, s);
     let syn = tcp_v4(c, s, 1000, 0, SYN, &[], &[]);
     assert_eq!(st.syn(k), Syn::New);
@@ -613,15 +637,20 @@ fn open(st: &Sockets, out: &mut Capture, stats: &Stats, c: &str, s: &str) -> (Fl
 }
 
 fn sized_stack(max_sockets: usize) -> Arc<Sockets> {
-    let nets: Vec<IpNet> = vec!["198.18.0.1/16".parse().expect("test input")];
-    Arc::new(Sockets::new(
-        &nets,
-        1500,
-        16 * 1024,
-        Duration::from_secs(7440),
-        Duration::from_secs(10),
-        max_sockets,
-    ))
+    stack_of(&["198.18.0.1/16"], 16 * 1024, max_sockets)
+}
+
+/// A [`sized_stack`] of 4 sockets with two flows [`open`] to 1.1.1.1:443,
+/// A from 10.0.0.9:40000 and B from 10.0.0.9:40001: the stack, its stats
+/// and capture, and each flow's key, socket and server-side next sequence
+/// number.
+fn two_flows() -> (Arc<Sockets>, Stats, Capture, [Opened; 2]) {
+    let st = sized_stack(4);
+    let stats = Stats::default();
+    let mut out = Capture::default();
+    let a = open(&st, &mut out, &stats, "10.0.0.9:40000", "1.1.1.1:443");
+    let b = open(&st, &mut out, &stats, "10.0.0.9:40001", "1.1.1.1:443");
+    (st, stats, out, [a, b])
 }
 
 /// A packet is polled with its own flow's socket alone: another socket's
@@ -629,29 +658,15 @@ fn sized_stack(max_sockets: usize) -> Arc<Sockets> {
 /// polls only the sockets a session touched or whose deadline came).
 #[test]
 fn a_packet_polls_its_own_flow_only() {
-    let st = sized_stack(4);
-    let stats = Stats::default();
-    let mut out = Capture::default();
-    let (ka, _, sa) = open(&st, &mut out, &stats, "10.0.0.9:40000", "1.1.1.1:443");
-    let (kb, hb, _) = open(&st, &mut out, &stats, "10.0.0.9:40001", "1.1.1.1:443");
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .build()
-        .expect("test input");
+    let (st, stats, mut out, [(ka, _, sa), (kb, hb, _)]) = two_flows();
+    let rt = runtime();
     let b = SmolStream::new(st.clone(), hb, kb, None);
     rt.block_on(b.send_all(b"for b")).expect("test input");
     out.0.clear();
     // Two full segments of A: smoltcp acknowledges them at once.
     let data = [0x61u8; 1460];
     for i in 0..2u32 {
-        let p = tcp_v4(
-            "10.0.0.9:40000",
-            "1.1.1.1:443",
-            1001 + i * 1460,
-            sa,
-            ACK,
-            &[],
-            &data,
-        );
+        let p = from_app(ka, 1001 + i * 1460, sa, ACK, &data);
         st.input(&p, Instant::now(), &mut out, &stats);
     }
     let flows: Vec<(SocketAddr, SocketAddr)> = out.0.iter().map(|p| (seg(p).0, seg(p).1)).collect();
@@ -682,9 +697,7 @@ fn interleaved_flows_each_complete_byte_exact() {
     let st = sized_stack(usize::from(FLOWS));
     let stats = Stats::default();
     let mut out = Capture::default();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .build()
-        .expect("test input");
+    let rt = runtime();
     let mut flows = Vec::new();
     for i in 0..FLOWS {
         let c = format!("10.0.{}.{}:{}", i % 3, 9 + i, 40000 + i);
@@ -712,13 +725,7 @@ fn interleaved_flows_each_complete_byte_exact() {
         }
     }
     for (i, (_, _, app, _)) in flows.iter().enumerate() {
-        let mut got = Vec::new();
-        let mut buf = [0u8; 4096];
-        while got.len() < 2100 {
-            let n = rt.block_on(app.recv(&mut buf)).expect("test input");
-            assert!(n > 0);
-            got.extend_from_slice(&buf[..n]);
-        }
+        let got = read_exactly(&rt, app, 2100, 4096);
         let want: Vec<u8> = (0..3).flat_map(|j| payload(i, j)).collect();
         assert_eq!(got, want, "flow {i} reads its own bytes");
         let answer = format!("answer of flow {i}");
@@ -756,15 +763,9 @@ fn interleaved_flows_each_complete_byte_exact() {
 /// earliest of all sockets'.
 #[test]
 fn an_idle_flows_retransmission_fires_from_the_poller() {
-    let st = sized_stack(4);
-    let stats = Stats::default();
-    let mut out = Capture::default();
+    let (st, stats, mut out, [(ka, ha, _), (kb, _, sb)]) = two_flows();
     let t0 = Instant::now();
-    let (ka, ha, _) = open(&st, &mut out, &stats, "10.0.0.9:40000", "1.1.1.1:443");
-    let (_, _, sb) = open(&st, &mut out, &stats, "10.0.0.9:40001", "1.1.1.1:443");
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .build()
-        .expect("test input");
+    let rt = runtime();
     let a = SmolStream::new(st.clone(), ha, ka, None);
     rt.block_on(a.send_all(b"unacknowledged"))
         .expect("test input");
@@ -775,15 +776,7 @@ fn an_idle_flows_retransmission_fires_from_the_poller() {
     assert_eq!(seg(&out.0[0]).5, b"unacknowledged");
     // Traffic on B in the meantime does not touch A.
     for i in 0..5u32 {
-        let p = tcp_v4(
-            "10.0.0.9:40001",
-            "1.1.1.1:443",
-            1001 + i,
-            sb,
-            ACK | PSH,
-            &[],
-            b"b",
-        );
+        let p = from_app(kb, 1001 + i, sb, ACK | PSH, b"b");
         st.input(
             &p,
             t0 + Duration::from_millis(10 * u64::from(i)),
@@ -812,16 +805,12 @@ fn an_idle_flows_retransmission_fires_from_the_poller() {
 /// holds, and the packets and bytes are counted once sent.
 #[test]
 fn a_drain_sends_one_cumulative_ack_per_flow() {
-    let st = sized_stack(4);
-    let stats = Stats::default();
-    let mut out = Capture::default();
-    let (ka, ha, sa) = open(&st, &mut out, &stats, "10.0.0.9:40000", "1.1.1.1:443");
-    let (kb, _, sb) = open(&st, &mut out, &stats, "10.0.0.9:40001", "1.1.1.1:443");
+    let (st, stats, mut out, [(ka, ha, sa), (kb, _, sb)]) = two_flows();
     out.0.clear();
     let data = [0x62u8; 1460];
     for i in 0..6u32 {
-        for (c, s) in [("10.0.0.9:40000", sa), ("10.0.0.9:40001", sb)] {
-            let p = tcp_v4(c, "1.1.1.1:443", 1001 + i * 1460, s, ACK, &[], &data);
+        for (k, s) in [(ka, sa), (kb, sb)] {
+            let p = from_app(k, 1001 + i * 1460, s, ACK, &data);
             st.input_held(&p, Instant::now(), &mut out, &stats);
         }
     }
@@ -852,34 +841,16 @@ fn a_drain_sends_one_cumulative_ack_per_flow() {
     );
     // A held ACK goes out before the flow's next segment from the poller.
     out.0.clear();
-    let p = tcp_v4(
-        "10.0.0.9:40000",
-        "1.1.1.1:443",
-        1001 + 6 * 1460,
-        sa,
-        ACK,
-        &[],
-        &data,
-    );
+    let p = from_app(ka, 1001 + 6 * 1460, sa, ACK, &data);
     st.input_held(&p, Instant::now(), &mut out, &stats);
     st.input_held(
-        &tcp_v4(
-            "10.0.0.9:40000",
-            "1.1.1.1:443",
-            1001 + 7 * 1460,
-            sa,
-            ACK,
-            &[],
-            &data,
-        ),
+        &from_app(ka, 1001 + 7 * 1460, sa, ACK, &data),
         Instant::now(),
         &mut out,
         &stats,
     );
     assert!(out.0.is_empty());
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .build()
-        .expect("test input");
+    let rt = runtime();
     let a = SmolStream::new(st.clone(), ha, ka, None);
     let mut buf = vec![0u8; 16 * 1024];
     let mut n = 0;
@@ -906,18 +877,9 @@ fn a_drain_sends_one_cumulative_ack_per_flow() {
 /// unacknowledged bytes sit in it); data sent after either arrives exact.
 #[test]
 fn quiet_rings_are_handed_back_and_data_stays_exact() {
-    let st = stack();
-    let stats = Stats::default();
-    let mut out = Capture::default();
-    let (k, h, srv_seq) = handshake(&st, &mut out, &stats, false);
-    let (c, s) = (k.client.to_string(), k.server.to_string());
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .build()
-        .expect("test input");
+    let (st, stats, mut out, k, h, srv_seq) = established(false);
+    let rt = runtime();
     let app = SmolStream::new(st.clone(), h, k, None);
-    let pattern = |n: usize, salt: usize| -> Vec<u8> {
-        (0..n).map(|i| ((i * 7 + salt) % 251) as u8).collect()
-    };
     let tx_at = || st.inner.lock().slots[h as usize].as_ref().map(|s| s.tx_at);
     // smoltcp's clock only moves forward: one clock for every call.
     let mut t = Instant::now();
@@ -927,17 +889,11 @@ fn quiet_rings_are_handed_back_and_data_stays_exact() {
         // App to session: 10 segments through the receive ring, read back.
         let up = pattern(10 * 1400, round);
         for chunk in up.chunks(1400) {
-            let p = tcp_v4(&c, &s, app_seq, acked, ACK | PSH, &[], chunk);
+            let p = from_app(k, app_seq, acked, ACK | PSH, chunk);
             st.input(&p, t, &mut out, &stats);
             app_seq = app_seq.wrapping_add(chunk.len() as u32);
         }
-        let mut got = Vec::new();
-        let mut buf = vec![0u8; 4096];
-        while got.len() < up.len() {
-            let n = rt.block_on(app.recv(&mut buf)).expect("test input");
-            assert!(n > 0);
-            got.extend_from_slice(&buf[..n]);
-        }
+        let got = read_exactly(&rt, &app, up.len(), 4096);
         assert!(got == up, "round {round}: the app's bytes arrive exact");
         // Session to app: through the send ring, then acknowledged.
         let down = pattern(12 * 1024, 100 + round);
@@ -958,7 +914,7 @@ fn quiet_rings_are_handed_back_and_data_stays_exact() {
             "unacknowledged bytes keep the ring"
         );
         acked = acked.wrapping_add(down.len() as u32);
-        let ack = tcp_v4(&c, &s, app_seq, acked, ACK, &[], &[]);
+        let ack = from_app(k, app_seq, acked, ACK, &[]);
         st.input(&ack, t, &mut out, &stats);
         assert_eq!(st.inner.lock().socket(h).send_queue(), 0);
         st.poll_once(&mut out, &stats, t);
@@ -978,14 +934,8 @@ fn quiet_rings_are_handed_back_and_data_stays_exact() {
 /// bytes arrive exact either way.
 #[test]
 fn receive_pages_are_handed_back_at_most_once_per_gap() {
-    let st = stack();
-    let stats = Stats::default();
-    let mut out = Capture::default();
-    let (k, h, srv_seq) = handshake(&st, &mut out, &stats, false);
-    let (c, s) = (k.client.to_string(), k.server.to_string());
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .build()
-        .expect("test input");
+    let (st, stats, mut out, k, h, srv_seq) = established(false);
+    let rt = runtime();
     let app = SmolStream::new(st.clone(), h, k, None);
     let given = || {
         st.inner.lock().slots[h as usize]
@@ -995,19 +945,13 @@ fn receive_pages_are_handed_back_at_most_once_per_gap() {
     let mut seq = 1001u32;
     let mut round = |salt: usize| {
         // 14,000 bytes: whole pages of the ring under one read.
-        let up: Vec<u8> = (0..14_000).map(|i| ((i * 7 + salt) % 251) as u8).collect();
+        let up = pattern(14_000, salt);
         for chunk in up.chunks(1400) {
-            let p = tcp_v4(&c, &s, seq, srv_seq, ACK | PSH, &[], chunk);
+            let p = from_app(k, seq, srv_seq, ACK | PSH, chunk);
             st.input(&p, Instant::now(), &mut out, &stats);
             seq = seq.wrapping_add(chunk.len() as u32);
         }
-        let mut got = Vec::new();
-        let mut buf = vec![0u8; 32 * 1024];
-        while got.len() < up.len() {
-            let n = rt.block_on(app.recv(&mut buf)).expect("test input");
-            assert!(n > 0);
-            got.extend_from_slice(&buf[..n]);
-        }
+        let got = read_exactly(&rt, &app, up.len(), 32 * 1024);
         assert!(got == up, "round {salt}: the app's bytes arrive exact");
     };
     assert_eq!(given(), None);
@@ -1045,23 +989,14 @@ fn receive_pages_are_handed_back_at_most_once_per_gap() {
 /// out into an EOF (the sniffer and the relay lost the app's last bytes).
 #[test]
 fn bytes_before_the_fin_are_read_before_eof() {
-    let pattern = |n: usize, salt: usize| -> Vec<u8> {
-        (0..n).map(|i| ((i * 7 + salt) % 251) as u8).collect()
-    };
     for wrap in [false, true] {
-        let st = stack();
-        let stats = Stats::default();
-        let mut out = Capture::default();
-        let (k, h, srv_seq) = handshake(&st, &mut out, &stats, false);
-        let (c, s) = (k.client.to_string(), k.server.to_string());
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .build()
-            .expect("test input");
+        let (st, stats, mut out, k, h, srv_seq) = established(false);
+        let rt = runtime();
         let app = SmolStream::new(st.clone(), h, k, None);
         let mut seq = 1001u32;
         let mut send = |data: &[u8], fl: u8| {
             for chunk in data.chunks(1400) {
-                let p = tcp_v4(&c, &s, seq, srv_seq, fl, &[], chunk);
+                let p = from_app(k, seq, srv_seq, fl, chunk);
                 st.input(&p, Instant::now(), &mut out, &stats);
                 seq = seq.wrapping_add(chunk.len() as u32);
             }
@@ -1072,17 +1007,11 @@ fn bytes_before_the_fin_are_read_before_eof() {
             // end of the 16 KiB ring, so the next 10 KiB wrap around it.
             let first = pattern(12 * 1024, 1);
             send(&first, ACK | PSH);
-            let mut got = Vec::new();
-            while got.len() < first.len() {
-                let n = rt.block_on(app.recv(&mut buf)).expect("test input");
-                assert!(n > 0);
-                got.extend_from_slice(&buf[..n]);
-            }
-            assert!(got == first);
+            assert!(read_exactly(&rt, &app, first.len(), 32 * 1024) == first);
         }
         let last = pattern(10 * 1024, 2);
         send(&last, ACK | PSH);
-        let fin = tcp_v4(&c, &s, seq, srv_seq, ACK | FIN, &[], &[]);
+        let fin = from_app(k, seq, srv_seq, ACK | FIN, &[]);
         st.input(&fin, Instant::now(), &mut out, &stats);
         assert_eq!(st.inner.lock().socket(h).state(), State::CloseWait);
         let n = rt.block_on(app.recv(&mut buf)).expect("test input");
