@@ -37,6 +37,9 @@
 //! Everything that touches raw descriptors lives in `sys`; `unsafe` is
 //! denied everywhere else.
 #![deny(unsafe_code)]
+// The module docs link the private items they describe, for the engine's
+// own readers: `cargo doc --document-private-items` resolves them.
+#![allow(rustdoc::private_intra_doc_links)]
 
 pub mod budget;
 pub mod config;

@@ -18,6 +18,10 @@
 //! a panic into [`KerntunError::Internal`]; the others catch it and answer
 //! a neutral value.
 
+// Docs link the private items they describe, for the crate's own readers:
+// `cargo doc --document-private-items` resolves them.
+#![allow(rustdoc::private_intra_doc_links)]
+
 uniffi::setup_scaffolding!("kerntun");
 
 /// Moves a value of one struct into another field by field (a core

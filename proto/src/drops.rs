@@ -2,7 +2,7 @@
 //! per cause, shared by the pure layers that decide it (the system stack's
 //! translation, reassembly) and the engine's statistics, which count it.
 
-/// Drops decided by the engine (parse rejections are counted by [`Reject`]).
+/// Drops decided by the engine (parse rejections are counted by [`Reject`](crate::packet::Reject)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
 pub enum EngineDrop {

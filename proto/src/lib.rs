@@ -22,6 +22,9 @@
 //! pure: its manifest has no async runtime, libc or socket crate, and its
 //! `clippy.toml` forbids reading the clock or sleeping.
 #![forbid(unsafe_code)]
+// The module docs link the private items they describe, for the crate's
+// own readers: `cargo doc --document-private-items` resolves them.
+#![allow(rustdoc::private_intra_doc_links)]
 // Tests may read the real clock for their starting instants.
 #![cfg_attr(test, allow(clippy::disallowed_methods))]
 

@@ -3,9 +3,9 @@
 //! system stack's listener, or a smoltcp socket.
 //!
 //! * [`run`]: one of the three below, as the connection's plan says;
-//! * [`relay`]: relay to the outbound connected at SYN time;
+//! * [`relay()`]: relay to the outbound connected at SYN time;
 //! * [`dns`]: DNS over TCP, answered by the engine;
-//! * [`sniff`]: read the domain from the first bytes and/or look up the
+//! * [`sniff()`]: read the domain from the first bytes and/or look up the
 //!   owning app (`owner.rs`), route, connect, relay.
 //!
 //! Every session ends when the engine starts draining (the app then sees a
@@ -291,7 +291,7 @@ pub(crate) fn relay<'a, A: App + 'a, H: Hold + 'a>(
     relay_stream(d, app, stream, framing, counters, hold, flow)
 }
 
-/// [`relay`]'s future.
+/// [`relay()`]'s future.
 async fn relay_stream<A: App, H: Hold>(
     d: &Dispatcher,
     app: A,

@@ -2,12 +2,12 @@
 //! the upstream's address: UDP (direct, or a proxy's UDP association), DNS
 //! over TCP (RFC 7766 two-byte length framing; direct, SOCKS5, or inside a
 //! Shadowsocks AEAD stream), DNS over TLS (RFC 7858, feature `dot`), or DNS
-//! over HTTPS (RFC 8484, feature `doh`, in [`doh`]).
+//! over HTTPS (RFC 8484, feature `doh`, in `doh`).
 //!
 //! One connection or socket per exchange, except DNS over HTTPS: upstream
 //! queries are rare next to cache hits, and a fresh socket needs no
 //! reconnect logic, no pipelining bookkeeping and no idle timers. DoH keeps
-//! one HTTP/2 connection per upstream ([`doh`] says why). The caller bounds
+//! one HTTP/2 connection per upstream (`doh` says why). The caller bounds
 //! each exchange in time.
 
 use std::io;

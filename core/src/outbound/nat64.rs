@@ -7,7 +7,7 @@
 //! its prefix. [`discover`] asks the network's DNS servers for the AAAA
 //! records of `ipv4only.arpa`, which a DNS64 synthesizes inside that
 //! prefix (RFC 7050); [`Nat64`] keeps what was found for the network the
-//! host is on, and [`SocketFactory`](super::SocketFactory) connects every
+//! host is on, and [`SocketFactory`] connects every
 //! outbound socket bound for IPv4 to the embedded address instead
 //! ([`Nat64::synthesize`]), so all outbounds (direct, SOCKS5, Shadowsocks,
 //! TCP and UDP, and the DNS service's upstreams) go through one place.

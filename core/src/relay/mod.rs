@@ -180,7 +180,7 @@ pub struct Relayed {
     pub down: Leg,
 }
 
-/// How [`relay`] moves bytes between two plain sockets.
+/// How the relay (`run`) moves bytes between two plain sockets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RelayOptions {
     /// Splice on Linux/Android (`relay.splice` in the TOML).

@@ -5,6 +5,8 @@ use std::net::SocketAddr;
 use std::ops::RangeInclusive;
 use std::time::{Duration, Instant};
 
+#[cfg(doc)]
+use super::NatTable;
 use super::key::PackedKey;
 use super::window::WindowScale;
 

@@ -21,7 +21,7 @@ pub(super) const RING_QUIET: Duration = Duration::from_secs(1);
 /// they consumed. A read that hands back pages costs a system call, and
 /// the data after it a page fault and a zeroed page for each page it fills
 /// again: in a bulk upload every page of the ring once per lap, which cost
-/// the smoltcp stack 40-45 % of its upload throughput in the netns
+/// the smoltcp stack 35-50 % of its upload throughput in the netns
 /// benchmark (docs/notes.md, "smoltcp: receive pages handed back at most
 /// every 100 ms"). Reads further apart than this hand back what they read.
 pub(super) const RX_GIVE_BACK_GAP: Duration = Duration::from_millis(100);

@@ -468,7 +468,7 @@ impl Sockets {
         self.input_inner(pkt, now, sink, stats, false);
     }
 
-    /// [`Sockets::input`] for the driver: the flow's pure ACKs are held
+    /// `Self::input` for the driver: the flow's pure ACKs are held
     /// (one per flow, the newest) until [`Sockets::drain_done`].
     pub(crate) fn input_held<S: Sink>(
         &self,

@@ -136,11 +136,11 @@ impl Sockets {
         buf: &mut [u8],
     ) -> Poll<io::Result<usize>> {
         let mut g = self.inner.lock();
-        let now = Instant::now();
-        let give_back = g.rx_give_back_due(id, now);
-        let s = g.socket(id);
-        if s.can_recv() {
-            return match recv_discarding(s, buf, give_back) {
+        if g.socket(id).can_recv() {
+            // The clock is read only for a read that takes data.
+            let now = Instant::now();
+            let give_back = g.rx_give_back_due(id, now);
+            return match recv_discarding(g.socket(id), buf, give_back) {
                 Ok((n, given)) => {
                     if given {
                         g.rx_given(id, now);
@@ -157,6 +157,7 @@ impl Sockets {
                 }
             };
         }
+        let s = g.socket(id);
         match recv_readiness(s) {
             Some(Ok(())) => Poll::Ready(Ok(0)),
             Some(Err(e)) => Poll::Ready(Err(e)),
