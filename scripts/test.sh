@@ -21,10 +21,9 @@ fi
 cargo test --workspace --all-targets "$@"
 # DNS over TLS and over HTTPS are cargo features (ring needs a C compiler for
 # the target): their end-to-end tests run with `doh`, which includes `dot`.
-cargo test -p kerntun --features doh --test dns "$@"
 # The fault hook that makes engine tasks panic or end is a test-only cargo
-# feature: the tests that use it run with it on.
-cargo test -p kerntun --features fault-injection --test faults "$@"
+# feature: the tests that use it run with it on. One build for both.
+cargo test -p kerntun --features doh,fault-injection --test dns --test faults "$@"
 # The FFI as Swift/Kotlin apps see it: generated Kotlin bindings on the JVM
 # against the real cdylib, engines on real TUN devices (root; skipped
 # otherwise), then the Swift bindings checked for drift against apple/.

@@ -448,7 +448,10 @@ mod tests {
     #[test]
     fn port_unreachable_quotes_and_verifies() {
         let mut rng = Rng::new(4443);
-        for i in 0..300 {
+        // Under Miri a few rounds (both lengths, both families): 300 took
+        // 453 s there.
+        let rounds = if cfg!(miri) { 8 } else { 300 };
+        for i in 0..rounds {
             // Short datagrams are quoted whole, long ones cut at the limit
             // (576 / 1280 bytes in all).
             let len = if i % 4 == 0 {
