@@ -671,7 +671,7 @@ mod tests {
         let mut up = tcp_v4("10.0.0.9:4000", "1.1.1.1:443", 101, past, ACK, &[], b"x");
         let ip = packet::parse_ip(&up).expect("ip");
         translate_tcp_clamped(&mut up, &ip, &nat, &addrs(), &mut clamp, now);
-        let want = 250 / 16 * 1460;
+        let want = 375 / 16 * 1460;
         assert_eq!(
             window_of(&up),
             (want as u16, true),
@@ -723,7 +723,7 @@ mod tests {
         let ip = packet::parse_ip(&up).expect("ip");
         translate_tcp_clamped(&mut up, &ip, &nat, &addrs(), &mut clamp, later);
         assert_eq!(nat.busy_flows(later), 1);
-        assert_eq!(window_of(&up), (((250 * 1460u32) >> 7) as u16, true));
+        assert_eq!(window_of(&up), (((375 * 1460u32) >> 7) as u16, true));
     }
 
     /// When more flows get busy, the share falls, but a flow's window
@@ -752,7 +752,7 @@ mod tests {
         assert_eq!(down(&nat, &mut clamp, 102), (wide, true));
         let edge = 102 + (u32::from(wide) << 7);
 
-        // 31 more busy directions: the share is 7 segments.
+        // 31 more busy directions: the share is 11 segments.
         for cport in 6001..6032 {
             handshake(&nat, &mut clamp, now, cport, Some(7), Some(7));
             let client = format!("10.0.0.9:{cport}");
