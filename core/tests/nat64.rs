@@ -179,9 +179,16 @@ fn ipv4_through_nat64(stack: StackKind) {
     );
     assert_eq!(direct_udp.accepted.load(Relaxed), 20);
     assert_eq!(proxied_udp.accepted.load(Relaxed), 20);
+    // The server's byte count is its library's flow statistic, sampled
+    // every 10 ms (`tokio_servers::shadowsocks`): it may trail the echoes
+    // the client already verified.
+    let moved = kerntun_testkit::within(Duration::from_secs(3), || {
+        ss.relayed.load(Relaxed) >= 6 * MIB as u64
+    });
     assert!(
-        ss.relayed.load(Relaxed) >= 6 * MIB as u64,
-        "the proxy moved the streams"
+        moved.is_some(),
+        "the proxy moved the streams: {} bytes",
+        ss.relayed.load(Relaxed)
     );
     assert!(
         translator.relayed.load(Relaxed) >= 5,
