@@ -279,8 +279,11 @@ impl Budget {
                 udp_flows: 128,
                 backlog: 64,
                 relay_buffer: 16 * 1024,
-                // 64 KiB rings: enough window for the tens of Mbit/s of a
-                // phone link at cellular round trips.
+                // 64 KiB rings. They face the app only (the outbound
+                // socket's kernel buffers cover the remote path), yet 16 KiB
+                // halved one upload stream on the smoltcp profile and 8 KiB
+                // lost 60-70 % (docs/notes.md, "smoltcp: smaller rings on
+                // the local leg").
                 smoltcp_buffer: 64 * 1024,
                 memory: Memory {
                     tcp: 16 * MIB,
