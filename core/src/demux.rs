@@ -10,6 +10,7 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
+use crate::nat::Regrant;
 use crate::network::Addresses;
 use crate::packet::frag::{Limits, Reassembler};
 use crate::packet::{self, Disposition, IpInfo, Reject, protocol};
@@ -33,6 +34,23 @@ pub(crate) struct Demux {
     pub local: LocalCounters,
     /// The clock reading for the current drain (one `Instant::now()` per edge).
     pub now: Instant,
+    /// Pure ACKs whose window was held at its edge for want of a window
+    /// grant, as they were written, oldest first: reopened when grants come
+    /// free (`kerntun_proto::nat::GRANTS`), at the end of each drain.
+    parked: std::collections::VecDeque<ParkedAck>,
+}
+
+/// Most parked ACKs kept (one per flow direction; about 140 bytes each,
+/// allocated with the demux). Past it an ACK is not kept, and its sender
+/// waits for its persist timer to ask for the window again.
+const PARKED_MAX: usize = 1024;
+
+/// A parked ACK as it was written, with the headroom the TUN write needs.
+#[derive(Debug)]
+struct ParkedAck {
+    p: crate::translate::Parked,
+    len: usize,
+    buf: [u8; packet::HEADROOM + kerntun_proto::packet::ackthin::ACK_MAX],
 }
 
 impl Demux {
@@ -52,6 +70,75 @@ impl Demux {
             stats,
             local: LocalCounters::new(now),
             now,
+            parked: std::collections::VecDeque::with_capacity(PARKED_MAX),
+        }
+    }
+
+    /// Keep the pure ACK at `pkt`, whose window was just held for want of
+    /// a grant (`local.parked`), in place of its flow direction's older one
+    /// (keeping that one's turn).
+    fn park(&mut self, pkt: &[u8]) {
+        let Some(p) = self.local.parked.take() else {
+            return;
+        };
+        if pkt.len() > crate::packet::ackthin::ACK_MAX {
+            return;
+        }
+        let at = self
+            .parked
+            .iter()
+            .position(|e| e.p.port == p.port && e.p.down == p.down);
+        let e = match at {
+            Some(i) => &mut self.parked[i],
+            None if self.parked.len() < PARKED_MAX => {
+                self.parked.push_back(ParkedAck {
+                    p,
+                    len: 0,
+                    buf: [0; packet::HEADROOM + crate::packet::ackthin::ACK_MAX],
+                });
+                self.parked.back_mut().expect("pushed")
+            }
+            None => return,
+        };
+        e.p = p;
+        e.len = pkt.len();
+        e.buf[packet::HEADROOM..packet::HEADROOM + pkt.len()].copy_from_slice(pkt);
+    }
+
+    /// Whether parked ACKs wait for grants.
+    pub fn has_parked(&self) -> bool {
+        !self.parked.is_empty()
+    }
+
+    /// Write the parked ACKs that free grants reopen, oldest first: each
+    /// again with its window raised to the grant (the same sequence and
+    /// acknowledgment numbers and timestamps, so the sender's TCP takes it
+    /// as a window update). A write the device refuses is counted and the
+    /// ACK dropped: its sender's persist timer asks again.
+    fn regrant(&mut self) {
+        let Stack::System(sys) = &self.stack else {
+            self.parked.clear();
+            return;
+        };
+        while let Some(e) = self.parked.front_mut() {
+            let field = match sys.regrant(&e.p, self.now) {
+                Regrant::Open(field) => field,
+                Regrant::Wait => return,
+                Regrant::Gone => {
+                    self.parked.pop_front();
+                    continue;
+                }
+            };
+            let len = e.len;
+            let pkt = &mut e.buf[packet::HEADROOM..packet::HEADROOM + len];
+            if let Ok(ip) = packet::parse_ip(pkt) {
+                packet::set_window(pkt, &ip, field);
+            }
+            self.local.writes += 1;
+            if sys.write(&mut e.buf, len).is_err() {
+                self.local.drop(EngineDrop::TunWrite);
+            }
+            self.parked.pop_front();
         }
     }
 
@@ -71,7 +158,16 @@ impl Demux {
             }
         };
         match ip.protocol {
-            protocol::TCP => self.stack.tcp(buf, &ip, self.now, &mut self.local),
+            protocol::TCP => {
+                let d = self.stack.tcp(buf, &ip, self.now, &mut self.local);
+                if self.local.parked.is_some() {
+                    if let Disposition::WriteBack(n) = d {
+                        self.park(&buf[..n]);
+                    }
+                    self.local.parked = None;
+                }
+                d
+            }
             protocol::UDP => {
                 self.udp.handle(buf, &ip, self.now, &mut self.local);
                 Disposition::Done
@@ -195,6 +291,9 @@ impl Demux {
     /// is published too.
     pub fn drained(&mut self, empty: bool) {
         self.udp.flush(&mut self.local);
+        if !self.parked.is_empty() {
+            self.regrant();
+        }
         if empty {
             self.commit(self.now);
         }

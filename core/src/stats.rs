@@ -251,6 +251,10 @@ pub struct LocalCounters {
     /// Pure ACKs not written: a newer one of the same flow said the same
     /// (`driver::writeback`).
     pub acks_thinned: u64,
+    /// Set by the system stack when the TCP packet it just translated was
+    /// a pure ACK held at its edge for want of a window grant; taken at
+    /// once by `Demux::process`, which keeps the packet.
+    pub parked: Option<crate::translate::Parked>,
     pub rejects: [u64; Reject::COUNT],
     pub drops: [u64; EngineDrop::COUNT],
     pending: u64,
@@ -279,6 +283,7 @@ impl LocalCounters {
             writes: 0,
             window_clamped: 0,
             acks_thinned: 0,
+            parked: None,
             rejects: [0; Reject::COUNT],
             drops: [0; EngineDrop::COUNT],
             pending: 0,

@@ -242,6 +242,14 @@ impl Head {
                     demux.settle_held(now);
                     demux.commit(now);
                 }
+                // ACKs wait for window grants: a drain, even an empty one,
+                // hands out those that came free (`Demux::drained`).
+                () = tokio::time::sleep(std::time::Duration::from_millis(
+                    crate::nat::GRANT_MS,
+                )), if demux.has_parked() => {
+                    demux.now = Instant::now();
+                    return Ok(true);
+                }
                 () = self.tick.tick(armed) => {
                     let now = Instant::now();
                     demux.cleanup(now);

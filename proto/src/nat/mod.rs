@@ -136,7 +136,7 @@ pub use half_open::{HALF_OPEN_MAX, HALF_OPEN_PER_SOURCE, HANDSHAKE_TIMEOUT, half
 use key::{KeyedBuild, PackedKey, shard_index};
 use shard::{ErrorCounters, ForwardShard, Phase, Ports, ReverseShard, Shard};
 pub use types::*;
-pub use window::{EPOCH_MS, FLOOR_SEGMENTS, WindowBudget, WindowScale};
+pub use window::{EPOCH_MS, FLOOR_SEGMENTS, GRANT_MS, GRANTS, Regrant, WindowBudget, WindowScale};
 
 /// Shards per map. 64 keeps two threads on different flows off each other's
 /// locks nearly always (1/64 collision) for 2 x 64 x 128 B = 16 KiB of locks.
@@ -182,6 +182,8 @@ pub struct NatTable<P = ()> {
     closing: AtomicUsize,
     /// Flows with a packet in the last epochs, for the window clamp.
     busy: window::Busy,
+    /// Window grants among the busy flows (`window::GRANTS`).
+    grants: window::Grants,
     errors: ErrorCounters,
 }
 
@@ -225,6 +227,7 @@ impl<P> NatTable<P> {
             active: AtomicUsize::new(0),
             closing: AtomicUsize::new(0),
             busy: window::Busy::default(),
+            grants: window::Grants::default(),
             errors: ErrorCounters::default(),
             cfg,
         }

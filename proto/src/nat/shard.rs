@@ -137,6 +137,14 @@ impl Mapping {
         true
     }
 
+    /// Whether direction `dir` carried payload in epoch `epoch` or the one
+    /// before.
+    #[inline]
+    pub(super) fn sends_data(&self, dir: window::Dir, epoch: u64) -> bool {
+        let seen = self.data_epoch[dir as usize].load(Relaxed);
+        seen == epoch as u8 || seen == epoch.wrapping_sub(1) as u8
+    }
+
     /// Record the listener's SYN-ACK: its window scale option, and, the
     /// first time, the right edges both SYNs advertised (unscaled).
     #[inline]

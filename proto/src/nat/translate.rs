@@ -127,6 +127,27 @@ pub struct WindowClamp {
     pub budget: Option<WindowBudget>,
     /// Segments whose window was lowered so far (the caller takes it).
     pub clamped: u64,
+    /// Set when the segment was a pure ACK whose window was held at its
+    /// edge for want of a grant ([`crate::nat::GRANTS`]): the caller keeps
+    /// the packet as written and asks [`NatTable::regrant`] to reopen it.
+    pub parked: Option<Parked>,
+}
+
+/// A pure ACK held at its edge: what [`NatTable::regrant`] needs to
+/// reopen its window later.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Parked {
+    /// The flow's NAT port.
+    pub port: u16,
+    /// The listener's ACK toward the app (else the app's toward the
+    /// listener).
+    pub down: bool,
+    /// What the ACK acknowledges.
+    pub ack: u32,
+    /// The window field before the clamp.
+    pub field: u16,
+    /// The window scale of the ACK's sender.
+    pub shift: u8,
 }
 
 impl WindowClamp {
@@ -134,6 +155,7 @@ impl WindowClamp {
     pub const OFF: Self = Self {
         budget: None,
         clamped: 0,
+        parked: None,
     };
 }
 
@@ -275,9 +297,23 @@ fn clamp_segment<P>(
     if tcp.flags & (SYN | RST | ACK) != ACK {
         return;
     }
-    let want = budget.per_flow(nat.busy_flows(now));
     let field = packet::window_field(buf, ip);
     let (port, dir) = at;
+    let want = if tcp.payload_len == 0 {
+        let (want, parked) = nat.granted_want(port, dir, budget, now);
+        if parked {
+            clamp.parked = Some(Parked {
+                port,
+                down: dir == Dir::Down,
+                ack: tcp.ack,
+                field,
+                shift,
+            });
+        }
+        want
+    } else {
+        budget.per_flow(nat.busy_flows(now))
+    };
     let max = nat.clamp_field(port, dir, tcp.ack, field, shift, want);
     if packet::clamp_window(buf, ip, max) {
         clamp.clamped += 1;
@@ -540,6 +576,7 @@ mod tests {
         let clamp = WindowClamp {
             budget: Some(budget),
             clamped: 0,
+            parked: None,
         };
         (budget, clamp)
     }
@@ -731,6 +768,70 @@ mod tests {
     /// as the acknowledgments reach that edge, then holds the new share.
     /// The listener's SYN-ACK window (64 KiB, unscaled) is the first edge
     /// of the downlink direction.
+    /// With more busy directions than grants, a pure ACK without a grant
+    /// is parked, its edge kept; grants go to parked ACKs oldest first,
+    /// `GRANTS` at a time, and reopen them to the share of `GRANTS`; a
+    /// holder's next ACK advertises that share; an expired grant goes to
+    /// the next parked ACK.
+    #[test]
+    fn grants_share_the_queue_among_their_holders_and_park_the_rest() {
+        use crate::nat::{GRANT_MS, GRANTS, Regrant};
+        let (nat, now) = table(64);
+        let (budget, mut clamp) = phone_clamp();
+        // Acknowledging past the edge the SYN-ACK offered.
+        const PAST: u32 = 102 + 200_000;
+        let mut ports = Vec::new();
+        for cport in 7000..7000 + GRANTS as u16 + 4 {
+            let port = handshake(&nat, &mut clamp, now, cport, Some(7), Some(7));
+            let client = format!("10.0.0.9:{cport}");
+            let mut p = tcp_v4(&client, "1.1.1.1:443", 101, 501, ACK, &[], b"x");
+            let ip = packet::parse_ip(&p).expect("ip");
+            translate_tcp_clamped(&mut p, &ip, &nat, &addrs(), &mut clamp, now);
+            ports.push(port);
+        }
+        assert_eq!(nat.busy_flows(now), GRANTS + 4);
+        let share = (budget.granted() >> 7) as u16;
+        let ack = |clamp: &mut WindowClamp, port: u16| {
+            let nat_addr = format!("198.18.0.2:{port}");
+            let mut p = tcp_v4("198.18.0.1:40000", &nat_addr, 501, PAST, ACK, &[], b"");
+            let ip = packet::parse_ip(&p).expect("ip");
+            clamp.parked = None;
+            translate_tcp_clamped(&mut p, &ip, &nat, &addrs(), clamp, now);
+            (window_of(&p), clamp.parked)
+        };
+        let mut parked = Vec::new();
+        for &port in &ports {
+            let ((w, ok), p) = ack(&mut clamp, port);
+            assert!(ok);
+            assert_eq!(w, 1, "the SYN-ACK's edge is kept (passed): closed");
+            let p = p.expect("no grant yet: parked");
+            assert_eq!((p.port, p.down, p.ack), (port, true, PAST));
+            parked.push(p);
+        }
+        let regrant = |p: &Parked, at| nat.regrant(p.port, p.down, p.ack, p.field, 7, budget, at);
+        for p in &parked[..GRANTS] {
+            assert_eq!(regrant(p, now), Regrant::Open(share));
+        }
+        assert_eq!(
+            regrant(&parked[GRANTS], now),
+            Regrant::Wait,
+            "every grant is held"
+        );
+        let ((w, _), p) = ack(&mut clamp, ports[0]);
+        assert_eq!((w, p), (share, None), "a holder's ACK");
+        let later = now + std::time::Duration::from_millis(GRANT_MS);
+        assert_eq!(
+            regrant(&parked[GRANTS], later),
+            Regrant::Open(share),
+            "a grant expired"
+        );
+        let gone = Parked {
+            port: 1,
+            ..parked[0]
+        };
+        assert_eq!(regrant(&gone, later), Regrant::Gone, "no such flow");
+    }
+
     #[test]
     fn window_clamp_never_moves_a_right_edge_back() {
         let (nat, now) = table(64);
@@ -778,9 +879,27 @@ mod tests {
                 "{ack}: {w} no more than kept"
             );
         }
-        // Past the edge: the share.
-        assert_eq!(down(&nat, &mut clamp, edge + 1), (narrow, true));
-        assert_eq!(down(&nat, &mut clamp, edge + 5_000), (narrow, true));
+        // Past the edge, with more busy directions than grants and none
+        // held: closed, and parked until a grant reopens it to the
+        // holders' share.
+        assert_eq!(down(&nat, &mut clamp, edge + 1), (1, true));
+        let parked = clamp.parked.expect("parked");
+        let granted = nat.regrant(
+            parked.port,
+            parked.down,
+            edge + 1,
+            parked.field,
+            7,
+            budget,
+            now,
+        );
+        let share = budget.granted() >> 7;
+        assert_eq!(granted, crate::nat::Regrant::Open(share as u16));
+        assert_eq!(
+            down(&nat, &mut clamp, edge + 5_000),
+            (share as u16, true),
+            "a holder"
+        );
     }
 
     /// Until the listener's SYN-ACK has passed, the flow's scaling is not

@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use super::key::PackedKey;
 use super::shard::{ForwardShard, Mapping, Phase};
-use super::window::{self, SynAck, WindowScale};
+use super::window::{self, Regrant, SynAck, WindowBudget, WindowScale};
 use super::{Evicted, FlowKey, NatError, NatTable, Refused, Stage, Uplink};
 
 impl<P> NatTable<P> {
@@ -424,6 +424,79 @@ impl<P> NatTable<P> {
             slot.store(advertised, Relaxed);
         }
         out
+    }
+
+    /// The share a pure ACK of direction `dir` on the flow at `port` may
+    /// advertise, and whether it is parked: with more busy directions than
+    /// [`window::GRANTS`] and none carried by this direction itself, a
+    /// grant holder gets [`WindowBudget::granted`]
+    /// and any other is parked (0: its window keeps the edge it already
+    /// advertised, and closes as its data is acknowledged); otherwise the
+    /// busy flows' share. A free grant goes to the oldest parked ACK
+    /// ([`NatTable::regrant`], at the end of a drain), not to whichever
+    /// flow's ACK comes next, so that flows whose ACKs keep coming do not
+    /// keep the grants from those waiting.
+    pub(super) fn granted_want(
+        &self,
+        port: u16,
+        dir: window::Dir,
+        budget: WindowBudget,
+        now: Instant,
+    ) -> (u32, bool) {
+        let busy = self.busy_flows(now);
+        if busy <= window::GRANTS || self.sends_data(port, dir, now) {
+            (budget.per_flow(busy), false)
+        } else if self.grants.holds(port, dir, self.ms(now)) {
+            (budget.granted(), false)
+        } else {
+            (0, true)
+        }
+    }
+
+    /// Whether the direction `dir` of the flow at `port` carried payload
+    /// in the last one to two epochs. Such a direction's ACKs are not
+    /// parked: its data segments advertise windows too, and a copy of an
+    /// older pure ACK written after them would not be taken as a window
+    /// update (its sequence number is behind theirs).
+    fn sends_data(&self, port: u16, dir: window::Dir, now: Instant) -> bool {
+        let epoch = self.ms(now) / window::EPOCH_MS;
+        let rev = self.reverse_shard(port).read();
+        rev.map.get(&port).is_some_and(|m| m.sends_data(dir, epoch))
+    }
+
+    /// What a parked ACK of the flow at `port` (direction `down` or up,
+    /// acknowledging `ack`, advertising `field` before the clamp, at
+    /// `shift`) may advertise now: [`Regrant::Open`] with its window field
+    /// (its edge recorded) when a grant was free or none is needed, else
+    /// [`Regrant::Wait`]; [`Regrant::Gone`] when the flow has no entry.
+    #[allow(clippy::too_many_arguments)]
+    pub fn regrant(
+        &self,
+        port: u16,
+        down: bool,
+        ack: u32,
+        field: u16,
+        shift: u8,
+        budget: WindowBudget,
+        now: Instant,
+    ) -> Regrant {
+        if !self.reverse_shard(port).read().map.contains_key(&port) {
+            return Regrant::Gone;
+        }
+        let dir = if down {
+            window::Dir::Down
+        } else {
+            window::Dir::Up
+        };
+        let busy = self.busy_flows(now);
+        let want = if busy <= window::GRANTS {
+            budget.per_flow(busy)
+        } else if self.grants.take(port, dir, self.ms(now)) {
+            budget.granted()
+        } else {
+            return Regrant::Wait;
+        };
+        Regrant::Open(self.clamp_field(port, dir, ack, field, shift, want))
     }
 
     /// Flow directions that carried payload in the last one to two

@@ -37,7 +37,7 @@ pub use ipv4::Ipv4Packet;
 pub use ipv6::Ipv6Packet;
 pub use tcp::{
     TcpInfo, TcpPacket, check_segment, clamp_window, flags as tcp_flags, parse_tcp, rewrite_tcp,
-    tcp_rst_reply, window_field, window_scale,
+    set_window, tcp_rst_reply, window_field, window_scale,
 };
 pub use udp::{
     IPV4_UDP_HEADERS, IPV6_UDP_HEADERS, UdpInfo, UdpPacket, check_datagram, parse_udp,

@@ -38,7 +38,7 @@ use std::time::Instant;
 
 use super::HeldSyn;
 use crate::dispatch::{Dispatcher, Next, Plan};
-use crate::nat::{Evicted, FlowKey, NatConfig, NatTable, Stage, WindowBudget};
+use crate::nat::{Evicted, FlowKey, NatConfig, NatTable, Regrant, Stage, WindowBudget};
 use crate::packet::{self, Disposition, IpInfo, TcpInfo};
 use crate::stats::{EngineDrop, LocalCounters, Stats, TcpFlowsSnapshot};
 use crate::translate::{self, Cause, FamilyAddrs, StackAddrs, TcpStep, WindowClamp};
@@ -84,6 +84,23 @@ impl SystemStack {
         }
     }
 
+    /// Write a packet the stack made (`buf[HEADROOM..][..len]`) without
+    /// waiting.
+    pub fn write(&self, buf: &mut [u8], len: usize) -> std::io::Result<()> {
+        self.tun.try_send(buf, len)
+    }
+
+    /// What a parked ACK may advertise now (`NatTable::regrant`); without
+    /// a clamp, nothing is parked.
+    pub fn regrant(&self, p: &translate::Parked, now: Instant) -> Regrant {
+        match self.window {
+            Some(budget) => self
+                .nat
+                .regrant(p.port, p.down, p.ack, p.field, p.shift, budget, now),
+            None => Regrant::Gone,
+        }
+    }
+
     /// One TCP packet from the TUN, translated in place.
     #[inline]
     pub fn tcp(
@@ -96,10 +113,12 @@ impl SystemStack {
         let mut clamp = WindowClamp {
             budget: self.window,
             clamped: 0,
+            parked: None,
         };
         let step =
             translate::translate_tcp_clamped(buf, ip, &self.nat, &self.addrs, &mut clamp, now);
         local.window_clamped += clamp.clamped;
+        local.parked = clamp.parked;
         match step {
             TcpStep::Uplink(n) => {
                 local.packets_up += 1;
