@@ -113,6 +113,7 @@ fuzz_target!(|data: &[u8]| {
         Some(&b) if b & 1 == 1 => WindowClamp {
             budget: Some(WindowBudget { queue_packets: u32::from(b >> 1) * 8, mss: 1460 }),
             clamped: 0,
+            parked: None,
         },
         _ => WindowClamp::OFF,
     };
