@@ -446,29 +446,14 @@ pub fn window_field(buf: &[u8], ip: &IpInfo) -> u16 {
 /// left alone.
 #[inline]
 pub fn clamp_window(buf: &mut [u8], ip: &IpInfo, max: u16) -> bool {
-    let Some(tcp) = buf
-        .get_mut(ip.l4_offset..)
-        .and_then(|seg| seg.first_chunk_mut::<HEADER_LEN>())
-    else {
-        return false;
-    };
-    let w = &tcp[field::WINDOW];
-    let old = u16::from_be_bytes([w[0], w[1]]);
     let new = max.max(1);
-    if old <= new {
-        return false;
-    }
-    let delta = replaced(&old.to_be_bytes(), &new.to_be_bytes());
-    tcp[field::WINDOW].copy_from_slice(&new.to_be_bytes());
-    let c = &mut tcp[field::CHECKSUM];
-    let tc = nonzero(update(u16::from_be_bytes([c[0], c[1]]), delta));
-    c.copy_from_slice(&tc.to_be_bytes());
-    true
+    window_field(buf, ip) > new && set_window(buf, ip, new)
 }
 
 /// Set the TCP window field of the segment in `buf` to `new`, updating the
-/// checksum incrementally (RFC 1624); false if unchanged. Window grants
-/// raise a parked ACK's window with it.
+/// checksum incrementally (RFC 1624 eqn. 3, one word); false if unchanged
+/// or too short to hold a TCP header. Window grants raise a parked ACK's
+/// window with it.
 pub fn set_window(buf: &mut [u8], ip: &IpInfo, new: u16) -> bool {
     let Some(tcp) = buf
         .get_mut(ip.l4_offset..)
