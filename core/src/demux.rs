@@ -76,7 +76,7 @@ impl Demux {
 
     /// Keep the pure ACK at `pkt`, whose window was just held for want of
     /// a grant (`local.parked`), in place of its flow direction's older one
-    /// (keeping that one's turn).
+    /// (keeping that one's turn), unless it is behind that one in sequence.
     fn park(&mut self, pkt: &[u8]) {
         let Some(p) = self.local.parked.take() else {
             return;
@@ -89,6 +89,8 @@ impl Demux {
             .iter()
             .position(|e| e.p.port == p.port && e.p.down == p.down);
         let e = match at {
+            // A probe behind the copy keeps the copy (`Parked::replaces`).
+            Some(i) if !p.replaces(&self.parked[i].p) => return,
             Some(i) => &mut self.parked[i],
             None if self.parked.len() < PARKED_MAX => {
                 self.parked.push_back(ParkedAck {

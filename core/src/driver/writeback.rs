@@ -346,7 +346,11 @@ impl Default for HeldAck {
     fn default() -> Self {
         HeldAck {
             key: None,
-            ack: PureAck { ack: 0, window: 0 },
+            ack: PureAck {
+                seq: 0,
+                ack: 0,
+                window: 0,
+            },
             len: 0,
             buf: [0; HEADROOM + ACK_MAX],
         }

@@ -142,12 +142,28 @@ pub struct Parked {
     /// The listener's ACK toward the app (else the app's toward the
     /// listener).
     pub down: bool,
+    /// The ACK's sequence number.
+    pub seq: u32,
     /// What the ACK acknowledges.
     pub ack: u32,
     /// The window field before the clamp.
     pub field: u16,
     /// The window scale of the ACK's sender.
     pub shift: u8,
+}
+
+impl Parked {
+    /// Whether this ACK may take the place of `older`, the copy kept for
+    /// the same flow direction. Not when it is behind `older` in sequence,
+    /// as a zero-window probe is (TCP sends it at SND.UNA - 1): written
+    /// again with a grant, it would not be taken as a window update (its
+    /// receiver takes windows only from segments at or past SND.WL1), and
+    /// `older`'s would be lost with it. Both ends of a flow whose windows
+    /// are held both probe, so each copy could be a probe and neither
+    /// window would ever open.
+    pub fn replaces(&self, older: &Parked) -> bool {
+        self.seq.wrapping_sub(older.seq) as i32 >= 0
+    }
 }
 
 impl WindowClamp {
@@ -305,6 +321,7 @@ fn clamp_segment<P>(
             clamp.parked = Some(Parked {
                 port,
                 down: dir == Dir::Down,
+                seq: tcp.seq,
                 ack: tcp.ack,
                 field,
                 shift,
@@ -830,6 +847,45 @@ mod tests {
             ..parked[0]
         };
         assert_eq!(regrant(&gone, later), Regrant::Gone, "no such flow");
+    }
+
+    /// A parked ACK's copy is replaced by the direction's next parked ACK,
+    /// not by a zero-window probe behind it in sequence (SND.UNA - 1),
+    /// whose window its receiver would not take.
+    #[test]
+    fn a_zero_window_probe_does_not_replace_a_parked_ack() {
+        use crate::nat::GRANTS;
+        let (nat, now) = table(64);
+        let (_, mut clamp) = phone_clamp();
+        let mut ports = Vec::new();
+        for cport in 7100..7100 + GRANTS as u16 + 2 {
+            let port = handshake(&nat, &mut clamp, now, cport, Some(7), Some(7));
+            let client = format!("10.0.0.9:{cport}");
+            let mut p = tcp_v4(&client, "1.1.1.1:443", 101, 501, ACK, &[], b"x");
+            let ip = packet::parse_ip(&p).expect("ip");
+            translate_tcp_clamped(&mut p, &ip, &nat, &addrs(), &mut clamp, now);
+            ports.push(port);
+        }
+        let nat_addr = format!("198.18.0.2:{}", ports[0]);
+        let mut parked_at = |seq: u32| {
+            let mut p = tcp_v4("198.18.0.1:40000", &nat_addr, seq, 102, ACK, &[], b"");
+            let ip = packet::parse_ip(&p).expect("ip");
+            clamp.parked = None;
+            translate_tcp_clamped(&mut p, &ip, &nat, &addrs(), &mut clamp, now);
+            clamp.parked.expect("more busy flows than grants: parked")
+        };
+        let copy = parked_at(501);
+        assert_eq!(copy.seq, 501);
+        let probe = parked_at(500);
+        assert!(!probe.replaces(&copy), "a probe behind the copy");
+        assert!(parked_at(501).replaces(&copy), "the same sequence");
+        assert!(parked_at(600).replaces(&copy), "a later ACK");
+        let wrapped = Parked { seq: 2, ..copy };
+        let behind = Parked {
+            seq: u32::MAX - 1,
+            ..copy
+        };
+        assert!(!behind.replaces(&wrapped), "across the wrap");
     }
 
     #[test]

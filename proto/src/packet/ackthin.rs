@@ -36,10 +36,11 @@ impl SegmentKey {
     pub const MAX: usize = 36;
 }
 
-/// A pure ACK [`classify`] lets wait: its acknowledgement number and
-/// window field.
+/// A pure ACK [`classify`] lets wait: its sequence and acknowledgement
+/// numbers and window field.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PureAck {
+    pub seq: u32,
     pub ack: u32,
     pub window: u16,
 }
@@ -82,6 +83,7 @@ pub fn classify(pkt: &[u8]) -> Option<(SegmentKey, Option<PureAck>)> {
         && ip.len <= ACK_MAX
         && only_timestamps(&l4[TCP_HEADER_LEN..tcp.header_len]);
     let ack = thinnable.then(|| PureAck {
+        seq: tcp.seq,
         ack: tcp.ack,
         window: u16::from_be_bytes([l4[tcpf::WINDOW.start], l4[tcpf::WINDOW.start + 1]]),
     });
@@ -92,7 +94,14 @@ pub fn classify(pkt: &[u8]) -> Option<(SegmentKey, Option<PureAck>)> {
 /// direction, says everything `held` said: it acknowledges more, or the
 /// same with another window (a window update). An equal acknowledgement
 /// with an equal window is a duplicate ACK and must reach the sender too.
+/// A segment behind `held` in sequence (a zero-window probe, which TCP
+/// sends at SND.UNA - 1) never does: its receiver does not take a window
+/// from a segment older than one it has (RFC 9293, 3.10.7.4, SND.WL1), so
+/// `held`'s window would be lost with it.
 pub fn supersedes(new: PureAck, held: PureAck) -> bool {
+    if (new.seq.wrapping_sub(held.seq) as i32) < 0 {
+        return false;
+    }
     let advance = new.ack.wrapping_sub(held.ack) as i32;
     advance > 0 || (advance == 0 && new.window != held.window)
 }
@@ -175,11 +184,50 @@ mod tests {
 
     #[test]
     fn newer_acks_supersede_duplicates_do_not() {
-        let a = |ack, window| PureAck { ack, window };
+        let a = |ack, window| PureAck {
+            seq: 7,
+            ack,
+            window,
+        };
         assert!(supersedes(a(200, 10), a(100, 10)));
         assert!(supersedes(a(5, 10), a(u32::MAX - 5, 10)), "across the wrap");
         assert!(supersedes(a(100, 20), a(100, 10)), "window update");
         assert!(!supersedes(a(100, 10), a(100, 10)), "duplicate ACK");
         assert!(!supersedes(a(50, 10), a(100, 10)), "older");
+    }
+
+    #[test]
+    fn a_zero_window_probe_supersedes_nothing() {
+        // The held ACK at SND.NXT 1000 opens the window; the probe the same
+        // TCP sends later at SND.UNA - 1 carries another window field but
+        // would not be taken as a window update, so it must not replace it.
+        let held = PureAck {
+            seq: 1000,
+            ack: 500,
+            window: 64,
+        };
+        let probe = PureAck {
+            seq: 999,
+            window: 0,
+            ..held
+        };
+        assert!(!supersedes(probe, held));
+        let wrapped = PureAck { seq: 3, ..held };
+        let behind = PureAck {
+            seq: u32::MAX - 3,
+            window: 0,
+            ..held
+        };
+        assert!(!supersedes(behind, wrapped), "behind across the wrap");
+        assert!(
+            supersedes(PureAck { seq: 1000, ..probe }, held),
+            "same sequence, new window"
+        );
+        assert!(
+            classify(&tcp_v4(C4, S4, 999, 500, flags::ACK, &[], b""))
+                .and_then(|(_, a)| a)
+                .is_some_and(|a| !supersedes(a, held)),
+            "as classified from the wire"
+        );
     }
 }
