@@ -47,10 +47,13 @@ pub const DATA_SHARE: (u64, u64) = (3, 4);
 /// their data is acknowledged) until a grant reopens them: their newest
 /// ACK written again with the granted window. Fewer flows sending at once,
 /// each with a larger window, cost less per byte than every flow sending a
-/// few segments: at 64 streams and MTU 1500 on the phone's own TUN, 8
-/// grants took 1.66 / 1.67 Gbit/s (upload / download) at 4.8 / 4.7 CPU
-/// s/GB to 3.60 / 3.09 at 2.2 / 2.5 (docs/notes.md, "Window grants").
-pub const GRANTS: usize = 8;
+/// few segments. On the phone's own TUN, against 8 grants, 2 took 9-23 %
+/// more throughput at 9-20 % less CPU per byte at 16 and 64 streams and
+/// every MTU, with drops of at most 0.04 % of the TUN's packets; 4 came
+/// between the two, and 1 was faster still at MTU 1500 but leaves every
+/// other busy direction waiting on one sender (docs/notes.md, "Window
+/// grants: how many").
+pub const GRANTS: usize = 2;
 
 /// How long one grant lasts, in milliseconds; the driver also wakes this
 /// often while ACKs wait for one.
