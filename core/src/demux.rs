@@ -41,8 +41,9 @@ pub(crate) struct Demux {
 }
 
 /// Most parked ACKs kept (one per flow direction; about 140 bytes each,
-/// allocated with the demux). Past it an ACK is not kept, and its sender
-/// waits for its persist timer to ask for the window again.
+/// allocated with the demux). Past it an ACK is not kept (counted,
+/// `parked_ack_not_kept`), and its sender waits for its persist timer to
+/// ask for the window again.
 const PARKED_MAX: usize = 1024;
 
 /// A parked ACK as it was written, with the headroom the TUN write needs.
@@ -82,7 +83,7 @@ impl Demux {
             return;
         };
         if pkt.len() > crate::packet::ackthin::ACK_MAX {
-            return;
+            return self.local.drop(EngineDrop::ParkedAckNotKept);
         }
         let at = self
             .parked
@@ -100,7 +101,7 @@ impl Demux {
                 });
                 self.parked.back_mut().expect("pushed")
             }
-            None => return,
+            None => return self.local.drop(EngineDrop::ParkedAckNotKept),
         };
         e.p = p;
         e.len = pkt.len();

@@ -52,7 +52,7 @@ fn events(stats: &Stats) -> u64 {
         .load(Relaxed)
         .wrapping_add(stats.udp_flows_total.load(Relaxed))
         .wrapping_add(stats.admission_refused.load(Relaxed))
-        .wrapping_add(sum(&stats.drops))
+        .wrapping_add(sum(&stats.drops.0))
         .wrapping_add(sum(&stats.rejects))
 }
 

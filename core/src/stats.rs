@@ -56,7 +56,7 @@ pub struct Stats {
     /// of the same flow, in the same drain, said the same (`tun.ack_thinning`).
     pub tcp_acks_thinned: AtomicU64,
     pub rejects: [AtomicU64; Reject::COUNT],
-    pub drops: [AtomicU64; EngineDrop::COUNT],
+    pub drops: DropCounts,
     /// TCP payload bytes (both directions) moved with splice(2), never in userspace.
     pub tcp_bytes_spliced: AtomicU64,
     /// TCP payload bytes (both directions) moved through a userspace buffer.
@@ -93,6 +93,24 @@ pub struct Stats {
     pub outbounds: parking_lot::RwLock<Box<[Arc<OutboundCounters>]>>,
     /// DNS hijack, cache, fake-ip and sniffing.
     pub dns: DnsCounters,
+}
+
+/// One counter per [`EngineDrop`], indexed by it (an array type of its own
+/// because the standard library derives `Default` for arrays of at most 32).
+#[derive(Debug)]
+pub struct DropCounts(pub [AtomicU64; EngineDrop::COUNT]);
+
+impl Default for DropCounts {
+    fn default() -> Self {
+        Self(std::array::from_fn(|_| AtomicU64::new(0)))
+    }
+}
+
+impl std::ops::Deref for DropCounts {
+    type Target = [AtomicU64; EngineDrop::COUNT];
+    fn deref(&self) -> &Self::Target {
+        &self.0
+    }
 }
 
 /// Counters of kerntun's DNS service and of domain sniffing.

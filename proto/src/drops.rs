@@ -100,6 +100,12 @@ pub enum EngineDrop {
     /// `udp = false`: refused (answered with an ICMP port unreachable like
     /// a `reject` rule's), never sent direct instead.
     UdpOutboundRefused,
+    /// A pure ACK whose window was held for want of a window grant could
+    /// not be kept to be written again when one comes free: the demux
+    /// already keeps a copy for as many flow directions as it holds
+    /// (`core/src/demux.rs`, `PARKED_MAX`). The ACK itself was written; its
+    /// sender asks for the window again with its persist timer.
+    ParkedAckNotKept,
 }
 
 impl EngineDrop {
@@ -115,7 +121,7 @@ impl EngineDrop {
         }
     }
 
-    pub const COUNT: usize = 32;
+    pub const COUNT: usize = 33;
     pub const ALL: [EngineDrop; Self::COUNT] = [
         EngineDrop::NoMapping,
         EngineDrop::StrayTcp,
@@ -149,6 +155,7 @@ impl EngineDrop {
         EngineDrop::RelayFrameRefused,
         EngineDrop::IcmpRateLimited,
         EngineDrop::UdpOutboundRefused,
+        EngineDrop::ParkedAckNotKept,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -185,6 +192,7 @@ impl EngineDrop {
             EngineDrop::RelayFrameRefused => "relay_frame_refused",
             EngineDrop::IcmpRateLimited => "icmp_rate_limited",
             EngineDrop::UdpOutboundRefused => "udp_outbound_refused",
+            EngineDrop::ParkedAckNotKept => "parked_ack_not_kept",
         }
     }
 }
