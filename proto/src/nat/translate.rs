@@ -780,6 +780,28 @@ mod tests {
         assert_eq!(window_of(&up), (((375 * 1460u32) >> 7) as u16, true));
     }
 
+    /// `n` flows from client ports `first..`, each through its handshake
+    /// and one upload data segment, so that each counts as a busy
+    /// direction: their NAT ports.
+    fn busy_uploads(
+        nat: &NatTable,
+        clamp: &mut WindowClamp,
+        now: Instant,
+        first: u16,
+        n: usize,
+    ) -> Vec<u16> {
+        (first..first + n as u16)
+            .map(|cport| {
+                let port = handshake(nat, clamp, now, cport, Some(7), Some(7));
+                let client = format!("10.0.0.9:{cport}");
+                let mut p = tcp_v4(&client, "1.1.1.1:443", 101, 501, ACK, &[], b"x");
+                let ip = packet::parse_ip(&p).expect("ip");
+                translate_tcp_clamped(&mut p, &ip, nat, &addrs(), clamp, now);
+                port
+            })
+            .collect()
+    }
+
     /// When more flows get busy, the share falls, but a flow's window
     /// never moves the right edge it already advertised back: it closes
     /// as the acknowledgments reach that edge, then holds the new share.
@@ -797,15 +819,7 @@ mod tests {
         let (budget, mut clamp) = phone_clamp();
         // Acknowledging past the edge the SYN-ACK offered.
         const PAST: u32 = 102 + 200_000;
-        let mut ports = Vec::new();
-        for cport in 7000..7000 + GRANTS as u16 + 4 {
-            let port = handshake(&nat, &mut clamp, now, cport, Some(7), Some(7));
-            let client = format!("10.0.0.9:{cport}");
-            let mut p = tcp_v4(&client, "1.1.1.1:443", 101, 501, ACK, &[], b"x");
-            let ip = packet::parse_ip(&p).expect("ip");
-            translate_tcp_clamped(&mut p, &ip, &nat, &addrs(), &mut clamp, now);
-            ports.push(port);
-        }
+        let ports = busy_uploads(&nat, &mut clamp, now, 7000, GRANTS + 4);
         assert_eq!(nat.busy_flows(now), GRANTS + 4);
         let share = (budget.granted() >> 7) as u16;
         let ack = |clamp: &mut WindowClamp, port: u16| {
@@ -857,15 +871,7 @@ mod tests {
         use crate::nat::GRANTS;
         let (nat, now) = table(64);
         let (_, mut clamp) = phone_clamp();
-        let mut ports = Vec::new();
-        for cport in 7100..7100 + GRANTS as u16 + 2 {
-            let port = handshake(&nat, &mut clamp, now, cport, Some(7), Some(7));
-            let client = format!("10.0.0.9:{cport}");
-            let mut p = tcp_v4(&client, "1.1.1.1:443", 101, 501, ACK, &[], b"x");
-            let ip = packet::parse_ip(&p).expect("ip");
-            translate_tcp_clamped(&mut p, &ip, &nat, &addrs(), &mut clamp, now);
-            ports.push(port);
-        }
+        let ports = busy_uploads(&nat, &mut clamp, now, 7100, GRANTS + 2);
         let nat_addr = format!("198.18.0.2:{}", ports[0]);
         let mut parked_at = |seq: u32| {
             let mut p = tcp_v4("198.18.0.1:40000", &nat_addr, seq, 102, ACK, &[], b"");
