@@ -159,8 +159,8 @@ impl Parked {
     /// again with a grant, it would not be taken as a window update (its
     /// receiver takes windows only from segments at or past SND.WL1), and
     /// `older`'s would be lost with it. Both ends of a flow whose windows
-    /// are held both probe, so each copy could be a probe and neither
-    /// window would ever open.
+    /// are held may probe; the answer to a probe reopens a window only
+    /// after the prober's persist timer, so a lost copy costs that wait.
     pub fn replaces(&self, older: &Parked) -> bool {
         self.seq.wrapping_sub(older.seq) as i32 >= 0
     }
