@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use kerntun::nat::{Accepted, Evicted, NatConfig, NatTable, Stage, WindowBudget};
 use kerntun::packet::{self, checksum};
-use kerntun::translate::{FamilyAddrs, StackAddrs, TcpStep, WindowClamp, translate_tcp_clamped};
+use kerntun::translate::{DataSums, FamilyAddrs, StackAddrs, TcpStep, WindowClamp, translate_tcp_clamped};
 use libfuzzer_sys::fuzz_target;
 
 const GATEWAY: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 1);
@@ -127,7 +127,13 @@ fuzz_target!(|data: &[u8]| {
             // App -> server: SYN, ACK, data, FIN, RST by flag choice.
             0 | 1 => {
                 let flags = [0x02, 0x10, 0x18, 0x11, 0x14, 0x12][usize::from(arg >> 4) % 6];
-                tcp4(client(arg), server(arg >> 2), flags, &[arg; 3], arg.rotate_left(3))
+                let mut p = tcp4(client(arg), server(arg >> 2), flags, &[arg; 3], arg.rotate_left(3));
+                if op & 0x40 != 0 {
+                    // Spoilt on the way: the checksum no longer verifies.
+                    let last = p.len() - 1;
+                    p[last] ^= 0x01;
+                }
+                p
             }
             // Kernel listener -> app for some NAT port in the range.
             2 => tcp4(
@@ -222,13 +228,22 @@ fuzz_target!(|data: &[u8]| {
                 if ip.protocol == 6 {
                     let verified = checksum::verify_transport_checksum(&pkt, &ip);
                     let window_in = packet::window_field(&pkt, &ip);
-                    let step = translate_tcp_clamped(&mut pkt, &ip, &nat, &addrs, &mut clamp, now);
+                    // Either mode, by the op's top bit (one stack has one).
+                    let sums = if op & 0x80 == 0 { DataSums::Verify } else { DataSums::Kernel };
+                    let step = translate_tcp_clamped(&mut pkt, &ip, &nat, &addrs, &mut clamp, sums, now);
                     match step {
                         TcpStep::Uplink(n) | TcpStep::Downlink(n) => {
                             let out = packet::parse_ip(&pkt[..n]).expect("forwarded packet parses");
                             let tcp = packet::parse_tcp(&pkt[..n], &out).expect("forwarded tcp parses");
+                            let verifies = checksum::verify_transport_checksum(&pkt[..n], &out);
                             if verified {
-                                assert!(checksum::verify_transport_checksum(&pkt[..n], &out));
+                                assert!(verifies);
+                            }
+                            if matches!(step, TcpStep::Uplink(_)) {
+                                // What the uplink forwards unverified stays
+                                // wrong, so the kernel behind drops it.
+                                assert!(verified || sums == DataSums::Kernel, "unverified uplink");
+                                assert_eq!(verifies, verified, "the rewrite mended a checksum");
                             }
                             let window_out = packet::window_field(&pkt[..n], &out);
                             assert!(window_out <= window_in, "the clamp raised a window");

@@ -117,7 +117,39 @@ pub fn translate_tcp<P>(
     now: Instant,
 ) -> TcpStep<P> {
     let mut off = WindowClamp::OFF;
-    translate_tcp_clamped(buf, ip, nat, addrs, &mut off, now)
+    translate_tcp_clamped(buf, ip, nat, addrs, &mut off, DataSums::Verify, now)
+}
+
+/// Whose job it is to verify the checksums of the app's data segments.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DataSums {
+    /// The uplink verifies every segment from the app.
+    Verify,
+    /// The kernel that receives the rewritten segments verifies every byte
+    /// of them (a Linux TUN written without `virtio_net_hdr` marks each
+    /// packet's checksum unchecked, and the local TCP checks it before it
+    /// takes the data). The uplink then skips the pass over the payload for
+    /// the data segments (ACK or ACK|PSH, with payload) of a flow the table
+    /// holds, the bulk of an upload. A corrupt one stays corrupt: the
+    /// rewrite updates its checksum incrementally (RFC 1624) and a merge
+    /// takes the payload's sum from the stored checksum
+    /// (`packet::coalesce::append_verified`), so the merged checksum is
+    /// off by the same amount and the kernel drops the segment (or the
+    /// whole merge), which the app sends again. Every other segment, and a
+    /// data segment the table does not take, is verified as with
+    /// [`DataSums::Verify`], so nothing corrupt creates a flow or is
+    /// answered.
+    Kernel,
+}
+
+impl DataSums {
+    /// Whether the uplink may leave the checksum of segment `tcp` to the
+    /// kernel (until the table takes it or refuses it).
+    #[inline]
+    fn deferred(self, tcp: &TcpInfo) -> bool {
+        use packet::tcp_flags::{ACK, PSH};
+        self == DataSums::Kernel && tcp.payload_len > 0 && tcp.flags & !PSH == ACK
+    }
 }
 
 /// The window clamp of [`translate_tcp_clamped`] (module `nat::window`).
@@ -188,6 +220,7 @@ pub fn translate_tcp_clamped<P>(
     nat: &NatTable<P>,
     addrs: &StackAddrs,
     clamp: &mut WindowClamp,
+    sums: DataSums,
     now: Instant,
 ) -> TcpStep<P> {
     let tcp = match packet::parse_tcp(buf, ip) {
@@ -219,9 +252,17 @@ pub fn translate_tcp_clamped<P>(
             Err(r) => TcpStep::Drop(Cause::Reject(r)),
         };
     }
-    // From the app: nothing malformed may create a NAT entry, refresh one
-    // or reach the kernel listener (the downlink above is the local TCP's own).
-    if let Err(r) = packet::check_segment(buf, ip, &tcp) {
+    // From the app: nothing malformed may create a NAT entry or reach the
+    // kernel listener (the downlink above is the local TCP's own). A data
+    // segment whose checksum is left to the kernel (`DataSums::Kernel`)
+    // may refresh its flow's entry before the kernel drops it.
+    let deferred = sums.deferred(&tcp);
+    let checked = if deferred {
+        packet::check_flags(&tcp)
+    } else {
+        packet::check_segment(buf, ip, &tcp)
+    };
+    if let Err(r) = checked {
         return TcpStep::Drop(Cause::Reject(r));
     }
     let key = FlowKey {
@@ -267,6 +308,13 @@ pub fn translate_tcp_clamped<P>(
             }
         }
         Err(Refused { error, evicted }) => {
+            // Only a SYN evicts, and a SYN was verified above.
+            if deferred
+                && evicted.is_none()
+                && let Err(r) = packet::check_segment(buf, ip, &tcp)
+            {
+                return TcpStep::Drop(Cause::Reject(r));
+            }
             let cause = match error {
                 NatError::TableFull => EngineDrop::NatTableFull,
                 NatError::NoFreePort => EngineDrop::NatNoFreePort,
@@ -369,6 +417,25 @@ mod tests {
         translate_tcp(pkt, &ip, nat, &addrs(), now)
     }
 
+    /// [`translate_tcp_clamped`] with every segment verified.
+    fn clamped(
+        buf: &mut [u8],
+        ip: &IpInfo,
+        nat: &NatTable,
+        addrs: &StackAddrs,
+        clamp: &mut WindowClamp,
+        now: Instant,
+    ) -> TcpStep {
+        translate_tcp_clamped(buf, ip, nat, addrs, clamp, DataSums::Verify, now)
+    }
+
+    /// `p` with its TCP checksum field spoilt.
+    fn corrupt(mut p: Vec<u8>) -> Vec<u8> {
+        let ip = packet::parse_ip(&p).expect("ip");
+        p[ip.l4_offset + 16] ^= 0x5a;
+        p
+    }
+
     #[test]
     fn syn_creates_flow_then_data_and_replies_translate() {
         let (nat, now) = table(16);
@@ -451,11 +518,6 @@ mod tests {
             nat: "fd00:18::2".parse().expect("ip"),
             listen_port: 40000,
         });
-        let corrupt = |mut p: Vec<u8>| {
-            let ip = packet::parse_ip(&p).expect("ip");
-            p[ip.l4_offset + 16] ^= 0x5a; // the TCP checksum field
-            p
-        };
         let bad_sum = [
             corrupt(tcp_v4("10.0.0.9:3000", "1.1.1.1:443", 1, 0, SYN, &[], b"")),
             corrupt(tcp_v6(
@@ -513,6 +575,70 @@ mod tests {
             TcpStep::Drop(Cause::Reject(Reject::TcpBadChecksum))
         );
         assert_eq!(data, before, "not rewritten");
+        assert_eq!(nat.len(), 1);
+    }
+
+    /// With the data's checksums left to the kernel: a data segment of a
+    /// flow the table holds is rewritten unverified and a corrupt one keeps
+    /// a checksum that fails (so the listener's kernel drops it); a corrupt
+    /// data segment of no flow, a corrupt pure ACK, FIN or SYN are rejected
+    /// as with every segment verified, and create or answer nothing.
+    #[test]
+    fn data_left_to_the_kernel_stays_corrupt_and_nothing_else_passes() {
+        use crate::packet::checksum::verify_transport_checksum;
+        use crate::packet::tcp_flags::{FIN, PSH};
+        let (nat, now) = table(16);
+        let kernel = |pkt: &mut [u8]| {
+            let ip = packet::parse_ip(pkt).expect("ip");
+            let mut off = WindowClamp::OFF;
+            translate_tcp_clamped(pkt, &ip, &nat, &addrs(), &mut off, DataSums::Kernel, now)
+        };
+        let bad = Cause::Reject(Reject::TcpBadChecksum);
+        let stray = corrupt(tcp_v4(
+            "10.0.0.9:3100",
+            "1.1.1.1:443",
+            2,
+            1,
+            ACK,
+            &[],
+            b"hi",
+        ));
+        assert_eq!(
+            kernel(&mut stray.clone()),
+            TcpStep::Drop(bad),
+            "no flow: no RST"
+        );
+        let syn = corrupt(tcp_v4("10.0.0.9:3100", "1.1.1.1:443", 1, 0, SYN, &[], b""));
+        assert_eq!(kernel(&mut syn.clone()), TcpStep::Drop(bad));
+        assert!(nat.is_empty());
+
+        let mut syn = tcp_v4("10.0.0.9:3100", "1.1.1.1:443", 1, 0, SYN, &[], b"");
+        let TcpStep::NewFlow { port, .. } = kernel(&mut syn) else {
+            panic!("new flow");
+        };
+        nat.accept(port, now).expect("accept");
+        for (flags, payload) in [(ACK, &b""[..]), (FIN | ACK, b""), (FIN | ACK, b"hi")] {
+            let mut p = corrupt(tcp_v4(
+                "10.0.0.9:3100",
+                "1.1.1.1:443",
+                2,
+                1,
+                flags,
+                &[],
+                payload,
+            ));
+            assert_eq!(kernel(&mut p), TcpStep::Drop(bad), "flags {flags:#04x}");
+        }
+        for flags in [ACK, ACK | PSH] {
+            let good = tcp_v4("10.0.0.9:3100", "1.1.1.1:443", 2, 1, flags, &[], b"hello");
+            for (mut p, sound) in [(good.clone(), true), (corrupt(good), false)] {
+                assert_eq!(kernel(&mut p), TcpStep::Uplink(p.len()));
+                let ip = packet::parse_ip(&p).expect("ip");
+                let tcp = packet::parse_tcp(&p, &ip).expect("tcp");
+                assert_eq!((tcp.src_port, tcp.dst_port), (port, 40000), "rewritten");
+                assert_eq!(verify_transport_checksum(&p, &ip), sound);
+            }
+        }
         assert_eq!(nat.len(), 1);
     }
 
@@ -618,8 +744,7 @@ mod tests {
         let client = format!("10.0.0.9:{cport}");
         let mut syn = tcp_v4(&client, "1.1.1.1:443", 100, 0, SYN, &opts(app), b"");
         let ip = packet::parse_ip(&syn).expect("ip");
-        let TcpStep::NewFlow { port, .. } =
-            translate_tcp_clamped(&mut syn, &ip, nat, &addrs(), clamp, now)
+        let TcpStep::NewFlow { port, .. } = clamped(&mut syn, &ip, nat, &addrs(), clamp, now)
         else {
             panic!("a SYN creates a flow");
         };
@@ -635,7 +760,7 @@ mod tests {
             b"",
         );
         let ip = packet::parse_ip(&syn_ack).expect("ip");
-        let step = translate_tcp_clamped(&mut syn_ack, &ip, nat, &addrs(), clamp, now);
+        let step = clamped(&mut syn_ack, &ip, nat, &addrs(), clamp, now);
         assert_eq!(step, TcpStep::Downlink(syn_ack.len()));
         assert_eq!(
             window_of(&syn_ack),
@@ -659,7 +784,7 @@ mod tests {
 
         let mut up = tcp_v4("10.0.0.9:3000", "1.1.1.1:443", 101, 501, ACK, &[], b"data");
         let ip = packet::parse_ip(&up).expect("ip");
-        let step = translate_tcp_clamped(&mut up, &ip, &nat, &addrs(), &mut clamp, now);
+        let step = clamped(&mut up, &ip, &nat, &addrs(), &mut clamp, now);
         assert_eq!(step, TcpStep::Uplink(up.len()));
         assert_eq!(
             window_of(&up),
@@ -670,7 +795,7 @@ mod tests {
         let nat_addr = format!("198.18.0.2:{port}");
         let mut down = tcp_v4("198.18.0.1:40000", &nat_addr, 501, 105, ACK, &[], b"reply");
         let ip = packet::parse_ip(&down).expect("ip");
-        let step = translate_tcp_clamped(&mut down, &ip, &nat, &addrs(), &mut clamp, now);
+        let step = clamped(&mut down, &ip, &nat, &addrs(), &mut clamp, now);
         assert_eq!(step, TcpStep::Downlink(down.len()));
         // The listener's data makes the second direction busy.
         assert_eq!(nat.busy_flows(now), 2);
@@ -685,7 +810,7 @@ mod tests {
         let mut plain = tcp_v4("10.0.0.9:3000", "1.1.1.1:443", 105, 506, ACK, &[], b"");
         let ip = packet::parse_ip(&plain).expect("ip");
         let mut off = WindowClamp::OFF;
-        translate_tcp_clamped(&mut plain, &ip, &nat, &addrs(), &mut off, now);
+        clamped(&mut plain, &ip, &nat, &addrs(), &mut off, now);
         assert_eq!(window_of(&plain), (0xffff, true));
         assert_eq!(off.clamped, 0);
     }
@@ -702,7 +827,7 @@ mod tests {
             let client = format!("10.0.0.9:{cport}");
             let mut p = tcp_v4(&client, "1.1.1.1:443", 101, 501, ACK, &[], payload);
             let ip = packet::parse_ip(&p).expect("ip");
-            translate_tcp_clamped(&mut p, &ip, nat, &addrs(), clamp, at);
+            clamped(&mut p, &ip, nat, &addrs(), clamp, at);
         };
         for cport in 4000..4016 {
             handshake(&nat, &mut clamp, now, cport, None, Some(7));
@@ -719,12 +844,12 @@ mod tests {
         // segment with that ack keeps it; one past it gets the share.
         let mut up = tcp_v4("10.0.0.9:4000", "1.1.1.1:443", 101, 501, ACK, &[], b"x");
         let ip = packet::parse_ip(&up).expect("ip");
-        translate_tcp_clamped(&mut up, &ip, &nat, &addrs(), &mut clamp, now);
+        clamped(&mut up, &ip, &nat, &addrs(), &mut clamp, now);
         assert_eq!(window_of(&up), (0xffff, true), "the edge is kept");
         let past = 501 + 0xffff;
         let mut up = tcp_v4("10.0.0.9:4000", "1.1.1.1:443", 101, past, ACK, &[], b"x");
         let ip = packet::parse_ip(&up).expect("ip");
-        translate_tcp_clamped(&mut up, &ip, &nat, &addrs(), &mut clamp, now);
+        clamped(&mut up, &ip, &nat, &addrs(), &mut clamp, now);
         let want = 375 / 16 * 1460;
         assert_eq!(
             window_of(&up),
@@ -736,14 +861,14 @@ mod tests {
         let ip = packet::parse_ip(&small).expect("ip");
         packet::TcpPacket::new_unchecked(&mut small[ip.l4_offset..ip.len]).set_window(1000);
         packet::checksum::fill_transport_checksum(&mut small, &ip);
-        translate_tcp_clamped(&mut small, &ip, &nat, &addrs(), &mut clamp, now);
+        clamped(&mut small, &ip, &nat, &addrs(), &mut clamp, now);
         assert_eq!(window_of(&small), (1000, true), "never raised");
 
         let mut zero = tcp_v4("10.0.0.9:4002", "1.1.1.1:443", 101, 501, ACK, &[], b"");
         let ip = packet::parse_ip(&zero).expect("ip");
         packet::TcpPacket::new_unchecked(&mut zero[ip.l4_offset..ip.len]).set_window(0);
         packet::checksum::fill_transport_checksum(&mut zero, &ip);
-        translate_tcp_clamped(&mut zero, &ip, &nat, &addrs(), &mut clamp, now);
+        clamped(&mut zero, &ip, &nat, &addrs(), &mut clamp, now);
         assert_eq!(window_of(&zero), (0, true), "a zero window stays closed");
 
         let mut rst = tcp_v4(
@@ -756,7 +881,7 @@ mod tests {
             b"",
         );
         let ip = packet::parse_ip(&rst).expect("ip");
-        translate_tcp_clamped(&mut rst, &ip, &nat, &addrs(), &mut clamp, now);
+        clamped(&mut rst, &ip, &nat, &addrs(), &mut clamp, now);
         assert_eq!(window_of(&rst).0, 0xffff, "an RST passes as it is");
 
         for cport in 4020..4100 {
@@ -765,7 +890,7 @@ mod tests {
         }
         let mut up = tcp_v4("10.0.0.9:4005", "1.1.1.1:443", 101, past, ACK, &[], b"x");
         let ip = packet::parse_ip(&up).expect("ip");
-        translate_tcp_clamped(&mut up, &ip, &nat, &addrs(), &mut clamp, now);
+        clamped(&mut up, &ip, &nat, &addrs(), &mut clamp, now);
         let floor = (crate::nat::FLOOR_SEGMENTS * 1460) as u16;
         assert_eq!(window_of(&up), (floor, true), "96 busy flows: the floor");
 
@@ -775,7 +900,7 @@ mod tests {
         handshake(&nat, &mut clamp, later, 4200, Some(7), Some(7));
         let mut up = tcp_v4("10.0.0.9:4200", "1.1.1.1:443", 101, 501, ACK, &[], b"x");
         let ip = packet::parse_ip(&up).expect("ip");
-        translate_tcp_clamped(&mut up, &ip, &nat, &addrs(), &mut clamp, later);
+        clamped(&mut up, &ip, &nat, &addrs(), &mut clamp, later);
         assert_eq!(nat.busy_flows(later), 1);
         assert_eq!(window_of(&up), (((375 * 1460u32) >> 7) as u16, true));
     }
@@ -796,7 +921,7 @@ mod tests {
                 let client = format!("10.0.0.9:{cport}");
                 let mut p = tcp_v4(&client, "1.1.1.1:443", 101, 501, ACK, &[], b"x");
                 let ip = packet::parse_ip(&p).expect("ip");
-                translate_tcp_clamped(&mut p, &ip, nat, &addrs(), clamp, now);
+                clamped(&mut p, &ip, nat, &addrs(), clamp, now);
                 port
             })
             .collect()
@@ -827,7 +952,7 @@ mod tests {
             let mut p = tcp_v4("198.18.0.1:40000", &nat_addr, 501, PAST, ACK, &[], b"");
             let ip = packet::parse_ip(&p).expect("ip");
             clamp.parked = None;
-            translate_tcp_clamped(&mut p, &ip, &nat, &addrs(), clamp, now);
+            clamped(&mut p, &ip, &nat, &addrs(), clamp, now);
             (window_of(&p), clamp.parked)
         };
         let mut parked = Vec::new();
@@ -877,7 +1002,7 @@ mod tests {
             let mut p = tcp_v4("198.18.0.1:40000", &nat_addr, seq, 102, ACK, &[], b"");
             let ip = packet::parse_ip(&p).expect("ip");
             clamp.parked = None;
-            translate_tcp_clamped(&mut p, &ip, &nat, &addrs(), &mut clamp, now);
+            clamped(&mut p, &ip, &nat, &addrs(), &mut clamp, now);
             clamp.parked.expect("more busy flows than grants: parked")
         };
         let copy = parked_at(501);
@@ -903,13 +1028,13 @@ mod tests {
         let down = |nat: &NatTable, clamp: &mut WindowClamp, ack: u32| {
             let mut p = tcp_v4("198.18.0.1:40000", &nat_addr, 501, ack, ACK, &[], b"");
             let ip = packet::parse_ip(&p).expect("ip");
-            translate_tcp_clamped(&mut p, &ip, nat, &addrs(), clamp, now);
+            clamped(&mut p, &ip, nat, &addrs(), clamp, now);
             window_of(&p)
         };
         // One busy direction (this flow's app data): the whole share.
         let mut up = tcp_v4("10.0.0.9:6000", "1.1.1.1:443", 101, 501, ACK, &[], b"x");
         let ip = packet::parse_ip(&up).expect("ip");
-        translate_tcp_clamped(&mut up, &ip, &nat, &addrs(), &mut clamp, now);
+        clamped(&mut up, &ip, &nat, &addrs(), &mut clamp, now);
         assert_eq!(nat.busy_flows(now), 1);
         let wide = (budget.per_flow(1) >> 7) as u16;
         assert_eq!(down(&nat, &mut clamp, 102), (wide, true));
@@ -921,7 +1046,7 @@ mod tests {
             let client = format!("10.0.0.9:{cport}");
             let mut p = tcp_v4(&client, "1.1.1.1:443", 101, 501, ACK, &[], b"x");
             let ip = packet::parse_ip(&p).expect("ip");
-            translate_tcp_clamped(&mut p, &ip, &nat, &addrs(), &mut clamp, now);
+            clamped(&mut p, &ip, &nat, &addrs(), &mut clamp, now);
         }
         assert_eq!(nat.busy_flows(now), 32);
         let narrow = (budget.per_flow(32) >> 7) as u16;
@@ -980,15 +1105,14 @@ mod tests {
             b"",
         );
         let ip = packet::parse_ip(&syn).expect("ip");
-        let TcpStep::NewFlow { port, .. } =
-            translate_tcp_clamped(&mut syn, &ip, &nat, &addrs(), &mut clamp, now)
+        let TcpStep::NewFlow { port, .. } = clamped(&mut syn, &ip, &nat, &addrs(), &mut clamp, now)
         else {
             panic!("new flow");
         };
         nat.accept(port, now).expect("accept");
         let mut up = tcp_v4("10.0.0.9:5000", "1.1.1.1:443", 101, 501, ACK, &[], b"x");
         let ip = packet::parse_ip(&up).expect("ip");
-        translate_tcp_clamped(&mut up, &ip, &nat, &addrs(), &mut clamp, now);
+        clamped(&mut up, &ip, &nat, &addrs(), &mut clamp, now);
         assert_eq!(window_of(&up), (0xffff, true));
         assert_eq!(clamp.clamped, 0);
     }

@@ -18,13 +18,13 @@
 //!   FIN, RST, URG, ECE or CWR;
 //! * equal acknowledgement number, window and TCP options (timestamps
 //!   included), and the next segment starts where the head ends;
-//! * the next segment's checksum verifies, so a corrupted segment is never
-//!   folded into a valid one: [`append`] sums the next payload and checks
-//!   it; [`append_verified`] is for a caller that knows the checksum
-//!   verifies (the engine's uplink checked it on arrival, the kernel
-//!   listener's own segments are computed by the local TCP) and reads the
-//!   payload's sum back out of the stored checksum instead of summing it
-//!   a second time.
+//! * a corrupted segment is never folded into a merge that verifies:
+//!   [`append`] sums the next payload and checks it; [`append_verified`]
+//!   reads the payload's sum back out of the stored checksum instead, so a
+//!   segment whose checksum is wrong makes the merged checksum wrong by as
+//!   much. It is for a caller whose segments were verified (the kernel
+//!   listener's own are computed by the local TCP) or whose merges the
+//!   receiving kernel verifies (a TUN written without offload).
 //!
 //! The merged checksums are updated from partial sums (RFC 1624): the TCP
 //! length in the pseudo-header, the appended payload (byte-swapped when it
@@ -53,11 +53,10 @@ pub fn append(buf: &mut [u8], head_len: usize, next: &[u8]) -> Option<usize> {
     append_with(buf, head_len, next, Next::Unchecked)
 }
 
-/// [`append`] for a `next` whose TCP checksum is known to verify (module
-/// docs): its payload is not summed, the sum is derived from the stored
-/// checksum. A `next` whose checksum does not verify would be folded in
-/// with a merged checksum that does: only for segments checked on arrival
-/// or built by a TCP.
+/// [`append`] without summing `next`'s payload: its sum is derived from the
+/// stored checksum (module docs). A `next` whose checksum does not verify
+/// leaves the merge's checksum failing (wrong by the same amount): for
+/// segments verified before, or merges whose receiver verifies them.
 pub fn append_verified(buf: &mut [u8], head_len: usize, next: &[u8]) -> Option<usize> {
     append_with(buf, head_len, next, Next::Verified)
 }
@@ -452,6 +451,27 @@ mod tests {
                         assert_eq!(merge_all(&segs), vec![want]);
                     }
                 }
+            }
+        }
+    }
+
+    /// A segment whose payload was spoilt after its checksum was computed,
+    /// merged by `append_verified` (its checksum left to the kernel behind),
+    /// spoils the merge's checksum, at either end of the run: the receiving
+    /// TCP drops the merge rather than take the spoilt bytes.
+    #[test]
+    fn a_verified_merge_of_a_corrupt_segment_fails_its_checksum() {
+        for v6 in [false, true] {
+            for bad in 0..3 {
+                let mut segs: Vec<Vec<u8>> = (0..3u32)
+                    .map(|i| seg(v6, 100 + 5 * i, ACK, &TS, b"abcde"))
+                    .collect();
+                let last = segs[bad].len() - 1;
+                segs[bad][last] ^= 0x10;
+                let merged = merge_all_verified(&segs);
+                assert_eq!(merged.len(), 1, "the run merges");
+                let ip = parse_ip(&merged[0]).expect("ip");
+                assert!(!verify_transport_checksum(&merged[0], &ip), "segment {bad}");
             }
         }
     }

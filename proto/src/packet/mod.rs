@@ -36,8 +36,8 @@ pub use icmp::{echo_reply_in_place, port_unreachable};
 pub use ipv4::Ipv4Packet;
 pub use ipv6::Ipv6Packet;
 pub use tcp::{
-    TcpInfo, TcpPacket, check_segment, clamp_window, flags as tcp_flags, parse_tcp, rewrite_tcp,
-    set_window, tcp_rst_reply, window_field, window_scale,
+    TcpInfo, TcpPacket, check_flags, check_segment, clamp_window, flags as tcp_flags, parse_tcp,
+    rewrite_tcp, set_window, tcp_rst_reply, window_field, window_scale,
 };
 pub use udp::{
     IPV4_UDP_HEADERS, IPV6_UDP_HEADERS, UdpInfo, UdpPacket, check_datagram, parse_udp,

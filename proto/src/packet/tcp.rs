@@ -207,6 +207,16 @@ pub const fn valid_flags(f: u8) -> bool {
     )
 }
 
+/// [`check_segment`] without the checksum: the control bits only.
+#[inline]
+pub fn check_flags(tcp: &TcpInfo) -> Result<(), Reject> {
+    if valid_flags(tcp.flags) {
+        Ok(())
+    } else {
+        Err(Reject::TcpBadFlags)
+    }
+}
+
 /// The uplink's check of a segment from the app, before it may create a
 /// flow or reach an outbound: valid control bits ([`valid_flags`], else
 /// [`Reject::TcpBadFlags`]), then the checksum over pseudo-header and
@@ -215,9 +225,7 @@ pub const fn valid_flags(f: u8) -> bool {
 /// downlink) skip it: they come from the local TCP, checksummed.
 #[inline]
 pub fn check_segment(buf: &[u8], ip: &IpInfo, tcp: &TcpInfo) -> Result<(), Reject> {
-    if !valid_flags(tcp.flags) {
-        return Err(Reject::TcpBadFlags);
-    }
+    check_flags(tcp)?;
     if !checksum::verify_segment(buf, ip, ip.len) {
         return Err(Reject::TcpBadChecksum);
     }
