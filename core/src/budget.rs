@@ -417,6 +417,9 @@ impl Budget {
             // The per-packet driver's reader thread: its slots, allocated
             // at start (`driver/read_ring.rs`).
             ("tun read ring", read_ring * read_ring_slot_bytes(mtu)),
+            // What the per-packet driver holds back until a drain ends, and
+            // the ACKs parked for a window grant.
+            ("tun write-back", write_back_bytes(self.platform)),
         ]
     }
 
@@ -643,6 +646,36 @@ pub const QUIC_SNIFF_BYTES: usize =
 pub const fn read_ring_slot_bytes(mtu: usize) -> usize {
     let mtu = if mtu > 1500 { mtu } else { 1500 };
     kerntun_proto::packet::HEADROOM + mtu + 64
+}
+
+/// A buffer of the per-packet driver's write-back that may hold a merged
+/// segment: the headroom and the largest IP packet (`driver/writeback.rs`).
+pub const WRITE_BACK_MERGE_BUFFER: usize = kerntun_proto::packet::HEADROOM + 65_535;
+
+/// The per-packet driver's merge slots and its buffer for a refused merge's
+/// segments: 4 + 1 (`driver/writeback.rs`, `MERGE_FLOWS` and `scratch`).
+pub const WRITE_BACK_MERGE_BUFFERS: usize = 5;
+
+/// The pure ACKs the per-packet driver holds in place until its drain ends,
+/// all slots together (`driver/writeback.rs`, `ACK_FLOWS` x `HeldAck`).
+pub const WRITE_BACK_HELD_ACKS: usize = 16 * 192;
+
+/// The demux's parked ACKs, all together (`demux.rs`, `PARKED_MAX` x
+/// `ParkedAck`): one per flow direction whose window waits for a grant,
+/// allocated with the demux.
+pub const PARKED_ACKS_BYTES: usize = 1024 * 160;
+
+/// The most the per-packet driver's write-back and the demux's parked ACKs
+/// hold on `platform`: merges only on Linux and Android (the only ones
+/// whose TUN takes a packet above its MTU); held and parked ACKs on every
+/// platform. `driver/writeback.rs` and `demux.rs` hold the figures to
+/// their code at compile time.
+pub const fn write_back_bytes(platform: Platform) -> usize {
+    let merges = match platform {
+        Platform::Ios => 0,
+        Platform::Android | Platform::Desktop => WRITE_BACK_MERGE_BUFFERS * WRITE_BACK_MERGE_BUFFER,
+    };
+    merges + WRITE_BACK_HELD_ACKS + PARKED_ACKS_BYTES
 }
 
 /// The IP reassembler's bound on incomplete datagrams, all sources

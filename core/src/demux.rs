@@ -46,6 +46,10 @@ pub(crate) struct Demux {
 /// ask for the window again.
 const PARKED_MAX: usize = 1024;
 
+// The parked ACKs are within their line of the memory budget's worst case
+// (`budget::write_back_bytes`).
+const _: () = assert!(PARKED_MAX * size_of::<ParkedAck>() <= crate::budget::PARKED_ACKS_BYTES);
+
 /// A parked ACK as it was written, with the headroom the TUN write needs.
 #[derive(Debug)]
 struct ParkedAck {

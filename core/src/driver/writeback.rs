@@ -28,6 +28,7 @@
 use std::future::Future;
 use std::io;
 
+use crate::budget;
 use crate::packet::ackthin::{self, ACK_MAX, PureAck, SegmentKey};
 use crate::packet::{HEADROOM, coalesce};
 use crate::stats::{EngineDrop, LocalCounters};
@@ -49,6 +50,17 @@ pub(super) const MERGE_FLOWS: usize = 4;
 
 /// Pure ACKs held at once (each [`ACK_MAX`] bytes, in place).
 pub(super) const ACK_FLOWS: usize = 16;
+
+// What the write-back can hold is within its line of the memory budget's
+// worst case (`budget::write_back_bytes`): the merge slots and the buffer
+// for a refused merge's segments, each the larger of a packet and
+// `MERGE_MAX`, and the held ACKs.
+const _: () = {
+    assert!(MERGE_FLOWS + 1 == budget::WRITE_BACK_MERGE_BUFFERS);
+    assert!(HEADROOM + coalesce::MAX_PACKET <= budget::WRITE_BACK_MERGE_BUFFER);
+    assert!(MERGE_MAX <= coalesce::MAX_PACKET);
+    assert!(ACK_FLOWS * std::mem::size_of::<HeldAck>() <= budget::WRITE_BACK_HELD_ACKS);
+};
 
 /// Where packets are written: the TUN, or a recording device in tests.
 pub(super) trait Sink {
