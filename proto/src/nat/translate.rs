@@ -128,7 +128,7 @@ pub enum DataSums {
     /// The kernel that receives the rewritten segments verifies every byte
     /// of them (a Linux TUN written without `virtio_net_hdr` marks each
     /// packet's checksum unchecked, and the local TCP checks it before it
-    /// takes the data). The uplink then skips the pass over the payload for
+    /// takes the data: `core/tests/kernel_checksums.rs`). The uplink then skips the pass over the payload for
     /// the data segments (ACK or ACK|PSH, with payload) of a flow the table
     /// holds, the bulk of an upload. A corrupt one stays corrupt: the
     /// rewrite updates its checksum incrementally (RFC 1624) and a merge
