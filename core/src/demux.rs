@@ -230,12 +230,13 @@ impl Demux {
         Disposition::Done
     }
 
-    /// Whether a packet to be written back may be merged with its flow's
-    /// neighbours: a plain TCP data segment toward the TUN's own address
-    /// (the system stack's uplink to its kernel listener, always delivered
-    /// locally, so a packet above the MTU never has to leave the host).
-    pub fn coalescible(&self, pkt: &[u8]) -> bool {
-        let to_gateway = match pkt.first().map(|b| b >> 4) {
+    /// Whether a packet to be written back goes to the TUN's own address:
+    /// the system stack's uplink to its kernel listener, always delivered
+    /// locally, so a packet above the MTU never has to leave the host. Its
+    /// TCP data segments may be merged with their flow's neighbours (the
+    /// write-back tells them from the rest, `driver/writeback.rs`).
+    pub fn to_listener(&self, pkt: &[u8]) -> bool {
+        match pkt.first().map(|b| b >> 4) {
             Some(4) => pkt.get(16..20).is_some_and(|d| {
                 self.gateways.0 == Some(IpAddr::from(<[u8; 4]>::try_from(d).unwrap_or_default()))
             }),
@@ -243,8 +244,7 @@ impl Demux {
                 self.gateways.1 == Some(IpAddr::from(<[u8; 16]>::try_from(d).unwrap_or_default()))
             }),
             _ => false,
-        };
-        to_gateway && packet::coalesce::candidate(pkt)
+        }
     }
 
     /// Count `n` packets read in this drain, which ended: what the stack

@@ -119,6 +119,6 @@ async fn one(demux: &mut Demux, tun: &Tun, out: &mut WriteBack, buf: &mut [u8], 
     let Disposition::WriteBack(n) = demux.process(&mut buf[HEADROOM..HEADROOM + len]) else {
         return;
     };
-    let mergeable = out.merging() && demux.coalescible(&buf[HEADROOM..HEADROOM + n]);
-    out.put(tun, &mut demux.local, buf, n, mergeable).await;
+    let to_listener = out.merging() && demux.to_listener(&buf[HEADROOM..HEADROOM + n]);
+    out.put(tun, &mut demux.local, buf, n, to_listener).await;
 }

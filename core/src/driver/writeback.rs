@@ -30,6 +30,7 @@ use std::io;
 
 use crate::budget;
 use crate::packet::ackthin::{self, ACK_MAX, PureAck, SegmentKey};
+use crate::packet::tcp::{PlainTcp, parse_plain_tcp};
 use crate::packet::{HEADROOM, coalesce};
 use crate::stats::{EngineDrop, LocalCounters};
 use crate::tun::Tun;
@@ -110,30 +111,35 @@ impl WriteBack {
     }
 
     /// Whether segments toward the listener are still merged (the caller
-    /// asks `Demux::coalescible` only then).
+    /// asks `Demux::to_listener` only then).
     pub fn merging(&self) -> bool {
         self.coalesce
     }
 
     /// Write the packet at `buf[HEADROOM..][..len]`, or hold it (module
-    /// docs). `mergeable`: the demux's verdict that it is a data segment
-    /// toward the kernel listener.
+    /// docs). `to_listener`: the demux's verdict that it goes to the kernel
+    /// listener (`Demux::to_listener`); a data segment of those may merge.
+    /// Its headers are parsed once, here, for all that follows.
     pub async fn put<S: Sink>(
         &mut self,
         sink: &S,
         local: &mut LocalCounters,
         buf: &mut [u8],
         len: usize,
-        mergeable: bool,
+        to_listener: bool,
     ) {
         let pkt = &buf[HEADROOM..HEADROOM + len];
-        let Some((key, ack)) = ackthin::classify(pkt) else {
+        let Some(plain) = parse_plain_tcp(pkt) else {
             super::write_back(sink, local, buf, len).await;
             return;
         };
-        if mergeable && self.coalesce {
+        let Some((key, ack)) = ackthin::classify_plain(pkt, &plain) else {
+            super::write_back(sink, local, buf, len).await;
+            return;
+        };
+        if to_listener && self.coalesce && coalesce::candidate_plain(&plain) {
             self.flush_ack(sink, local, &key).await;
-            if !self.merge(sink, local, key, pkt).await {
+            if !self.merge(sink, local, key, pkt, &plain).await {
                 // Merging stopped for good on the write that made room.
                 super::write_back(sink, local, buf, len).await;
             }
@@ -167,9 +173,10 @@ impl WriteBack {
         local: &mut LocalCounters,
         key: SegmentKey,
         pkt: &[u8],
+        plain: &PlainTcp,
     ) -> bool {
         let slot = match self.merges.iter().position(|h| h.key == Some(key)) {
-            Some(i) if self.merges[i].append(pkt) => return true,
+            Some(i) if self.merges[i].append(pkt, plain) => return true,
             Some(i) => i,
             None => match self.merges.iter().position(|h| h.key.is_none()) {
                 Some(i) => i,
@@ -182,7 +189,7 @@ impl WriteBack {
         };
         self.write_merge(sink, local, slot).await;
         if self.coalesce {
-            self.merges[slot].start(key, pkt);
+            self.merges[slot].start(key, pkt, plain);
         }
         self.coalesce
     }
@@ -309,6 +316,8 @@ struct Held {
     buf: Vec<u8>,
     /// Length of the held packet.
     len: usize,
+    /// Its headers, while a packet is held (`len` is `ip.len`).
+    plain: Option<PlainTcp>,
     /// The held packet's own payload length before anything was merged
     /// into it: where a refused merge is cut back.
     first_payload: usize,
@@ -317,32 +326,35 @@ struct Held {
 }
 
 impl Held {
-    /// Hold `pkt` as the start of a possible merge.
-    fn start(&mut self, key: SegmentKey, pkt: &[u8]) {
+    /// Hold `pkt`, whose headers `plain` are, as the start of a possible
+    /// merge.
+    fn start(&mut self, key: SegmentKey, pkt: &[u8], plain: &PlainTcp) {
         if self.buf.len() < HEADROOM + pkt.len().max(MERGE_MAX) {
             self.buf = vec![0u8; HEADROOM + pkt.len().max(MERGE_MAX)];
         }
         self.buf[HEADROOM..HEADROOM + pkt.len()].copy_from_slice(pkt);
         self.key = Some(key);
         self.len = pkt.len();
-        self.first_payload = payload_len(pkt);
+        self.plain = Some(*plain).filter(|p| p.ip.len == pkt.len());
+        self.first_payload = plain.tcp.payload_len;
         self.merged = false;
     }
 
-    /// Merge `pkt` into the held packet, if it continues it and the result
-    /// stays within [`MERGE_MAX`].
-    fn append(&mut self, pkt: &[u8]) -> bool {
+    /// Merge `pkt` (headers `plain`) into the held packet, if it continues
+    /// it and the result stays within [`MERGE_MAX`].
+    fn append(&mut self, pkt: &[u8], plain: &PlainTcp) -> bool {
+        let Some(head) = self.plain.as_mut() else {
+            return false;
+        };
         let room = &mut self.buf[HEADROOM..HEADROOM + MERGE_MAX.max(self.len)];
         // What the write-back merges was checked on arrival (the uplink)
-        // or built by the kernel listener's TCP (`Demux::coalescible`).
-        match coalesce::append_verified(room, self.len, pkt) {
-            Some(n) => {
-                self.len = n;
-                self.merged = true;
-                true
-            }
-            None => false,
+        // or built by the kernel listener's TCP (`Demux::to_listener`).
+        if !coalesce::append_verified_plain(room, head, pkt, plain) {
+            return false;
         }
+        self.len = head.ip.len;
+        self.merged = true;
+        true
     }
 }
 
@@ -482,12 +494,13 @@ mod tests {
         }
 
         /// Put `pkt` as the reader would, after the demux said whether it
-        /// is a data segment toward the listener (here: any data segment).
+        /// goes to the listener (here: every segment; the write-back itself
+        /// tells data segments, which merge, from the rest).
         async fn put(&mut self, sink: &Recorder, pkt: &[u8]) {
             self.buf[HEADROOM..HEADROOM + pkt.len()].copy_from_slice(pkt);
-            let mergeable = self.out.merging() && crate::packet::coalesce::candidate(pkt);
+            let to_listener = self.out.merging();
             self.out
-                .put(sink, &mut self.local, &mut self.buf, pkt.len(), mergeable)
+                .put(sink, &mut self.local, &mut self.buf, pkt.len(), to_listener)
                 .await;
         }
 

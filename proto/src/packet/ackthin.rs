@@ -21,7 +21,7 @@
 //! Nothing here allocates, performs I/O or reads a clock.
 
 use super::ipv6;
-use super::tcp::{HEADER_LEN as TCP_HEADER_LEN, field as tcpf, flags};
+use super::tcp::{HEADER_LEN as TCP_HEADER_LEN, PlainTcp, field as tcpf, flags};
 
 /// A TCP segment's flow and direction: its source and destination
 /// addresses and ports as bytes (IPv4 12, IPv6 36 of [`SegmentKey::MAX`]).
@@ -54,7 +54,14 @@ pub const ACK_MAX: usize = ipv6::HEADER_LEN + 60;
 /// `None` for anything else (UDP, ICMP, other headers, malformed input):
 /// such a packet has no flow here and is written at once.
 pub fn classify(pkt: &[u8]) -> Option<(SegmentKey, Option<PureAck>)> {
-    let (ip, tcp) = super::tcp::parse_plain_tcp(pkt)?;
+    classify_plain(pkt, &super::tcp::parse_plain_tcp(pkt)?)
+}
+
+/// [`classify`] of `pkt` whose headers `plain` are (parsed by
+/// `packet::tcp::parse_plain_tcp`).
+#[inline]
+pub fn classify_plain(pkt: &[u8], plain: &PlainTcp) -> Option<(SegmentKey, Option<PureAck>)> {
+    let PlainTcp { ip, tcp } = *plain;
     let mut key = SegmentKey {
         bytes: [0; SegmentKey::MAX],
         len: 0,

@@ -35,7 +35,7 @@
 //! (checksum field included), since the whole segment sums to zero.
 
 use super::checksum::{self, finish, fold, nonzero, replaced, sum_bytes};
-use super::tcp::{HEADER_LEN as TCP_HEADER_LEN, field as tcpf, flags};
+use super::tcp::{HEADER_LEN as TCP_HEADER_LEN, PlainTcp, field as tcpf, flags, parse_plain_tcp};
 use super::{IpInfo, ipv4, ipv6, parse_ip, protocol};
 
 /// Flags that forbid a merge (anything but ACK and PSH).
@@ -50,7 +50,7 @@ pub const MAX_PACKET: usize = 65_535;
 /// packet may grow up to `buf.len()` and [`MAX_PACKET`]. Returns the new
 /// length of the head, or `None` with `buf` untouched.
 pub fn append(buf: &mut [u8], head_len: usize, next: &[u8]) -> Option<usize> {
-    append_with(buf, head_len, next, Next::Unchecked)
+    append_parsing(buf, head_len, next, Next::Unchecked)
 }
 
 /// [`append`] without summing `next`'s payload: its sum is derived from the
@@ -58,7 +58,22 @@ pub fn append(buf: &mut [u8], head_len: usize, next: &[u8]) -> Option<usize> {
 /// leaves the merge's checksum failing (wrong by the same amount): for
 /// segments verified before, or merges whose receiver verifies them.
 pub fn append_verified(buf: &mut [u8], head_len: usize, next: &[u8]) -> Option<usize> {
-    append_with(buf, head_len, next, Next::Verified)
+    append_parsing(buf, head_len, next, Next::Verified)
+}
+
+/// [`append_verified`] for a caller that holds the headers of both
+/// segments (`packet::tcp::parse_plain_tcp`): `head` describes the packet
+/// at `buf[..head.ip.len]` and `n` the packet `next`. On a merge `head` is
+/// updated to describe the merged packet (its length is `head.ip.len`) and
+/// the answer is true; otherwise `buf` and `head` are untouched. The
+/// write-back parses each segment once this way.
+pub fn append_verified_plain(
+    buf: &mut [u8],
+    head: &mut PlainTcp,
+    next: &[u8],
+    n: &PlainTcp,
+) -> bool {
+    append_with(buf, head, next, n, Next::Verified)
 }
 
 /// Whether [`append_with`] must check the next segment's checksum.
@@ -68,10 +83,47 @@ enum Next {
     Verified,
 }
 
-fn append_with(buf: &mut [u8], head_len: usize, next: &[u8], checked: Next) -> Option<usize> {
+/// [`append_with`] on headers parsed here; the head must be exactly the
+/// packet `buf[..head_len]` describes.
+fn append_parsing(buf: &mut [u8], head_len: usize, next: &[u8], checked: Next) -> Option<usize> {
+    let mut head = parse_plain_tcp(buf.get(..head_len)?).filter(|h| h.ip.len == head_len)?;
+    let n = parse_plain_tcp(next)?;
+    append_with(buf, &mut head, next, &n, checked).then_some(head.ip.len)
+}
+
+/// Merge `next` into the head (both described by their headers): on a
+/// merge, `head` then describes the merged packet.
+fn append_with(
+    buf: &mut [u8],
+    head: &mut PlainTcp,
+    next: &[u8],
+    n: &PlainTcp,
+    checked: Next,
+) -> bool {
+    let Some(new_len) = merge(buf, head, next, n, checked) else {
+        return false;
+    };
+    head.ip.len = new_len;
+    head.tcp.payload_len += n.tcp.payload_len;
+    head.tcp.flags |= n.tcp.flags & flags::PSH;
+    true
+}
+
+/// The merge itself: the merged packet's length, or `None` with `buf`
+/// untouched.
+fn merge(
+    buf: &mut [u8],
+    head: &PlainTcp,
+    next: &[u8],
+    n: &PlainTcp,
+    checked: Next,
+) -> Option<usize> {
+    let PlainTcp { ip: hip, tcp: htcp } = *head;
+    let PlainTcp { ip: nip, tcp: ntcp } = *n;
+    let head_len = hip.len;
     let head = buf.get(..head_len)?;
-    let (hip, htcp) = parse_plain(head)?;
-    let (nip, ntcp) = parse_plain(next)?;
+    // The flags tests refuse every STOP flag: the head must be a plain ACK
+    // and the next segment ACK or ACK|PSH.
     if hip.src != nip.src
         || hip.dst != nip.dst
         || hip.l4_offset != nip.l4_offset
@@ -83,6 +135,7 @@ fn append_with(buf: &mut [u8], head_len: usize, next: &[u8], checked: Next) -> O
         || ntcp.payload_len == 0
         || ntcp.seq != htcp.seq.wrapping_add(htcp.payload_len as u32)
         || htcp.header_len != ntcp.header_len
+        || next.len() < nip.len
     {
         return None;
     }
@@ -184,7 +237,7 @@ fn append_with(buf: &mut [u8], head_len: usize, next: &[u8], checked: Next) -> O
 /// `None` past the last segment, for `size` 0, a packet that is no plain
 /// TCP data segment, or an `out` too short.
 pub fn segment_at(pkt: &[u8], size: usize, index: usize, out: &mut [u8]) -> Option<usize> {
-    let (ip, tcp) = parse_plain(pkt)?;
+    let PlainTcp { ip, tcp } = parse_plain_tcp(pkt).filter(|p| p.tcp.flags & STOP == 0)?;
     let start = index.checked_mul(size)?;
     if size == 0 || start >= tcp.payload_len {
         return None;
@@ -216,16 +269,16 @@ pub fn segment_at(pkt: &[u8], size: usize, index: usize, out: &mut [u8]) -> Opti
 
 /// Whether a packet could start or continue a merge at all: a TCP data
 /// segment without IP options or extension headers and without flags
-/// beyond ACK/PSH. Cheap (headers only): the driver asks it before it
-/// copies a segment aside to merge into.
+/// beyond ACK/PSH. Cheap (headers only).
 pub fn candidate(pkt: &[u8]) -> bool {
-    parse_plain(pkt).is_some_and(|(_, t)| t.payload_len > 0 && t.flags & !flags::PSH == flags::ACK)
+    parse_plain_tcp(pkt).is_some_and(|p| candidate_plain(&p))
 }
 
-/// The headers of a TCP segment with no IPv4 options / IPv6 extension
-/// headers and none of the [`STOP`] flags.
-fn parse_plain(pkt: &[u8]) -> Option<(IpInfo, super::TcpInfo)> {
-    super::tcp::parse_plain_tcp(pkt).filter(|(_, tcp)| tcp.flags & STOP == 0)
+/// [`candidate`] of a segment whose headers are parsed: the driver asks it
+/// before it copies a segment aside to merge into.
+#[inline]
+pub fn candidate_plain(p: &PlainTcp) -> bool {
+    p.tcp.payload_len > 0 && p.tcp.flags & !flags::PSH == flags::ACK
 }
 
 /// The partial sum of the pseudo-header and the TCP header of `pkt`, its
@@ -273,12 +326,57 @@ mod tests {
 
     /// Merge `segs` in order into a 64 KiB buffer; the packets that result.
     fn merge_all(segs: &[Vec<u8>]) -> Vec<Vec<u8>> {
-        merge_all_with(segs, append)
+        let out = merge_all_with(segs, append);
+        if segs.iter().all(|s| parse_ip(s).is_ok() && valid(s)) {
+            assert_eq!(
+                merge_all_verified(segs),
+                out,
+                "verified and checked merges agree"
+            );
+        }
+        out
     }
 
-    /// [`merge_all`] with [`append_verified`].
+    /// [`merge_all`] with [`append_verified`], which the write-back's way
+    /// ([`merge_all_plain`]) must match.
     fn merge_all_verified(segs: &[Vec<u8>]) -> Vec<Vec<u8>> {
-        merge_all_with(segs, append_verified)
+        let out = merge_all_with(segs, append_verified);
+        assert_eq!(merge_all_plain(segs), out, "merging on parsed headers");
+        out
+    }
+
+    /// [`merge_all_verified`] the way the write-back merges: each segment's
+    /// headers parsed once and the head's carried from merge to merge
+    /// ([`append_verified_plain`]), which must describe the merged packet
+    /// as a fresh parse of it does.
+    fn merge_all_plain(segs: &[Vec<u8>]) -> Vec<Vec<u8>> {
+        let mut out = Vec::new();
+        let mut buf = vec![0u8; MAX_PACKET];
+        let mut len = 0;
+        let mut head: Option<PlainTcp> = None;
+        for s in segs {
+            if let (Some(h), Some(n)) = (head.as_mut(), parse_plain_tcp(s))
+                && append_verified_plain(&mut buf, h, s, &n)
+            {
+                len = h.ip.len;
+                assert_eq!(
+                    parse_plain_tcp(&buf[..len]),
+                    Some(*h),
+                    "the head after a merge"
+                );
+                continue;
+            }
+            if len > 0 {
+                out.push(buf[..len].to_vec());
+            }
+            buf[..s.len()].copy_from_slice(s);
+            len = s.len();
+            head = parse_plain_tcp(s).filter(|p| p.ip.len == s.len());
+        }
+        if len > 0 {
+            out.push(buf[..len].to_vec());
+        }
+        out
     }
 
     fn merge_all_with(

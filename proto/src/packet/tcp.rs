@@ -290,11 +290,19 @@ pub fn saved_syn(headers: &[u8]) -> SavedSyn {
 }
 
 /// The IP and TCP headers of a TCP segment carried without IPv4 options
-/// or IPv6 extension headers, the only ones the write-back merges or holds
-/// (`coalesce`, `ackthin`); `None` for anything else, malformed input
-/// included.
+/// or IPv6 extension headers ([`parse_plain_tcp`]): the only segments the
+/// write-back merges or holds (`coalesce`, `ackthin`). Parsed once per
+/// segment and handed to both.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PlainTcp {
+    pub ip: IpInfo,
+    pub tcp: TcpInfo,
+}
+
+/// The headers of a TCP segment carried without IPv4 options or IPv6
+/// extension headers; `None` for anything else, malformed input included.
 #[inline]
-pub fn parse_plain_tcp(pkt: &[u8]) -> Option<(IpInfo, TcpInfo)> {
+pub fn parse_plain_tcp(pkt: &[u8]) -> Option<PlainTcp> {
     let ip = super::parse_ip(pkt).ok()?;
     let plain_l4 = if ip.src.is_ipv4() {
         ipv4::HEADER_LEN
@@ -305,7 +313,7 @@ pub fn parse_plain_tcp(pkt: &[u8]) -> Option<(IpInfo, TcpInfo)> {
         return None;
     }
     let tcp = parse_tcp(pkt, &ip).ok()?;
-    Some((ip, tcp))
+    Some(PlainTcp { ip, tcp })
 }
 
 /// Validates the TCP header of the packet `ip` describes: at least 20
