@@ -206,6 +206,13 @@ pub const SESSION_STATE: usize = 5 * 1024;
 /// socket set, its entries in the flow maps.
 pub const SMOLTCP_SOCKET_STATE: usize = 2 * 1024;
 
+/// Bytes of each of the two rings a smoltcp socket starts on and keeps
+/// while it moves little data; it borrows full rings
+/// (`Budget::smoltcp_buffer`) from [`Memory::smoltcp_rings`] while data
+/// fills them (`stack/smoltcp/rings.rs`). One TCP segment of the common
+/// 1500-byte path MTU fits.
+pub const SMOLTCP_SMALL_RING: usize = 2 * 1024;
+
 /// The copy buffer a relay direction uses while the relay pool has no room
 /// for a full one (and, with a codec, as much again for its output). Small
 /// enough that it can be counted in every session's cost; large enough for
@@ -241,6 +248,9 @@ pub struct Memory {
     pub fake_ip: usize,
     /// Proxied UDP flows' queued datagrams beyond one buffer per flow.
     pub udp_queues: usize,
+    /// smoltcp only: the full ring pairs (two `Budget::smoltcp_buffer`
+    /// rings each) lent to sockets while data fills their small rings.
+    pub smoltcp_rings: usize,
 }
 
 const MIB: usize = 1024 * 1024;
@@ -294,6 +304,10 @@ impl Budget {
                     // least recently used give their addresses back.
                     fake_ip: MIB / 2,
                     udp_queues: MIB,
+                    // 32 sockets on 64 KiB rings at once; the smoltcp
+                    // profile's 16 and 64 streams move as fast as one
+                    // (docs/notes.md, "smoltcp: rings on loan").
+                    smoltcp_rings: 4 * MIB,
                 },
             },
             Platform::Android => Budget {
@@ -311,6 +325,8 @@ impl Budget {
                     dns_in_flight: 4 * MIB,
                     fake_ip: 4 * MIB,
                     udp_queues: 8 * MIB,
+                    // 64 sockets on 128 KiB rings.
+                    smoltcp_rings: 16 * MIB,
                 },
             },
             Platform::Desktop => Budget {
@@ -331,6 +347,8 @@ impl Budget {
                     // to the longest (253 characters) included.
                     fake_ip: 16 * MIB,
                     udp_queues: 256 * MIB,
+                    // 256 sockets on 512 KiB rings.
+                    smoltcp_rings: 256 * MIB,
                 },
             },
         }
@@ -356,17 +374,25 @@ impl Budget {
     }
 
     /// The most one session of `stack` holds: its state, for smoltcp its
-    /// two full rings, and the relay's fallback buffers (two directions, a
+    /// two small rings, and the relay's fallback buffers (two directions, a
     /// read buffer and a codec's output each). Full-size relay buffers come
-    /// out of [`Memory::relay`] instead.
+    /// out of [`Memory::relay`] instead, and smoltcp's full rings out of
+    /// [`Memory::smoltcp_rings`].
     pub fn session_cost(&self, stack: TcpStack) -> usize {
         let relay = 4 * RELAY_FALLBACK_BUFFER;
         match stack {
             TcpStack::System => SESSION_STATE + relay,
             TcpStack::Smoltcp => {
-                SESSION_STATE + SMOLTCP_SOCKET_STATE + 2 * self.smoltcp_buffer + relay
+                let ring = SMOLTCP_SMALL_RING.min(self.smoltcp_buffer);
+                SESSION_STATE + SMOLTCP_SOCKET_STATE + 2 * ring + relay
             }
         }
+    }
+
+    /// How many smoltcp sockets may be on full rings at once
+    /// ([`Memory::smoltcp_rings`] over two rings), at least one.
+    pub fn smoltcp_ring_pairs(&self) -> usize {
+        (self.memory.smoltcp_rings / (2 * self.smoltcp_buffer.max(1))).max(1)
     }
 
     /// The most each budget lets the engine hold at normal pressure, with
@@ -937,11 +963,14 @@ mod tests {
             let rows = b.worst_case(p.default_mtu());
             let total: usize = rows.iter().map(|r| r.1).sum();
             eprintln!(
-                "[budget] {p:?}: sessions system {:?} ({} B each), smoltcp {:?} ({} B each)",
+                "[budget] {p:?}: sessions system {:?} ({} B each), smoltcp {:?} ({} B each, \
+                 {} full ring pairs in {:.2} MiB)",
                 b.tcp_sessions(TcpStack::System),
                 b.session_cost(TcpStack::System),
                 b.tcp_sessions(TcpStack::Smoltcp),
                 b.session_cost(TcpStack::Smoltcp),
+                b.smoltcp_ring_pairs(),
+                b.memory.smoltcp_rings as f64 / MIB,
             );
             for (what, bytes) in &rows {
                 eprintln!("[budget] {p:?}: {what}: {:.2} MiB", *bytes as f64 / MIB);
@@ -969,17 +998,25 @@ mod tests {
         );
         assert_eq!(system, tiers(system[0]), "tiers stay fractions");
         assert_eq!((system[1], system[2]), (system[0] / 2, system[0] / 4));
-        // smoltcp sessions hold two rings each: fewer fit the same bytes.
+        // smoltcp sessions hold two small rings each: fewer fit the same
+        // bytes. The full rings they borrow are a pool of their own.
         let smol = ios.tcp_sessions(TcpStack::Smoltcp);
         assert!(
-            ios.session_cost(TcpStack::Smoltcp) >= 2 * ios.smoltcp_buffer,
-            "the rings are counted"
+            ios.session_cost(TcpStack::Smoltcp)
+                >= ios.session_cost(TcpStack::System) + 2 * SMOLTCP_SMALL_RING,
+            "the small rings are counted"
         );
         assert_eq!(
             smol[0],
             ios.memory.tcp / ios.session_cost(TcpStack::Smoltcp)
         );
         assert!(smol[0] < system[0]);
+        assert!(smol[0] >= 800, "{smol:?}");
+        assert_eq!(ios.smoltcp_ring_pairs(), 32);
+        assert_eq!(
+            ios.smoltcp_ring_pairs() * 2 * ios.smoltcp_buffer,
+            ios.memory.smoltcp_rings
+        );
         // Never more sessions than TCP flows.
         let desktop = Budget::for_platform(Platform::Desktop);
         assert_eq!(desktop.tcp_sessions(TcpStack::System)[0], desktop.tcp_flows);

@@ -55,6 +55,12 @@ pub struct Stats {
     /// Pure ACKs the per-packet driver did not write because a newer one
     /// of the same flow, in the same drain, said the same (`tun.ack_thinning`).
     pub tcp_acks_thinned: AtomicU64,
+    /// smoltcp sockets on full rings borrowed from the pool now
+    /// (`stack/smoltcp/rings.rs`).
+    pub smoltcp_ring_loans: AtomicU64,
+    /// Times a smoltcp socket asked for full rings while the pool had lent
+    /// every pair: it went on with its small rings.
+    pub smoltcp_ring_loans_refused: AtomicU64,
     pub rejects: [AtomicU64; Reject::COUNT],
     pub drops: DropCounts,
     /// TCP payload bytes (both directions) moved with splice(2), never in userspace.
@@ -428,6 +434,10 @@ pub struct StatsSnapshot {
     pub tcp_window_clamped: u64,
     /// Pure ACKs not written: a newer one of the flow said the same (`tun.ack_thinning`).
     pub tcp_acks_thinned: u64,
+    /// smoltcp sockets on full rings borrowed from the pool now.
+    pub smoltcp_ring_loans: u64,
+    /// smoltcp sockets refused full rings (the pool had lent every pair).
+    pub smoltcp_ring_loans_refused: u64,
     /// Non-zero drop counters, by reason name (parse rejections and engine drops).
     pub drops: Vec<(&'static str, u64)>,
     /// TCP payload bytes moved with splice(2) (both directions).
@@ -534,6 +544,8 @@ impl Stats {
             tun_ring_full: g(&self.tun_ring_full),
             tcp_window_clamped: g(&self.tcp_window_clamped),
             tcp_acks_thinned: g(&self.tcp_acks_thinned),
+            smoltcp_ring_loans: g(&self.smoltcp_ring_loans),
+            smoltcp_ring_loans_refused: g(&self.smoltcp_ring_loans_refused),
             drops,
             tcp_bytes_spliced: g(&self.tcp_bytes_spliced),
             tcp_bytes_copied: g(&self.tcp_bytes_copied),

@@ -170,6 +170,12 @@ pub struct EngineStats {
     /// Pure ACKs the engine did not write to the TUN because a newer one of
     /// the same flow, read in the same drain, said the same.
     pub tcp_acks_thinned: u64,
+    /// smoltcp sockets on full rings borrowed from the engine's pool now
+    /// (the rest move data on small rings).
+    pub smoltcp_ring_loans: u64,
+    /// Times a smoltcp socket asked for full rings while the pool had lent
+    /// every pair (it went on with its small rings, more slowly).
+    pub smoltcp_ring_loans_refused: u64,
     /// Sum of `drops`.
     pub total_drops: u64,
     /// Non-zero drop counters by reason (parse rejections and engine drops).
@@ -268,6 +274,8 @@ impl From<StatsSnapshot> for EngineStats {
             tun_ring_full,
             tcp_window_clamped,
             tcp_acks_thinned,
+            smoltcp_ring_loans,
+            smoltcp_ring_loans_refused,
             tcp_bytes_spliced,
             tcp_bytes_copied,
             splice_fallbacks,

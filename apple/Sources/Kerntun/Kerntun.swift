@@ -3323,6 +3323,16 @@ public struct EngineStats: Equatable, Hashable {
      */
     public var tcpAcksThinned: UInt64
     /**
+     * smoltcp sockets on full rings borrowed from the engine's pool now
+     * (the rest move data on small rings).
+     */
+    public var smoltcpRingLoans: UInt64
+    /**
+     * Times a smoltcp socket asked for full rings while the pool had lent
+     * every pair (it went on with its small rings, more slowly).
+     */
+    public var smoltcpRingLoansRefused: UInt64
+    /**
      * Sum of `drops`.
      */
     public var totalDrops: UInt64
@@ -3457,6 +3467,14 @@ public struct EngineStats: Equatable, Hashable {
          * the same flow, read in the same drain, said the same.
          */tcpAcksThinned: UInt64, 
         /**
+         * smoltcp sockets on full rings borrowed from the engine's pool now
+         * (the rest move data on small rings).
+         */smoltcpRingLoans: UInt64, 
+        /**
+         * Times a smoltcp socket asked for full rings while the pool had lent
+         * every pair (it went on with its small rings, more slowly).
+         */smoltcpRingLoansRefused: UInt64, 
+        /**
          * Sum of `drops`.
          */totalDrops: UInt64, 
         /**
@@ -3562,6 +3580,8 @@ public struct EngineStats: Equatable, Hashable {
         self.tunRingFull = tunRingFull
         self.tcpWindowClamped = tcpWindowClamped
         self.tcpAcksThinned = tcpAcksThinned
+        self.smoltcpRingLoans = smoltcpRingLoans
+        self.smoltcpRingLoansRefused = smoltcpRingLoansRefused
         self.totalDrops = totalDrops
         self.drops = drops
         self.tcpBytesSpliced = tcpBytesSpliced
@@ -3635,6 +3655,8 @@ public struct FfiConverterTypeEngineStats: FfiConverterRustBuffer {
                 tunRingFull: FfiConverterUInt64.read(from: &buf), 
                 tcpWindowClamped: FfiConverterUInt64.read(from: &buf), 
                 tcpAcksThinned: FfiConverterUInt64.read(from: &buf), 
+                smoltcpRingLoans: FfiConverterUInt64.read(from: &buf), 
+                smoltcpRingLoansRefused: FfiConverterUInt64.read(from: &buf), 
                 totalDrops: FfiConverterUInt64.read(from: &buf), 
                 drops: FfiConverterSequenceTypeDropCount.read(from: &buf), 
                 tcpBytesSpliced: FfiConverterUInt64.read(from: &buf), 
@@ -3694,6 +3716,8 @@ public struct FfiConverterTypeEngineStats: FfiConverterRustBuffer {
         FfiConverterUInt64.write(value.tunRingFull, into: &buf)
         FfiConverterUInt64.write(value.tcpWindowClamped, into: &buf)
         FfiConverterUInt64.write(value.tcpAcksThinned, into: &buf)
+        FfiConverterUInt64.write(value.smoltcpRingLoans, into: &buf)
+        FfiConverterUInt64.write(value.smoltcpRingLoansRefused, into: &buf)
         FfiConverterUInt64.write(value.totalDrops, into: &buf)
         FfiConverterSequenceTypeDropCount.write(value.drops, into: &buf)
         FfiConverterUInt64.write(value.tcpBytesSpliced, into: &buf)

@@ -292,6 +292,11 @@ async fn assemble(
                 linger,
                 budget.tcp_flows,
             )
+            .with_loans(
+                crate::budget::SMOLTCP_SMALL_RING,
+                budget.smoltcp_ring_pairs(),
+                Some(pressure.clone()),
+            )
             .with_half_open(crate::stack::HALF_OPEN_MAX.min(sessions[0] / 2));
             let families = (config.tun.ipv4.is_some(), config.tun.ipv6.is_some());
             Stack::Smoltcp(SmoltcpStack::new(smol, d.clone(), tun.clone(), families))

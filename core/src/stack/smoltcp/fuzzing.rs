@@ -437,7 +437,11 @@ pub fn run(data: &[u8]) -> Summary {
         "198.18.0.1/16".parse().expect("static prefix"),
         "fd00:18::1/64".parse().expect("static prefix"),
     ];
-    let st = Arc::new(Sockets::new(&nets, MTU, BUFFER, IDLE, LINGER, MAX_SOCKETS));
+    // Sockets start on 1 KiB rings and one at a time borrows the 4 KiB pair
+    // (`rings.rs`): programs move sockets between rings mid-stream.
+    let st = Arc::new(
+        Sockets::new(&nets, MTU, BUFFER, IDLE, LINGER, MAX_SOCKETS).with_loans(1024, 1, None),
+    );
     let mut r = Run {
         st,
         stats: Stats::default(),

@@ -21,7 +21,7 @@
 //!
 //! `half_open.rs` keeps the connections between a SYN and the end of its
 //! handshake; `stream.rs` has what a session does to its socket;
-//! `rings.rs` when the rings' pages are handed back.
+//! `rings.rs` lends sockets full rings while data fills their small ones.
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::net::{IpAddr, SocketAddr};
@@ -39,12 +39,12 @@ use tokio::sync::Notify;
 use super::device::{Dev, Held, Sink, TunSink, TxCount};
 use super::gate::is_unicast;
 use super::half_open::Connecting;
+use super::rings::{Loan, Loans};
 use crate::budget::OwnedPermit;
 use crate::lifecycle::{Lifecycle, Phase};
 use crate::nat::FlowKey;
 use crate::packet::HEADROOM;
 use crate::stats::{EngineDrop, Stats};
-use crate::sys::pages;
 use crate::tun::Tun;
 
 /// Transmit counters are published after this many packets (or by the poller).
@@ -58,7 +58,10 @@ pub(crate) struct Sockets {
     pub(super) wake: Notify,
     /// smoltcp timestamps count from here.
     epoch: Instant,
+    /// Bytes of a full ring (a socket's rings on loan, `rings.rs`).
     buffer: usize,
+    /// Bytes of the rings a socket starts on.
+    small: usize,
     /// A connection that heard nothing from the app for this long is
     /// aborted: `timeouts.tcp_idle_s`, the system stack's NAT idle timeout.
     idle: Duration,
@@ -78,6 +81,7 @@ impl std::fmt::Debug for Sockets {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Sockets")
             .field("buffer", &self.buffer)
+            .field("small", &self.small)
             .finish_non_exhaustive()
     }
 }
@@ -114,10 +118,8 @@ pub(super) struct Inner {
     pub(super) dirty: Vec<Id>,
     /// Scratch for the poller (kept to avoid allocating per wake-up).
     scratch: Vec<Id>,
-    /// Sockets whose transmit ring took data since its pages were last
-    /// given back, with when they were filed (oldest first): the poller
-    /// gives back the pages of those quiet for [`RING_QUIET`](super::rings::RING_QUIET).
-    pub(super) filled: VecDeque<(Id, Instant)>,
+    /// The full rings sockets borrow while data fills their small ones.
+    pub(super) loans: Loans,
     /// The pure ACKs held during the driver's drain, one entry per flow
     /// (kept to avoid allocating per drain).
     held: Vec<(Id, Held)>,
@@ -144,12 +146,8 @@ pub(super) struct Slot {
     dirty: bool,
     /// Its entry in `Inner::held` during a drain.
     held: Option<u32>,
-    /// When the session last queued data on the transmit ring (`None`: its
-    /// pages were given back since, or it never took any).
-    pub(super) tx_at: Option<Instant>,
-    /// When a read last handed back pages of the receive ring
-    /// ([`RX_GIVE_BACK_GAP`](super::rings::RX_GIVE_BACK_GAP)).
-    pub(super) rx_given: Option<Instant>,
+    /// Its full rings' loan (`None`: on its small rings).
+    pub(super) loan: Option<Loan>,
 }
 
 impl Inner {
@@ -241,8 +239,7 @@ impl Inner {
             timer: None,
             dirty: false,
             held: None,
-            tx_at: None,
-            rx_given: None,
+            loan: None,
         };
         match self.free.pop() {
             Some(id) => {
@@ -259,12 +256,16 @@ impl Inner {
     /// Remove socket `id` and its deadline (a stale `dirty` entry is
     /// harmless: at worst one extra poll of whichever socket reuses `id`).
     pub(super) fn remove(&mut self, id: Id) {
-        if let Some(slot) = self.slots.get_mut(id as usize).and_then(Option::take) {
+        if let Some(mut slot) = self.slots.get_mut(id as usize).and_then(Option::take) {
             if let Some(t) = slot.timer {
                 self.timers.remove(&(t, id));
             }
             if let Some(e) = slot.held.and_then(|i| self.held.get_mut(i as usize)) {
                 e.1.clear();
+            }
+            #[allow(irrefutable_let_patterns)] // Only TCP sockets are enabled.
+            if let smoltcp::socket::Socket::Tcp(sock) = slot.set.remove(slot.h) {
+                self.end_loan(sock, slot.loan.take());
             }
             self.free.push(id);
         }
@@ -435,7 +436,7 @@ impl Sockets {
                 timers: BTreeSet::new(),
                 dirty: Vec::new(),
                 scratch: Vec::new(),
-                filled: VecDeque::new(),
+                loans: Loans::new(buffer, buffer, 0, None),
                 held: Vec::new(),
                 tx,
                 count,
@@ -444,11 +445,28 @@ impl Sockets {
             wake: Notify::new(),
             epoch,
             buffer,
+            small: buffer,
             idle,
             linger,
             max_sockets,
             max_half_open: max_sockets,
         }
+    }
+
+    /// Start sockets on rings of `small` bytes and lend up to `pairs`
+    /// sockets at once (a half or a quarter of them under `pressure`) a
+    /// pair of full rings while data fills their small ones (`rings.rs`).
+    /// Without it sockets start on full rings.
+    pub(crate) fn with_loans(
+        mut self,
+        small: usize,
+        pairs: usize,
+        pressure: Option<Arc<crate::budget::Pressure>>,
+    ) -> Self {
+        let loans = Loans::new(small, self.buffer, pairs, pressure);
+        self.small = loans.small;
+        self.inner.get_mut().loans = loans;
+        self
     }
 
     /// Bound half-open connections at `n` (see `max_half_open`).
@@ -505,6 +523,16 @@ impl Sockets {
         let mut g = self.inner.lock();
         let id = key.and_then(|k| g.flows.get(&k).copied());
         g.poll(id, ts, Some(pkt), sink, hold);
+        // The app's data fills the small receive ring: full rings, if the
+        // pool has a pair, and a poll that tells the app of the wider
+        // window at once (smoltcp's ACK of this segment offered the small
+        // ring's rest).
+        if let Some(id) = id
+            && g.wants_loan(id, 0)
+            && g.lend(id, now)
+        {
+            g.poll(Some(id), ts, None, sink, hold);
+        }
         if g.count.packets >= COMMIT_PACKETS || g.count.dropped > 0 {
             g.count.commit(stats);
         }
@@ -532,16 +560,9 @@ impl Sockets {
         sink: &mut S,
     ) -> Option<Id> {
         let FlowKey { client, server } = key;
-        // Allocated outside the lock. `calloc` clears a chunk it reuses (in
-        // a runtime thread's arena, every chunk), which would make each ring
-        // resident in full at once: its pages are handed back, to become
-        // resident again only as far as data fills them.
-        let ring = || {
-            let mut v = vec![0u8; self.buffer];
-            pages::discard(&mut v);
-            tcp::SocketBuffer::new(v)
-        };
-        let mut sock = tcp::Socket::new(ring(), ring());
+        // Allocated outside the lock.
+        let (rx, tx) = start_rings(self.small);
+        let mut sock = tcp::Socket::new(rx, tx);
         sock.set_nagle_enabled(false);
         sock.set_timeout(Some(smoltcp::time::Duration::from_millis(
             // Capped at a year: smoltcp counts in u64 microseconds.
@@ -558,6 +579,8 @@ impl Sockets {
         if sock.listen(ep).is_err() {
             return None;
         }
+        // The window scale of the full rings it may borrow.
+        sock.set_window_shift_for(self.buffer);
         let id = g.add(sock);
         // The socket listens on the server's address only for the duration
         // of this poll: it takes this SYN (from `client`) and no other.
@@ -593,12 +616,13 @@ impl Sockets {
         let now = Instant::now();
         let mut lines = vec![format!(
             "smoltcp: {} flows, {} connecting, {} detached, {} deadlines, {} queued for the \
-             poller, poller armed {:?}, unpublished tx {:?}",
+             poller, {} ring pairs lent, poller armed {:?}, unpublished tx {:?}",
             g.flows.len(),
             g.connecting.len(),
             g.detached.len(),
             g.timers.len(),
             g.dirty.len(),
+            g.loans.lent,
             g.armed.map(|a| a.saturating_duration_since(now)),
             g.count,
         )];
@@ -657,7 +681,18 @@ impl Sockets {
         g.poll_due(ts, sink);
         g.sweep(now, self.linger);
         g.count.commit(stats);
+        let quiet = g.return_quiet(now);
         let inner = &mut *g;
+        stats.smoltcp_ring_loans.store(
+            inner.loans.lent as u64,
+            std::sync::atomic::Ordering::Relaxed,
+        );
+        if inner.loans.refused > 0 {
+            stats
+                .smoltcp_ring_loans_refused
+                .fetch_add(inner.loans.refused, std::sync::atomic::Ordering::Relaxed);
+            inner.loans.refused = 0;
+        }
         for (n, why) in [
             (&mut inner.evicted, EngineDrop::HalfOpenEvicted),
             (&mut inner.timed_out, EngineDrop::HandshakeTimeout),
@@ -675,12 +710,25 @@ impl Sockets {
             at = Some(now + self.linger);
         }
         // A handshake's deadline wakes the poller too, and quiet rings.
-        for h in [handshake, g.give_back_quiet(now)].into_iter().flatten() {
+        for h in [handshake, quiet].into_iter().flatten() {
             at = Some(at.map_or(h, |a| a.min(h)));
         }
         g.armed = at;
         at
     }
+}
+
+/// A new socket's rings (receive, send) of `n` bytes each. `calloc` clears
+/// a chunk it reuses (in a runtime thread's arena, every chunk), which
+/// would make a ring resident in full at once: its whole pages are handed
+/// back, to become resident again only as far as data fills them.
+fn start_rings(n: usize) -> (tcp::SocketBuffer<'static>, tcp::SocketBuffer<'static>) {
+    let ring = || {
+        let mut v = vec![0u8; n];
+        crate::sys::pages::discard(&mut v);
+        tcp::SocketBuffer::new(v)
+    };
+    (ring(), ring())
 }
 
 /// The flow of a TCP packet from the app: (client, server). `None` if it

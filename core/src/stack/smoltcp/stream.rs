@@ -16,7 +16,6 @@ use crate::budget::OwnedPermit;
 use crate::dispatch::session::{self, App};
 use crate::nat::FlowKey;
 use crate::relay::Side;
-use crate::sys::pages;
 
 /// One connection's smoltcp socket. Dropping it hands the socket to the
 /// poller, which removes it once closed, together with the connection's
@@ -137,14 +136,10 @@ impl Sockets {
     ) -> Poll<io::Result<usize>> {
         let mut g = self.inner.lock();
         if g.socket(id).can_recv() {
-            // The clock is read only for a read that takes data.
-            let now = Instant::now();
-            let give_back = g.rx_give_back_due(id, now);
-            return match recv_discarding(g.socket(id), buf, give_back) {
-                Ok((n, given)) => {
-                    if given {
-                        g.rx_given(id, now);
-                    }
+            return match recv_all(g.socket(id), buf) {
+                Ok(n) => {
+                    // The clock is read only for a read that takes data.
+                    g.moved(id, Instant::now());
                     g.mark(id);
                     drop(g);
                     // The window opened: the poller may owe the app an update.
@@ -195,12 +190,18 @@ impl Sockets {
         data: &[u8],
     ) -> Poll<io::Result<usize>> {
         let mut g = self.inner.lock();
+        let now = Instant::now();
+        // More than the small send ring holds: full rings, if the pool has
+        // a pair.
+        if g.wants_loan(id, data.len()) {
+            g.lend(id, now);
+        }
         let s = g.socket(id);
         if s.can_send() {
             return match s.send_slice(data) {
                 Ok(n) => {
                     g.mark(id);
-                    g.filled(id, Instant::now());
+                    g.moved(id, now);
                     drop(g);
                     self.wake.notify_one();
                     Poll::Ready(Ok(n))
@@ -247,11 +248,7 @@ impl Sockets {
     }
 }
 
-/// `recv_slice`, but with `give_back` the whole pages of what was read are
-/// handed back to the system (`sys::pages::discard`, through the borrow
-/// smoltcp lends of the bytes being consumed): a receive ring read that way
-/// keeps resident no more than the data it holds plus a page at each end.
-/// Returns the bytes read and whether any page was handed back.
+/// Read what the ring holds into `buf`, as far as it goes.
 ///
 /// smoltcp lends the data up to the end of the ring, so a read that wraps
 /// takes two borrows; it asks for the second only while the ring still
@@ -259,23 +256,10 @@ impl Sockets {
 /// ring with `Finished`: asking again after the ring emptied turned the
 /// bytes just taken out of it into an EOF, and the app's last bytes were
 /// lost (`tests.rs`, `bytes_before_the_fin_are_read_before_eof`).
-fn recv_discarding(
-    s: &mut tcp::Socket<'_>,
-    buf: &mut [u8],
-    give_back: bool,
-) -> Result<(usize, bool), tcp::RecvError> {
+fn recv_all(s: &mut tcp::Socket<'_>, buf: &mut [u8]) -> Result<usize, tcp::RecvError> {
     let mut n = 0;
-    let mut given = false;
     while n < buf.len() && s.can_recv() {
-        let rest = &mut buf[n..];
-        let got = s.recv(|data| {
-            let k = data.len().min(rest.len());
-            rest[..k].copy_from_slice(&data[..k]);
-            if give_back {
-                given |= pages::discard(&mut data[..k]) > 0;
-            }
-            (k, k)
-        });
+        let got = s.recv_slice(&mut buf[n..]);
         match got {
             Ok(0) => break,
             Ok(k) => n += k,
@@ -285,7 +269,7 @@ fn recv_discarding(
             Err(_) => break,
         }
     }
-    Ok((n, given))
+    Ok(n)
 }
 
 /// What a read of a socket with an empty receive buffer finds: the app's

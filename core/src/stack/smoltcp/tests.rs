@@ -5,7 +5,7 @@ use std::sync::atomic::Ordering::Relaxed;
 
 use super::super::device::{Sink, shade_window};
 use super::super::half_open::Syn;
-use super::super::rings::{RING_QUIET, RX_GIVE_BACK_GAP};
+use super::super::rings::RING_QUIET;
 use super::super::stream::SmolStream;
 use super::*;
 use crate::budget::Admission;
@@ -871,31 +871,104 @@ fn a_drain_sends_one_cumulative_ack_per_flow() {
     assert_eq!(out.0.len(), segs.len(), "flushed by the poller, not again");
 }
 
-/// The rings hand their pages back without losing a byte: a read hands
-/// back the pages it consumed, and a send ring the app acknowledged in full
-/// is handed back once quiet for `RING_QUIET` (not before, and not while
-/// unacknowledged bytes sit in it); data sent after either arrives exact.
+/// A stack of 16 KiB full rings and room for 4 sockets whose sockets
+/// start on 2 KiB rings, with `pairs` full pairs to lend.
+fn loan_stack(pairs: usize) -> Arc<Sockets> {
+    loan_stack_under(pairs, None)
+}
+
+/// [`loan_stack`] whose pool follows `pressure`.
+fn loan_stack_under(pairs: usize, pressure: Option<Arc<crate::budget::Pressure>>) -> Arc<Sockets> {
+    let nets: Vec<IpNet> = vec!["198.18.0.1/16".parse().expect("test input")];
+    Arc::new(
+        Sockets::new(
+            &nets,
+            1500,
+            16 * 1024,
+            Duration::from_secs(7440),
+            Duration::from_secs(10),
+            4,
+        )
+        .with_loans(2048, pairs, pressure),
+    )
+}
+
+/// Whether socket `id` is on loan, and how many pairs are lent.
+fn loan_of(st: &Sockets, id: Id) -> (bool, usize) {
+    let g = st.inner.lock();
+    let on = g.slots[id as usize]
+        .as_ref()
+        .is_some_and(|s| s.loan.is_some());
+    (on, g.loans.lent)
+}
+
+/// The app of flow `k` sends `data` from `seq` in 1400-byte segments, each
+/// once; returns the next sequence number.
+#[allow(clippy::too_many_arguments)]
+fn app_sends(
+    st: &Sockets,
+    out: &mut Capture,
+    stats: &Stats,
+    k: FlowKey,
+    seq: u32,
+    ack: u32,
+    data: &[u8],
+    t: Instant,
+) -> u32 {
+    let mut seq = seq;
+    for chunk in data.chunks(1400) {
+        st.input(&from_app(k, seq, ack, ACK | PSH, chunk), t, out, stats);
+        seq = seq.wrapping_add(chunk.len() as u32);
+    }
+    seq
+}
+
+/// A socket starts on its small rings (the SYN-ACK offers 2 KiB, scaled
+/// for the full ring), borrows the full pair once the app's data fills
+/// the small receive ring past half (and says so to the app at once),
+/// keeps it while data waits unacknowledged, and hands it back once quiet
+/// for `RING_QUIET` with both rings empty; the next round borrows the
+/// spare pair. Every byte arrives exact both ways.
 #[test]
-fn quiet_rings_are_handed_back_and_data_stays_exact() {
-    let (st, stats, mut out, k, h, srv_seq) = established(false);
+fn full_rings_are_lent_while_data_fills_and_taken_back_quiet() {
+    let st = loan_stack(1);
+    let stats = Stats::default();
+    let mut out = Capture::default();
     let rt = runtime();
-    let app = SmolStream::new(st.clone(), h, k, None);
-    let tx_at = || st.inner.lock().slots[h as usize].as_ref().map(|s| s.tx_at);
-    // smoltcp's clock only moves forward: one clock for every call.
+    let (c, srv) = ("10.0.0.9:40000", "1.1.1.1:443");
+    let k = key(c, srv);
+    // MSS 1460, window scale 7: the SYN-ACK scales for 16 KiB (shift 0).
+    let syn = tcp_v4(c, srv, 1000, 0, SYN, &[2, 4, 0x05, 0xb4, 1, 3, 3, 7], &[]);
+    assert_eq!(st.syn(k), Syn::New);
+    let h = st
+        .accept(k, &syn, Instant::now(), &mut out)
+        .expect("accepted");
+    let synack = out.0.pop().expect("SYN-ACK sent");
+    assert_eq!(wscale(&synack), 0);
+    assert!(window(&synack) <= 2048, "{}", window(&synack));
+    let srv_seq = seg(&synack).2.wrapping_add(1);
     let mut t = Instant::now();
+    st.input(&from_app(k, 1001, srv_seq, ACK, &[]), t, &mut out, &stats);
+    assert_eq!(loan_of(&st, h), (false, 0), "small rings to start");
+    let app = SmolStream::new(st.clone(), h, k, None);
     let mut app_seq = 1001u32;
     let mut acked = srv_seq;
     for round in 0..3 {
-        // App to session: 10 segments through the receive ring, read back.
+        // One segment fills the small ring past half: the full pair, and
+        // a window update that offers it.
+        out.0.clear();
         let up = pattern(10 * 1400, round);
-        for chunk in up.chunks(1400) {
-            let p = from_app(k, app_seq, acked, ACK | PSH, chunk);
-            st.input(&p, t, &mut out, &stats);
-            app_seq = app_seq.wrapping_add(chunk.len() as u32);
+        app_seq = app_sends(&st, &mut out, &stats, k, app_seq, acked, &up[..1400], t);
+        assert_eq!(loan_of(&st, h), (true, 1), "round {round}: lent");
+        if round == 0 {
+            // Later rounds: the wide window offered before still stands.
+            let last = out.0.last().expect("an ACK");
+            assert!(window(last) > 8 * 1024, "{}", window(last));
         }
+        app_seq = app_sends(&st, &mut out, &stats, k, app_seq, acked, &up[1400..], t);
         let got = read_exactly(&rt, &app, up.len(), 4096);
         assert!(got == up, "round {round}: the app's bytes arrive exact");
-        // Session to app: through the send ring, then acknowledged.
+        // Session to app: 12 KiB through the full send ring.
         let down = pattern(12 * 1024, 100 + round);
         rt.block_on(app.send_all(&down)).expect("test input");
         out.0.clear();
@@ -905,80 +978,183 @@ fn quiet_rings_are_handed_back_and_data_stays_exact() {
             data == down,
             "round {round}: the session's bytes arrive exact"
         );
-        assert!(tx_at().flatten().is_some(), "filed once data was queued");
         // Quiet but unacknowledged: kept.
         t += RING_QUIET + Duration::from_millis(100);
         st.poll_once(&mut out, &stats, t);
-        assert!(
-            tx_at().flatten().is_some(),
-            "unacknowledged bytes keep the ring"
+        assert_eq!(
+            loan_of(&st, h),
+            (true, 1),
+            "round {round}: unacknowledged data keeps it"
         );
         acked = acked.wrapping_add(down.len() as u32);
-        let ack = from_app(k, app_seq, acked, ACK, &[]);
-        st.input(&ack, t, &mut out, &stats);
+        st.input(&from_app(k, app_seq, acked, ACK, &[]), t, &mut out, &stats);
         assert_eq!(st.inner.lock().socket(h).send_queue(), 0);
-        st.poll_once(&mut out, &stats, t);
-        assert!(tx_at().flatten().is_some(), "not quiet yet");
         t += 2 * RING_QUIET + Duration::from_millis(100);
         st.poll_once(&mut out, &stats, t);
-        assert_eq!(tx_at(), Some(None), "a quiet empty ring is handed back");
-        assert!(st.inner.lock().filled.is_empty());
+        assert_eq!(
+            loan_of(&st, h),
+            (false, 0),
+            "round {round}: handed back quiet"
+        );
+        assert_eq!(stats.smoltcp_ring_loans.load(Relaxed), 0);
+        assert_eq!(st.inner.lock().socket(h).recv_capacity(), 2048);
     }
     assert_eq!(st.inner.lock().socket(h).state(), State::Established);
+    assert_eq!(stats.smoltcp_ring_loans_refused.load(Relaxed), 0);
 }
 
-/// A read hands back the receive ring's pages it consumed only when no read
-/// of the socket did within `RX_GIVE_BACK_GAP`: in a bulk upload the pages
-/// stay (no system call, fault and zeroed page for each page of every lap
-/// of the ring), and a read after a pause hands back what it read. The
-/// bytes arrive exact either way.
+/// With every pair lent, a socket whose data fills its small ring stays
+/// on it (counted) and still delivers every byte, a small window at a
+/// time; the app's segments past that window, sent inside the wider one
+/// the socket offered while it held full rings, are cut to what fits and
+/// taken again from where the ACK says (the window is clamped to the
+/// ring: without it smoltcp would account bytes it never stored). Once
+/// the pair is free again, the socket borrows it.
 #[test]
-fn receive_pages_are_handed_back_at_most_once_per_gap() {
-    let (st, stats, mut out, k, h, srv_seq) = established(false);
+fn with_every_pair_lent_a_socket_moves_data_on_its_small_rings() {
+    let st = loan_stack(1);
+    let stats = Stats::default();
+    let mut out = Capture::default();
     let rt = runtime();
-    let app = SmolStream::new(st.clone(), h, k, None);
-    let given = || {
-        st.inner.lock().slots[h as usize]
-            .as_ref()
-            .and_then(|s| s.rx_given)
-    };
-    let mut seq = 1001u32;
-    let mut round = |salt: usize| {
-        // 14,000 bytes: whole pages of the ring under one read.
-        let up = pattern(14_000, salt);
-        for chunk in up.chunks(1400) {
-            let p = from_app(k, seq, srv_seq, ACK | PSH, chunk);
-            st.input(&p, Instant::now(), &mut out, &stats);
-            seq = seq.wrapping_add(chunk.len() as u32);
+    let (ka, ha, sa) = open(&st, &mut out, &stats, "10.0.0.9:40000", "1.1.1.1:443");
+    let (kb, hb, sb) = open(&st, &mut out, &stats, "10.0.0.9:40001", "1.1.1.1:443");
+    let a = SmolStream::new(st.clone(), ha, ka, None);
+    let b = SmolStream::new(st.clone(), hb, kb, None);
+    let mut t = Instant::now();
+    // A borrows the pair, offers its wide window, reads, goes quiet and
+    // hands the pair back.
+    let first = pattern(8 * 1400, 1);
+    let mut a_seq = app_sends(&st, &mut out, &stats, ka, 1001, sa, &first, t);
+    assert!(read_exactly(&rt, &a, first.len(), 32 * 1024) == first);
+    go_quiet(&st, &mut out, &stats, &mut t);
+    assert_eq!(loan_of(&st, ha), (false, 0));
+    // B borrows it now.
+    let bdata = pattern(3 * 1400, 2);
+    app_sends(&st, &mut out, &stats, kb, 1001, sb, &bdata, t);
+    assert_eq!(loan_of(&st, hb), (true, 1));
+    assert!(read_exactly(&rt, &b, bdata.len(), 32 * 1024) == bdata);
+    // A's app sends 5 segments at once, inside the window A offered last
+    // (16 KiB): A is refused the pair and its 2 KiB ring takes what fits.
+    let burst = pattern(5 * 1400, 3);
+    let got = app_delivers(
+        &st, &mut out, &stats, &rt, &a, ka, &mut a_seq, sa, &burst, &mut t,
+    );
+    assert!(got == burst, "every byte exact, in order");
+    assert_eq!(loan_of(&st, ha), (false, 1), "A stayed on its small rings");
+    assert!(stats.smoltcp_ring_loans_refused.load(Relaxed) > 0);
+    assert_eq!(stats.smoltcp_ring_loans.load(Relaxed), 1);
+    // B goes quiet and hands the pair back; A's next fill borrows it.
+    go_quiet(&st, &mut out, &stats, &mut t);
+    assert_eq!(loan_of(&st, hb), (false, 0));
+    let more = pattern(6 * 1400, 4);
+    let got = app_delivers(
+        &st, &mut out, &stats, &rt, &a, ka, &mut a_seq, sa, &more, &mut t,
+    );
+    assert!(got == more, "every byte exact, in order");
+    assert_eq!(loan_of(&st, ha), (true, 1));
+}
+
+/// Nothing moves for twice `RING_QUIET`, with the poller's passes.
+fn go_quiet(st: &Sockets, out: &mut Capture, stats: &Stats, t: &mut Instant) {
+    for _ in 0..2 {
+        st.poll_once(out, stats, *t);
+        *t += RING_QUIET;
+    }
+    st.poll_once(out, stats, *t);
+}
+
+/// The app of flow `k` sends `data` from `*seq` the way TCP does when
+/// every segment past the window is lost: all it has not had acknowledged,
+/// at once, then again from the newest ACK (smoltcp's delayed ACK comes
+/// from the poller 20 ms on). The session reads what each ACK took; the
+/// bytes read, in order.
+#[allow(clippy::too_many_arguments)]
+fn app_delivers(
+    st: &Sockets,
+    out: &mut Capture,
+    stats: &Stats,
+    rt: &tokio::runtime::Runtime,
+    app: &SmolStream,
+    k: FlowKey,
+    seq: &mut u32,
+    ack: u32,
+    data: &[u8],
+    t: &mut Instant,
+) -> Vec<u8> {
+    let mut sent = 0usize;
+    let mut got = Vec::new();
+    for _ in 0..50 {
+        if sent == data.len() {
+            return got;
         }
-        let got = read_exactly(&rt, &app, up.len(), 32 * 1024);
-        assert!(got == up, "round {salt}: the app's bytes arrive exact");
-    };
-    assert_eq!(given(), None);
-    round(0);
-    let first = given().expect("the first read hands back its pages");
-    assert!(
-        !st.inner
-            .lock()
-            .rx_give_back_due(h, first + RX_GIVE_BACK_GAP / 2)
+        out.0.clear();
+        app_sends(st, out, stats, k, *seq, ack, &data[sent..], *t);
+        *t += Duration::from_millis(20);
+        st.poll_once(out, stats, *t);
+        let acked = out
+            .0
+            .iter()
+            .filter(|p| seg(p).1 == k.client)
+            .map(|p| seg(p).3)
+            .next_back()
+            .expect("the socket acknowledges");
+        let took = acked.wrapping_sub(*seq) as usize;
+        sent += took;
+        *seq = acked;
+        if took > 0 {
+            got.extend(read_exactly(rt, app, took, 32 * 1024));
+        }
+    }
+    panic!("{sent} of {} bytes taken in 50 rounds", data.len());
+}
+
+/// Under memory pressure the pool lends a quarter of its pairs
+/// (critical), as every budget does for new charges; back at normal, the
+/// whole pool again.
+#[test]
+fn memory_pressure_lends_fewer_pairs() {
+    use crate::budget::{MemoryPressure, Pressure};
+    let pressure = Arc::new(Pressure::default());
+    let st = loan_stack_under(4, Some(pressure.clone()));
+    let stats = Stats::default();
+    let mut out = Capture::default();
+    let t = Instant::now();
+    pressure.report(MemoryPressure::Critical, t);
+    let a = open(&st, &mut out, &stats, "10.0.0.9:40000", "1.1.1.1:443");
+    let b = open(&st, &mut out, &stats, "10.0.0.9:40001", "1.1.1.1:443");
+    app_sends(&st, &mut out, &stats, a.0, 1001, a.2, &pattern(1400, 1), t);
+    app_sends(&st, &mut out, &stats, b.0, 1001, b.2, &pattern(1400, 2), t);
+    assert_eq!(loan_of(&st, a.1), (true, 1), "critical: a quarter of 4");
+    assert_eq!(loan_of(&st, b.1), (false, 1));
+    pressure.report(MemoryPressure::Normal, t);
+    app_sends(&st, &mut out, &stats, b.0, 2401, b.2, &pattern(600, 3), t);
+    assert_eq!(loan_of(&st, b.1), (true, 2), "normal: the whole pool");
+}
+
+/// A socket removed while on loan gives its pair back to the pool.
+#[test]
+fn a_removed_socket_returns_its_pair() {
+    let st = loan_stack(1);
+    let stats = Stats::default();
+    let mut out = Capture::default();
+    let (k, h, srv_seq) = open(&st, &mut out, &stats, "10.0.0.9:40000", "1.1.1.1:443");
+    app_sends(
+        &st,
+        &mut out,
+        &stats,
+        k,
+        1001,
+        srv_seq,
+        &pattern(1400, 5),
+        Instant::now(),
     );
-    assert!(
-        st.inner
-            .lock()
-            .rx_give_back_due(h, first + RX_GIVE_BACK_GAP)
-    );
-    round(1);
-    assert_eq!(
-        given(),
-        Some(first),
-        "a read within the gap keeps its pages"
-    );
-    std::thread::sleep(RX_GIVE_BACK_GAP);
-    round(2);
-    assert!(
-        given().is_some_and(|at| at >= first + RX_GIVE_BACK_GAP),
-        "a read after the gap hands back its pages"
-    );
+    assert_eq!(loan_of(&st, h), (true, 1));
+    let app = SmolStream::new(st.clone(), h, k, None);
+    app.abort();
+    drop(app);
+    st.poll_once(&mut out, &stats, Instant::now());
+    assert_eq!(st.counts(), (0, 0));
+    assert_eq!(st.inner.lock().loans.lent, 0);
 }
 
 /// The app's last bytes and its FIN are both in before the session reads:
