@@ -197,10 +197,11 @@ pub const SMOLTCP_PER_PACKET: Scenario = Scenario {
     scale: false,
 };
 
-/// The smoltcp profile of a group: router topology at MTU 1500 only (the
-/// path the per-packet targets are about).
+/// The smoltcp profiles of a group: router topology at MTU 1500 (the path
+/// the per-packet targets are about), and the phone's own TUN at MTU 4064
+/// (the iOS glue's MTU; the app next to the engine, as an iOS app is).
 fn smoltcp_profile(topo: Topo, mtu: u16) -> Option<PhoneProfile> {
-    (topo == Topo::Router && mtu == 1500).then_some(PhoneProfile {
+    matches!((topo, mtu), (Topo::Router, 1500) | (Topo::Android, 4064)).then_some(PhoneProfile {
         topo,
         mtu,
         driver: Some(SMOLTCP_DRIVER),
@@ -285,8 +286,8 @@ mod tests {
         let ids: Vec<String> = all.iter().map(PhoneProfile::id).collect();
         assert_eq!(
             ids.len(),
-            22,
-            "21 system-stack profiles and the smoltcp one"
+            23,
+            "21 system-stack profiles and the two smoltcp ones"
         );
         assert_eq!(
             ids[..5],
@@ -328,7 +329,14 @@ mod tests {
     }
 
     #[test]
-    fn the_smoltcp_profile_is_router_1500_and_can_run_alone() {
+    fn the_smoltcp_profiles_are_router_1500_and_android_4064_and_can_run_alone() {
+        let android = profiles(&[(Topo::Android, vec![1500, 4064, 9000])]);
+        let smol: Vec<String> = android
+            .iter()
+            .filter(|p| p.driver == Some(SMOLTCP_DRIVER))
+            .map(PhoneProfile::id)
+            .collect();
+        assert_eq!(smol, ["android-4064-smoltcp-per-packet"]);
         let all = profiles(&[
             (Topo::Router, vec![1500, 9000]),
             (Topo::Local, vec![1500, 9000]),
