@@ -207,9 +207,9 @@ pub const SESSION_STATE: usize = 5 * 1024;
 pub const SMOLTCP_SOCKET_STATE: usize = 2 * 1024;
 
 /// Bytes of each of the two rings a smoltcp socket starts on and keeps
-/// while it moves little data; it borrows full rings
-/// (`Budget::smoltcp_buffer`) from [`Memory::smoltcp_rings`] while data
-/// fills them (`stack/smoltcp/rings.rs`). One TCP segment of the common
+/// while it moves little data; it borrows a full ring
+/// (`Budget::smoltcp_buffer`) from [`Memory::smoltcp_rings`] for a
+/// direction whose small ring data fills (`stack/smoltcp/rings.rs`). One TCP segment of the common
 /// 1500-byte path MTU fits.
 pub const SMOLTCP_SMALL_RING: usize = 2 * 1024;
 
@@ -248,8 +248,8 @@ pub struct Memory {
     pub fake_ip: usize,
     /// Proxied UDP flows' queued datagrams beyond one buffer per flow.
     pub udp_queues: usize,
-    /// smoltcp only: the full ring pairs (two `Budget::smoltcp_buffer`
-    /// rings each) lent to sockets while data fills their small rings.
+    /// smoltcp only: the full rings (`Budget::smoltcp_buffer` each) lent
+    /// to sockets while data fills their small rings.
     pub smoltcp_rings: usize,
 }
 
@@ -304,9 +304,9 @@ impl Budget {
                     // least recently used give their addresses back.
                     fake_ip: MIB / 2,
                     udp_queues: MIB,
-                    // 32 sockets on 64 KiB rings at once; the smoltcp
-                    // profile's 16 and 64 streams move as fast as one
-                    // (docs/notes.md, "smoltcp: rings on loan").
+                    // 64 rings of 64 KiB: 64 transfers (one direction
+                    // each) on full rings at once (docs/notes.md,
+                    // "smoltcp: rings on loan").
                     smoltcp_rings: 4 * MIB,
                 },
             },
@@ -325,7 +325,7 @@ impl Budget {
                     dns_in_flight: 4 * MIB,
                     fake_ip: 4 * MIB,
                     udp_queues: 8 * MIB,
-                    // 64 sockets on 128 KiB rings.
+                    // 128 rings of 128 KiB.
                     smoltcp_rings: 16 * MIB,
                 },
             },
@@ -347,7 +347,7 @@ impl Budget {
                     // to the longest (253 characters) included.
                     fake_ip: 16 * MIB,
                     udp_queues: 256 * MIB,
-                    // 256 sockets on 512 KiB rings.
+                    // 512 rings of 512 KiB.
                     smoltcp_rings: 256 * MIB,
                 },
             },
@@ -389,10 +389,10 @@ impl Budget {
         }
     }
 
-    /// How many smoltcp sockets may be on full rings at once
-    /// ([`Memory::smoltcp_rings`] over two rings), at least one.
-    pub fn smoltcp_ring_pairs(&self) -> usize {
-        (self.memory.smoltcp_rings / (2 * self.smoltcp_buffer.max(1))).max(1)
+    /// How many full smoltcp rings may be lent at once
+    /// ([`Memory::smoltcp_rings`] over one ring), at least one.
+    pub fn smoltcp_full_rings(&self) -> usize {
+        (self.memory.smoltcp_rings / self.smoltcp_buffer.max(1)).max(1)
     }
 
     /// The most each budget lets the engine hold at normal pressure, with
@@ -964,12 +964,12 @@ mod tests {
             let total: usize = rows.iter().map(|r| r.1).sum();
             eprintln!(
                 "[budget] {p:?}: sessions system {:?} ({} B each), smoltcp {:?} ({} B each, \
-                 {} full ring pairs in {:.2} MiB)",
+                 {} full rings in {:.2} MiB)",
                 b.tcp_sessions(TcpStack::System),
                 b.session_cost(TcpStack::System),
                 b.tcp_sessions(TcpStack::Smoltcp),
                 b.session_cost(TcpStack::Smoltcp),
-                b.smoltcp_ring_pairs(),
+                b.smoltcp_full_rings(),
                 b.memory.smoltcp_rings as f64 / MIB,
             );
             for (what, bytes) in &rows {
@@ -1012,9 +1012,9 @@ mod tests {
         );
         assert!(smol[0] < system[0]);
         assert!(smol[0] >= 800, "{smol:?}");
-        assert_eq!(ios.smoltcp_ring_pairs(), 32);
+        assert_eq!(ios.smoltcp_full_rings(), 64);
         assert_eq!(
-            ios.smoltcp_ring_pairs() * 2 * ios.smoltcp_buffer,
+            ios.smoltcp_full_rings() * ios.smoltcp_buffer,
             ios.memory.smoltcp_rings
         );
         // Never more sessions than TCP flows.

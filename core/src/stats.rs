@@ -55,11 +55,10 @@ pub struct Stats {
     /// Pure ACKs the per-packet driver did not write because a newer one
     /// of the same flow, in the same drain, said the same (`tun.ack_thinning`).
     pub tcp_acks_thinned: AtomicU64,
-    /// smoltcp sockets on full rings borrowed from the pool now
-    /// (`stack/smoltcp/rings.rs`).
+    /// Full smoltcp rings lent to sockets now (`stack/smoltcp/rings.rs`).
     pub smoltcp_ring_loans: AtomicU64,
-    /// Times a smoltcp socket asked for full rings while the pool had lent
-    /// every pair: it went on with its small rings.
+    /// Times a smoltcp socket asked for a full ring while the pool had lent
+    /// every one: it went on with its small ring.
     pub smoltcp_ring_loans_refused: AtomicU64,
     pub rejects: [AtomicU64; Reject::COUNT],
     pub drops: DropCounts,
@@ -434,9 +433,9 @@ pub struct StatsSnapshot {
     pub tcp_window_clamped: u64,
     /// Pure ACKs not written: a newer one of the flow said the same (`tun.ack_thinning`).
     pub tcp_acks_thinned: u64,
-    /// smoltcp sockets on full rings borrowed from the pool now.
+    /// Full smoltcp rings lent to sockets now.
     pub smoltcp_ring_loans: u64,
-    /// smoltcp sockets refused full rings (the pool had lent every pair).
+    /// Times a smoltcp socket was refused a full ring (every one was lent).
     pub smoltcp_ring_loans_refused: u64,
     /// Non-zero drop counters, by reason name (parse rejections and engine drops).
     pub drops: Vec<(&'static str, u64)>,

@@ -170,11 +170,11 @@ pub struct EngineStats {
     /// Pure ACKs the engine did not write to the TUN because a newer one of
     /// the same flow, read in the same drain, said the same.
     pub tcp_acks_thinned: u64,
-    /// smoltcp sockets on full rings borrowed from the engine's pool now
-    /// (the rest move data on small rings).
+    /// Full smoltcp rings lent from the engine's pool to sockets now (the
+    /// other sockets move their data on small rings).
     pub smoltcp_ring_loans: u64,
-    /// Times a smoltcp socket asked for full rings while the pool had lent
-    /// every pair (it went on with its small rings, more slowly).
+    /// Times a smoltcp socket asked for a full ring while the pool had lent
+    /// every one (it went on with its small ring, more slowly).
     pub smoltcp_ring_loans_refused: u64,
     /// Sum of `drops`.
     pub total_drops: u64,

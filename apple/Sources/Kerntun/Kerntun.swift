@@ -3323,13 +3323,13 @@ public struct EngineStats: Equatable, Hashable {
      */
     public var tcpAcksThinned: UInt64
     /**
-     * smoltcp sockets on full rings borrowed from the engine's pool now
-     * (the rest move data on small rings).
+     * Full smoltcp rings lent from the engine's pool to sockets now (the
+     * other sockets move their data on small rings).
      */
     public var smoltcpRingLoans: UInt64
     /**
-     * Times a smoltcp socket asked for full rings while the pool had lent
-     * every pair (it went on with its small rings, more slowly).
+     * Times a smoltcp socket asked for a full ring while the pool had lent
+     * every one (it went on with its small ring, more slowly).
      */
     public var smoltcpRingLoansRefused: UInt64
     /**
@@ -3467,12 +3467,12 @@ public struct EngineStats: Equatable, Hashable {
          * the same flow, read in the same drain, said the same.
          */tcpAcksThinned: UInt64, 
         /**
-         * smoltcp sockets on full rings borrowed from the engine's pool now
-         * (the rest move data on small rings).
+         * Full smoltcp rings lent from the engine's pool to sockets now (the
+         * other sockets move their data on small rings).
          */smoltcpRingLoans: UInt64, 
         /**
-         * Times a smoltcp socket asked for full rings while the pool had lent
-         * every pair (it went on with its small rings, more slowly).
+         * Times a smoltcp socket asked for a full ring while the pool had lent
+         * every one (it went on with its small ring, more slowly).
          */smoltcpRingLoansRefused: UInt64, 
         /**
          * Sum of `drops`.

@@ -294,7 +294,7 @@ async fn assemble(
             )
             .with_loans(
                 crate::budget::SMOLTCP_SMALL_RING,
-                budget.smoltcp_ring_pairs(),
+                budget.smoltcp_full_rings(),
                 Some(pressure.clone()),
             )
             .with_half_open(crate::stack::HALF_OPEN_MAX.min(sessions[0] / 2));

@@ -437,7 +437,7 @@ pub fn run(data: &[u8]) -> Summary {
         "198.18.0.1/16".parse().expect("static prefix"),
         "fd00:18::1/64".parse().expect("static prefix"),
     ];
-    // Sockets start on 1 KiB rings and one at a time borrows the 4 KiB pair
+    // Sockets start on 1 KiB rings and one at a time borrows a 4 KiB ring
     // (`rings.rs`): programs move sockets between rings mid-stream.
     let st = Arc::new(
         Sockets::new(&nets, MTU, BUFFER, IDLE, LINGER, MAX_SOCKETS).with_loans(1024, 1, None),

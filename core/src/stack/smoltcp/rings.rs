@@ -1,17 +1,20 @@
 //! Rings on loan. A socket starts on two small rings ([`Loans::small`]
 //! bytes each, charged with its session: `budget::SMOLTCP_SMALL_RING`) and
-//! borrows a pair of full rings (`budget.smoltcp_buffer` each) from the
-//! engine's pool (`Memory::smoltcp_rings`) once data fills one of its
-//! small rings past half. It hands the pair back once its session moved no
-//! data for [`RING_QUIET`] and both rings are empty, and goes on with its
-//! small rings. While every pair is lent, a socket that asks stays on its
-//! small rings: it still moves data, a small window at a time, and asks
-//! again the next time a ring fills (the refusal is counted:
+//! borrows a full ring (`budget.smoltcp_buffer`) from the engine's pool
+//! (`Memory::smoltcp_rings`) for the direction whose small ring data fills
+//! past half: the receive ring for the app's data, the send ring for its
+//! session's. A download borrows only its send ring, an upload only its
+//! receive ring, so the pool serves twice the transfers it would in pairs.
+//! The poller takes a socket's full rings back once its session moved no
+//! data for [`RING_QUIET`], each ring once it is empty, and the socket goes
+//! on with its small rings. While every ring is lent, a socket that asks
+//! stays on its small ring: it still moves data, a small window at a time,
+//! and asks again the next time the ring fills (the refusal is counted:
 //! `smoltcp_ring_loans_refused`). Under memory pressure the pool lends a
-//! half or a quarter of its pairs, as every budget does for new charges;
+//! half or a quarter of its rings, as every budget does for new charges;
 //! loans already made stay until they come back.
 //!
-//! A pair handed back keeps no pages (`sys::pages::discard`; the pool owns
+//! A ring handed back keeps no pages (`sys::pages::discard`; the pool owns
 //! it then, smoltcp holds no borrow of it), so what is resident beyond the
 //! sockets' state and small rings is what the sockets on loan hold, at
 //! most the pool (docs/architecture.md, "The smoltcp stack", "Rings on
@@ -28,44 +31,59 @@ use super::sockets::{Id, Inner};
 use crate::budget::{Pressure, tiers};
 use crate::sys::pages;
 
-/// A socket on loan whose session moved no data for this long, with both
-/// rings empty, hands its full rings back.
+/// A socket on loan whose session moved no data for this long hands back
+/// each full ring that is empty.
 pub(super) const RING_QUIET: Duration = Duration::from_secs(1);
 
-/// The pool of full ring pairs, and the sockets holding one.
+/// The pool of full rings, and the sockets holding one.
 #[derive(Debug)]
 pub(super) struct Loans {
     /// Bytes of each small ring.
     pub(super) small: usize,
     /// Bytes of each full ring.
     full: usize,
-    /// Pairs the pool may lend at once, at each pressure tier.
+    /// Rings the pool may lend at once, at each pressure tier.
     max: [usize; 3],
     /// The host's memory pressure (`None`: always normal).
     pressure: Option<Arc<Pressure>>,
-    /// Pairs lent now.
+    /// Rings lent now.
     pub(super) lent: usize,
-    /// Pairs handed back, their pages discarded (at most `max - lent`).
-    spare: Vec<Pair>,
+    /// Rings handed back, their pages discarded (at most `max - lent`).
+    spare: Vec<Vec<u8>>,
     /// Sockets on loan with when they were filed, oldest first: the poller
-    /// takes back the pairs of those quiet for [`RING_QUIET`].
+    /// takes back the rings of those quiet for [`RING_QUIET`].
     pub(super) quiet: VecDeque<(Id, Instant)>,
-    /// Loans asked for while every pair was lent, not yet published.
+    /// Loans asked for while every ring was lent, not yet published.
     pub(super) refused: u64,
 }
 
-/// A socket's loan: when its session last moved data, and its small rings
-/// (receive, send), kept for its return.
-#[derive(Debug)]
+/// A socket's loans: when its session last moved data, and the small ring
+/// each full one replaced (receive, send), kept for its return.
+#[derive(Debug, Default)]
 pub(super) struct Loan {
-    pub(super) at: Instant,
-    small: Pair,
+    pub(super) at: Option<Instant>,
+    rx: Option<Vec<u8>>,
+    tx: Option<Vec<u8>>,
+}
+
+impl Loan {
+    /// Whether the socket holds a full ring.
+    pub(super) fn any(&self) -> bool {
+        self.rx.is_some() || self.tx.is_some()
+    }
+}
+
+/// Which of a socket's rings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Ring {
+    Rx,
+    Tx,
 }
 
 impl Loans {
-    /// `max` pairs of `full`-byte rings (at normal pressure) for sockets
-    /// that start on `small`-byte rings. With `small >= full` there is
-    /// nothing to lend: sockets start on full rings.
+    /// `max` rings of `full` bytes (at normal pressure) for sockets that
+    /// start on `small`-byte rings. With `small >= full` there is nothing
+    /// to lend: sockets start on full rings.
     pub(super) fn new(
         small: usize,
         full: usize,
@@ -88,12 +106,17 @@ impl Loans {
         }
     }
 
-    /// A full pair for a loan: a spare one, or a new one while fewer than
-    /// `max` are lent. The rings of a new pair are handed back page by
-    /// page at once: `calloc` clears a chunk it reuses (in a runtime
-    /// thread's arena, every chunk), which would make both resident in
-    /// full before data fills them.
-    fn take(&mut self, now: Instant) -> Option<Pair> {
+    /// Whether there is anything to lend at all.
+    pub(super) fn lends(&self) -> bool {
+        self.max[0] > 0
+    }
+
+    /// A full ring for a loan: a spare one, or a new one while fewer than
+    /// the tier's rings are lent. The pages of a new ring are handed back
+    /// at once: `calloc` clears a chunk it reuses (in a runtime thread's
+    /// arena, every chunk), which would make it resident in full before
+    /// data fills it.
+    fn take(&mut self, now: Instant) -> Option<Vec<u8>> {
         let tier = self.pressure.as_ref().map_or(0, |p| p.level(now) as usize);
         if self.lent >= self.max[tier] {
             self.refused += 1;
@@ -102,31 +125,20 @@ impl Loans {
         self.lent += 1;
         let full = self.full;
         Some(self.spare.pop().unwrap_or_else(|| {
-            let ring = || {
-                let mut v = vec![0u8; full];
-                pages::discard(&mut v);
-                v
-            };
-            (ring(), ring())
+            let mut v = vec![0u8; full];
+            pages::discard(&mut v);
+            v
         }))
     }
 
-    /// Whether there is anything to lend at all.
-    pub(super) fn lends(&self) -> bool {
-        self.max[0] > 0
-    }
-
-    /// A pair back from a loan: its pages are handed back, the pair kept
+    /// A ring back from a loan: its pages are handed back, the ring kept
     /// for the next loan (at most as many as the pool lends at normal
     /// pressure, less those lent).
-    fn put(&mut self, mut pair: Pair) {
+    fn put(&mut self, mut ring: Vec<u8>) {
         self.lent = self.lent.saturating_sub(1);
-        if pair.0.len() == self.full && pair.1.len() == self.full {
-            pages::discard(&mut pair.0);
-            pages::discard(&mut pair.1);
-            if self.spare.len() + self.lent < self.max[0] {
-                self.spare.push(pair);
-            }
+        if ring.len() == self.full && self.spare.len() + self.lent < self.max[0] {
+            pages::discard(&mut ring);
+            self.spare.push(ring);
         }
     }
 }
@@ -139,56 +151,63 @@ fn into_vec(ring: tcp::SocketBuffer<'static>) -> Vec<u8> {
     }
 }
 
-/// A ring pair (receive, send) as vectors.
-type Pair = (Vec<u8>, Vec<u8>);
-
-/// Move `s` onto the rings `pair`: its old rings, or (refused: they
-/// cannot hold its data) `pair` back.
-fn swap(s: &mut tcp::Socket<'static>, pair: Pair) -> Result<Pair, Pair> {
-    let ring = tcp::SocketBuffer::new;
-    match s.replace_buffers(ring(pair.0), ring(pair.1)) {
-        Ok((rx, tx)) => Ok((into_vec(rx), into_vec(tx))),
-        Err((rx, tx)) => Err((into_vec(rx), into_vec(tx))),
-    }
+/// Move `s`'s `which` ring onto `ring`: the old ring, or (refused: `ring`
+/// cannot hold the data) `ring` back.
+fn swap(s: &mut tcp::Socket<'static>, which: Ring, ring: Vec<u8>) -> Result<Vec<u8>, Vec<u8>> {
+    let ring = tcp::SocketBuffer::new(ring);
+    let r = match which {
+        Ring::Rx => s.replace_rx_buffer(ring),
+        Ring::Tx => s.replace_tx_buffer(ring),
+    };
+    r.map(into_vec).map_err(into_vec)
 }
 
 impl Inner {
-    /// Whether socket `id` is on small rings and data fills one past half:
-    /// the receive ring from the app, or the send ring with `sending` more
-    /// bytes. Cheap: for every packet of a flow.
-    pub(super) fn wants_loan(&self, id: Id, sending: usize) -> bool {
-        let Some(slot) = self.slots.get(id as usize).and_then(Option::as_ref) else {
-            return false;
-        };
-        if slot.loan.is_some() || !self.loans.lends() {
-            return false;
+    /// The ring of socket `id` that is small and that data fills past
+    /// half, if any: the receive ring from the app, or the send ring with
+    /// `sending` more bytes. Cheap: for every packet of a flow.
+    pub(super) fn wants_loan(&self, id: Id, sending: usize) -> Option<Ring> {
+        if !self.loans.lends() {
+            return None;
         }
+        let slot = self.slots.get(id as usize)?.as_ref()?;
         let s = slot.set.get::<tcp::Socket>(slot.h);
         let half = self.loans.small / 2;
-        s.recv_queue() > half || s.send_queue() + sending > half
+        if slot.loan.rx.is_none() && s.recv_queue() > half {
+            Some(Ring::Rx)
+        } else if slot.loan.tx.is_none() && s.send_queue() + sending > half {
+            Some(Ring::Tx)
+        } else {
+            None
+        }
     }
 
-    /// Move socket `id` onto a full pair from the pool; false if the pool
-    /// has lent every pair (counted) or the socket's data did not fit.
-    pub(super) fn lend(&mut self, id: Id, now: Instant) -> bool {
+    /// Move socket `id`'s `which` ring onto a full one from the pool;
+    /// false if the pool has lent every ring (counted) or the socket's data
+    /// did not fit.
+    pub(super) fn lend(&mut self, id: Id, which: Ring, now: Instant) -> bool {
         let Inner { slots, loans, .. } = self;
         let Some(slot) = slots.get_mut(id as usize).and_then(Option::as_mut) else {
             return false;
         };
-        if slot.loan.is_some() {
-            return true;
-        }
         let Some(full) = loans.take(now) else {
             return false;
         };
-        match swap(slot.set.get_mut::<tcp::Socket>(slot.h), full) {
+        match swap(slot.set.get_mut::<tcp::Socket>(slot.h), which, full) {
             Ok(small) => {
-                slot.loan = Some(Loan { at: now, small });
-                loans.quiet.push_back((id, now));
+                let filed = slot.loan.any();
+                match which {
+                    Ring::Rx => slot.loan.rx = Some(small),
+                    Ring::Tx => slot.loan.tx = Some(small),
+                }
+                slot.loan.at = Some(now);
+                if !filed {
+                    loans.quiet.push_back((id, now));
+                }
                 true
             }
             Err(full) => {
-                // Not reached: full rings hold whatever small ones do.
+                // Not reached: a full ring holds whatever a small one does.
                 loans.put(full);
                 false
             }
@@ -197,19 +216,16 @@ impl Inner {
 
     /// The session of socket `id` moved data at `now`.
     pub(super) fn moved(&mut self, id: Id, now: Instant) {
-        if let Some(loan) = self
-            .slots
-            .get_mut(id as usize)
-            .and_then(Option::as_mut)
-            .and_then(|s| s.loan.as_mut())
+        if let Some(slot) = self.slots.get_mut(id as usize).and_then(Option::as_mut)
+            && slot.loan.any()
         {
-            loan.at = now;
+            slot.loan.at = Some(now);
         }
     }
 
-    /// Take back the pairs of the sockets on loan that have been quiet for
-    /// [`RING_QUIET`] with both rings empty; the earliest time another may
-    /// be due.
+    /// Take back the full rings of the sockets on loan that have been
+    /// quiet for [`RING_QUIET`], each once it is empty; the earliest time
+    /// another may be due.
     pub(super) fn return_quiet(&mut self, now: Instant) -> Option<Instant> {
         let Inner { slots, loans, .. } = self;
         while let Some(&(id, at)) = loans.quiet.front() {
@@ -220,7 +236,7 @@ impl Inner {
             let Some(slot) = slots.get_mut(id as usize).and_then(Option::as_mut) else {
                 continue;
             };
-            let Some(last) = slot.loan.as_ref().map(|l| l.at) else {
+            let Some(last) = slot.loan.at.filter(|_| slot.loan.any()) else {
                 continue;
             };
             if now.saturating_duration_since(last) < RING_QUIET {
@@ -228,33 +244,41 @@ impl Inner {
                 continue;
             }
             let s = slot.set.get_mut::<tcp::Socket>(slot.h);
-            if s.recv_queue() > 0 || s.send_queue() > 0 {
-                // Data waits in a ring (unread, or not acknowledged by the
-                // app yet): look again after another while.
-                loans.quiet.push_back((id, now));
-                continue;
-            }
-            let Some(loan) = slot.loan.take() else {
-                continue;
-            };
-            match swap(s, loan.small) {
-                Ok(full) => loans.put(full),
-                Err(small) => {
-                    // Out-of-order data waits in the receive ring.
-                    slot.loan = Some(Loan { at: now, small });
-                    loans.quiet.push_back((id, now));
+            if s.recv_queue() == 0
+                && let Some(small) = slot.loan.rx.take()
+            {
+                // Refused while out-of-order data waits in the ring.
+                match swap(s, Ring::Rx, small) {
+                    Ok(full) => loans.put(full),
+                    Err(small) => slot.loan.rx = Some(small),
                 }
+            }
+            if s.send_queue() == 0
+                && let Some(small) = slot.loan.tx.take()
+            {
+                match swap(s, Ring::Tx, small) {
+                    Ok(full) => loans.put(full),
+                    Err(small) => slot.loan.tx = Some(small),
+                }
+            }
+            if slot.loan.any() {
+                // Data waits in a ring (unread, not acknowledged by the app
+                // yet, or out of order): look again after another while.
+                loans.quiet.push_back((id, now));
             }
         }
         None
     }
 
-    /// Socket `id` is being removed with `sock`, its socket: a loan it
-    /// holds goes back to the pool.
-    pub(super) fn end_loan(&mut self, sock: tcp::Socket<'static>, loan: Option<Loan>) {
-        if loan.is_some() {
-            let (rx, tx) = sock.into_buffers();
-            self.loans.put((into_vec(rx), into_vec(tx)));
+    /// A socket is being removed with `loan`: its full rings, taken from
+    /// `sock`, go back to the pool.
+    pub(super) fn end_loan(&mut self, sock: tcp::Socket<'static>, loan: &Loan) {
+        let (rx, tx) = sock.into_buffers();
+        if loan.rx.is_some() {
+            self.loans.put(into_vec(rx));
+        }
+        if loan.tx.is_some() {
+            self.loans.put(into_vec(tx));
         }
     }
 }

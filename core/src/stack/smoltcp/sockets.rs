@@ -39,7 +39,7 @@ use tokio::sync::Notify;
 use super::device::{Dev, Held, Sink, TunSink, TxCount};
 use super::gate::is_unicast;
 use super::half_open::Connecting;
-use super::rings::{Loan, Loans};
+use super::rings::{Loan, Loans, Ring};
 use crate::budget::OwnedPermit;
 use crate::lifecycle::{Lifecycle, Phase};
 use crate::nat::FlowKey;
@@ -146,8 +146,8 @@ pub(super) struct Slot {
     dirty: bool,
     /// Its entry in `Inner::held` during a drain.
     held: Option<u32>,
-    /// Its full rings' loan (`None`: on its small rings).
-    pub(super) loan: Option<Loan>,
+    /// The full rings it borrowed, if any.
+    pub(super) loan: Loan,
 }
 
 impl Inner {
@@ -239,7 +239,7 @@ impl Inner {
             timer: None,
             dirty: false,
             held: None,
-            loan: None,
+            loan: Loan::default(),
         };
         match self.free.pop() {
             Some(id) => {
@@ -263,9 +263,11 @@ impl Inner {
             if let Some(e) = slot.held.and_then(|i| self.held.get_mut(i as usize)) {
                 e.1.clear();
             }
-            #[allow(irrefutable_let_patterns)] // Only TCP sockets are enabled.
-            if let smoltcp::socket::Socket::Tcp(sock) = slot.set.remove(slot.h) {
-                self.end_loan(sock, slot.loan.take());
+            if slot.loan.any() {
+                #[allow(irrefutable_let_patterns)] // Only TCP sockets are enabled.
+                if let smoltcp::socket::Socket::Tcp(sock) = slot.set.remove(slot.h) {
+                    self.end_loan(sock, &slot.loan);
+                }
             }
             self.free.push(id);
         }
@@ -453,17 +455,17 @@ impl Sockets {
         }
     }
 
-    /// Start sockets on rings of `small` bytes and lend up to `pairs`
-    /// sockets at once (a half or a quarter of them under `pressure`) a
-    /// pair of full rings while data fills their small ones (`rings.rs`).
-    /// Without it sockets start on full rings.
+    /// Start sockets on rings of `small` bytes and lend up to `rings` full
+    /// rings at once (a half or a quarter of them under `pressure`) to the
+    /// sockets whose small ones data fills (`rings.rs`). Without it
+    /// sockets start on full rings.
     pub(crate) fn with_loans(
         mut self,
         small: usize,
-        pairs: usize,
+        rings: usize,
         pressure: Option<Arc<crate::budget::Pressure>>,
     ) -> Self {
-        let loans = Loans::new(small, self.buffer, pairs, pressure);
+        let loans = Loans::new(small, self.buffer, rings, pressure);
         self.small = loans.small;
         self.inner.get_mut().loans = loans;
         self
@@ -523,13 +525,13 @@ impl Sockets {
         let mut g = self.inner.lock();
         let id = key.and_then(|k| g.flows.get(&k).copied());
         g.poll(id, ts, Some(pkt), sink, hold);
-        // The app's data fills the small receive ring: full rings, if the
-        // pool has a pair, and a poll that tells the app of the wider
-        // window at once (smoltcp's ACK of this segment offered the small
-        // ring's rest).
+        // The app's data fills the small receive ring: a full one, if the
+        // pool has one, and a poll that tells the app of the wider window
+        // at once (smoltcp's ACK of this segment offered the small ring's
+        // rest).
         if let Some(id) = id
-            && g.wants_loan(id, 0)
-            && g.lend(id, now)
+            && g.wants_loan(id, 0) == Some(Ring::Rx)
+            && g.lend(id, Ring::Rx, now)
         {
             g.poll(Some(id), ts, None, sink, hold);
         }
@@ -616,7 +618,7 @@ impl Sockets {
         let now = Instant::now();
         let mut lines = vec![format!(
             "smoltcp: {} flows, {} connecting, {} detached, {} deadlines, {} queued for the \
-             poller, {} ring pairs lent, poller armed {:?}, unpublished tx {:?}",
+             poller, {} full rings lent, poller armed {:?}, unpublished tx {:?}",
             g.flows.len(),
             g.connecting.len(),
             g.detached.len(),

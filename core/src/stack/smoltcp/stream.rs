@@ -191,10 +191,10 @@ impl Sockets {
     ) -> Poll<io::Result<usize>> {
         let mut g = self.inner.lock();
         let now = Instant::now();
-        // More than the small send ring holds: full rings, if the pool has
-        // a pair.
-        if g.wants_loan(id, data.len()) {
-            g.lend(id, now);
+        // More than the small send ring holds: a full one, if the pool has
+        // one.
+        if let Some(which) = g.wants_loan(id, data.len()) {
+            g.lend(id, which, now);
         }
         let s = g.socket(id);
         if s.can_send() {

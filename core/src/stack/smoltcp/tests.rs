@@ -872,13 +872,13 @@ fn a_drain_sends_one_cumulative_ack_per_flow() {
 }
 
 /// A stack of 16 KiB full rings and room for 4 sockets whose sockets
-/// start on 2 KiB rings, with `pairs` full pairs to lend.
-fn loan_stack(pairs: usize) -> Arc<Sockets> {
-    loan_stack_under(pairs, None)
+/// start on 2 KiB rings, with `rings` full rings to lend.
+fn loan_stack(rings: usize) -> Arc<Sockets> {
+    loan_stack_under(rings, None)
 }
 
 /// [`loan_stack`] whose pool follows `pressure`.
-fn loan_stack_under(pairs: usize, pressure: Option<Arc<crate::budget::Pressure>>) -> Arc<Sockets> {
+fn loan_stack_under(rings: usize, pressure: Option<Arc<crate::budget::Pressure>>) -> Arc<Sockets> {
     let nets: Vec<IpNet> = vec!["198.18.0.1/16".parse().expect("test input")];
     Arc::new(
         Sockets::new(
@@ -889,16 +889,14 @@ fn loan_stack_under(pairs: usize, pressure: Option<Arc<crate::budget::Pressure>>
             Duration::from_secs(10),
             4,
         )
-        .with_loans(2048, pairs, pressure),
+        .with_loans(2048, rings, pressure),
     )
 }
 
-/// Whether socket `id` is on loan, and how many pairs are lent.
+/// Whether socket `id` holds a full ring, and how many are lent.
 fn loan_of(st: &Sockets, id: Id) -> (bool, usize) {
     let g = st.inner.lock();
-    let on = g.slots[id as usize]
-        .as_ref()
-        .is_some_and(|s| s.loan.is_some());
+    let on = g.slots[id as usize].as_ref().is_some_and(|s| s.loan.any());
     (on, g.loans.lent)
 }
 
@@ -924,14 +922,16 @@ fn app_sends(
 }
 
 /// A socket starts on its small rings (the SYN-ACK offers 2 KiB, scaled
-/// for the full ring), borrows the full pair once the app's data fills
-/// the small receive ring past half (and says so to the app at once),
-/// keeps it while data waits unacknowledged, and hands it back once quiet
-/// for `RING_QUIET` with both rings empty; the next round borrows the
-/// spare pair. Every byte arrives exact both ways.
+/// for the full ring), borrows a full receive ring once the app's data
+/// fills the small one past half (and says so to the app at once) and a
+/// full send ring once its session writes more than half a small one;
+/// once quiet for `RING_QUIET` it hands back the empty receive ring and
+/// keeps the send ring while data in it waits unacknowledged, then hands
+/// that back too; the next round borrows the spare rings. Every byte
+/// arrives exact both ways.
 #[test]
 fn full_rings_are_lent_while_data_fills_and_taken_back_quiet() {
-    let st = loan_stack(1);
+    let st = loan_stack(2);
     let stats = Stats::default();
     let mut out = Capture::default();
     let rt = runtime();
@@ -954,8 +954,8 @@ fn full_rings_are_lent_while_data_fills_and_taken_back_quiet() {
     let mut app_seq = 1001u32;
     let mut acked = srv_seq;
     for round in 0..3 {
-        // One segment fills the small ring past half: the full pair, and
-        // a window update that offers it.
+        // One segment fills the small ring past half: a full receive
+        // ring, and a window update that offers it.
         out.0.clear();
         let up = pattern(10 * 1400, round);
         app_seq = app_sends(&st, &mut out, &stats, k, app_seq, acked, &up[..1400], t);
@@ -968,9 +968,10 @@ fn full_rings_are_lent_while_data_fills_and_taken_back_quiet() {
         app_seq = app_sends(&st, &mut out, &stats, k, app_seq, acked, &up[1400..], t);
         let got = read_exactly(&rt, &app, up.len(), 4096);
         assert!(got == up, "round {round}: the app's bytes arrive exact");
-        // Session to app: 12 KiB through the full send ring.
+        // Session to app: 12 KiB through a full send ring.
         let down = pattern(12 * 1024, 100 + round);
         rt.block_on(app.send_all(&down)).expect("test input");
+        assert_eq!(loan_of(&st, h), (true, 2), "round {round}: both lent");
         out.0.clear();
         st.poll_once(&mut out, &stats, t);
         let data: Vec<u8> = out.0.iter().flat_map(|p| seg(p).5).collect();
@@ -978,14 +979,16 @@ fn full_rings_are_lent_while_data_fills_and_taken_back_quiet() {
             data == down,
             "round {round}: the session's bytes arrive exact"
         );
-        // Quiet but unacknowledged: kept.
+        // Quiet: the empty receive ring goes back, the send ring's
+        // unacknowledged data keeps it.
         t += RING_QUIET + Duration::from_millis(100);
         st.poll_once(&mut out, &stats, t);
         assert_eq!(
             loan_of(&st, h),
             (true, 1),
-            "round {round}: unacknowledged data keeps it"
+            "round {round}: unacknowledged data keeps the send ring"
         );
+        assert_eq!(st.inner.lock().socket(h).recv_capacity(), 2048);
         acked = acked.wrapping_add(down.len() as u32);
         st.input(&from_app(k, app_seq, acked, ACK, &[]), t, &mut out, &stats);
         assert_eq!(st.inner.lock().socket(h).send_queue(), 0);
@@ -1003,15 +1006,15 @@ fn full_rings_are_lent_while_data_fills_and_taken_back_quiet() {
     assert_eq!(stats.smoltcp_ring_loans_refused.load(Relaxed), 0);
 }
 
-/// With every pair lent, a socket whose data fills its small ring stays
+/// With every ring lent, a socket whose data fills its small ring stays
 /// on it (counted) and still delivers every byte, a small window at a
 /// time; the app's segments past that window, sent inside the wider one
 /// the socket offered while it held full rings, are cut to what fits and
 /// taken again from where the ACK says (the window is clamped to the
 /// ring: without it smoltcp would account bytes it never stored). Once
-/// the pair is free again, the socket borrows it.
+/// the ring is free again, the socket borrows it.
 #[test]
-fn with_every_pair_lent_a_socket_moves_data_on_its_small_rings() {
+fn with_every_ring_lent_a_socket_moves_data_on_its_small_rings() {
     let st = loan_stack(1);
     let stats = Stats::default();
     let mut out = Capture::default();
@@ -1021,8 +1024,8 @@ fn with_every_pair_lent_a_socket_moves_data_on_its_small_rings() {
     let a = SmolStream::new(st.clone(), ha, ka, None);
     let b = SmolStream::new(st.clone(), hb, kb, None);
     let mut t = Instant::now();
-    // A borrows the pair, offers its wide window, reads, goes quiet and
-    // hands the pair back.
+    // A borrows the ring, offers its wide window, reads, goes quiet and
+    // hands the ring back.
     let first = pattern(8 * 1400, 1);
     let mut a_seq = app_sends(&st, &mut out, &stats, ka, 1001, sa, &first, t);
     assert!(read_exactly(&rt, &a, first.len(), 32 * 1024) == first);
@@ -1034,7 +1037,7 @@ fn with_every_pair_lent_a_socket_moves_data_on_its_small_rings() {
     assert_eq!(loan_of(&st, hb), (true, 1));
     assert!(read_exactly(&rt, &b, bdata.len(), 32 * 1024) == bdata);
     // A's app sends 5 segments at once, inside the window A offered last
-    // (16 KiB): A is refused the pair and its 2 KiB ring takes what fits.
+    // (16 KiB): A is refused the ring and its 2 KiB ring takes what fits.
     let burst = pattern(5 * 1400, 3);
     let got = app_delivers(
         &st, &mut out, &stats, &rt, &a, ka, &mut a_seq, sa, &burst, &mut t,
@@ -1043,7 +1046,7 @@ fn with_every_pair_lent_a_socket_moves_data_on_its_small_rings() {
     assert_eq!(loan_of(&st, ha), (false, 1), "A stayed on its small rings");
     assert!(stats.smoltcp_ring_loans_refused.load(Relaxed) > 0);
     assert_eq!(stats.smoltcp_ring_loans.load(Relaxed), 1);
-    // B goes quiet and hands the pair back; A's next fill borrows it.
+    // B goes quiet and hands the ring back; A's next fill borrows it.
     go_quiet(&st, &mut out, &stats, &mut t);
     assert_eq!(loan_of(&st, hb), (false, 0));
     let more = pattern(6 * 1400, 4);
@@ -1108,11 +1111,11 @@ fn app_delivers(
     panic!("{sent} of {} bytes taken in 50 rounds", data.len());
 }
 
-/// Under memory pressure the pool lends a quarter of its pairs
+/// Under memory pressure the pool lends a quarter of its rings
 /// (critical), as every budget does for new charges; back at normal, the
 /// whole pool again.
 #[test]
-fn memory_pressure_lends_fewer_pairs() {
+fn memory_pressure_lends_fewer_rings() {
     use crate::budget::{MemoryPressure, Pressure};
     let pressure = Arc::new(Pressure::default());
     let st = loan_stack_under(4, Some(pressure.clone()));
@@ -1131,9 +1134,9 @@ fn memory_pressure_lends_fewer_pairs() {
     assert_eq!(loan_of(&st, b.1), (true, 2), "normal: the whole pool");
 }
 
-/// A socket removed while on loan gives its pair back to the pool.
+/// A socket removed while on loan gives its ring back to the pool.
 #[test]
-fn a_removed_socket_returns_its_pair() {
+fn a_removed_socket_returns_its_ring() {
     let st = loan_stack(1);
     let stats = Stats::default();
     let mut out = Capture::default();

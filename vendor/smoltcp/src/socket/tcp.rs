@@ -901,35 +901,44 @@ impl<'a> Socket<'a> {
         self.state
     }
 
-    /// Move the socket onto new rings and return the old ones (receive,
-    /// send). (kerntun patch.)
+    /// Move the socket's receive data onto the ring `rx` and return the
+    /// old ring. (kerntun patch.)
     ///
-    /// The data each ring holds is copied over, and so is data the receive
-    /// ring holds out of order. The new receive ring must hold what the
-    /// old one does: its data, or while out-of-order data is held, its
-    /// whole capacity. The new send ring must hold its unacknowledged
-    /// data. Otherwise nothing changes and the rings come back in `Err`.
-    ///
-    /// The window scale stays what the handshake settled (see
-    /// [`set_window_shift_for`](Self::set_window_shift_for)); a smaller
-    /// receive ring may advertise less than was advertised before.
-    #[allow(clippy::type_complexity)]
-    pub fn replace_buffers(
+    /// The data is copied over, and so is data held out of order. `rx`
+    /// must hold what the old ring does: its data, or while out-of-order
+    /// data is held, its whole capacity; otherwise nothing changes and
+    /// `rx` comes back in `Err`. The window scale stays what the handshake
+    /// settled (see [`set_window_shift_for`](Self::set_window_shift_for));
+    /// a smaller ring may offer less than was offered before (the window
+    /// is clamped to the ring's free space when segments arrive).
+    pub fn replace_rx_buffer(
         &mut self,
         rx: SocketBuffer<'a>,
-        tx: SocketBuffer<'a>,
-    ) -> Result<(SocketBuffer<'a>, SocketBuffer<'a>), (SocketBuffer<'a>, SocketBuffer<'a>)> {
-        let rx_needed = if self.assembler.is_empty() {
+    ) -> Result<SocketBuffer<'a>, SocketBuffer<'a>> {
+        let needed = if self.assembler.is_empty() {
             self.rx_buffer.len()
         } else {
             self.rx_buffer.capacity()
         };
-        if rx.capacity() < rx_needed || tx.capacity() < self.tx_buffer.len() {
-            return Err((rx, tx));
+        if rx.capacity() < needed {
+            return Err(rx);
         }
-        let old_rx = self.rx_buffer.replace_storage(rx.into_storage());
-        let old_tx = self.tx_buffer.replace_storage(tx.into_storage());
-        Ok((SocketBuffer::new(old_rx), SocketBuffer::new(old_tx)))
+        let old = self.rx_buffer.replace_storage(rx.into_storage());
+        Ok(SocketBuffer::new(old))
+    }
+
+    /// Move the socket's send data (unacknowledged included) onto the ring
+    /// `tx` and return the old ring; if `tx` cannot hold it, nothing
+    /// changes and `tx` comes back in `Err`. (kerntun patch.)
+    pub fn replace_tx_buffer(
+        &mut self,
+        tx: SocketBuffer<'a>,
+    ) -> Result<SocketBuffer<'a>, SocketBuffer<'a>> {
+        if tx.capacity() < self.tx_buffer.len() {
+            return Err(tx);
+        }
+        let old = self.tx_buffer.replace_storage(tx.into_storage());
+        Ok(SocketBuffer::new(old))
     }
 
     /// The socket's rings (receive, send), the socket consumed.
@@ -941,7 +950,7 @@ impl<'a> Socket<'a> {
     /// Scale the window this socket offers in its handshake as if its
     /// receive ring held `capacity` bytes: for a socket that starts on a
     /// small ring and may move to one of `capacity` later
-    /// ([`replace_buffers`](Self::replace_buffers)). Call it after
+    /// ([`replace_rx_buffer`](Self::replace_rx_buffer)). Call it after
     /// `listen` or `connect` (which scale for the present ring) and before
     /// the handshake. (kerntun patch.)
     pub fn set_window_shift_for(&mut self, capacity: usize) {
@@ -1758,7 +1767,7 @@ impl<'a> Socket<'a> {
             window_start
         };
         // kerntun patch: never past the receive ring's free space. Without
-        // `replace_buffers` the advertised window never reaches past it; a
+        // `replace_rx_buffer` the advertised window never reaches past it; a
         // ring replaced by a smaller one takes what fits, and the rest of a
         // segment is trimmed as if outside the window (the ACK says so).
         let ring_end = window_start + self.rx_buffer.window();
