@@ -136,7 +136,13 @@ impl Sockets {
     ) -> Poll<io::Result<usize>> {
         let mut g = self.inner.lock();
         if g.socket(id).can_recv() {
-            return match recv_all(g.socket(id), buf) {
+            // One read takes what the ring holds, both parts of a wrapped
+            // ring (`recv_slice`). Not asked again: once the app's FIN is
+            // in, smoltcp answers a read of an empty ring with `Finished`,
+            // and a second read after the ring emptied turned the bytes
+            // just taken into an EOF, losing the app's last bytes
+            // (`tests.rs`, `bytes_before_the_fin_are_read_before_eof`).
+            return match g.socket(id).recv_slice(buf) {
                 Ok(n) => {
                     // The clock is read only for a read that takes data.
                     g.moved(id, Instant::now());
@@ -190,18 +196,18 @@ impl Sockets {
         data: &[u8],
     ) -> Poll<io::Result<usize>> {
         let mut g = self.inner.lock();
-        let now = Instant::now();
         // More than the small send ring holds: a full one, if the pool has
         // one.
         if let Some(which) = g.wants_loan(id, data.len()) {
-            g.lend(id, which, now);
+            g.lend(id, which, Instant::now());
         }
         let s = g.socket(id);
         if s.can_send() {
             return match s.send_slice(data) {
                 Ok(n) => {
                     g.mark(id);
-                    g.moved(id, now);
+                    // The clock is read only for a write that queues data.
+                    g.moved(id, Instant::now());
                     drop(g);
                     self.wake.notify_one();
                     Poll::Ready(Ok(n))
@@ -246,30 +252,6 @@ impl Sockets {
         drop(g);
         self.wake.notify_one();
     }
-}
-
-/// Read what the ring holds into `buf`, as far as it goes.
-///
-/// smoltcp lends the data up to the end of the ring, so a read that wraps
-/// takes two borrows; it asks for the second only while the ring still
-/// holds data. Once the app's FIN is in, smoltcp answers a read of an empty
-/// ring with `Finished`: asking again after the ring emptied turned the
-/// bytes just taken out of it into an EOF, and the app's last bytes were
-/// lost (`tests.rs`, `bytes_before_the_fin_are_read_before_eof`).
-fn recv_all(s: &mut tcp::Socket<'_>, buf: &mut [u8]) -> Result<usize, tcp::RecvError> {
-    let mut n = 0;
-    while n < buf.len() && s.can_recv() {
-        let got = s.recv_slice(&mut buf[n..]);
-        match got {
-            Ok(0) => break,
-            Ok(k) => n += k,
-            // Not reached while the ring holds data (smoltcp lets a socket
-            // with data read it in any state); bytes taken stay taken.
-            Err(e) if n == 0 => return Err(e),
-            Err(_) => break,
-        }
-    }
-    Ok(n)
 }
 
 /// What a read of a socket with an empty receive buffer finds: the app's
