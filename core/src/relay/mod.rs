@@ -12,7 +12,10 @@
 //!   the address header): the payload never enters userspace.
 //! * `copy`, everywhere else: one direction written once for every pair of
 //!   ends (a kernel or smoltcp socket toward the app) and every framing
-//!   (plain, or the two halves of the outbound's [`Framing`]).
+//!   (plain, or the two halves of the outbound's [`Framing`]). An unframed
+//!   direction between a smoltcp socket and a kernel socket moves the bytes
+//!   straight between smoltcp's rings and the kernel, with no buffer of its
+//!   own.
 //!
 //! Userspace buffers exist only while data flows, so ten thousand idle
 //! connections hold no relay memory.
@@ -34,7 +37,7 @@ use crate::budget::ByteBudget;
 use crate::framing::Framing;
 use crate::stats::Stats;
 use copy::Codec;
-pub(crate) use copy::{Side, read, read_exact, write_all};
+pub(crate) use copy::{Moved, Side, read, read_exact, write_all};
 
 /// Where a relay reports bytes as they move, so statistics are live during
 /// long transfers, and where its userspace buffers are charged.

@@ -1,7 +1,9 @@
 //! [`SmolStream`]: the app's side of one smoltcp connection, read and
 //! written by its session like a kernel socket (`relay::Side`,
-//! `dispatch::session::App`). The relay copies it (`relay::run`): one side
-//! lives in userspace, so there is nothing to splice.
+//! `dispatch::session::App`). One side lives in userspace, so there is
+//! nothing to splice: an unframed relay reads and writes the socket's rings
+//! straight from and into the outbound's kernel socket
+//! (`relay::Side::drain_into`, `fill_from`), a framed one copies.
 
 use std::future::poll_fn;
 use std::io;
@@ -10,12 +12,13 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use smoltcp::socket::tcp::{self, State};
+use tokio::net::TcpStream;
 
 use super::sockets::{Id, Sockets};
 use crate::budget::OwnedPermit;
 use crate::dispatch::session::{self, App};
 use crate::nat::FlowKey;
-use crate::relay::Side;
+use crate::relay::{Moved, Side};
 
 /// One connection's smoltcp socket. Dropping it hands the socket to the
 /// poller, which removes it once closed, together with the connection's
@@ -108,6 +111,20 @@ impl Side for SmolStream {
         self.close();
         Ok(())
     }
+
+    const OWN_RINGS: bool = true;
+
+    fn drain_into(&self, dst: &TcpStream) -> io::Result<Moved> {
+        self.sockets.drain_into(self.h, dst)
+    }
+
+    fn fill_from(&self, src: &TcpStream) -> io::Result<Moved> {
+        self.sockets.fill_from(self.h, src)
+    }
+
+    async fn ring_room(&self) -> io::Result<()> {
+        poll_fn(|cx| self.sockets.poll_room(self.h, cx)).await
+    }
 }
 
 /// A smoltcp socket cannot be peeked, so sniffing keeps what it read for
@@ -189,6 +206,95 @@ impl Sockets {
         }
     }
 
+    /// Write what the receive ring holds (its first contiguous part) to
+    /// `dst`, straight from the ring, under the lock: the app's bytes
+    /// are copied once, by the kernel, and only what it took leaves the
+    /// ring.
+    pub(super) fn drain_into(&self, id: Id, dst: &TcpStream) -> io::Result<Moved> {
+        let mut g = self.inner.lock();
+        let s = g.socket(id);
+        if !s.can_recv() {
+            return match recv_readiness(s) {
+                Some(Ok(())) => Ok(Moved::Eof),
+                Some(Err(e)) => Err(e),
+                None => Ok(Moved::SourceEmpty),
+            };
+        }
+        let wrote = s.recv(|ring| match dst.try_write(ring) {
+            Ok(n) => (n, Ok(n)),
+            Err(e) => (0, Err(e)),
+        });
+        match wrote {
+            Ok(Ok(0)) => Err(io::ErrorKind::WriteZero.into()),
+            Ok(Ok(n)) => {
+                g.moved(id, Instant::now());
+                g.mark(id);
+                drop(g);
+                // The window opened: the poller may owe the app an update.
+                self.wake.notify_one();
+                Ok(Moved::Bytes(n))
+            }
+            Ok(Err(e)) if e.kind() == io::ErrorKind::WouldBlock => Ok(Moved::DestinationFull),
+            Ok(Err(e)) if e.kind() == io::ErrorKind::Interrupted => Ok(Moved::Bytes(0)),
+            Ok(Err(e)) => Err(e),
+            Err(tcp::RecvError::Finished) => Ok(Moved::Eof),
+            Err(tcp::RecvError::InvalidState) => Err(io::ErrorKind::ConnectionReset.into()),
+        }
+    }
+
+    /// Read from `src` straight into the send ring's free space (its first
+    /// contiguous part), under the lock. A read that leaves the small ring
+    /// past half full borrows a full one for the next.
+    pub(super) fn fill_from(&self, id: Id, src: &TcpStream) -> io::Result<Moved> {
+        let mut g = self.inner.lock();
+        let s = g.socket(id);
+        if !s.can_send() {
+            return match send_readiness(s) {
+                Some(e) => Err(e),
+                None => Ok(Moved::DestinationFull),
+            };
+        }
+        let read = s.send(|free| match src.try_read(free) {
+            Ok(n) => (n, Ok(n)),
+            Err(e) => (0, Err(e)),
+        });
+        match read {
+            // `can_send`: the ring had room, so 0 is the outbound's EOF.
+            Ok(Ok(0)) => Ok(Moved::Eof),
+            Ok(Ok(n)) => {
+                let now = Instant::now();
+                if let Some(which) = g.wants_loan(id, 0) {
+                    g.lend(id, which, now);
+                }
+                g.moved(id, now);
+                g.mark(id);
+                drop(g);
+                self.wake.notify_one();
+                Ok(Moved::Bytes(n))
+            }
+            Ok(Err(e)) if e.kind() == io::ErrorKind::WouldBlock => Ok(Moved::SourceEmpty),
+            Ok(Err(e)) if e.kind() == io::ErrorKind::Interrupted => Ok(Moved::Bytes(0)),
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err(io::ErrorKind::BrokenPipe.into()),
+        }
+    }
+
+    /// Ready once the send ring has room, or writing has become an error.
+    pub(super) fn poll_room(&self, id: Id, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let mut g = self.inner.lock();
+        let s = g.socket(id);
+        if s.can_send() {
+            return Poll::Ready(Ok(()));
+        }
+        match send_readiness(s) {
+            Some(e) => Poll::Ready(Err(e)),
+            None => {
+                s.register_send_waker(cx.waker());
+                Poll::Pending
+            }
+        }
+    }
+
     pub(super) fn poll_send(
         &self,
         id: Id,
@@ -215,14 +321,9 @@ impl Sockets {
                 Err(_) => Poll::Ready(Err(io::ErrorKind::BrokenPipe.into())),
             };
         }
-        match s.state() {
-            State::Listen | State::SynReceived | State::SynSent => {
-                s.register_send_waker(cx.waker());
-                Poll::Pending
-            }
-            State::Closed => Poll::Ready(Err(io::ErrorKind::ConnectionReset.into())),
-            _ if !s.may_send() => Poll::Ready(Err(io::ErrorKind::BrokenPipe.into())),
-            _ => {
+        match send_readiness(s) {
+            Some(e) => Poll::Ready(Err(e)),
+            None => {
                 s.register_send_waker(cx.waker());
                 Poll::Pending
             }
@@ -251,6 +352,17 @@ impl Sockets {
         g.mark(id);
         drop(g);
         self.wake.notify_one();
+    }
+}
+
+/// What a write to a socket whose send ring is full finds: an error once
+/// it can no longer send (reset, or its FIN queued), else `None` (wait).
+fn send_readiness(s: &tcp::Socket<'_>) -> Option<io::Error> {
+    match s.state() {
+        State::Listen | State::SynReceived | State::SynSent => None,
+        State::Closed => Some(io::ErrorKind::ConnectionReset.into()),
+        _ if !s.may_send() => Some(io::ErrorKind::BrokenPipe.into()),
+        _ => None,
     }
 }
 

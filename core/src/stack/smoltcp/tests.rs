@@ -1200,3 +1200,197 @@ fn bytes_before_the_fin_are_read_before_eof() {
         assert_eq!(eof, 0, "wrap {wrap}: then EOF");
     }
 }
+
+/// A runtime with I/O, for tests that relay to kernel sockets.
+fn io_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("test input")
+}
+
+/// Let the runtime's tasks (the relay) run for a moment.
+fn settle(rt: &tokio::runtime::Runtime) {
+    rt.block_on(async { tokio::time::sleep(Duration::from_millis(5)).await });
+}
+
+/// The segments in `out` toward the app of `k`: (seq, flags, payload).
+fn toward_app(out: &Capture, k: FlowKey) -> Vec<(u32, u8, Vec<u8>)> {
+    out.0
+        .iter()
+        .map(|p| seg(p))
+        .filter(|s| s.1 == k.client)
+        .map(|s| (s.2, s.4, s.5))
+        .collect()
+}
+
+/// The acknowledgement number of the last segment in `out` toward the app
+/// of `k`.
+fn last_ack(out: &Capture, k: FlowKey) -> Option<u32> {
+    out.0
+        .iter()
+        .map(|p| seg(p))
+        .filter(|s| s.1 == k.client)
+        .map(|s| s.3)
+        .next_back()
+}
+
+/// An unframed relay between a smoltcp socket and a kernel socket moves
+/// the bytes between the socket's rings and the kernel with no relay
+/// buffer: while the outbound's reader stalls, the app's bytes wait in the
+/// receive ring (its window closes) and the relay pool stays untouched;
+/// while the app does not acknowledge, the outbound's bytes wait in the
+/// kernel. A download that fills the small send ring borrows a full one.
+/// Every byte and both FINs arrive, in order.
+#[test]
+fn an_unframed_relay_moves_bytes_between_rings_and_kernel_alone() {
+    use crate::budget::{ByteBudget, Pressure};
+    use crate::relay::{self, Meter, RelayOptions};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let st = loan_stack(2);
+    let stats = Arc::new(Stats::default());
+    let mut out = Capture::default();
+    let rt = io_runtime();
+    let (k, h, srv_seq) = open(&st, &mut out, &stats, "10.0.0.9:40000", "1.1.1.1:443");
+    let app = SmolStream::new(st.clone(), h, k, None);
+    // The outbound: a loopback connection whose buffers are small, so a
+    // stalled reader stalls the relay within a few KiB.
+    let (to_server, mut server) = rt.block_on(async {
+        let l = tokio::net::TcpSocket::new_v4().expect("socket");
+        l.set_recv_buffer_size(4096).expect("rcvbuf");
+        l.bind("127.0.0.1:0".parse().expect("addr")).expect("bind");
+        let addr = l.local_addr().expect("addr");
+        let l = l.listen(1).expect("listen");
+        let c = tokio::net::TcpSocket::new_v4().expect("socket");
+        c.set_send_buffer_size(4096).expect("sndbuf");
+        let (c, a) = tokio::join!(c.connect(addr), l.accept());
+        (c.expect("connect"), a.expect("accept").0)
+    });
+    let pool = Arc::new(ByteBudget::new(1 << 20, Arc::new(Pressure::default())));
+    let (p, s) = (pool.clone(), stats.clone());
+    let relay = rt.spawn(async move {
+        let meter = Meter::tcp(&s, Some(&p));
+        let opts = RelayOptions::default();
+        relay::run(&app, &to_server, None, &opts, &meter).await
+    });
+
+    // Upload while the server does not read.
+    let up = pattern(512 * 1024, 1);
+    let mut seq = 1001u32;
+    let mut t = Instant::now();
+    let mut stalled = 0;
+    for _ in 0..200 {
+        let sent = seq.wrapping_sub(1001) as usize;
+        out.0.clear();
+        let end = up.len().min(sent + 16 * 1024);
+        app_sends(&st, &mut out, &stats, k, seq, srv_seq, &up[sent..end], t);
+        settle(&rt);
+        t += Duration::from_millis(20);
+        st.poll_once(&mut out, &stats, t);
+        let acked = last_ack(&out, k).unwrap_or(seq);
+        stalled = if acked == seq { stalled + 1 } else { 0 };
+        seq = acked;
+        if stalled == 3 {
+            break;
+        }
+    }
+    let taken = seq.wrapping_sub(1001) as usize;
+    assert!(
+        stalled == 3 && taken < up.len(),
+        "the window closed at {taken}"
+    );
+    assert!(
+        st.inner.lock().socket(h).recv_queue() > 0,
+        "bytes wait in the ring"
+    );
+    assert_eq!(pool.used(), 0, "no relay buffer");
+    // The server reads now: the rest follows, then the app's FIN.
+    let reader = rt.spawn(async move {
+        let mut got = Vec::new();
+        server.read_to_end(&mut got).await.expect("read");
+        (server, got)
+    });
+    for _ in 0..2000 {
+        let sent = seq.wrapping_sub(1001) as usize;
+        if sent == up.len() {
+            break;
+        }
+        out.0.clear();
+        let end = up.len().min(sent + 16 * 1024);
+        app_sends(&st, &mut out, &stats, k, seq, srv_seq, &up[sent..end], t);
+        settle(&rt);
+        t += Duration::from_millis(20);
+        st.poll_once(&mut out, &stats, t);
+        seq = last_ack(&out, k).unwrap_or(seq);
+    }
+    assert_eq!(seq.wrapping_sub(1001) as usize, up.len(), "all taken");
+    st.input(
+        &from_app(k, seq, srv_seq, ACK | FIN, &[]),
+        t,
+        &mut out,
+        &stats,
+    );
+    let (mut server, got) = loop {
+        settle(&rt);
+        if reader.is_finished() {
+            break rt.block_on(reader).expect("reader");
+        }
+    };
+    assert!(got == up, "the app's bytes arrive exact, then its FIN");
+
+    // Download: the app does not acknowledge at first.
+    let down = pattern(256 * 1024, 2);
+    let d = down.clone();
+    let writer = rt.spawn(async move {
+        server.write_all(&d).await.expect("write");
+        server.shutdown().await.expect("fin");
+        server
+    });
+    let mut srv_next = srv_seq;
+    let mut recv = Vec::new();
+    let mut fin = false;
+    let mut lent = false;
+    for round in 0..4000 {
+        out.0.clear();
+        settle(&rt);
+        t += Duration::from_millis(20);
+        st.poll_once(&mut out, &stats, t);
+        lent |= loan_of(&st, h).0;
+        for (sq, fl, data) in toward_app(&out, k) {
+            if sq == srv_next && !data.is_empty() {
+                recv.extend_from_slice(&data);
+                srv_next = srv_next.wrapping_add(data.len() as u32);
+            }
+            if fl & FIN != 0 && sq.wrapping_add(data.len() as u32) == srv_next {
+                fin = true;
+            }
+        }
+        if round < 3 {
+            // Unacknowledged: the send ring is full, the rest waits in the
+            // kernel, not in a relay buffer.
+            assert_eq!(pool.used(), 0, "no relay buffer");
+            continue;
+        }
+        let ack_to = srv_next.wrapping_add(u32::from(fin));
+        st.input(&from_app(k, seq + 1, ack_to, ACK, &[]), t, &mut out, &stats);
+        if fin {
+            break;
+        }
+    }
+    assert!(fin, "the outbound's FIN reaches the app");
+    assert!(recv == down, "the outbound's bytes arrive exact");
+    assert!(lent, "the download borrowed a full send ring");
+    let r = loop {
+        settle(&rt);
+        if relay.is_finished() {
+            break rt.block_on(relay).expect("relay task").expect("relay");
+        }
+    };
+    drop(rt.block_on(writer));
+    assert_eq!(
+        (r.up.copied, r.down.copied),
+        (up.len() as u64, down.len() as u64)
+    );
+    assert_eq!(pool.used(), 0);
+}
