@@ -149,9 +149,9 @@ fn sniffed_domain_picks_the_rule(stack: StackKind, driver: DriverMode) {
 /// An HTTP request whose header runs past the sniffing cap (20 KiB before
 /// the Host line): sniffing gives up at `sniff::MAX_SNIFF` without a domain,
 /// the connection is routed by its address, and every byte read while
-/// sniffing reaches the server once, in order. smoltcp cannot peek, so its
-/// sniffing reads the bytes and must replay all of them, also the part of
-/// a read that crossed the cap.
+/// sniffing reaches the server once, in order. Both stacks look at the
+/// bytes where they wait (the kernel's queue, smoltcp's ring) and take
+/// none out, so the relay moves every one of them.
 fn large_http_header_is_relayed_byte_exact(stack: StackKind, driver: DriverMode) {
     let (rig, srv) = sniffing(stack, driver, 8080, Mode::Echo);
     let mut header = b"GET / HTTP/1.1\r\nX-Pad: ".to_vec();

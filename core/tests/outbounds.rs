@@ -145,6 +145,49 @@ kerntun_testkit::root_tests!(shadowsocks_method;
     ),
 );
 
+/// Shadowsocks through the smoltcp stack under the iOS budget, whose
+/// sessions are admitted without the relay's fallback share (the framing's
+/// state, its cut frames and its fallback buffers are charged as the relay
+/// goes: `relay::Scratch`): 12 echo transfers at once. Every byte comes
+/// back exact, nothing is refused, no protocol error. (A relay pool kept
+/// full would also refuse the cut frames longer than 2 KiB, on either
+/// stack, and reset those sessions: `relay_frame_refused`.)
+#[test]
+fn shadowsocks_through_smoltcp_on_the_ios_budget() {
+    require_root!();
+    let topo = Topology::new().expect("topology");
+    let ss_addr = topo.server_addr(false, 8388);
+    let password = "kerntun-test";
+    let _ss = shadowsocks(&topo.server, ss_addr, "aes-256-gcm", password);
+    let rig = rig(Some(ss_outbound(
+        ss_addr,
+        ShadowsocksMethod::Aes256Gcm,
+        password,
+    )))
+    .stack(StackKind::Smoltcp)
+    .platform(kerntun::budget::Platform::Ios)
+    .start_in(topo);
+    let echo = rig.tcp_server(false, Mode::Echo);
+    let transfers: Vec<_> = (0..12u64)
+        .map(|i| {
+            let addr = echo.addr;
+            std::thread::spawn(move || client::echo_transfer(addr, 100 + i, 512 * 1024, false))
+        })
+        .collect();
+    for (i, t) in transfers.into_iter().enumerate() {
+        t.join()
+            .expect("transfer thread")
+            .unwrap_or_else(|e| panic!("transfer {i}: {e}"));
+    }
+    let s = rig.stats();
+    assert_eq!(echo.accepted.load(Relaxed), 12);
+    assert_eq!(s.admission_refused, 0, "{s:?}");
+    let o = &s.outbounds[0];
+    assert_eq!(o.tcp_connects, 12, "{s:?}");
+    assert_eq!(o.protocol_errors + o.tcp_failures, 0, "{s:?}");
+    assert!(s.tcp_bytes_copied >= 12 * 1024 * 1024, "{s:?}");
+}
+
 #[test]
 fn shadowsocks_wrong_password_reaches_nothing() {
     require_root!();

@@ -34,34 +34,54 @@ use socket2::SockRef;
 use tokio::net::TcpStream;
 
 use super::{Fallback, Leg, LegMeter, Meter, Relayed};
-use crate::budget::{ByteBudget, RELAY_FALLBACK_BUFFER};
+use crate::budget::{Admission, ByteBudget, Permit, RELAY_FALLBACK_BUFFER};
 use crate::framing::{Open, Seal};
 
 /// A direction's read buffer and what it charged the relay pool (the
-/// buffer, and as much again for a codec's output).
+/// buffer, and as much again for a codec's output); a fallback buffer of a
+/// session admitted without its share ([`Meter::scratch`]) holds its
+/// [`Scratch`].
 struct LegBuffer<'a> {
     buf: Box<[u8]>,
     pool: Option<&'a ByteBudget>,
     charged: usize,
+    /// Boxed: rare, and this buffer lives in every relay's future.
+    _scratch: Option<Box<Scratch<'a>>>,
 }
 
 impl<'a> LegBuffer<'a> {
     /// `size` bytes if the pool (if any) has room for them now, else the
-    /// fallback size.
-    fn take(size: usize, pool: Option<&'a ByteBudget>, codec: bool) -> Self {
+    /// fallback size; `None` if the session's admission did not pay for a
+    /// fallback (`scratch`) and there is no memory for one either.
+    fn take(
+        size: usize,
+        pool: Option<&'a ByteBudget>,
+        codec: bool,
+        scratch: Option<&'a Admission>,
+    ) -> Option<Self> {
         let size = size.max(1);
         let charge = if codec { 2 * size } else { size };
-        let (len, charged) = match pool {
-            None => (size, 0),
-            Some(_) if size <= RELAY_FALLBACK_BUFFER => (size, 0),
-            Some(p) if p.take(charge, Instant::now()) => (size, charge),
-            Some(_) => (RELAY_FALLBACK_BUFFER, 0),
+        let now = Instant::now();
+        let (len, charged, held) = match pool {
+            None => (size, 0, None),
+            Some(p) if size > RELAY_FALLBACK_BUFFER && p.take(charge, now) => (size, charge, None),
+            Some(p) => {
+                let len = size.min(RELAY_FALLBACK_BUFFER);
+                match scratch {
+                    None => (len, 0, None),
+                    Some(a) => {
+                        let n = if codec { 2 } else { 1 } * RELAY_FALLBACK_BUFFER;
+                        (len, 0, Some(Box::new(Scratch::take(p, a, n, now)?)))
+                    }
+                }
+            }
         };
-        LegBuffer {
+        Some(LegBuffer {
             buf: vec![0u8; len].into_boxed_slice(),
             pool,
             charged,
-        }
+            _scratch: held,
+        })
     }
 }
 
@@ -72,6 +92,61 @@ impl Drop for LegBuffer<'_> {
         }
     }
 }
+
+/// Memory a session admitted without the relay's fallback share
+/// (`Budget::session_cost`: smoltcp's, whose unframed relay needs no
+/// buffer) holds while it needs some: bytes of the relay pool, or, with
+/// the pool full, a second admission permit, worth a whole session's cost.
+/// Given back on drop.
+#[derive(Debug)]
+pub(crate) enum Scratch<'a> {
+    Pool(&'a ByteBudget, usize),
+    Permit(#[allow(dead_code)] Permit<'a>),
+}
+
+impl<'a> Scratch<'a> {
+    /// `n` bytes (at most a session's cost) from `pool`, or a permit from
+    /// `admission`; `None` if neither has room now.
+    pub(crate) fn take(
+        pool: &'a ByteBudget,
+        admission: &'a Admission,
+        n: usize,
+        now: Instant,
+    ) -> Option<Self> {
+        if pool.take(n, now) {
+            return Some(Scratch::Pool(pool, n));
+        }
+        admission.try_acquire(now).map(Scratch::Permit)
+    }
+
+    /// [`Scratch::take`], waiting (holding nothing) until there is room.
+    pub(crate) async fn wait(pool: &'a ByteBudget, admission: &'a Admission, n: usize) -> Self {
+        loop {
+            if let Some(s) = Scratch::take(pool, admission, n, Instant::now()) {
+                return s;
+            }
+            pause().await;
+        }
+    }
+}
+
+/// Wait [`SCRATCH_RETRY`]. The timer is boxed: this wait is rare, and a
+/// timer held inline would grow every relay's future, which every
+/// connection holds.
+async fn pause() {
+    Box::pin(tokio::time::sleep(SCRATCH_RETRY)).await
+}
+
+impl Drop for Scratch<'_> {
+    fn drop(&mut self) {
+        if let Scratch::Pool(p, n) = self {
+            p.give_back(*n);
+        }
+    }
+}
+
+/// How often a direction with no memory for a buffer looks again.
+const SCRATCH_RETRY: std::time::Duration = std::time::Duration::from_millis(10);
 
 /// What a direction's framing holds of a cut frame, charged to the relay
 /// pool past [`RELAY_FALLBACK_BUFFER`] bytes; given back as the frame
@@ -274,9 +349,14 @@ pub(super) async fn leg<S: Side, D: Side>(
     };
     loop {
         src.readable().await?;
-        let b = &mut buf
-            .get_or_insert_with(|| LegBuffer::take(buf_size, meter.pool, coded))
-            .buf;
+        if buf.is_none() {
+            buf = LegBuffer::take(buf_size, meter.pool, coded, meter.scratch);
+        }
+        let Some(LegBuffer { buf: b, .. }) = buf.as_mut() else {
+            // No memory for even a fallback buffer: wait, holding none.
+            pause().await;
+            continue;
+        };
         let n = match src.try_read(b) {
             Ok(0) => {
                 codec.finish()?;
@@ -440,6 +520,51 @@ mod tests {
     use super::*;
     use crate::budget::{MemoryPressure, Pressure};
 
+    /// A buffer for a session admitted with its fallback share.
+    fn take(size: usize, pool: Option<&ByteBudget>, codec: bool) -> LegBuffer<'_> {
+        LegBuffer::take(size, pool, codec, None).expect("a shared session always gets one")
+    }
+
+    /// A session admitted without the fallback share (smoltcp): past the
+    /// pool's full-size buffers, a fallback buffer is charged to the pool
+    /// (a codec's output too), then takes a second admission permit, then
+    /// there is none (the direction waits); each is given back with the
+    /// buffer.
+    #[test]
+    fn an_unshared_session_pays_for_its_fallback() {
+        let now = Instant::now();
+        let pool = ByteBudget::new(
+            64 * 1024 + 3 * RELAY_FALLBACK_BUFFER,
+            Arc::new(Pressure::default()),
+        );
+        let admission = Admission::new([2; 3]);
+        let _session = admission.try_acquire(now).expect("the session's own");
+        let some = Some(&admission);
+        let full = LegBuffer::take(32 * 1024, Some(&pool), true, some).expect("full size");
+        assert_eq!((full.buf.len(), pool.used()), (32 * 1024, 64 * 1024));
+        let a = LegBuffer::take(32 * 1024, Some(&pool), true, some).expect("from the pool");
+        assert_eq!(a.buf.len(), RELAY_FALLBACK_BUFFER);
+        assert_eq!(
+            pool.used(),
+            64 * 1024 + 2 * RELAY_FALLBACK_BUFFER,
+            "read and output"
+        );
+        let b = LegBuffer::take(32 * 1024, Some(&pool), true, some).expect("a permit");
+        assert_eq!(
+            (b.buf.len(), admission.active()),
+            (RELAY_FALLBACK_BUFFER, 2)
+        );
+        assert!(
+            LegBuffer::take(32 * 1024, Some(&pool), true, some).is_none(),
+            "no memory"
+        );
+        // Unframed, one buffer's worth fits the pool's rest.
+        let c = LegBuffer::take(32 * 1024, Some(&pool), false, some).expect("from the pool");
+        assert_eq!(pool.used(), 64 * 1024 + 3 * RELAY_FALLBACK_BUFFER);
+        drop((full, a, b, c));
+        assert_eq!((pool.used(), admission.active()), (0, 1));
+    }
+
     /// Full-size buffers while the relay pool has room (a codec's output
     /// counted too), the fallback size past it, under pressure too, and
     /// every charge given back when the buffer goes.
@@ -448,27 +573,27 @@ mod tests {
         let now = Instant::now();
         let pressure = Arc::new(Pressure::default());
         let pool = ByteBudget::new(64 * 1024, pressure.clone());
-        let plain = LegBuffer::take(16 * 1024, Some(&pool), false);
-        let coded = LegBuffer::take(16 * 1024, Some(&pool), true);
+        let plain = take(16 * 1024, Some(&pool), false);
+        let coded = take(16 * 1024, Some(&pool), true);
         assert_eq!((plain.buf.len(), coded.buf.len()), (16 * 1024, 16 * 1024));
         assert_eq!(pool.used(), 48 * 1024, "a codec's output is charged too");
-        let more = LegBuffer::take(16 * 1024, Some(&pool), true);
+        let more = take(16 * 1024, Some(&pool), true);
         assert_eq!(more.buf.len(), RELAY_FALLBACK_BUFFER, "no room for 32 KiB");
         assert_eq!(pool.used(), 48 * 1024, "the fallback is not charged");
         drop((plain, coded, more));
         assert_eq!(pool.used(), 0);
         // Critical pressure: a quarter of the pool.
         pressure.report(MemoryPressure::Critical, now);
-        let a = LegBuffer::take(16 * 1024, Some(&pool), false);
-        let b = LegBuffer::take(16 * 1024, Some(&pool), false);
+        let a = take(16 * 1024, Some(&pool), false);
+        let b = take(16 * 1024, Some(&pool), false);
         assert_eq!(
             (a.buf.len(), b.buf.len()),
             (16 * 1024, RELAY_FALLBACK_BUFFER)
         );
         // Without a pool (tests, benchmarks): always the configured size;
         // a size below the fallback's is never charged.
-        assert_eq!(LegBuffer::take(64 * 1024, None, true).buf.len(), 64 * 1024);
-        drop(LegBuffer::take(1024, Some(&pool), false));
+        assert_eq!(take(64 * 1024, None, true).buf.len(), 64 * 1024);
+        drop(take(1024, Some(&pool), false));
         assert_eq!(pool.used(), 16 * 1024);
     }
 

@@ -33,11 +33,12 @@ mod copy;
 #[cfg(linux_like)]
 pub mod splice;
 
-use crate::budget::ByteBudget;
+use crate::budget::{Admission, ByteBudget, FRAMING_STATE, RELAY_FALLBACK_BUFFER};
 use crate::framing::Framing;
 use crate::stats::Stats;
 use copy::Codec;
-pub(crate) use copy::{Moved, Side, read, read_exact, write_all};
+use copy::Scratch;
+pub(crate) use copy::{Moved, Side, read_exact};
 
 /// Where a relay reports bytes as they move, so statistics are live during
 /// long transfers, and where its userspace buffers are charged.
@@ -57,6 +58,11 @@ pub struct Meter<'a> {
     /// The connection's own counters (up, down) in the live connection
     /// list (`conns.rs`), added to per chunk like the engine's.
     pub flow: Option<(&'a AtomicU64, &'a AtomicU64)>,
+    /// Set for a session admitted without the relay's fallback share
+    /// (smoltcp's): a framed relay's state and short cut frames, and a
+    /// framed direction's fallback buffers, are charged to `pool`, or take
+    /// a permit from here, and wait while neither has room.
+    pub scratch: Option<&'a Admission>,
 }
 
 impl<'a> Meter<'a> {
@@ -70,6 +76,16 @@ impl<'a> Meter<'a> {
             copied: &stats.tcp_bytes_copied,
             pool,
             flow: None,
+            scratch: None,
+        }
+    }
+
+    /// This meter, for a session admitted without the relay's fallback
+    /// share: its fallback memory comes from `admission` past the pool.
+    pub fn unshared(self, admission: &'a Admission) -> Self {
+        Meter {
+            scratch: Some(admission),
+            ..self
         }
     }
 
@@ -95,6 +111,7 @@ pub(crate) struct LegMeter<'a> {
     pub pool: Option<&'a ByteBudget>,
     /// The connection's own counter for this direction.
     pub flow: Option<&'a AtomicU64>,
+    pub scratch: Option<&'a Admission>,
 }
 
 impl<'a> Meter<'a> {
@@ -113,6 +130,7 @@ impl<'a> Meter<'a> {
             copied: self.copied,
             pool: self.pool,
             flow,
+            scratch: self.scratch,
         }
     }
 }
@@ -248,6 +266,18 @@ pub(crate) async fn run<A: Side>(
     meter: &Meter<'_>,
 ) -> io::Result<Relayed> {
     if let Some(f) = framing {
+        // The framing's state and a short cut frame (a longer one is
+        // charged to the pool as it is held), for a session whose
+        // admission left them out.
+        let _state = match (meter.pool, meter.scratch) {
+            (Some(pool), Some(admission)) => {
+                // Boxed: rare, and this lives in every relay's future.
+                Some(Box::new(
+                    Scratch::wait(pool, admission, FRAMING_STATE + RELAY_FALLBACK_BUFFER).await,
+                ))
+            }
+            _ => None,
+        };
         let (seal, open) = f.split();
         let (seal, open) = (Codec::Seal(seal), Codec::Open(open));
         return copy::both(app, out, seal, open, opts.buffer, meter, None).await;

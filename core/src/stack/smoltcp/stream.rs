@@ -19,6 +19,7 @@ use crate::budget::OwnedPermit;
 use crate::dispatch::session::{self, App};
 use crate::nat::FlowKey;
 use crate::relay::{Moved, Side};
+use crate::sniff::{self, Sniffed};
 
 /// One connection's smoltcp socket. Dropping it hands the socket to the
 /// poller, which removes it once closed, together with the connection's
@@ -127,16 +128,35 @@ impl Side for SmolStream {
     }
 }
 
-/// A smoltcp socket cannot be peeked, so sniffing keeps what it read for
-/// the outbound.
+/// Sniffing reads the app's first bytes where they are, in the receive
+/// ring, and takes nothing out: no buffer, no bytes to send on before the
+/// relay. A connection's first bytes start the ring (nothing was read
+/// yet), and a ring lent for them keeps them at its start, so they are one
+/// slice. First bytes longer than the ring can hold (every full ring lent)
+/// are routed by address once the sniff times out, and relayed intact.
 impl App for SmolStream {
-    async fn sniff(&self, timeout: Duration, pool: &session::SniffBytes<'_>) -> session::Sniff {
-        session::sniff_read(self, timeout, pool).await
+    async fn sniff(&self, timeout: Duration, _pool: &session::SniffBytes<'_>) -> session::Sniff {
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut seen = 0;
+        let domain = loop {
+            let look = poll_fn(|cx| self.sockets.poll_sniff(self.h, cx, seen));
+            match tokio::time::timeout_at(deadline, look).await {
+                Ok(Sniffing::Domain(d)) => break d,
+                Ok(Sniffing::NeedMore(n)) => seen = n,
+                Err(_) => break None,
+            }
+        };
+        session::Sniff {
+            domain,
+            charge: None,
+        }
     }
 
     fn reset(&self) {
         self.abort();
     }
+
+    const FALLBACK_PAID: bool = false;
 }
 
 /// What a session does to its socket, under the sockets' lock for one call
@@ -187,6 +207,40 @@ impl Sockets {
                 None => Poll::Ready(Err(io::ErrorKind::WouldBlock.into())),
             },
         }
+    }
+
+    /// Sniff the first bytes in the receive ring, once it holds more than
+    /// `seen`: the domain they name or that they name none (also at the
+    /// app's FIN, a reset, or [`sniff::MAX_SNIFF`] bytes), or that they
+    /// need more than the ring's bytes now. Nothing leaves the ring.
+    pub(super) fn poll_sniff(&self, id: Id, cx: &mut Context<'_>, seen: usize) -> Poll<Sniffing> {
+        let mut g = self.inner.lock();
+        let s = g.socket(id);
+        let queued = s.recv_queue();
+        if queued <= seen {
+            if recv_readiness(s).is_some() {
+                return Poll::Ready(Sniffing::Domain(None));
+            }
+            s.register_recv_waker(cx.waker());
+            return Poll::Pending;
+        }
+        let full = queued >= s.recv_capacity();
+        let Ok(first) = s.peek(sniff::MAX_SNIFF) else {
+            return Poll::Ready(Sniffing::Domain(None));
+        };
+        Poll::Ready(match sniff::sniff(first) {
+            Sniffed::Domain { name, .. } => Sniffing::Domain(Some(name.to_owned())),
+            Sniffed::NoDomain => Sniffing::Domain(None),
+            // At the cap, cut by the ring's end (not at a connection's
+            // start; more bytes would not join them), or a full ring (no
+            // full one to lend): no domain.
+            Sniffed::NeedMore
+                if first.len() >= sniff::MAX_SNIFF || first.len() < queued || full =>
+            {
+                Sniffing::Domain(None)
+            }
+            Sniffed::NeedMore => Sniffing::NeedMore(queued),
+        })
     }
 
     /// Ready once a read would not pend: data, the app's FIN, or a reset.
@@ -353,6 +407,15 @@ impl Sockets {
         drop(g);
         self.wake.notify_one();
     }
+}
+
+/// What one look at a socket's first bytes found.
+pub(super) enum Sniffing {
+    /// The domain they name, or `None`: they name none, or the look ended
+    /// (the app's FIN, a reset, the cap).
+    Domain(Option<String>),
+    /// They need more than the ring's this many bytes.
+    NeedMore(usize),
 }
 
 /// What a write to a socket whose send ring is full finds: an error once

@@ -1394,3 +1394,99 @@ fn an_unframed_relay_moves_bytes_between_rings_and_kernel_alone() {
     );
     assert_eq!(pool.used(), 0);
 }
+
+/// Sniffing looks at the app's first bytes in the receive ring and takes
+/// none out: a request head cut over two segments (the first fills the
+/// small ring past half, so a full ring is lent and keeps the bytes at its
+/// start) names its domain once the second is in, and the session then
+/// reads every byte. A head longer than the small ring while every full
+/// ring is lent ends the sniff at once (the ring is full, more cannot
+/// come), its bytes still all there.
+#[test]
+fn sniffing_reads_the_first_bytes_in_place() {
+    use crate::budget::{ByteBudget, Pressure};
+    use crate::dispatch::session::{App, SniffBytes};
+
+    let st = loan_stack(1);
+    let stats = Stats::default();
+    let mut out = Capture::default();
+    let rt = io_runtime();
+    let pool = Arc::new(ByteBudget::new(0, Arc::new(Pressure::default())));
+    let bytes = SniffBytes {
+        pool: &pool,
+        stats: &stats,
+    };
+    let pad: String = "p".repeat(1500);
+    let head = format!("GET / HTTP/1.1\r\nX-Pad: {pad}\r\nHost: in.place.test\r\n\r\n");
+    let (k, h, sa) = open(&st, &mut out, &stats, "10.0.0.9:40000", "1.1.1.1:80");
+    let app = SmolStream::new(st.clone(), h, k, None);
+    let cut = 1400;
+    let seq = app_sends(
+        &st,
+        &mut out,
+        &stats,
+        k,
+        1001,
+        sa,
+        &head.as_bytes()[..cut],
+        Instant::now(),
+    );
+    assert_eq!(loan_of(&st, h), (true, 1), "past half: a full ring");
+    let sniffed = rt.block_on(async {
+        let look = app.sniff(Duration::from_secs(10), &bytes);
+        tokio::pin!(look);
+        // Not complete: the look waits for more.
+        assert!(
+            tokio::time::timeout(Duration::from_millis(20), &mut look)
+                .await
+                .is_err()
+        );
+        app_sends(
+            &st,
+            &mut out,
+            &stats,
+            k,
+            seq,
+            sa,
+            &head.as_bytes()[cut..],
+            Instant::now(),
+        );
+        look.await
+    });
+    assert_eq!(sniffed.domain.as_deref(), Some("in.place.test"));
+    assert_eq!(
+        st.inner.lock().socket(h).recv_queue(),
+        head.len(),
+        "nothing taken"
+    );
+    assert!(read_exactly(&rt, &app, head.len(), 64 * 1024) == head.as_bytes());
+
+    // B's head, 3 KiB, while A holds the only full ring: B's 2 KiB ring fills.
+    let (kb, hb, sb) = open(&st, &mut out, &stats, "10.0.0.9:40001", "1.1.1.1:80");
+    let b = SmolStream::new(st.clone(), hb, kb, None);
+    let long = format!(
+        "GET / HTTP/1.1\r\nX-Pad: {}\r\nHost: b.test\r\n\r\n",
+        "q".repeat(3000)
+    );
+    app_sends(
+        &st,
+        &mut out,
+        &stats,
+        kb,
+        1001,
+        sb,
+        long.as_bytes(),
+        Instant::now(),
+    );
+    assert_eq!(loan_of(&st, hb), (false, 1), "B stays on its small rings");
+    let queued = st.inner.lock().socket(hb).recv_queue();
+    assert_eq!(queued, 2048, "the small ring is full");
+    let started = Instant::now();
+    let sniffed = rt.block_on(b.sniff(Duration::from_secs(10), &bytes));
+    assert_eq!(sniffed.domain, None);
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "ended without the timeout"
+    );
+    assert!(read_exactly(&rt, &b, queued, 64 * 1024) == long.as_bytes()[..queued]);
+}
