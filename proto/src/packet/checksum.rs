@@ -110,19 +110,25 @@ pub fn replaced(old: &[u8], new: &[u8]) -> u32 {
 /// RFC 1624 eqn. 3: `HC' = ~(~HC + ~m + m')`, with `delta` the accumulated
 /// `~m + m'` of all replaced words (see [`replaced`]), folded once.
 ///
-/// Eqn. 3 (unlike eqn. 2 of RFC 1141) never turns a correct checksum into
-/// the wrong zero; it yields 0xFFFF only when every term is zero. The one
-/// representation issue left is the transport protocols' own: see
-/// [`nonzero`].
+/// Eqn. 3 (unlike eqn. 2 of RFC 1141) yields 0xFFFF only when every term
+/// is zero. It can still yield 0x0000 where a full sum gives 0xFFFF: when
+/// every covered word is zero after the change, the running sum lands on
+/// 0xFFFF (ones' complement -0) instead of 0, and a receiver that folds
+/// and complements rejects the zero. Only a checksum without a pseudo
+/// header can cover nothing but zeros (an ICMPv4 echo reply with id,
+/// sequence and data all zero, found by the `packet` fuzz target); writing
+/// every updated transport checksum through [`nonzero`] covers it, since
+/// 0xFFFF verifies for any data whose sum is 0 or 0xFFFF.
 #[inline]
 pub const fn update(checksum: u16, delta: u32) -> u16 {
     !fold(!checksum as u32 + delta)
 }
 
-/// TCP and UDP write a computed checksum of 0x0000 as 0xFFFF, its other
-/// ones' complement representation: for UDP a transmitted zero means "no
-/// checksum" (RFC 768, RFC 8200 8.1); for TCP both verify, and the design
-/// keeps one rule for both so a rewrite never emits 0x0000.
+/// TCP, UDP and ICMP write a computed checksum of 0x0000 as 0xFFFF, its
+/// other ones' complement representation: for UDP a transmitted zero means
+/// "no checksum" (RFC 768, RFC 8200 8.1); for TCP both verify; for an
+/// incremental update of a message that is all zeros, only 0xFFFF does
+/// (see [`update`]). One rule, so a rewrite never emits 0x0000.
 #[inline]
 pub const fn nonzero(checksum: u16) -> u16 {
     if checksum == 0 { 0xffff } else { checksum }

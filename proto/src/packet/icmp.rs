@@ -4,7 +4,7 @@
 
 use std::net::IpAddr;
 
-use super::checksum::{finish, pseudo_header_v6, replaced, sum_bytes, update};
+use super::checksum::{finish, nonzero, pseudo_header_v6, replaced, sum_bytes, update};
 use super::{DEFAULT_TTL, IpInfo, Reject, ipv4, ipv6, protocol};
 
 /// Field offsets of an echo request/reply, identical in ICMP (RFC 792) and
@@ -191,7 +191,9 @@ pub fn echo_reply_in_place(buf: &mut [u8], ip: &IpInfo) -> Result<usize, Reject>
     let delta = replaced(&icmp[field::TYPE_CODE], &[reply, 0]);
     let mut v = IcmpPacket::new_unchecked(icmp);
     v.set_msg_type(reply);
-    v.set_checksum(update(old_sum, delta));
+    // Through `nonzero`: a reply whose words are all zero (id, sequence
+    // and data) would otherwise get 0x0000, which receivers reject.
+    v.set_checksum(nonzero(update(old_sum, delta)));
     Ok(ip.len)
 }
 
@@ -295,7 +297,8 @@ mod tests {
         // The incremental checksum equals a full recomputation.
         assert!(verify_transport_checksum(&b[..n], &rip));
         let stored = IcmpPacket::new_unchecked(&b[rip.l4_offset..]).checksum();
-        assert_eq!(Some(stored), compute_transport_checksum(&b[..n], &rip));
+        let full = compute_transport_checksum(&b[..n], &rip).map(nonzero);
+        assert_eq!(Some(stored), full);
         let v = IcmpPacket::new_unchecked(&b[rip.l4_offset..]);
         let q = IcmpPacket::new_unchecked(&req[ip.l4_offset..]);
         assert_eq!((v.code(), v.ident(), v.seq()), (0, q.ident(), q.seq()));
@@ -335,6 +338,25 @@ mod tests {
             v6[7] = rng.byte();
             check_reply(&v6);
         }
+    }
+
+    /// An echo request whose id, sequence and data are all zero: the reply
+    /// covers nothing but zeros, and its checksum must be 0xFFFF (RFC 1624
+    /// eqn. 3 alone gives 0x0000, which the kernel rejects). Found by the
+    /// `packet` fuzz target.
+    #[test]
+    fn an_all_zero_echo_reply_verifies() {
+        let mut req = [
+            0x45, 0x02, 0x00, 0x22, 0x00, 0x00, 0x40, 0x00, 0x40, 0x01, 0x6a, 0xa5, 0x0a, 0x00,
+            0x3b, 0x09, 0xc6, 0x12, 0x00, 0x01, 0x08, 0x00, 0xf7, 0xff, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+            0,
+        ];
+        fix_ipv4_header_checksum(&mut req);
+        check_reply(&req);
+        let mut b = req.to_vec();
+        let ip = parse_ip(&req).expect("valid");
+        echo_reply_in_place(&mut b, &ip).expect("echo request");
+        assert_eq!(IcmpPacket::new_unchecked(&b[20..]).checksum(), 0xffff);
     }
 
     #[test]
