@@ -281,25 +281,31 @@ fn echoes_through_a_500_packet_queue(
 fn concurrent_200_connections(v6: bool, driver: DriverMode, stack: StackKind) {
     let rig = rig(driver, stack);
     let srv = rig.tcp_server(v6, Mode::Echo);
-    let addr = srv.addr;
-    let handles: Vec<_> = (0..200u64)
-        .map(|i| std::thread::spawn(move || client::echo_transfer(addr, i, 64 * 1024, false)))
-        .collect();
-    // Client threads inherit nothing: they must run in the client namespace.
-    // std::thread::spawn from a thread that called setns starts in that
-    // namespace, so the connections above go through the TUN.
-    let mut failures = Vec::new();
-    for (i, h) in handles.into_iter().enumerate() {
-        if let Err(e) = h.join().expect("client thread") {
-            failures.push(format!("conn {i}: {e}"));
-        }
-    }
+    let failures = echoes_at_once(srv.addr, 200, 64 * 1024);
     let s = rig.stats();
     assert!(failures.is_empty(), "{failures:?}\n{s:?}");
     assert_eq!(s.tcp_sessions_total, 200, "{s:?}");
     // Every accept was checked against the SYN its NAT entry recorded.
     assert_eq!(s.accept_syn_unverified, 0, "{s:?}");
     assert_eq!(srv.accepted.load(std::sync::atomic::Ordering::Relaxed), 200);
+}
+
+/// `n` echo transfers of `len` bytes each way to `addr` at once, one
+/// thread each; the failures. Client threads inherit nothing: they must
+/// run in the client namespace. std::thread::spawn from a thread that
+/// called setns starts in that namespace, so the connections go through
+/// the TUN.
+fn echoes_at_once(addr: std::net::SocketAddr, n: u64, len: usize) -> Vec<String> {
+    let handles: Vec<_> = (0..n)
+        .map(|i| std::thread::spawn(move || client::echo_transfer(addr, i, len, false)))
+        .collect();
+    let mut failures = Vec::new();
+    for (i, h) in handles.into_iter().enumerate() {
+        if let Err(e) = h.join().expect("client thread") {
+            failures.push(format!("conn {i}: {e}"));
+        }
+    }
+    failures
 }
 
 fn server_speaks_first(v6: bool, driver: DriverMode, stack: StackKind) {
@@ -1109,4 +1115,25 @@ fn udp_8000_byte_datagrams_round_trip_direct() {
         let s = rig.stats();
         assert_eq!(ok, 30, "v6 {v6} {driver:?}: {s:?}");
     }
+}
+
+/// smoltcp on a short TUN queue (`tun.queue_packets` 500, as on Android):
+/// the sockets on full receive rings share a window budget. 32 uploads and
+/// downloads at once, each echoed byte exact with its half-close, under
+/// the iOS budget (whose pool lends fewer full rings than there are
+/// streams, so sockets move to and from their small rings meanwhile).
+#[test]
+fn smoltcp_shares_a_window_budget_on_a_short_queue() {
+    require_root!();
+    let rig = Rig::builder()
+        .stack(StackKind::Smoltcp)
+        .driver(DriverMode::PerPacket)
+        .platform(kerntun::budget::Platform::Ios)
+        .config(|_, c| c.tun.queue_packets = Some(500))
+        .start();
+    let srv = rig.tcp_server(false, Mode::Echo);
+    let failures = echoes_at_once(srv.addr, 32, 2 * MIB);
+    let s = rig.stats();
+    assert!(failures.is_empty(), "{failures:?}\n{s:?}");
+    assert!(s.tcp_bytes_up >= 64 * MIB as u64, "{s:?}");
 }

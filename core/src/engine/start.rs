@@ -298,6 +298,26 @@ async fn assemble(
                 Some(pressure.clone()),
             )
             .with_half_open(crate::stack::HALF_OPEN_MAX.min(sessions[0] / 2));
+            // Where the system stack would clamp windows (a short TUN
+            // queue, per-packet), the sockets on full receive rings share
+            // the queue's packets of window (half of it cost 17 % of the
+            // 64-stream upload: docs/notes.md, "smoltcp: a window budget").
+            let queue = tun.queue_packets(&config.tun);
+            let smol = match config
+                .tun
+                .clamps_windows(driver == DriverKind::PerPacket, queue)
+            {
+                true => {
+                    let packets = usize::try_from(queue).unwrap_or(usize::MAX);
+                    let bytes = packets.saturating_mul(usize::from(config.tun.mtu));
+                    tracing::info!(
+                        "TCP windows on full smoltcp rings share {} KiB (the TUN's {queue} queued packets)",
+                        bytes / 1024
+                    );
+                    smol.with_window_budget(bytes)
+                }
+                false => smol,
+            };
             let families = (config.tun.ipv4.is_some(), config.tun.ipv6.is_some());
             Stack::Smoltcp(SmoltcpStack::new(smol, d.clone(), tun.clone(), families))
         }

@@ -438,9 +438,12 @@ pub fn run(data: &[u8]) -> Summary {
         "fd00:18::1/64".parse().expect("static prefix"),
     ];
     // Sockets start on 1 KiB rings and one at a time borrows a 4 KiB ring
-    // (`rings.rs`): programs move sockets between rings mid-stream.
+    // (`rings.rs`): programs move sockets between rings mid-stream. A
+    // 3 KiB window budget caps what a socket on the full ring offers.
     let st = Arc::new(
-        Sockets::new(&nets, MTU, BUFFER, IDLE, LINGER, MAX_SOCKETS).with_loans(1024, 1, None),
+        Sockets::new(&nets, MTU, BUFFER, IDLE, LINGER, MAX_SOCKETS)
+            .with_loans(1024, 1, None)
+            .with_window_budget(3 * 1024),
     );
     let mut r = Run {
         st,

@@ -14,6 +14,11 @@
 //! half or a quarter of its rings, as every budget does for new charges;
 //! loans already made stay until they come back.
 //!
+//! On a short TUN queue the sockets on full receive rings also share a
+//! window budget (`Sockets::with_window_budget`): each offers at most the
+//! budget over their number, so that many uploads at once do not invite
+//! more of the app's packets than the queue holds.
+//!
 //! A ring handed back keeps no pages (`sys::pages::discard`; the pool owns
 //! it then, smoltcp holds no borrow of it), so what is resident beyond the
 //! sockets' state and small rings is what the sockets on loan hold, at
@@ -55,6 +60,11 @@ pub(super) struct Loans {
     pub(super) quiet: VecDeque<(Id, Instant)>,
     /// Loans asked for while every ring was lent, not yet published.
     pub(super) refused: u64,
+    /// Bytes of window every socket on a full receive ring may offer
+    /// together (`Sockets::with_window_budget`); 0: no cap.
+    pub(super) window_budget: usize,
+    /// Full receive rings lent now.
+    rx_lent: usize,
 }
 
 /// A socket's loans: when its session last moved data, and the small ring
@@ -103,6 +113,16 @@ impl Loans {
             spare: Vec::new(),
             quiet: VecDeque::new(),
             refused: 0,
+            window_budget: 0,
+            rx_lent: 0,
+        }
+    }
+
+    /// What each socket on a full receive ring offers at most now.
+    fn window_cap(&self) -> usize {
+        match self.window_budget {
+            0 => usize::MAX,
+            b => (b / self.rx_lent.max(1)).clamp(self.small, self.full),
         }
     }
 
@@ -204,6 +224,10 @@ impl Inner {
                 if !filed {
                     loans.quiet.push_back((id, now));
                 }
+                if which == Ring::Rx {
+                    loans.rx_lent += 1;
+                    self.cap_windows();
+                }
                 true
             }
             Err(full) => {
@@ -227,10 +251,24 @@ impl Inner {
     /// quiet for [`RING_QUIET`], each once it is empty; the earliest time
     /// another may be due.
     pub(super) fn return_quiet(&mut self, now: Instant) -> Option<Instant> {
+        let mut recap = false;
+        let due = self.return_quiet_rings(now, &mut recap);
+        if recap {
+            self.cap_windows();
+        }
+        due
+    }
+
+    /// [`Inner::return_quiet`]'s walk; `recap` set when a receive ring
+    /// came back.
+    fn return_quiet_rings(&mut self, now: Instant, recap: &mut bool) -> Option<Instant> {
         let Inner { slots, loans, .. } = self;
-        while let Some(&(id, at)) = loans.quiet.front() {
+        loop {
+            let Some(&(id, at)) = loans.quiet.front() else {
+                break None;
+            };
             if now.saturating_duration_since(at) < RING_QUIET {
-                return Some(at + RING_QUIET);
+                break Some(at + RING_QUIET);
             }
             loans.quiet.pop_front();
             let Some(slot) = slots.get_mut(id as usize).and_then(Option::as_mut) else {
@@ -249,7 +287,12 @@ impl Inner {
             {
                 // Refused while out-of-order data waits in the ring.
                 match swap(s, Ring::Rx, small) {
-                    Ok(full) => loans.put(full),
+                    Ok(full) => {
+                        loans.put(full);
+                        loans.rx_lent -= 1;
+                        s.set_window_cap(usize::MAX);
+                        *recap = true;
+                    }
                     Err(small) => slot.loan.rx = Some(small),
                 }
             }
@@ -267,7 +310,22 @@ impl Inner {
                 loans.quiet.push_back((id, now));
             }
         }
-        None
+    }
+
+    /// Tell every socket on a full receive ring what it may offer now
+    /// (the window budget shared among them), and have the poller
+    /// look at each: one whose offer grew owes its app an update.
+    fn cap_windows(&mut self) {
+        let cap = self.loans.window_cap();
+        for i in 0..self.loans.quiet.len() {
+            let id = self.loans.quiet[i].0;
+            if let Some(slot) = self.slots.get_mut(id as usize).and_then(Option::as_mut)
+                && slot.loan.rx.is_some()
+            {
+                slot.set.get_mut::<tcp::Socket>(slot.h).set_window_cap(cap);
+                self.mark(id);
+            }
+        }
     }
 
     /// A socket is being removed with `loan`: its full rings, taken from
@@ -276,6 +334,8 @@ impl Inner {
         let (rx, tx) = sock.into_buffers();
         if loan.rx.is_some() {
             self.loans.put(into_vec(rx));
+            self.loans.rx_lent -= 1;
+            self.cap_windows();
         }
         if loan.tx.is_some() {
             self.loans.put(into_vec(tx));

@@ -465,9 +465,19 @@ impl Sockets {
         rings: usize,
         pressure: Option<Arc<crate::budget::Pressure>>,
     ) -> Self {
-        let loans = Loans::new(small, self.buffer, rings, pressure);
+        let mut loans = Loans::new(small, self.buffer, rings, pressure);
+        loans.window_budget = self.inner.get_mut().loans.window_budget;
         self.small = loans.small;
         self.inner.get_mut().loans = loans;
+        self
+    }
+
+    /// Share `bytes` of window among the sockets on a full receive ring:
+    /// each offers at most `bytes` over their number (within its small and
+    /// full ring's sizes), so that many uploads at once invite no more of
+    /// the app's packets than the TUN's queue holds (`rings.rs`).
+    pub(crate) fn with_window_budget(mut self, bytes: usize) -> Self {
+        self.inner.get_mut().loans.window_budget = bytes;
         self
     }
 

@@ -879,18 +879,21 @@ fn loan_stack(rings: usize) -> Arc<Sockets> {
 
 /// [`loan_stack`] whose pool follows `pressure`.
 fn loan_stack_under(rings: usize, pressure: Option<Arc<crate::budget::Pressure>>) -> Arc<Sockets> {
+    Arc::new(loan_sockets(rings, pressure))
+}
+
+/// The sockets of a [`loan_stack_under`], not shared yet.
+fn loan_sockets(rings: usize, pressure: Option<Arc<crate::budget::Pressure>>) -> Sockets {
     let nets: Vec<IpNet> = vec!["198.18.0.1/16".parse().expect("test input")];
-    Arc::new(
-        Sockets::new(
-            &nets,
-            1500,
-            16 * 1024,
-            Duration::from_secs(7440),
-            Duration::from_secs(10),
-            4,
-        )
-        .with_loans(2048, rings, pressure),
+    Sockets::new(
+        &nets,
+        1500,
+        16 * 1024,
+        Duration::from_secs(7440),
+        Duration::from_secs(10),
+        4,
     )
+    .with_loans(2048, rings, pressure)
 }
 
 /// Whether socket `id` holds a full ring, and how many are lent.
@@ -1489,4 +1492,75 @@ fn sniffing_reads_the_first_bytes_in_place() {
         "ended without the timeout"
     );
     assert!(read_exactly(&rt, &b, queued, 64 * 1024) == long.as_bytes()[..queued]);
+}
+
+/// The sockets on full receive rings share the window budget: one alone
+/// offers the budget (within its ring), two offer half each, and once one
+/// hands its ring back the other is told at once that it may send the
+/// whole budget again. What each socket accepts is its ring's room, not
+/// its offer: every byte sent inside an older, wider offer is taken.
+#[test]
+fn sockets_on_full_rings_share_the_window_budget() {
+    let st = Arc::new(loan_sockets(4, None).with_window_budget(8192));
+    let stats = Stats::default();
+    let mut out = Capture::default();
+    let rt = runtime();
+    let mut t = Instant::now();
+    let (ka, ha, sa) = open(&st, &mut out, &stats, "10.0.0.9:40000", "1.1.1.1:443");
+    let (kb, hb, sb) = open(&st, &mut out, &stats, "10.0.0.9:40001", "1.1.1.1:443");
+    let a = SmolStream::new(st.clone(), ha, ka, None);
+    let b = SmolStream::new(st.clone(), hb, kb, None);
+    // A fills its small ring past half: a full ring, offering the budget.
+    out.0.clear();
+    let a_seq = app_sends(&st, &mut out, &stats, ka, 1001, sa, &pattern(1400, 1), t);
+    assert_eq!(loan_of(&st, ha), (true, 1));
+    let offer = |out: &Capture, k: FlowKey| {
+        let p = out
+            .0
+            .iter()
+            .rev()
+            .find(|p| seg(p).1 == k.client)
+            .expect("a segment");
+        window(p)
+    };
+    let w = offer(&out, ka);
+    assert!((7 * 1024..=8192).contains(&(w as usize)), "alone: {w}");
+    // B too: each offers half.
+    out.0.clear();
+    app_sends(&st, &mut out, &stats, kb, 1001, sb, &pattern(1400, 2), t);
+    assert_eq!(loan_of(&st, hb), (true, 2));
+    let w = offer(&out, kb);
+    assert!(w as usize <= 4096, "two: {w}");
+    // A's next segment, inside the 8 KiB it was offered, is taken whole,
+    // and its ACK offers the new share.
+    out.0.clear();
+    let more = pattern(5000, 3);
+    app_sends(&st, &mut out, &stats, ka, a_seq, sa, &more, t);
+    st.poll_once(&mut out, &stats, t);
+    assert_eq!(
+        last_ack(&out, ka),
+        Some(a_seq.wrapping_add(5000)),
+        "all taken"
+    );
+    assert!(offer(&out, ka) as usize <= 4096);
+    let got = read_exactly(&rt, &a, 1400 + 5000, 32 * 1024);
+    assert!(got[1400..] == more[..]);
+    assert!(read_exactly(&rt, &b, 1400, 32 * 1024) == pattern(1400, 2));
+    // B goes: its ring back to the pool, and A is told at once that it
+    // may send the whole budget again (its app is waiting for that).
+    b.abort();
+    drop(b);
+    st.poll_once(&mut out, &stats, t);
+    assert_eq!(loan_of(&st, ha), (true, 1));
+    out.0.clear();
+    t += Duration::from_millis(1);
+    st.poll_once(&mut out, &stats, t);
+    let w = offer(&out, ka);
+    assert!(
+        (7 * 1024..=8192).contains(&(w as usize)),
+        "alone again: {w}"
+    );
+    // Quiet: A's ring back too, its cap lifted with it.
+    go_quiet(&st, &mut out, &stats, &mut t);
+    assert_eq!(st.inner.lock().loans.lent, 0);
 }

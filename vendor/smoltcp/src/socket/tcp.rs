@@ -503,6 +503,9 @@ pub struct Socket<'a> {
     /// The sending window scaling factor advertised to remotes which support RFC 1323.
     /// It is zero if the window <= 64KiB and/or the remote does not support it.
     remote_win_shift: u8,
+    /// The most the socket offers, whatever its ring's free space (see
+    /// `set_window_cap`). (kerntun patch.)
+    window_cap: usize,
     /// The remote window size, relative to local_seq_no
     /// I.e. we're allowed to send octets until local_seq_no+remote_win_len
     remote_win_len: usize,
@@ -606,6 +609,7 @@ impl<'a> Socket<'a> {
             remote_last_win: 0,
             remote_win_len: 0,
             remote_win_shift: rx_cap_log2.saturating_sub(16) as u8,
+            window_cap: usize::MAX,
             remote_win_scale: None,
             remote_has_sack: false,
             remote_mss: DEFAULT_MSS,
@@ -762,7 +766,9 @@ impl<'a> Socket<'a> {
     /// Used in internal calculations as well as packet generation.
     #[inline]
     fn scaled_window(&self) -> u16 {
-        u16::try_from(self.rx_buffer.window() >> self.remote_win_shift).unwrap_or(u16::MAX)
+        // kerntun patch: at most `window_cap`.
+        let window = core::cmp::min(self.rx_buffer.window(), self.window_cap);
+        u16::try_from(window >> self.remote_win_shift).unwrap_or(u16::MAX)
     }
 
     /// Return the last window field value, including scaling according to RFC 1323.
@@ -956,6 +962,15 @@ impl<'a> Socket<'a> {
     pub fn set_window_shift_for(&mut self, capacity: usize) {
         let cap_log2 = mem::size_of::<usize>() * 8 - capacity.leading_zeros() as usize;
         self.remote_win_shift = cap_log2.saturating_sub(16) as u8;
+    }
+
+    /// Offer at most `cap` bytes of window, whatever the receive ring's
+    /// free space; `usize::MAX` lifts the cap. Segments the ring has room
+    /// for are still taken when they reach past the offer (a lowered cap
+    /// shrinks what the peer is told, not what the socket accepts).
+    /// (kerntun patch.)
+    pub fn set_window_cap(&mut self, cap: usize) {
+        self.window_cap = cap;
     }
 
     fn reset(&mut self) {
