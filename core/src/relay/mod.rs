@@ -111,6 +111,7 @@ pub(crate) struct LegMeter<'a> {
     pub pool: Option<&'a ByteBudget>,
     /// The connection's own counter for this direction.
     pub flow: Option<&'a AtomicU64>,
+    /// [`Meter::scratch`].
     pub scratch: Option<&'a Admission>,
 }
 
@@ -271,7 +272,9 @@ pub(crate) async fn run<A: Side>(
         // admission left them out.
         let _state = match (meter.pool, meter.scratch) {
             (Some(pool), Some(admission)) => {
-                // Boxed: rare, and this lives in every relay's future.
+                // Boxed: only framed smoltcp sessions hold it (one
+                // allocation per session), and this lives in every relay's
+                // future.
                 Some(Box::new(
                     Scratch::wait(pool, admission, FRAMING_STATE + RELAY_FALLBACK_BUFFER).await,
                 ))

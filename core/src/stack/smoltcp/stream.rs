@@ -133,7 +133,8 @@ impl Side for SmolStream {
 /// relay. A connection's first bytes start the ring (nothing was read
 /// yet), and a ring lent for them keeps them at its start, so they are one
 /// slice. First bytes longer than the ring can hold (every full ring lent)
-/// are routed by address once the sniff times out, and relayed intact.
+/// end the sniff as soon as they fill it: routed by address, relayed
+/// intact.
 impl App for SmolStream {
     async fn sniff(&self, timeout: Duration, _pool: &session::SniffBytes<'_>) -> session::Sniff {
         let deadline = tokio::time::Instant::now() + timeout;
