@@ -42,11 +42,7 @@ pub struct IperfRun {
 /// Parse `iperf3 -J` output. A run that failed (iperf3 puts an `error`
 /// member in its JSON) or moved nothing is an error carrying iperf3's words.
 pub fn parse(json: &str) -> Result<IperfRun, String> {
-    let v: Value = serde_json::from_str(json).map_err(|e| format!("iperf3 JSON: {e}"))?;
-    if let Some(err) = v.get("error").and_then(Value::as_str) {
-        return Err(format!("iperf3: {err}"));
-    }
-    let end = v.get("end").ok_or("iperf3 JSON: no `end`")?;
+    let end = end_of(json)?;
     let recv = end
         .get("sum_received")
         .ok_or("iperf3 JSON: no `end.sum_received` (not a TCP test?)")?;
@@ -57,9 +53,7 @@ pub fn parse(json: &str) -> Result<IperfRun, String> {
         .ok_or("iperf3 JSON: no received bytes")?;
     let seconds = num(recv, "seconds").ok_or("iperf3 JSON: no duration")?;
     let bits_per_second = num(recv, "bits_per_second").ok_or("iperf3 JSON: no rate")?;
-    if bytes == 0 || seconds <= 0.0 {
-        return Err("iperf3 moved no data".into());
-    }
+    moved_data(bytes, seconds)?;
     let cpu = end.get("cpu_utilization_percent");
     Ok(IperfRun {
         bytes,
@@ -72,6 +66,26 @@ pub fn parse(json: &str) -> Result<IperfRun, String> {
         cpu_host: cpu.and_then(|c| num(c, "host_total")),
         cpu_remote: cpu.and_then(|c| num(c, "remote_total")),
     })
+}
+
+/// The `end` member of `iperf3 -J` output; a run that failed (an `error`
+/// member) is an error with iperf3's words.
+fn end_of(json: &str) -> Result<Value, String> {
+    let mut v: Value = serde_json::from_str(json).map_err(|e| format!("iperf3 JSON: {e}"))?;
+    if let Some(err) = v.get("error").and_then(Value::as_str) {
+        return Err(format!("iperf3: {err}"));
+    }
+    v.get_mut("end")
+        .map(Value::take)
+        .ok_or_else(|| "iperf3 JSON: no `end`".into())
+}
+
+/// A run that delivered nothing is an error.
+fn moved_data(bytes: u64, seconds: f64) -> Result<(), String> {
+    if bytes == 0 || seconds <= 0.0 {
+        return Err("iperf3 moved no data".into());
+    }
+    Ok(())
 }
 
 /// One iperf3 UDP run (`-u`): what the receiver got, and what the sender
@@ -101,11 +115,7 @@ impl IperfUdp {
 /// and `end.sum_sent`). A failed run or one that delivered nothing is an
 /// error with iperf3's words.
 pub fn parse_udp(json: &str) -> Result<IperfUdp, String> {
-    let v: Value = serde_json::from_str(json).map_err(|e| format!("iperf3 JSON: {e}"))?;
-    if let Some(err) = v.get("error").and_then(Value::as_str) {
-        return Err(format!("iperf3: {err}"));
-    }
-    let end = v.get("end").ok_or("iperf3 JSON: no `end`")?;
+    let end = end_of(json)?;
     let side = |k: &str| {
         end.get(k)
             .ok_or_else(|| format!("iperf3 JSON: no `end.{k}` (iperf3 older than 3.12?)"))
@@ -129,9 +139,7 @@ pub fn parse_udp(json: &str) -> Result<IperfUdp, String> {
         lost_packets: int(recv, "lost_packets")?,
         packets: int(recv, "packets")?,
     };
-    if r.bytes == 0 || r.seconds <= 0.0 {
-        return Err("iperf3 moved no data".into());
-    }
+    moved_data(r.bytes, r.seconds)?;
     Ok(r)
 }
 
