@@ -57,14 +57,10 @@ pub fn process_mem(pid: u32) -> io::Result<Mem> {
 }
 
 pub fn parse_status_mem(status: &str) -> Option<Mem> {
-    let field = |name: &str| -> Option<u64> {
-        let line = status.lines().find(|l| l.starts_with(name))?;
-        line[name.len()..].split_whitespace().next()?.parse().ok()
-    };
     Some(Mem {
-        rss_kib: field("VmRSS:")?,
-        hwm_kib: field("VmHWM:")?,
-        anon_kib: field("RssAnon:").unwrap_or(0),
+        rss_kib: field_after(status, "VmRSS:")?,
+        hwm_kib: field_after(status, "VmHWM:")?,
+        anon_kib: field_after(status, "RssAnon:").unwrap_or(0),
     })
 }
 
@@ -181,10 +177,11 @@ impl ProcSample {
     }
 }
 
-/// The value after `name` on the first line that starts with it.
-fn field_after(text: &str, name: &str) -> Option<u64> {
+/// The number after `name` on the first line that starts with it, its unit
+/// (`VmRSS:  7060 kB`) left off.
+pub fn field_after(text: &str, name: &str) -> Option<u64> {
     let line = text.lines().find(|l| l.starts_with(name))?;
-    line[name.len()..].trim().parse().ok()
+    line[name.len()..].split_whitespace().next()?.parse().ok()
 }
 
 /// `syscr` and `syscw` of a `/proc/<pid>/io` file.

@@ -542,11 +542,8 @@ fn machine_meta(args: &Args) -> Meta {
         .any(|l| l.starts_with("flags") && l.split_whitespace().any(|f| f == "hypervisor"));
     let mem_gib = std::fs::read_to_string("/proc/meminfo")
         .ok()
-        .and_then(|m| {
-            let l = m.lines().find(|l| l.starts_with("MemTotal:"))?;
-            l.split_whitespace().nth(1)?.parse::<f64>().ok()
-        })
-        .map_or(0.0, |kib| kib / 1048576.0);
+        .and_then(|m| procfs::field_after(&m, "MemTotal:"))
+        .map_or(0.0, |kib| kib as f64 / 1048576.0);
     let cmd_out = |c: &str, a: &[&str]| {
         Command::new(c)
             .args(a)
