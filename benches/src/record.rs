@@ -205,7 +205,7 @@ impl Run {
     /// through the engine.
     pub fn relayed_share(&self, keys: &[&str]) -> Option<f64> {
         let relayed = keys.iter().map(|k| self.stat(k)).sum::<Option<u64>>()?;
-        (self.bytes > 0).then(|| relayed as f64 / self.bytes as f64)
+        ratio(relayed, self.bytes)
     }
 
     /// Packets the TUN carried over the run, both ways.
@@ -215,9 +215,13 @@ impl Run {
 
     /// TX drops over all packets the TUN carried.
     pub fn tun_drop_share(&self) -> Option<f64> {
-        let carried = self.tun_packets()?;
-        (carried > 0).then(|| self.tun_tx_dropped.unwrap_or(0) as f64 / carried as f64)
+        ratio(self.tun_tx_dropped.unwrap_or(0), self.tun_packets()?)
     }
+}
+
+/// `n` over `of`, or `None` when there is nothing to divide by.
+fn ratio(n: u64, of: u64) -> Option<f64> {
+    (of > 0).then(|| n as f64 / of as f64)
 }
 
 /// One iperf3 run through one desktop scenario.
@@ -237,8 +241,7 @@ impl Throughput {
     pub fn spliced_share(&self) -> Option<f64> {
         let spliced = self.run.stat("tcp_bytes_spliced")?;
         let copied = self.run.stat("tcp_bytes_copied")?;
-        let total = spliced + copied;
-        (total > 0).then(|| spliced as f64 / total as f64)
+        ratio(spliced, spliced + copied)
     }
 }
 
@@ -311,30 +314,29 @@ impl PhoneRun {
     /// below 1 where written-back segments were merged.
     pub fn writes_per_read(&self) -> Option<f64> {
         let read = self.run.stat("tun_read_packets")?;
-        (read > 0).then(|| self.run.stat("tun_writes").unwrap_or(0) as f64 / read as f64)
+        ratio(self.run.stat("tun_writes").unwrap_or(0), read)
     }
 
     /// IP packets read from the TUN per read system call on it.
     pub fn packets_per_read(&self) -> Option<f64> {
         let calls = self.syscalls.as_ref()?.tun_read;
-        (calls > 0).then(|| self.run.stat("tun_read_packets").unwrap_or(0) as f64 / calls as f64)
+        ratio(self.run.stat("tun_read_packets").unwrap_or(0), calls)
     }
 
     /// IP packets the engine handed to the TUN per write system call on it
     /// (the batch driver's writes carry coalesced segments).
     pub fn packets_per_write(&self) -> Option<f64> {
         let calls = self.syscalls.as_ref()?.tun_write;
-        (calls > 0).then(|| self.run.stat("tun_writes").unwrap_or(0) as f64 / calls as f64)
+        ratio(self.run.stat("tun_writes").unwrap_or(0), calls)
     }
 
     /// The same two from `/proc` (read- and write-family calls on any
     /// descriptor), for the measured runs: (per read, per write).
     pub fn packets_per_call_proc(&self) -> Option<(f64, f64)> {
         let c = self.run.proc_counts.as_ref()?;
-        let per = |packets: u64, calls: u64| (calls > 0).then(|| packets as f64 / calls as f64);
         Some((
-            per(self.run.stat("tun_read_packets")?, c.read_calls)?,
-            per(self.run.stat("tun_writes")?, c.write_calls)?,
+            ratio(self.run.stat("tun_read_packets")?, c.read_calls)?,
+            ratio(self.run.stat("tun_writes")?, c.write_calls)?,
         ))
     }
 
@@ -343,7 +345,7 @@ impl PhoneRun {
     /// counted run.
     pub fn proc_vs_perf(&self) -> Option<f64> {
         let (c, s) = (self.run.proc_counts.as_ref()?, self.syscalls.as_ref()?);
-        let diff = |a: u64, b: u64| (b > 0).then(|| a.abs_diff(b) as f64 / b as f64);
+        let diff = |a: u64, b: u64| ratio(a.abs_diff(b), b);
         Some(diff(c.read_calls, s.tun_read)?.max(diff(c.write_calls, s.tun_write)?))
     }
 }
@@ -368,7 +370,7 @@ pub struct PhoneUdpRun {
 impl PhoneUdpRun {
     /// Lost over all datagrams, as iperf3's receiver counted them.
     pub fn loss(&self) -> Option<f64> {
-        (self.packets > 0).then(|| self.lost_packets as f64 / self.packets as f64)
+        ratio(self.lost_packets, self.packets)
     }
 
     /// What the sender offered, Gbit/s.
@@ -383,11 +385,10 @@ impl PhoneUdpRun {
     pub fn packets_per_call(&self) -> Option<(f64, f64)> {
         let r = &self.run;
         let c = r.proc_counts.as_ref()?;
-        let per = |packets: u64, calls: u64| (calls > 0).then(|| packets as f64 / calls as f64);
         let written = r.stat("tun_writes")? + r.stat("udp_packets_down")?;
         Some((
-            per(r.stat("tun_read_packets")?, c.read_calls)?,
-            per(written, c.write_calls)?,
+            ratio(r.stat("tun_read_packets")?, c.read_calls)?,
+            ratio(written, c.write_calls)?,
         ))
     }
 }
