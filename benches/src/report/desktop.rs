@@ -7,7 +7,9 @@ use std::collections::BTreeSet;
 use std::fmt::Write as _;
 
 use super::template::Fill;
-use super::{escape, integrity_table, mib, opt, range, slashed, table};
+use super::{
+    escape, fixed, integrity_table, measured_by, mib, opt, percent, range, slashed, table,
+};
 use crate::cpu_profile::{self, CpuProfile};
 use crate::record::{
     CriterionFigure, Direction, Integrity, Meta, Record, Scale, ScenarioInfo, Throughput,
@@ -151,41 +153,37 @@ pub(super) fn fill(f: &mut Fill, records: &[Record]) -> Vec<String> {
 
 fn machine(f: &mut Fill, v: &View) {
     let item = v.meta.map(|m| {
-        let mut x = Fill::new();
-        x.text("date", m.date.as_str())
-            .text(
-                "cpu",
-                format!(
-                    "{}, {} cores{}",
-                    m.cpu_model,
-                    m.cores,
-                    if m.virtualized {
-                        " (virtual machine)"
-                    } else {
-                        ""
-                    }
-                ),
-            )
-            .text("memory", format!("{:.1}", m.mem_gib))
-            .text("kernel", m.kernel.as_str())
-            .text("iperf3", m.iperf3.as_str())
-            .text("git_rev", m.git_rev.as_str())
-            .text("duration", m.duration_s.to_string())
-            .text("mtu", m.mtu.to_string())
-            .text("load_start", opt(m.load_start, |l| format!("{l:.2}")))
-            .text("load_end", opt(m.load_end, |l| format!("{l:.2}")))
-            .text(
-                "wall",
-                format!(
-                    "{:.0} s{}",
-                    m.wall_s,
-                    m.criterion_s
-                        .map(|s| format!(" (criterion {s:.0} s of it)"))
-                        .unwrap_or_default()
-                ),
-            )
-            .flag("few_cores", m.cores <= 4)
-            .text("cores", m.cores.to_string());
+        // The names every "Measured by" has, then the machine's own and the
+        // wall time with criterion's part of it.
+        let mut x = measured_by(m);
+        x.text(
+            "cpu",
+            format!(
+                "{}, {} cores{}",
+                m.cpu_model,
+                m.cores,
+                if m.virtualized {
+                    " (virtual machine)"
+                } else {
+                    ""
+                }
+            ),
+        )
+        .text("memory", format!("{:.1}", m.mem_gib))
+        .text("kernel", m.kernel.as_str())
+        .text("iperf3", m.iperf3.as_str())
+        .text("mtu", m.mtu.to_string())
+        .text(
+            "wall",
+            format!(
+                "{:.0} s{}",
+                m.wall_s,
+                m.criterion_s
+                    .map(|s| format!(" (criterion {s:.0} s of it)"))
+                    .unwrap_or_default()
+            ),
+        )
+        .flag("few_cores", m.cores <= 4);
         x
     });
     f.item("machine", item);
@@ -208,7 +206,7 @@ fn summary(v: &View) -> Vec<String> {
         for dir in Direction::BOTH {
             let fracs: Vec<String> = streams
                 .iter()
-                .map(|&s| super::percent(v.fraction(id, s, dir)))
+                .map(|&s| percent(v.fraction(id, s, dir)))
                 .collect();
             out.push(format!(
                 "- {name}, {}: {} of the no-TUN baseline at {} streams.",
@@ -395,8 +393,8 @@ fn cost(f: &mut Fill, v: &View) {
                 t.scenario,
                 r.streams,
                 r.direction.as_str(),
-                opt(r.gbit_per_s.filter(|_| r.ok()), |g| format!("{g:.2}")),
-                opt(r.engine_cpu_s, |c| format!("{c:.2}")),
+                fixed(r.gbit_per_s.filter(|_| r.ok())),
+                fixed(r.engine_cpu_s),
                 opt(r.cpu_s_per_gb.filter(|_| r.ok()), |c| format!("{c:.3}")),
                 match (r.rss_kib, r.hwm_kib) {
                     (Some(a), Some(h)) => format!("{} ({})", mib(a), mib(h)),
@@ -404,9 +402,9 @@ fn cost(f: &mut Fill, v: &View) {
                 },
                 opt(r.tun_tx_dropped, |d| d.to_string()),
                 opt(r.retransmits, |x| x.to_string()),
-                opt(r.system_busy, |b| format!("{:.0} %", 100.0 * b)),
+                percent(r.system_busy),
                 opt(r.stat("tun_read_max_batch"), |b| b.to_string()),
-                opt(t.spliced_share(), |x| format!("{:.0} %", 100.0 * x)),
+                percent(t.spliced_share()),
             )
         })
         .collect();
@@ -936,11 +934,7 @@ fn references(f: &mut Fill, v: &View) {
         .ok_runs("system-batch")
         .filter_map(|t| t.run.hwm_kib)
         .max();
-    f.text(
-        "ref_rss",
-        rss.map(|k| format!("{:.1}", k as f64 / 1024.0))
-            .unwrap_or_default(),
-    );
+    f.text("ref_rss", rss.map(mib).unwrap_or_default());
 }
 
 #[cfg(test)]
