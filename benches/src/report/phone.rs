@@ -135,11 +135,17 @@ impl<'a> Tcp<'a> {
             .collect()
     }
 
+    /// Whether `r` is a measured (not counted) run of profile `k` at
+    /// `streams` in direction `dir`.
+    fn is_run(r: &PhoneRun, k: Key, streams: u32, dir: Direction) -> bool {
+        !r.counted && key(&r.shape) == k && r.run.streams == streams && r.run.direction == dir
+    }
+
     /// The measured (not counted) run of a profile, successful or not.
     fn find(runs: &[&'a PhoneRun], k: Key, streams: u32, dir: Direction) -> Option<&'a PhoneRun> {
-        runs.iter().copied().find(|r| {
-            !r.counted && key(&r.shape) == k && r.run.streams == streams && r.run.direction == dir
-        })
+        runs.iter()
+            .copied()
+            .find(|r| Self::is_run(r, k, streams, dir))
     }
 
     /// The same, successful.
@@ -149,13 +155,9 @@ impl<'a> Tcp<'a> {
         streams: u32,
         dir: Direction,
     ) -> Option<&'a PhoneRun> {
-        runs.iter().copied().find(|r| {
-            !r.counted
-                && r.run.ok()
-                && key(&r.shape) == k
-                && r.run.streams == streams
-                && r.run.direction == dir
-        })
+        runs.iter()
+            .copied()
+            .find(|r| r.run.ok() && Self::is_run(r, k, streams, dir))
     }
 
     fn measured(&self, k: Key, streams: u32, dir: Direction) -> Option<&'a PhoneRun> {
@@ -168,9 +170,30 @@ impl<'a> Tcp<'a> {
 
     /// Throughput as a fraction of the same topology and MTU's baseline.
     fn fraction(&self, k: Key, streams: u32, dir: Direction) -> Option<f64> {
-        let g = self.gbit(k, streams, dir)?;
+        self.fraction_in(&self.runs, k, streams, dir)
+    }
+
+    /// The same for the measured run among `runs` (an earlier engine's too),
+    /// against the baseline of the engine under test.
+    fn fraction_in(
+        &self,
+        runs: &[&'a PhoneRun],
+        k: Key,
+        streams: u32,
+        dir: Direction,
+    ) -> Option<f64> {
+        let g = Self::find_ok(runs, k, streams, dir)?.run.gbit_per_s?;
         let b = self.gbit((k.0, k.1, None), streams, dir)?;
         (b > 0.0).then_some(g / b)
+    }
+
+    /// Those fractions, one per stream count.
+    fn fractions(&self, runs: &[&'a PhoneRun], streams: &[u32], k: Key, dir: Direction) -> String {
+        let f: Vec<String> = streams
+            .iter()
+            .map(|&s| percent(self.fraction_in(runs, k, s, dir)))
+            .collect();
+        f.join(" / ")
     }
 
     /// One cell per stream count: the measured run's figure, `failed` where
@@ -193,13 +216,59 @@ impl<'a> Tcp<'a> {
         cells.join(" / ")
     }
 
-    /// The engine CPU per GB of a profile's measured runs.
-    fn cpu(&self, k: Key) -> Vec<f64> {
+    /// The same for a figure of the engine: `–` for the baseline, which
+    /// has none.
+    fn engine_cells(
+        runs: &[&'a PhoneRun],
+        streams: &[u32],
+        k: Key,
+        dir: Direction,
+        f: &dyn Fn(&PhoneRun) -> Option<String>,
+    ) -> String {
+        if k.2.is_some() {
+            Self::cells(runs, streams, k, dir, f)
+        } else {
+            "–".into()
+        }
+    }
+
+    /// The columns the TCP tables share, for profile `k` among `runs` in
+    /// direction `dir`: Gbit/s, fraction of the baseline, engine CPU s/GB
+    /// and wake-ups per GB.
+    fn common_cells(
+        &self,
+        runs: &[&'a PhoneRun],
+        streams: &[u32],
+        k: Key,
+        dir: Direction,
+    ) -> [String; 4] {
+        let engine =
+            |f: &dyn Fn(&PhoneRun) -> Option<String>| Self::engine_cells(runs, streams, k, dir, f);
+        [
+            Self::cells(runs, streams, k, dir, &|r| {
+                r.run.gbit_per_s.map(|g| format!("{g:.2}"))
+            }),
+            if k.2.is_some() {
+                self.fractions(runs, streams, k, dir)
+            } else {
+                "–".into()
+            },
+            engine(&|r| r.run.cpu_s_per_gb.map(|c| format!("{c:.2}"))),
+            engine(&|r| Some(count(r.run.wakeups_per_gb()))),
+        ]
+    }
+
+    /// A profile's measured runs that succeeded.
+    fn ok_runs<'s>(&'s self, k: Key<'s>) -> impl Iterator<Item = &'a PhoneRun> + 's {
         self.runs
             .iter()
-            .filter(|r| !r.counted && r.run.ok() && key(&r.shape) == k)
-            .filter_map(|r| r.run.cpu_s_per_gb)
-            .collect()
+            .copied()
+            .filter(move |r| !r.counted && r.run.ok() && key(&r.shape) == k)
+    }
+
+    /// The engine CPU per GB of a profile's measured runs.
+    fn cpu(&self, k: Key) -> Vec<f64> {
+        self.ok_runs(k).filter_map(|r| r.run.cpu_s_per_gb).collect()
     }
 }
 
@@ -245,11 +314,11 @@ fn tcp_summary(v: &Tcp) -> Vec<String> {
             let fractions: Vec<String> = Direction::BOTH
                 .iter()
                 .map(|&dir| {
-                    let f: Vec<String> = streams
-                        .iter()
-                        .map(|&s| percent(v.fraction(k, s, dir)))
-                        .collect();
-                    format!("{} {}", dir.as_str(), f.join(" / "))
+                    format!(
+                        "{} {}",
+                        dir.as_str(),
+                        v.fractions(&v.runs, &streams, k, dir)
+                    )
                 })
                 .collect();
             let cpu = range(&v.cpu(k))
@@ -279,12 +348,7 @@ fn tcp_summary(v: &Tcp) -> Vec<String> {
 
 /// The android summary's drops and retransmissions over a profile's runs.
 fn android_tail(v: &Tcp, k: Key) -> String {
-    let runs: Vec<&Run> = v
-        .runs
-        .iter()
-        .filter(|r| !r.counted && r.run.ok() && key(&r.shape) == k)
-        .map(|r| &r.run)
-        .collect();
+    let runs: Vec<&Run> = v.ok_runs(k).map(|r| &r.run).collect();
     let drops: Vec<f64> = runs.iter().filter_map(|r| r.tun_drop_share()).collect();
     let retrans: Vec<f64> = runs
         .iter()
@@ -349,33 +413,15 @@ fn tcp_part(f: &mut Fill, v: &Tcp) {
     for k in keys.iter().copied().filter(|k| k.0 != Topo::Android) {
         for dir in Direction::BOTH {
             let engine = |f: &dyn Fn(&PhoneRun) -> Option<String>| {
-                if k.2.is_some() {
-                    Tcp::cells(&v.runs, &streams, k, dir, f)
-                } else {
-                    "–".into()
-                }
+                Tcp::engine_cells(&v.runs, &streams, k, dir, f)
             };
+            let [gbit, of_baseline, cpu, wakeups] = v.common_cells(&v.runs, &streams, k, dir);
             rows.push(format!(
-                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                "| {} | {} | {} | {} | {gbit} | {of_baseline} | {cpu} | {wakeups} | {} | {} |",
                 k.0.as_str(),
                 k.1,
                 driver_name(k.2),
                 dir.as_str(),
-                Tcp::cells(&v.runs, &streams, k, dir, &|r| r
-                    .run
-                    .gbit_per_s
-                    .map(|g| format!("{g:.2}"))),
-                if k.2.is_some() {
-                    let f: Vec<String> = streams
-                        .iter()
-                        .map(|&s| percent(v.fraction(k, s, dir)))
-                        .collect();
-                    f.join(" / ")
-                } else {
-                    "–".into()
-                },
-                engine(&|r| r.run.cpu_s_per_gb.map(|c| format!("{c:.2}"))),
-                engine(&|r| Some(count(r.run.wakeups_per_gb()))),
                 engine(&|r| r.packets_per_call_proc().map(|(x, _)| format!("{x:.2}"))),
                 engine(&|r| r.packets_per_call_proc().map(|(_, y)| format!("{y:.2}"))),
             ));
@@ -447,38 +493,15 @@ fn android(f: &mut Fill, v: &Tcp) {
             let runs = runs.as_slice();
             for dir in Direction::BOTH {
                 let engine = |f: &dyn Fn(&PhoneRun) -> Option<String>| {
-                    if k.2.is_some() {
-                        Tcp::cells(runs, &streams, k, dir, f)
-                    } else {
-                        "–".into()
-                    }
+                    Tcp::engine_cells(runs, &streams, k, dir, f)
                 };
-                let of_baseline: Vec<String> = streams
-                    .iter()
-                    .map(|&s| {
-                        let g = Tcp::find_ok(runs, k, s, dir)?.run.gbit_per_s?;
-                        let b = v.gbit((k.0, k.1, None), s, dir)?;
-                        (b > 0.0).then(|| percent(Some(g / b)))
-                    })
-                    .map(|x| x.unwrap_or_else(|| "–".into()))
-                    .collect();
+                let [gbit, of_baseline, cpu, wakeups] = v.common_cells(runs, &streams, k, dir);
                 rows.push(format!(
-                    "| {} | {}{} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                    "| {} | {}{} | {} | {gbit} | {of_baseline} | {cpu} | {wakeups} | {} | {} | {} |",
                     k.1,
                     driver_name(k.2),
                     label.map(|l| format!("@{l}")).unwrap_or_default(),
                     dir.as_str(),
-                    Tcp::cells(runs, &streams, k, dir, &|r| r
-                        .run
-                        .gbit_per_s
-                        .map(|g| format!("{g:.2}"))),
-                    if k.2.is_some() {
-                        of_baseline.join(" / ")
-                    } else {
-                        "–".into()
-                    },
-                    engine(&|r| r.run.cpu_s_per_gb.map(|c| format!("{c:.2}"))),
-                    engine(&|r| Some(count(r.run.wakeups_per_gb()))),
                     engine(&|r| r.run.tun_tx_dropped.map(|d| d.to_string())),
                     engine(&|r| {
                         r.run
@@ -726,17 +749,23 @@ impl<'a> Udp<'a> {
         out
     }
 
+    /// Whether `r` is the run of row `k` at `streams` in direction `dir`.
+    fn is_run(r: &PhoneUdpRun, k: &UdpKey, streams: u32, dir: Direction) -> bool {
+        udp_key(r) == *k && r.run.streams == streams && r.run.direction == dir
+    }
+
     fn find(&self, k: &UdpKey, streams: u32, dir: Direction) -> Option<&'a PhoneUdpRun> {
         self.runs
             .iter()
             .copied()
-            .find(|r| udp_key(r) == *k && r.run.streams == streams && r.run.direction == dir)
+            .find(|r| Self::is_run(r, k, streams, dir))
     }
 
     fn measured(&self, k: &UdpKey, streams: u32, dir: Direction) -> Option<&'a PhoneUdpRun> {
-        self.runs.iter().copied().find(|r| {
-            r.run.ok() && udp_key(r) == *k && r.run.streams == streams && r.run.direction == dir
-        })
+        self.runs
+            .iter()
+            .copied()
+            .find(|r| r.run.ok() && Self::is_run(r, k, streams, dir))
     }
 
     fn fraction(&self, k: &UdpKey, streams: u32, dir: Direction) -> Option<f64> {
