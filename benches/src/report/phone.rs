@@ -960,6 +960,21 @@ mod tests {
         }
     }
 
+    /// A phone run's record of its command (on two cores, 5 s per run) and
+    /// the topologies it measured.
+    fn meta(command: &str, topologies: &[Topo]) -> Record {
+        Record::PhoneMeta(PhoneMeta {
+            run: Meta {
+                command: command.into(),
+                cores: 2,
+                duration_s: 5,
+                ..Meta::default()
+            },
+            topologies: topologies.to_vec(),
+            ..PhoneMeta::default()
+        })
+    }
+
     /// The earlier engine's runs are kept out of the main table and shown
     /// beside the current ones, each against the same baseline.
     #[test]
@@ -1016,16 +1031,7 @@ mod tests {
         failed.run.gbit_per_s = None;
         failed.run.error = Some("iperf3: unable to connect".into());
         let records = vec![
-            Record::PhoneMeta(PhoneMeta {
-                run: Meta {
-                    command: "bash scripts/bench.sh --phone".into(),
-                    cores: 2,
-                    duration_s: 5,
-                    ..Meta::default()
-                },
-                topologies: vec![Topo::Router],
-                ..PhoneMeta::default()
-            }),
+            meta("bash scripts/bench.sh --phone", &[Topo::Router]),
             Record::Phone(run(Topo::Router, 1500, None, 1, up, 8.0)),
             Record::Phone(run(Topo::Router, 1500, Some("per-packet"), 1, up, 2.0)),
             Record::Phone(run(Topo::Router, 1500, None, 16, up, 6.0)),
@@ -1093,22 +1099,11 @@ mod tests {
         let mut router_before = run(Topo::Router, 1500, Some("per-packet"), 1, up, 0.5);
         router_before.run.engine = Some("24b3908".into());
         let records = vec![
-            Record::PhoneMeta(PhoneMeta {
-                run: Meta {
-                    command: "bash scripts/bench.sh --phone --phone-topologies android".into(),
-                    ..Meta::default()
-                },
-                topologies: vec![Topo::Android],
-                ..PhoneMeta::default()
-            }),
-            Record::PhoneMeta(PhoneMeta {
-                run: Meta {
-                    command: "bash scripts/bench.sh --phone".into(),
-                    ..Meta::default()
-                },
-                topologies: vec![Topo::Router],
-                ..PhoneMeta::default()
-            }),
+            meta(
+                "bash scripts/bench.sh --phone --phone-topologies android",
+                &[Topo::Android],
+            ),
+            meta("bash scripts/bench.sh --phone", &[Topo::Router]),
             Record::Phone(android(None, up, 8.0)),
             Record::Phone(android(Some("per-packet"), up, 2.0)),
             Record::Phone(old),
