@@ -35,6 +35,11 @@ fn driver_name(d: Option<&str>) -> &str {
     d.unwrap_or("none (baseline)")
 }
 
+/// A cell of the engine's figures: `–` for the baseline, which has none.
+fn engine_only(k: Key, cells: impl FnOnce() -> String) -> String {
+    if k.2.is_some() { cells() } else { "–".into() }
+}
+
 /// The failed runs of a table (each with a note after its direction), one
 /// list item each.
 fn failed<'r>(runs: impl Iterator<Item = (&'r PhoneShape, &'r Run, &'static str)>) -> String {
@@ -216,22 +221,6 @@ impl<'a> Tcp<'a> {
         cells.join(" / ")
     }
 
-    /// The same for a figure of the engine: `–` for the baseline, which
-    /// has none.
-    fn engine_cells(
-        runs: &[&'a PhoneRun],
-        streams: &[u32],
-        k: Key,
-        dir: Direction,
-        f: &dyn Fn(&PhoneRun) -> Option<String>,
-    ) -> String {
-        if k.2.is_some() {
-            Self::cells(runs, streams, k, dir, f)
-        } else {
-            "–".into()
-        }
-    }
-
     /// The columns the TCP tables share, for profile `k` among `runs` in
     /// direction `dir`: Gbit/s, fraction of the baseline, engine CPU s/GB
     /// and wake-ups per GB.
@@ -242,17 +231,14 @@ impl<'a> Tcp<'a> {
         k: Key,
         dir: Direction,
     ) -> [String; 4] {
-        let engine =
-            |f: &dyn Fn(&PhoneRun) -> Option<String>| Self::engine_cells(runs, streams, k, dir, f);
+        let engine = |f: &dyn Fn(&PhoneRun) -> Option<String>| {
+            engine_only(k, || Self::cells(runs, streams, k, dir, f))
+        };
         [
             Self::cells(runs, streams, k, dir, &|r| {
                 r.run.gbit_per_s.map(|g| format!("{g:.2}"))
             }),
-            if k.2.is_some() {
-                self.fractions(runs, streams, k, dir)
-            } else {
-                "–".into()
-            },
+            engine_only(k, || self.fractions(runs, streams, k, dir)),
             engine(&|r| r.run.cpu_s_per_gb.map(|c| format!("{c:.2}"))),
             engine(&|r| Some(count(r.run.wakeups_per_gb()))),
         ]
@@ -413,7 +399,7 @@ fn tcp_part(f: &mut Fill, v: &Tcp) {
     for k in keys.iter().copied().filter(|k| k.0 != Topo::Android) {
         for dir in Direction::BOTH {
             let engine = |f: &dyn Fn(&PhoneRun) -> Option<String>| {
-                Tcp::engine_cells(&v.runs, &streams, k, dir, f)
+                engine_only(k, || Tcp::cells(&v.runs, &streams, k, dir, f))
             };
             let [gbit, of_baseline, cpu, wakeups] = v.common_cells(&v.runs, &streams, k, dir);
             rows.push(format!(
@@ -493,7 +479,7 @@ fn android(f: &mut Fill, v: &Tcp) {
             let runs = runs.as_slice();
             for dir in Direction::BOTH {
                 let engine = |f: &dyn Fn(&PhoneRun) -> Option<String>| {
-                    Tcp::engine_cells(runs, &streams, k, dir, f)
+                    engine_only(k, || Tcp::cells(runs, &streams, k, dir, f))
                 };
                 let [gbit, of_baseline, cpu, wakeups] = v.common_cells(runs, &streams, k, dir);
                 rows.push(format!(
