@@ -416,8 +416,7 @@ fn run(args: Args) -> Result<(), String> {
 
     drop(ctx.ss_server.take());
     drop(ctx.iperf_server.take());
-    meta.load_end = procfs::load1();
-    meta.wall_s = started.elapsed().as_secs_f64();
+    finish_meta(&mut meta, started);
     meta.duration_s = ctx.args.duration;
     meta.mtu = ctx.args.mtu;
     meta.integrity_bytes = ctx.args.integrity_mib << 20;
@@ -571,6 +570,13 @@ fn machine_meta(args: &Args) -> Meta {
             .unwrap_or_else(|| "unknown".into()),
         ..Meta::default()
     }
+}
+
+/// The end of a run on its meta: the load average now, the wall time
+/// since `started`.
+fn finish_meta(meta: &mut Meta, started: Instant) {
+    meta.load_end = procfs::load1();
+    meta.wall_s = started.elapsed().as_secs_f64();
 }
 
 /// What the criterion step produced: figures, load average before and

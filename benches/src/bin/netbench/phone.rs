@@ -25,7 +25,7 @@ use super::procs::{forget_ns, register_ns};
 use super::runner::{
     self, Attach, Client, Load, Measured, Plan, Profile, TCP_RELAYED, Traffic, UDP_RELAYED,
 };
-use super::{Ctx, machine_meta};
+use super::{Ctx, finish_meta, machine_meta};
 
 /// The namespaces and rules the phone topologies need beyond the
 /// harness's two namespaces.
@@ -286,8 +286,7 @@ pub(super) fn run(ctx: &mut Ctx) -> Vec<Record> {
         }
     }
     nets.close(ctx);
-    meta.run.load_end = procfs::load1();
-    meta.run.wall_s = started.elapsed().as_secs_f64();
+    finish_meta(&mut meta.run, started);
     out.insert(0, Record::PhoneMeta(meta));
     out
 }
@@ -330,8 +329,7 @@ pub(super) fn run_udp(ctx: &mut Ctx) -> Vec<Record> {
     }
     drop(client);
     nets.close(ctx);
-    meta.run.load_end = procfs::load1();
-    meta.run.wall_s = started.elapsed().as_secs_f64();
+    finish_meta(&mut meta.run, started);
     out.insert(0, Record::PhoneUdpMeta(meta));
     out
 }
