@@ -18,6 +18,9 @@
 
 use std::net::IpAddr;
 
+#[macro_use]
+mod view;
+
 pub mod ackthin;
 pub mod checksum;
 pub mod coalesce;

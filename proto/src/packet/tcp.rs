@@ -39,19 +39,20 @@ pub mod flags {
     pub const CWR: u8 = 0x80;
 }
 
-/// A read/write view of a TCP header over a buffer (the transport segment).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct TcpPacket<T> {
-    buffer: T,
+header_view! {
+    /// A read/write view of a TCP header over a buffer (the transport segment).
+    pub struct TcpPacket, at least HEADER_LEN bytes;
+    pub src_port, set_src_port: u16 = field::SRC_PORT;
+    pub dst_port, set_dst_port: u16 = field::DST_PORT;
+    pub seq_number, set_seq_number: u32 = field::SEQ;
+    pub ack_number, set_ack_number: u32 = field::ACK;
+    pub flags, set_flags: u8 = field::FLAGS;
+    pub window, set_window: u16 = field::WINDOW;
+    pub checksum, set_checksum: u16 = field::CHECKSUM;
+    pub urgent, set_urgent: u16 = field::URGENT;
 }
 
 impl<T: AsRef<[u8]>> TcpPacket<T> {
-    /// Wraps a buffer without checks. Only for buffers this crate sized
-    /// itself (at least [`HEADER_LEN`] bytes); accessors panic otherwise.
-    pub const fn new_unchecked(buffer: T) -> Self {
-        TcpPacket { buffer }
-    }
-
     /// Wraps an untrusted segment (exactly the IP payload) after checking
     /// the 20-byte header is present and 5 <= data offset <= segment length
     /// in words. After this no accessor can panic.
@@ -67,99 +68,17 @@ impl<T: AsRef<[u8]>> TcpPacket<T> {
         Ok(TcpPacket { buffer })
     }
 
-    pub fn into_inner(self) -> T {
-        self.buffer
-    }
-
-    fn read_u16(&self, r: std::ops::Range<usize>) -> u16 {
-        let b = &self.buffer.as_ref()[r];
-        u16::from_be_bytes([b[0], b[1]])
-    }
-
-    fn read_u32(&self, r: std::ops::Range<usize>) -> u32 {
-        let b = &self.buffer.as_ref()[r];
-        u32::from_be_bytes([b[0], b[1], b[2], b[3]])
-    }
-
-    pub fn src_port(&self) -> u16 {
-        self.read_u16(field::SRC_PORT)
-    }
-
-    pub fn dst_port(&self) -> u16 {
-        self.read_u16(field::DST_PORT)
-    }
-
-    pub fn seq_number(&self) -> u32 {
-        self.read_u32(field::SEQ)
-    }
-
-    pub fn ack_number(&self) -> u32 {
-        self.read_u32(field::ACK)
-    }
-
     /// Header length in bytes (data offset * 4).
     pub fn header_len(&self) -> usize {
         usize::from(self.buffer.as_ref()[field::DATA_OFF] >> 4) * 4
     }
-
-    pub fn flags(&self) -> u8 {
-        self.buffer.as_ref()[field::FLAGS]
-    }
-
-    pub fn window(&self) -> u16 {
-        self.read_u16(field::WINDOW)
-    }
-
-    pub fn checksum(&self) -> u16 {
-        self.read_u16(field::CHECKSUM)
-    }
-
-    pub fn urgent(&self) -> u16 {
-        self.read_u16(field::URGENT)
-    }
 }
 
 impl<T: AsRef<[u8]> + AsMut<[u8]>> TcpPacket<T> {
-    fn write(&mut self, r: std::ops::Range<usize>, v: &[u8]) {
-        self.buffer.as_mut()[r].copy_from_slice(v);
-    }
-
-    pub fn set_src_port(&mut self, v: u16) {
-        self.write(field::SRC_PORT, &v.to_be_bytes());
-    }
-
-    pub fn set_dst_port(&mut self, v: u16) {
-        self.write(field::DST_PORT, &v.to_be_bytes());
-    }
-
-    pub fn set_seq_number(&mut self, v: u32) {
-        self.write(field::SEQ, &v.to_be_bytes());
-    }
-
-    pub fn set_ack_number(&mut self, v: u32) {
-        self.write(field::ACK, &v.to_be_bytes());
-    }
-
     /// Sets the data offset from a header length in bytes (a multiple of 4)
     /// and clears the reserved bits.
     pub fn set_header_len(&mut self, len: usize) {
         self.buffer.as_mut()[field::DATA_OFF] = (((len / 4) as u8) & 0x0f) << 4;
-    }
-
-    pub fn set_flags(&mut self, v: u8) {
-        self.buffer.as_mut()[field::FLAGS] = v;
-    }
-
-    pub fn set_window(&mut self, v: u16) {
-        self.write(field::WINDOW, &v.to_be_bytes());
-    }
-
-    pub fn set_checksum(&mut self, v: u16) {
-        self.write(field::CHECKSUM, &v.to_be_bytes());
-    }
-
-    pub fn set_urgent(&mut self, v: u16) {
-        self.write(field::URGENT, &v.to_be_bytes());
     }
 }
 
