@@ -29,65 +29,34 @@ impl Field for u8 {
     }
 }
 
-impl Field for u16 {
-    type At = Range<usize>;
+/// Integers and addresses stored in network byte order over a byte range
+/// of their size `$n`: read through `$t::$from([u8; $n])`, written from
+/// `v.$to()`.
+macro_rules! be_field {
+    ($($t:ty: $n:literal = $from:ident / $to:ident;)*) => {$(
+        impl Field for $t {
+            type At = Range<usize>;
 
-    #[inline]
-    fn get(buf: &[u8], at: Range<usize>) -> u16 {
-        let b = &buf[at];
-        u16::from_be_bytes([b[0], b[1]])
-    }
+            #[inline]
+            fn get(buf: &[u8], at: Range<usize>) -> $t {
+                let mut b = [0u8; $n];
+                b.copy_from_slice(&buf[at]);
+                <$t>::$from(b)
+            }
 
-    #[inline]
-    fn put(buf: &mut [u8], at: Range<usize>, v: u16) {
-        buf[at].copy_from_slice(&v.to_be_bytes());
-    }
+            #[inline]
+            fn put(buf: &mut [u8], at: Range<usize>, v: $t) {
+                buf[at].copy_from_slice(&v.$to());
+            }
+        }
+    )*};
 }
 
-impl Field for u32 {
-    type At = Range<usize>;
-
-    #[inline]
-    fn get(buf: &[u8], at: Range<usize>) -> u32 {
-        let b = &buf[at];
-        u32::from_be_bytes([b[0], b[1], b[2], b[3]])
-    }
-
-    #[inline]
-    fn put(buf: &mut [u8], at: Range<usize>, v: u32) {
-        buf[at].copy_from_slice(&v.to_be_bytes());
-    }
-}
-
-impl Field for Ipv4Addr {
-    type At = Range<usize>;
-
-    #[inline]
-    fn get(buf: &[u8], at: Range<usize>) -> Ipv4Addr {
-        let b = &buf[at];
-        Ipv4Addr::new(b[0], b[1], b[2], b[3])
-    }
-
-    #[inline]
-    fn put(buf: &mut [u8], at: Range<usize>, v: Ipv4Addr) {
-        buf[at].copy_from_slice(&v.octets());
-    }
-}
-
-impl Field for Ipv6Addr {
-    type At = Range<usize>;
-
-    #[inline]
-    fn get(buf: &[u8], at: Range<usize>) -> Ipv6Addr {
-        let mut o = [0u8; 16];
-        o.copy_from_slice(&buf[at]);
-        Ipv6Addr::from(o)
-    }
-
-    #[inline]
-    fn put(buf: &mut [u8], at: Range<usize>, v: Ipv6Addr) {
-        buf[at].copy_from_slice(&v.octets());
-    }
+be_field! {
+    u16: 2 = from_be_bytes / to_be_bytes;
+    u32: 4 = from_be_bytes / to_be_bytes;
+    Ipv4Addr: 4 = from / octets;
+    Ipv6Addr: 16 = from / octets;
 }
 
 /// Declares a header view `$name<T>` over a buffer `T` with
