@@ -4,7 +4,7 @@
 
 use std::net::IpAddr;
 
-use super::checksum::{finish, nonzero, pseudo_header_v6, replaced, sum_bytes, update};
+use super::checksum::{finish, nonzero, overwrite, pseudo_header_v6, replaced, sum_bytes, update};
 use super::{DEFAULT_TTL, IpInfo, Reject, ipv4, ipv6, protocol};
 
 /// Field offsets of an echo request/reply, identical in ICMP (RFC 792) and
@@ -129,8 +129,7 @@ pub fn echo_reply_in_place(buf: &mut [u8], ip: &IpInfo) -> Result<usize, Reject>
                 .first_chunk_mut::<{ ipv4::HEADER_LEN }>()
                 .ok_or(Reject::Ipv4BadHeaderLength)?;
             let ttl_word = [DEFAULT_TTL, h[ipv4::field::PROTOCOL]];
-            let delta = replaced(&h[ipv4::field::TTL..=ipv4::field::PROTOCOL], &ttl_word);
-            h[ipv4::field::TTL] = DEFAULT_TTL;
+            let delta = overwrite(&mut h[ipv4::field::TTL..=ipv4::field::PROTOCOL], &ttl_word);
             let (s, d) = h[ipv4::field::ADDRS].split_at_mut(4);
             s.swap_with_slice(d);
             let mut v = ipv4::Ipv4Packet::new_unchecked(h);

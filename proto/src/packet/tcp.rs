@@ -3,7 +3,7 @@
 
 use std::net::{IpAddr, SocketAddr};
 
-use super::checksum::{self, nonzero, replaced, update};
+use super::checksum::{self, nonzero, overwrite, update};
 use super::{IpInfo, Reject, ipv4, ipv6, protocol};
 
 /// Field offsets of the TCP header (RFC 9293 3.1).
@@ -290,38 +290,43 @@ pub fn rewrite_tcp(
             let h = hdr
                 .first_chunk_mut::<{ ipv4::HEADER_LEN }>()
                 .ok_or(Reject::Ipv4BadHeaderLength)?;
-            let mut new = [0u8; 8];
-            new[..4].copy_from_slice(&s.octets());
-            new[4..].copy_from_slice(&d.octets());
-            let delta = replaced(&h[ipv4::field::ADDRS], &new);
-            h[ipv4::field::ADDRS].copy_from_slice(&new);
-            let c = &mut h[ipv4::field::CHECKSUM];
-            let hc = update(u16::from_be_bytes([c[0], c[1]]), delta);
-            c.copy_from_slice(&hc.to_be_bytes());
+            let new = concat::<4, 8>(s.octets(), d.octets());
+            let delta = overwrite(&mut h[ipv4::field::ADDRS], &new);
+            let mut v = ipv4::Ipv4Packet::new_unchecked(h);
+            v.set_checksum(update(v.checksum(), delta));
             delta
         }
         (IpAddr::V6(s), IpAddr::V6(d), Some(6)) => {
             let h = hdr
                 .first_chunk_mut::<{ ipv6::HEADER_LEN }>()
                 .ok_or(Reject::Ipv6Truncated)?;
-            let mut new = [0u8; 32];
-            new[..16].copy_from_slice(&s.octets());
-            new[16..].copy_from_slice(&d.octets());
-            let delta = replaced(&h[ipv6::field::ADDRS], &new);
-            h[ipv6::field::ADDRS].copy_from_slice(&new);
-            delta
+            let new = concat::<16, 32>(s.octets(), d.octets());
+            overwrite(&mut h[ipv6::field::ADDRS], &new)
         }
         _ => return Err(Reject::FamilyMismatch),
     };
-    let mut ports = [0u8; 4];
-    ports[..2].copy_from_slice(&src.port().to_be_bytes());
-    ports[2..].copy_from_slice(&dst.port().to_be_bytes());
-    let delta = addr_delta + replaced(&tcp[field::PORTS], &ports);
-    tcp[field::PORTS].copy_from_slice(&ports);
-    let c = &mut tcp[field::CHECKSUM];
-    let tc = nonzero(update(u16::from_be_bytes([c[0], c[1]]), delta));
-    c.copy_from_slice(&tc.to_be_bytes());
+    let ports = concat::<2, 4>(src.port().to_be_bytes(), dst.port().to_be_bytes());
+    let delta = addr_delta + overwrite(&mut tcp[field::PORTS], &ports);
+    update_checksum(tcp, delta);
     Ok(())
+}
+
+/// `a` then `b` in one array (`W` is twice `N`): the new value of two
+/// adjacent fields, such as source and destination.
+#[inline]
+fn concat<const N: usize, const W: usize>(a: [u8; N], b: [u8; N]) -> [u8; W] {
+    let mut out = [0u8; W];
+    out[..N].copy_from_slice(&a);
+    out[N..].copy_from_slice(&b);
+    out
+}
+
+/// Applies the RFC 1624 `delta` to the checksum of the TCP header `tcp`,
+/// writing a zero result as 0xFFFF ([`nonzero`]).
+#[inline]
+fn update_checksum(tcp: &mut [u8; HEADER_LEN], delta: u32) {
+    let mut t = TcpPacket::new_unchecked(tcp);
+    t.set_checksum(nonzero(update(t.checksum(), delta)));
 }
 
 /// Option kinds this crate reads (RFC 9293 3.1, RFC 7323 2.2).
@@ -401,11 +406,8 @@ pub fn set_window(buf: &mut [u8], ip: &IpInfo, new: u16) -> bool {
     if old == new {
         return false;
     }
-    let delta = replaced(&old.to_be_bytes(), &new.to_be_bytes());
-    tcp[field::WINDOW].copy_from_slice(&new.to_be_bytes());
-    let c = &mut tcp[field::CHECKSUM];
-    let tc = nonzero(update(u16::from_be_bytes([c[0], c[1]]), delta));
-    c.copy_from_slice(&tc.to_be_bytes());
+    let delta = overwrite(&mut tcp[field::WINDOW], &new.to_be_bytes());
+    update_checksum(tcp, delta);
     true
 }
 
