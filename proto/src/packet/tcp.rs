@@ -321,6 +321,14 @@ fn concat<const N: usize, const W: usize>(a: [u8; N], b: [u8; N]) -> [u8; W] {
     out
 }
 
+/// The first `H` bytes of `buf` (an IP header) and the TCP header after
+/// them, or None if `buf` is shorter.
+#[inline]
+fn ip_and_tcp<const H: usize>(buf: &mut [u8]) -> Option<(&mut [u8; H], &mut [u8; HEADER_LEN])> {
+    let (ip, rest) = buf.split_first_chunk_mut::<H>()?;
+    Some((ip, rest.first_chunk_mut::<HEADER_LEN>()?))
+}
+
 /// Applies the RFC 1624 `delta` to the checksum of the TCP header `tcp`,
 /// writing a zero result as 0xFFFF ([`nonzero`]).
 #[inline]
@@ -454,10 +462,7 @@ pub fn tcp_rst_reply(buf: &mut [u8], ip: &IpInfo, tcp: &TcpInfo) -> usize {
     match (ip.src, ip.dst) {
         (IpAddr::V4(s), IpAddr::V4(d)) => {
             const LEN: usize = ipv4::HEADER_LEN + HEADER_LEN;
-            let Some((h, rest)) = buf.split_first_chunk_mut::<{ ipv4::HEADER_LEN }>() else {
-                return 0;
-            };
-            let Some(t) = rest.first_chunk_mut::<HEADER_LEN>() else {
+            let Some((h, t)) = ip_and_tcp::<{ ipv4::HEADER_LEN }>(buf) else {
                 return 0;
             };
             ipv4::emit_header(h, d, s, protocol::TCP, TCP_LEN);
@@ -466,10 +471,7 @@ pub fn tcp_rst_reply(buf: &mut [u8], ip: &IpInfo, tcp: &TcpInfo) -> usize {
         }
         (IpAddr::V6(s), IpAddr::V6(d)) => {
             const LEN: usize = ipv6::HEADER_LEN + HEADER_LEN;
-            let Some((h, rest)) = buf.split_first_chunk_mut::<{ ipv6::HEADER_LEN }>() else {
-                return 0;
-            };
-            let Some(t) = rest.first_chunk_mut::<HEADER_LEN>() else {
+            let Some((h, t)) = ip_and_tcp::<{ ipv6::HEADER_LEN }>(buf) else {
                 return 0;
             };
             ipv6::emit_header(h, &d, &s, protocol::TCP, TCP_LEN);
