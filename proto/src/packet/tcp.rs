@@ -1165,25 +1165,22 @@ mod tests {
         assert_eq!(saved_syn(&v6), SavedSyn::Isn(42));
         // Nothing saved: the unverified case, not a mismatch.
         assert_eq!(saved_syn(&[]), SavedSyn::Missing);
-        // Saved, but not a SYN, not TCP, a chain that does not walk, cut
-        // short, an IHL below 5, another version.
-        let mut ack = v4;
-        ack[20 + 13] = flags::ACK;
-        assert_eq!(saved_syn(&ack), SavedSyn::Unreadable);
-        let mut udp = v4;
-        udp[9] = 17;
-        assert_eq!(saved_syn(&udp), SavedSyn::Unreadable);
-        let mut ext = v6;
-        ext[6] = 0;
-        assert_eq!(saved_syn(&ext), SavedSyn::Unreadable);
+        // Saved, but not a SYN, not TCP, a chain that does not walk, an
+        // IHL below 5, another version.
+        for (base, at, byte) in [
+            (&v4[..], 20 + 13, flags::ACK), // not a SYN
+            (&v4[..], 9, 17),               // not TCP
+            (&v6[..], 6, 0),                // a chain that does not walk
+            (&v4[..], 0, 0x44),             // an IHL below 5
+            (&v4[..], 0, 0x55),             // another version
+        ] {
+            let mut p = base.to_vec();
+            p[at] = byte;
+            assert_eq!(saved_syn(&p), SavedSyn::Unreadable, "byte {at} = {byte:#x}");
+        }
+        // Cut short.
         assert_eq!(saved_syn(&v4[..30]), SavedSyn::Unreadable);
         assert_eq!(saved_syn(&v6[..7]), SavedSyn::Unreadable);
-        let mut short_ihl = v4;
-        short_ihl[0] = 0x44;
-        assert_eq!(saved_syn(&short_ihl), SavedSyn::Unreadable);
-        let mut v5 = v4;
-        v5[0] = 0x55;
-        assert_eq!(saved_syn(&v5), SavedSyn::Unreadable);
     }
 
     /// The headers the kernel saves for an IPv6 SYN: the fixed header, the
