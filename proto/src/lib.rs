@@ -28,6 +28,9 @@
 // Tests may read the real clock for their starting instants.
 #![cfg_attr(test, allow(clippy::disallowed_methods))]
 
+#[macro_use]
+mod named;
+
 pub mod dnswire;
 pub mod drops;
 pub mod framing;

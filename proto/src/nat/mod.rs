@@ -294,14 +294,20 @@ impl<P> NatTable<P> {
         }
     }
 
+    /// The counter of entries in `phase`.
+    #[inline]
+    fn phase_count(&self, phase: Phase) -> &AtomicUsize {
+        match phase {
+            Phase::HalfOpen(_) => &self.half_open,
+            Phase::Active => &self.active,
+            Phase::Closing => &self.closing,
+        }
+    }
+
     /// Counts an entry into `phase`.
     #[inline]
     fn count_in(&self, phase: Phase) {
-        match phase {
-            Phase::HalfOpen(_) => self.half_open.fetch_add(1, Relaxed),
-            Phase::Active => self.active.fetch_add(1, Relaxed),
-            Phase::Closing => self.closing.fetch_add(1, Relaxed),
-        };
+        self.phase_count(phase).fetch_add(1, Relaxed);
         if phase.is_held() {
             self.held.fetch_add(1, Relaxed);
         }
@@ -310,11 +316,7 @@ impl<P> NatTable<P> {
     /// Counts an entry out of `phase` (removed, or moving to another).
     #[inline]
     fn count_out(&self, phase: Phase) {
-        match phase {
-            Phase::HalfOpen(_) => self.half_open.fetch_sub(1, Relaxed),
-            Phase::Active => self.active.fetch_sub(1, Relaxed),
-            Phase::Closing => self.closing.fetch_sub(1, Relaxed),
-        };
+        self.phase_count(phase).fetch_sub(1, Relaxed);
         if phase.is_held() {
             self.held.fetch_sub(1, Relaxed);
         }

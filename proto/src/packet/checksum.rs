@@ -107,6 +107,15 @@ pub fn replaced(old: &[u8], new: &[u8]) -> u32 {
     u32::from(!fold(sum_bytes(old))) + sum_bytes(new)
 }
 
+/// Writes `new` over `field` (of the same length) and returns the
+/// [`replaced`] delta of the change.
+#[inline]
+pub(crate) fn overwrite(field: &mut [u8], new: &[u8]) -> u32 {
+    let delta = replaced(field, new);
+    field.copy_from_slice(new);
+    delta
+}
+
 /// RFC 1624 eqn. 3: `HC' = ~(~HC + ~m + m')`, with `delta` the accumulated
 /// `~m + m'` of all replaced words (see [`replaced`]), folded once.
 ///

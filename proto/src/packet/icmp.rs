@@ -4,7 +4,7 @@
 
 use std::net::IpAddr;
 
-use super::checksum::{finish, nonzero, pseudo_header_v6, replaced, sum_bytes, update};
+use super::checksum::{finish, nonzero, overwrite, pseudo_header_v6, replaced, sum_bytes, update};
 use super::{DEFAULT_TTL, IpInfo, Reject, ipv4, ipv6, protocol};
 
 /// Field offsets of an echo request/reply, identical in ICMP (RFC 792) and
@@ -58,21 +58,18 @@ pub const ERROR_MAX_V4: usize = 576;
 /// in the IPv6 minimum MTU (RFC 4443 2.4(c)).
 pub const ERROR_MAX_V6: usize = 1280;
 
-/// A read/write view of an ICMP echo header over a buffer (the ICMP
-/// message).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct IcmpPacket<T> {
-    buffer: T,
+header_view! {
+    /// A read/write view of an ICMP echo header over a buffer (the ICMP
+    /// message).
+    pub struct IcmpPacket, at least ECHO_HEADER_LEN bytes;
+    pub msg_type, set_msg_type: u8 = field::TYPE;
+    pub code: u8 = field::CODE;
+    pub checksum, set_checksum: u16 = field::CHECKSUM;
+    pub ident: u16 = field::IDENT;
+    pub seq: u16 = field::SEQ;
 }
 
 impl<T: AsRef<[u8]>> IcmpPacket<T> {
-    /// Wraps a buffer without checks. Only for buffers this crate sized
-    /// itself (at least [`ECHO_HEADER_LEN`] bytes); accessors panic
-    /// otherwise.
-    pub const fn new_unchecked(buffer: T) -> Self {
-        IcmpPacket { buffer }
-    }
-
     /// Wraps an untrusted message after checking the 8-byte echo header is
     /// present.
     pub fn new_checked(buffer: T) -> Result<Self, Reject> {
@@ -80,45 +77,6 @@ impl<T: AsRef<[u8]>> IcmpPacket<T> {
             return Err(Reject::IcmpTruncated);
         }
         Ok(IcmpPacket { buffer })
-    }
-
-    pub fn into_inner(self) -> T {
-        self.buffer
-    }
-
-    fn read_u16(&self, r: std::ops::Range<usize>) -> u16 {
-        let b = &self.buffer.as_ref()[r];
-        u16::from_be_bytes([b[0], b[1]])
-    }
-
-    pub fn msg_type(&self) -> u8 {
-        self.buffer.as_ref()[field::TYPE]
-    }
-
-    pub fn code(&self) -> u8 {
-        self.buffer.as_ref()[field::CODE]
-    }
-
-    pub fn checksum(&self) -> u16 {
-        self.read_u16(field::CHECKSUM)
-    }
-
-    pub fn ident(&self) -> u16 {
-        self.read_u16(field::IDENT)
-    }
-
-    pub fn seq(&self) -> u16 {
-        self.read_u16(field::SEQ)
-    }
-}
-
-impl<T: AsRef<[u8]> + AsMut<[u8]>> IcmpPacket<T> {
-    pub fn set_msg_type(&mut self, v: u8) {
-        self.buffer.as_mut()[field::TYPE] = v;
-    }
-
-    pub fn set_checksum(&mut self, v: u16) {
-        self.buffer.as_mut()[field::CHECKSUM].copy_from_slice(&v.to_be_bytes());
     }
 }
 
@@ -171,8 +129,7 @@ pub fn echo_reply_in_place(buf: &mut [u8], ip: &IpInfo) -> Result<usize, Reject>
                 .first_chunk_mut::<{ ipv4::HEADER_LEN }>()
                 .ok_or(Reject::Ipv4BadHeaderLength)?;
             let ttl_word = [DEFAULT_TTL, h[ipv4::field::PROTOCOL]];
-            let delta = replaced(&h[ipv4::field::TTL..=ipv4::field::PROTOCOL], &ttl_word);
-            h[ipv4::field::TTL] = DEFAULT_TTL;
+            let delta = overwrite(&mut h[ipv4::field::TTL..=ipv4::field::PROTOCOL], &ttl_word);
             let (s, d) = h[ipv4::field::ADDRS].split_at_mut(4);
             s.swap_with_slice(d);
             let mut v = ipv4::Ipv4Packet::new_unchecked(h);

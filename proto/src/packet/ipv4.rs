@@ -32,19 +32,21 @@ const FLAG_DF: u16 = 0x4000;
 const FLAG_MF: u16 = 0x2000;
 const FRAG_OFFSET_MASK: u16 = 0x1fff;
 
-/// A read/write view of an IPv4 header over a buffer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Ipv4Packet<T> {
-    buffer: T,
+header_view! {
+    /// A read/write view of an IPv4 header over a buffer.
+    pub struct Ipv4Packet, at least HEADER_LEN bytes;
+    pub tos, set_tos: u8 = field::TOS;
+    pub total_len, set_total_len: u16 = field::TOTAL_LEN;
+    pub ident, set_ident: u16 = field::IDENT;
+    flags_frag, set_flags_frag: u16 = field::FLAGS_FRAG;
+    pub ttl, set_ttl: u8 = field::TTL;
+    pub protocol, set_protocol: u8 = field::PROTOCOL;
+    pub checksum, set_checksum: u16 = field::CHECKSUM;
+    pub src_addr, set_src_addr: Ipv4Addr = field::SRC;
+    pub dst_addr, set_dst_addr: Ipv4Addr = field::DST;
 }
 
 impl<T: AsRef<[u8]>> Ipv4Packet<T> {
-    /// Wraps a buffer without checks. Only for buffers this crate sized
-    /// itself (at least [`HEADER_LEN`] bytes); accessors panic otherwise.
-    pub const fn new_unchecked(buffer: T) -> Self {
-        Ipv4Packet { buffer }
-    }
-
     /// Wraps untrusted input after every structural check: at least 20
     /// bytes, version 4, IHL >= 5, and header length <= total length <=
     /// buffer length. After this no accessor can panic. Fragments are not
@@ -69,15 +71,6 @@ impl<T: AsRef<[u8]>> Ipv4Packet<T> {
         Ok(Ipv4Packet { buffer })
     }
 
-    pub fn into_inner(self) -> T {
-        self.buffer
-    }
-
-    fn read_u16(&self, r: std::ops::Range<usize>) -> u16 {
-        let b = &self.buffer.as_ref()[r];
-        u16::from_be_bytes([b[0], b[1]])
-    }
-
     pub fn version(&self) -> u8 {
         self.buffer.as_ref()[field::VER_IHL] >> 4
     }
@@ -87,57 +80,23 @@ impl<T: AsRef<[u8]>> Ipv4Packet<T> {
         usize::from(self.buffer.as_ref()[field::VER_IHL] & 0x0f) * 4
     }
 
-    pub fn tos(&self) -> u8 {
-        self.buffer.as_ref()[field::TOS]
-    }
-
-    pub fn total_len(&self) -> u16 {
-        self.read_u16(field::TOTAL_LEN)
-    }
-
-    pub fn ident(&self) -> u16 {
-        self.read_u16(field::IDENT)
-    }
-
     pub fn dont_frag(&self) -> bool {
-        self.read_u16(field::FLAGS_FRAG) & FLAG_DF != 0
+        self.flags_frag() & FLAG_DF != 0
     }
 
     pub fn more_frags(&self) -> bool {
-        self.read_u16(field::FLAGS_FRAG) & FLAG_MF != 0
+        self.flags_frag() & FLAG_MF != 0
     }
 
     /// Fragment offset in 8-byte units (RFC 791).
     pub fn frag_offset(&self) -> u16 {
-        self.read_u16(field::FLAGS_FRAG) & FRAG_OFFSET_MASK
+        self.flags_frag() & FRAG_OFFSET_MASK
     }
 
     /// Whether this is any fragment but a whole datagram: MF set or a
     /// nonzero offset (the first fragment has MF, the last a nonzero offset).
     pub fn is_fragment(&self) -> bool {
-        self.read_u16(field::FLAGS_FRAG) & (FLAG_MF | FRAG_OFFSET_MASK) != 0
-    }
-
-    pub fn ttl(&self) -> u8 {
-        self.buffer.as_ref()[field::TTL]
-    }
-
-    pub fn protocol(&self) -> u8 {
-        self.buffer.as_ref()[field::PROTOCOL]
-    }
-
-    pub fn checksum(&self) -> u16 {
-        self.read_u16(field::CHECKSUM)
-    }
-
-    pub fn src_addr(&self) -> Ipv4Addr {
-        let b = &self.buffer.as_ref()[field::SRC];
-        Ipv4Addr::new(b[0], b[1], b[2], b[3])
-    }
-
-    pub fn dst_addr(&self) -> Ipv4Addr {
-        let b = &self.buffer.as_ref()[field::DST];
-        Ipv4Addr::new(b[0], b[1], b[2], b[3])
+        self.flags_frag() & (FLAG_MF | FRAG_OFFSET_MASK) != 0
     }
 
     /// Whether the header checksum (over IHL * 4 bytes) verifies.
@@ -148,50 +107,14 @@ impl<T: AsRef<[u8]>> Ipv4Packet<T> {
 }
 
 impl<T: AsRef<[u8]> + AsMut<[u8]>> Ipv4Packet<T> {
-    fn write_u16(&mut self, r: std::ops::Range<usize>, v: u16) {
-        self.buffer.as_mut()[r].copy_from_slice(&v.to_be_bytes());
-    }
-
     /// Sets version 4 and the header length in bytes (a multiple of 4).
     pub fn set_version_header_len(&mut self, header_len: usize) {
         self.buffer.as_mut()[field::VER_IHL] = 0x40 | ((header_len / 4) as u8 & 0x0f);
     }
 
-    pub fn set_tos(&mut self, v: u8) {
-        self.buffer.as_mut()[field::TOS] = v;
-    }
-
-    pub fn set_total_len(&mut self, v: u16) {
-        self.write_u16(field::TOTAL_LEN, v);
-    }
-
-    pub fn set_ident(&mut self, v: u16) {
-        self.write_u16(field::IDENT, v);
-    }
-
     /// Sets DF and clears MF and the fragment offset: a whole datagram.
     pub fn set_unfragmented(&mut self, dont_frag: bool) {
-        self.write_u16(field::FLAGS_FRAG, if dont_frag { FLAG_DF } else { 0 });
-    }
-
-    pub fn set_ttl(&mut self, v: u8) {
-        self.buffer.as_mut()[field::TTL] = v;
-    }
-
-    pub fn set_protocol(&mut self, v: u8) {
-        self.buffer.as_mut()[field::PROTOCOL] = v;
-    }
-
-    pub fn set_checksum(&mut self, v: u16) {
-        self.write_u16(field::CHECKSUM, v);
-    }
-
-    pub fn set_src_addr(&mut self, a: Ipv4Addr) {
-        self.buffer.as_mut()[field::SRC].copy_from_slice(&a.octets());
-    }
-
-    pub fn set_dst_addr(&mut self, a: Ipv4Addr) {
-        self.buffer.as_mut()[field::DST].copy_from_slice(&a.octets());
+        self.set_flags_frag(if dont_frag { FLAG_DF } else { 0 });
     }
 
     /// Recomputes the header checksum from scratch (RFC 791: the ones'

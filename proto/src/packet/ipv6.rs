@@ -2,6 +2,7 @@
 
 use std::net::Ipv6Addr;
 
+use super::view::Field;
 use super::{DEFAULT_TTL, IpInfo, Reject};
 
 /// Field offsets of the fixed IPv6 header (RFC 8200 3).
@@ -41,19 +42,17 @@ pub mod ext {
     pub const DEST_OPTS: u8 = 60;
 }
 
-/// A read/write view of an IPv6 header over a buffer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Ipv6Packet<T> {
-    buffer: T,
+header_view! {
+    /// A read/write view of an IPv6 header over a buffer.
+    pub struct Ipv6Packet, at least HEADER_LEN bytes;
+    pub payload_len, set_payload_len: u16 = field::PAYLOAD_LEN;
+    pub next_header, set_next_header: u8 = field::NEXT_HEADER;
+    pub hop_limit, set_hop_limit: u8 = field::HOP_LIMIT;
+    pub src_addr: Ipv6Addr = field::SRC;
+    pub dst_addr: Ipv6Addr = field::DST;
 }
 
 impl<T: AsRef<[u8]>> Ipv6Packet<T> {
-    /// Wraps a buffer without checks. Only for buffers this crate sized
-    /// itself (at least [`HEADER_LEN`] bytes); accessors panic otherwise.
-    pub const fn new_unchecked(buffer: T) -> Self {
-        Ipv6Packet { buffer }
-    }
-
     /// Wraps untrusted input after every structural check of the fixed
     /// header: at least 40 bytes, version 6, and 40 + payload length within
     /// the buffer. After this no accessor can panic. Extension headers are
@@ -73,38 +72,13 @@ impl<T: AsRef<[u8]>> Ipv6Packet<T> {
         Ok(Ipv6Packet { buffer })
     }
 
-    pub fn into_inner(self) -> T {
-        self.buffer
-    }
-
     pub fn version(&self) -> u8 {
         self.buffer.as_ref()[field::VER_TC_FLOW.start] >> 4
-    }
-
-    pub fn payload_len(&self) -> u16 {
-        let b = &self.buffer.as_ref()[field::PAYLOAD_LEN];
-        u16::from_be_bytes([b[0], b[1]])
     }
 
     /// Header length plus payload length: the packet's declared length.
     pub fn total_len(&self) -> usize {
         HEADER_LEN + usize::from(self.payload_len())
-    }
-
-    pub fn next_header(&self) -> u8 {
-        self.buffer.as_ref()[field::NEXT_HEADER]
-    }
-
-    pub fn hop_limit(&self) -> u8 {
-        self.buffer.as_ref()[field::HOP_LIMIT]
-    }
-
-    pub fn src_addr(&self) -> Ipv6Addr {
-        addr(&self.buffer.as_ref()[field::SRC])
-    }
-
-    pub fn dst_addr(&self) -> Ipv6Addr {
-        addr(&self.buffer.as_ref()[field::DST])
     }
 }
 
@@ -114,31 +88,13 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Ipv6Packet<T> {
         self.buffer.as_mut()[field::VER_TC_FLOW].copy_from_slice(&[0x60, 0, 0, 0]);
     }
 
-    pub fn set_payload_len(&mut self, v: u16) {
-        self.buffer.as_mut()[field::PAYLOAD_LEN].copy_from_slice(&v.to_be_bytes());
-    }
-
-    pub fn set_next_header(&mut self, v: u8) {
-        self.buffer.as_mut()[field::NEXT_HEADER] = v;
-    }
-
-    pub fn set_hop_limit(&mut self, v: u8) {
-        self.buffer.as_mut()[field::HOP_LIMIT] = v;
-    }
-
     pub fn set_src_addr(&mut self, a: &Ipv6Addr) {
-        self.buffer.as_mut()[field::SRC].copy_from_slice(&a.octets());
+        Ipv6Addr::put(self.buffer.as_mut(), field::SRC, *a);
     }
 
     pub fn set_dst_addr(&mut self, a: &Ipv6Addr) {
-        self.buffer.as_mut()[field::DST].copy_from_slice(&a.octets());
+        Ipv6Addr::put(self.buffer.as_mut(), field::DST, *a);
     }
-}
-
-fn addr(b: &[u8]) -> Ipv6Addr {
-    let mut o = [0u8; 16];
-    o.copy_from_slice(b);
-    Ipv6Addr::from(o)
 }
 
 /// Walks the extension-header chain of `pkt` (the packet cut to its

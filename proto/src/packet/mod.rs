@@ -18,6 +18,9 @@
 
 use std::net::IpAddr;
 
+#[macro_use]
+mod view;
+
 pub mod ackthin;
 pub mod checksum;
 pub mod coalesce;
@@ -62,132 +65,71 @@ pub mod protocol {
 /// Linux and Darwin use.
 pub const DEFAULT_TTL: u8 = 64;
 
-/// Why a packet was rejected. Every variant is counted by the engine.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[repr(u8)]
-pub enum Reject {
-    /// Zero-length buffer.
-    Empty,
-    /// IP version nibble is neither 4 nor 6.
-    BadVersion,
-    /// Shorter than the 20-byte fixed IPv4 header.
-    Ipv4Truncated,
-    /// IHL below 5 (RFC 791 3.1: the minimum header is 5 words).
-    Ipv4BadHeaderLength,
-    /// Total length below the header length or beyond the buffer.
-    Ipv4BadTotalLength,
-    /// More-fragments set or a nonzero fragment offset: not a whole packet
-    /// (the engine hands it to reassembly, [`frag`]).
-    Ipv4Fragment,
-    /// Shorter than the 40-byte fixed IPv6 header.
-    Ipv6Truncated,
-    /// 40 + payload length exceeds the buffer.
-    Ipv6BadPayloadLength,
-    /// Payload length 0 with a Hop-by-Hop header: a jumbogram (RFC 2675),
-    /// which a TUN never needs.
-    Ipv6Jumbogram,
-    /// An extension header runs past the declared packet length.
-    Ipv6ExtTruncated,
-    /// Fragment header (44): not a whole packet (the engine hands it to
-    /// reassembly, [`frag`]).
-    Ipv6Fragment,
-    /// ESP (50): everything after it is encrypted.
-    Ipv6Esp,
-    /// Routing header with segments left != 0: the destination field is
-    /// not the final destination (RFC 8200 4.4), so neither the NAT tuple nor
-    /// the pseudo-header (RFC 8200 8.1) would be right.
-    Ipv6RoutingSegmentsLeft,
-    /// The transport protocol is not the one the parser was asked for.
-    UnsupportedProtocol,
-    /// Fewer than 20 bytes of TCP header.
-    TcpTruncated,
-    /// TCP data offset below 5 or beyond the segment.
-    TcpBadDataOffset,
-    /// An uplink TCP segment whose checksum does not verify.
-    TcpBadChecksum,
-    /// A combination of control bits no TCP endpoint sends (no flags,
-    /// SYN+FIN, SYN+RST, FIN without ACK, ...): see [`tcp::valid_flags`].
-    TcpBadFlags,
-    /// Fewer than 8 bytes of UDP header.
-    UdpTruncated,
-    /// UDP length field below 8 or beyond the IP payload.
-    UdpBadLength,
-    /// A UDP datagram whose checksum does not verify (or is zero over
-    /// IPv6, RFC 8200 8.1).
-    UdpBadChecksum,
-    /// Fewer than 8 bytes of ICMP echo header.
-    IcmpTruncated,
-    /// ICMP message other than an echo request with code 0.
-    IcmpNotEchoRequest,
-    /// Addresses of different families, or not the packet's family.
-    FamilyMismatch,
-    /// The buffer cannot hold the packet to build or the `IpInfo` given.
-    BufferTooSmall,
+named_enum! {
+    /// Why a packet was rejected. Every variant is counted by the engine.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+    pub enum Reject {
+        /// Zero-length buffer.
+        Empty => "empty",
+        /// IP version nibble is neither 4 nor 6.
+        BadVersion => "bad_version",
+        /// Shorter than the 20-byte fixed IPv4 header.
+        Ipv4Truncated => "ipv4_truncated",
+        /// IHL below 5 (RFC 791 3.1: the minimum header is 5 words).
+        Ipv4BadHeaderLength => "ipv4_bad_header_length",
+        /// Total length below the header length or beyond the buffer.
+        Ipv4BadTotalLength => "ipv4_bad_total_length",
+        /// More-fragments set or a nonzero fragment offset: not a whole packet
+        /// (the engine hands it to reassembly, [`frag`]).
+        Ipv4Fragment => "ipv4_fragment",
+        /// Shorter than the 40-byte fixed IPv6 header.
+        Ipv6Truncated => "ipv6_truncated",
+        /// 40 + payload length exceeds the buffer.
+        Ipv6BadPayloadLength => "ipv6_bad_payload_length",
+        /// Payload length 0 with a Hop-by-Hop header: a jumbogram (RFC 2675),
+        /// which a TUN never needs.
+        Ipv6Jumbogram => "ipv6_jumbogram",
+        /// An extension header runs past the declared packet length.
+        Ipv6ExtTruncated => "ipv6_ext_truncated",
+        /// Fragment header (44): not a whole packet (the engine hands it to
+        /// reassembly, [`frag`]).
+        Ipv6Fragment => "ipv6_fragment",
+        /// ESP (50): everything after it is encrypted.
+        Ipv6Esp => "ipv6_esp",
+        /// Routing header with segments left != 0: the destination field is
+        /// not the final destination (RFC 8200 4.4), so neither the NAT tuple nor
+        /// the pseudo-header (RFC 8200 8.1) would be right.
+        Ipv6RoutingSegmentsLeft => "ipv6_routing_segments_left",
+        /// The transport protocol is not the one the parser was asked for.
+        UnsupportedProtocol => "unsupported_protocol",
+        /// Fewer than 20 bytes of TCP header.
+        TcpTruncated => "tcp_truncated",
+        /// TCP data offset below 5 or beyond the segment.
+        TcpBadDataOffset => "tcp_bad_data_offset",
+        /// An uplink TCP segment whose checksum does not verify.
+        TcpBadChecksum => "tcp_bad_checksum",
+        /// A combination of control bits no TCP endpoint sends (no flags,
+        /// SYN+FIN, SYN+RST, FIN without ACK, ...): see [`tcp::valid_flags`].
+        TcpBadFlags => "tcp_bad_flags",
+        /// Fewer than 8 bytes of UDP header.
+        UdpTruncated => "udp_truncated",
+        /// UDP length field below 8 or beyond the IP payload.
+        UdpBadLength => "udp_bad_length",
+        /// A UDP datagram whose checksum does not verify (or is zero over
+        /// IPv6, RFC 8200 8.1).
+        UdpBadChecksum => "udp_bad_checksum",
+        /// Fewer than 8 bytes of ICMP echo header.
+        IcmpTruncated => "icmp_truncated",
+        /// ICMP message other than an echo request with code 0.
+        IcmpNotEchoRequest => "icmp_not_echo_request",
+        /// Addresses of different families, or not the packet's family.
+        FamilyMismatch => "family_mismatch",
+        /// The buffer cannot hold the packet to build or the `IpInfo` given.
+        BufferTooSmall => "buffer_too_small",
+    }
 }
 
 impl Reject {
-    /// Number of variants (size of the engine's counter array).
-    pub const COUNT: usize = 25;
-    /// Every variant, in `index()` order.
-    pub const ALL: [Reject; Self::COUNT] = [
-        Reject::Empty,
-        Reject::BadVersion,
-        Reject::Ipv4Truncated,
-        Reject::Ipv4BadHeaderLength,
-        Reject::Ipv4BadTotalLength,
-        Reject::Ipv4Fragment,
-        Reject::Ipv6Truncated,
-        Reject::Ipv6BadPayloadLength,
-        Reject::Ipv6Jumbogram,
-        Reject::Ipv6ExtTruncated,
-        Reject::Ipv6Fragment,
-        Reject::Ipv6Esp,
-        Reject::Ipv6RoutingSegmentsLeft,
-        Reject::UnsupportedProtocol,
-        Reject::TcpTruncated,
-        Reject::TcpBadDataOffset,
-        Reject::TcpBadChecksum,
-        Reject::TcpBadFlags,
-        Reject::UdpTruncated,
-        Reject::UdpBadLength,
-        Reject::UdpBadChecksum,
-        Reject::IcmpTruncated,
-        Reject::IcmpNotEchoRequest,
-        Reject::FamilyMismatch,
-        Reject::BufferTooSmall,
-    ];
-
-    /// Stable snake_case name used in stats and logs.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Reject::Empty => "empty",
-            Reject::BadVersion => "bad_version",
-            Reject::Ipv4Truncated => "ipv4_truncated",
-            Reject::Ipv4BadHeaderLength => "ipv4_bad_header_length",
-            Reject::Ipv4BadTotalLength => "ipv4_bad_total_length",
-            Reject::Ipv4Fragment => "ipv4_fragment",
-            Reject::Ipv6Truncated => "ipv6_truncated",
-            Reject::Ipv6BadPayloadLength => "ipv6_bad_payload_length",
-            Reject::Ipv6Jumbogram => "ipv6_jumbogram",
-            Reject::Ipv6ExtTruncated => "ipv6_ext_truncated",
-            Reject::Ipv6Fragment => "ipv6_fragment",
-            Reject::Ipv6Esp => "ipv6_esp",
-            Reject::Ipv6RoutingSegmentsLeft => "ipv6_routing_segments_left",
-            Reject::UnsupportedProtocol => "unsupported_protocol",
-            Reject::TcpTruncated => "tcp_truncated",
-            Reject::TcpBadDataOffset => "tcp_bad_data_offset",
-            Reject::TcpBadChecksum => "tcp_bad_checksum",
-            Reject::TcpBadFlags => "tcp_bad_flags",
-            Reject::UdpTruncated => "udp_truncated",
-            Reject::UdpBadLength => "udp_bad_length",
-            Reject::UdpBadChecksum => "udp_bad_checksum",
-            Reject::IcmpTruncated => "icmp_truncated",
-            Reject::IcmpNotEchoRequest => "icmp_not_echo_request",
-            Reject::FamilyMismatch => "family_mismatch",
-            Reject::BufferTooSmall => "buffer_too_small",
-        }
-    }
-
     /// Index into a `[_; Reject::COUNT]` counter array.
     pub fn index(self) -> usize {
         self as usize

@@ -3,7 +3,7 @@
 
 use std::net::{IpAddr, SocketAddr};
 
-use super::checksum::{self, nonzero, replaced, update};
+use super::checksum::{self, nonzero, overwrite, update};
 use super::{IpInfo, Reject, ipv4, ipv6, protocol};
 
 /// Field offsets of the TCP header (RFC 9293 3.1).
@@ -39,19 +39,20 @@ pub mod flags {
     pub const CWR: u8 = 0x80;
 }
 
-/// A read/write view of a TCP header over a buffer (the transport segment).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct TcpPacket<T> {
-    buffer: T,
+header_view! {
+    /// A read/write view of a TCP header over a buffer (the transport segment).
+    pub struct TcpPacket, at least HEADER_LEN bytes;
+    pub src_port, set_src_port: u16 = field::SRC_PORT;
+    pub dst_port, set_dst_port: u16 = field::DST_PORT;
+    pub seq_number, set_seq_number: u32 = field::SEQ;
+    pub ack_number, set_ack_number: u32 = field::ACK;
+    pub flags, set_flags: u8 = field::FLAGS;
+    pub window, set_window: u16 = field::WINDOW;
+    pub checksum, set_checksum: u16 = field::CHECKSUM;
+    pub urgent, set_urgent: u16 = field::URGENT;
 }
 
 impl<T: AsRef<[u8]>> TcpPacket<T> {
-    /// Wraps a buffer without checks. Only for buffers this crate sized
-    /// itself (at least [`HEADER_LEN`] bytes); accessors panic otherwise.
-    pub const fn new_unchecked(buffer: T) -> Self {
-        TcpPacket { buffer }
-    }
-
     /// Wraps an untrusted segment (exactly the IP payload) after checking
     /// the 20-byte header is present and 5 <= data offset <= segment length
     /// in words. After this no accessor can panic.
@@ -67,99 +68,17 @@ impl<T: AsRef<[u8]>> TcpPacket<T> {
         Ok(TcpPacket { buffer })
     }
 
-    pub fn into_inner(self) -> T {
-        self.buffer
-    }
-
-    fn read_u16(&self, r: std::ops::Range<usize>) -> u16 {
-        let b = &self.buffer.as_ref()[r];
-        u16::from_be_bytes([b[0], b[1]])
-    }
-
-    fn read_u32(&self, r: std::ops::Range<usize>) -> u32 {
-        let b = &self.buffer.as_ref()[r];
-        u32::from_be_bytes([b[0], b[1], b[2], b[3]])
-    }
-
-    pub fn src_port(&self) -> u16 {
-        self.read_u16(field::SRC_PORT)
-    }
-
-    pub fn dst_port(&self) -> u16 {
-        self.read_u16(field::DST_PORT)
-    }
-
-    pub fn seq_number(&self) -> u32 {
-        self.read_u32(field::SEQ)
-    }
-
-    pub fn ack_number(&self) -> u32 {
-        self.read_u32(field::ACK)
-    }
-
     /// Header length in bytes (data offset * 4).
     pub fn header_len(&self) -> usize {
         usize::from(self.buffer.as_ref()[field::DATA_OFF] >> 4) * 4
     }
-
-    pub fn flags(&self) -> u8 {
-        self.buffer.as_ref()[field::FLAGS]
-    }
-
-    pub fn window(&self) -> u16 {
-        self.read_u16(field::WINDOW)
-    }
-
-    pub fn checksum(&self) -> u16 {
-        self.read_u16(field::CHECKSUM)
-    }
-
-    pub fn urgent(&self) -> u16 {
-        self.read_u16(field::URGENT)
-    }
 }
 
 impl<T: AsRef<[u8]> + AsMut<[u8]>> TcpPacket<T> {
-    fn write(&mut self, r: std::ops::Range<usize>, v: &[u8]) {
-        self.buffer.as_mut()[r].copy_from_slice(v);
-    }
-
-    pub fn set_src_port(&mut self, v: u16) {
-        self.write(field::SRC_PORT, &v.to_be_bytes());
-    }
-
-    pub fn set_dst_port(&mut self, v: u16) {
-        self.write(field::DST_PORT, &v.to_be_bytes());
-    }
-
-    pub fn set_seq_number(&mut self, v: u32) {
-        self.write(field::SEQ, &v.to_be_bytes());
-    }
-
-    pub fn set_ack_number(&mut self, v: u32) {
-        self.write(field::ACK, &v.to_be_bytes());
-    }
-
     /// Sets the data offset from a header length in bytes (a multiple of 4)
     /// and clears the reserved bits.
     pub fn set_header_len(&mut self, len: usize) {
         self.buffer.as_mut()[field::DATA_OFF] = (((len / 4) as u8) & 0x0f) << 4;
-    }
-
-    pub fn set_flags(&mut self, v: u8) {
-        self.buffer.as_mut()[field::FLAGS] = v;
-    }
-
-    pub fn set_window(&mut self, v: u16) {
-        self.write(field::WINDOW, &v.to_be_bytes());
-    }
-
-    pub fn set_checksum(&mut self, v: u16) {
-        self.write(field::CHECKSUM, &v.to_be_bytes());
-    }
-
-    pub fn set_urgent(&mut self, v: u16) {
-        self.write(field::URGENT, &v.to_be_bytes());
     }
 }
 
@@ -371,38 +290,51 @@ pub fn rewrite_tcp(
             let h = hdr
                 .first_chunk_mut::<{ ipv4::HEADER_LEN }>()
                 .ok_or(Reject::Ipv4BadHeaderLength)?;
-            let mut new = [0u8; 8];
-            new[..4].copy_from_slice(&s.octets());
-            new[4..].copy_from_slice(&d.octets());
-            let delta = replaced(&h[ipv4::field::ADDRS], &new);
-            h[ipv4::field::ADDRS].copy_from_slice(&new);
-            let c = &mut h[ipv4::field::CHECKSUM];
-            let hc = update(u16::from_be_bytes([c[0], c[1]]), delta);
-            c.copy_from_slice(&hc.to_be_bytes());
+            let new = concat::<4, 8>(s.octets(), d.octets());
+            let delta = overwrite(&mut h[ipv4::field::ADDRS], &new);
+            let mut v = ipv4::Ipv4Packet::new_unchecked(h);
+            v.set_checksum(update(v.checksum(), delta));
             delta
         }
         (IpAddr::V6(s), IpAddr::V6(d), Some(6)) => {
             let h = hdr
                 .first_chunk_mut::<{ ipv6::HEADER_LEN }>()
                 .ok_or(Reject::Ipv6Truncated)?;
-            let mut new = [0u8; 32];
-            new[..16].copy_from_slice(&s.octets());
-            new[16..].copy_from_slice(&d.octets());
-            let delta = replaced(&h[ipv6::field::ADDRS], &new);
-            h[ipv6::field::ADDRS].copy_from_slice(&new);
-            delta
+            let new = concat::<16, 32>(s.octets(), d.octets());
+            overwrite(&mut h[ipv6::field::ADDRS], &new)
         }
         _ => return Err(Reject::FamilyMismatch),
     };
-    let mut ports = [0u8; 4];
-    ports[..2].copy_from_slice(&src.port().to_be_bytes());
-    ports[2..].copy_from_slice(&dst.port().to_be_bytes());
-    let delta = addr_delta + replaced(&tcp[field::PORTS], &ports);
-    tcp[field::PORTS].copy_from_slice(&ports);
-    let c = &mut tcp[field::CHECKSUM];
-    let tc = nonzero(update(u16::from_be_bytes([c[0], c[1]]), delta));
-    c.copy_from_slice(&tc.to_be_bytes());
+    let ports = concat::<2, 4>(src.port().to_be_bytes(), dst.port().to_be_bytes());
+    let delta = addr_delta + overwrite(&mut tcp[field::PORTS], &ports);
+    update_checksum(tcp, delta);
     Ok(())
+}
+
+/// `a` then `b` in one array (`W` is twice `N`): the new value of two
+/// adjacent fields, such as source and destination.
+#[inline]
+fn concat<const N: usize, const W: usize>(a: [u8; N], b: [u8; N]) -> [u8; W] {
+    let mut out = [0u8; W];
+    out[..N].copy_from_slice(&a);
+    out[N..].copy_from_slice(&b);
+    out
+}
+
+/// The first `H` bytes of `buf` (an IP header) and the TCP header after
+/// them, or None if `buf` is shorter.
+#[inline]
+fn ip_and_tcp<const H: usize>(buf: &mut [u8]) -> Option<(&mut [u8; H], &mut [u8; HEADER_LEN])> {
+    let (ip, rest) = buf.split_first_chunk_mut::<H>()?;
+    Some((ip, rest.first_chunk_mut::<HEADER_LEN>()?))
+}
+
+/// Applies the RFC 1624 `delta` to the checksum of the TCP header `tcp`,
+/// writing a zero result as 0xFFFF ([`nonzero`]).
+#[inline]
+fn update_checksum(tcp: &mut [u8; HEADER_LEN], delta: u32) {
+    let mut t = TcpPacket::new_unchecked(tcp);
+    t.set_checksum(nonzero(update(t.checksum(), delta)));
 }
 
 /// Option kinds this crate reads (RFC 9293 3.1, RFC 7323 2.2).
@@ -482,11 +414,8 @@ pub fn set_window(buf: &mut [u8], ip: &IpInfo, new: u16) -> bool {
     if old == new {
         return false;
     }
-    let delta = replaced(&old.to_be_bytes(), &new.to_be_bytes());
-    tcp[field::WINDOW].copy_from_slice(&new.to_be_bytes());
-    let c = &mut tcp[field::CHECKSUM];
-    let tc = nonzero(update(u16::from_be_bytes([c[0], c[1]]), delta));
-    c.copy_from_slice(&tc.to_be_bytes());
+    let delta = overwrite(&mut tcp[field::WINDOW], &new.to_be_bytes());
+    update_checksum(tcp, delta);
     true
 }
 
@@ -533,10 +462,7 @@ pub fn tcp_rst_reply(buf: &mut [u8], ip: &IpInfo, tcp: &TcpInfo) -> usize {
     match (ip.src, ip.dst) {
         (IpAddr::V4(s), IpAddr::V4(d)) => {
             const LEN: usize = ipv4::HEADER_LEN + HEADER_LEN;
-            let Some((h, rest)) = buf.split_first_chunk_mut::<{ ipv4::HEADER_LEN }>() else {
-                return 0;
-            };
-            let Some(t) = rest.first_chunk_mut::<HEADER_LEN>() else {
+            let Some((h, t)) = ip_and_tcp::<{ ipv4::HEADER_LEN }>(buf) else {
                 return 0;
             };
             ipv4::emit_header(h, d, s, protocol::TCP, TCP_LEN);
@@ -545,10 +471,7 @@ pub fn tcp_rst_reply(buf: &mut [u8], ip: &IpInfo, tcp: &TcpInfo) -> usize {
         }
         (IpAddr::V6(s), IpAddr::V6(d)) => {
             const LEN: usize = ipv6::HEADER_LEN + HEADER_LEN;
-            let Some((h, rest)) = buf.split_first_chunk_mut::<{ ipv6::HEADER_LEN }>() else {
-                return 0;
-            };
-            let Some(t) = rest.first_chunk_mut::<HEADER_LEN>() else {
+            let Some((h, t)) = ip_and_tcp::<{ ipv6::HEADER_LEN }>(buf) else {
                 return 0;
             };
             ipv6::emit_header(h, &d, &s, protocol::TCP, TCP_LEN);
@@ -1242,25 +1165,22 @@ mod tests {
         assert_eq!(saved_syn(&v6), SavedSyn::Isn(42));
         // Nothing saved: the unverified case, not a mismatch.
         assert_eq!(saved_syn(&[]), SavedSyn::Missing);
-        // Saved, but not a SYN, not TCP, a chain that does not walk, cut
-        // short, an IHL below 5, another version.
-        let mut ack = v4;
-        ack[20 + 13] = flags::ACK;
-        assert_eq!(saved_syn(&ack), SavedSyn::Unreadable);
-        let mut udp = v4;
-        udp[9] = 17;
-        assert_eq!(saved_syn(&udp), SavedSyn::Unreadable);
-        let mut ext = v6;
-        ext[6] = 0;
-        assert_eq!(saved_syn(&ext), SavedSyn::Unreadable);
+        // Saved, but not a SYN, not TCP, a chain that does not walk, an
+        // IHL below 5, another version.
+        for (base, at, byte) in [
+            (&v4[..], 20 + 13, flags::ACK), // not a SYN
+            (&v4[..], 9, 17),               // not TCP
+            (&v6[..], 6, 0),                // a chain that does not walk
+            (&v4[..], 0, 0x44),             // an IHL below 5
+            (&v4[..], 0, 0x55),             // another version
+        ] {
+            let mut p = base.to_vec();
+            p[at] = byte;
+            assert_eq!(saved_syn(&p), SavedSyn::Unreadable, "byte {at} = {byte:#x}");
+        }
+        // Cut short.
         assert_eq!(saved_syn(&v4[..30]), SavedSyn::Unreadable);
         assert_eq!(saved_syn(&v6[..7]), SavedSyn::Unreadable);
-        let mut short_ihl = v4;
-        short_ihl[0] = 0x44;
-        assert_eq!(saved_syn(&short_ihl), SavedSyn::Unreadable);
-        let mut v5 = v4;
-        v5[0] = 0x55;
-        assert_eq!(saved_syn(&v5), SavedSyn::Unreadable);
     }
 
     /// The headers the kernel saves for an IPv6 SYN: the fixed header, the

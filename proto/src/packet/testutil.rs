@@ -314,6 +314,25 @@ pub fn ipv6_packet(src: &str, dst: &str, ext: &[ExtHdr], protocol: u8, l4: &[u8]
     p
 }
 
+/// The segment `l4(source port, destination port)` from socket address
+/// `src` to `dst`, in an IPv4 packet (`v6_ext` None) or an IPv6 packet with
+/// the extension headers `v6_ext`.
+fn between(
+    src: &str,
+    dst: &str,
+    v6_ext: Option<&[ExtHdr]>,
+    protocol: u8,
+    l4: impl FnOnce(u16, u16) -> Vec<u8>,
+) -> Vec<u8> {
+    let (s, d) = (sock(src), sock(dst));
+    let seg = l4(s.port(), d.port());
+    let (s_ip, d_ip) = (s.ip().to_string(), d.ip().to_string());
+    match v6_ext {
+        None => ipv4_packet(&s_ip, &d_ip, protocol, &seg),
+        Some(ext) => ipv6_packet(&s_ip, &d_ip, ext, protocol, &seg),
+    }
+}
+
 pub fn tcp_v4(
     src: &str,
     dst: &str,
@@ -323,9 +342,9 @@ pub fn tcp_v4(
     options: &[u8],
     payload: &[u8],
 ) -> Vec<u8> {
-    let (s, d) = (sock(src), sock(dst));
-    let l4 = tcp_segment(s.port(), d.port(), seq, ack, flags, options, payload);
-    ipv4_packet(&s.ip().to_string(), &d.ip().to_string(), 6, &l4)
+    between(src, dst, None, 6, |sport, dport| {
+        tcp_segment(sport, dport, seq, ack, flags, options, payload)
+    })
 }
 
 pub fn tcp_v6(
@@ -338,30 +357,21 @@ pub fn tcp_v6(
     options: &[u8],
     payload: &[u8],
 ) -> Vec<u8> {
-    let (s, d) = (sock(src), sock(dst));
-    let l4 = tcp_segment(s.port(), d.port(), seq, ack, flags, options, payload);
-    ipv6_packet(&s.ip().to_string(), &d.ip().to_string(), ext, 6, &l4)
+    between(src, dst, Some(ext), 6, |sport, dport| {
+        tcp_segment(sport, dport, seq, ack, flags, options, payload)
+    })
 }
 
 pub fn udp_v4(src: &str, dst: &str, payload: &[u8]) -> Vec<u8> {
-    let (s, d) = (sock(src), sock(dst));
-    ipv4_packet(
-        &s.ip().to_string(),
-        &d.ip().to_string(),
-        17,
-        &udp_segment(s.port(), d.port(), payload),
-    )
+    between(src, dst, None, 17, |sport, dport| {
+        udp_segment(sport, dport, payload)
+    })
 }
 
 pub fn udp_v6(src: &str, dst: &str, payload: &[u8]) -> Vec<u8> {
-    let (s, d) = (sock(src), sock(dst));
-    ipv6_packet(
-        &s.ip().to_string(),
-        &d.ip().to_string(),
-        &[],
-        17,
-        &udp_segment(s.port(), d.port(), payload),
-    )
+    between(src, dst, Some(&[]), 17, |sport, dport| {
+        udp_segment(sport, dport, payload)
+    })
 }
 
 pub fn icmp_echo_v4(src: &str, dst: &str, msg_type: u8, data: &[u8]) -> Vec<u8> {

@@ -29,19 +29,17 @@ pub const IPV6_UDP_HEADERS: usize = ipv6::HEADER_LEN + HEADER_LEN;
 /// is 16 bits, and one limit for both families keeps buffers uniform.
 const MAX_PACKET: usize = u16::MAX as usize;
 
-/// A read/write view of a UDP header over a buffer (the transport segment).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct UdpPacket<T> {
-    buffer: T,
+header_view! {
+    /// A read/write view of a UDP header over a buffer (the transport segment).
+    pub struct UdpPacket, at least HEADER_LEN bytes;
+    pub src_port, set_src_port: u16 = field::SRC_PORT;
+    pub dst_port, set_dst_port: u16 = field::DST_PORT;
+    /// The length field: header plus data.
+    pub len, set_len: u16 = field::LENGTH;
+    pub checksum, set_checksum: u16 = field::CHECKSUM;
 }
 
 impl<T: AsRef<[u8]>> UdpPacket<T> {
-    /// Wraps a buffer without checks. Only for buffers this crate sized
-    /// itself (at least [`HEADER_LEN`] bytes); accessors panic otherwise.
-    pub const fn new_unchecked(buffer: T) -> Self {
-        UdpPacket { buffer }
-    }
-
     /// Wraps an untrusted segment (exactly the IP payload) after checking
     /// the 8-byte header is present and 8 <= length field <= segment
     /// length. After this no accessor can panic.
@@ -59,57 +57,9 @@ impl<T: AsRef<[u8]>> UdpPacket<T> {
         Ok(UdpPacket { buffer })
     }
 
-    pub fn into_inner(self) -> T {
-        self.buffer
-    }
-
-    fn read_u16(&self, r: std::ops::Range<usize>) -> u16 {
-        let b = &self.buffer.as_ref()[r];
-        u16::from_be_bytes([b[0], b[1]])
-    }
-
-    pub fn src_port(&self) -> u16 {
-        self.read_u16(field::SRC_PORT)
-    }
-
-    pub fn dst_port(&self) -> u16 {
-        self.read_u16(field::DST_PORT)
-    }
-
-    /// The length field: header plus data.
-    pub fn len(&self) -> u16 {
-        self.read_u16(field::LENGTH)
-    }
-
     /// Whether the length field is zero (never true after `new_checked`).
     pub fn is_empty(&self) -> bool {
         self.len() == 0
-    }
-
-    pub fn checksum(&self) -> u16 {
-        self.read_u16(field::CHECKSUM)
-    }
-}
-
-impl<T: AsRef<[u8]> + AsMut<[u8]>> UdpPacket<T> {
-    fn write_u16(&mut self, r: std::ops::Range<usize>, v: u16) {
-        self.buffer.as_mut()[r].copy_from_slice(&v.to_be_bytes());
-    }
-
-    pub fn set_src_port(&mut self, v: u16) {
-        self.write_u16(field::SRC_PORT, v);
-    }
-
-    pub fn set_dst_port(&mut self, v: u16) {
-        self.write_u16(field::DST_PORT, v);
-    }
-
-    pub fn set_len(&mut self, v: u16) {
-        self.write_u16(field::LENGTH, v);
-    }
-
-    pub fn set_checksum(&mut self, v: u16) {
-        self.write_u16(field::CHECKSUM, v);
     }
 }
 

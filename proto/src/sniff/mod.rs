@@ -419,6 +419,32 @@ mod tests {
 
     use super::*;
 
+    /// A rustls client config for `versions` with no roots and no client
+    /// certificate: enough to write a ClientHello.
+    pub(super) fn rustls_client(
+        versions: &[&'static rustls::SupportedProtocolVersion],
+    ) -> rustls::ClientConfig {
+        rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_protocol_versions(versions)
+        .expect("versions")
+        .with_root_certificates(rustls::RootCertStore::empty())
+        .with_no_client_auth()
+    }
+
+    /// What a client with `cfg` connecting to `server` writes first: its
+    /// ClientHello record(s).
+    pub(super) fn first_flight(cfg: rustls::ClientConfig, server: &str) -> Vec<u8> {
+        let name = ServerName::try_from(server.to_owned()).expect("server name");
+        let mut conn = rustls::ClientConnection::new(Arc::new(cfg), name).expect("client");
+        let mut out = Vec::new();
+        while conn.wants_write() {
+            conn.write_tls(&mut out).expect("write_tls");
+        }
+        out
+    }
+
     /// The first flight of a rustls client: its ClientHello record(s).
     fn rustls_hello(tls12_only: bool, server: &str, sni: bool) -> Vec<u8> {
         let versions: &[&rustls::SupportedProtocolVersion] = if tls12_only {
@@ -426,20 +452,9 @@ mod tests {
         } else {
             rustls::ALL_VERSIONS
         };
-        let mut cfg = rustls::ClientConfig::builder_with_provider(Arc::new(
-            rustls::crypto::ring::default_provider(),
-        ))
-        .with_protocol_versions(versions)
-        .expect("versions")
-        .with_root_certificates(rustls::RootCertStore::empty())
-        .with_no_client_auth();
+        let mut cfg = rustls_client(versions);
         cfg.enable_sni = sni;
-        let name = ServerName::try_from(server.to_owned()).expect("server name");
-        let mut conn = rustls::ClientConnection::new(Arc::new(cfg), name).expect("client");
-        let mut out = Vec::new();
-        while conn.wants_write() {
-            conn.write_tls(&mut out).expect("write_tls");
-        }
+        let out = first_flight(cfg, server);
         assert_eq!(out[0], TLS_HANDSHAKE, "a handshake record");
         out
     }
@@ -450,19 +465,14 @@ mod tests {
         let len = usize::from(u16::from_be_bytes([hello[3], hello[4]]));
         assert_eq!(hello.len(), 5 + len, "one record");
         let hs = &hello[5..];
-        let mut out = Vec::new();
-        let mut start = 0;
-        for &end in cuts.iter().chain(std::iter::once(&hs.len())) {
-            let part = &hs[start..end];
-            out.extend_from_slice(&[TLS_HANDSHAKE, 3, 1]);
-            out.extend_from_slice(&u16::try_from(part.len()).expect("len").to_be_bytes());
-            out.extend_from_slice(part);
-            start = end;
-        }
-        out
+        let bounds: Vec<usize> = std::iter::once(0)
+            .chain(cuts.iter().copied())
+            .chain(std::iter::once(hs.len()))
+            .collect();
+        records(bounds.windows(2).map(|w| &hs[w[0]..w[1]]))
     }
 
-    fn find(hay: &[u8], needle: &[u8]) -> usize {
+    pub(super) fn find(hay: &[u8], needle: &[u8]) -> usize {
         hay.windows(needle.len())
             .position(|w| w == needle)
             .expect("needle present")
@@ -558,8 +568,9 @@ mod tests {
         assert_eq!(sniff(&refragment(&h, &cuts)), Sniffed::NoDomain);
     }
 
-    /// A hand-built ClientHello: `exts` are (type, body) pairs.
-    fn hello_with(exts: &[(u16, Vec<u8>)]) -> Vec<u8> {
+    /// A hand-built ClientHello handshake message: `exts` are (type,
+    /// body) pairs.
+    pub(super) fn client_hello_message(exts: &[(u16, Vec<u8>)]) -> Vec<u8> {
         let mut body = vec![3, 3];
         body.extend_from_slice(&[7; 32]);
         body.push(0); // session id
@@ -576,9 +587,18 @@ mod tests {
         let mut hs = vec![CLIENT_HELLO_TYPE];
         hs.extend_from_slice(&u32::try_from(body.len()).expect("hs").to_be_bytes()[1..]);
         hs.extend_from_slice(&body);
-        // Records of at most 2^14 bytes.
+        hs
+    }
+
+    /// [`client_hello_message`] in records of at most 2^14 bytes.
+    fn hello_with(exts: &[(u16, Vec<u8>)]) -> Vec<u8> {
+        records(client_hello_message(exts).chunks(1 << 14))
+    }
+
+    /// Each of `parts` (handshake bytes) in a TLS handshake record of its own.
+    fn records<'a>(parts: impl IntoIterator<Item = &'a [u8]>) -> Vec<u8> {
         let mut out = Vec::new();
-        for part in hs.chunks(1 << 14) {
+        for part in parts {
             out.extend_from_slice(&[TLS_HANDSHAKE, 3, 1]);
             out.extend_from_slice(&u16::try_from(part.len()).expect("rec").to_be_bytes());
             out.extend_from_slice(part);
@@ -588,7 +608,7 @@ mod tests {
 
     const CLIENT_HELLO_TYPE: u8 = 1;
 
-    fn sni_ext(entries: &[(u8, &[u8])]) -> (u16, Vec<u8>) {
+    pub(super) fn sni_ext(entries: &[(u8, &[u8])]) -> (u16, Vec<u8>) {
         let mut list = Vec::new();
         for (kind, name) in entries {
             list.push(*kind);

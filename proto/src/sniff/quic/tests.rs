@@ -5,6 +5,7 @@ use std::time::Instant;
 use proptest::prelude::*;
 
 use super::*;
+use crate::sniff::tests::{client_hello_message, find, first_flight, rustls_client, sni_ext};
 
 fn unhex(s: &str) -> Vec<u8> {
     let s: Vec<u8> = s.bytes().filter(u8::is_ascii_hexdigit).collect();
@@ -150,22 +151,11 @@ impl Seal {
 /// A rustls client's ClientHello as a bare handshake message (what QUIC
 /// carries in CRYPTO frames).
 fn hello_message(server: &str, alpn: usize) -> Vec<u8> {
-    let mut cfg = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_protocol_versions(&[&rustls::version::TLS13])
-    .expect("versions")
-    .with_root_certificates(rustls::RootCertStore::empty())
-    .with_no_client_auth();
+    let mut cfg = rustls_client(&[&rustls::version::TLS13]);
     cfg.alpn_protocols = (0..alpn)
         .map(|i| format!("proto-{i:04}").into_bytes())
         .collect();
-    let name = rustls::pki_types::ServerName::try_from(server.to_owned()).expect("name");
-    let mut conn = rustls::ClientConnection::new(Arc::new(cfg), name).expect("client");
-    let mut out = Vec::new();
-    while conn.wants_write() {
-        conn.write_tls(&mut out).expect("write_tls");
-    }
+    let mut out = first_flight(cfg, server);
     let len = usize::from(u16::from_be_bytes([out[3], out[4]]));
     assert_eq!(out.len(), 5 + len, "one record");
     out.split_off(5)
@@ -174,46 +164,16 @@ fn hello_message(server: &str, alpn: usize) -> Vec<u8> {
 /// A ClientHello handshake message whose `server_name` comes after a
 /// padding extension of `padding` bytes.
 fn hand_hello(padding: usize, name: &str) -> Vec<u8> {
-    let mut body = vec![3, 3];
-    body.extend_from_slice(&[7; 32]);
-    body.push(0); // session id
-    body.extend_from_slice(&[0, 2, 0x13, 0x01]); // one suite
-    body.extend_from_slice(&[1, 0]); // null compression
-    let mut exts = Vec::new();
-    exts.extend_from_slice(&21u16.to_be_bytes()); // padding
-    exts.extend_from_slice(&(padding as u16).to_be_bytes());
-    exts.resize(exts.len() + padding, 0);
-    let n = name.len() as u16;
-    exts.extend_from_slice(&0u16.to_be_bytes()); // server_name
-    exts.extend_from_slice(&(n + 5).to_be_bytes());
-    exts.extend_from_slice(&(n + 3).to_be_bytes());
-    exts.push(0);
-    exts.extend_from_slice(&n.to_be_bytes());
-    exts.extend_from_slice(name.as_bytes());
-    body.extend_from_slice(&(exts.len() as u16).to_be_bytes());
-    body.extend_from_slice(&exts);
-    let mut hs = vec![1];
-    hs.extend_from_slice(&(body.len() as u32).to_be_bytes()[1..]);
-    hs.extend_from_slice(&body);
-    hs
-}
-
-fn find(hay: &[u8], needle: &[u8]) -> usize {
-    hay.windows(needle.len())
-        .position(|w| w == needle)
-        .expect("needle present")
+    client_hello_message(&[
+        (21, vec![0; padding]), // padding
+        sni_ext(&[(0, name.as_bytes())]),
+    ])
 }
 
 /// The first datagrams of a real QUIC client (quinn) connecting to
 /// `server` (`alpn` extra protocols make its hello longer).
 fn quinn_initials(server: &str, alpn: usize) -> Vec<Vec<u8>> {
-    let mut crypto = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_protocol_versions(&[&rustls::version::TLS13])
-    .expect("versions")
-    .with_root_certificates(rustls::RootCertStore::empty())
-    .with_no_client_auth();
+    let mut crypto = rustls_client(&[&rustls::version::TLS13]);
     crypto.alpn_protocols = (0..alpn)
         .map(|i| format!("a-rather-long-protocol-name-{i:04}").into_bytes())
         .collect();
