@@ -247,6 +247,19 @@ impl Demux {
         }
     }
 
+    /// Whether TCP goes through the system stack (translated and written
+    /// back), not smoltcp.
+    pub fn system_stack(&self) -> bool {
+        matches!(self.stack, Stack::System(_))
+    }
+
+    /// Whether the kernel verifies the app's data segments of known flows
+    /// (the system stack on a Linux TUN without offload): the write-back
+    /// then merges them untranslated without summing them either.
+    pub fn defers_data_sums(&self) -> bool {
+        matches!(&self.stack, Stack::System(s) if s.defers_data_sums())
+    }
+
     /// Count `n` packets read in this drain, which ended: what the stack
     /// held back during it goes out.
     pub fn read_done(&mut self, n: u64) {

@@ -18,7 +18,7 @@ use std::sync::Arc;
 
 #[cfg(linux_like)]
 use super::RING_DRAIN;
-use super::writeback::WriteBack;
+use super::writeback::{Untranslated, WriteBack};
 use super::{DRAIN_PER_EDGE, Head, is_fatal};
 use crate::demux::Demux;
 use crate::packet::{Disposition, HEADROOM};
@@ -34,6 +34,9 @@ pub(super) async fn run(
     read_ring: usize,
 ) -> io::Result<()> {
     let mut out = WriteBack::new(coalesce, thin_acks);
+    if demux.system_stack() {
+        out = out.merging_as_read(demux.defers_data_sums());
+    }
     #[cfg(linux_like)]
     if read_ring > 0 {
         let stats = demux.stats().clone();
@@ -114,11 +117,26 @@ async fn run_ring(
 }
 
 /// Process the packet at `buf[HEADROOM..][..len]` and hand what comes of
-/// it to the write-back.
+/// it to the write-back. A segment that continues a merge the write-back
+/// holds, as it was read, goes there untranslated
+/// (`core/src/driver/writeback.rs`).
 async fn one(demux: &mut Demux, tun: &Tun, out: &mut WriteBack, buf: &mut [u8], len: usize) {
+    let pkt = &buf[HEADROOM..HEADROOM + len];
+    if out.continues(pkt, &mut demux.local) {
+        return;
+    }
+    let mut raw = out.as_read(pkt);
+    let before = Untranslated::counts(&demux.local);
     let Disposition::WriteBack(n) = demux.process(&mut buf[HEADROOM..HEADROOM + len]) else {
+        if raw.is_some_and(|r| r.maybe_tcp()) {
+            out.forget_untranslated();
+        }
         return;
     };
+    if let Some(r) = raw.as_mut() {
+        r.translated(before, &demux.local);
+    }
     let to_listener = out.merging() && demux.to_listener(&buf[HEADROOM..HEADROOM + n]);
-    out.put(tun, &mut demux.local, buf, n, to_listener).await;
+    out.put(tun, &mut demux.local, buf, n, to_listener, raw.as_ref())
+        .await;
 }

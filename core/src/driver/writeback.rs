@@ -18,6 +18,23 @@
 //! its oldest entry to make room. Everything held is written when the
 //! drain ends ([`WriteBack::flush`]), before the reader sleeps.
 //!
+//! A merge keeps the headers its first segment had before the demux
+//! translated it ([`Untranslated`]). The next segments of that flow that
+//! carry the same headers but for sequence number, lengths and checksums
+//! are merged as they were read ([`WriteBack::continues`]), without the
+//! demux: within a drain their translation would give what the first one's
+//! gave (the same flow entry; the window clamp, whose share only shrinks
+//! within a drain and whose advertised edge does not move back, lowers an
+//! equal window to the same value), and the merge takes those fields from
+//! the head. They are counted as the demux counts them. A segment that
+//! could change the flow's entry (SYN, FIN, RST, one the demux did not
+//! write back) ends this for every held merge until the next one starts.
+//! A merge reads the payload's sum from the checksum the app sent, with
+//! the segment's own pseudo-header, so nothing is summed where the kernel
+//! verifies (`Demux::defers_data_sums`); elsewhere the merge sums and
+//! checks the payload, and a segment that fails takes the demux's path,
+//! which counts and drops it.
+//!
 //! A merged packet the device refuses is cut back into the segments it was
 //! (`coalesce::segment_at`) and those are written instead. A kernel before
 //! 6.6 allocates a TUN write in one piece, so a large write can fail with
@@ -30,7 +47,7 @@ use std::io;
 
 use crate::budget;
 use crate::packet::ackthin::{self, ACK_MAX, PureAck, SegmentKey};
-use crate::packet::tcp::{PlainTcp, parse_plain_tcp};
+use crate::packet::tcp::{PlainTcp, flags, parse_plain_tcp};
 use crate::packet::{HEADROOM, coalesce};
 use crate::stats::{EngineDrop, LocalCounters};
 use crate::tun::Tun;
@@ -94,6 +111,78 @@ pub(super) struct WriteBack {
     scratch: Vec<u8>,
     /// Merged writes refused as transient (`ENOBUFS`, `ENOMEM`) so far.
     transient: u64,
+    /// Whether merges take segments as read (the system stack's: its
+    /// translation is what they skip).
+    as_read: bool,
+    /// Whether the kernel verifies the app's data segments
+    /// (`Demux::defers_data_sums`): untranslated merges need not sum them.
+    kernel_sums: bool,
+    /// Whether a held merge may take untranslated segments (module docs).
+    untranslated: bool,
+}
+
+/// Most header bytes kept of a merge's first segment: IPv6 and a TCP
+/// header with 40 bytes of options.
+const RAW_MAX: usize = 100;
+
+/// A segment's headers as read, before the demux translated it in place,
+/// and what its translation did: what a merge started from it keeps
+/// (module docs).
+#[derive(Clone, Copy)]
+pub(super) struct Untranslated {
+    bytes: [u8; RAW_MAX],
+    /// Bytes copied (the packet's first `RAW_MAX` at most).
+    len: usize,
+    /// Toward the app (the listener's data), counted `packets_down`.
+    down: bool,
+    /// The translation lowered its window (`window_clamped`).
+    clamped: bool,
+}
+
+impl Untranslated {
+    /// The headers of `pkt`, a packet just read; `down` and `clamped` are
+    /// set once the demux translated it ([`Untranslated::translated`]).
+    #[inline]
+    pub fn read(pkt: &[u8]) -> Self {
+        let len = pkt.len().min(RAW_MAX);
+        let mut bytes = [0; RAW_MAX];
+        bytes[..len].copy_from_slice(&pkt[..len]);
+        Untranslated {
+            bytes,
+            len,
+            down: false,
+            clamped: false,
+        }
+    }
+
+    /// The demux's counters that tell what a translation did: packets
+    /// toward the app, windows lowered.
+    #[inline]
+    pub fn counts(local: &LocalCounters) -> (u64, u64) {
+        (local.packets_down, local.window_clamped)
+    }
+
+    /// Record what translating the packet did, from the demux's
+    /// [`Untranslated::counts`] before it and its counters after.
+    #[inline]
+    pub fn translated(&mut self, before: (u64, u64), after: &LocalCounters) {
+        let (down, clamped) = before;
+        self.down = after.packets_down != down;
+        self.clamped = after.window_clamped != clamped;
+    }
+
+    /// Whether the packet may be TCP: anything but a plain UDP datagram
+    /// or ICMP message (an IPv6 packet with extension headers may carry
+    /// TCP behind them).
+    #[inline]
+    pub fn maybe_tcp(&self) -> bool {
+        let b = &self.bytes[..self.len];
+        match b.first().map(|v| v >> 4) {
+            Some(4) => !matches!(b.get(9), Some(&(1 | 17))),
+            Some(6) => !matches!(b.get(6), Some(&(17 | 58))),
+            _ => false,
+        }
+    }
 }
 
 impl WriteBack {
@@ -107,6 +196,67 @@ impl WriteBack {
             next_ack: 0,
             scratch: Vec::new(),
             transient: 0,
+            as_read: false,
+            kernel_sums: false,
+            untranslated: false,
+        }
+    }
+
+    /// Let merges take their flows' next segments as read (module docs):
+    /// for the system stack, whose translation that skips. `kernel_sums`:
+    /// the kernel verifies the app's data segments
+    /// (`Demux::defers_data_sums`).
+    pub fn merging_as_read(mut self, kernel_sums: bool) -> Self {
+        self.as_read = true;
+        self.kernel_sums = kernel_sums;
+        self
+    }
+
+    /// The headers of `pkt`, just read, if a merge it starts could take
+    /// segments as read.
+    #[inline]
+    pub fn as_read(&self, pkt: &[u8]) -> Option<Untranslated> {
+        (self.as_read && self.coalesce).then(|| Untranslated::read(pkt))
+    }
+
+    /// Merge `pkt`, a packet just read and not translated, into the merge
+    /// its flow holds, counted as the demux would count it; false when it
+    /// does not continue one (module docs). The caller then hands it to
+    /// the demux.
+    #[inline]
+    pub fn continues(&mut self, pkt: &[u8], local: &mut LocalCounters) -> bool {
+        if !self.untranslated {
+            return false;
+        }
+        let Some(n) = parse_plain_tcp(pkt).filter(coalesce::candidate_plain) else {
+            return false;
+        };
+        for held in &mut self.merges {
+            if !held.append_untranslated(pkt, &n, self.kernel_sums) {
+                continue;
+            }
+            let len = n.ip.len as u64;
+            if held.raw.down {
+                local.packets_down += 1;
+                local.bytes_down += len;
+            } else {
+                local.packets_up += 1;
+                local.bytes_up += len;
+            }
+            local.window_clamped += u64::from(held.raw.clamped);
+            return true;
+        }
+        false
+    }
+
+    /// No held merge takes untranslated segments any more: a packet the
+    /// demux saw may have changed a flow's entry (module docs).
+    pub fn forget_untranslated(&mut self) {
+        if self.untranslated {
+            self.untranslated = false;
+            for h in &mut self.merges {
+                h.raw.len = 0;
+            }
         }
     }
 
@@ -119,7 +269,9 @@ impl WriteBack {
     /// Write the packet at `buf[HEADROOM..][..len]`, or hold it (module
     /// docs). `to_listener`: the demux's verdict that it goes to the kernel
     /// listener (`Demux::to_listener`); a data segment of those may merge.
-    /// Its headers are parsed once, here, for all that follows.
+    /// Its headers are parsed once, here, for all that follows. `raw`: its
+    /// headers as read, before the demux translated it, which a merge it
+    /// starts keeps (module docs).
     pub async fn put<S: Sink>(
         &mut self,
         sink: &S,
@@ -127,19 +279,25 @@ impl WriteBack {
         buf: &mut [u8],
         len: usize,
         to_listener: bool,
+        raw: Option<&Untranslated>,
     ) {
         let pkt = &buf[HEADROOM..HEADROOM + len];
         let Some(plain) = parse_plain_tcp(pkt) else {
+            self.forget_untranslated();
             super::write_back(sink, local, buf, len).await;
             return;
         };
         let Some((key, ack)) = ackthin::classify_plain(pkt, &plain) else {
+            self.forget_untranslated();
             super::write_back(sink, local, buf, len).await;
             return;
         };
+        if plain.tcp.flags & (flags::SYN | flags::FIN | flags::RST) != 0 {
+            self.forget_untranslated();
+        }
         if to_listener && self.coalesce && coalesce::candidate_plain(&plain) {
             self.flush_ack(sink, local, &key).await;
-            if !self.merge(sink, local, key, pkt, &plain).await {
+            if !self.merge(sink, local, key, pkt, &plain, raw).await {
                 // Merging stopped for good on the write that made room.
                 super::write_back(sink, local, buf, len).await;
             }
@@ -157,6 +315,7 @@ impl WriteBack {
 
     /// Write out everything held: the drain ended.
     pub async fn flush<S: Sink>(&mut self, sink: &S, local: &mut LocalCounters) {
+        self.forget_untranslated();
         for i in 0..MERGE_FLOWS {
             self.write_merge(sink, local, i).await;
         }
@@ -174,6 +333,7 @@ impl WriteBack {
         key: SegmentKey,
         pkt: &[u8],
         plain: &PlainTcp,
+        raw: Option<&Untranslated>,
     ) -> bool {
         let slot = match self.merges.iter().position(|h| h.key == Some(key)) {
             Some(i) if self.merges[i].append(pkt, plain) => return true,
@@ -189,7 +349,9 @@ impl WriteBack {
         };
         self.write_merge(sink, local, slot).await;
         if self.coalesce {
-            self.merges[slot].start(key, pkt, plain);
+            let held = &mut self.merges[slot];
+            held.start(key, pkt, plain, raw);
+            self.untranslated |= held.raw.len > 0;
         }
         self.coalesce
     }
@@ -307,7 +469,6 @@ impl WriteBack {
 }
 
 /// A data segment held aside to merge the next segments of its flow into.
-#[derive(Default)]
 struct Held {
     /// The flow, while a packet is held.
     key: Option<SegmentKey>,
@@ -323,12 +484,35 @@ struct Held {
     first_payload: usize,
     /// Whether segments were merged into it (it may exceed the MTU).
     merged: bool,
+    /// The held packet's headers as read, `len` the header length (0: it
+    /// takes no untranslated segment).
+    raw: Untranslated,
+}
+
+impl Default for Held {
+    fn default() -> Self {
+        Held {
+            key: None,
+            buf: Vec::new(),
+            len: 0,
+            plain: None,
+            first_payload: 0,
+            merged: false,
+            raw: Untranslated {
+                bytes: [0; RAW_MAX],
+                len: 0,
+                down: false,
+                clamped: false,
+            },
+        }
+    }
 }
 
 impl Held {
     /// Hold `pkt`, whose headers `plain` are, as the start of a possible
     /// merge.
-    fn start(&mut self, key: SegmentKey, pkt: &[u8], plain: &PlainTcp) {
+    /// `raw`: its headers as read, if untranslated segments may follow.
+    fn start(&mut self, key: SegmentKey, pkt: &[u8], plain: &PlainTcp, raw: Option<&Untranslated>) {
         if self.buf.len() < HEADROOM + pkt.len().max(MERGE_MAX) {
             self.buf = vec![0u8; HEADROOM + pkt.len().max(MERGE_MAX)];
         }
@@ -338,6 +522,38 @@ impl Held {
         self.plain = Some(*plain).filter(|p| p.ip.len == pkt.len());
         self.first_payload = plain.tcp.payload_len;
         self.merged = false;
+        // The headers of the packet as read span what the translated ones
+        // do (a translation changes no length).
+        let header_len = plain.ip.l4_offset + plain.tcp.header_len;
+        match raw {
+            Some(r) if header_len <= r.len => {
+                self.raw = *r;
+                self.raw.len = header_len;
+            }
+            _ => self.raw.len = 0,
+        }
+    }
+
+    /// Merge `pkt` (headers `n`), not translated, into the held packet if
+    /// it continues it as read (module docs). `kernel_sums`: the kernel
+    /// verifies the app's segments; the listener's are its own.
+    #[inline]
+    fn append_untranslated(&mut self, pkt: &[u8], n: &PlainTcp, kernel_sums: bool) -> bool {
+        if self.raw.len == 0 || self.key.is_none() {
+            return false;
+        }
+        let Some(head) = self.plain.as_mut() else {
+            return false;
+        };
+        let room = &mut self.buf[HEADROOM..HEADROOM + MERGE_MAX.max(self.len)];
+        let raw_head = &self.raw.bytes[..self.raw.len];
+        let verified = kernel_sums || self.raw.down;
+        if !coalesce::append_untranslated(room, head, raw_head, pkt, n, verified) {
+            return false;
+        }
+        self.len = head.ip.len;
+        self.merged = true;
+        true
     }
 
     /// Merge `pkt` (headers `plain`) into the held packet, if it continues
@@ -487,7 +703,7 @@ mod tests {
     impl Drain {
         fn new(coalesce: bool, thin_acks: bool) -> Self {
             Drain {
-                out: WriteBack::new(coalesce, thin_acks),
+                out: WriteBack::new(coalesce, thin_acks).merging_as_read(true),
                 local: LocalCounters::new(Instant::now()),
                 buf: vec![0; HEADROOM + 2048],
             }
@@ -500,13 +716,171 @@ mod tests {
             self.buf[HEADROOM..HEADROOM + pkt.len()].copy_from_slice(pkt);
             let to_listener = self.out.merging();
             self.out
-                .put(sink, &mut self.local, &mut self.buf, pkt.len(), to_listener)
+                .put(
+                    sink,
+                    &mut self.local,
+                    &mut self.buf,
+                    pkt.len(),
+                    to_listener,
+                    None,
+                )
                 .await;
         }
 
         async fn flush(&mut self, sink: &Recorder) {
             self.out.flush(sink, &mut self.local).await;
         }
+
+        /// What the reader does with `raw`, a packet as read, whose
+        /// translation is `translated`: the write-back takes it as read if
+        /// it continues a merge (true), else the demux translates it,
+        /// counting it up (or down), and it is put.
+        async fn read(
+            &mut self,
+            sink: &Recorder,
+            raw: &[u8],
+            translated: &[u8],
+            down: bool,
+            clamped: bool,
+        ) -> bool {
+            if self.out.continues(raw, &mut self.local) {
+                return true;
+            }
+            let mut r = self.out.as_read(raw).expect("merging as read");
+            let before = Untranslated::counts(&self.local);
+            if down {
+                self.local.packets_down += 1;
+            } else {
+                self.local.packets_up += 1;
+            }
+            self.local.window_clamped += u64::from(clamped);
+            r.translated(before, &self.local);
+            self.buf[HEADROOM..HEADROOM + translated.len()].copy_from_slice(translated);
+            let to_listener = self.out.merging();
+            self.out
+                .put(
+                    sink,
+                    &mut self.local,
+                    &mut self.buf,
+                    translated.len(),
+                    to_listener,
+                    Some(&r),
+                )
+                .await;
+            false
+        }
+    }
+
+    /// An app's segment as read (`raw`) and as the demux translates it.
+    fn app_data(seq: u32, payload: &[u8]) -> (Vec<u8>, Vec<u8>) {
+        (
+            tcp_v4(
+                "10.0.0.9:3000",
+                "1.1.1.1:443",
+                seq,
+                7,
+                flags::ACK,
+                &[],
+                payload,
+            ),
+            data("198.18.0.7:40000", seq, payload),
+        )
+    }
+
+    /// The segments of a flow's merge that follow its first are merged as
+    /// they were read, without the demux, and counted as it counts them;
+    /// the merge written is the one the translated segments make.
+    #[tokio::test]
+    async fn a_merge_takes_its_flows_next_segments_as_read() {
+        let sink = Recorder::new();
+        let mut d = Drain::new(true, true);
+        let mut plain = Drain::new(true, true);
+        for i in 0..4u32 {
+            let (raw, translated) = app_data(1000 + i * 100, &[b'a' + i as u8; 100]);
+            let as_read = d.read(&sink, &raw, &translated, false, false).await;
+            assert_eq!(as_read, i > 0, "segment {i}");
+            plain.put(&sink, &translated).await;
+        }
+        assert_eq!(d.local.packets_up, 4, "each counted once");
+        assert_eq!(d.local.bytes_up, 3 * 140, "those merged as read by length");
+        d.flush(&sink).await;
+        let merged = sink.take();
+        plain.flush(&sink).await;
+        assert_eq!(
+            merged,
+            sink.take(),
+            "the same merge as from translated segments"
+        );
+        assert_eq!(merged.len(), 1);
+    }
+
+    /// A segment as read that does not continue the merge as read is the
+    /// demux's; a control segment of any flow, and the drain's end, stop
+    /// merges from taking segments as read.
+    #[tokio::test]
+    async fn merges_as_read_stop_where_the_demux_must_see_a_segment() {
+        let sink = Recorder::new();
+        let mut d = Drain::new(true, true);
+        let (raw, tr) = app_data(1000, &[1; 100]);
+        assert!(!d.read(&sink, &raw, &tr, false, false).await);
+        // Another window as read: the demux's, though its translation
+        // would merge.
+        let (mut raw, tr) = app_data(1100, &[2; 100]);
+        raw[20 + 15] ^= 1;
+        assert!(!d.read(&sink, &raw, &tr, false, false).await);
+        let (raw, tr) = app_data(1200, &[3; 100]);
+        assert!(
+            d.read(&sink, &raw, &tr, false, false).await,
+            "the head's own headers again"
+        );
+
+        // An RST of another flow: its entry may have gone, so nothing
+        // merges as read until a merge starts again.
+        let rst = tcp_v4(
+            "198.18.0.7:40001",
+            S,
+            1,
+            1,
+            flags::RST | flags::ACK,
+            &[],
+            b"",
+        );
+        d.put(&sink, &rst).await;
+        let (raw, tr) = app_data(1300, &[4; 100]);
+        assert!(
+            !d.read(&sink, &raw, &tr, false, false).await,
+            "after an RST"
+        );
+        d.flush(&sink).await;
+        let (raw, tr) = app_data(1400, &[5; 100]);
+        assert!(
+            !d.read(&sink, &raw, &tr, false, false).await,
+            "a new drain: a new head"
+        );
+        let (raw, tr) = app_data(1500, &[6; 100]);
+        assert!(
+            d.read(&sink, &raw, &tr, false, false).await,
+            "continuing it"
+        );
+        d.flush(&sink).await;
+        let (raw, tr) = app_data(1600, &[7; 100]);
+        assert!(
+            !d.read(&sink, &raw, &tr, false, false).await,
+            "after the drain ended"
+        );
+        sink.take();
+
+        // A segment toward the app is counted down, and a clamped window
+        // counted for each segment merged as read.
+        let mut d = Drain::new(true, true);
+        let (raw, tr) = app_data(1000, &[1; 100]);
+        assert!(!d.read(&sink, &raw, &tr, true, true).await);
+        for i in 1..3u32 {
+            let (raw, tr) = app_data(1000 + i * 100, &[2; 100]);
+            assert!(d.read(&sink, &raw, &tr, true, true).await);
+        }
+        assert_eq!((d.local.packets_down, d.local.packets_up), (3, 0));
+        assert_eq!((d.local.bytes_down, d.local.window_clamped), (2 * 140, 3));
     }
 
     #[tokio::test]

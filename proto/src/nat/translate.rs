@@ -1116,4 +1116,158 @@ mod tests {
         assert_eq!(window_of(&up), (0xffff, true));
         assert_eq!(clamp.clamped, 0);
     }
+
+    /// A run of segments merged as they were read
+    /// (`coalesce::append_untranslated`, from the head's headers as read)
+    /// comes out byte for byte as the same run translated one by one and
+    /// merged (`coalesce::append_verified_plain`): in both directions, with
+    /// the window clamped, and with another flow turning busy in the middle
+    /// of the run (its share, the clamp's `want`, shrinks; the edge the head
+    /// advertised keeps the window). Each path has a table of its own, set
+    /// up alike.
+    #[test]
+    fn merging_untranslated_segments_equals_translating_each() {
+        use crate::packet::coalesce;
+        use crate::packet::tcp::parse_plain_tcp;
+        const TS: [u8; 12] = [1, 1, 8, 10, 0, 0, 0, 7, 0, 0, 0, 9];
+        for down in [false, true] {
+            let setup = || {
+                let (nat, now) = table(16);
+                let (_, mut clamp) = phone_clamp();
+                let port = handshake(&nat, &mut clamp, now, 3000, Some(7), Some(9));
+                (nat, now, clamp, port)
+            };
+            let (nat_a, now, mut clamp_a, port) = setup();
+            let (nat_b, _, mut clamp_b, port_b) = setup();
+            assert_eq!(port, port_b, "both tables allocate alike");
+            let nat_addr = format!("198.18.0.2:{port}");
+            let seg = |i: u32| {
+                let payload = vec![i as u8 + 1; 1000 + i as usize];
+                let seq = (0..i).map(|k| 1000 + k).sum::<u32>();
+                if down {
+                    tcp_v4(
+                        "198.18.0.1:40000",
+                        &nat_addr,
+                        501 + seq,
+                        101,
+                        ACK,
+                        &TS,
+                        &payload,
+                    )
+                } else {
+                    tcp_v4(
+                        "10.0.0.9:3000",
+                        "1.1.1.1:443",
+                        101 + seq,
+                        501,
+                        ACK,
+                        &TS,
+                        &payload,
+                    )
+                }
+            };
+            let other = |nat: &NatTable, clamp: &mut WindowClamp| {
+                handshake(nat, clamp, now, 3001, Some(7), Some(9));
+                let mut p = tcp_v4("10.0.0.9:3001", "1.1.1.1:443", 101, 501, ACK, &[], b"x");
+                let ip = packet::parse_ip(&p).expect("ip");
+                let step = clamped(&mut p, &ip, nat, &addrs(), clamp, now);
+                assert_eq!(step, TcpStep::Uplink(p.len()));
+            };
+            let translate = |nat: &NatTable, clamp: &mut WindowClamp, p: &mut Vec<u8>| {
+                let ip = packet::parse_ip(p).expect("ip");
+                let step = clamped(p, &ip, nat, &addrs(), clamp, now);
+                let want = if down {
+                    TcpStep::Downlink(p.len())
+                } else {
+                    TcpStep::Uplink(p.len())
+                };
+                assert_eq!(step, want);
+            };
+            let head = |nat: &NatTable, clamp: &mut WindowClamp| {
+                let mut h = seg(0);
+                translate(nat, clamp, &mut h);
+                let plain = parse_plain_tcp(&h).expect("plain");
+                let mut buf = vec![0u8; coalesce::MAX_PACKET];
+                buf[..h.len()].copy_from_slice(&h);
+                (buf, plain)
+            };
+
+            // Translated one by one, then merged.
+            let (mut buf_a, mut head_a) = head(&nat_a, &mut clamp_a);
+            for i in 1..6 {
+                if i == 3 {
+                    other(&nat_a, &mut clamp_a);
+                }
+                let mut p = seg(i);
+                translate(&nat_a, &mut clamp_a, &mut p);
+                let n = parse_plain_tcp(&p).expect("plain");
+                assert!(
+                    coalesce::append_verified_plain(&mut buf_a, &mut head_a, &p, &n),
+                    "down {down}: segment {i} merges once translated"
+                );
+            }
+
+            // Merged as read.
+            let raw_head = seg(0);
+            let (mut buf_b, mut head_b) = head(&nat_b, &mut clamp_b);
+            let raw_len = head_b.ip.l4_offset + head_b.tcp.header_len;
+            for i in 1..6 {
+                if i == 3 {
+                    other(&nat_b, &mut clamp_b);
+                }
+                let p = seg(i);
+                let n = parse_plain_tcp(&p).expect("plain");
+                assert!(
+                    coalesce::append_untranslated(
+                        &mut buf_b,
+                        &mut head_b,
+                        &raw_head[..raw_len],
+                        &p,
+                        &n,
+                        true
+                    ),
+                    "down {down}: segment {i} merges as read"
+                );
+            }
+            assert_eq!(head_a, head_b);
+            assert_eq!(
+                buf_a[..head_a.ip.len],
+                buf_b[..head_b.ip.len],
+                "down {down}"
+            );
+            assert!(window_of(&buf_b[..head_b.ip.len]).1, "the merge verifies");
+            assert!(clamp_a.clamped > 0, "the run's windows were clamped");
+
+            // What differs from the head as read in a field the merge
+            // compares is refused, and the head is left as it was.
+            let before = buf_b[..head_b.ip.len].to_vec();
+            let next = seg(6);
+            let mut spoilt = [
+                next.clone(), // the window
+                next.clone(), // the acknowledgement number
+                next.clone(), // the TTL
+                next.clone(), // a timestamp
+                seg(7),       // not where the head ends
+            ];
+            spoilt[0][20 + 15] ^= 1;
+            spoilt[1][20 + 11] ^= 1;
+            spoilt[2][8] ^= 1;
+            spoilt[3][20 + 20 + 7] ^= 1;
+            for (k, p) in spoilt.iter().enumerate() {
+                let n = parse_plain_tcp(p).expect("plain");
+                assert!(
+                    !coalesce::append_untranslated(
+                        &mut buf_b,
+                        &mut head_b,
+                        &raw_head[..raw_len],
+                        p,
+                        &n,
+                        true
+                    ),
+                    "down {down}: case {k} is refused"
+                );
+                assert_eq!(buf_b[..head_b.ip.len], before[..]);
+            }
+        }
+    }
 }

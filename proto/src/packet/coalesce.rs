@@ -76,6 +76,42 @@ pub fn append_verified_plain(
     append_with(buf, head, next, n, Next::Verified)
 }
 
+/// Merge `next`, a segment read but not yet translated, into `head` (the
+/// packet at `buf[..head.ip.len]`, translated), given `raw_head`: the head's
+/// own IP and TCP headers as they were before translation. `next` merges
+/// when its headers equal `raw_head`'s in every field a merge compares and
+/// the rest of the rules hold (module docs). A translation that gives both
+/// the same result (the same flow's entry, the same window, in the same
+/// drain) then makes of `next` exactly the segment [`append_verified_plain`]
+/// would merge: it changes addresses, ports and the window, which the merge
+/// takes from the head, and the checksum, from which the payload's sum is
+/// read with `next`'s own pseudo-header. `verified`: as in
+/// [`append_verified`]; false sums the payload and refuses a `next` whose
+/// checksum fails, as [`append`] does. On a merge `head` describes the
+/// merged packet and the answer is true; otherwise nothing is changed.
+pub fn append_untranslated(
+    buf: &mut [u8],
+    head: &mut PlainTcp,
+    raw_head: &[u8],
+    next: &[u8],
+    n: &PlainTcp,
+    verified: bool,
+) -> bool {
+    if raw_head.len() != n.ip.l4_offset + n.tcp.header_len || !same_flow(raw_head, next, n) {
+        return false;
+    }
+    let checked = if verified {
+        Next::Verified
+    } else {
+        Next::Unchecked
+    };
+    let Some(new_len) = join(buf, head, next, n, checked) else {
+        return false;
+    };
+    grown(head, n, new_len);
+    true
+}
+
 /// Whether [`append_with`] must check the next segment's checksum.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Next {
@@ -103,10 +139,15 @@ fn append_with(
     let Some(new_len) = merge(buf, head, next, n, checked) else {
         return false;
     };
+    grown(head, n, new_len);
+    true
+}
+
+/// `head` after `n` was appended to it, `new_len` bytes in all.
+fn grown(head: &mut PlainTcp, n: &PlainTcp, new_len: usize) {
     head.ip.len = new_len;
     head.tcp.payload_len += n.tcp.payload_len;
     head.tcp.flags |= n.tcp.flags & flags::PSH;
-    true
 }
 
 /// The merge itself: the merged packet's length, or `None` with `buf`
@@ -118,17 +159,68 @@ fn merge(
     n: &PlainTcp,
     checked: Next,
 ) -> Option<usize> {
+    let head_bytes = buf.get(..head.ip.len)?;
+    if !same_flow(head_bytes, next, n) {
+        return None;
+    }
+    join(buf, head, next, n, checked)
+}
+
+/// Whether `next` (a plain TCP segment, its headers `n`) belongs where the
+/// headers at the start of `head` do: the same addresses, ports,
+/// acknowledgement number, window and TCP options, and the IP fields a
+/// merge must not hide a difference in (IPv4: TOS, TTL, DF; IPv6: traffic
+/// class, flow label, hop limit). Only the headers of `head` are read, so
+/// it may be a copy of them alone.
+#[inline]
+fn same_flow(head: &[u8], next: &[u8], n: &PlainTcp) -> bool {
+    let l4 = n.ip.l4_offset;
+    let end = l4 + n.tcp.header_len;
+    let (Some(h), Some(x)) = (head.get(..end), next.get(..end)) else {
+        return false;
+    };
+    let ip_same = if n.ip.src.is_ipv4() {
+        // Version and IHL, TOS; flags, fragment offset, TTL and protocol;
+        // the addresses. Left out: total length, identification, checksum.
+        h[..ipv4::field::TOTAL_LEN.start] == x[..ipv4::field::TOTAL_LEN.start]
+            && h[ipv4::field::FLAGS_FRAG.start..ipv4::field::CHECKSUM.start]
+                == x[ipv4::field::FLAGS_FRAG.start..ipv4::field::CHECKSUM.start]
+            && h[ipv4::field::ADDRS] == x[ipv4::field::ADDRS]
+    } else {
+        // Everything but the payload length.
+        h[ipv6::field::VER_TC_FLOW] == x[ipv6::field::VER_TC_FLOW]
+            && h[ipv6::field::NEXT_HEADER..l4] == x[ipv6::field::NEXT_HEADER..l4]
+    };
+    // Ports; acknowledgement number and data offset; window; options. The
+    // sequence number, flags, checksum and urgent pointer are the caller's
+    // (`join`).
+    let (ht, xt) = (&h[l4..], &x[l4..]);
+    ip_same
+        && ht[tcpf::PORTS] == xt[tcpf::PORTS]
+        && ht[tcpf::ACK.start..=tcpf::DATA_OFF] == xt[tcpf::ACK.start..=tcpf::DATA_OFF]
+        && ht[tcpf::WINDOW] == xt[tcpf::WINDOW]
+        && ht[TCP_HEADER_LEN..] == xt[TCP_HEADER_LEN..]
+}
+
+/// Append `next`'s payload to the head at `buf[..head.ip.len]`, whose flow
+/// `next` was found to share ([`same_flow`]): the rest of the merge rules
+/// (flags, payload on both, `next` starting where the head ends, equal
+/// header lengths, the size bound), then the copy and the checksums. The
+/// merged packet's length, or `None` with `buf` untouched.
+fn join(
+    buf: &mut [u8],
+    head: &PlainTcp,
+    next: &[u8],
+    n: &PlainTcp,
+    checked: Next,
+) -> Option<usize> {
     let PlainTcp { ip: hip, tcp: htcp } = *head;
     let PlainTcp { ip: nip, tcp: ntcp } = *n;
     let head_len = hip.len;
-    let head = buf.get(..head_len)?;
     // The flags tests refuse every STOP flag: the head must be a plain ACK
     // and the next segment ACK or ACK|PSH.
-    if hip.src != nip.src
-        || hip.dst != nip.dst
-        || hip.l4_offset != nip.l4_offset
-        || htcp.src_port != ntcp.src_port
-        || htcp.dst_port != ntcp.dst_port
+    if hip.l4_offset != nip.l4_offset
+        || hip.src.is_ipv4() != nip.src.is_ipv4()
         || htcp.flags != flags::ACK
         || ntcp.flags & !flags::PSH != flags::ACK
         || htcp.payload_len == 0
@@ -136,33 +228,12 @@ fn merge(
         || ntcp.seq != htcp.seq.wrapping_add(htcp.payload_len as u32)
         || htcp.header_len != ntcp.header_len
         || next.len() < nip.len
+        || buf.len() < head_len
     {
         return None;
     }
-    let (hl4, nl4) = (&head[hip.l4_offset..], &next[nip.l4_offset..]);
-    // ACK number, data offset, window, and the options must be equal; the
-    // flags byte (13) is compared above, the checksum and urgent pointer
-    // (16..20) are not part of the segment's meaning (URG is refused).
-    if hl4[tcpf::ACK] != nl4[tcpf::ACK]
-        || hl4[tcpf::DATA_OFF] != nl4[tcpf::DATA_OFF]
-        || hl4[tcpf::WINDOW] != nl4[tcpf::WINDOW]
-    {
-        return None;
-    }
-    if hl4[TCP_HEADER_LEN..htcp.header_len] != nl4[TCP_HEADER_LEN..ntcp.header_len] {
-        return None;
-    }
-    // The IP fields a merge must not hide a difference in.
-    let same_ip = if hip.src.is_ipv4() {
-        head[ipv4::field::TOS] == next[ipv4::field::TOS]
-            && head[ipv4::field::TTL] == next[ipv4::field::TTL]
-            && head[ipv4::field::FLAGS_FRAG] == next[ipv4::field::FLAGS_FRAG]
-    } else {
-        head[ipv6::field::VER_TC_FLOW] == next[ipv6::field::VER_TC_FLOW]
-            && head[ipv6::field::HOP_LIMIT] == next[ipv6::field::HOP_LIMIT]
-    };
     let new_len = head_len + ntcp.payload_len;
-    if !same_ip || new_len > MAX_PACKET.min(buf.len()) {
+    if new_len > MAX_PACKET.min(buf.len()) {
         return None;
     }
     let payload = &next[nip.l4_offset + ntcp.header_len..nip.len];

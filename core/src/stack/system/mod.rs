@@ -117,6 +117,12 @@ impl SystemStack {
         }
     }
 
+    /// Whether the kernel, not the uplink, verifies the app's data segments
+    /// of a flow the table holds (`DataSums::Kernel`).
+    pub fn defers_data_sums(&self) -> bool {
+        self.sums == DataSums::Kernel
+    }
+
     /// One TCP packet from the TUN, translated in place.
     #[inline]
     pub fn tcp(
