@@ -178,14 +178,7 @@ impl WriteBack {
         let slot = match self.merges.iter().position(|h| h.key == Some(key)) {
             Some(i) if self.merges[i].append(pkt, plain) => return true,
             Some(i) => i,
-            None => match self.merges.iter().position(|h| h.key.is_none()) {
-                Some(i) => i,
-                None => {
-                    let i = self.next_merge;
-                    self.next_merge = (i + 1) % MERGE_FLOWS;
-                    i
-                }
-            },
+            None => vacant_or_next(&self.merges, |h| h.key.is_none(), &mut self.next_merge),
         };
         self.write_merge(sink, local, slot).await;
         if self.coalesce {
@@ -209,14 +202,7 @@ impl WriteBack {
                 return;
             }
             Some(i) => i,
-            None => match self.acks.iter().position(|h| h.key.is_none()) {
-                Some(i) => i,
-                None => {
-                    let i = self.next_ack;
-                    self.next_ack = (i + 1) % ACK_FLOWS;
-                    i
-                }
-            },
+            None => vacant_or_next(&self.acks, |h| h.key.is_none(), &mut self.next_ack),
         };
         self.write_ack(sink, local, slot).await;
         self.acks[slot].set(key, ack, pkt);
@@ -388,6 +374,21 @@ impl HeldAck {
         self.ack = ack;
         self.len = pkt.len();
     }
+}
+
+/// The slot of `table` for a new flow: the first `vacant` one, else the one
+/// `next` names, which then moves on (oldest first, round robin).
+#[inline]
+fn vacant_or_next<T, const N: usize>(
+    table: &[T; N],
+    vacant: impl Fn(&T) -> bool,
+    next: &mut usize,
+) -> usize {
+    table.iter().position(vacant).unwrap_or_else(|| {
+        let i = *next;
+        *next = (i + 1) % N;
+        i
+    })
 }
 
 /// TCP payload length of a packet the merge took (0 for anything else).
