@@ -393,13 +393,7 @@ mod tests {
     use super::*;
 
     fn outbounds(text: &str) -> Result<BTreeMap<String, OutboundConfig>, String> {
-        #[derive(Deserialize)]
-        struct T {
-            outbounds: BTreeMap<String, OutboundConfig>,
-        }
-        toml::from_str::<T>(text)
-            .map(|t| t.outbounds)
-            .map_err(|e| e.to_string())
+        crate::config::toml_tables(text, "outbounds")
     }
 
     #[test]

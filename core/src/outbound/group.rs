@@ -644,13 +644,7 @@ mod tests {
     use std::time::Instant;
 
     fn groups(text: &str) -> Result<BTreeMap<String, GroupConfig>, String> {
-        #[derive(Deserialize)]
-        struct T {
-            groups: BTreeMap<String, GroupConfig>,
-        }
-        toml::from_str::<T>(text)
-            .map(|t| t.groups)
-            .map_err(|e| e.to_string())
+        crate::config::toml_tables(text, "groups")
     }
 
     fn proxies(n: &str) -> Option<usize> {
