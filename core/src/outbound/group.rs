@@ -205,11 +205,7 @@ pub fn check(
             name: name.clone(),
             reason,
         };
-        if name == "direct" || name == "reject" {
-            return Err(bad(
-                "`direct` and `reject` are built in; pick another name".into()
-            ));
-        }
+        super::config::check_key(name).map_err(bad)?;
         if is_outbound(name) {
             return Err(bad(format!(
                 "outbounds.{name} has the same name; a rule could not tell them apart"
