@@ -623,16 +623,25 @@ mod tests {
         assert_eq!(sink.take().len(), MERGE_FLOWS);
     }
 
-    #[tokio::test]
-    async fn an_enobufs_merge_is_written_as_its_segments_and_merging_goes_on() {
-        let c = "198.18.0.7:40000";
-        let sink = Recorder::refusing(1500, libc::ENOBUFS);
+    /// The client of the refused-merge tests.
+    const C: &str = "198.18.0.7:40000";
+
+    /// Three 1000-byte segments from `C`, merged into one write that the
+    /// sink refuses with `errno`.
+    async fn merge_refused(errno: i32) -> (Recorder, Drain) {
+        let sink = Recorder::refusing(1500, errno);
         let mut d = Drain::new(true, true);
         for i in 0..3u32 {
-            d.put(&sink, &data(c, 1000 + i * 1000, &[i as u8; 1000]))
+            d.put(&sink, &data(C, 1000 + i * 1000, &[i as u8; 1000]))
                 .await;
         }
         d.flush(&sink).await;
+        (sink, d)
+    }
+
+    #[tokio::test]
+    async fn an_enobufs_merge_is_written_as_its_segments_and_merging_goes_on() {
+        let (sink, mut d) = merge_refused(libc::ENOBUFS).await;
         let w: Vec<_> = sink.take().iter().map(|p| seg(p)).collect();
         let got: Vec<(u32, usize)> = w.iter().map(|s| (s.0, s.2.len())).collect();
         assert_eq!(got, [(1000, 1000), (2000, 1000), (3000, 1000)]);
@@ -644,8 +653,8 @@ mod tests {
         assert!(d.out.merging(), "ENOBUFS is transient");
         assert_eq!(d.local.drops[EngineDrop::TunWrite as usize], 0);
         // The next drain merges again.
-        d.put(&sink, &data(c, 4000, &[7; 100])).await;
-        d.put(&sink, &data(c, 4100, &[8; 100])).await;
+        d.put(&sink, &data(C, 4000, &[7; 100])).await;
+        d.put(&sink, &data(C, 4100, &[8; 100])).await;
         d.flush(&sink).await;
         let w = sink.take();
         assert_eq!(w.len(), 1);
@@ -654,17 +663,10 @@ mod tests {
 
     #[tokio::test]
     async fn a_merge_refused_for_its_size_stops_merging() {
-        let c = "198.18.0.7:40000";
-        let sink = Recorder::refusing(1500, libc::EINVAL);
-        let mut d = Drain::new(true, true);
-        for i in 0..3u32 {
-            d.put(&sink, &data(c, 1000 + i * 1000, &[i as u8; 1000]))
-                .await;
-        }
-        d.flush(&sink).await;
+        let (sink, mut d) = merge_refused(libc::EINVAL).await;
         assert_eq!(sink.take().len(), 3, "written as its segments");
         assert!(!d.out.merging());
-        d.put(&sink, &data(c, 4000, &[7; 100])).await;
+        d.put(&sink, &data(C, 4000, &[7; 100])).await;
         assert_eq!(sink.take().len(), 1, "written at once from now on");
     }
 }
