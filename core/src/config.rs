@@ -340,6 +340,20 @@ fn key_line(text: &str, section: &str, name: &str) -> Option<usize> {
         .map(|i| i + 1)
 }
 
+/// The `[SECTION.NAME]` tables of a TOML text, by name (a test's fixture,
+/// parsed alone); the toml crate's message, with its line, on an error.
+#[cfg(test)]
+pub(crate) fn toml_tables<T: serde::de::DeserializeOwned>(
+    text: &str,
+    section: &str,
+) -> Result<BTreeMap<String, T>, String> {
+    let mut sections: BTreeMap<String, BTreeMap<String, T>> =
+        toml::from_str(text).map_err(|e| e.to_string())?;
+    sections
+        .remove(section)
+        .ok_or_else(|| format!("no [{section}] tables"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

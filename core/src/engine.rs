@@ -308,12 +308,7 @@ impl Engine {
     /// Returns whether the engine was awake (a second call does nothing).
     /// `timer_ticks` in the stats counts the ticks. Safe from any thread.
     pub fn sleep(&self) -> Result<bool, SleepError> {
-        let life = self.running_life().ok_or(SleepError::NotRunning)?;
-        let changed = life.set_asleep(true);
-        if changed {
-            tracing::info!("asleep: periodic ticks paused");
-        }
-        Ok(changed)
+        self.set_asleep(true)
     }
 
     /// The device woke (iOS `NEPacketTunnelProvider.wake`): the periodic
@@ -321,9 +316,17 @@ impl Engine {
     /// what expired while asleep is expired now. Returns whether the
     /// engine was asleep (a second call does nothing).
     pub fn wake(&self) -> Result<bool, SleepError> {
+        self.set_asleep(false)
+    }
+
+    /// [`Engine::sleep`] (`asleep`) or [`Engine::wake`]: whether that
+    /// changed the state, which the log says.
+    fn set_asleep(&self, asleep: bool) -> Result<bool, SleepError> {
         let life = self.running_life().ok_or(SleepError::NotRunning)?;
-        let changed = life.set_asleep(false);
-        if changed {
+        let changed = life.set_asleep(asleep);
+        if changed && asleep {
+            tracing::info!("asleep: periodic ticks paused");
+        } else if changed {
             tracing::info!("awake: periodic ticks resumed");
         }
         Ok(changed)

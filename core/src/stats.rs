@@ -160,27 +160,34 @@ pub struct DnsCounters {
     pub sniff_unbudgeted: AtomicU64,
 }
 
+/// `$to` with each listed field loaded (`Relaxed`) from the counter of the
+/// same name in `$from`, then the fields after `with` as written.
+macro_rules! loaded {
+    ($from:expr => $to:ident { $($counter:ident),* $(,)? } $(with { $($rest:tt)* })?) => {
+        $to { $($counter: $from.$counter.load(Relaxed),)* $($($rest)*)? }
+    };
+}
+
 impl DnsCounters {
     fn snapshot(&self) -> DnsSnapshot {
-        let g = |c: &AtomicU64| c.load(Relaxed);
-        DnsSnapshot {
-            queries: g(&self.queries),
-            tcp_queries: g(&self.tcp_queries),
-            cache_hits: g(&self.cache_hits),
-            upstream_failures: g(&self.upstream_failures),
-            platform_unavailable: g(&self.platform_unavailable),
-            servfail: g(&self.servfail),
-            malformed: g(&self.malformed),
-            refused: g(&self.refused),
-            fakeip_answers: g(&self.fakeip_answers),
-            fakeip_active: g(&self.fakeip_active),
-            fakeip_evictions: g(&self.fakeip_evictions),
-            fakeip_fallbacks: g(&self.fakeip_fallbacks),
-            strategy_empty: g(&self.strategy_empty),
-            sniffed: g(&self.sniffed),
-            sniff_misses: g(&self.sniff_misses),
-            sniff_unbudgeted: g(&self.sniff_unbudgeted),
-        }
+        loaded!(self => DnsSnapshot {
+            queries,
+            tcp_queries,
+            cache_hits,
+            upstream_failures,
+            platform_unavailable,
+            servfail,
+            malformed,
+            refused,
+            fakeip_answers,
+            fakeip_active,
+            fakeip_evictions,
+            fakeip_fallbacks,
+            strategy_empty,
+            sniffed,
+            sniff_misses,
+            sniff_unbudgeted,
+        })
     }
 }
 
@@ -512,51 +519,52 @@ impl Stats {
                 drops.push((d.as_str(), n));
             }
         }
-        StatsSnapshot {
-            packets_up: g(&self.packets_up),
-            bytes_up: g(&self.bytes_up),
-            packets_down: g(&self.packets_down),
-            bytes_down: g(&self.bytes_down),
-            icmp_echo_replies: g(&self.icmp_echo_replies),
-            tcp_sessions_active: g(&self.tcp_sessions_active),
-            tcp_sessions_total: g(&self.tcp_sessions_total),
-            tcp_bytes_up: g(&self.tcp_bytes_up),
-            tcp_bytes_down: g(&self.tcp_bytes_down),
-            tcp_rejected_by_rule: g(&self.tcp_rejected_by_rule),
-            tcp_connect_failed: g(&self.tcp_connect_failed),
-            admission_refused: g(&self.admission_refused),
-            accept_errors: g(&self.accept_errors),
-            accept_foreign_peer: g(&self.accept_foreign_peer),
-            accept_syn_unverified: g(&self.accept_syn_unverified),
-            accept_unknown_port: g(&self.accept_unknown_port),
-            udp_flows_active: g(&self.udp_flows_active),
-            udp_flows_total: g(&self.udp_flows_total),
-            udp_flows_evicted: g(&self.udp_flows_evicted),
-            udp_packets_up: g(&self.udp_packets_up),
-            udp_bytes_up: g(&self.udp_bytes_up),
-            udp_packets_down: g(&self.udp_packets_down),
-            udp_bytes_down: g(&self.udp_bytes_down),
-            tun_reads: g(&self.tun_reads),
-            tun_read_packets: g(&self.tun_read_packets),
-            tun_read_max_batch: g(&self.tun_read_max_batch),
-            tun_writes: g(&self.tun_writes),
-            tun_ring_full: g(&self.tun_ring_full),
-            tcp_window_clamped: g(&self.tcp_window_clamped),
-            tcp_acks_thinned: g(&self.tcp_acks_thinned),
-            smoltcp_ring_loans: g(&self.smoltcp_ring_loans),
-            smoltcp_ring_loans_refused: g(&self.smoltcp_ring_loans_refused),
+        loaded!(self => StatsSnapshot {
+            packets_up,
+            bytes_up,
+            packets_down,
+            bytes_down,
+            icmp_echo_replies,
+            tcp_sessions_active,
+            tcp_sessions_total,
+            tcp_bytes_up,
+            tcp_bytes_down,
+            tcp_rejected_by_rule,
+            tcp_connect_failed,
+            admission_refused,
+            accept_errors,
+            accept_foreign_peer,
+            accept_syn_unverified,
+            accept_unknown_port,
+            udp_flows_active,
+            udp_flows_total,
+            udp_flows_evicted,
+            udp_packets_up,
+            udp_bytes_up,
+            udp_packets_down,
+            udp_bytes_down,
+            tun_reads,
+            tun_read_packets,
+            tun_read_max_batch,
+            tun_writes,
+            tun_ring_full,
+            tcp_window_clamped,
+            tcp_acks_thinned,
+            smoltcp_ring_loans,
+            smoltcp_ring_loans_refused,
+            tcp_bytes_spliced,
+            tcp_bytes_copied,
+            splice_fallbacks,
+            network_changes,
+            sessions_reset_on_network_change,
+            udp_flows_dropped_on_network_change,
+            connections_closed_by_host,
+            reload_closed,
+            owner_lookups,
+            owner_unknown,
+            owner_failed,
+        } with {
             drops,
-            tcp_bytes_spliced: g(&self.tcp_bytes_spliced),
-            tcp_bytes_copied: g(&self.tcp_bytes_copied),
-            splice_fallbacks: g(&self.splice_fallbacks),
-            network_changes: g(&self.network_changes),
-            sessions_reset_on_network_change: g(&self.sessions_reset_on_network_change),
-            udp_flows_dropped_on_network_change: g(&self.udp_flows_dropped_on_network_change),
-            connections_closed_by_host: g(&self.connections_closed_by_host),
-            reload_closed: g(&self.reload_closed),
-            owner_lookups: g(&self.owner_lookups),
-            owner_unknown: g(&self.owner_unknown),
-            owner_failed: g(&self.owner_failed),
             // Filled by the engine from the socket factory's NAT64 state.
             nat64_prefix: None,
             nat64_synthesized: 0,
@@ -566,18 +574,19 @@ impl Stats {
                 .outbounds
                 .read()
                 .iter()
-                .map(|o| OutboundSnapshot {
+                .map(|o| loaded!(o => OutboundSnapshot {
+                    tcp_connects,
+                    tcp_failures,
+                    protocol_errors,
+                    udp_flows,
+                    udp_failures,
+                    resolve_failures,
+                } with {
                     name: o.name.clone(),
-                    tcp_connects: g(&o.tcp_connects),
-                    tcp_failures: g(&o.tcp_failures),
-                    protocol_errors: g(&o.protocol_errors),
-                    udp_flows: g(&o.udp_flows),
-                    udp_failures: g(&o.udp_failures),
-                    resolve_failures: g(&o.resolve_failures),
-                })
+                }))
                 .collect(),
             ..Default::default()
-        }
+        })
     }
 }
 

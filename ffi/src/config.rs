@@ -722,35 +722,14 @@ impl From<OutboundUdp> for core::OutboundUdp {
     }
 }
 
-impl From<ShadowsocksMethod> for core::ShadowsocksMethod {
-    fn from(m: ShadowsocksMethod) -> Self {
-        match m {
-            ShadowsocksMethod::Plain => core::ShadowsocksMethod::None,
-            ShadowsocksMethod::Aes128Gcm => core::ShadowsocksMethod::Aes128Gcm,
-            ShadowsocksMethod::Aes256Gcm => core::ShadowsocksMethod::Aes256Gcm,
-            ShadowsocksMethod::Chacha20IetfPoly1305 => {
-                core::ShadowsocksMethod::Chacha20IetfPoly1305
-            }
-            ShadowsocksMethod::Blake3Aes128Gcm => core::ShadowsocksMethod::Blake3Aes128Gcm,
-            ShadowsocksMethod::Blake3Aes256Gcm => core::ShadowsocksMethod::Blake3Aes256Gcm,
-        }
-    }
-}
-
-impl From<core::ShadowsocksMethod> for ShadowsocksMethod {
-    fn from(m: core::ShadowsocksMethod) -> Self {
-        match m {
-            core::ShadowsocksMethod::None => ShadowsocksMethod::Plain,
-            core::ShadowsocksMethod::Aes128Gcm => ShadowsocksMethod::Aes128Gcm,
-            core::ShadowsocksMethod::Aes256Gcm => ShadowsocksMethod::Aes256Gcm,
-            core::ShadowsocksMethod::Chacha20IetfPoly1305 => {
-                ShadowsocksMethod::Chacha20IetfPoly1305
-            }
-            core::ShadowsocksMethod::Blake3Aes128Gcm => ShadowsocksMethod::Blake3Aes128Gcm,
-            core::ShadowsocksMethod::Blake3Aes256Gcm => ShadowsocksMethod::Blake3Aes256Gcm,
-        }
-    }
-}
+paired!(ShadowsocksMethod, core::ShadowsocksMethod {
+    Plain => None,
+    Aes128Gcm => Aes128Gcm,
+    Aes256Gcm => Aes256Gcm,
+    Chacha20IetfPoly1305 => Chacha20IetfPoly1305,
+    Blake3Aes128Gcm => Blake3Aes128Gcm,
+    Blake3Aes256Gcm => Blake3Aes256Gcm,
+});
 
 impl From<MemoryPressure> for kerntun::MemoryPressure {
     fn from(p: MemoryPressure) -> Self {

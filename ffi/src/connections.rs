@@ -76,15 +76,17 @@ pub struct ConnectionRecord {
     pub package_name: Option<String>,
 }
 
+paired!(ConnectionNetwork, kerntun::rules::Network {
+    Tcp => Tcp,
+    Udp => Udp,
+});
+
 impl From<kerntun::conns::Connection> for ConnectionRecord {
     fn from(c: kerntun::conns::Connection) -> Self {
         use kerntun::conns::{ConnState, DomainSource as Source};
         ConnectionRecord {
             id: c.id,
-            network: match c.network {
-                kerntun::rules::Network::Tcp => ConnectionNetwork::Tcp,
-                kerntun::rules::Network::Udp => ConnectionNetwork::Udp,
-            },
+            network: c.network.into(),
             source: c.source.to_string(),
             destination: c.destination.to_string(),
             domain: c.domain,
@@ -140,10 +142,7 @@ impl ConnectionFilter {
             None => None,
         };
         Some(kerntun::conns::ConnectionFilter {
-            network: self.network.map(|n| match n {
-                ConnectionNetwork::Tcp => kerntun::rules::Network::Tcp,
-                ConnectionNetwork::Udp => kerntun::rules::Network::Udp,
-            }),
+            network: self.network.map(Into::into),
             outbound: self.outbound.clone(),
             group: self.group.clone(),
             domain_suffix: self.domain_suffix.clone(),

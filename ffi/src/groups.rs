@@ -62,11 +62,7 @@ pub struct GroupOptions {
 impl GroupOptions {
     fn to_core(&self) -> GroupConfig {
         GroupConfig {
-            kind: match self.kind {
-                GroupType::Select => GroupKind::Select,
-                GroupType::UrlTest => GroupKind::UrlTest,
-                GroupType::Fallback => GroupKind::Fallback,
-            },
+            kind: self.kind.into(),
             members: self.members.clone(),
             default: self.default_member.clone(),
             url: self.url.clone(),
@@ -76,6 +72,12 @@ impl GroupOptions {
         }
     }
 }
+
+paired!(GroupType, GroupKind {
+    Select => Select,
+    UrlTest => UrlTest,
+    Fallback => Fallback,
+});
 
 /// `EngineConfig.groups` in the core's form (checked with the rest of the
 /// configuration at start).
@@ -119,11 +121,7 @@ impl From<CoreGroupState> for GroupState {
     fn from(g: CoreGroupState) -> Self {
         GroupState {
             name: g.name,
-            kind: match g.kind {
-                GroupKind::Select => GroupType::Select,
-                GroupKind::UrlTest => GroupType::UrlTest,
-                GroupKind::Fallback => GroupType::Fallback,
-            },
+            kind: g.kind.into(),
             members: g
                 .members
                 .into_iter()
@@ -194,9 +192,9 @@ impl Engine {
     /// `EngineEvent.GroupSelected` when that changed the selection.
     pub fn select(&self, group: String, member: String) -> Result<(), KerntunError> {
         guard(|| {
-            let e = self.running().ok_or_else(|| KerntunError::NotRunning {
-                reason: "select needs a running engine".into(),
-            })?;
+            let e = self
+                .running()
+                .ok_or_else(|| KerntunError::from(SelectionError::NotRunning))?;
             Ok(e.select(&group, &member)?)
         })
     }
@@ -225,9 +223,9 @@ impl Engine {
         timeout_ms: u32,
     ) -> Result<u32, KerntunError> {
         guard(|| {
-            let e = self.running().ok_or_else(|| KerntunError::NotRunning {
-                reason: "testLatency needs a running engine".into(),
-            })?;
+            let e = self
+                .running()
+                .ok_or_else(|| KerntunError::from(LatencyError::NotRunning))?;
             let timeout = Duration::from_millis(u64::from(timeout_ms.max(1)));
             let d = e.test_latency(&outbound, &url, timeout)?;
             Ok(u32::try_from(d.as_millis()).unwrap_or(u32::MAX))

@@ -51,6 +51,31 @@ macro_rules! moved {
     }};
 }
 
+/// One pairing of two enums' unit variants, written once: the `From` impls
+/// both ways (a record's enum and the core's). Neither match has a
+/// wildcard, so a variant added to either side fails to compile here until
+/// it is paired.
+macro_rules! paired {
+    ($a:ty, $b:ty { $($va:ident => $vb:ident),* $(,)? }) => {
+        impl From<$a> for $b {
+            fn from(v: $a) -> Self {
+                type A = $a;
+                match v {
+                    $(A::$va => Self::$vb,)*
+                }
+            }
+        }
+        impl From<$b> for $a {
+            fn from(v: $b) -> Self {
+                type B = $b;
+                match v {
+                    $(B::$vb => Self::$va,)*
+                }
+            }
+        }
+    };
+}
+
 mod config;
 mod connections;
 mod engine;

@@ -338,14 +338,7 @@ impl WriteBack {
         let slot = match self.merges.iter().position(|h| h.key == Some(key)) {
             Some(i) if self.merges[i].append(pkt, plain) => return true,
             Some(i) => i,
-            None => match self.merges.iter().position(|h| h.key.is_none()) {
-                Some(i) => i,
-                None => {
-                    let i = self.next_merge;
-                    self.next_merge = (i + 1) % MERGE_FLOWS;
-                    i
-                }
-            },
+            None => vacant_or_next(&self.merges, |h| h.key.is_none(), &mut self.next_merge),
         };
         self.write_merge(sink, local, slot).await;
         if self.coalesce {
@@ -371,14 +364,7 @@ impl WriteBack {
                 return;
             }
             Some(i) => i,
-            None => match self.acks.iter().position(|h| h.key.is_none()) {
-                Some(i) => i,
-                None => {
-                    let i = self.next_ack;
-                    self.next_ack = (i + 1) % ACK_FLOWS;
-                    i
-                }
-            },
+            None => vacant_or_next(&self.acks, |h| h.key.is_none(), &mut self.next_ack),
         };
         self.write_ack(sink, local, slot).await;
         self.acks[slot].set(key, ack, pkt);
@@ -604,6 +590,21 @@ impl HeldAck {
         self.ack = ack;
         self.len = pkt.len();
     }
+}
+
+/// The slot of `table` for a new flow: the first `vacant` one, else the one
+/// `next` names, which then moves on (oldest first, round robin).
+#[inline]
+fn vacant_or_next<T, const N: usize>(
+    table: &[T; N],
+    vacant: impl Fn(&T) -> bool,
+    next: &mut usize,
+) -> usize {
+    table.iter().position(vacant).unwrap_or_else(|| {
+        let i = *next;
+        *next = (i + 1) % N;
+        i
+    })
 }
 
 /// TCP payload length of a packet the merge took (0 for anything else).
@@ -996,16 +997,25 @@ mod tests {
         assert_eq!(sink.take().len(), MERGE_FLOWS);
     }
 
-    #[tokio::test]
-    async fn an_enobufs_merge_is_written_as_its_segments_and_merging_goes_on() {
-        let c = "198.18.0.7:40000";
-        let sink = Recorder::refusing(1500, libc::ENOBUFS);
+    /// The client of the refused-merge tests.
+    const C: &str = "198.18.0.7:40000";
+
+    /// Three 1000-byte segments from `C`, merged into one write that the
+    /// sink refuses with `errno`.
+    async fn merge_refused(errno: i32) -> (Recorder, Drain) {
+        let sink = Recorder::refusing(1500, errno);
         let mut d = Drain::new(true, true);
         for i in 0..3u32 {
-            d.put(&sink, &data(c, 1000 + i * 1000, &[i as u8; 1000]))
+            d.put(&sink, &data(C, 1000 + i * 1000, &[i as u8; 1000]))
                 .await;
         }
         d.flush(&sink).await;
+        (sink, d)
+    }
+
+    #[tokio::test]
+    async fn an_enobufs_merge_is_written_as_its_segments_and_merging_goes_on() {
+        let (sink, mut d) = merge_refused(libc::ENOBUFS).await;
         let w: Vec<_> = sink.take().iter().map(|p| seg(p)).collect();
         let got: Vec<(u32, usize)> = w.iter().map(|s| (s.0, s.2.len())).collect();
         assert_eq!(got, [(1000, 1000), (2000, 1000), (3000, 1000)]);
@@ -1017,8 +1027,8 @@ mod tests {
         assert!(d.out.merging(), "ENOBUFS is transient");
         assert_eq!(d.local.drops[EngineDrop::TunWrite as usize], 0);
         // The next drain merges again.
-        d.put(&sink, &data(c, 4000, &[7; 100])).await;
-        d.put(&sink, &data(c, 4100, &[8; 100])).await;
+        d.put(&sink, &data(C, 4000, &[7; 100])).await;
+        d.put(&sink, &data(C, 4100, &[8; 100])).await;
         d.flush(&sink).await;
         let w = sink.take();
         assert_eq!(w.len(), 1);
@@ -1027,17 +1037,10 @@ mod tests {
 
     #[tokio::test]
     async fn a_merge_refused_for_its_size_stops_merging() {
-        let c = "198.18.0.7:40000";
-        let sink = Recorder::refusing(1500, libc::EINVAL);
-        let mut d = Drain::new(true, true);
-        for i in 0..3u32 {
-            d.put(&sink, &data(c, 1000 + i * 1000, &[i as u8; 1000]))
-                .await;
-        }
-        d.flush(&sink).await;
+        let (sink, mut d) = merge_refused(libc::EINVAL).await;
         assert_eq!(sink.take().len(), 3, "written as its segments");
         assert!(!d.out.merging());
-        d.put(&sink, &data(c, 4000, &[7; 100])).await;
+        d.put(&sink, &data(C, 4000, &[7; 100])).await;
         assert_eq!(sink.take().len(), 1, "written at once from now on");
     }
 }

@@ -110,45 +110,42 @@ impl State {
 /// what start opened). `direct.bootstrap` only resolves proxy names, which
 /// a reload redoes.
 pub(super) fn needs_restart(old: &Config, new: &Config) -> Option<&'static str> {
+    // The name of the first of the fields that differs between `a` and `b`,
+    // behind `prefix`.
+    macro_rules! first_changed {
+        ($a:expr, $b:expr, $prefix:literal { $($field:ident),* $(,)? }) => {
+            [$(($a.$field != $b.$field, concat!($prefix, stringify!($field)))),*]
+                .into_iter()
+                .find_map(|(changed, name)| changed.then_some(name))
+        };
+    }
     let (a, b) = (&old.tun, &new.tun);
-    let tun = [
-        (a.name != b.name, "tun.name"),
-        (a.mtu != b.mtu, "tun.mtu"),
-        (a.ipv4 != b.ipv4, "tun.ipv4"),
-        (a.ipv6 != b.ipv6, "tun.ipv6"),
-        (a.tx_queue_len != b.tx_queue_len, "tun.tx_queue_len"),
-        (
-            a.include_all_networks != b.include_all_networks,
-            "tun.include_all_networks",
-        ),
-        (a.coalesce != b.coalesce, "tun.coalesce"),
-        (a.window_clamp != b.window_clamp, "tun.window_clamp"),
-        (a.queue_packets != b.queue_packets, "tun.queue_packets"),
-    ];
-    if let Some((_, f)) = tun.iter().find(|(changed, _)| *changed) {
-        return Some(f);
+    let tun = first_changed!(a, b, "tun." {
+        name,
+        mtu,
+        ipv4,
+        ipv6,
+        tx_queue_len,
+        include_all_networks,
+        coalesce,
+        window_clamp,
+        queue_packets,
+    });
+    if tun.is_some() {
+        return tun;
     }
     // Whatever else `[tun]` holds (a field added later) restarts too.
     if a != b {
         return Some("tun");
     }
-    let (a, b) = (&old.direct, &new.direct);
-    let rest = [
-        (old.stack != new.stack, "stack"),
-        (old.driver != new.driver, "driver"),
-        (old.workers != new.workers, "workers"),
-        (old.budget != new.budget, "budget"),
-        (old.timeouts != new.timeouts, "timeouts"),
-        (old.relay != new.relay, "relay"),
-        (a.interface != b.interface, "direct.interface"),
-        (a.fwmark != b.fwmark, "direct.fwmark"),
-        (
-            a.connect_timeout_ms != b.connect_timeout_ms,
-            "direct.connect_timeout_ms",
-        ),
-        (a.udp_nat != b.udp_nat, "direct.udp_nat"),
-    ];
-    rest.iter().find(|(changed, _)| *changed).map(|(_, f)| *f)
+    first_changed!(old, new, "" { stack, driver, workers, budget, timeouts, relay }).or_else(|| {
+        first_changed!(old.direct, new.direct, "direct." {
+            interface,
+            fwmark,
+            connect_timeout_ms,
+            udp_nat,
+        })
+    })
 }
 
 impl Engine {

@@ -351,6 +351,15 @@ impl OutboundConfig {
     }
 }
 
+/// An `[outbounds]` or `[groups]` key: any name but those of the built-in
+/// routes, `direct` and `reject`.
+pub(crate) fn check_key(name: &str) -> Result<(), String> {
+    if name == "direct" || name == "reject" {
+        return Err("`direct` and `reject` are built in; pick another name".into());
+    }
+    Ok(())
+}
+
 /// Settings of one outbound that are wrong whatever the platform.
 impl OutboundConfig {
     /// Settings that are wrong whatever the platform, named in the error.
@@ -359,11 +368,7 @@ impl OutboundConfig {
             name: name.to_owned(),
             reason,
         };
-        if name == "direct" || name == "reject" {
-            return Err(bad(
-                "`direct` and `reject` are built in; pick another name".into()
-            ));
-        }
+        check_key(name).map_err(bad)?;
         match self {
             OutboundConfig::Socks5(c) => match (&c.username, &c.password) {
                 (None, None) => {}
@@ -393,13 +398,7 @@ mod tests {
     use super::*;
 
     fn outbounds(text: &str) -> Result<BTreeMap<String, OutboundConfig>, String> {
-        #[derive(Deserialize)]
-        struct T {
-            outbounds: BTreeMap<String, OutboundConfig>,
-        }
-        toml::from_str::<T>(text)
-            .map(|t| t.outbounds)
-            .map_err(|e| e.to_string())
+        crate::config::toml_tables(text, "outbounds")
     }
 
     #[test]

@@ -205,11 +205,7 @@ pub fn check(
             name: name.clone(),
             reason,
         };
-        if name == "direct" || name == "reject" {
-            return Err(bad(
-                "`direct` and `reject` are built in; pick another name".into()
-            ));
-        }
+        super::config::check_key(name).map_err(bad)?;
         if is_outbound(name) {
             return Err(bad(format!(
                 "outbounds.{name} has the same name; a rule could not tell them apart"
@@ -644,13 +640,7 @@ mod tests {
     use std::time::Instant;
 
     fn groups(text: &str) -> Result<BTreeMap<String, GroupConfig>, String> {
-        #[derive(Deserialize)]
-        struct T {
-            groups: BTreeMap<String, GroupConfig>,
-        }
-        toml::from_str::<T>(text)
-            .map(|t| t.groups)
-            .map_err(|e| e.to_string())
+        crate::config::toml_tables(text, "groups")
     }
 
     fn proxies(n: &str) -> Option<usize> {

@@ -314,6 +314,25 @@ mod tests {
     use kerntun_testkit::tokio_servers::tcp_pair;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+    /// `near` sends `up` and half-closes; `far` reads to EOF, then answers
+    /// `down` and closes; `near` reads to EOF. What `far` and `near` read.
+    async fn half_close_then_reply(
+        near: &mut TcpStream,
+        far: &mut TcpStream,
+        up: &[u8],
+        down: &[u8],
+    ) -> (Vec<u8>, Vec<u8>) {
+        near.write_all(up).await.expect("write");
+        near.shutdown().await.expect("half close");
+        let mut got = Vec::new();
+        far.read_to_end(&mut got).await.expect("read to EOF");
+        far.write_all(down).await.expect("answer");
+        far.shutdown().await.expect("close");
+        let mut answer = Vec::new();
+        near.read_to_end(&mut answer).await.expect("answer read");
+        (got, answer)
+    }
+
     /// client <-> [app_side | relay | out_side] <-> server, run both ways round
     /// (the relay must be symmetric).
     async fn half_close_then_answer(swap: bool) {
@@ -342,16 +361,10 @@ mod tests {
             Some(Fallback::Disabled),
         );
         let test = async {
-            near.write_all(&payload).await.expect("write");
-            near.shutdown().await.expect("half close");
-            let mut got = Vec::new();
-            far.read_to_end(&mut got).await.expect("read to EOF");
+            let (got, answer) =
+                half_close_then_reply(near, far, &payload, b"answer after EOF").await;
             assert_eq!(got, payload, "bytes in order and complete");
-            // The far side answers after EOF; the near side still receives it.
-            far.write_all(b"answer after EOF").await.expect("answer");
-            far.shutdown().await.expect("close");
-            let mut answer = Vec::new();
-            near.read_to_end(&mut answer).await.expect("answer read");
+            // The far side answered after EOF; the near side still received it.
             assert_eq!(answer, b"answer after EOF");
         };
         let (r, ()) = tokio::join!(relay_fut, test);
@@ -433,18 +446,14 @@ mod tests {
         };
         let relay_fut = run(&app_side, &out_side, Some(&mut framing), &opts, &meter);
         let test = async {
-            client.write_all(b"hello").await.expect("w");
-            client.shutdown().await.expect("sd");
-            let mut got = Vec::new();
-            server.read_to_end(&mut got).await.expect("r");
+            let (got, back) = half_close_then_reply(
+                &mut client,
+                &mut server,
+                b"hello",
+                &b"world".map(|b| b ^ 0x5a),
+            )
+            .await;
             assert_eq!(got, b"hello".map(|b| b ^ 0x5a));
-            server
-                .write_all(&b"world".map(|b| b ^ 0x5a))
-                .await
-                .expect("w");
-            server.shutdown().await.expect("sd");
-            let mut back = Vec::new();
-            client.read_to_end(&mut back).await.expect("r");
             assert_eq!(back, b"world");
         };
         let (r, ()) = tokio::join!(relay_fut, test);

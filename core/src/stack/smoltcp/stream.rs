@@ -275,10 +275,7 @@ impl Sockets {
                 None => Ok(Moved::SourceEmpty),
             };
         }
-        let wrote = s.recv(|ring| match dst.try_write(ring) {
-            Ok(n) => (n, Ok(n)),
-            Err(e) => (0, Err(e)),
-        });
+        let wrote = s.recv(|ring| taken(dst.try_write(ring)));
         match wrote {
             Ok(Ok(0)) => Err(io::ErrorKind::WriteZero.into()),
             Ok(Ok(n)) => {
@@ -289,9 +286,7 @@ impl Sockets {
                 self.wake.notify_one();
                 Ok(Moved::Bytes(n))
             }
-            Ok(Err(e)) if e.kind() == io::ErrorKind::WouldBlock => Ok(Moved::DestinationFull),
-            Ok(Err(e)) if e.kind() == io::ErrorKind::Interrupted => Ok(Moved::Bytes(0)),
-            Ok(Err(e)) => Err(e),
+            Ok(Err(e)) => kernel_error(e, Moved::DestinationFull),
             Err(tcp::RecvError::Finished) => Ok(Moved::Eof),
             Err(tcp::RecvError::InvalidState) => Err(io::ErrorKind::ConnectionReset.into()),
         }
@@ -309,10 +304,7 @@ impl Sockets {
                 None => Ok(Moved::DestinationFull),
             };
         }
-        let read = s.send(|free| match src.try_read(free) {
-            Ok(n) => (n, Ok(n)),
-            Err(e) => (0, Err(e)),
-        });
+        let read = s.send(|free| taken(src.try_read(free)));
         match read {
             // `can_send`: the ring had room, so 0 is the outbound's EOF.
             Ok(Ok(0)) => Ok(Moved::Eof),
@@ -327,9 +319,7 @@ impl Sockets {
                 self.wake.notify_one();
                 Ok(Moved::Bytes(n))
             }
-            Ok(Err(e)) if e.kind() == io::ErrorKind::WouldBlock => Ok(Moved::SourceEmpty),
-            Ok(Err(e)) if e.kind() == io::ErrorKind::Interrupted => Ok(Moved::Bytes(0)),
-            Ok(Err(e)) => Err(e),
+            Ok(Err(e)) => kernel_error(e, Moved::SourceEmpty),
             Err(_) => Err(io::ErrorKind::BrokenPipe.into()),
         }
     }
@@ -417,6 +407,28 @@ pub(super) enum Sniffing {
     Domain(Option<String>),
     /// They need more than the ring's this many bytes.
     NeedMore(usize),
+}
+
+/// A kernel socket's read or write into or out of a ring, as smoltcp's
+/// `send`/`recv` take it: the bytes the ring gains or gives up (none on an
+/// error), and the result.
+#[inline]
+fn taken(r: io::Result<usize>) -> (usize, io::Result<usize>) {
+    match r {
+        Ok(n) => (n, Ok(n)),
+        Err(e) => (0, Err(e)),
+    }
+}
+
+/// A kernel socket's error in `Sockets::drain_into` and `fill_from`:
+/// `WouldBlock` is `blocked`, an interrupted call moved nothing, the
+/// others are errors.
+fn kernel_error(e: io::Error, blocked: Moved) -> io::Result<Moved> {
+    match e.kind() {
+        io::ErrorKind::WouldBlock => Ok(blocked),
+        io::ErrorKind::Interrupted => Ok(Moved::Bytes(0)),
+        _ => Err(e),
+    }
 }
 
 /// What a write to a socket whose send ring is full finds: an error once

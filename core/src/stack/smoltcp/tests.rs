@@ -1282,16 +1282,21 @@ fn an_unframed_relay_moves_bytes_between_rings_and_kernel_alone() {
     let up = pattern(512 * 1024, 1);
     let mut seq = 1001u32;
     let mut t = Instant::now();
-    let mut stalled = 0;
-    for _ in 0..200 {
+    // The app sends up to 16 KiB of `up` from `seq`, the relay runs, 20 ms
+    // pass with a poll: the socket's newest ACK, if it sent one.
+    let mut send_more = |seq: u32, t: &mut Instant| {
         let sent = seq.wrapping_sub(1001) as usize;
         out.0.clear();
         let end = up.len().min(sent + 16 * 1024);
-        app_sends(&st, &mut out, &stats, k, seq, srv_seq, &up[sent..end], t);
+        app_sends(&st, &mut out, &stats, k, seq, srv_seq, &up[sent..end], *t);
         settle(&rt);
-        t += Duration::from_millis(20);
-        st.poll_once(&mut out, &stats, t);
-        let acked = last_ack(&out, k).unwrap_or(seq);
+        *t += Duration::from_millis(20);
+        st.poll_once(&mut out, &stats, *t);
+        last_ack(&out, k)
+    };
+    let mut stalled = 0;
+    for _ in 0..200 {
+        let acked = send_more(seq, &mut t).unwrap_or(seq);
         stalled = if acked == seq { stalled + 1 } else { 0 };
         seq = acked;
         if stalled == 3 {
@@ -1315,17 +1320,10 @@ fn an_unframed_relay_moves_bytes_between_rings_and_kernel_alone() {
         (server, got)
     });
     for _ in 0..2000 {
-        let sent = seq.wrapping_sub(1001) as usize;
-        if sent == up.len() {
+        if seq.wrapping_sub(1001) as usize == up.len() {
             break;
         }
-        out.0.clear();
-        let end = up.len().min(sent + 16 * 1024);
-        app_sends(&st, &mut out, &stats, k, seq, srv_seq, &up[sent..end], t);
-        settle(&rt);
-        t += Duration::from_millis(20);
-        st.poll_once(&mut out, &stats, t);
-        seq = last_ack(&out, k).unwrap_or(seq);
+        seq = send_more(seq, &mut t).unwrap_or(seq);
     }
     assert_eq!(seq.wrapping_sub(1001) as usize, up.len(), "all taken");
     st.input(
