@@ -817,7 +817,7 @@ fn adopts_a_lent_descriptor_and_checks_its_addresses() {
     let engine = Engine::start(cfg, TunSource::Fd(dev.as_fd()), None).expect("start on fd");
     assert_eq!(engine.tun_name().as_deref(), Some(name.as_str()));
     topo.route_via_tun(&name).expect("route");
-    let srv = servers::tcp(&topo.server, topo.server_addr(false, 0), Mode::Echo).expect("srv");
+    let srv = topo.tcp_server(false, Mode::Echo);
     client::echo_transfer(srv.addr, 5, 1 << 20, false).expect("traffic over the lent fd");
     drop(engine);
     // The host's descriptor is still its own and still open.

@@ -19,8 +19,8 @@ fn twenty_start_stop_cycles_with_traffic_leave_nothing_behind() {
     require_root!();
     let _serial = serial();
     let topo = Topology::new().expect("topology");
-    let srv = servers::tcp(&topo.server, topo.server_addr(false, 0), Mode::Echo).expect("server");
-    let udp = servers::udp_echo(&topo.server, topo.server_addr(false, 0)).expect("udp server");
+    let srv = topo.tcp_server(false, Mode::Echo);
+    let udp = topo.udp_echo(false);
 
     // Warm-up cycle: lazily created process-wide state (e.g. the tracing
     // dispatcher, glibc's resolver) must not count as a leak.
@@ -96,7 +96,7 @@ fn the_reader_thread_lives_exactly_as_long_as_the_engine() {
     require_root!();
     let _serial = serial();
     let topo = Topology::new().expect("topology");
-    let srv = servers::tcp(&topo.server, topo.server_addr(false, 0), Mode::Echo).expect("server");
+    let srv = topo.tcp_server(false, Mode::Echo);
     assert_eq!(reader_threads(), 0, "none before");
     for ring in [64, 0] {
         let mut engine = Rig::builder()
@@ -139,7 +139,7 @@ fn two_engines_run_side_by_side_in_one_process() {
     let b = Topology::new().expect("topology b");
     let run = |topo: &Topology| -> (Engine, servers::Server) {
         let e = Rig::builder().ipv4_only().engine_in(topo);
-        let s = servers::tcp(&topo.server, topo.server_addr(false, 0), Mode::Echo).expect("srv");
+        let s = topo.tcp_server(false, Mode::Echo);
         (e, s)
     };
     let (ea, sa) = run(&a);
@@ -164,8 +164,8 @@ fn sleep_stops_the_periodic_ticks_and_wake_resumes_them() {
     require_root!();
     let _serial = serial();
     let topo = Topology::new().expect("topology");
-    let srv = servers::tcp(&topo.server, topo.server_addr(false, 0), Mode::Echo).expect("server");
-    let udp = servers::udp_echo(&topo.server, topo.server_addr(false, 0)).expect("udp server");
+    let srv = topo.tcp_server(false, Mode::Echo);
+    let udp = topo.udp_echo(false);
     let mut engine = Rig::builder().ipv4_only().engine_in(&topo);
     let ticks = || engine.stats().timer_ticks;
     let mut conn = std::net::TcpStream::connect_timeout(&srv.addr, Duration::from_secs(3))
@@ -282,7 +282,7 @@ fn an_engine_with_an_empty_device_sleeps() {
     require_root!();
     let _serial = serial();
     let topo = Topology::new().expect("topology");
-    let srv = servers::tcp(&topo.server, topo.server_addr(false, 0), Mode::Echo).expect("server");
+    let srv = topo.tcp_server(false, Mode::Echo);
     for driver in [DriverMode::PerPacket, DriverMode::Batch] {
         let engine = Rig::builder().driver(driver).ipv4_only().engine_in(&topo);
         client::echo_transfer(srv.addr, 7, 4 << 20, false).expect("traffic");

@@ -26,8 +26,8 @@ use kerntun::outbound::Address;
 use kerntun::rules::{Action, Rule};
 use kerntun_testkit::dns::{self, DnsServer, Socks5Recorder, Zone};
 use kerntun_testkit::rig::{RESOLVER, Rig, socks5};
-use kerntun_testkit::servers::{self, Mode};
-use kerntun_testkit::{CLIENT_VETH, Topology, pattern, require_root, within};
+use kerntun_testkit::servers::Mode;
+use kerntun_testkit::{CLIENT_VETH, Topology, client, pattern, require_root, within};
 
 /// The second uplink's ends: client side and server side.
 const UPLINK_B: &str = "ktb";
@@ -177,8 +177,8 @@ fn udp_round_trip(sock: &UdpSocket, to: SocketAddr, payload: &[u8]) -> bool {
 
 fn moves_to_uplink_b(stack: StackKind) {
     let topo = Topology::new().expect("topology");
-    let srv = servers::tcp(&topo.server, topo.server_addr(false, 0), Mode::Echo).expect("server");
-    let udp = servers::udp_echo(&topo.server, topo.server_addr(false, 0)).expect("udp echo");
+    let srv = topo.tcp_server(false, Mode::Echo);
+    let udp = topo.udp_echo(false);
     let web: IpAddr = "198.19.7.7".parse().expect("ip");
     let resolver = DnsServer::start(
         &topo.server,

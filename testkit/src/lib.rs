@@ -363,6 +363,16 @@ impl Topology {
     pub fn tun_name(&self) -> String {
         format!("kt{}", self.id)
     }
+
+    /// A TCP test server on the server, on a port of its own.
+    pub fn tcp_server(&self, v6: bool, mode: servers::Mode) -> servers::Server {
+        servers::tcp(&self.server, self.server_addr(v6, 0), mode).expect("tcp server")
+    }
+
+    /// A UDP echo server on the server, on a port of its own.
+    pub fn udp_echo(&self, v6: bool) -> servers::Server {
+        servers::udp_echo(&self.server, self.server_addr(v6, 0)).expect("udp server")
+    }
 }
 
 /// Run a blocking socket call again for as long as it fails with EINTR.

@@ -360,12 +360,12 @@ impl Rig {
 
     /// A TCP test server on the server, on a port of its own.
     pub fn tcp_server(&self, v6: bool, mode: Mode) -> servers::Server {
-        servers::tcp(&self.topo.server, self.topo.server_addr(v6, 0), mode).expect("tcp server")
+        self.topo.tcp_server(v6, mode)
     }
 
     /// A UDP echo server on the server, on a port of its own.
     pub fn udp_echo(&self, v6: bool) -> servers::Server {
-        servers::udp_echo(&self.topo.server, self.topo.server_addr(v6, 0)).expect("udp server")
+        self.topo.udp_echo(v6)
     }
 
     /// Packets the TUN's own transmit queue dropped so far: they never
