@@ -408,14 +408,8 @@ fn reset_by_the_engine(connected: io::Result<TcpStream>) {
             s.set_read_timeout(Some(Duration::from_secs(2)))
                 .expect("timeout");
             let _ = s.write_all(b"hello");
-            let mut buf = [0u8; 64];
-            let r = kerntun_testkit::uninterrupted(|| s.read(&mut buf));
-            assert!(
-                matches!(r, Ok(0))
-                    || r.as_ref()
-                        .is_err_and(|e| e.kind() == io::ErrorKind::ConnectionReset),
-                "expected reset/EOF, got {r:?}"
-            );
+            let (ended, r) = client::read_ended(&mut s);
+            assert!(ended, "expected reset/EOF, got {r:?}");
             let _ = s.shutdown(Shutdown::Both);
         }
         Err(e) => assert_eq!(e.kind(), io::ErrorKind::ConnectionReset, "{e}"),

@@ -882,6 +882,18 @@ pub mod client {
         s
     }
 
+    /// One read of `s` (retried on EINTR), and whether it found the
+    /// connection ended: EOF or a reset. Bytes, or an error of another kind
+    /// (a read timeout), say it did not.
+    pub fn read_ended(s: &mut TcpStream) -> (bool, io::Result<usize>) {
+        let mut buf = [0u8; 64];
+        let r = crate::uninterrupted(|| s.read(&mut buf));
+        let ended = matches!(r, Ok(0))
+            || r.as_ref()
+                .is_err_and(|e| e.kind() == io::ErrorKind::ConnectionReset);
+        (ended, r)
+    }
+
     /// Send `len` bytes of `pattern(seed)` to an `Echo`/`SpeakFirst` server,
     /// half-close, and check byte for byte that the same bytes come back
     /// followed by the trailer sent after EOF.
