@@ -877,19 +877,12 @@ fn fwmark_routing_and_protect_hook() {
     );
 }
 
-/// Memory pressure lowers the admission limit for new sessions only, with
-/// the same permits on both stacks.
-#[test]
-fn memory_pressure_refuses_new_sessions_and_keeps_existing_ones() {
-    require_root!();
-    memory_pressure(StackKind::System);
-}
-
-#[test]
-fn memory_pressure_refuses_new_sessions_and_keeps_existing_ones_smoltcp() {
-    require_root!();
-    memory_pressure(StackKind::Smoltcp);
-}
+// Memory pressure lowers the admission limit for new sessions only, with
+// the same permits on both stacks.
+kerntun_testkit::root_tests!(memory_pressure;
+    memory_pressure_refuses_new_sessions_and_keeps_existing_ones(StackKind::System),
+    memory_pressure_refuses_new_sessions_and_keeps_existing_ones_smoltcp(StackKind::Smoltcp),
+);
 
 fn memory_pressure(stack: StackKind) {
     let rig = Rig::builder()

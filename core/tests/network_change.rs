@@ -315,17 +315,10 @@ fn moves_to_uplink_b(stack: StackKind) {
     ));
 }
 
-#[test]
-fn system_stack_moves_to_the_new_uplink() {
-    require_root!();
-    moves_to_uplink_b(StackKind::System);
-}
-
-#[test]
-fn smoltcp_moves_to_the_new_uplink() {
-    require_root!();
-    moves_to_uplink_b(StackKind::Smoltcp);
-}
+kerntun_testkit::root_tests!(moves_to_uplink_b;
+    system_stack_moves_to_the_new_uplink(StackKind::System),
+    smoltcp_moves_to_the_new_uplink(StackKind::Smoltcp),
+);
 
 /// UDP flows through a SOCKS5 outbound: one associated while the engine's
 /// sockets leave on A, one after the host said B is the default. A loses
