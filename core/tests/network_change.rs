@@ -60,17 +60,11 @@ fn add_uplink_b(topo: &Topology) {
         ])
         .expect("veth B");
     topo.client
-        .ip(&["addr", "add", &format!("{c}/24"), "dev", UPLINK_B])
-        .expect("client address on B");
+        .addr_up(UPLINK_B, &format!("{c}/24"))
+        .expect("client address on B, up");
     topo.server
-        .ip(&["addr", "add", &format!("{s}/24"), "dev", UPLINK_B_PEER])
-        .expect("server address on B");
-    topo.client
-        .ip(&["link", "set", UPLINK_B, "up"])
-        .expect("B up");
-    topo.server
-        .ip(&["link", "set", UPLINK_B_PEER, "up"])
-        .expect("B's peer up");
+        .addr_up(UPLINK_B_PEER, &format!("{s}/24"))
+        .expect("server address on B's peer, up");
     // Sockets bound to B reach the server's A address through it (the
     // host route into the TUN and A's connected route name other devices).
     topo.client

@@ -133,6 +133,13 @@ impl Netns {
         route_host(&self.name, host, dev, table)
     }
 
+    /// Give the device `dev` the IPv4 address `addr` (with its prefix
+    /// length, `a.b.c.d/n`) and bring it up.
+    pub fn addr_up(&self, dev: &str, addr: &str) -> io::Result<()> {
+        self.ip(&["addr", "add", addr, "dev", dev])?;
+        self.ip(&["link", "set", dev, "up"])
+    }
+
     /// A permanent neighbour entry: `addr` is at `mac` on `dev`, for the
     /// family `family` (`-4` or `-6`).
     pub fn pin_neighbour(&self, family: &str, addr: &str, mac: &str, dev: &str) -> io::Result<()> {
