@@ -16,7 +16,7 @@
 //! Needs root (CI runs as root); otherwise each test prints why it skipped.
 
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
@@ -129,12 +129,7 @@ fn select_switches_new_flows() {
     assert_eq!(rig.engine.groups()[0].selected, "a");
 
     // A connection opened before the selection keeps its proxy.
-    let mut held = TcpStream::connect_timeout(&echo.addr, Duration::from_secs(3)).expect("held");
-    held.set_read_timeout(Some(Duration::from_secs(3)))
-        .expect("timeout");
-    held.write_all(b"before").expect("write");
-    let mut buf = [0u8; 6];
-    held.read_exact(&mut buf).expect("echo before");
+    let mut held = client::held_echo(echo.addr, b"before");
     assert_eq!((served(&a), served(&b)), (2, 0));
 
     rig.engine.select("proxy", "b").expect("select b");
@@ -148,6 +143,7 @@ fn select_switches_new_flows() {
     }
     assert_eq!((served(&a), served(&b)), (2, 3), "new flows take b");
     held.write_all(b"after!").expect("write after");
+    let mut buf = [0u8; 6];
     held.read_exact(&mut buf).expect("echo after");
     assert_eq!(
         &buf, b"after!",
