@@ -3,6 +3,7 @@
 //! the periodic ticks stand still while asleep, connections do not.
 
 use std::io::{Read, Write};
+use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use kerntun::config::{DriverMode, StackKind};
@@ -38,20 +39,10 @@ fn twenty_start_stop_cycles_with_traffic_leave_nothing_behind() {
         client::echo_transfer(srv.addr, i, 256 * 1024, false).expect("traffic");
         assert_eq!(client::udp_round_trips(udp.addr, 5, 100).expect("udp"), 5);
         if stop_during_traffic {
-            // Stop under a transfer that is really moving bytes.
-            let before = engine.stats().tcp_bytes_up;
-            let addr = srv.addr;
-            let t = std::thread::spawn(move || client::echo_transfer(addr, 99, 64 << 20, false));
-            kerntun_testkit::wait_until("the transfer moving", Duration::from_secs(20), || {
-                engine.stats().tcp_bytes_up >= before + (1 << 20)
-            });
-            let stopped = std::time::Instant::now();
-            engine.stop();
-            assert!(t.join().expect("join").is_err(), "transfer cut by stop");
+            let took = stop_under_traffic(&mut engine, srv.addr, 99);
             assert!(
-                stopped.elapsed() < Duration::from_secs(1),
-                "the app saw the stop promptly (reset), not by timeout: {:?}",
-                stopped.elapsed()
+                took < Duration::from_secs(1),
+                "the app saw the stop promptly (reset), not by timeout: {took:?}"
             );
         }
         engine.stop();
@@ -107,16 +98,24 @@ fn the_reader_thread_lives_exactly_as_long_as_the_engine() {
             .engine_in(&topo);
         client::echo_transfer(srv.addr, 1, 1 << 20, false).expect("traffic");
         assert_eq!(reader_threads(), usize::from(ring > 0), "ring {ring}");
-        let addr = srv.addr;
-        let t = std::thread::spawn(move || client::echo_transfer(addr, 2, 64 << 20, false));
-        let before = engine.stats().tcp_bytes_up;
-        kerntun_testkit::wait_until("the transfer moving", Duration::from_secs(20), || {
-            engine.stats().tcp_bytes_up >= before + (1 << 20)
-        });
-        engine.stop();
-        assert!(t.join().expect("join").is_err(), "transfer cut by stop");
+        stop_under_traffic(&mut engine, srv.addr, 2);
         assert_eq!(reader_threads(), 0, "joined by stop (ring {ring})");
     }
+}
+
+/// Stop `engine` under an echo transfer to `addr` (of `pattern(seed)`)
+/// that is really moving bytes, and check that the stop cut it: how long
+/// the app's transfer took to end after the stop began.
+fn stop_under_traffic(engine: &mut Engine, addr: SocketAddr, seed: u64) -> Duration {
+    let before = engine.stats().tcp_bytes_up;
+    let t = std::thread::spawn(move || client::echo_transfer(addr, seed, 64 << 20, false));
+    kerntun_testkit::wait_until("the transfer moving", Duration::from_secs(20), || {
+        engine.stats().tcp_bytes_up >= before + (1 << 20)
+    });
+    let stopped = Instant::now();
+    engine.stop();
+    assert!(t.join().expect("join").is_err(), "transfer cut by stop");
+    stopped.elapsed()
 }
 
 /// Threads of this process named as the TUN reader thread.
