@@ -550,8 +550,7 @@ fn flood<T>(
     // What the floods aim at: a server that accepts and holds, on one port
     // of both families (apart from the echo server, whose own accept
     // queue is not what is measured).
-    let target6 =
-        topo.tcp_server(true, Mode::Hold);
+    let target6 = topo.tcp_server(true, Mode::Hold);
     let port = target6.addr.port();
     let _target4 =
         servers::tcp(&topo.server, topo.server_addr(false, port), Mode::Hold).expect("target");
@@ -763,8 +762,7 @@ fn unanswered_udp_to_many_ports(stack: StackKind, platform: Platform) {
             c.direct.udp_nat = kerntun::config::UdpNat::Connected;
         },
         |topo| {
-            let srv =
-                topo.udp_echo(false);
+            let srv = topo.udp_echo(false);
             let sock = std::net::UdpSocket::bind("0.0.0.0:0").expect("udp");
             sock.connect(srv.addr).expect("connect");
             sock.set_read_timeout(Some(Duration::from_secs(1)))
