@@ -111,7 +111,7 @@ mod real {
     use std::sync::Arc;
     use std::time::{Duration, Instant};
 
-    use kerntun::rules::{Action, Network, PortRange, Rule};
+    use kerntun::rules::{Action, Network, Rule};
     use kerntun_testkit::Netns;
     use kerntun_testkit::rig::Rig;
     use quinn::rustls;
@@ -289,11 +289,8 @@ mod real {
                         ..Rule::default()
                     },
                 );
-                c.sniff.ports = vec![PortRange {
-                    start: QUIC_PORT,
-                    end: PLAIN_PORT,
-                }];
             })
+            .sniff_ports(QUIC_PORT, PLAIN_PORT)
             .start();
         let (cert, key) = cert();
         let rt = runtime();
@@ -399,11 +396,8 @@ mod real {
                         ..Rule::default()
                     },
                 );
-                c.sniff.ports = vec![PortRange {
-                    start: QUIC_PORT,
-                    end: QUIC_PORT,
-                }];
             })
+            .sniff_ports(QUIC_PORT, QUIC_PORT)
             .start();
         let (cert, key) = cert();
         let rt = runtime();

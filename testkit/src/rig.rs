@@ -148,13 +148,14 @@ impl<'a> RigBuilder<'a> {
     /// Sniff the domain of connections to `port`, waiting up to `timeout_ms`
     /// for the client's first bytes.
     pub fn sniff(self, port: u16, timeout_ms: u64) -> Self {
-        self.config(move |_, c| {
-            c.sniff.ports = vec![PortRange {
-                start: port,
-                end: port,
-            }];
-            c.sniff.timeout_ms = timeout_ms;
-        })
+        self.sniff_ports(port, port)
+            .config(move |_, c| c.sniff.timeout_ms = timeout_ms)
+    }
+
+    /// Sniff the domain of connections and flows to the ports `start` to
+    /// `end` (inclusive); the rest of `sniff.*` as it was.
+    pub fn sniff_ports(self, start: u16, end: u16) -> Self {
+        self.config(move |_, c| c.sniff.ports = vec![PortRange { start, end }])
     }
 
     /// The hook the engine hands each outbound socket to.
