@@ -139,8 +139,7 @@ fn udp_flows_listed_with_rule_and_chain(stack: StackKind) {
         .stack(stack)
         .ipv4_only()
         .config(|topo, c| {
-            let srv = kerntun_testkit::servers::udp_echo(&topo.server, topo.server_addr(false, 0))
-                .expect("udp echo");
+            let srv = topo.udp_echo(false);
             let port = srv.addr.port();
             let _ = echo_port.set(srv);
             c.groups.insert(

@@ -824,79 +824,10 @@ mod dot {
 #[cfg(feature = "doh")]
 mod doh {
     use super::*;
-    use std::sync::Arc;
-    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+    use std::sync::atomic::Ordering::Relaxed;
 
     use kerntun_testkit::dns::DohServer;
-
-    /// A SOCKS5 proxy (fast-socks5, CONNECT only) that counts the
-    /// connections it relays; stopped on drop.
-    struct Socks5 {
-        connects: Arc<AtomicU64>,
-        stop: Arc<AtomicBool>,
-        handle: Option<std::thread::JoinHandle<()>>,
-    }
-
-    impl Socks5 {
-        fn start(ns: &kerntun_testkit::Netns, addr: SocketAddr) -> Socks5 {
-            use fast_socks5::Socks5Command;
-            use fast_socks5::server::{Socks5ServerProtocol, run_tcp_proxy};
-            let connects = Arc::new(AtomicU64::new(0));
-            let stop = Arc::new(AtomicBool::new(false));
-            let (tx, rx) = std::sync::mpsc::channel();
-            let (c, st) = (connects.clone(), stop.clone());
-            let handle = ns
-                .spawn(move || {
-                    let rt = tokio::runtime::Builder::new_current_thread()
-                        .enable_all()
-                        .build()
-                        .expect("rt");
-                    rt.block_on(async move {
-                        let l = tokio::net::TcpListener::bind(addr).await.expect("bind");
-                        tx.send(()).expect("ready");
-                        while !st.load(Relaxed) {
-                            let Ok(Ok((s, _))) =
-                                tokio::time::timeout(Duration::from_millis(50), l.accept()).await
-                            else {
-                                continue;
-                            };
-                            let c = c.clone();
-                            tokio::spawn(async move {
-                                let Ok(proto) = Socks5ServerProtocol::accept_no_auth(s).await
-                                else {
-                                    return;
-                                };
-                                let Ok((proto, Socks5Command::TCPConnect, target)) =
-                                    proto.read_command().await
-                                else {
-                                    return;
-                                };
-                                c.fetch_add(1, Relaxed);
-                                let _ =
-                                    run_tcp_proxy(proto, &target, Duration::from_secs(5), false)
-                                        .await;
-                            });
-                        }
-                    });
-                })
-                .expect("spawn");
-            rx.recv_timeout(WAIT).expect("socks5 ready");
-            Socks5 {
-                connects,
-                stop,
-                handle: Some(handle),
-            }
-        }
-    }
-
-    impl Drop for Socks5 {
-        fn drop(&mut self) {
-            self.stop.store(true, Relaxed);
-            if let Some(h) = self.handle.take() {
-                let _ = h.join();
-            }
-        }
-    }
+    use kerntun_testkit::tokio_servers::{Socks5Options, socks5_server_with};
 
     #[test]
     fn dns_over_https_through_socks5_shares_one_connection() {
@@ -914,7 +845,15 @@ mod doh {
         let doh_addr = topo.server_addr(false, 443);
         let server =
             DohServer::start(&topo.server, doh_addr, "dns.test", "/q", zone).expect("doh server");
-        let proxy = Socks5::start(&topo.server, topo.server_addr(false, 1080));
+        // fast-socks5, CONNECT only; `relayed` counts the CONNECTs.
+        let proxy = socks5_server_with(
+            &topo.server,
+            topo.server_addr(false, 1080),
+            Socks5Options {
+                connect_timeout: Duration::from_secs(5),
+                ..Socks5Options::default()
+            },
+        );
         let ca = std::env::temp_dir().join(format!("kerntun-doh-ca-{}.pem", std::process::id()));
         std::fs::write(&ca, &server.ca_pem).expect("write ca");
         let (ca2, proxy_addr) = (ca.clone(), topo.server_addr(false, 1080));
@@ -942,7 +881,7 @@ mod doh {
         assert_eq!(server.queries(), 2);
         assert_eq!(server.connections(), 1, "both queries on one connection");
         assert_eq!(
-            proxy.connects.load(Relaxed),
+            proxy.relayed.load(Relaxed),
             1,
             "one CONNECT through the proxy"
         );
@@ -956,7 +895,7 @@ mod doh {
         assert_eq!(dns::first_addr(&r), Some(three));
         assert_eq!(server.queries(), 3);
         assert_eq!(server.connections(), 2, "a new connection");
-        assert_eq!(proxy.connects.load(Relaxed), 2);
+        assert_eq!(proxy.relayed.load(Relaxed), 2);
         assert_eq!(rig.stats().dns.upstream_failures, 0);
         drop(server);
         let _ = std::fs::remove_file(&ca);

@@ -408,14 +408,8 @@ fn reset_by_the_engine(connected: io::Result<TcpStream>) {
             s.set_read_timeout(Some(Duration::from_secs(2)))
                 .expect("timeout");
             let _ = s.write_all(b"hello");
-            let mut buf = [0u8; 64];
-            let r = kerntun_testkit::uninterrupted(|| s.read(&mut buf));
-            assert!(
-                matches!(r, Ok(0))
-                    || r.as_ref()
-                        .is_err_and(|e| e.kind() == io::ErrorKind::ConnectionReset),
-                "expected reset/EOF, got {r:?}"
-            );
+            let (ended, r) = client::read_ended(&mut s);
+            assert!(ended, "expected reset/EOF, got {r:?}");
             let _ = s.shutdown(Shutdown::Both);
         }
         Err(e) => assert_eq!(e.kind(), io::ErrorKind::ConnectionReset, "{e}"),
@@ -817,7 +811,7 @@ fn adopts_a_lent_descriptor_and_checks_its_addresses() {
     let engine = Engine::start(cfg, TunSource::Fd(dev.as_fd()), None).expect("start on fd");
     assert_eq!(engine.tun_name().as_deref(), Some(name.as_str()));
     topo.route_via_tun(&name).expect("route");
-    let srv = servers::tcp(&topo.server, topo.server_addr(false, 0), Mode::Echo).expect("srv");
+    let srv = topo.tcp_server(false, Mode::Echo);
     client::echo_transfer(srv.addr, 5, 1 << 20, false).expect("traffic over the lent fd");
     drop(engine);
     // The host's descriptor is still its own and still open.
@@ -883,19 +877,12 @@ fn fwmark_routing_and_protect_hook() {
     );
 }
 
-/// Memory pressure lowers the admission limit for new sessions only, with
-/// the same permits on both stacks.
-#[test]
-fn memory_pressure_refuses_new_sessions_and_keeps_existing_ones() {
-    require_root!();
-    memory_pressure(StackKind::System);
-}
-
-#[test]
-fn memory_pressure_refuses_new_sessions_and_keeps_existing_ones_smoltcp() {
-    require_root!();
-    memory_pressure(StackKind::Smoltcp);
-}
+// Memory pressure lowers the admission limit for new sessions only, with
+// the same permits on both stacks.
+kerntun_testkit::root_tests!(memory_pressure;
+    memory_pressure_refuses_new_sessions_and_keeps_existing_ones(StackKind::System),
+    memory_pressure_refuses_new_sessions_and_keeps_existing_ones_smoltcp(StackKind::Smoltcp),
+);
 
 fn memory_pressure(stack: StackKind) {
     let rig = Rig::builder()

@@ -16,7 +16,7 @@
 //! Needs root (CI runs as root); otherwise each test prints why it skipped.
 
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
@@ -27,7 +27,7 @@ use kerntun::rules::{Action, Rule};
 use kerntun::{EngineEvent, EventSink, LatencyError, SelectionError};
 use kerntun_testkit::rig::{Rig, RigBuilder, socks5};
 use kerntun_testkit::servers::Mode;
-use kerntun_testkit::tokio_servers::{InProcess, in_process, listen, socks5_server};
+use kerntun_testkit::tokio_servers::{InProcess, accept_each, socks5_server};
 use kerntun_testkit::{Netns, Topology, client, require_root};
 use parking_lot::Mutex;
 
@@ -39,30 +39,19 @@ const PROBE_PORT: u16 = 8080;
 /// Content` and closes. [`InProcess::relayed`] counts the requests.
 fn http_server(ns: &Netns, addr: SocketAddr) -> InProcess {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    in_process(ns, move |ready, served| async move {
-        let Some(l) = listen(addr, &ready).await else {
-            return;
-        };
-        loop {
-            let Ok((mut s, _)) = l.accept().await else {
-                continue;
-            };
-            let served = served.clone();
-            tokio::spawn(async move {
-                let mut head = Vec::new();
-                let mut b = [0u8; 512];
-                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-                    match s.read(&mut b).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => head.extend_from_slice(&b[..n]),
-                    }
-                }
-                served.fetch_add(1, Relaxed);
-                let _ = s
-                    .write_all(b"HTTP/1.1 204 No Content\r\nConnection: close\r\n\r\n")
-                    .await;
-            });
+    accept_each(ns, addr, |mut s, served| async move {
+        let mut head = Vec::new();
+        let mut b = [0u8; 512];
+        while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+            match s.read(&mut b).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => head.extend_from_slice(&b[..n]),
+            }
         }
+        served.fetch_add(1, Relaxed);
+        let _ = s
+            .write_all(b"HTTP/1.1 204 No Content\r\nConnection: close\r\n\r\n")
+            .await;
     })
 }
 
@@ -129,12 +118,7 @@ fn select_switches_new_flows() {
     assert_eq!(rig.engine.groups()[0].selected, "a");
 
     // A connection opened before the selection keeps its proxy.
-    let mut held = TcpStream::connect_timeout(&echo.addr, Duration::from_secs(3)).expect("held");
-    held.set_read_timeout(Some(Duration::from_secs(3)))
-        .expect("timeout");
-    held.write_all(b"before").expect("write");
-    let mut buf = [0u8; 6];
-    held.read_exact(&mut buf).expect("echo before");
+    let mut held = client::held_echo(echo.addr, b"before");
     assert_eq!((served(&a), served(&b)), (2, 0));
 
     rig.engine.select("proxy", "b").expect("select b");
@@ -148,6 +132,7 @@ fn select_switches_new_flows() {
     }
     assert_eq!((served(&a), served(&b)), (2, 3), "new flows take b");
     held.write_all(b"after!").expect("write after");
+    let mut buf = [0u8; 6];
     held.read_exact(&mut buf).expect("echo after");
     assert_eq!(
         &buf, b"after!",
@@ -377,39 +362,29 @@ fn url_test_moves_off_a_cut_member() {
 /// is not delayed.
 fn delay_line(ns: &Netns, addr: SocketAddr, upstream: SocketAddr, delay: Duration) -> InProcess {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    in_process(ns, move |ready, _| async move {
-        let Some(l) = listen(addr, &ready).await else {
+    accept_each(ns, addr, move |client, _| async move {
+        let Ok(up) = tokio::net::TcpStream::connect(upstream).await else {
             return;
         };
+        let (mut cr, mut cw) = client.into_split();
+        let (mut ur, mut uw) = up.into_split();
+        tokio::spawn(async move {
+            let _ = tokio::io::copy(&mut cr, &mut uw).await;
+            let _ = uw.shutdown().await;
+        });
+        let mut b = [0u8; 4096];
         loop {
-            let Ok((client, _)) = l.accept().await else {
-                continue;
+            let n = match ur.read(&mut b).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => n,
             };
-            tokio::spawn(async move {
-                let Ok(up) = tokio::net::TcpStream::connect(upstream).await else {
-                    return;
-                };
-                let (mut cr, mut cw) = client.into_split();
-                let (mut ur, mut uw) = up.into_split();
-                tokio::spawn(async move {
-                    let _ = tokio::io::copy(&mut cr, &mut uw).await;
-                    let _ = uw.shutdown().await;
-                });
-                let mut b = [0u8; 4096];
-                loop {
-                    let n = match ur.read(&mut b).await {
-                        Ok(0) | Err(_) => break,
-                        Ok(n) => n,
-                    };
-                    tokio::time::sleep(delay).await;
-                    if cw.write_all(&b[..n]).await.is_err() {
-                        return;
-                    }
-                }
-                tokio::time::sleep(delay).await;
-                let _ = cw.shutdown().await;
-            });
+            tokio::time::sleep(delay).await;
+            if cw.write_all(&b[..n]).await.is_err() {
+                return;
+            }
         }
+        tokio::time::sleep(delay).await;
+        let _ = cw.shutdown().await;
     })
 }
 

@@ -3,6 +3,7 @@
 //! the periodic ticks stand still while asleep, connections do not.
 
 use std::io::{Read, Write};
+use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use kerntun::config::{DriverMode, StackKind};
@@ -19,8 +20,8 @@ fn twenty_start_stop_cycles_with_traffic_leave_nothing_behind() {
     require_root!();
     let _serial = serial();
     let topo = Topology::new().expect("topology");
-    let srv = servers::tcp(&topo.server, topo.server_addr(false, 0), Mode::Echo).expect("server");
-    let udp = servers::udp_echo(&topo.server, topo.server_addr(false, 0)).expect("udp server");
+    let srv = topo.tcp_server(false, Mode::Echo);
+    let udp = topo.udp_echo(false);
 
     // Warm-up cycle: lazily created process-wide state (e.g. the tracing
     // dispatcher, glibc's resolver) must not count as a leak.
@@ -38,20 +39,10 @@ fn twenty_start_stop_cycles_with_traffic_leave_nothing_behind() {
         client::echo_transfer(srv.addr, i, 256 * 1024, false).expect("traffic");
         assert_eq!(client::udp_round_trips(udp.addr, 5, 100).expect("udp"), 5);
         if stop_during_traffic {
-            // Stop under a transfer that is really moving bytes.
-            let before = engine.stats().tcp_bytes_up;
-            let addr = srv.addr;
-            let t = std::thread::spawn(move || client::echo_transfer(addr, 99, 64 << 20, false));
-            kerntun_testkit::wait_until("the transfer moving", Duration::from_secs(20), || {
-                engine.stats().tcp_bytes_up >= before + (1 << 20)
-            });
-            let stopped = std::time::Instant::now();
-            engine.stop();
-            assert!(t.join().expect("join").is_err(), "transfer cut by stop");
+            let took = stop_under_traffic(&mut engine, srv.addr, 99);
             assert!(
-                stopped.elapsed() < Duration::from_secs(1),
-                "the app saw the stop promptly (reset), not by timeout: {:?}",
-                stopped.elapsed()
+                took < Duration::from_secs(1),
+                "the app saw the stop promptly (reset), not by timeout: {took:?}"
             );
         }
         engine.stop();
@@ -96,7 +87,7 @@ fn the_reader_thread_lives_exactly_as_long_as_the_engine() {
     require_root!();
     let _serial = serial();
     let topo = Topology::new().expect("topology");
-    let srv = servers::tcp(&topo.server, topo.server_addr(false, 0), Mode::Echo).expect("server");
+    let srv = topo.tcp_server(false, Mode::Echo);
     assert_eq!(reader_threads(), 0, "none before");
     for ring in [64, 0] {
         let mut engine = Rig::builder()
@@ -107,16 +98,24 @@ fn the_reader_thread_lives_exactly_as_long_as_the_engine() {
             .engine_in(&topo);
         client::echo_transfer(srv.addr, 1, 1 << 20, false).expect("traffic");
         assert_eq!(reader_threads(), usize::from(ring > 0), "ring {ring}");
-        let addr = srv.addr;
-        let t = std::thread::spawn(move || client::echo_transfer(addr, 2, 64 << 20, false));
-        let before = engine.stats().tcp_bytes_up;
-        kerntun_testkit::wait_until("the transfer moving", Duration::from_secs(20), || {
-            engine.stats().tcp_bytes_up >= before + (1 << 20)
-        });
-        engine.stop();
-        assert!(t.join().expect("join").is_err(), "transfer cut by stop");
+        stop_under_traffic(&mut engine, srv.addr, 2);
         assert_eq!(reader_threads(), 0, "joined by stop (ring {ring})");
     }
+}
+
+/// Stop `engine` under an echo transfer to `addr` (of `pattern(seed)`)
+/// that is really moving bytes, and check that the stop cut it: how long
+/// the app's transfer took to end after the stop began.
+fn stop_under_traffic(engine: &mut Engine, addr: SocketAddr, seed: u64) -> Duration {
+    let before = engine.stats().tcp_bytes_up;
+    let t = std::thread::spawn(move || client::echo_transfer(addr, seed, 64 << 20, false));
+    kerntun_testkit::wait_until("the transfer moving", Duration::from_secs(20), || {
+        engine.stats().tcp_bytes_up >= before + (1 << 20)
+    });
+    let stopped = Instant::now();
+    engine.stop();
+    assert!(t.join().expect("join").is_err(), "transfer cut by stop");
+    stopped.elapsed()
 }
 
 /// Threads of this process named as the TUN reader thread.
@@ -139,7 +138,7 @@ fn two_engines_run_side_by_side_in_one_process() {
     let b = Topology::new().expect("topology b");
     let run = |topo: &Topology| -> (Engine, servers::Server) {
         let e = Rig::builder().ipv4_only().engine_in(topo);
-        let s = servers::tcp(&topo.server, topo.server_addr(false, 0), Mode::Echo).expect("srv");
+        let s = topo.tcp_server(false, Mode::Echo);
         (e, s)
     };
     let (ea, sa) = run(&a);
@@ -164,8 +163,8 @@ fn sleep_stops_the_periodic_ticks_and_wake_resumes_them() {
     require_root!();
     let _serial = serial();
     let topo = Topology::new().expect("topology");
-    let srv = servers::tcp(&topo.server, topo.server_addr(false, 0), Mode::Echo).expect("server");
-    let udp = servers::udp_echo(&topo.server, topo.server_addr(false, 0)).expect("udp server");
+    let srv = topo.tcp_server(false, Mode::Echo);
+    let udp = topo.udp_echo(false);
     let mut engine = Rig::builder().ipv4_only().engine_in(&topo);
     let ticks = || engine.stats().timer_ticks;
     let mut conn = std::net::TcpStream::connect_timeout(&srv.addr, Duration::from_secs(3))
@@ -282,7 +281,7 @@ fn an_engine_with_an_empty_device_sleeps() {
     require_root!();
     let _serial = serial();
     let topo = Topology::new().expect("topology");
-    let srv = servers::tcp(&topo.server, topo.server_addr(false, 0), Mode::Echo).expect("server");
+    let srv = topo.tcp_server(false, Mode::Echo);
     for driver in [DriverMode::PerPacket, DriverMode::Batch] {
         let engine = Rig::builder().driver(driver).ipv4_only().engine_in(&topo);
         client::echo_transfer(srv.addr, 7, 4 << 20, false).expect("traffic");

@@ -26,8 +26,8 @@ use kerntun::outbound::Address;
 use kerntun::rules::{Action, Rule};
 use kerntun_testkit::dns::{self, DnsServer, Socks5Recorder, Zone};
 use kerntun_testkit::rig::{RESOLVER, Rig, socks5};
-use kerntun_testkit::servers::{self, Mode};
-use kerntun_testkit::{CLIENT_VETH, Topology, pattern, require_root, within};
+use kerntun_testkit::servers::Mode;
+use kerntun_testkit::{CLIENT_VETH, Topology, client, pattern, require_root, within};
 
 /// The second uplink's ends: client side and server side.
 const UPLINK_B: &str = "ktb";
@@ -60,17 +60,11 @@ fn add_uplink_b(topo: &Topology) {
         ])
         .expect("veth B");
     topo.client
-        .ip(&["addr", "add", &format!("{c}/24"), "dev", UPLINK_B])
-        .expect("client address on B");
+        .addr_up(UPLINK_B, &format!("{c}/24"))
+        .expect("client address on B, up");
     topo.server
-        .ip(&["addr", "add", &format!("{s}/24"), "dev", UPLINK_B_PEER])
-        .expect("server address on B");
-    topo.client
-        .ip(&["link", "set", UPLINK_B, "up"])
-        .expect("B up");
-    topo.server
-        .ip(&["link", "set", UPLINK_B_PEER, "up"])
-        .expect("B's peer up");
+        .addr_up(UPLINK_B_PEER, &format!("{s}/24"))
+        .expect("server address on B's peer, up");
     // Sockets bound to B reach the server's A address through it (the
     // host route into the TUN and A's connected route name other devices).
     topo.client
@@ -177,8 +171,8 @@ fn udp_round_trip(sock: &UdpSocket, to: SocketAddr, payload: &[u8]) -> bool {
 
 fn moves_to_uplink_b(stack: StackKind) {
     let topo = Topology::new().expect("topology");
-    let srv = servers::tcp(&topo.server, topo.server_addr(false, 0), Mode::Echo).expect("server");
-    let udp = servers::udp_echo(&topo.server, topo.server_addr(false, 0)).expect("udp echo");
+    let srv = topo.tcp_server(false, Mode::Echo);
+    let udp = topo.udp_echo(false);
     let web: IpAddr = "198.19.7.7".parse().expect("ip");
     let resolver = DnsServer::start(
         &topo.server,
@@ -265,15 +259,9 @@ fn moves_to_uplink_b(stack: StackKind) {
     // The app's session on A is reset at once: its read fails or ends.
     on_a.set_read_timeout(Some(Duration::from_secs(1)))
         .expect("timeout");
-    let mut buf = [0u8; 16];
-    let r = kerntun_testkit::uninterrupted(|| on_a.read(&mut buf));
+    let (ended, r) = client::read_ended(&mut on_a);
     let took = changed.elapsed();
-    assert!(
-        matches!(r, Ok(0))
-            || r.as_ref()
-                .is_err_and(|e| e.kind() == std::io::ErrorKind::ConnectionReset),
-        "the session on A ends: {r:?} after {took:?}"
-    );
+    assert!(ended, "the session on A ends: {r:?} after {took:?}");
     assert!(took < Duration::from_secs(1), "within 1 s: {took:?}");
     rig.wait_until(
         "the reset and the UDP flow counted",
@@ -321,17 +309,10 @@ fn moves_to_uplink_b(stack: StackKind) {
     ));
 }
 
-#[test]
-fn system_stack_moves_to_the_new_uplink() {
-    require_root!();
-    moves_to_uplink_b(StackKind::System);
-}
-
-#[test]
-fn smoltcp_moves_to_the_new_uplink() {
-    require_root!();
-    moves_to_uplink_b(StackKind::Smoltcp);
-}
+kerntun_testkit::root_tests!(moves_to_uplink_b;
+    system_stack_moves_to_the_new_uplink(StackKind::System),
+    smoltcp_moves_to_the_new_uplink(StackKind::Smoltcp),
+);
 
 /// UDP flows through a SOCKS5 outbound: one associated while the engine's
 /// sockets leave on A, one after the host said B is the default. A loses

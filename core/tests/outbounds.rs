@@ -512,8 +512,8 @@ fn udp_rules_per_flow() {
     let topo = Topology::new().expect("topology");
     let proxy = topo.server_addr(false, 1080);
     let srv = socks5_server(&topo.server, proxy, None);
-    let udp_a = servers::udp_echo(&topo.server, topo.server_addr(false, 0)).expect("udp a");
-    let udp_b = servers::udp_echo(&topo.server, topo.server_addr(false, 0)).expect("udp b");
+    let udp_a = topo.udp_echo(false);
+    let udp_b = topo.udp_echo(false);
     let b_port = udp_b.addr.port();
     let rig = rig(Some(socks5(proxy, None, OutboundUdp::Direct)))
         .config(move |_, c| {

@@ -111,7 +111,7 @@ mod real {
     use std::sync::Arc;
     use std::time::{Duration, Instant};
 
-    use kerntun::rules::{Action, Network, PortRange, Rule};
+    use kerntun::rules::{Action, Network, Rule};
     use kerntun_testkit::Netns;
     use kerntun_testkit::rig::Rig;
     use quinn::rustls;
@@ -250,6 +250,23 @@ mod real {
         Ok(())
     }
 
+    /// Connect to `to` as `name` and expect `what`, a refusal: the
+    /// handshake fails within [`HANDSHAKE`] and a second. The error and how
+    /// long it took.
+    async fn refused(
+        ep: &quinn::Endpoint,
+        to: SocketAddr,
+        name: &str,
+        what: &str,
+    ) -> (String, Duration) {
+        let (err, took) = echo(ep, to, name).await.expect_err(what);
+        assert!(
+            took < HANDSHAKE + Duration::from_secs(1),
+            "{what}: {err} after {took:?}"
+        );
+        (err, took)
+    }
+
     /// A real QUIC client (quinn) in the app's namespace, through the
     /// engine, to a quinn server in the server's namespace, both families,
     /// connecting by address (no DNS) with a server name in the TLS
@@ -289,11 +306,8 @@ mod real {
                         ..Rule::default()
                     },
                 );
-                c.sniff.ports = vec![PortRange {
-                    start: QUIC_PORT,
-                    end: PLAIN_PORT,
-                }];
             })
+            .sniff_ports(QUIC_PORT, PLAIN_PORT)
             .start();
         let (cert, key) = cert();
         let rt = runtime();
@@ -321,25 +335,25 @@ mod real {
                 echo(&ep(), to, "allowed.test")
                     .await
                     .unwrap_or_else(|e| panic!("allowed.test v6 {v6}: {e:?}: {:?}", rig.stats()));
-                let (err, took) = echo(&ep(), to, "blocked.test")
-                    .await
-                    .expect_err("blocked.test refused");
-                assert!(
-                    took < HANDSHAKE + Duration::from_secs(1),
-                    "v6 {v6}: {err} after {took:?}"
-                );
+                refused(
+                    &ep(),
+                    to,
+                    "blocked.test",
+                    &format!("v6 {v6}: blocked.test refused"),
+                )
+                .await;
                 // Allowed again, from another socket: the refusal was the
                 // name's, not the address's.
                 echo(&ep(), to, "allowed.test")
                     .await
                     .unwrap_or_else(|e| panic!("allowed.test again v6 {v6}: {e:?}"));
-                let (err, took) = echo(&ep(), SocketAddr::new(ip, REFUSED_PORT), "allowed.test")
-                    .await
-                    .expect_err("port refused for UDP");
-                assert!(
-                    took < HANDSHAKE + Duration::from_secs(1),
-                    "v6 {v6}: {err} after {took:?}"
-                );
+                let (err, took) = refused(
+                    &ep(),
+                    SocketAddr::new(ip, REFUSED_PORT),
+                    "allowed.test",
+                    &format!("v6 {v6}: port refused for UDP"),
+                )
+                .await;
                 eprintln!("v6 {v6}: refused by port: {err} after {took:?}");
             });
             // Not QUIC on a sniffed port: routed by address at once, every
@@ -399,11 +413,8 @@ mod real {
                         ..Rule::default()
                     },
                 );
-                c.sniff.ports = vec![PortRange {
-                    start: QUIC_PORT,
-                    end: QUIC_PORT,
-                }];
             })
+            .sniff_ports(QUIC_PORT, QUIC_PORT)
             .start();
         let (cert, key) = cert();
         let rt = runtime();
@@ -417,13 +428,7 @@ mod real {
             echo(&ep(), to, "allowed.test")
                 .await
                 .unwrap_or_else(|e| panic!("allowed.test: {e:?}: {:?}", rig.stats()));
-            let (err, took) = echo(&ep(), to, "blocked.test")
-                .await
-                .expect_err("blocked.test refused");
-            assert!(
-                took < HANDSHAKE + Duration::from_secs(1),
-                "{err} after {took:?}"
-            );
+            refused(&ep(), to, "blocked.test", "blocked.test refused").await;
         });
         let s = rig.stats();
         assert!(s.dns.sniffed >= 2, "both names read: {s:?}");

@@ -15,8 +15,8 @@ use std::time::Duration;
 use kerntun::config::{DriverMode, StackKind};
 use kerntun::outbound::KEEPALIVE_IDLE;
 use kerntun_testkit::rig::Rig;
-use kerntun_testkit::servers::{self, Mode};
-use kerntun_testkit::{Topology, require_root, within};
+use kerntun_testkit::servers::Mode;
+use kerntun_testkit::{Topology, client, require_root, within};
 
 /// One row of /proc/net/tcp: the socket's timer and inode.
 #[derive(Debug, Clone, Copy)]
@@ -78,7 +78,7 @@ fn a_vanished_peer_frees_the_session_its_sockets_and_its_permit() {
     require_root!();
     const IDLE_S: u64 = 3;
     let topo = Topology::new().expect("topology");
-    let srv = servers::tcp(&topo.server, topo.server_addr(false, 0), Mode::Echo).expect("server");
+    let srv = topo.tcp_server(false, Mode::Echo);
     let rig = Rig::builder()
         .stack(StackKind::System)
         .driver(DriverMode::PerPacket)
@@ -142,14 +142,8 @@ fn a_vanished_peer_frees_the_session_its_sockets_and_its_permit() {
     // The app hears of it, at the latest when it speaks again: its
     // connection is reset, not left hanging.
     let _ = app.write_all(b"x");
-    let mut buf = [0u8; 1];
-    let r = kerntun_testkit::uninterrupted(|| app.read(&mut buf));
-    assert!(
-        matches!(r, Ok(0))
-            || r.as_ref()
-                .is_err_and(|e| e.kind() == std::io::ErrorKind::ConnectionReset),
-        "{r:?}"
-    );
+    let (ended, r) = client::read_ended(&mut app);
+    assert!(ended, "{r:?}");
 
     // The permit came back: with a budget of one, a new session is admitted.
     topo.server

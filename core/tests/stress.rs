@@ -91,7 +91,7 @@ fn churn_50k_short_connections_then_back_to_idle() {
     require_root!();
     let _s = serial();
     let topo = Topology::new().expect("topology");
-    let srv = servers::tcp(&topo.server, topo.server_addr(false, 0), Mode::OneShot).expect("srv");
+    let srv = topo.tcp_server(false, Mode::OneShot);
     let rig = system().timeouts(|t| t.tcp_linger_s = 1).start_in(topo);
     // One request/response per connection; the server closes first.
     let exchange = |addr| echo_once(addr, b"ping", Duration::from_secs(5));
@@ -164,8 +164,8 @@ fn syn_flood_past_nat_budget_is_refused_and_counted() {
     require_root!();
     let _s = serial();
     let topo = Topology::new().expect("topology");
-    let echo = servers::tcp(&topo.server, topo.server_addr(false, 0), Mode::Echo).expect("echo");
-    let hold = servers::tcp(&topo.server, topo.server_addr(false, 0), Mode::Hold).expect("hold");
+    let echo = topo.tcp_server(false, Mode::Echo);
+    let hold = topo.tcp_server(false, Mode::Hold);
     let rig = system().budget(|b| b.tcp_flows = Some(64)).start_in(topo);
     // An established flow before the flood.
     let mut live = TcpStream::connect_timeout(&echo.addr, Duration::from_secs(2)).expect("live");
@@ -240,7 +240,7 @@ fn malformed_ip_storm_is_counted_and_flows_are_unaffected() {
     require_root!();
     let _s = serial();
     let topo = Topology::new().expect("topology");
-    let srv = servers::tcp(&topo.server, topo.server_addr(false, 0), Mode::Echo).expect("srv");
+    let srv = topo.tcp_server(false, Mode::Echo);
     let rig = system().start_in(topo);
     let addr = srv.addr;
     let transfer = std::thread::spawn(move || client::echo_transfer(addr, 11, 32 << 20, false));
@@ -403,7 +403,7 @@ fn hundred_start_stop_cycles_with_traffic() {
     require_root!();
     let _s = serial();
     let topo = Topology::new().expect("topology");
-    let srv = servers::tcp(&topo.server, topo.server_addr(false, 0), Mode::Echo).expect("srv");
+    let srv = topo.tcp_server(false, Mode::Echo);
     let cycle = |i: u64| {
         let driver = if i % 2 == 0 {
             DriverMode::Batch
@@ -546,12 +546,11 @@ fn flood<T>(
 ) {
     let _s = serial();
     let topo = Topology::new().expect("topology");
-    let echo = servers::tcp(&topo.server, topo.server_addr(false, 0), Mode::Echo).expect("echo");
+    let echo = topo.tcp_server(false, Mode::Echo);
     // What the floods aim at: a server that accepts and holds, on one port
     // of both families (apart from the echo server, whose own accept
     // queue is not what is measured).
-    let target6 =
-        servers::tcp(&topo.server, topo.server_addr(true, 0), Mode::Hold).expect("target");
+    let target6 = topo.tcp_server(true, Mode::Hold);
     let port = target6.addr.port();
     let _target4 =
         servers::tcp(&topo.server, topo.server_addr(false, port), Mode::Hold).expect("target");
@@ -763,8 +762,7 @@ fn unanswered_udp_to_many_ports(stack: StackKind, platform: Platform) {
             c.direct.udp_nat = kerntun::config::UdpNat::Connected;
         },
         |topo| {
-            let srv =
-                servers::udp_echo(&topo.server, topo.server_addr(false, 0)).expect("udp echo");
+            let srv = topo.udp_echo(false);
             let sock = std::net::UdpSocket::bind("0.0.0.0:0").expect("udp");
             sock.connect(srv.addr).expect("connect");
             sock.set_read_timeout(Some(Duration::from_secs(1)))

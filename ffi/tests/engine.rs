@@ -9,7 +9,7 @@ use kerntun_ffi::{
     DirectOptions, Engine, EngineConfig, HookError, KerntunError, LogLevel, MemoryPressure,
     PlatformHooks, RuleAction, RuleOptions, Stack, TunOptions,
 };
-use kerntun_testkit::servers::{self, Mode};
+use kerntun_testkit::servers::Mode;
 use kerntun_testkit::{CLIENT_VETH, Topology, client, require_root};
 use parking_lot::Mutex;
 
@@ -63,8 +63,8 @@ fn config(tun: &str) -> EngineConfig {
 fn engine_through_the_ffi_moves_bytes_counts_and_stops() {
     require_root!();
     let topo = Topology::new().expect("topology");
-    let srv = servers::tcp(&topo.server, topo.server_addr(false, 0), Mode::Echo).expect("server");
-    let srv6 = servers::tcp(&topo.server, topo.server_addr(true, 0), Mode::Echo).expect("server6");
+    let srv = topo.tcp_server(false, Mode::Echo);
+    let srv6 = topo.tcp_server(true, Mode::Echo);
     topo.client.enter().expect("enter client namespace");
 
     // Round 0 leaves the stack unset (the system stack), round 1 asks for
@@ -160,7 +160,7 @@ fn calls_answer_at_once_while_stop_runs_and_drop_does_not_wait() {
 
     require_root!();
     let topo = Topology::new().expect("topology");
-    let udp = servers::udp_echo(&topo.server, topo.server_addr(false, 0)).expect("udp");
+    let udp = topo.udp_echo(false);
     topo.client.enter().expect("enter client namespace");
     let tun = "ktffistop";
     let cfg = EngineConfig {

@@ -5,17 +5,16 @@
 //! JVM test (ffi/tests/kotlin/engine_test.kts).
 
 use std::collections::HashMap;
-use std::io::{Read, Write};
-use std::net::TcpStream;
+use std::io::Read;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use kerntun_ffi::{
     DirectOptions, Engine, EngineConfig, GroupOptions, GroupType, HookError, LogLevel,
     PlatformHooks, Stack, TunOptions,
 };
-use kerntun_testkit::servers::{self, Mode};
-use kerntun_testkit::{CLIENT_VETH, Topology, require_root};
+use kerntun_testkit::servers::Mode;
+use kerntun_testkit::{CLIENT_VETH, Topology, client, require_root};
 use serde_json::{Value, json};
 
 struct Hooks;
@@ -57,7 +56,7 @@ fn error(v: &Value) -> (&str, Option<&str>) {
 fn every_command_answers_through_handle_message() {
     require_root!();
     let topo = Topology::new().expect("topology");
-    let srv = servers::tcp(&topo.server, topo.server_addr(false, 0), Mode::Echo).expect("server");
+    let srv = topo.tcp_server(false, Mode::Echo);
     topo.client.enter().expect("enter client namespace");
     let tun = "ktffimsg";
     let config = EngineConfig {
@@ -98,12 +97,7 @@ fn every_command_answers_through_handle_message() {
     assert_eq!(status["error"], Value::Null);
 
     // One held connection, echoing.
-    let mut held = TcpStream::connect_timeout(&srv.addr, Duration::from_secs(5)).expect("connect");
-    held.set_read_timeout(Some(Duration::from_secs(5)))
-        .expect("timeout");
-    held.write_all(b"ping").expect("write");
-    let mut buf = [0u8; 4];
-    held.read_exact(&mut buf).expect("echo");
+    let mut held = client::held_echo(srv.addr, b"ping");
 
     let stats = ok(ask(&engine, 2, "stats", json!({})));
     assert_eq!(stats["stack"], json!("system"));
@@ -207,7 +201,7 @@ fn every_command_answers_through_handle_message() {
         json!({ "destination_ip": srv.addr.ip().to_string(), "network": "tcp" }),
     ));
     assert_eq!(closed["closed"], json!(1));
-    let after = held.read(&mut buf);
+    let after = held.read(&mut [0u8; 4]);
     assert!(
         matches!(after, Ok(0) | Err(_)),
         "the closed connection ends: {after:?}"
@@ -274,15 +268,8 @@ fn every_command_answers_through_handle_message() {
     assert_eq!(error(&v), ("config", Some("rulez")));
     let v = ask(&engine, 25, "reload", json!({}));
     assert_eq!(error(&v).0, "bad_request");
-    let mut again = TcpStream::connect_timeout(&srv.addr, Duration::from_secs(5)).expect("connect");
-    again
-        .set_read_timeout(Some(Duration::from_secs(5)))
-        .expect("timeout");
-    again.write_all(b"pong").expect("write");
-    again
-        .read_exact(&mut buf)
-        .expect("the reloaded rules still connect");
-    drop(again);
+    // The reloaded rules still connect.
+    drop(client::held_echo(srv.addr, b"pong"));
 
     // Stopped: what the calls still answer, and not_running for the rest.
     let t = Instant::now();

@@ -133,6 +133,13 @@ impl Netns {
         route_host(&self.name, host, dev, table)
     }
 
+    /// Give the device `dev` the IPv4 address `addr` (with its prefix
+    /// length, `a.b.c.d/n`) and bring it up.
+    pub fn addr_up(&self, dev: &str, addr: &str) -> io::Result<()> {
+        self.ip(&["addr", "add", addr, "dev", dev])?;
+        self.ip(&["link", "set", dev, "up"])
+    }
+
     /// A permanent neighbour entry: `addr` is at `mac` on `dev`, for the
     /// family `family` (`-4` or `-6`).
     pub fn pin_neighbour(&self, family: &str, addr: &str, mac: &str, dev: &str) -> io::Result<()> {
@@ -362,6 +369,16 @@ impl Topology {
     /// The name of the TUN an engine creates in this topology (`kt<N>`).
     pub fn tun_name(&self) -> String {
         format!("kt{}", self.id)
+    }
+
+    /// A TCP test server on the server, on a port of its own.
+    pub fn tcp_server(&self, v6: bool, mode: servers::Mode) -> servers::Server {
+        servers::tcp(&self.server, self.server_addr(v6, 0), mode).expect("tcp server")
+    }
+
+    /// A UDP echo server on the server, on a port of its own.
+    pub fn udp_echo(&self, v6: bool) -> servers::Server {
+        servers::udp_echo(&self.server, self.server_addr(v6, 0)).expect("udp server")
     }
 }
 
@@ -870,6 +887,18 @@ pub mod client {
         s.read_exact(&mut back).expect("echo");
         assert!(back == data, "the echo differs from what was sent");
         s
+    }
+
+    /// One read of `s` (retried on EINTR), and whether it found the
+    /// connection ended: EOF or a reset. Bytes, or an error of another kind
+    /// (a read timeout), say it did not.
+    pub fn read_ended(s: &mut TcpStream) -> (bool, io::Result<usize>) {
+        let mut buf = [0u8; 64];
+        let r = crate::uninterrupted(|| s.read(&mut buf));
+        let ended = matches!(r, Ok(0))
+            || r.as_ref()
+                .is_err_and(|e| e.kind() == io::ErrorKind::ConnectionReset);
+        (ended, r)
     }
 
     /// Send `len` bytes of `pattern(seed)` to an `Echo`/`SpeakFirst` server,

@@ -74,22 +74,9 @@ impl Nat64Net {
             v4.name(),
         ])?;
         let net = Nat64Net { v4, id };
-        topo.server.ip(&[
-            "addr",
-            "add",
-            &format!("{}/24", net.gateway_v4()),
-            "dev",
-            "ktv",
-        ])?;
-        topo.server.ip(&["link", "set", "ktv", "up"])?;
-        net.v4.ip(&[
-            "addr",
-            "add",
-            &format!("{}/24", net.server_v4()),
-            "dev",
-            "ktvs",
-        ])?;
-        net.v4.ip(&["link", "set", "ktvs", "up"])?;
+        topo.server
+            .addr_up("ktv", &format!("{}/24", net.gateway_v4()))?;
+        net.v4.addr_up("ktvs", &format!("{}/24", net.server_v4()))?;
         topo.server
             .ip(&["-6", "route", "add", "local", PREFIX, "dev", "lo"])?;
         // Replies leave from the destination the client used, an address

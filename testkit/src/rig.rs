@@ -148,13 +148,14 @@ impl<'a> RigBuilder<'a> {
     /// Sniff the domain of connections to `port`, waiting up to `timeout_ms`
     /// for the client's first bytes.
     pub fn sniff(self, port: u16, timeout_ms: u64) -> Self {
-        self.config(move |_, c| {
-            c.sniff.ports = vec![PortRange {
-                start: port,
-                end: port,
-            }];
-            c.sniff.timeout_ms = timeout_ms;
-        })
+        self.sniff_ports(port, port)
+            .config(move |_, c| c.sniff.timeout_ms = timeout_ms)
+    }
+
+    /// Sniff the domain of connections and flows to the ports `start` to
+    /// `end` (inclusive); the rest of `sniff.*` as it was.
+    pub fn sniff_ports(self, start: u16, end: u16) -> Self {
+        self.config(move |_, c| c.sniff.ports = vec![PortRange { start, end }])
     }
 
     /// The hook the engine hands each outbound socket to.
@@ -360,12 +361,12 @@ impl Rig {
 
     /// A TCP test server on the server, on a port of its own.
     pub fn tcp_server(&self, v6: bool, mode: Mode) -> servers::Server {
-        servers::tcp(&self.topo.server, self.topo.server_addr(v6, 0), mode).expect("tcp server")
+        self.topo.tcp_server(v6, mode)
     }
 
     /// A UDP echo server on the server, on a port of its own.
     pub fn udp_echo(&self, v6: bool) -> servers::Server {
-        servers::udp_echo(&self.topo.server, self.topo.server_addr(v6, 0)).expect("udp server")
+        self.topo.udp_echo(v6)
     }
 
     /// Packets the TUN's own transmit queue dropped so far: they never

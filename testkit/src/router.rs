@@ -75,12 +75,8 @@ impl Router {
             "netns",
             r.app.name(),
         ])?;
-        topo.client
-            .ip(&["addr", "add", &format!("{g4}/24"), "dev", GATEWAY_VETH])?;
-        topo.client.ip(&["link", "set", GATEWAY_VETH, "up"])?;
-        r.app
-            .ip(&["addr", "add", &format!("{a4}/24"), "dev", APP_VETH])?;
-        r.app.ip(&["link", "set", APP_VETH, "up"])?;
+        topo.client.addr_up(GATEWAY_VETH, &format!("{g4}/24"))?;
+        r.app.addr_up(APP_VETH, &format!("{a4}/24"))?;
         r.app.ip(&["route", "add", "default", "via", &g4])?;
         // Packets the engine writes back carry the server as source and
         // arrive on the TUN, whose routes do not cover it: strict reverse

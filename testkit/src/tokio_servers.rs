@@ -101,6 +101,27 @@ pub async fn listen(
     }
 }
 
+/// An [`in_process`] TCP server on `addr` that hands each connection it
+/// accepts to `each`, on a task of its own, with the counter behind
+/// [`InProcess::relayed`]. A failed accept is skipped.
+pub fn accept_each<F, Fut>(ns: &Netns, addr: std::net::SocketAddr, each: F) -> InProcess
+where
+    F: Fn(tokio::net::TcpStream, Arc<AtomicU64>) -> Fut + Send + 'static,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    in_process(ns, move |ready, counter| async move {
+        let Some(l) = listen(addr, &ready).await else {
+            return;
+        };
+        loop {
+            let Ok((s, _)) = l.accept().await else {
+                continue;
+            };
+            tokio::spawn(each(s, counter.clone()));
+        }
+    })
+}
+
 /// fast-socks5's server on `addr`, CONNECT only, no authentication;
 /// [`InProcess::relayed`] counts the CONNECTs it served, except those to
 /// port `uncounted` (a probe target).
@@ -151,43 +172,36 @@ pub fn socks5_server_with(
     use fast_socks5::Socks5Command;
     use fast_socks5::server::{Socks5ServerProtocol, run_tcp_proxy, run_udp_proxy};
     use fast_socks5::util::target_addr::TargetAddr;
-    in_process(ns, move |ready, served| async move {
-        let Some(l) = listen(addr, &ready).await else {
-            return;
-        };
-        loop {
-            let Ok((s, _)) = l.accept().await else {
-                continue;
+    accept_each(ns, addr, move |s, served| {
+        let opts = opts.clone();
+        async move {
+            let proto = match &opts.creds {
+                None => Socks5ServerProtocol::accept_no_auth(s).await,
+                Some((u, p)) => Socks5ServerProtocol::accept_password_auth(s, |user, pass| {
+                    user == *u && pass == *p
+                })
+                .await
+                .map(|(proto, _)| proto),
             };
-            let (opts, served) = (opts.clone(), served.clone());
-            tokio::spawn(async move {
-                let proto = match &opts.creds {
-                    None => Socks5ServerProtocol::accept_no_auth(s).await,
-                    Some((u, p)) => Socks5ServerProtocol::accept_password_auth(s, |user, pass| {
-                        user == *u && pass == *p
-                    })
-                    .await
-                    .map(|(proto, _)| proto),
-                };
-                let Ok(proto) = proto else { return };
-                let Ok((proto, cmd, target)) = proto.read_command().await else {
-                    return;
-                };
-                match cmd {
-                    Socks5Command::TCPConnect => {
-                        let probe = matches!(&target, TargetAddr::Ip(a) if Some(a.port()) == opts.uncounted);
-                        if !probe {
-                            served.fetch_add(1, Relaxed);
-                        }
-                        let _ = run_tcp_proxy(proto, &target, opts.connect_timeout, true).await;
-                    }
-                    Socks5Command::UDPAssociate if opts.udp => {
+            let Ok(proto) = proto else { return };
+            let Ok((proto, cmd, target)) = proto.read_command().await else {
+                return;
+            };
+            match cmd {
+                Socks5Command::TCPConnect => {
+                    let probe =
+                        matches!(&target, TargetAddr::Ip(a) if Some(a.port()) == opts.uncounted);
+                    if !probe {
                         served.fetch_add(1, Relaxed);
-                        let _ = run_udp_proxy(proto, &target, None, addr.ip(), None).await;
                     }
-                    _ => {}
+                    let _ = run_tcp_proxy(proto, &target, opts.connect_timeout, true).await;
                 }
-            });
+                Socks5Command::UDPAssociate if opts.udp => {
+                    served.fetch_add(1, Relaxed);
+                    let _ = run_udp_proxy(proto, &target, None, addr.ip(), None).await;
+                }
+                _ => {}
+            }
         }
     })
 }
