@@ -206,6 +206,22 @@ fn every_command_answers_through_handle_message() {
         matches!(after, Ok(0) | Err(_)),
         "the closed connection ends: {after:?}"
     );
+    // A connection asked to close stays listed until its session has
+    // ended (`close_connection` is true while it is listed): wait for
+    // that, then closing it again finds nothing.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while ok(ask(&engine, 16, "connections", json!({})))["connections"]
+        .as_array()
+        .expect("list")
+        .iter()
+        .any(|c| c["id"] == ours["id"])
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the closed connection is still listed after 5 s"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
     let v = ok(ask(
         &engine,
         16,
