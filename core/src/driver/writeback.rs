@@ -714,17 +714,16 @@ mod tests {
         /// goes to the listener (here: every segment; the write-back itself
         /// tells data segments, which merge, from the rest).
         async fn put(&mut self, sink: &Recorder, pkt: &[u8]) {
+            self.put_read(sink, pkt, None).await;
+        }
+
+        /// [`Drain::put`] of a packet whose headers as read were `raw`.
+        async fn put_read(&mut self, sink: &Recorder, pkt: &[u8], raw: Option<&Untranslated>) {
             self.buf[HEADROOM..HEADROOM + pkt.len()].copy_from_slice(pkt);
             let to_listener = self.out.merging();
+            let (local, buf) = (&mut self.local, &mut self.buf);
             self.out
-                .put(
-                    sink,
-                    &mut self.local,
-                    &mut self.buf,
-                    pkt.len(),
-                    to_listener,
-                    None,
-                )
+                .put(sink, local, buf, pkt.len(), to_listener, raw)
                 .await;
         }
 
@@ -756,19 +755,17 @@ mod tests {
             }
             self.local.window_clamped += u64::from(clamped);
             r.translated(before, &self.local);
-            self.buf[HEADROOM..HEADROOM + translated.len()].copy_from_slice(translated);
-            let to_listener = self.out.merging();
-            self.out
-                .put(
-                    sink,
-                    &mut self.local,
-                    &mut self.buf,
-                    translated.len(),
-                    to_listener,
-                    Some(&r),
-                )
-                .await;
+            self.put_read(sink, translated, Some(&r)).await;
             false
+        }
+    }
+
+    impl Drain {
+        /// [`Drain::read`] of the app's 100-byte segment at `seq`, filled
+        /// with `fill`, toward the listener and not clamped.
+        async fn read_app(&mut self, sink: &Recorder, seq: u32, fill: u8) -> bool {
+            let (raw, tr) = app_data(seq, &[fill; 100]);
+            self.read(sink, &raw, &tr, false, false).await
         }
     }
 
@@ -822,16 +819,14 @@ mod tests {
     async fn merges_as_read_stop_where_the_demux_must_see_a_segment() {
         let sink = Recorder::new();
         let mut d = Drain::new(true, true);
-        let (raw, tr) = app_data(1000, &[1; 100]);
-        assert!(!d.read(&sink, &raw, &tr, false, false).await);
+        assert!(!d.read_app(&sink, 1000, 1).await);
         // Another window as read: the demux's, though its translation
         // would merge.
         let (mut raw, tr) = app_data(1100, &[2; 100]);
         raw[20 + 15] ^= 1;
         assert!(!d.read(&sink, &raw, &tr, false, false).await);
-        let (raw, tr) = app_data(1200, &[3; 100]);
         assert!(
-            d.read(&sink, &raw, &tr, false, false).await,
+            d.read_app(&sink, 1200, 3).await,
             "the head's own headers again"
         );
 
@@ -847,28 +842,12 @@ mod tests {
             b"",
         );
         d.put(&sink, &rst).await;
-        let (raw, tr) = app_data(1300, &[4; 100]);
-        assert!(
-            !d.read(&sink, &raw, &tr, false, false).await,
-            "after an RST"
-        );
+        assert!(!d.read_app(&sink, 1300, 4).await, "after an RST");
         d.flush(&sink).await;
-        let (raw, tr) = app_data(1400, &[5; 100]);
-        assert!(
-            !d.read(&sink, &raw, &tr, false, false).await,
-            "a new drain: a new head"
-        );
-        let (raw, tr) = app_data(1500, &[6; 100]);
-        assert!(
-            d.read(&sink, &raw, &tr, false, false).await,
-            "continuing it"
-        );
+        assert!(!d.read_app(&sink, 1400, 5).await, "a new drain: a new head");
+        assert!(d.read_app(&sink, 1500, 6).await, "continuing it");
         d.flush(&sink).await;
-        let (raw, tr) = app_data(1600, &[7; 100]);
-        assert!(
-            !d.read(&sink, &raw, &tr, false, false).await,
-            "after the drain ended"
-        );
+        assert!(!d.read_app(&sink, 1600, 7).await, "after the drain ended");
         sink.take();
 
         // A segment toward the app is counted down, and a clamped window
