@@ -83,6 +83,8 @@ pub mod stats;
 #[allow(unsafe_code)]
 mod sys;
 pub use kerntun_proto::nat::translate;
+#[cfg(test)]
+mod testutil;
 pub mod tun;
 mod udp;
 

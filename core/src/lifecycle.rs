@@ -435,6 +435,7 @@ impl Ticker {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testutil::runtime;
 
     #[test]
     fn phases_only_move_forward_and_the_first_failure_wins() {
@@ -457,7 +458,7 @@ mod tests {
         use std::time::Instant;
         const PERIOD: Duration = Duration::from_millis(20);
         let life = Arc::new(Lifecycle::default());
-        rt().block_on(async {
+        runtime().block_on(async {
             let mut t = Ticker::new(PERIOD, &life);
             // The first tick at once, then one a period.
             let t0 = Instant::now();
@@ -492,20 +493,13 @@ mod tests {
         });
     }
 
-    fn rt() -> tokio::runtime::Runtime {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("runtime")
-    }
-
     /// Spawn `fut` as `task` under supervision and wait for it to end.
     fn run_supervised(
         life: &Arc<Lifecycle>,
         task: EngineTask,
         fut: impl Future<Output = ()> + Send + 'static,
     ) -> Result<(), Panicked> {
-        rt().block_on(async {
+        runtime().block_on(async {
             let h = tokio::spawn(supervised(life.clone(), task, fut));
             tokio::time::timeout(std::time::Duration::from_secs(5), h)
                 .await
@@ -563,7 +557,7 @@ mod tests {
     fn injected_faults_reach_the_task_they_name() {
         let life = Arc::new(Lifecycle::default());
         let l = life.clone();
-        rt().block_on(async move {
+        runtime().block_on(async move {
             let forever = || std::future::pending::<()>();
             let driver = tokio::spawn(supervised(l.clone(), EngineTask::Driver, forever()));
             let poller = tokio::spawn(supervised(l.clone(), EngineTask::Poller, forever()));
@@ -636,10 +630,7 @@ mod tests {
 
     #[test]
     fn reached_resolves_for_a_phase_already_passed() {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("runtime");
+        let rt = runtime();
         let l = Lifecycle::default();
         l.advance(Phase::Stopped);
         rt.block_on(async {

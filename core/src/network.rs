@@ -307,10 +307,7 @@ mod tests {
 
     #[test]
     fn a_relay_hears_only_the_change_that_strands_its_socket() {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("a runtime");
+        let rt = crate::testutil::runtime();
         rt.block_on(async {
             let w = NetworkWatch::default();
             let sock = std::net::UdpSocket::bind("127.0.0.1:0").expect("bind on loopback");

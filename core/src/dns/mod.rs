@@ -782,6 +782,7 @@ mod tests {
     use crate::budget::Pressure;
     use crate::config::Config;
     use crate::outbound::SocketFactory;
+    use crate::testutil::runtime;
     use hickory_proto::op::ResponseCode;
     use hickory_proto::rr::RecordType;
     use kerntun_testkit::tokio_servers::tcp_pair;
@@ -827,13 +828,6 @@ mod tests {
             .expect("enabled")
     }
 
-    fn rt() -> tokio::runtime::Runtime {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("runtime")
-    }
-
     #[test]
     fn hijack_defaults_to_gateway_plus_two() {
         let d = service(|_| {});
@@ -855,7 +849,7 @@ mod tests {
     #[test]
     fn reload_keeps_the_fake_pool_when_its_range_stays() {
         let stats = Stats::default();
-        let rt = rt();
+        let rt = runtime();
         let fake_a = |d: &Dns, name: &str| {
             let q = msg::testutil::query(name, RecordType::A, 7);
             let r = Message::from_vec(&rt.block_on(d.answer(&q, &stats)).expect("answer"))
@@ -906,7 +900,7 @@ mod tests {
             c.dns.strategy = DnsStrategy::DualStack;
         });
         let stats = Stats::default();
-        let rt = rt();
+        let rt = runtime();
         let q = msg::testutil::query("www.example.com.", RecordType::A, 3);
         let r =
             Message::from_vec(&rt.block_on(d.answer(&q, &stats)).expect("answer")).expect("decode");
@@ -1021,7 +1015,7 @@ mod tests {
             assert!(r.answers.is_empty(), "{r:?}");
             assert_eq!(r.metadata.id, 9);
         };
-        rt().block_on(async {
+        runtime().block_on(async {
             // Fake-ip with both pools.
             let fake = |strategy, tun6| {
                 strategy_service(
@@ -1100,7 +1094,7 @@ mod tests {
     /// buffer.)
     #[test]
     fn identical_questions_in_flight_are_asked_upstream_once() {
-        rt().block_on(async {
+        runtime().block_on(async {
             let (d, asked, stats) = slow_service(Duration::from_millis(200), 1 << 20).await;
             let mut set = tokio::task::JoinSet::new();
             for id in 0..20u16 {
@@ -1132,7 +1126,7 @@ mod tests {
     /// first is answered, and the budget is whole again afterwards.
     #[test]
     fn exchanges_past_the_in_flight_budget_are_dropped_and_counted() {
-        rt().block_on(async {
+        runtime().block_on(async {
             let (d, asked, stats) =
                 slow_service(Duration::from_millis(200), UDP_EXCHANGE + 100).await;
             let first = {
@@ -1163,7 +1157,7 @@ mod tests {
     #[test]
     fn cache_shrinks_with_memory_pressure() {
         use crate::budget::MemoryPressure;
-        rt().block_on(async {
+        runtime().block_on(async {
             let (up, _) = slow_upstream(Duration::ZERO).await;
             let pressure = Arc::new(Pressure::default());
             let tweak = |c: &mut Config| c.dns.upstreams = vec![format!("udp://{up}")];
@@ -1197,7 +1191,7 @@ mod tests {
         use tokio::io::AsyncWriteExt;
         let d = service(|c| c.dns.fake_ip = true);
         let stats = Stats::default();
-        rt().block_on(async {
+        runtime().block_on(async {
             let l = tokio::net::TcpListener::bind("127.0.0.1:0")
                 .await
                 .expect("bind");
@@ -1234,7 +1228,7 @@ mod tests {
         use tokio::io::AsyncReadExt;
         let d = service(|_| {});
         let stats = Stats::default();
-        rt().block_on(async {
+        runtime().block_on(async {
             let (mut app, s) = tcp_pair().await;
             let mut w = 65_535u16.to_be_bytes().to_vec();
             w.extend_from_slice(&[0u8; 1000]);
@@ -1253,7 +1247,7 @@ mod tests {
         assert_eq!(snap.dns.tcp_queries, 0);
         // At the cap it is read (and, as garbage, dropped as malformed).
         let stats = Stats::default();
-        rt().block_on(async {
+        runtime().block_on(async {
             let (app, s) = tcp_pair().await;
             let mut w = (msg::MAX_QUERY as u16).to_be_bytes().to_vec();
             w.resize(2 + msg::MAX_QUERY, 0xff);
@@ -1272,7 +1266,7 @@ mod tests {
     fn tcp_query_is_charged_before_it_is_read() {
         let d = service(|_| {});
         let stats = Arc::new(Stats::default());
-        rt().block_on(async {
+        runtime().block_on(async {
             let (app, s) = tcp_pair().await;
             let serving = {
                 let (d, stats) = (d.clone(), stats.clone());
@@ -1289,7 +1283,7 @@ mod tests {
         // No room for the query's state: closed unread.
         let small = service_with(|_| {}, QUERY_STATE);
         let stats = Stats::default();
-        rt().block_on(async {
+        runtime().block_on(async {
             let (app, s) = tcp_pair().await;
             let q = msg::testutil::query("t.test.", RecordType::A, 1);
             let framed = crate::dnswire::length_prefixed(&q).expect("frame");
@@ -1307,7 +1301,7 @@ mod tests {
     /// too, holds its query's charge while it waits.
     #[test]
     fn tcp_askers_waiting_for_an_identical_question_are_charged() {
-        rt().block_on(async {
+        runtime().block_on(async {
             let (d, asked, stats) = slow_service(Duration::from_millis(300), 1 << 20).await;
             let q = msg::testutil::query("same.test.", RecordType::A, 5);
             let framed = crate::dnswire::length_prefixed(&q).expect("frame");
@@ -1366,7 +1360,7 @@ mod tests {
         let mut q = msg::testutil::query("a.test.", RecordType::A, 3);
         q[7] = 1;
         q.extend_from_slice(&[0xff; 16]);
-        let r = rt().block_on(d.answer(&q, &stats)).expect("answered");
+        let r = runtime().block_on(d.answer(&q, &stats)).expect("answered");
         let m = Message::from_vec(&r).expect("decode");
         assert_eq!(m.metadata.response_code, ResponseCode::FormErr);
         assert_eq!(stats.dns.refused.load(Relaxed), 1);

@@ -1204,14 +1204,6 @@ fn bytes_before_the_fin_are_read_before_eof() {
     }
 }
 
-/// A runtime with I/O, for tests that relay to kernel sockets.
-fn io_runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("test input")
-}
-
 /// Let the runtime's tasks (the relay) run for a moment.
 fn settle(rt: &tokio::runtime::Runtime) {
     rt.block_on(async { tokio::time::sleep(Duration::from_millis(5)).await });
@@ -1254,7 +1246,7 @@ fn an_unframed_relay_moves_bytes_between_rings_and_kernel_alone() {
     let st = loan_stack(2);
     let stats = Arc::new(Stats::default());
     let mut out = Capture::default();
-    let rt = io_runtime();
+    let rt = crate::testutil::runtime();
     let (k, h, srv_seq) = open(&st, &mut out, &stats, "10.0.0.9:40000", "1.1.1.1:443");
     let app = SmolStream::new(st.clone(), h, k, None);
     // The outbound: a loopback connection whose buffers are small, so a
@@ -1411,7 +1403,7 @@ fn sniffing_reads_the_first_bytes_in_place() {
     let st = loan_stack(1);
     let stats = Stats::default();
     let mut out = Capture::default();
-    let rt = io_runtime();
+    let rt = crate::testutil::runtime();
     let pool = Arc::new(ByteBudget::new(0, Arc::new(Pressure::default())));
     let bytes = SniffBytes {
         pool: &pool,
