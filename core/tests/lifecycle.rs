@@ -10,16 +10,16 @@ use kerntun::config::{DriverMode, StackKind};
 use kerntun::{Engine, SleepError};
 use kerntun_testkit::rig::Rig;
 use kerntun_testkit::servers::{self, Mode};
-use kerntun_testkit::{Topology, client, count_fds, count_threads, require_root, serial};
+use kerntun_testkit::{
+    Topology, client, count_fds, count_threads, require_root, serial, serial_topology,
+};
 
 // The tests in this binary count process-wide descriptors and threads, so
 // they run one at a time (`serial`).
 
 #[test]
 fn twenty_start_stop_cycles_with_traffic_leave_nothing_behind() {
-    require_root!();
-    let _serial = serial();
-    let topo = Topology::new().expect("topology");
+    let (_serial, topo) = serial_topology!();
     let srv = topo.tcp_server(false, Mode::Echo);
     let udp = topo.udp_echo(false);
 
@@ -84,9 +84,7 @@ fn twenty_start_stop_cycles_with_traffic_leave_nothing_behind() {
 /// with `read_ring = 0` there is none.
 #[test]
 fn the_reader_thread_lives_exactly_as_long_as_the_engine() {
-    require_root!();
-    let _serial = serial();
-    let topo = Topology::new().expect("topology");
+    let (_serial, topo) = serial_topology!();
     let srv = topo.tcp_server(false, Mode::Echo);
     assert_eq!(reader_threads(), 0, "none before");
     for ring in [64, 0] {
@@ -160,9 +158,7 @@ fn two_engines_run_side_by_side_in_one_process() {
 /// while asleep stops promptly; both are typed errors once it stopped.
 #[test]
 fn sleep_stops_the_periodic_ticks_and_wake_resumes_them() {
-    require_root!();
-    let _serial = serial();
-    let topo = Topology::new().expect("topology");
+    let (_serial, topo) = serial_topology!();
     let srv = topo.tcp_server(false, Mode::Echo);
     let udp = topo.udp_echo(false);
     let mut engine = Rig::builder().ipv4_only().engine_in(&topo);
@@ -278,9 +274,7 @@ fn clock_ticks_per_second() -> u64 {
 /// Each driver, since both wait on the same readiness.
 #[test]
 fn an_engine_with_an_empty_device_sleeps() {
-    require_root!();
-    let _serial = serial();
-    let topo = Topology::new().expect("topology");
+    let (_serial, topo) = serial_topology!();
     let srv = topo.tcp_server(false, Mode::Echo);
     for driver in [DriverMode::PerPacket, DriverMode::Batch] {
         let engine = Rig::builder().driver(driver).ipv4_only().engine_in(&topo);

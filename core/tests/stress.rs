@@ -41,7 +41,7 @@ use kerntun_testkit::rig::{Flood, Injected, Rig, RigBuilder};
 use kerntun_testkit::servers::{self, Mode};
 use kerntun_testkit::{
     Topology, client, count_fds, count_threads, mappings, peak_rss_kib, require_root,
-    resident_growth, rss_kib, serial, within,
+    resident_growth, rss_kib, serial, serial_topology, within,
 };
 
 /// The single runs' engine: the system stack, named (not left to `auto`),
@@ -88,9 +88,7 @@ fn echo_once(addr: SocketAddr, msg: &[u8], timeout: Duration) -> io::Result<Dura
 /// NAT table, descriptors and memory return to their idle level after the linger.
 #[test]
 fn churn_50k_short_connections_then_back_to_idle() {
-    require_root!();
-    let _s = serial();
-    let topo = Topology::new().expect("topology");
+    let (_s, topo) = serial_topology!();
     let srv = topo.tcp_server(false, Mode::OneShot);
     let rig = system().timeouts(|t| t.tcp_linger_s = 1).start_in(topo);
     // One request/response per connection; the server closes first.
@@ -161,9 +159,7 @@ fn churn_50k_short_connections_then_back_to_idle() {
 /// the engine stays up and an established flow keeps moving bytes.
 #[test]
 fn syn_flood_past_nat_budget_is_refused_and_counted() {
-    require_root!();
-    let _s = serial();
-    let topo = Topology::new().expect("topology");
+    let (_s, topo) = serial_topology!();
     let echo = topo.tcp_server(false, Mode::Echo);
     let hold = topo.tcp_server(false, Mode::Hold);
     let rig = system().budget(|b| b.tcp_flows = Some(64)).start_in(topo);
@@ -237,9 +233,7 @@ fn syn_flood_past_nat_budget_is_refused_and_counted() {
 /// for byte.
 #[test]
 fn malformed_ip_storm_is_counted_and_flows_are_unaffected() {
-    require_root!();
-    let _s = serial();
-    let topo = Topology::new().expect("topology");
+    let (_s, topo) = serial_topology!();
     let srv = topo.tcp_server(false, Mode::Echo);
     let rig = system().start_in(topo);
     let addr = srv.addr;
@@ -400,9 +394,7 @@ fn slow_reader_is_paced_with_bounded_memory() {
 /// 100 start/stop cycles with traffic: no growth in descriptors, threads or memory.
 #[test]
 fn hundred_start_stop_cycles_with_traffic() {
-    require_root!();
-    let _s = serial();
-    let topo = Topology::new().expect("topology");
+    let (_s, topo) = serial_topology!();
     let srv = topo.tcp_server(false, Mode::Echo);
     let cycle = |i: u64| {
         let driver = if i % 2 == 0 {

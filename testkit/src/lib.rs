@@ -59,6 +59,18 @@ macro_rules! require_root {
     };
 }
 
+/// A fresh [`Topology`] for a test that holds this binary's [`serial`]
+/// lock, once [`require_root!`] let it go on; the lock is taken first, so
+/// that building the namespaces is inside it too:
+/// `let (_serial, topo) = serial_topology!();`.
+#[macro_export]
+macro_rules! serial_topology {
+    () => {{
+        $crate::require_root!();
+        ($crate::serial(), $crate::Topology::new().expect("topology"))
+    }};
+}
+
 /// One `#[test]` per case, each skipped without root ([`require_root!`])
 /// and otherwise calling `$run` with the case's arguments:
 /// `root_tests!(run; v4(false), v6(true));` makes tests `v4` and `v6`.
