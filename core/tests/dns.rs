@@ -23,7 +23,7 @@ use kerntun::{Engine, TunSource};
 use kerntun_testkit::child::{self, EngineProcess};
 use kerntun_testkit::dns::{self, DnsServer, Socks5Recorder, Zone};
 use kerntun_testkit::rig::{self, RESOLVER, Rig, RigBuilder};
-use kerntun_testkit::{CLIENT_VETH, Topology, require_root};
+use kerntun_testkit::{CLIENT_VETH, Topology, require_root, root_topology};
 
 const WAIT: Duration = Duration::from_secs(3);
 
@@ -49,8 +49,7 @@ fn ask(q: &[u8]) -> Message {
 
 #[test]
 fn hijacked_udp_query_is_answered_and_cached_for_its_ttl() {
-    require_root!();
-    let topo = Topology::new().expect("topology");
+    let topo = root_topology!();
     let web: IpAddr = "198.19.7.7".parse().expect("ip");
     let srv = upstream(&topo, Zone::new(2).with("www.test", web));
     let rig = rig(vec![format!("udp://{}", srv.addr)]).start_in(topo);
@@ -91,8 +90,7 @@ fn hijacked_udp_query_is_answered_and_cached_for_its_ttl() {
 /// default), and counted; port 53 there keeps answering.
 #[test]
 fn dot_to_the_hijacked_address_is_reset_and_port_53_answers() {
-    require_root!();
-    let topo = Topology::new().expect("topology");
+    let topo = root_topology!();
     let web: IpAddr = "198.19.7.8".parse().expect("ip");
     let srv = upstream(&topo, Zone::new(60).with("dot.test", web));
     let rig = rig(vec![format!("udp://{}", srv.addr)]).start_in(topo);
@@ -168,8 +166,7 @@ fn aaaa_is_answered_empty_when_the_strategy_leaves_ipv6_out() {
 
 #[test]
 fn upstream_down_is_servfail_within_the_timeout() {
-    require_root!();
-    let topo = Topology::new().expect("topology");
+    let topo = root_topology!();
     let srv = upstream(
         &topo,
         Zone::new(60).with("a.test", "198.19.1.1".parse().expect("ip")),
@@ -195,8 +192,7 @@ fn upstream_down_is_servfail_within_the_timeout() {
 
 #[test]
 fn failover_to_the_next_upstream_over_tcp() {
-    require_root!();
-    let topo = Topology::new().expect("topology");
+    let topo = root_topology!();
     let ip: IpAddr = "198.19.2.2".parse().expect("ip");
     let dead = DnsServer::start(&topo.server, topo.server_addr(false, 5353), Zone::new(60))
         .expect("dns server");
@@ -224,8 +220,7 @@ fn failover_to_the_next_upstream_over_tcp() {
 
 #[test]
 fn malformed_packets_are_counted_drops() {
-    require_root!();
-    let topo = Topology::new().expect("topology");
+    let topo = root_topology!();
     let srv = upstream(&topo, Zone::new(60));
     let rig = rig(vec![format!("udp://{}", srv.addr)]).start_in(topo);
     let s = UdpSocket::bind("0.0.0.0:0").expect("bind");
@@ -271,8 +266,7 @@ fn fake_ip_rig(topo: Topology, pool: &str, proxy: SocketAddr, upstream: String) 
 
 #[test]
 fn fake_ip_answer_then_udp_through_socks5_names_the_domain() {
-    require_root!();
-    let topo = Topology::new().expect("topology");
+    let topo = root_topology!();
     let real: IpAddr = "198.19.3.3".parse().expect("ip");
     let srv = upstream(&topo, Zone::new(60).with("www.real.test", real));
     let socks = Socks5Recorder::start(&topo.server, topo.server_addr(false, 1080)).expect("socks");
@@ -566,8 +560,7 @@ fn tcp_queries_announced_past_the_cap_hold_no_memory_under_the_ios_budget() {
 /// its address. An address no domain holds is a counted drop.
 #[test]
 fn fake_ip_pool_exhaustion_answers_the_real_address_and_unknown_addresses_drop() {
-    require_root!();
-    let topo = Topology::new().expect("topology");
+    let topo = root_topology!();
     let srv = upstream(&topo, Zone::new(60));
     let socks = Socks5Recorder::start(&topo.server, topo.server_addr(false, 1080)).expect("socks");
     // A /29: six usable addresses.
@@ -634,8 +627,7 @@ fn network_with_dns(dns: &[IpAddr]) -> NetworkInfo {
 /// server, it yields nothing (counted) and the fallback answers.
 #[test]
 fn the_platform_upstream_asks_the_servers_the_network_reported() {
-    require_root!();
-    let topo = Topology::new().expect("topology");
+    let topo = root_topology!();
     let first_ip = IpAddr::V4(topo.server_v4());
     let second_ip = IpAddr::V4(std::net::Ipv4Addr::new(198, 19, topo.id as u8, 3));
     topo.server
@@ -709,8 +701,7 @@ fn the_platform_upstream_asks_the_servers_the_network_reported() {
 /// fails at once as with an unreachable upstream (SERVFAIL), counted.
 #[test]
 fn the_platform_upstream_alone_without_a_network_is_servfail() {
-    require_root!();
-    let topo = Topology::new().expect("topology");
+    let topo = root_topology!();
     let rig = rig(vec!["platform".to_string()]).start_in(topo);
     let t0 = Instant::now();
     let r = ask(&dns::query("who.test", RecordType::A, 9));
@@ -794,8 +785,7 @@ mod dot {
 
     #[test]
     fn dns_over_tls_upstream_with_a_private_ca() {
-        require_root!();
-        let topo = Topology::new().expect("topology");
+        let topo = root_topology!();
         let ip: IpAddr = "198.19.5.5".parse().expect("ip");
         let ca = std::env::temp_dir().join(format!("kerntun-dot-ca-{}.pem", std::process::id()));
         let addr = topo.server_addr(false, 853);
@@ -831,8 +821,7 @@ mod doh {
 
     #[test]
     fn dns_over_https_through_socks5_shares_one_connection() {
-        require_root!();
-        let topo = Topology::new().expect("topology");
+        let topo = root_topology!();
         let (one, two, three): (IpAddr, IpAddr, IpAddr) = (
             "198.19.6.1".parse().expect("ip"),
             "198.19.6.2".parse().expect("ip"),

@@ -28,7 +28,7 @@ use kerntun::{EngineEvent, EventSink, LatencyError, SelectionError};
 use kerntun_testkit::rig::{Rig, RigBuilder, socks5};
 use kerntun_testkit::servers::Mode;
 use kerntun_testkit::tokio_servers::{InProcess, accept_each, socks5_server};
-use kerntun_testkit::{Netns, Topology, client, require_root};
+use kerntun_testkit::{Netns, Topology, client, require_root, root_topology};
 use parking_lot::Mutex;
 
 /// The port of the probe target ([`http_server`]): CONNECTs to it are
@@ -101,8 +101,7 @@ fn served(s: &InProcess) -> u64 {
 
 #[test]
 fn select_switches_new_flows() {
-    require_root!();
-    let topo = Topology::new().expect("topology");
+    let topo = root_topology!();
     let (a_addr, b_addr) = (topo.server_addr(false, 1080), topo.server_addr(false, 1081));
     let a = socks5_server(&topo.server, a_addr, Some(PROBE_PORT));
     let b = socks5_server(&topo.server, b_addr, Some(PROBE_PORT));
@@ -224,8 +223,7 @@ fn health(rig: &Rig) -> Vec<Health> {
 
 #[test]
 fn fallback_follows_the_order() {
-    require_root!();
-    let topo = Topology::new().expect("topology");
+    let topo = root_topology!();
     let (a_addr, b_addr) = (topo.server_addr(false, 1080), topo.server_addr(false, 1081));
     let probe = topo.server_addr(false, PROBE_PORT);
     let http = http_server(&topo.server, probe);
@@ -282,8 +280,7 @@ fn fallback_follows_the_order() {
 }
 #[test]
 fn url_test_moves_off_a_cut_member() {
-    require_root!();
-    let topo = Topology::new().expect("topology");
+    let topo = root_topology!();
     // a listens on an address of its own, 198.19.N.3, which the test
     // removes to cut it: its packets are then dropped in silence (the
     // server namespace does not forward), so a's probe times out.
@@ -402,8 +399,7 @@ fn fastest(rig: &Rig, outbound: &str, url: &str) -> Duration {
 
 #[test]
 fn test_latency_measures_an_added_delay() {
-    require_root!();
-    let topo = Topology::new().expect("topology");
+    let topo = root_topology!();
     let (a_addr, b_addr) = (topo.server_addr(false, 1080), topo.server_addr(false, 1081));
     let probe = topo.server_addr(false, PROBE_PORT);
     let _http = http_server(&topo.server, probe);

@@ -27,7 +27,9 @@ use kerntun::rules::{Action, Rule};
 use kerntun_testkit::dns::{self, DnsServer, Socks5Recorder, Zone};
 use kerntun_testkit::rig::{RESOLVER, Rig, socks5};
 use kerntun_testkit::servers::Mode;
-use kerntun_testkit::{CLIENT_VETH, Topology, client, pattern, require_root, within};
+use kerntun_testkit::{
+    CLIENT_VETH, Topology, client, pattern, require_root, root_topology, within,
+};
 
 /// The second uplink's ends: client side and server side.
 const UPLINK_B: &str = "ktb";
@@ -322,8 +324,7 @@ kerntun_testkit::root_tests!(moves_to_uplink_b;
 /// association.
 #[test]
 fn proxied_udp_flow_on_a_lost_uplink_is_dropped() {
-    require_root!();
-    let topo = Topology::new().expect("topology");
+    let topo = root_topology!();
     let proxy = Socks5Recorder::start(&topo.server, topo.server_addr(false, 1080)).expect("socks5");
     let rig = Rig::builder()
         .stack(StackKind::System)

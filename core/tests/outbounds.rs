@@ -29,7 +29,7 @@ use kerntun_testkit::servers::{self, Mode};
 use kerntun_testkit::tokio_servers::{
     InProcess, Socks5Options, in_process, listen, shadowsocks, socks5_server_with,
 };
-use kerntun_testkit::{Netns, Topology, client, require_root};
+use kerntun_testkit::{Netns, Topology, client, require_root, root_topology};
 
 const MIB: usize = 1024 * 1024;
 /// The AEAD-2022 keys (base64 of 16 and 32 bytes).
@@ -154,8 +154,7 @@ kerntun_testkit::root_tests!(shadowsocks_method;
 /// stack, and reset those sessions: `relay_frame_refused`.)
 #[test]
 fn shadowsocks_through_smoltcp_on_the_ios_budget() {
-    require_root!();
-    let topo = Topology::new().expect("topology");
+    let topo = root_topology!();
     let ss_addr = topo.server_addr(false, 8388);
     let password = "kerntun-test";
     let _ss = shadowsocks(&topo.server, ss_addr, "aes-256-gcm", password);
@@ -190,8 +189,7 @@ fn shadowsocks_through_smoltcp_on_the_ios_budget() {
 
 #[test]
 fn shadowsocks_wrong_password_reaches_nothing() {
-    require_root!();
-    let topo = Topology::new().expect("topology");
+    let topo = root_topology!();
     let ss_addr = topo.server_addr(false, 8388);
     let _ss = shadowsocks(&topo.server, ss_addr, "aes-256-gcm", "right");
     let rig = rig(Some(ss_outbound(
@@ -362,8 +360,7 @@ kerntun_testkit::root_tests!(socks5_case;
 
 #[test]
 fn socks5_wrong_password_is_a_counted_refusal() {
-    require_root!();
-    let topo = Topology::new().expect("topology");
+    let topo = root_topology!();
     let proxy = topo.server_addr(false, 1080);
     let _srv = socks5_server(&topo.server, proxy, Some(("kerntun", "s3cret")));
     let rig = rig(Some(socks5(
@@ -386,8 +383,7 @@ fn socks5_wrong_password_is_a_counted_refusal() {
 /// garbage: a typed error, counted, and an RST for the app.
 #[test]
 fn socks5_garbage_reply_is_a_counted_refusal() {
-    require_root!();
-    let topo = Topology::new().expect("topology");
+    let topo = root_topology!();
     let proxy = topo.server_addr(false, 1080);
     let _srv = in_process(&topo.server, move |ready, _| async move {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -508,8 +504,7 @@ fn relay_splice_false_copies() {
 /// `ECONNREFUSED`.
 #[test]
 fn udp_rules_per_flow() {
-    require_root!();
-    let topo = Topology::new().expect("topology");
+    let topo = root_topology!();
     let proxy = topo.server_addr(false, 1080);
     let srv = socks5_server(&topo.server, proxy, None);
     let udp_a = topo.udp_echo(false);
@@ -637,8 +632,7 @@ fn udp_false_refuses_udp_v6() {
 /// client's own address, and no UDP ASSOCIATE is asked for.
 #[test]
 fn udp_direct_sends_udp_around_the_proxy() {
-    require_root!();
-    let topo = Topology::new().expect("topology");
+    let topo = root_topology!();
     let proxy = topo.server_addr(false, 1080);
     let srv = socks5_server(&topo.server, proxy, None);
     let rig = rig(Some(socks5(proxy, None, OutboundUdp::Direct))).start_in(topo);

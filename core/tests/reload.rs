@@ -28,7 +28,7 @@ use kerntun::{EngineEvent, EventSink, ReloadError};
 use kerntun_testkit::rig::{Rig, socks5};
 use kerntun_testkit::servers::{self, Mode};
 use kerntun_testkit::tokio_servers::{InProcess, socks5_server};
-use kerntun_testkit::{Topology, client, require_root};
+use kerntun_testkit::{client, root_topology};
 use parking_lot::Mutex;
 
 /// Echo servers: through `a`, through `b` (then rejected), direct (then
@@ -101,8 +101,7 @@ fn keep_moving(
 
 #[test]
 fn reload_routes_new_flows_and_keeps_running_ones() {
-    require_root!();
-    let topo = Topology::new().expect("topology");
+    let topo = root_topology!();
     let (a_addr, b_addr) = (topo.server_addr(false, 1080), topo.server_addr(false, 1081));
     let a = socks5_server(&topo.server, a_addr, None);
     let b = socks5_server(&topo.server, b_addr, None);
@@ -257,8 +256,7 @@ fn reload_routes_new_flows_and_keeps_running_ones() {
 /// through, also when a reload moved that outbound's index.
 #[test]
 fn listing_keeps_old_connections_named() {
-    require_root!();
-    let topo = Topology::new().expect("topology");
+    let topo = root_topology!();
     let a_addr = topo.server_addr(false, 1080);
     let a = socks5_server(&topo.server, a_addr, None);
     let echo_a =

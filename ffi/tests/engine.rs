@@ -10,7 +10,7 @@ use kerntun_ffi::{
     PlatformHooks, RuleAction, RuleOptions, Stack, TunOptions,
 };
 use kerntun_testkit::servers::Mode;
-use kerntun_testkit::{CLIENT_VETH, Topology, client, require_root};
+use kerntun_testkit::{CLIENT_VETH, client, root_topology};
 use parking_lot::Mutex;
 
 #[derive(Default)]
@@ -61,8 +61,7 @@ fn config(tun: &str) -> EngineConfig {
 
 #[test]
 fn engine_through_the_ffi_moves_bytes_counts_and_stops() {
-    require_root!();
-    let topo = Topology::new().expect("topology");
+    let topo = root_topology!();
     let srv = topo.tcp_server(false, Mode::Echo);
     let srv6 = topo.tcp_server(true, Mode::Echo);
     topo.client.enter().expect("enter client namespace");
@@ -158,8 +157,7 @@ fn calls_answer_at_once_while_stop_runs_and_drop_does_not_wait() {
     /// shows up as that long.
     const CALL_BOUND: Duration = Duration::from_millis(50);
 
-    require_root!();
-    let topo = Topology::new().expect("topology");
+    let topo = root_topology!();
     let udp = topo.udp_echo(false);
     topo.client.enter().expect("enter client namespace");
     let tun = "ktffistop";

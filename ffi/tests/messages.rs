@@ -14,7 +14,7 @@ use kerntun_ffi::{
     PlatformHooks, Stack, TunOptions,
 };
 use kerntun_testkit::servers::Mode;
-use kerntun_testkit::{CLIENT_VETH, Topology, client, require_root};
+use kerntun_testkit::{CLIENT_VETH, client, root_topology};
 use serde_json::{Value, json};
 
 struct Hooks;
@@ -54,8 +54,7 @@ fn error(v: &Value) -> (&str, Option<&str>) {
 
 #[test]
 fn every_command_answers_through_handle_message() {
-    require_root!();
-    let topo = Topology::new().expect("topology");
+    let topo = root_topology!();
     let srv = topo.tcp_server(false, Mode::Echo);
     topo.client.enter().expect("enter client namespace");
     let tun = "ktffimsg";

@@ -59,9 +59,18 @@ macro_rules! require_root {
     };
 }
 
-/// A fresh [`Topology`] for a test that holds this binary's [`serial`]
-/// lock, once [`require_root!`] let it go on; the lock is taken first, so
-/// that building the namespaces is inside it too:
+/// A fresh [`Topology`], once [`require_root!`] let the test go on:
+/// `let topo = root_topology!();`.
+#[macro_export]
+macro_rules! root_topology {
+    () => {{
+        $crate::require_root!();
+        $crate::Topology::new().expect("topology")
+    }};
+}
+
+/// [`root_topology!`] for a test that holds this binary's [`serial`] lock,
+/// taken first so that building the namespaces is inside it too:
 /// `let (_serial, topo) = serial_topology!();`.
 #[macro_export]
 macro_rules! serial_topology {
