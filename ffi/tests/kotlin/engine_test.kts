@@ -490,6 +490,12 @@ class Listener : EngineListener {
     }
 }
 
+/** [call] on a stopped engine is a typed KerntunException.NotRunning. */
+fun checkNotRunning(what: String, call: () -> Unit) {
+    val stopped = thrown<KerntunException.NotRunning> { call() }
+    check(stopped != null, "$what -> KerntunException.NotRunning (${stopped?.reason})")
+}
+
 /** Polls [cond] until it holds or [ms] pass. */
 fun waitFor(ms: Long = 3000, cond: () -> Boolean): Boolean {
     val deadline = System.nanoTime() + ms * 1_000_000
@@ -604,8 +610,7 @@ fun networkChanges() {
     check(badDns?.field == "dns_servers[0]", "network: a bad DNS server -> KerntunException.Network names ${badDns?.field}: ${badDns?.reason}")
     check(engine.isRunning(), "network: the engine runs on after the bad report")
     engine.stop()
-    val stopped = thrown<KerntunException.NotRunning> { engine.networkChanged(info) }
-    check(stopped != null, "network: stopped -> KerntunException.NotRunning (${stopped?.reason})")
+    checkNotRunning("network: stopped") { engine.networkChanged(info) }
     val handle = org.kerntun.android.EngineHandle(engine)
     check(!handle.networkChanged(info), "network: through EngineHandle a stopped engine answers false")
     handle.close()
@@ -710,7 +715,7 @@ fun groups() {
         "groups: ... and OutboundHealth(auto, direct, up) with its latency: ${listener.events}",
     )
     engine.stop()
-    check(thrown<KerntunException.NotRunning> { engine.select("proxy", "direct") } != null, "groups: select when stopped -> NotRunning")
+    checkNotRunning("groups: select when stopped") { engine.select("proxy", "direct") }
     check(engine.groups().isEmpty(), "groups: none once stopped")
     engine.close()
     expectConfigError("groups: a member that does not exist", "groups.bad",
@@ -744,10 +749,8 @@ fun sleepWake() {
     check(waitFor(500) { engine.stats().timerTicks > asleepAt }, "sleep: a tick at once on wake (${engine.stats().timerTicks})")
     check(tcpEcho(serverV4, 16 shl 10, 73), "sleep: TCP flows after wake")
     engine.stop()
-    for ((name, call) in listOf<Pair<String, () -> Boolean>>("sleep" to { engine.sleep() }, "wake" to { engine.wake() })) {
-        val stopped = thrown<KerntunException.NotRunning> { call() }
-        check(stopped != null, "sleep: $name when stopped -> KerntunException.NotRunning (${stopped?.reason})")
-    }
+    checkNotRunning("sleep: sleep when stopped") { engine.sleep() }
+    checkNotRunning("sleep: wake when stopped") { engine.wake() }
     engine.close()
 }
 
@@ -791,8 +794,7 @@ fun reloads() {
     check(listener.events.toList().count { it is EngineEvent.Reloaded } == 2, "reload: two reloads heard: ${listener.events}")
     check(engine.stats().reloadClosed == 0uL, "reload: reloadClosed in the stats")
     engine.stop()
-    val stopped = thrown<KerntunException.NotRunning> { engine.reload(cfg) }
-    check(stopped != null, "reload: stopped -> KerntunException.NotRunning (${stopped?.reason})")
+    checkNotRunning("reload: stopped") { engine.reload(cfg) }
     engine.close()
 }
 
