@@ -173,7 +173,7 @@ object Messages {
             val m = LinkedHashMap<String, Any?>()
             space()
             if (i < s.length && s[i] == '}') return m.also { i++ }
-            while (true) {
+            do {
                 space()
                 require(i < s.length && s[i] == '"') { "expected a key at $i" }
                 val k = str()
@@ -181,14 +181,8 @@ object Messages {
                 require(i < s.length && s[i] == ':') { "expected ':' at $i" }
                 i++
                 m[k] = value(depth + 1)
-                space()
-                require(i < s.length) { "unexpected end" }
-                when (s[i++]) {
-                    ',' -> continue
-                    '}' -> return m
-                    else -> throw IllegalArgumentException("expected ',' or '}' at ${i - 1}")
-                }
-            }
+            } while (more('}'))
+            return m
         }
 
         fun arr(depth: Int): List<Any?> {
@@ -196,15 +190,20 @@ object Messages {
             val l = ArrayList<Any?>()
             space()
             if (i < s.length && s[i] == ']') return l.also { i++ }
-            while (true) {
+            do {
                 l.add(value(depth + 1))
-                space()
-                require(i < s.length) { "unexpected end" }
-                when (s[i++]) {
-                    ',' -> continue
-                    ']' -> return l
-                    else -> throw IllegalArgumentException("expected ',' or ']' at ${i - 1}")
-                }
+            } while (more(']'))
+            return l
+        }
+
+        /** After a member or an element: true at ',', false at [close]. */
+        fun more(close: Char): Boolean {
+            space()
+            require(i < s.length) { "unexpected end" }
+            return when (s[i++]) {
+                ',' -> true
+                close -> false
+                else -> throw IllegalArgumentException("expected ',' or '$close' at ${i - 1}")
             }
         }
 
