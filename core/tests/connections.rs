@@ -17,7 +17,7 @@ use kerntun::conns::{ConnState, Connection, ConnectionFilter, DomainSource};
 use kerntun::rules::{Action, Network, PortRange, Rule};
 use kerntun_testkit::rig::Rig;
 use kerntun_testkit::servers::Mode;
-use kerntun_testkit::{pattern, within};
+use kerntun_testkit::{pattern, uninterrupted, within};
 
 kerntun_testkit::root_tests!(list_and_close;
     system(StackKind::System),
@@ -182,7 +182,7 @@ fn udp_flows_listed_with_rule_and_chain(stack: StackKind) {
             let out = pattern(10 + i as u64, *n);
             s.send(&out).expect("udp send");
             let mut back = vec![0u8; 2048];
-            let got = s.recv(&mut back).expect("udp echo back");
+            let got = uninterrupted(|| s.recv(&mut back)).expect("udp echo back");
             assert_eq!(&back[..got], &out[..], "echoed datagram {i}");
         }
     }
@@ -253,7 +253,10 @@ fn udp_flows_listed_with_rule_and_chain(stack: StackKind) {
     let s = &sockets[0];
     s.send(b"again").expect("udp send");
     let mut back = [0u8; 16];
-    assert_eq!(s.recv(&mut back).expect("echo after close"), 5);
+    assert_eq!(
+        uninterrupted(|| s.recv(&mut back)).expect("echo after close"),
+        5
+    );
     let again = within(Duration::from_secs(2), || {
         let u = udp_of(&rig.engine.connections().connections);
         u.len() == 1 && u[0].bytes_up == 5 && u[0].bytes_down == 5

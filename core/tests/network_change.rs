@@ -28,7 +28,7 @@ use kerntun_testkit::dns::{self, DnsServer, Socks5Recorder, Zone};
 use kerntun_testkit::rig::{RESOLVER, Rig, socks5};
 use kerntun_testkit::servers::Mode;
 use kerntun_testkit::{
-    CLIENT_VETH, Topology, client, pattern, require_root, root_topology, within,
+    CLIENT_VETH, Topology, client, pattern, require_root, root_topology, uninterrupted, within,
 };
 
 /// The second uplink's ends: client side and server side.
@@ -168,7 +168,18 @@ fn keep_echoing(
 fn udp_round_trip(sock: &UdpSocket, to: SocketAddr, payload: &[u8]) -> bool {
     sock.send_to(payload, to).expect("send");
     let mut buf = [0u8; 64];
-    matches!(sock.recv_from(&mut buf), Ok((n, _)) if &buf[..n] == payload)
+    match uninterrupted(|| sock.recv_from(&mut buf)) {
+        Ok((n, _)) if &buf[..n] == payload => true,
+        // What came instead, for the failure this leads to.
+        got => {
+            let got = got.map(|(n, from)| (from, String::from_utf8_lossy(&buf[..n]).into_owned()));
+            eprintln!(
+                "{to}: sent {:?}, got {got:?}",
+                String::from_utf8_lossy(payload)
+            );
+            false
+        }
+    }
 }
 
 fn moves_to_uplink_b(stack: StackKind) {

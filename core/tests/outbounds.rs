@@ -29,7 +29,7 @@ use kerntun_testkit::servers::{self, Mode};
 use kerntun_testkit::tokio_servers::{
     InProcess, Socks5Options, in_process, listen, shadowsocks, socks5_server_with,
 };
-use kerntun_testkit::{Netns, Topology, client, require_root, root_topology};
+use kerntun_testkit::{Netns, Topology, client, require_root, root_topology, uninterrupted};
 
 const MIB: usize = 1024 * 1024;
 /// The AEAD-2022 keys (base64 of 16 and 32 bytes).
@@ -563,7 +563,7 @@ fn send_and_wait(to: SocketAddr) -> (io::Error, Duration) {
     let start = Instant::now();
     s.send(b"must not leave past the proxy").expect("send");
     let mut buf = [0u8; 64];
-    let e = match s.recv(&mut buf) {
+    let e = match uninterrupted(|| s.recv(&mut buf)) {
         Ok(n) => panic!("a reply of {n} bytes: the datagram got through"),
         Err(e) => e,
     };

@@ -24,7 +24,7 @@ use kerntun::rules::{Action, Network, PortRange, Rule};
 use kerntun::{Owner, OwnerLookup};
 use kerntun_testkit::rig::Rig;
 use kerntun_testkit::servers::{Mode, Server};
-use kerntun_testkit::{pattern, within};
+use kerntun_testkit::{pattern, uninterrupted, within};
 use parking_lot::Mutex;
 
 kerntun_testkit::root_tests!(package_rule_routes_by_owner;
@@ -130,7 +130,7 @@ fn udp_timed(
     let sent = std::time::Instant::now();
     s.send(&out).expect("udp send");
     let mut back = [0u8; 2048];
-    let ok = matches!(s.recv(&mut back), Ok(n) if back[..n] == out[..]);
+    let ok = matches!(uninterrupted(|| s.recv(&mut back)), Ok(n) if back[..n] == out[..]);
     (s, ok, sent.elapsed())
 }
 
