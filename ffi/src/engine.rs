@@ -257,7 +257,7 @@ impl Engine {
     /// Forward the platform's memory pressure (iOS dispatch source, Android
     /// `onTrimMemory`): new TCP sessions are admitted against a lower limit;
     /// running ones keep going. A raised level decays by itself after quiet
-    /// minutes (`core/src/budget.rs`, `PRESSURE_DECAY_STEP`).
+    /// minutes (`core/src/budget/pressure.rs`, `PRESSURE_DECAY_STEP`).
     pub fn set_memory_pressure(&self, level: MemoryPressure) {
         let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             if let Some(e) = self.running() {

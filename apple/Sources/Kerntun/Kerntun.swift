@@ -748,7 +748,7 @@ public protocol EngineProtocol: AnyObject, Sendable {
      * Forward the platform's memory pressure (iOS dispatch source, Android
      * `onTrimMemory`): new TCP sessions are admitted against a lower limit;
      * running ones keep going. A raised level decays by itself after quiet
-     * minutes (`core/src/budget.rs`, `PRESSURE_DECAY_STEP`).
+     * minutes (`core/src/budget/pressure.rs`, `PRESSURE_DECAY_STEP`).
      */
     func setMemoryPressure(level: MemoryPressure) 
     
@@ -1134,7 +1134,7 @@ open func setLogLevel(level: LogLevel)  {try! rustCall() {
      * Forward the platform's memory pressure (iOS dispatch source, Android
      * `onTrimMemory`): new TCP sessions are admitted against a lower limit;
      * running ones keep going. A raised level decays by itself after quiet
-     * minutes (`core/src/budget.rs`, `PRESSURE_DECAY_STEP`).
+     * minutes (`core/src/budget/pressure.rs`, `PRESSURE_DECAY_STEP`).
      */
 open func setMemoryPressure(level: MemoryPressure)  {try! rustCall() {
         uniffiCallStatus in
@@ -7954,7 +7954,7 @@ private let initializationResult: InitializationResult = {
     if (uniffi_kerntun_ffi_checksum_method_engine_set_log_level() != 7889) {
         return InitializationResult.apiChecksumMismatch
     }
-    if (uniffi_kerntun_ffi_checksum_method_engine_set_memory_pressure() != 38109) {
+    if (uniffi_kerntun_ffi_checksum_method_engine_set_memory_pressure() != 45958) {
         return InitializationResult.apiChecksumMismatch
     }
     if (uniffi_kerntun_ffi_checksum_method_engine_sleep() != 54383) {

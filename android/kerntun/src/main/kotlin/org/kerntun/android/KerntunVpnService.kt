@@ -131,7 +131,7 @@ abstract class KerntunVpnService : VpnService() {
     open fun engineConfig(): EngineConfig = EngineConfig(
         tun = TunOptions(
             // Some devices refuse 65535-byte TUN writes with ENOBUFS; 9000 is the
-            // engine's Android default (core/src/budget.rs, `default_mtu`).
+            // engine's Android default (core/src/budget/mod.rs, `default_mtu`).
             mtu = 9000.toUShort(),
             ipv4 = "198.18.0.1/16",
             ipv6 = "fd00:18::1/64",
