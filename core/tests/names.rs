@@ -77,6 +77,7 @@ impl Rig {
             .parse()
             .expect("upstream");
         let ob = Outbounds::new(
+            &BTreeMap::new(),
             &map,
             &[],
             &RelayConfig::default(),

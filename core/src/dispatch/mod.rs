@@ -456,6 +456,7 @@ mod tests {
         let outbounds = Arc::new(
             Outbounds::new(
                 &BTreeMap::new(),
+                &BTreeMap::new(),
                 &rules,
                 &RelayConfig::default(),
                 factory,

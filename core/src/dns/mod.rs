@@ -813,6 +813,7 @@ mod tests {
         c.validate().expect("valid");
         let ob = Outbounds::new(
             &c.outbounds,
+            &std::collections::BTreeMap::new(),
             &c.rules,
             &c.relay,
             SocketFactory::new(&c.direct, None),

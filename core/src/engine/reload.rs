@@ -187,7 +187,7 @@ impl Engine {
         let old = parts.routing.load_full();
 
         // Build the next generation; any failure leaves everything as it was.
-        let mut outbounds = Outbounds::with_groups(
+        let mut outbounds = Outbounds::new(
             &config.outbounds,
             &config.groups,
             &config.rules,

@@ -201,7 +201,7 @@ async fn assemble(
 ) -> Result<Assembled, StartError> {
     let factory = SocketFactory::new(&config.direct, protect);
     let outbounds = Arc::new(
-        Outbounds::with_groups(
+        Outbounds::new(
             &config.outbounds,
             &config.groups,
             &config.rules,

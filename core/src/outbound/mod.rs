@@ -254,29 +254,9 @@ pub struct Outbounds {
 }
 
 impl Outbounds {
-    /// Resolve `rules` against the configured outbounds and derive keys.
+    /// Resolve `rules` against the configured outbounds and the groups
+    /// (`[groups]`) they may name too, and derive keys.
     pub fn new(
-        outbounds: &BTreeMap<String, OutboundConfig>,
-        rules: &[Rule],
-        relay: &RelayConfig,
-        factory: SocketFactory,
-        relay_buffer: usize,
-        resolvers: resolve::Resolvers,
-    ) -> Result<Self, SetupError> {
-        let none = BTreeMap::new();
-        Self::with_groups(
-            outbounds,
-            &none,
-            rules,
-            relay,
-            factory,
-            relay_buffer,
-            resolvers,
-        )
-    }
-
-    /// [`Outbounds::new`] with groups (`[groups]`) rules may name too.
-    pub fn with_groups(
         outbounds: &BTreeMap<String, OutboundConfig>,
         groups: &BTreeMap<String, GroupConfig>,
         rules: &[Rule],

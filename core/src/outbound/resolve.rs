@@ -767,7 +767,15 @@ mod tests {
         );
         let build = |r: Resolvers| {
             let factory = SocketFactory::new(&DirectConfig::default(), None);
-            Outbounds::new(&outs, &[], &RelayConfig::default(), factory, 64 * 1024, r)
+            Outbounds::new(
+                &outs,
+                &BTreeMap::new(),
+                &[],
+                &RelayConfig::default(),
+                factory,
+                64 * 1024,
+                r,
+            )
         };
         let t = Duration::from_secs(1);
         let phone = Resolvers::from_network(&[], &[], t);
