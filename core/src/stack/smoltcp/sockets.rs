@@ -181,28 +181,17 @@ impl Inner {
             held,
             ..
         } = self;
-        let slot = id.and_then(|i| slots.get_mut(i as usize)?.as_mut());
-        let Some(slot) = slot else {
-            let mut dev = Dev {
-                rx: pkt,
-                tx,
-                sink,
-                count,
-                mtu,
-                hold: None,
-            };
-            iface.poll(ts, &mut dev, none);
-            return;
-        };
+        let mut slot = id.and_then(|i| slots.get_mut(i as usize)?.as_mut());
         let id = id.unwrap_or_default();
-        let mut h = match slot.held {
-            Some(i) => held.get_mut(i as usize).map(|e| &mut e.1),
-            None if hold => {
+        // The socket's held ACKs: none for a packet of no socket.
+        let mut h = match slot.as_deref_mut() {
+            Some(Slot { held: Some(i), .. }) => held.get_mut(*i as usize).map(|e| &mut e.1),
+            Some(slot) if hold => {
                 slot.held = Some(held.len() as u32);
                 held.push((id, Held::default()));
                 held.last_mut().map(|e| &mut e.1)
             }
-            None => None,
+            _ => None,
         };
         if !hold && let Some(h) = h.take() {
             h.flush(sink, count);
@@ -214,6 +203,10 @@ impl Inner {
             count,
             mtu,
             hold: h,
+        };
+        let Some(slot) = slot else {
+            iface.poll(ts, &mut dev, none);
+            return;
         };
         iface.poll(ts, &mut dev, &mut slot.set);
         let at = iface.poll_at(ts, &slot.set);
