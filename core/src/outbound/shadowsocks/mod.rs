@@ -202,17 +202,36 @@ pub fn tcp_session(k: &Key, target: &Address) -> Result<TcpSession, ShadowsocksE
     })
 }
 
+/// What the TCP and UDP tests share: a target and a working key for
+/// every method.
+#[cfg(test)]
+mod fixtures {
+    use super::*;
+
+    /// 32 bytes, base64: a key for `2022-blake3-aes-256-gcm`.
+    pub(super) const PSK32: &str = "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=";
+
+    /// Every method with a key it accepts.
+    pub(super) const KEYS: [(Method, &str); 6] = [
+        (Method::None, ""),
+        (Method::Aes128Gcm, "pw"),
+        (Method::Aes256Gcm, "pw"),
+        (Method::Chacha20IetfPoly1305, "pw"),
+        (Method::Blake3Aes128Gcm, "AAECAwQFBgcICQoLDA0ODw=="),
+        (Method::Blake3Aes256Gcm, PSK32),
+    ];
+
+    pub(super) fn target() -> Address {
+        Address::Ip("198.19.1.2:7".parse().expect("a"))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use kerntun_proto::framing::Framing;
 
+    use super::fixtures::{KEYS, PSK32, target};
     use super::*;
-
-    const PSK32: &str = "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=";
-
-    fn target() -> Address {
-        Address::Ip("198.19.1.2:7".parse().expect("a"))
-    }
 
     #[test]
     fn keys_are_checked() {
@@ -244,13 +263,7 @@ mod tests {
     /// each connection draws a salt of its own.
     #[test]
     fn aead_methods_start_a_framed_stream_with_a_fresh_salt() {
-        for (m, pw) in [
-            (Method::Aes128Gcm, "pw"),
-            (Method::Aes256Gcm, "pw"),
-            (Method::Chacha20IetfPoly1305, "pw"),
-            (Method::Blake3Aes128Gcm, "AAECAwQFBgcICQoLDA0ODw=="),
-            (Method::Blake3Aes256Gcm, PSK32),
-        ] {
+        for (m, pw) in KEYS.into_iter().filter(|&(m, _)| m != Method::None) {
             let k = Key::new(m, pw).expect("key");
             let salt_len = m.kind().salt_len();
             let (a, b) = (
