@@ -449,15 +449,14 @@ impl UdpTable {
         let state = Arc::new(ReplyState::new(self.epoch, shared.mtu));
         let (io, task) = match (route, dst) {
             (Route::Proxy(i), target) if on.outbounds.udp_proxied(route) => {
-                let (queue, rx, spare_tx) = Queue::new(shared.queues.clone(), shared.mtu);
+                let (queue, inbox) = Queue::new(shared.queues.clone(), shared.mtu);
                 let task = tokio::spawn(proxied::proxy_flow(
                     self.shared.clone(),
                     on.outbounds.clone(),
                     i,
                     key,
                     target,
-                    rx,
-                    spare_tx,
+                    inbox,
                     state.clone(),
                 ))
                 .abort_handle();
@@ -471,14 +470,13 @@ impl UdpTable {
                     local.drop(EngineDrop::UdpOpenFailed);
                     return false;
                 };
-                let (queue, rx, spare_tx) = Queue::new(shared.queues.clone(), shared.mtu);
+                let (queue, inbox) = Queue::new(shared.queues.clone(), shared.mtu);
                 let task = tokio::spawn(proxied::resolved_flow(
                     self.shared.clone(),
                     dns,
                     domain,
                     key,
-                    rx,
-                    spare_tx,
+                    inbox,
                     state.clone(),
                 ))
                 .abort_handle();

@@ -52,13 +52,30 @@ pub(super) struct Queue {
     kept: Option<Vec<u8>>,
 }
 
+/// The flow task's end of its queue: the datagrams the driver loaded, and
+/// the way back for each buffer once it is sent.
+#[derive(Debug)]
+pub(super) struct Inbox {
+    rx: mpsc::Receiver<Vec<u8>>,
+    spare: mpsc::Sender<Vec<u8>>,
+}
+
+impl Inbox {
+    /// The next datagram; `None` once the driver closed the flow.
+    async fn next(&mut self) -> Option<Vec<u8>> {
+        self.rx.recv().await
+    }
+
+    /// Hand `buf` back for the driver's next datagram (the driver
+    /// allocates only while fewer than [`QUEUE_DEPTH`] exist).
+    fn give_back(&self, buf: Vec<u8>) {
+        let _ = self.spare.try_send(buf);
+    }
+}
+
 impl Queue {
-    /// The driver's end, the flow task's receiver, and the task's way to
-    /// hand buffers back.
-    pub(super) fn new(
-        budget: Arc<ByteBudget>,
-        mtu: u16,
-    ) -> (Queue, mpsc::Receiver<Vec<u8>>, mpsc::Sender<Vec<u8>>) {
+    /// The driver's end and the flow task's.
+    pub(super) fn new(budget: Arc<ByteBudget>, mtu: u16) -> (Queue, Inbox) {
         let (tx, rx) = mpsc::channel(QUEUE_DEPTH);
         let (spare_tx, spare) = mpsc::channel(QUEUE_DEPTH);
         let q = Queue {
@@ -70,7 +87,13 @@ impl Queue {
             charged: 0,
             kept: None,
         };
-        (q, rx, spare_tx)
+        (
+            q,
+            Inbox {
+                rx,
+                spare: spare_tx,
+            },
+        )
     }
 
     /// `payload` copied into a buffer for the flow's task, charged at the
@@ -154,14 +177,12 @@ impl Drop for Queue {
 /// A direct flow to a fake address: resolve its domain through the DNS
 /// service (never the fake pool), connect to the real address, then relay
 /// what the driver queues; replies reach the app from the fake address.
-#[allow(clippy::too_many_arguments)]
 pub(super) async fn resolved_flow(
     shared: Arc<UdpEnv>,
     dns: Arc<Dns>,
     domain: String,
     key: FlowKey,
-    mut rx: mpsc::Receiver<Vec<u8>>,
-    spare: mpsc::Sender<Vec<u8>>,
+    mut inbox: Inbox,
     state: Arc<ReplyState>,
 ) {
     let server = key.server;
@@ -196,7 +217,7 @@ pub(super) async fn resolved_flow(
         state.clone(),
     );
     let up = async {
-        while let Some(buf) = rx.recv().await {
+        while let Some(buf) = inbox.next().await {
             match sock.send(&buf).await {
                 Ok(_) => {
                     stats.udp_packets_up.fetch_add(1, Relaxed);
@@ -204,7 +225,7 @@ pub(super) async fn resolved_flow(
                 }
                 Err(_) => stats.drop(EngineDrop::UdpSendError),
             }
-            let _ = spare.try_send(buf);
+            inbox.give_back(buf);
         }
     };
     tokio::select! {
@@ -231,15 +252,13 @@ fn stranded(shared: &UdpEnv, state: &ReplyState) {
 /// and turn the proxy's replies into IP packets, until the flow is dropped
 /// (the driver aborts the task), the queue closes, the association ends,
 /// or a network change strands its socket or its control connection.
-#[allow(clippy::too_many_arguments)]
 pub(super) async fn proxy_flow(
     shared: Arc<UdpEnv>,
     outbounds: Arc<Outbounds>,
     idx: usize,
     key: FlowKey,
     target: Address,
-    mut rx: mpsc::Receiver<Vec<u8>>,
-    spare: mpsc::Sender<Vec<u8>>,
+    mut inbox: Inbox,
     state: Arc<ReplyState>,
 ) {
     let server = key.server;
@@ -327,7 +346,7 @@ pub(super) async fn proxy_flow(
     let mut tally = super::listed::TallyCache::default();
     loop {
         tokio::select! {
-            d = rx.recv() => {
+            d = inbox.next() => {
                 let Some(buf) = d else { return };
                 match codec.encode(&target, &buf, &mut wire) {
                     Ok(()) => match sock.send(&wire).await {
@@ -339,9 +358,7 @@ pub(super) async fn proxy_flow(
                     },
                     Err(_) => stats.drop(EngineDrop::UdpSendError),
                 }
-                // Hand the buffer back for the next datagram (the driver
-                // allocates only while fewer than QUEUE_DEPTH exist).
-                let _ = spare.try_send(buf);
+                inbox.give_back(buf);
                 if wire.capacity() > wire_keep {
                     wire = Vec::new();
                 }
@@ -507,7 +524,7 @@ mod tests {
         let budget = Arc::new(ByteBudget::new(10 * unit, pressure.clone()));
         let mut flows: Vec<_> = (0..4).map(|_| Queue::new(budget.clone(), MTU)).collect();
         let mut made = Vec::new();
-        for (q, _, _) in &mut flows {
+        for (q, _) in &mut flows {
             let mut n = 0;
             while let Some(b) = q.buffer(now) {
                 n += 1;
@@ -519,15 +536,18 @@ mod tests {
         assert_eq!(made, [11, 1, 1, 1], "one each, ten from the budget");
         assert_eq!(budget.used(), 10 * unit);
         // A buffer the task hands back is reused without a charge.
-        let (q, _, spare) = &mut flows[1];
-        spare.try_send(Vec::with_capacity(unit)).expect("room");
+        let (q, inbox) = &mut flows[1];
+        inbox
+            .spare
+            .try_send(Vec::with_capacity(unit))
+            .expect("room");
         assert!(q.buffer(now).is_some());
         assert!(q.buffer(now).is_none());
         // Critical pressure: a quarter of the budget for new buffers.
         pressure.report(MemoryPressure::Critical, now);
         drop(flows.remove(0));
         assert_eq!(budget.used(), 0, "a closed flow gives its bytes back");
-        let (q, _, _) = &mut flows[0];
+        let (q, _) = &mut flows[0];
         let mut n = 0;
         while q.buffer(now).is_some() {
             n += 1;
@@ -553,7 +573,7 @@ mod tests {
         let budget = Arc::new(ByteBudget::new(limit, pressure));
         let mut flows: Vec<_> = (0..8).map(|_| Queue::new(budget.clone(), MTU)).collect();
         let mut held = Vec::new();
-        for (q, _, _) in &mut flows {
+        for (q, _) in &mut flows {
             for _ in 0..QUEUE_DEPTH {
                 held.extend(q.load(&big, now));
             }
@@ -577,13 +597,13 @@ mod tests {
         drop(flows);
         assert_eq!(budget.used(), 0, "closed flows give their bytes back");
         let budget = Arc::new(ByteBudget::new(64 * 1024, Arc::new(Pressure::default())));
-        let (mut q, _rx, spare) = Queue::new(budget.clone(), MTU);
+        let (mut q, inbox) = Queue::new(budget.clone(), MTU);
         let b = q.load(&big, now).expect("the excess fits");
         assert_eq!(b.capacity(), big.len());
         assert_eq!(budget.used(), big.len() - unit, "the excess over the MTU");
         assert!(q.load(&big, now).is_none(), "a second excess does not fit");
         assert_eq!(budget.used(), big.len() - unit, "a refusal charges nothing");
-        spare.try_send(b).expect("room");
+        inbox.spare.try_send(b).expect("room");
         let small = q.load(&[1u8; 100], now).expect("the recycled buffer");
         assert!(small.capacity() <= unit, "shrunk: {}", small.capacity());
         assert_eq!(budget.used(), 0, "its excess given back");
