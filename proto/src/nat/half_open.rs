@@ -381,25 +381,20 @@ mod tests {
         NatTable::new(cfg, now)
     }
 
-    /// A SYN from `src:cport`, admitted Connecting at `at` with a permit
+    /// A SYN from `src:cport`, admitted in `stage` at `at` with a permit
     /// tagged `cport`.
-    fn connecting(
+    fn admitted(
         t: &NatTable<Permit>,
         permits: &Permits,
         src: IpAddr,
         cport: u16,
+        stage: Stage,
         at: Instant,
     ) -> Uplink<Permit> {
         let u = t.uplink(&key(src, cport), Some(1), at).unwrap();
         assert!(u.created);
-        t.admit(
-            u.port,
-            u.generation,
-            Stage::Connecting,
-            permits.take(cport),
-            at,
-        )
-        .unwrap();
+        t.admit(u.port, u.generation, stage, permits.take(cport), at)
+            .unwrap();
         u
     }
 
@@ -425,7 +420,14 @@ mod tests {
         let permits = Permits::default();
         let mut flows = Vec::new();
         for (i, src) in [(1u16, OTHER), (2, SRC), (3, SRC)] {
-            flows.push(connecting(&t, &permits, src, i, t0 + u32::from(i) * MS));
+            flows.push(admitted(
+                &t,
+                &permits,
+                src,
+                i,
+                Stage::Connecting,
+                t0 + u32::from(i) * MS,
+            ));
         }
         // A New flow (not admitted) is not counted.
         t.uplink(&key(SRC, 4), Some(1), t0).unwrap();
@@ -466,12 +468,12 @@ mod tests {
             },
             t0,
         );
-        let a = connecting(&t, permits, SRC, 1, t0);
+        let a = admitted(&t, permits, SRC, 1, Stage::Connecting, t0);
         let later = t0 + t.config().half_open_timeout;
         let Cleanup { expired, .. } = t.cleanup(later);
         assert_eq!(expired.len(), 1, "A's attachment comes back with its entry");
         drop(expired);
-        let b = connecting(&t, permits, SRC, 2, later);
+        let b = admitted(&t, permits, SRC, 2, Stage::Connecting, later);
         assert_eq!(a.port, b.port);
         (t, a, b, later)
     }
@@ -524,10 +526,8 @@ mod tests {
         let t0 = Instant::now();
         let t = table(NatConfig::default(), t0);
         let permits = Permits::default();
-        let c = connecting(&t, &permits, SRC, 1, t0);
-        let u = t.uplink(&key(SRC, 2), Some(1), t0).unwrap();
-        t.admit(u.port, u.generation, Stage::Ready, permits.take(2), t0)
-            .unwrap();
+        let c = admitted(&t, &permits, SRC, 1, Stage::Connecting, t0);
+        let u = admitted(&t, &permits, SRC, 2, Stage::Ready, t0);
         let before = t0 + HANDSHAKE_TIMEOUT - MS;
         assert_eq!(t.cleanup(before).total(), 0);
         let done = t.cleanup(t0 + HANDSHAKE_TIMEOUT);
@@ -549,10 +549,7 @@ mod tests {
             },
             t0,
         );
-        let u = short.uplink(&key(SRC, 3), Some(1), t0).unwrap();
-        short
-            .admit(u.port, u.generation, Stage::Ready, permits.take(3), t0)
-            .unwrap();
+        admitted(&short, &permits, SRC, 3, Stage::Ready, t0);
         let done = short.cleanup(t0 + Duration::from_secs(1));
         assert_eq!((done.timed_out.len(), done.removed.half_open), (1, 1));
         t.check_invariants().unwrap();
@@ -622,7 +619,7 @@ mod tests {
         let t0 = Instant::now();
         let permits = Permits::default();
         let t = table(NatConfig::default(), t0);
-        let old = connecting(&t, &permits, SRC, 1, t0);
+        let old = admitted(&t, &permits, SRC, 1, Stage::Connecting, t0);
         let new = t.uplink(&key(SRC, 1), Some(2), t0).unwrap();
         assert!(new.created && new.port != old.port);
         assert_eq!(new.replaced.map(|p| p.tag), Some(1));
@@ -653,7 +650,7 @@ mod tests {
             },
             t0,
         );
-        let a = connecting(&t, &permits, SRC, 1, t0);
+        let a = admitted(&t, &permits, SRC, 1, Stage::Connecting, t0);
         let b = t.uplink(&key(SRC, 2), Some(1), t0).unwrap();
         let c = t.uplink(&key(SRC, 3), Some(1), t0).unwrap();
         let evicted = c.evicted.expect("the full table evicted");
