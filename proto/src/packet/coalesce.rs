@@ -128,7 +128,8 @@ fn append_parsing(buf: &mut [u8], head_len: usize, next: &[u8], checked: Next) -
 }
 
 /// Merge `next` into the head (both described by their headers): on a
-/// merge, `head` then describes the merged packet.
+/// merge, `head` then describes the merged packet; otherwise `buf` and
+/// `head` are untouched.
 fn append_with(
     buf: &mut [u8],
     head: &mut PlainTcp,
@@ -136,7 +137,13 @@ fn append_with(
     n: &PlainTcp,
     checked: Next,
 ) -> bool {
-    let Some(new_len) = merge(buf, head, next, n, checked) else {
+    let Some(head_bytes) = buf.get(..head.ip.len) else {
+        return false;
+    };
+    if !same_flow(head_bytes, next, n) {
+        return false;
+    }
+    let Some(new_len) = join(buf, head, next, n, checked) else {
         return false;
     };
     grown(head, n, new_len);
@@ -148,22 +155,6 @@ fn grown(head: &mut PlainTcp, n: &PlainTcp, new_len: usize) {
     head.ip.len = new_len;
     head.tcp.payload_len += n.tcp.payload_len;
     head.tcp.flags |= n.tcp.flags & flags::PSH;
-}
-
-/// The merge itself: the merged packet's length, or `None` with `buf`
-/// untouched.
-fn merge(
-    buf: &mut [u8],
-    head: &PlainTcp,
-    next: &[u8],
-    n: &PlainTcp,
-    checked: Next,
-) -> Option<usize> {
-    let head_bytes = buf.get(..head.ip.len)?;
-    if !same_flow(head_bytes, next, n) {
-        return None;
-    }
-    join(buf, head, next, n, checked)
 }
 
 /// Whether `next` (a plain TCP segment, its headers `n`) belongs where the
