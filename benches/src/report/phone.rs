@@ -1128,20 +1128,14 @@ mod tests {
             .expect("before and after");
         let main = &main[main.find("### Throughput and engine cost").expect("main")..];
         assert!(!main.contains("| android |"), "{main}");
-        assert!(
-            after.contains("| android | 1500 | per-packet@abc1234 | upload | 12 % → 25 % |"),
-            "{after}"
-        );
-        assert!(
-            after.contains("| router | 1500 | per-packet@24b3908 | upload | 6 % → 12 % |"),
-            "{after}"
-        );
-        assert!(
-            after.contains(
+        assert_contains(
+            after,
+            &[
+                "| android | 1500 | per-packet@abc1234 | upload | 12 % → 25 % |",
+                "| router | 1500 | per-packet@24b3908 | upload | 6 % → 12 % |",
                 "The earlier engines, `abc1234` and `24b3908` (before; the driver column names \
-                 which), ran right after"
-            ),
-            "{after}"
+                 which), ran right after",
+            ],
         );
         // Each stream list is its own topology's.
         assert!(page.contains("The android topology at 1 streams"), "{page}");
