@@ -185,7 +185,7 @@ impl SocketFactory {
 /// refuse it without CAP_NET_RAW, which an Android app does not hold: the
 /// socket then stays unbound (warned once per process), and the protect
 /// hook and the routes keep it off the TUN as they did before any network
-/// change, as quinn-udp falls back when an option is refused.
+/// change: a refused option costs the pinning, not the connection.
 #[cfg(linux_like)]
 fn bind_host_name(sock: &Socket, name: &str) -> io::Result<()> {
     static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);

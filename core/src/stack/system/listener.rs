@@ -116,7 +116,7 @@ pub(crate) fn bind_listener(
 /// SO_BINDTODEVICE. Kernels before 5.7 refuse it without CAP_NET_RAW,
 /// which an Android app does not hold: the listener then stays unbound
 /// (said in the start log) and the accept loop's peer check is what
-/// remains, as quinn-udp falls back when an option is refused.
+/// remains: a refused option costs the pinning, not the listener.
 #[cfg(linux_like)]
 fn bind_to_name(sock: &Socket, name: &str) -> io::Result<()> {
     match sock.bind_device(Some(name.as_bytes())) {
