@@ -181,8 +181,7 @@ mod tests {
     /// connection to the server (the baseline path), at the MTU asked for.
     #[test]
     fn app_reaches_the_server_through_the_forwarding_namespace() {
-        crate::require_root!();
-        let topo = Topology::new().expect("topology");
+        let topo = crate::root_topology!();
         let r = Router::attach(&topo).expect("router");
         r.set_mtu(&topo, 9000).expect("mtu");
         let echo = servers::tcp(

@@ -93,8 +93,7 @@ mod tests {
     /// the veth; without the rule, the uid's take the veth too.
     #[test]
     fn only_the_uid_is_routed_into_the_device() {
-        crate::require_root!();
-        let topo = Topology::new().expect("topology");
+        let topo = crate::root_topology!();
         // A stand-in for the engine's TUN: any device up in the namespace.
         topo.client
             .ip(&[
