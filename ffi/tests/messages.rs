@@ -52,6 +52,23 @@ fn error(v: &Value) -> (&str, Option<&str>) {
     )
 }
 
+/// A request that must be refused: its id, command and arguments, and the
+/// error's kind and field.
+type Refusal = (
+    u64,
+    &'static str,
+    Value,
+    (&'static str, Option<&'static str>),
+);
+
+/// Send each request; each must be refused as its case says (a failure
+/// names the case's id and command).
+fn refused(engine: &Engine, cases: impl IntoIterator<Item = Refusal>) {
+    for (id, cmd, args, want) in cases {
+        assert_eq!(error(&ask(engine, id, cmd, args)), want, "{id} {cmd}");
+    }
+}
+
 #[test]
 fn every_command_answers_through_handle_message() {
     let topo = root_topology!();
@@ -133,22 +150,29 @@ fn every_command_answers_through_handle_message() {
         groups["groups"][0]["members"][1]["health"],
         json!("unknown")
     );
-    let v = ask(
+    refused(
         &engine,
-        6,
-        "select",
-        json!({ "group": "nope", "member": "direct" }),
+        [
+            (
+                6,
+                "select",
+                json!({ "group": "nope", "member": "direct" }),
+                ("unknown_group", None),
+            ),
+            (
+                7,
+                "select",
+                json!({ "group": "g", "member": "nope" }),
+                ("unknown_member", None),
+            ),
+            (
+                8,
+                "select",
+                json!({ "group": "g" }),
+                ("bad_request", Some("args")),
+            ),
+        ],
     );
-    assert_eq!(error(&v).0, "unknown_group");
-    let v = ask(
-        &engine,
-        7,
-        "select",
-        json!({ "group": "g", "member": "nope" }),
-    );
-    assert_eq!(error(&v).0, "unknown_member");
-    let v = ask(&engine, 8, "select", json!({ "group": "g" }));
-    assert_eq!(error(&v), ("bad_request", Some("args")));
     assert_eq!(
         ok(ask(
             &engine,
@@ -162,37 +186,37 @@ fn every_command_answers_through_handle_message() {
     assert_eq!(groups["groups"][0]["selected"], json!("reject"));
 
     // An unknown outbound, a URL the probe cannot speak, a misspelt filter
-    // (it closes nothing): each its kind of error.
-    for (id, cmd, args, kind) in [
-        (
-            11,
-            "test_latency",
-            json!({ "outbound": "nope", "url": "http://a.test/" }),
-            "unknown_outbound",
-        ),
-        (
-            12,
-            "test_latency",
-            json!({ "outbound": "direct", "url": "ftp://a" }),
-            "invalid_url",
-        ),
-        (
-            13,
-            "close_connections",
-            json!({ "destination": "1.2.3.4" }),
-            "bad_request",
-        ),
-    ] {
-        assert_eq!(error(&ask(&engine, id, cmd, args)).0, kind, "{id} {cmd}");
-    }
-    // A bad address names the field.
-    let v = ask(
+    // (it closes nothing): each its kind of error; a bad address names the
+    // field.
+    refused(
         &engine,
-        14,
-        "close_connections",
-        json!({ "destination_ip": "not-an-ip" }),
+        [
+            (
+                11,
+                "test_latency",
+                json!({ "outbound": "nope", "url": "http://a.test/" }),
+                ("unknown_outbound", None),
+            ),
+            (
+                12,
+                "test_latency",
+                json!({ "outbound": "direct", "url": "ftp://a" }),
+                ("invalid_url", None),
+            ),
+            (
+                13,
+                "close_connections",
+                json!({ "destination": "1.2.3.4" }),
+                ("bad_request", Some("args")),
+            ),
+            (
+                14,
+                "close_connections",
+                json!({ "destination_ip": "not-an-ip" }),
+                ("config", Some("destination_ip")),
+            ),
+        ],
     );
-    assert_eq!(error(&v), ("config", Some("destination_ip")));
     let closed = ok(ask(
         &engine,
         15,
@@ -238,8 +262,15 @@ fn every_command_answers_through_handle_message() {
         )),
         json!({})
     );
-    let v = ask(&engine, 18, "set_log_level", json!({ "level": "loud" }));
-    assert_eq!(error(&v).0, "bad_request");
+    refused(
+        &engine,
+        [(
+            18,
+            "set_log_level",
+            json!({ "level": "loud" }),
+            ("bad_request", Some("args")),
+        )],
+    );
     let logs = ok(ask(&engine, 19, "recent_logs", json!({ "limit": 3 })));
     let lines = logs["lines"].as_array().expect("lines");
     assert!(!lines.is_empty() && lines.len() <= 3, "{logs}");
@@ -265,24 +296,30 @@ fn every_command_answers_through_handle_message() {
         ok(ask(&engine, 21, "groups", json!({})))["groups"],
         json!([])
     );
-    let v = ask(
+    refused(
         &engine,
-        22,
-        "reload",
-        json!({ "config": { "tun": { "name": "other0" } } }),
+        [
+            (
+                22,
+                "reload",
+                json!({ "config": { "tun": { "name": "other0" } } }),
+                ("needs_restart", Some("tun.name")),
+            ),
+            (
+                23,
+                "reload",
+                json!({ "config": { "rules": [{ "action": "nowhere" }] } }),
+                ("config", Some("rules[0].action")),
+            ),
+            (
+                24,
+                "reload",
+                json!({ "config": { "rulez": [] } }),
+                ("config", Some("rulez")),
+            ),
+            (25, "reload", json!({}), ("bad_request", Some("args"))),
+        ],
     );
-    assert_eq!(error(&v), ("needs_restart", Some("tun.name")));
-    let v = ask(
-        &engine,
-        23,
-        "reload",
-        json!({ "config": { "rules": [{ "action": "nowhere" }] } }),
-    );
-    assert_eq!(error(&v).0, "config");
-    let v = ask(&engine, 24, "reload", json!({ "config": { "rulez": [] } }));
-    assert_eq!(error(&v), ("config", Some("rulez")));
-    let v = ask(&engine, 25, "reload", json!({}));
-    assert_eq!(error(&v).0, "bad_request");
     // The reloaded rules still connect.
     drop(client::held_echo(srv.addr, b"pong"));
 
@@ -299,15 +336,23 @@ fn every_command_answers_through_handle_message() {
         ok(ask(&engine, 32, "connections", json!({})))["connections"],
         json!([])
     );
-    let v = ask(
+    refused(
         &engine,
-        33,
-        "select",
-        json!({ "group": "g", "member": "direct" }),
+        [
+            (
+                33,
+                "select",
+                json!({ "group": "g", "member": "direct" }),
+                ("not_running", None),
+            ),
+            (
+                34,
+                "reload",
+                json!({ "config": { "rules": [] } }),
+                ("not_running", None),
+            ),
+        ],
     );
-    assert_eq!(error(&v).0, "not_running");
-    let v = ask(&engine, 34, "reload", json!({ "config": { "rules": [] } }));
-    assert_eq!(error(&v).0, "not_running");
     assert!(
         !ok(ask(&engine, 35, "recent_logs", json!({})))["lines"]
             .as_array()
