@@ -40,8 +40,8 @@ use kerntun::config::{Config, DriverMode, StackKind};
 use kerntun_testkit::rig::{Flood, Injected, Rig, RigBuilder};
 use kerntun_testkit::servers::{self, Mode};
 use kerntun_testkit::{
-    Topology, client, count_fds, count_threads, mappings, peak_rss_kib, require_root,
-    resident_growth, rss_kib, serial, serial_topology, within,
+    Topology, client, count_fds, count_threads, mappings, peak_rss_kib, resident_growth, rss_kib,
+    serial_topology, within,
 };
 
 /// The single runs' engine: the system stack, named (not left to `auto`),
@@ -286,14 +286,13 @@ fn malformed_ip_storm_is_counted_and_flows_are_unaffected() {
 /// oldest flows are evicted and counted, memory stays bounded.
 #[test]
 fn udp_flood_to_many_destinations_is_bounded() {
-    require_root!();
-    let _s = serial();
+    let (_s, topo) = serial_topology!();
     // A flow per destination (one source: one flow with endpoint-independent
     // mapping, whose destinations are bounded per mapping instead).
     let rig = system()
         .budget(|b| b.udp_flows = Some(64))
         .config(|_, c| c.direct.udp_nat = kerntun::config::UdpNat::Connected)
-        .start();
+        .start_in(topo);
     let rss0 = rss_kib();
     let sock = std::net::UdpSocket::bind("0.0.0.0:0").expect("udp");
     const DESTS: u16 = 5_000;
@@ -326,9 +325,8 @@ fn udp_flood_to_many_destinations_is_bounded() {
 /// nothing is left behind.
 #[test]
 fn outbound_reset_mid_transfer_reaches_the_app() {
-    require_root!();
-    let _s = serial();
-    let rig = system().start();
+    let (_s, topo) = serial_topology!();
+    let rig = system().start_in(topo);
     let srv = rig.tcp_server(false, Mode::ResetAfter(1 << 20));
     let started = Instant::now();
     let err = client::echo_transfer(srv.addr, 3, 16 << 20, false).expect_err("reset");
@@ -351,9 +349,8 @@ fn outbound_reset_mid_transfer_reaches_the_app() {
 /// control through the engine, memory stays bounded, nothing hangs.
 #[test]
 fn slow_reader_is_paced_with_bounded_memory() {
-    require_root!();
-    let _s = serial();
-    let rig = system().start();
+    let (_s, topo) = serial_topology!();
+    let rig = system().start_in(topo);
     let srv = rig.tcp_server(false, Mode::SlowSink(2 << 20));
     let rss0 = rss_kib();
     let mut s = TcpStream::connect_timeout(&srv.addr, Duration::from_secs(2)).expect("connect");
@@ -536,8 +533,7 @@ fn flood<T>(
     prepare: impl FnOnce(&Topology) -> T,
     check: impl FnOnce(&Outcome<'_>, T),
 ) {
-    let _s = serial();
-    let topo = Topology::new().expect("topology");
+    let (_s, topo) = serial_topology!();
     let echo = topo.tcp_server(false, Mode::Echo);
     // What the floods aim at: a server that accepts and holds, on one port
     // of both families (apart from the echo server, whose own accept
