@@ -5,13 +5,17 @@
 //!
 //! Input: a flags byte (bit 0: AEAD-2022 `2022-blake3-aes-128-gcm`, else
 //! SIP004 `aes-128-gcm`; bit 1: the rest is the stream itself, raw; bit 2:
-//! flip one byte of the stream), a read size byte (reads of its square plus
+//! flip one byte of the stream; bit 3: each read is opened with 2,048
+//! bytes of room for a cut frame, as the relay first gives, and its rest
+//! again with the room the reader asks for), a read size byte (reads of its square plus
 //! one bytes: 1 to 65,026), two bytes naming the byte to flip, then the chunk lengths, two
 //! bytes each (each cut to the method's largest chunk, at most 96 KiB in
 //! all; a stream is read in 2,048 pieces at most), from which a real server stream is sealed.
 //!
 //! Invariants: nothing panics; what the reader holds of a cut frame
-//! (`Open::held`) never passes the largest frame the method has; the
+//! (`Open::held`) never passes the largest frame the method has, nor the
+//! room it was given; a read it stops short of leaves it holding nothing
+//! and a rest shorter than the frame it asks room for; the
 //! plaintext delivered is always a prefix of what the server sealed, and
 //! nothing after an error; an intact stream fed whole is delivered whole,
 //! ends cleanly, and leaves nothing held (given one chunk at least); raw
@@ -57,6 +61,7 @@ fuzz_target!(|data: &[u8]| {
     };
     let v2 = flags & 1 != 0;
     let raw = flags & 2 != 0;
+    let room = if flags & 8 != 0 { 2048 } else { usize::MAX };
     let flip = (flags & 4 != 0).then(|| usize::from(u16::from_be_bytes([*flip_hi, *flip_lo])));
     let read = usize::from(*read).pow(2) + 1;
     let kind = if v2 {
@@ -140,7 +145,20 @@ fuzz_target!(|data: &[u8]| {
     let mut out = Vec::new();
     let mut failed = false;
     for piece in wire.chunks(read) {
-        if open.open(piece, &mut out).is_err() {
+        let mut opened = open.open(piece, &mut out, room);
+        if let Ok(n) = opened
+            && n < piece.len()
+        {
+            let wants = open.wants();
+            assert_eq!(open.held(), 0, "stopped short, holding a frame");
+            assert!(wants > room && piece.len() - n < wants, "stopped at {n} for {wants}");
+            opened = open.open(&piece[n..], &mut out, wants);
+            if let Ok(m) = opened {
+                assert_eq!(m, piece.len() - n, "the rest with the room it asked for");
+                assert!(open.held() <= wants, "held {} > {wants}", open.held());
+            }
+        }
+        if opened.is_err() {
             failed = true;
             break;
         }

@@ -90,8 +90,8 @@ named_enum! {
         DnsTlsReset => "dns_tls_reset",
         /// A proxied TCP session ended (both sides reset) because its outbound
         /// cut a frame longer than the relay's fallback buffer (a Shadowsocks
-        /// chunk of up to 64 KiB) and the relay pool had no room to hold it
-        /// until the rest arrives.
+        /// chunk of up to 64 KiB) and no room to hold it until the rest
+        /// arrives came free in the relay pool within the relay's wait (10 s).
         RelayFrameRefused => "relay_frame_refused",
         /// A datagram a `reject` rule refused (counted `udp_rejected` too) was
         /// not answered with an ICMP port unreachable: the answers' rate limit

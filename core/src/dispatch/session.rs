@@ -297,7 +297,8 @@ async fn relay_stream<A: App, H: Hold>(
             {
                 c.protocol_errors.fetch_add(1, Relaxed);
             }
-            // A cut frame the relay pool had no room for (`relay/copy.rs`).
+            // A cut frame the relay pool had no room for within its wait
+            // (`relay/copy.rs`, `FRAME_WAIT`).
             if e.kind() == io::ErrorKind::OutOfMemory {
                 Stats::drop(stats, EngineDrop::RelayFrameRefused);
             }

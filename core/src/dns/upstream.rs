@@ -270,7 +270,7 @@ async fn framed(out: OutboundStream, wire: &[u8], id: u16) -> Result<Vec<u8>, Ex
             open.finish()?;
             return Err(io::Error::from(io::ErrorKind::UnexpectedEof).into());
         }
-        open.open(&buf[..n], &mut plain)?;
+        open.open(&buf[..n], &mut plain, usize::MAX)?;
         if plain.len() > MAX_MESSAGE + 2 {
             return Err(io::Error::from(io::ErrorKind::InvalidData).into());
         }

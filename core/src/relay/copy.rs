@@ -23,8 +23,13 @@
 //! Shadowsocks chunk of up to 64 KiB, [`Open::held`]) is charged to the
 //! same pool while it waits for its rest, past the fallback buffer's size:
 //! a server that announces a long chunk and stalls holds pool bytes, not
-//! uncounted ones. A frame the pool has no room for ends the relay with an
-//! `OutOfMemory` error (the session counts it, `relay_frame_refused`).
+//! uncounted ones. The charge comes first: the framing starts such a frame
+//! only with room for its whole length ([`Open::open`]); without it, the
+//! direction finds room (the pool's, or its own read buffer's charge, the
+//! buffer then freed) and meanwhile reads nothing more, its cut bytes kept
+//! in the read buffer they arrived in. A direction that finds no room
+//! within [`FRAME_WAIT`] ends the relay with an `OutOfMemory` error (the
+//! session counts it, `relay_frame_refused`).
 
 use std::io;
 use std::net::Shutdown;
@@ -148,6 +153,10 @@ impl Drop for Scratch<'_> {
 /// How often a direction with no memory for a buffer looks again.
 const SCRATCH_RETRY: std::time::Duration = std::time::Duration::from_millis(10);
 
+/// How long a direction waits for room for a cut frame before it gives up
+/// (while it waits, the pool can be held by frames of stalled servers).
+pub(crate) const FRAME_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// What a direction's framing holds of a cut frame, charged to the relay
 /// pool past [`RELAY_FALLBACK_BUFFER`] bytes; given back as the frame
 /// completes, and on drop.
@@ -157,8 +166,51 @@ struct HeldFrame<'a> {
 }
 
 impl HeldFrame<'_> {
+    /// The longest cut frame the framing may start: what is charged for
+    /// one, at least the fallback share every session has for it.
+    fn room(&self) -> usize {
+        match self.pool {
+            None => usize::MAX,
+            Some(_) => self.charged.max(RELAY_FALLBACK_BUFFER),
+        }
+    }
+
+    /// Charge a cut frame of `want` bytes before the framing starts it:
+    /// from the pool, or else from `read_charge`, what the direction's
+    /// read buffer holds of the pool (true: taken from it, so the caller
+    /// frees the buffer once the bytes in it are consumed). Waits while
+    /// neither has room; an `OutOfMemory` error after [`FRAME_WAIT`].
+    async fn reserve(&mut self, want: usize, read_charge: &mut usize) -> io::Result<bool> {
+        let Some(pool) = self.pool else {
+            return Ok(false);
+        };
+        let more = want.saturating_sub(self.charged);
+        let deadline = tokio::time::Instant::now() + FRAME_WAIT;
+        loop {
+            if pool.take(more, Instant::now()) {
+                self.charged += more;
+                return Ok(false);
+            }
+            if *read_charge >= more {
+                *read_charge -= more;
+                self.charged += more;
+                return Ok(true);
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(io::Error::new(
+                    io::ErrorKind::OutOfMemory,
+                    format!(
+                        "no room in the relay pool for a {want}-byte partial frame within {FRAME_WAIT:?}"
+                    ),
+                ));
+            }
+            pause().await;
+        }
+    }
+
     /// The framing now holds `held` bytes: charge the growth, give back
-    /// what it freed. An error if the pool has no room for the growth.
+    /// what it freed. An error if the pool has no room for the growth
+    /// (none is expected: a frame starts only within [`HeldFrame::room`]).
     fn set(&mut self, held: usize) -> io::Result<()> {
         let Some(pool) = self.pool else {
             return Ok(());
@@ -283,20 +335,35 @@ pub(super) enum Codec<'a> {
 }
 
 impl Codec<'_> {
-    /// Transform `input` into `out` (left empty for `Plain`); the plaintext
-    /// byte count: what the app sent (seal) or receives (open).
-    fn apply(&mut self, input: &[u8], out: &mut Vec<u8>) -> io::Result<usize> {
+    /// Transform `input` into `out` (left empty for `Plain`), starting no
+    /// cut frame longer than `room` ([`Open::open`]): the bytes of `input`
+    /// consumed, and the plaintext byte count, what the app sent (seal) or
+    /// receives (open).
+    fn apply(
+        &mut self,
+        input: &[u8],
+        out: &mut Vec<u8>,
+        room: usize,
+    ) -> io::Result<(usize, usize)> {
         out.clear();
         match self {
-            Codec::Plain => Ok(input.len()),
+            Codec::Plain => Ok((input.len(), input.len())),
             Codec::Seal(s) => {
                 s.seal(input, out);
-                Ok(input.len())
+                Ok((input.len(), input.len()))
             }
             Codec::Open(o) => {
-                o.open(input, out)?;
-                Ok(out.len())
+                let used = o.open(input, out, room)?;
+                Ok((used, out.len()))
             }
+        }
+    }
+
+    /// The length of the cut frame an [`Codec::apply`] stopped before.
+    fn wants(&self) -> usize {
+        match self {
+            Codec::Open(o) => o.wants(),
+            Codec::Plain | Codec::Seal(_) => 0,
         }
     }
 
@@ -352,7 +419,12 @@ pub(super) async fn leg<S: Side, D: Side>(
         if buf.is_none() {
             buf = LegBuffer::take(buf_size, meter.pool, coded, meter.scratch);
         }
-        let Some(LegBuffer { buf: b, .. }) = buf.as_mut() else {
+        let Some(LegBuffer {
+            buf: b,
+            charged: read_charge,
+            ..
+        }) = buf.as_mut()
+        else {
             // No memory for even a fallback buffer: wait, holding none.
             pause().await;
             continue;
@@ -373,15 +445,30 @@ pub(super) async fn leg<S: Side, D: Side>(
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
             Err(e) => return Err(e),
         };
-        let plain = codec.apply(&b[..n], &mut out)?;
-        held.set(codec.held())?;
-        if matches!(codec, Codec::Plain) {
-            dst.write_all(&b[..n]).await?;
-        } else {
-            dst.write_all(&out).await?;
+        // The read, in one pass unless it cuts a frame longer than the
+        // room charged for one: then the part before that frame, and the
+        // rest once room is found.
+        let (mut at, mut reserved, mut spent) = (0, false, false);
+        while at < n {
+            let (used, plain) = codec.apply(&b[at..n], &mut out, held.room())?;
+            if used == 0 && reserved {
+                return Err(io::Error::other("the framing took none of its room"));
+            }
+            held.set(codec.held())?;
+            if matches!(codec, Codec::Plain) {
+                dst.write_all(&b[at..at + used]).await?;
+            } else {
+                dst.write_all(&out).await?;
+            }
+            meter.add_copied(&mut leg, plain);
+            at += used;
+            reserved = at < n;
+            if reserved {
+                spent |= held.reserve(codec.wants(), read_charge).await?;
+            }
         }
-        meter.add_copied(&mut leg, plain);
-        if S::DRAINED_ON_SHORT_READ && n < b.len() {
+        if spent || S::DRAINED_ON_SHORT_READ && n < b.len() {
+            // Spent: part of the buffer's charge went to the cut frame.
             buf = None;
             out = Vec::new();
         }
@@ -597,24 +684,15 @@ mod tests {
         assert_eq!(pool.used(), 16 * 1024);
     }
 
-    /// A stalling Shadowsocks server: it sends its stream's salt and header
-    /// and then 2,000 bytes of a 16 KiB chunk, and nothing more. While the
-    /// relay waits for the rest, the pool holds the whole chunk's bytes;
-    /// with no room for them the relay ends with `OutOfMemory`; once the
-    /// connection goes, the pool is back to what the buffers hold.
-    /// (Before, the cut frame was held and charged nothing.)
-    #[tokio::test]
-    async fn a_frame_cut_by_a_stalling_server_is_charged_to_the_pool() {
+    /// A Shadowsocks server's stream (SIP004 frames the same way in both
+    /// directions, so another client's salt and chunks stand for it):
+    /// salt, header, one whole chunk of 9s; and a reader for it.
+    fn server_stream() -> (Vec<u8>, kerntun_proto::framing::shadowsocks::AeadStream) {
         use kerntun_proto::framing::shadowsocks::{AEAD_MAX_CHUNK, AeadKey, AeadStream, Request};
         use shadowsocks_crypto::CipherKind;
-        use tokio::net::TcpListener;
-
-        use crate::relay::Meter;
-        use crate::stats::Stats;
 
         let kind = CipherKind::AES_256_GCM;
-        let now = || 0;
-        // A key (and salt filter) of its own per call: the same server
+        // A key (and salt filter) of its own per stream: the same server
         // stream twice under one key is a replay.
         let stream = |salt: u8| {
             let key = AeadKey::new(kind, vec![3u8; kind.key_len()].into_boxed_slice());
@@ -624,53 +702,158 @@ mod tests {
                 padding: 1,
             };
             let mut header = Vec::new();
-            let s = AeadStream::client(&key, req, now, &mut header).expect("an AEAD method");
+            let s = AeadStream::client(&key, req, || 0, &mut header).expect("an AEAD method");
             (header, s)
         };
-        // The server's stream: SIP004 frames the same way in both
-        // directions, so another client's salt and chunks stand for it.
         let (mut down, mut server) = stream(1);
         server.seal.seal(&[9u8; AEAD_MAX_CHUNK], &mut down);
+        (down, stream(2).1)
+    }
+
+    /// Server and app connections: (the server's end, the relay's end
+    /// toward it, the relay's end toward the app, the app's end).
+    async fn ends() -> (TcpStream, TcpStream, TcpStream, TcpStream) {
+        use kerntun_testkit::tokio_servers::tcp_pair;
+        let (srv, to_server) = tcp_pair().await;
+        let (app_end, app) = tcp_pair().await;
+        (srv, to_server, app_end, app)
+    }
+
+    /// The relay's direction from the server to the app, through `open`,
+    /// with 16 KiB read buffers.
+    fn downlink<'a>(
+        to_server: &'a TcpStream,
+        app_end: &'a TcpStream,
+        open: &'a mut (dyn Open + 'a),
+        meter: LegMeter<'a>,
+    ) -> std::pin::Pin<Box<impl Future<Output = io::Result<Leg>> + 'a>> {
+        Box::pin(leg(
+            to_server,
+            app_end,
+            16 * 1024,
+            Codec::Open(open),
+            meter,
+            Leg::default(),
+        ))
+    }
+
+    /// Poll `relay` for 300 ms: `None` if it is still running.
+    async fn for_a_while<F: std::future::Future + Unpin>(relay: &mut F) -> Option<F::Output> {
+        tokio::select! {
+            r = relay => Some(r),
+            () = tokio::time::sleep(std::time::Duration::from_millis(300)) => None,
+        }
+    }
+
+    /// A stalling Shadowsocks server: it sends its stream's salt and header
+    /// and then 2,000 bytes of a 16 KiB chunk, and nothing more. While the
+    /// relay waits for the rest, the pool holds the whole chunk's bytes;
+    /// the relay's read buffers are gone. With no room for the frame, in
+    /// the pool or in the read buffer's own charge, the direction waits,
+    /// charging nothing, and ends with `OutOfMemory` after [`FRAME_WAIT`].
+    /// Once the connection goes, the pool is back to what it was.
+    #[tokio::test]
+    async fn a_frame_cut_by_a_stalling_server_is_charged_to_the_pool() {
+        use kerntun_proto::framing::shadowsocks::AEAD_MAX_CHUNK;
+
+        use crate::relay::Meter;
+        use crate::stats::Stats;
+
+        let (down, _) = server_stream();
         let cut = down.len() - AEAD_MAX_CHUNK - 16 + 2000;
         let held = AEAD_MAX_CHUNK + 16;
-
         for (pool_size, room) in [(256 * 1024, true), (held - 1, false)] {
-            let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-            let addr = l.local_addr().expect("addr");
-            let (to_server, accepted) = tokio::join!(TcpStream::connect(addr), l.accept());
-            let (to_server, (srv, _)) = (to_server.expect("connect"), accepted.expect("accept"));
-            let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-            let addr = l.local_addr().expect("addr");
-            let (app, accepted) = tokio::join!(TcpStream::connect(addr), l.accept());
-            let (_app, (app_end, _)) = (app.expect("connect"), accepted.expect("accept"));
-
+            let (srv, to_server, app_end, _app) = ends().await;
             let pool = ByteBudget::new(pool_size, Arc::new(Pressure::default()));
             let stats = Stats::default();
             let meter = Meter::tcp(&stats, Some(&pool));
-            let (_, mut client) = stream(2);
+            let (_, mut client) = server_stream();
             srv.write_all(&down[..cut]).await.expect("server writes");
-            let mut relay = Box::pin(leg(
-                &to_server,
-                &app_end,
-                16 * 1024,
-                Codec::Open(&mut client.open),
-                meter.down_leg(),
-                Leg::default(),
-            ));
-            let r = tokio::select! {
-                r = &mut relay => Some(r),
-                () = tokio::time::sleep(std::time::Duration::from_millis(300)) => None,
-            };
+            let mut relay = downlink(&to_server, &app_end, &mut client.open, meter.down_leg());
+            let r = for_a_while(&mut relay).await;
+            assert!(
+                r.is_none(),
+                "the relay waits for the rest or for room: {r:?}"
+            );
             if room {
-                assert!(r.is_none(), "the relay waits for the rest: {r:?}");
-                // Drained: the read buffers are gone, the cut frame is not.
                 assert_eq!(pool.used(), held, "the cut frame is charged");
             } else {
-                let e = r.expect("the relay ended").expect_err("no room");
+                assert_eq!(pool.used(), 0, "nothing charged while it waits");
+                // The wait is bounded: on a paused clock it ends at once.
+                tokio::time::pause();
+                let e = relay.as_mut().await.expect_err("no room");
+                tokio::time::resume();
                 assert_eq!(e.kind(), io::ErrorKind::OutOfMemory, "{e}");
             }
             drop(relay);
             assert_eq!(pool.used(), 0, "given back with the connection");
         }
+    }
+
+    /// The pool full when a read cuts a 16 KiB frame: the direction stops
+    /// before that frame and waits, its bytes kept in the read buffer;
+    /// once room comes, the rest of the chunk arrives and every byte
+    /// reaches the app. And a direction whose read buffer is charged to
+    /// the pool pays for the frame with that charge, and frees the buffer.
+    #[tokio::test]
+    async fn a_cut_frame_waits_for_room_and_loses_nothing() {
+        use kerntun_proto::framing::shadowsocks::AEAD_MAX_CHUNK;
+        use tokio::io::AsyncReadExt;
+
+        use crate::relay::Meter;
+        use crate::stats::Stats;
+
+        let (down, _) = server_stream();
+        let cut = down.len() - AEAD_MAX_CHUNK - 16 + 2000;
+        let held = AEAD_MAX_CHUNK + 16;
+
+        // Room comes later.
+        let (srv, to_server, app_end, mut app) = ends().await;
+        let pool = ByteBudget::new(256 * 1024, Arc::new(Pressure::default()));
+        let t0 = Instant::now();
+        let blocker = 256 * 1024 - 1000;
+        assert!(pool.take(blocker, t0));
+        let stats = Stats::default();
+        let meter = Meter::tcp(&stats, Some(&pool));
+        let (_, mut client) = server_stream();
+        srv.write_all(&down[..cut]).await.expect("server writes");
+        let mut relay = downlink(&to_server, &app_end, &mut client.open, meter.down_leg());
+        let r = for_a_while(&mut relay).await;
+        assert!(r.is_none(), "waits for room: {r:?}");
+        assert_eq!(pool.used(), blocker, "nothing charged while it waits");
+        pool.give_back(blocker);
+        srv.write_all(&down[cut..]).await.expect("the rest");
+        let r = for_a_while(&mut relay).await;
+        assert!(r.is_none(), "reads on: {r:?}");
+        // What the stream carries: the header's plaintext, then the 9s.
+        let mut want = Vec::new();
+        server_stream()
+            .1
+            .open
+            .feed(&down, &mut want)
+            .expect("opens");
+        assert!(want.ends_with(&[9u8; AEAD_MAX_CHUNK]));
+        let mut got = vec![0u8; want.len()];
+        app.read_exact(&mut got).await.expect("the whole stream");
+        assert_eq!(got, want, "every byte, in order");
+        assert_eq!(pool.used(), 0, "the frame done, the buffers drained");
+        drop(relay);
+
+        // The read buffer's charge pays: a pool of exactly that charge.
+        let (srv, to_server, app_end, _app) = ends().await;
+        let pool = ByteBudget::new(32 * 1024, Arc::new(Pressure::default()));
+        let meter = Meter::tcp(&stats, Some(&pool));
+        let (_, mut client) = server_stream();
+        srv.write_all(&down[..cut]).await.expect("server writes");
+        let mut relay = downlink(&to_server, &app_end, &mut client.open, meter.down_leg());
+        let r = for_a_while(&mut relay).await;
+        assert!(r.is_none(), "waits for the rest: {r:?}");
+        assert_eq!(
+            pool.used(),
+            held,
+            "the frame holds the buffer's charge, the buffer is gone"
+        );
+        drop(relay);
+        assert_eq!(pool.used(), 0);
     }
 }

@@ -414,9 +414,9 @@ mod tests {
         }
     }
     impl Open for Xor {
-        fn open(&mut self, wire: &[u8], out: &mut Vec<u8>) -> io::Result<()> {
+        fn open(&mut self, wire: &[u8], out: &mut Vec<u8>, _room: usize) -> io::Result<usize> {
             out.extend(wire.iter().map(|b| b ^ self.0));
-            Ok(())
+            Ok(wire.len())
         }
         fn finish(&mut self) -> io::Result<()> {
             Ok(())

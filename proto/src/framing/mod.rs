@@ -26,16 +26,27 @@ pub trait Seal: Send {
 /// Unframes or decrypts an outbound's bytes toward the app. Keeps a partial
 /// frame across calls.
 pub trait Open: Send {
-    /// Consume `wire`, appending the plaintext it completes to `out`. A frame
-    /// that does not verify is an error of kind `InvalidData` (the engine
-    /// counts it as the outbound's protocol error).
-    fn open(&mut self, wire: &[u8], out: &mut Vec<u8>) -> io::Result<()>;
+    /// Consume `wire`, appending the plaintext it completes to `out`, and
+    /// return how many of its bytes were consumed. A frame the end of
+    /// `wire` cuts is kept (its whole length allocated at once, so what is
+    /// held is known before the rest arrives) only if that length is at
+    /// most `room`; otherwise consuming stops where that frame starts, and
+    /// [`Open::wants`] says its length: the caller finds room for it and
+    /// calls again with the rest. A frame that does not verify is an error
+    /// of kind `InvalidData` (the engine counts it as the outbound's
+    /// protocol error).
+    fn open(&mut self, wire: &[u8], out: &mut Vec<u8>, room: usize) -> io::Result<usize>;
     /// The outbound reached EOF: an error if it stopped inside a frame.
     fn finish(&mut self) -> io::Result<()>;
-    /// Bytes held for a frame cut by a read (its whole length is allocated
-    /// once its first bytes arrive), until the frame completes. The relay
-    /// charges them: a server can announce a long frame and stall.
+    /// Bytes held for a frame cut by a read, until the frame completes.
+    /// The relay charges them: a server can announce a long frame and
+    /// stall.
     fn held(&self) -> usize {
+        0
+    }
+    /// The whole length of the frame that the bytes an [`Open::open`] left
+    /// unconsumed start.
+    fn wants(&self) -> usize {
         0
     }
 }

@@ -517,8 +517,22 @@ impl AeadOpen {
         self.step(copy, out)
     }
 
-    /// Sans-I/O core of [`Open::open`], with the typed error.
-    pub fn feed(&mut self, mut wire: &[u8], out: &mut Vec<u8>) -> Result<(), AeadError> {
+    /// All of `wire`, with no bound on the cut frame kept:
+    /// [`AeadOpen::feed_within`] with unlimited room.
+    pub fn feed(&mut self, wire: &[u8], out: &mut Vec<u8>) -> Result<(), AeadError> {
+        self.feed_within(wire, out, usize::MAX).map(drop)
+    }
+
+    /// Sans-I/O core of [`Open::open`], with the typed error: the bytes of
+    /// `wire` consumed; a cut frame longer than `room` is not started.
+    pub fn feed_within(
+        &mut self,
+        wire: &[u8],
+        out: &mut Vec<u8>,
+        room: usize,
+    ) -> Result<usize, AeadError> {
+        let whole = wire.len();
+        let mut wire = wire;
         // Finish a frame started in an earlier read.
         if !self.pending.is_empty() {
             let need = self.need();
@@ -526,7 +540,7 @@ impl AeadOpen {
             self.pending.extend_from_slice(&wire[..take]);
             wire = &wire[take..];
             if self.pending.len() < need {
-                return Ok(());
+                return Ok(whole);
             }
             let mut frame = std::mem::take(&mut self.pending);
             self.step(&mut frame, out)?;
@@ -544,12 +558,16 @@ impl AeadOpen {
             wire = &wire[need..];
         }
         if !wire.is_empty() {
+            let need = self.need();
+            if need > room {
+                return Ok(whole - wire.len());
+            }
             // The frame's whole length at once, so what is held is known
             // (and charged by the relay) before the rest arrives.
-            self.pending.reserve_exact(self.need());
+            self.pending.reserve_exact(need);
             self.pending.extend_from_slice(wire);
         }
-        Ok(())
+        Ok(whole)
     }
 
     /// Sans-I/O core of [`Open::finish`], with the typed error.
@@ -571,14 +589,17 @@ impl AeadOpen {
 }
 
 impl Open for AeadOpen {
-    fn open(&mut self, wire: &[u8], out: &mut Vec<u8>) -> io::Result<()> {
-        Ok(self.feed(wire, out)?)
+    fn open(&mut self, wire: &[u8], out: &mut Vec<u8>, room: usize) -> io::Result<usize> {
+        Ok(self.feed_within(wire, out, room)?)
     }
     fn finish(&mut self) -> io::Result<()> {
         Ok(self.end()?)
     }
     fn held(&self) -> usize {
         self.pending.capacity()
+    }
+    fn wants(&self) -> usize {
+        self.need()
     }
 }
 
@@ -901,9 +922,13 @@ mod tests {
         let (seal, open) = framing.split();
         seal.seal(&[5u8; 20_000], &mut wire);
         let mut plain = Vec::new();
-        server_reader(&k).open(&wire, &mut plain).expect("reads");
+        server_reader(&k)
+            .open(&wire, &mut plain, usize::MAX)
+            .expect("reads");
         assert_eq!(plain[TARGET.len()..], [5u8; 20_000]);
-        let e = open.open(&[0u8; 64], &mut plain).expect_err("garbage");
+        let e = open
+            .open(&[0u8; 64], &mut plain, usize::MAX)
+            .expect_err("garbage");
         assert_eq!(e.kind(), io::ErrorKind::InvalidData);
     }
 
@@ -924,16 +949,49 @@ mod tests {
         let mut got = Vec::new();
         let open: &mut dyn Open = &mut s.open;
         assert_eq!(open.held(), 0);
-        open.open(&down[..header + 1000], &mut got)
-            .expect("header, part of the chunk");
+        let all = usize::MAX;
+        let n = open.open(&down[..header + 1000], &mut got, all);
+        assert_eq!(n.expect("header, part of the chunk"), header + 1000);
         assert!(got.is_empty());
         assert_eq!(open.held(), AEAD2022_MAX_CHUNK + tag, "the announced frame");
-        open.open(&down[header + 1000..down.len() - 1], &mut got)
+        open.open(&down[header + 1000..down.len() - 1], &mut got, all)
             .expect("more");
         assert_eq!(open.held(), AEAD2022_MAX_CHUNK + tag, "no growth past it");
-        open.open(&down[down.len() - 1..], &mut got)
+        open.open(&down[down.len() - 1..], &mut got, all)
             .expect("the last byte");
         assert_eq!(got, body);
         assert_eq!(open.held(), 0, "a completed frame is freed");
+    }
+
+    /// With too little room for the frame a read cuts, the frames before
+    /// it are opened and the cut one is not started: the caller keeps its
+    /// bytes, learns its length, and hands them in again with room for
+    /// it. The plaintext is the same as in one pass.
+    #[test]
+    fn a_cut_frame_past_the_room_is_left_to_the_caller() {
+        let k = v1_key(CipherKind::AES_256_GCM, "pw");
+        let tag = k.kind.tag_len();
+        let body = vec![5u8; 3 * AEAD_MAX_CHUNK];
+        let down = sip004_server_stream(&k, &[8u8; 32], &body);
+        let mut s = server_reader(&k);
+        let mut got = Vec::new();
+        // Salt, first length and chunk, the second length, 100 bytes of
+        // the second chunk.
+        let first = 32 + 2 + tag + AEAD_MAX_CHUNK + tag;
+        let cut = first + 2 + tag + 100;
+        let open: &mut dyn Open = &mut s;
+        let room = 2048;
+        let n = open.open(&down[..cut], &mut got, room).expect("opens");
+        assert_eq!(n, first + 2 + tag, "stops where the long chunk starts");
+        assert_eq!(got, body[..AEAD_MAX_CHUNK], "the first chunk is out");
+        assert_eq!(open.held(), 0, "nothing held of the cut chunk");
+        assert_eq!(open.wants(), AEAD_MAX_CHUNK + tag);
+        let rest = open.open(&down[first + 2 + tag..cut], &mut got, open.wants());
+        assert_eq!(rest.expect("with room"), 100);
+        assert_eq!(open.held(), AEAD_MAX_CHUNK + tag);
+        let n = open.open(&down[cut..], &mut got, room).expect("the rest");
+        assert_eq!(n, down.len() - cut);
+        assert_eq!(got, body, "the same plaintext as in one pass");
+        assert_eq!(open.held(), 0);
     }
 }

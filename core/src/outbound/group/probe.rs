@@ -105,11 +105,12 @@ impl Outbounds {
                 return Err(ProbeError::Closed);
             }
             match &mut out.framing {
-                Some(f) => f
-                    .split()
-                    .1
-                    .open(&buf[..n], &mut plain)
-                    .map_err(OutboundError::from)?,
+                Some(f) => {
+                    f.split()
+                        .1
+                        .open(&buf[..n], &mut plain, usize::MAX)
+                        .map_err(OutboundError::from)?;
+                }
                 None => plain.extend_from_slice(&buf[..n]),
             }
         }
